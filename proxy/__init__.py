@@ -1,0 +1,1 @@
+"""microgpt's supervising proxy: data, bandit, engine supervision, run directory."""

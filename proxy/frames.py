@@ -1,0 +1,81 @@
+"""Engine frames (stdin) and events (stdout): docs/FORMATS.md, "Engine frames".
+
+Encoding is pure: bytes in, bytes out. The proxy, the tests and the benchmarks
+all speak to the engine through these functions, so there is one definition
+of the wire format on the Python side.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+FRAME_MAGIC = b"MGF1"
+HEADER = struct.Struct("<4sHHQIIII")
+assert HEADER.size == 32
+
+TRAIN, EVAL, SAMPLE, CHECKPOINT, STOP = 1, 2, 3, 4, 5
+_SAMPLE_PARAMS = struct.Struct("<IIIIfIQ")
+
+
+def _header(kind: int, frame_id: int, rows: int, row_len: int, payload_bytes: int) -> bytes:
+    return HEADER.pack(FRAME_MAGIC, kind, 0, frame_id, rows, row_len, payload_bytes, 0)
+
+
+def _token_frame(kind: int, frame_id: int, tokens: np.ndarray, groups: np.ndarray) -> bytes:
+    tokens = np.ascontiguousarray(tokens, dtype="<u2")
+    groups = np.ascontiguousarray(groups, dtype="<u2")
+    if tokens.ndim != 2 or groups.shape != (tokens.shape[0],):
+        raise ValueError(f"tokens must be [rows, T+1] and groups [rows]; got {tokens.shape} and {groups.shape}")
+    rows, row_len = tokens.shape
+    payload_bytes = tokens.nbytes + groups.nbytes
+    return b"".join((_header(kind, frame_id, rows, row_len, payload_bytes), tokens.data, groups.data))
+
+
+def train_frame(step: int, tokens: np.ndarray, groups: np.ndarray) -> bytes:
+    """TRAIN: one optimizer update producing `step` (the engine's step + 1)."""
+    return _token_frame(TRAIN, step, tokens, groups)
+
+
+def eval_frame(request_id: int, tokens: np.ndarray, groups: np.ndarray) -> bytes:
+    """EVAL: forward only; the `eval` event carries per-group mean losses."""
+    return _token_frame(EVAL, request_id, tokens, groups)
+
+
+def sample_frame(request_id: int, prompt: list[int] | np.ndarray, count: int, max_new: int,
+                 temperature: float = 1.0, top_k: int = 0, seed: int = 0) -> bytes:
+    """SAMPLE: `count` completions of `max_new` tokens each; deterministic per seed."""
+    prompt = np.ascontiguousarray(prompt, dtype="<u2")
+    params = _SAMPLE_PARAMS.pack(len(prompt), count, max_new, top_k, temperature, 0, seed)
+    return _header(SAMPLE, request_id, 0, 0, len(params) + prompt.nbytes) + params + prompt.tobytes()
+
+
+def checkpoint_frame() -> bytes:
+    return _header(CHECKPOINT, 0, 0, 0, 0)
+
+
+def stop_frame() -> bytes:
+    return _header(STOP, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line the engine printed on stdout, parsed."""
+    kind: str
+    fields: dict
+
+    def __getitem__(self, key: str):
+        return self.fields[key]
+
+    def get(self, key: str, default=None):
+        return self.fields.get(key, default)
+
+
+def parse_event(line: str | bytes) -> Event:
+    """Parse one event line; raise ValueError on anything that is not an event object."""
+    obj = json.loads(line)
+    if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
+        raise ValueError(f"not an engine event: {line!r:.200}")
+    return Event(obj["event"], obj)

@@ -1,0 +1,772 @@
+// microgpt_cpu.c: the CPU reference engine (C11 + OpenMP).
+//
+// The model of DESIGN.md, forward and backward, AdamW, all in fp32. It is the
+// engine for machines without a GPU, the one CI runs, and the reference the
+// CUDA engine is tested against. The driver (flags, frames, events,
+// checkpoints, signals) lives in microgpt.h; this file only computes.
+//
+// Determinism: every reduction has one fixed order that does not depend on
+// the thread count. Work is split across threads only along dimensions that
+// are not summed over (rows for row-wise ops, channels for sums over rows,
+// output tiles for matmuls), so the same inputs give bit-identical outputs
+// with 1 thread or 64.
+#include "microgpt.h"
+
+#include <omp.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MG_AVX2 1
+#endif
+
+// ----------------------------------------------------------------------------
+// Fast exp. libm's expf does not vectorise without -ffast-math, and the
+// softmaxes and GELU call it hundreds of millions of times per step. This is
+// Cody-Waite range reduction and a degree-6 polynomial: under 2 ulp relative
+// error, pure arithmetic, so `omp simd` loops vectorise it.
+
+static inline float fast_expf(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+// tanh through exp: tanh(u) = 1 - 2 / (exp(2u) + 1), exact at the limits.
+static inline float fast_tanhf(float u) { return 1.0f - 2.0f / (fast_expf(2.0f * u) + 1.0f); }
+
+// ----------------------------------------------------------------------------
+// GEMM. Every matmul of the model is one call of
+//   C[i, j] (+)= sum_k A(i, k) * B(k, j)
+// with A and B addressed through strides, so the forward (x W^T), the input
+// gradient (dy W) and the weight gradient (dy^T x) need no transposed copies.
+// BLIS-style: pack a KC x NC panel of B and an MC x KC block of A into
+// contiguous buffers, then a 6x16 register-blocked micro-kernel. The sum over
+// k runs in KC blocks in a fixed order: the result never depends on how the
+// M and N loops are split over threads.
+
+#define MR 6
+#define NR 16
+#define KC 256
+#define MC 96
+#define NC 2048
+
+typedef struct {
+    float *bpack;        // KC * NC, shared
+    float **apack;       // per thread, MC * KC
+    int threads;
+} GemmScratch;
+
+static void pack_a(const float *A, long as_m, long as_k, int i0, int mc, int k0, int kc, int M, float *ap) {
+    for (int p = 0; p < mc; p += MR) {
+        float *dst = ap + (size_t)p * kc;
+        for (int i = 0; i < MR; i++) {
+            int row = i0 + p + i;
+            if (row >= M) {
+                for (int k = 0; k < kc; k++) dst[k * MR + i] = 0.0f;
+                continue;
+            }
+            const float *src = A + (long)row * as_m + (long)k0 * as_k;
+            for (int k = 0; k < kc; k++) dst[k * MR + i] = src[(long)k * as_k];
+        }
+    }
+}
+
+static void pack_b_panel(const float *Bm, long bs_k, long bs_n, int j0, int k0, int kc, int N, float *dst) {
+    int ncols = N - j0 < NR ? N - j0 : NR;
+    if (bs_n == 1) {
+        for (int k = 0; k < kc; k++) {
+            const float *src = Bm + (long)(k0 + k) * bs_k + j0;
+            float *out = dst + k * NR;
+            int j = 0;
+            for (; j < ncols; j++) out[j] = src[j];
+            for (; j < NR; j++) out[j] = 0.0f;
+        }
+    } else {
+        for (int j = 0; j < NR; j++) {
+            if (j >= ncols) {
+                for (int k = 0; k < kc; k++) dst[k * NR + j] = 0.0f;
+                continue;
+            }
+            const float *src = Bm + (long)(j0 + j) * bs_n + (long)k0 * bs_k;
+            for (int k = 0; k < kc; k++) dst[k * NR + j] = src[(long)k * bs_k];
+        }
+    }
+}
+
+// acc = sum over kc of a (MR-tall panel) x b (NR-wide panel); then
+// C = acc (first) or C = C + acc (otherwise), for the mr x nr valid corner.
+static void micro_kernel(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr, int first) {
+#ifdef MG_AVX2
+    __m256 acc[MR][2];
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        for (int i = 0; i < MR; i++) {
+            __m256 ai = _mm256_broadcast_ss(a + i);
+            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+        }
+        a += MR;
+        b += NR;
+    }
+    if (mr == MR && nr == NR) {
+        for (int i = 0; i < MR; i++) {
+            float *ci = c + i * ldc;
+            if (first) {
+                _mm256_storeu_ps(ci, acc[i][0]);
+                _mm256_storeu_ps(ci + 8, acc[i][1]);
+            } else {
+                _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]));
+                _mm256_storeu_ps(ci + 8, _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]));
+            }
+        }
+        return;
+    }
+    float tile[MR * NR] __attribute__((aligned(32)));
+    for (int i = 0; i < MR; i++) {
+        _mm256_store_ps(tile + i * NR, acc[i][0]);
+        _mm256_store_ps(tile + i * NR + 8, acc[i][1]);
+    }
+#else
+    float tile[MR * NR];
+    for (int i = 0; i < MR * NR; i++) tile[i] = 0.0f;
+    for (int k = 0; k < kc; k++)
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) tile[i * NR + j] += a[k * MR + i] * b[k * NR + j];
+#endif
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float *cij = c + i * ldc + j;
+            *cij = first ? tile[i * NR + j] : *cij + tile[i * NR + j];
+        }
+}
+
+// C[M, N] = (accumulate ? C : 0) + A B, with A(i,k) = A[i*as_m + k*as_k] and
+// B(k,j) = B[k*bs_k + j*bs_n]. C is row-major with row stride ldc.
+static void gemm(GemmScratch *gs, int M, int N, int K, const float *A, long as_m, long as_k,
+                 const float *Bm, long bs_k, long bs_n, float *C, long ldc, int accumulate) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!accumulate)
+            for (int i = 0; i < M; i++) memset(C + (long)i * ldc, 0, (size_t)N * sizeof(float));
+        return;
+    }
+    int m_blocks = (M + MC - 1) / MC;
+    #pragma omp parallel num_threads(gs->threads)
+    {
+        float *ap = gs->apack[omp_get_thread_num()];
+        for (int j0 = 0; j0 < N; j0 += NC) {
+            int nc = N - j0 < NC ? N - j0 : NC;
+            int n_panels = (nc + NR - 1) / NR;
+            for (int k0 = 0; k0 < K; k0 += KC) {
+                int kc = K - k0 < KC ? K - k0 : KC;
+                int first = !accumulate && k0 == 0;
+                #pragma omp for schedule(static)
+                for (int q = 0; q < n_panels; q++)
+                    pack_b_panel(Bm, bs_k, bs_n, j0 + q * NR, k0, kc, N, gs->bpack + (size_t)q * NR * kc);
+                // Work units: (row block, column half) pairs, so small M still
+                // spreads over threads. The split never changes the arithmetic.
+                int col_parts = m_blocks >= gs->threads ? 1 : 2, half = (n_panels + 1) / 2;
+                #pragma omp for schedule(static)
+                for (int unit = 0; unit < m_blocks * col_parts; unit++) {
+                    int ib = unit / col_parts, part = unit % col_parts;
+                    int i0 = ib * MC, mc = M - i0 < MC ? M - i0 : MC;
+                    int q_begin = col_parts == 1 || part == 0 ? 0 : half;
+                    int q_end = col_parts == 2 && part == 0 ? half : n_panels;
+                    pack_a(A, as_m, as_k, i0, (mc + MR - 1) / MR * MR, k0, kc, M, ap);
+                    for (int q = q_begin; q < q_end; q++) {
+                        int jj = j0 + q * NR, nr = N - jj < NR ? N - jj : NR;
+                        const float *bp = gs->bpack + (size_t)q * NR * kc;
+                        for (int p = 0; p < mc; p += MR) {
+                            int mr = mc - p < MR ? mc - p : MR;
+                            micro_kernel(kc, ap + (size_t)p * kc, bp, C + (long)(i0 + p) * ldc + jj, ldc, mr, nr, first);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The engine's state: parameters, gradients, Adam moments, activations.
+
+typedef struct {
+    // Saved by the forward pass for the backward pass. [L, ...] arrays hold
+    // every layer; the rest are the last layer's or the head's.
+    float *x0;                  // [BT, C] embeddings (input of layer 0)
+    float *ln1, *ln1_mean, *ln1_rstd;   // [L, BT, C], [L, BT], [L, BT]
+    float *qkv;                 // [L, BT, 3C]
+    float *att;                 // [L, B, H, T, T] softmax probabilities
+    float *atty;                // [L, BT, C] attention output before the projection
+    float *res2;                // [L, BT, C] x + attn(LN(x))
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch;                 // [L, BT, 4C] before GELU
+    float *fch_gelu;            // [L, BT, 4C]
+    float *res3;                // [L, BT, C] block output
+    float *lnf, *lnf_mean, *lnf_rstd;   // [BT, C], [BT], [BT]
+    float *logits;              // [BT, V] logits, then probabilities, then their gradient
+    float *losses;              // [BT]
+    int *inputs, *targets;      // [BT]
+} Acts;
+
+typedef struct {
+    float *dres;      // [BT, C] gradient flowing down the residual stream
+    float *dln;       // [BT, C]
+    float *dlnf;      // [BT, C]
+    float *dqkv;      // [BT, 3C]
+    float *datty;     // [BT, C]
+    float *dfch;      // [BT, 4C]
+    float *datt_row;  // [threads, T] per-thread scratch
+} Scratch;
+
+typedef struct {
+    MgConfig cfg;
+    MgLayout lay;
+    int B, T, C, L, H, V;
+    float *params, *grads, *m, *v;
+    MgRange *ranges;
+    int n_ranges;
+    Acts a;
+    Scratch s;
+    GemmScratch gs;
+    int threads;
+    size_t bytes;
+} Cpu;
+
+static float *cpu_alloc(Cpu *e, size_t count) {
+    size_t bytes = (count * sizeof(float) + 63) & ~(size_t)63;
+    float *p = (float *)aligned_alloc(64, bytes ? bytes : 64);
+    if (!p) mg_fail(MG_EXIT_IO, "out of memory allocating %zu bytes", bytes);
+    memset(p, 0, bytes);
+    e->bytes += bytes;
+    return p;
+}
+
+static const char *cpu_configure(void *impl, MgConfig *cfg) {
+    if (cfg->precision && strcmp(cfg->precision, "fp32"))
+        return "the CPU engine computes in fp32 only (--precision bf16 is for the CUDA engine)";
+    return NULL;
+}
+
+static size_t cpu_init(void *impl, const MgConfig *cfg) {
+    Cpu *e = (Cpu *)impl;
+    e->cfg = *cfg;
+    e->B = cfg->batch; e->T = cfg->ctx; e->C = cfg->dim; e->L = cfg->layers; e->H = cfg->heads; e->V = cfg->vocab;
+    e->lay = mg_layout(e->V, e->T, e->C, e->L);
+    size_t n = e->lay.n, B = e->B, T = e->T, C = e->C, L = e->L, H = e->H, V = e->V, BT = B * T;
+    e->params = cpu_alloc(e, n);
+    e->grads = cpu_alloc(e, n);
+    e->m = cpu_alloc(e, n);
+    e->v = cpu_alloc(e, n);
+    e->ranges = (MgRange *)mg_malloc((4 + 12 * L) * sizeof(MgRange));
+    e->n_ranges = mg_decay_ranges(&e->lay, (int)L, e->ranges);
+    Acts *a = &e->a;
+    a->x0 = cpu_alloc(e, BT * C);
+    a->ln1 = cpu_alloc(e, L * BT * C); a->ln1_mean = cpu_alloc(e, L * BT); a->ln1_rstd = cpu_alloc(e, L * BT);
+    a->qkv = cpu_alloc(e, L * BT * 3 * C);
+    a->att = cpu_alloc(e, L * B * H * T * T);
+    a->atty = cpu_alloc(e, L * BT * C);
+    a->res2 = cpu_alloc(e, L * BT * C);
+    a->ln2 = cpu_alloc(e, L * BT * C); a->ln2_mean = cpu_alloc(e, L * BT); a->ln2_rstd = cpu_alloc(e, L * BT);
+    a->fch = cpu_alloc(e, L * BT * 4 * C);
+    a->fch_gelu = cpu_alloc(e, L * BT * 4 * C);
+    a->res3 = cpu_alloc(e, L * BT * C);
+    a->lnf = cpu_alloc(e, BT * C); a->lnf_mean = cpu_alloc(e, BT); a->lnf_rstd = cpu_alloc(e, BT);
+    a->logits = cpu_alloc(e, BT * V);
+    a->losses = cpu_alloc(e, BT);
+    a->inputs = (int *)cpu_alloc(e, BT);
+    a->targets = (int *)cpu_alloc(e, BT);
+    Scratch *s = &e->s;
+    s->dres = cpu_alloc(e, BT * C);
+    s->dln = cpu_alloc(e, BT * C);
+    s->dlnf = cpu_alloc(e, BT * C);
+    s->dqkv = cpu_alloc(e, BT * 3 * C);
+    s->datty = cpu_alloc(e, BT * C);
+    s->dfch = cpu_alloc(e, BT * 4 * C);
+    s->datt_row = cpu_alloc(e, (size_t)e->threads * T);
+    e->gs.threads = e->threads;
+    e->gs.bpack = cpu_alloc(e, (size_t)KC * NC);
+    e->gs.apack = (float **)mg_malloc((size_t)e->threads * sizeof(float *));
+    for (int t = 0; t < e->threads; t++) e->gs.apack[t] = cpu_alloc(e, (size_t)MC * KC);
+    return e->bytes;
+}
+
+static void cpu_set_state(void *impl, const float *w, const float *m, const float *v) {
+    Cpu *e = (Cpu *)impl;
+    size_t bytes = e->lay.n * sizeof(float);
+    memcpy(e->params, w, bytes);
+    memcpy(e->m, m, bytes);
+    memcpy(e->v, v, bytes);
+}
+
+static void cpu_get_state(void *impl, float *w, float *m, float *v) {
+    Cpu *e = (Cpu *)impl;
+    size_t bytes = e->lay.n * sizeof(float);
+    memcpy(w, e->params, bytes);
+    memcpy(m, e->m, bytes);
+    memcpy(v, e->v, bytes);
+}
+
+static void cpu_zero_grads(void *impl) {
+    Cpu *e = (Cpu *)impl;
+    memset(e->grads, 0, e->lay.n * sizeof(float));
+}
+
+static void cpu_get_grads(void *impl, float *out) {
+    Cpu *e = (Cpu *)impl;
+    memcpy(out, e->grads, e->lay.n * sizeof(float));
+}
+
+// ----------------------------------------------------------------------------
+// Ops, each forward with its backward twin.
+
+// Embedding: x0[b,t] = wte[token] + wpe[t].
+static void embed_forward(Cpu *e, int BT, int T) {
+    const float *wte = e->params + e->lay.wte, *wpe = e->params + e->lay.wpe;
+    int C = e->C;
+    #pragma omp parallel for schedule(static) num_threads(e->threads)
+    for (int i = 0; i < BT; i++) {
+        const float *te = wte + (size_t)e->a.inputs[i] * C, *pe = wpe + (size_t)(i % T) * C;
+        float *out = e->a.x0 + (size_t)i * C;
+        for (int c = 0; c < C; c++) out[c] = te[c] + pe[c];
+    }
+}
+
+// Tokens repeat, so rows of dwte receive many contributions: threads split the
+// channels, and each walks all positions in order (no atomics, fixed order).
+static void embed_backward(Cpu *e, const float *dx, int BT, int T) {
+    float *dwte = e->grads + e->lay.wte, *dwpe = e->grads + e->lay.wpe;
+    int C = e->C;
+    #pragma omp parallel num_threads(e->threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
+        for (int i = 0; i < BT; i++) {
+            float *row = dwte + (size_t)e->a.inputs[i] * C;
+            const float *g = dx + (size_t)i * C;
+            for (int c = c0; c < c1; c++) row[c] += g[c];
+        }
+        for (int i = 0; i < BT; i++) {
+            float *row = dwpe + (size_t)(i % T) * C;
+            const float *g = dx + (size_t)i * C;
+            for (int c = c0; c < c1; c++) row[c] += g[c];
+        }
+    }
+}
+
+// LayerNorm over channels, eps 1e-5; saves mean and 1/std for the backward.
+static void layernorm_forward(Cpu *e, float *out, float *mean, float *rstd, const float *x, const float *w, const float *b, int BT) {
+    int C = e->C;
+    #pragma omp parallel for schedule(static) num_threads(e->threads)
+    for (int i = 0; i < BT; i++) {
+        const float *xi = x + (size_t)i * C;
+        float sum = 0.0f;
+        for (int c = 0; c < C; c++) sum += xi[c];
+        float mu = sum / C, var = 0.0f;
+        for (int c = 0; c < C; c++) { float d = xi[c] - mu; var += d * d; }
+        float rs = 1.0f / sqrtf(var / C + 1e-5f);
+        float *oi = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) oi[c] = (xi[c] - mu) * rs * w[c] + b[c];
+        mean[i] = mu;
+        rstd[i] = rs;
+    }
+}
+
+// dx += LN backward. Per-row input gradients split over rows; the weight and
+// bias gradients are sums over rows, so those split over channels instead.
+static void layernorm_backward(Cpu *e, float *dx, float *dw, float *db, const float *dout, const float *x,
+                               const float *w, const float *mean, const float *rstd, int BT) {
+    int C = e->C;
+    #pragma omp parallel num_threads(e->threads)
+    {
+        #pragma omp for schedule(static)
+        for (int i = 0; i < BT; i++) {
+            const float *xi = x + (size_t)i * C, *gi = dout + (size_t)i * C;
+            float mu = mean[i], rs = rstd[i], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float norm = (xi[c] - mu) * rs, dnorm = gi[c] * w[c];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * norm;
+            }
+            dnorm_mean /= C;
+            dnorm_norm_mean /= C;
+            float *dxi = dx + (size_t)i * C;
+            for (int c = 0; c < C; c++) {
+                float norm = (xi[c] - mu) * rs, dnorm = gi[c] * w[c];
+                dxi[c] += rs * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+            }
+        }
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
+        for (int i = 0; i < BT; i++) {
+            const float *xi = x + (size_t)i * C, *gi = dout + (size_t)i * C;
+            float mu = mean[i], rs = rstd[i];
+            for (int c = c0; c < c1; c++) {
+                dw[c] += gi[c] * (xi[c] - mu) * rs;
+                db[c] += gi[c];
+            }
+        }
+    }
+}
+
+// out[BT, OC] = (residual or 0) + bias + x[BT, IC] W[OC, IC]^T. Adding the
+// residual here fuses the block's skip connection into the matmul's output.
+static void matmul_forward(Cpu *e, float *out, const float *x, const float *W, const float *bias, const float *residual, int BT, int IC, int OC) {
+    #pragma omp parallel for schedule(static) num_threads(e->threads)
+    for (int i = 0; i < BT; i++) {
+        float *oi = out + (size_t)i * OC;
+        const float *ri = residual ? residual + (size_t)i * OC : NULL;
+        for (int o = 0; o < OC; o++) oi[o] = (ri ? ri[o] : 0.0f) + bias[o];
+    }
+    gemm(&e->gs, BT, OC, IC, x, IC, 1, W, 1, IC, out, OC, 1);
+}
+
+// dx (=, or += when accumulate) dout W;  dW += dout^T x;  db += column sums.
+static void matmul_backward(Cpu *e, float *dx, float *dW, float *db, const float *dout, const float *x, const float *W,
+                            int BT, int IC, int OC, int accumulate_dx) {
+    gemm(&e->gs, BT, IC, OC, dout, OC, 1, W, IC, 1, dx, IC, accumulate_dx);
+    gemm(&e->gs, OC, IC, BT, dout, 1, OC, x, IC, 1, dW, IC, 1);
+    if (!db) return;
+    #pragma omp parallel num_threads(e->threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int o0 = (int)((long)OC * id / nt), o1 = (int)((long)OC * (id + 1) / nt);
+        for (int i = 0; i < BT; i++) {
+            const float *gi = dout + (size_t)i * OC;
+            for (int o = o0; o < o1; o++) db[o] += gi[o];
+        }
+    }
+}
+
+// Causal self-attention. qkv rows are [q | k | v], each C wide, heads
+// contiguous (hd = C/H). Saves the probabilities for the backward.
+static void attention_forward(Cpu *e, float *y, float *att, const float *qkv, int B, int T) {
+    int C = e->C, H = e->H, hd = C / H, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for collapse(3) schedule(static) num_threads(e->threads)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hd;
+                float *p = att + (((size_t)b * H + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hd;
+                    float dot = 0.0f;
+                    for (int i = 0; i < hd; i++) dot += q[i] * k[i];
+                    dot *= scale;
+                    p[t2] = dot;
+                    if (dot > maxv) maxv = dot;
+                }
+                float sum = 0.0f;
+                #pragma omp simd reduction(+:sum)
+                for (int t2 = 0; t2 <= t; t2++) { p[t2] = fast_expf(p[t2] - maxv); sum += p[t2]; }
+                float inv = 1.0f / sum;
+                for (int t2 = 0; t2 <= t; t2++) p[t2] *= inv;
+                float *out = y + ((size_t)b * T + t) * C + h * hd;
+                for (int i = 0; i < hd; i++) out[i] = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
+                    float w = p[t2];
+                    for (int i = 0; i < hd; i++) out[i] += w * v[i];
+                }
+            }
+}
+
+// dk and dv of a position collect contributions from every later query, so a
+// (batch, head) pair is one thread's work, walked in a fixed order.
+static void attention_backward(Cpu *e, float *dqkv, const float *dy, const float *qkv, const float *att, int B, int T) {
+    int C = e->C, H = e->H, hd = C / H, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hd);
+    memset(dqkv, 0, (size_t)B * T * C3 * sizeof(float));
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(e->threads)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            float *datt = e->s.datt_row + (size_t)omp_get_thread_num() * e->T;
+            for (int t = 0; t < T; t++) {
+                const float *p = att + (((size_t)b * H + h) * T + t) * T;
+                const float *g = dy + ((size_t)b * T + t) * C + h * hd;
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hd;
+                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hd;
+                float pd = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
+                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
+                    float d = 0.0f;
+                    for (int i = 0; i < hd; i++) { d += g[i] * v[i]; dv[i] += p[t2] * g[i]; }
+                    datt[t2] = d;
+                    pd += p[t2] * d;
+                }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float dpre = p[t2] * (datt[t2] - pd) * scale;
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hd;
+                    float *dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hd;
+                    for (int i = 0; i < hd; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
+                }
+            }
+        }
+}
+
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
+
+static void gelu_forward(Cpu *e, float *out, const float *x, size_t n) {
+    #pragma omp parallel for simd schedule(static) num_threads(e->threads)
+    for (size_t i = 0; i < n; i++) {
+        float xi = x[i];
+        out[i] = 0.5f * xi * (1.0f + fast_tanhf(GELU_SCALE * (xi + 0.044715f * xi * xi * xi)));
+    }
+}
+
+// dx = dout * d gelu(x)/dx, overwriting dx (its buffer may alias dout).
+static void gelu_backward(Cpu *e, float *dx, const float *x, const float *dout, size_t n) {
+    #pragma omp parallel for simd schedule(static) num_threads(e->threads)
+    for (size_t i = 0; i < n; i++) {
+        float xi = x[i], u = GELU_SCALE * (xi + 0.044715f * xi * xi * xi);
+        float th = fast_tanhf(u), sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * xi * xi);
+        dx[i] = dout[i] * grad;
+    }
+}
+
+// Softmax cross-entropy over the vocabulary for each position; the logits
+// buffer is overwritten with probabilities, which the backward turns into
+// the logit gradient in place.
+static void crossentropy_forward(Cpu *e, int BT) {
+    int V = e->V;
+    #pragma omp parallel for schedule(static) num_threads(e->threads)
+    for (int i = 0; i < BT; i++) {
+        float *row = e->a.logits + (size_t)i * V;
+        float maxv = -INFINITY;
+        for (int j = 0; j < V; j++) maxv = row[j] > maxv ? row[j] : maxv;
+        float target_logit = row[e->a.targets[i]];
+        float sum = 0.0f;
+        #pragma omp simd reduction(+:sum)
+        for (int j = 0; j < V; j++) { row[j] = fast_expf(row[j] - maxv); sum += row[j]; }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < V; j++) row[j] *= inv;
+        e->a.losses[i] = logf(sum) - (target_logit - maxv);
+    }
+}
+
+static void crossentropy_backward(Cpu *e, int BT, float grad_scale) {
+    int V = e->V;
+    #pragma omp parallel for schedule(static) num_threads(e->threads)
+    for (int i = 0; i < BT; i++) {
+        float *row = e->a.logits + (size_t)i * V;
+        for (int j = 0; j < V; j++) row[j] *= grad_scale;
+        row[e->a.targets[i]] -= grad_scale;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The model: forward through the blocks, head, backward.
+
+static float *layer_param(Cpu *e, int l, int tensor) { return e->params + mg_param(&e->lay, l, tensor); }
+static float *layer_grad(Cpu *e, int l, int tensor) { return e->grads + mg_param(&e->lay, l, tensor); }
+
+// Runs the blocks on rows x T tokens already in a.inputs; the final hidden
+// state (before the final LayerNorm) is res3 of the last layer.
+static void blocks_forward(Cpu *e, int B, int T) {
+    int C = e->C, BT = B * T;
+    size_t bt = (size_t)BT;
+    Acts *a = &e->a;
+    embed_forward(e, BT, T);
+    for (int l = 0; l < e->L; l++) {
+        const float *x = l == 0 ? a->x0 : a->res3 + (size_t)(l - 1) * bt * C;
+        float *ln1 = a->ln1 + (size_t)l * bt * C, *qkv = a->qkv + (size_t)l * bt * 3 * C;
+        float *att = a->att + (size_t)l * e->B * e->H * e->T * e->T;
+        float *atty = a->atty + (size_t)l * bt * C, *res2 = a->res2 + (size_t)l * bt * C;
+        float *ln2 = a->ln2 + (size_t)l * bt * C, *fch = a->fch + (size_t)l * bt * 4 * C;
+        float *fchg = a->fch_gelu + (size_t)l * bt * 4 * C, *res3 = a->res3 + (size_t)l * bt * C;
+        layernorm_forward(e, ln1, a->ln1_mean + (size_t)l * bt, a->ln1_rstd + (size_t)l * bt, x,
+                          layer_param(e, l, MG_LN1W), layer_param(e, l, MG_LN1B), BT);
+        matmul_forward(e, qkv, ln1, layer_param(e, l, MG_QKVW), layer_param(e, l, MG_QKVB), NULL, BT, C, 3 * C);
+        attention_forward(e, atty, att, qkv, B, T);
+        matmul_forward(e, res2, atty, layer_param(e, l, MG_PROJW), layer_param(e, l, MG_PROJB), x, BT, C, C);
+        layernorm_forward(e, ln2, a->ln2_mean + (size_t)l * bt, a->ln2_rstd + (size_t)l * bt, res2,
+                          layer_param(e, l, MG_LN2W), layer_param(e, l, MG_LN2B), BT);
+        matmul_forward(e, fch, ln2, layer_param(e, l, MG_FCW), layer_param(e, l, MG_FCB), NULL, BT, C, 4 * C);
+        gelu_forward(e, fchg, fch, bt * 4 * C);
+        matmul_forward(e, res3, fchg, layer_param(e, l, MG_FCPROJW), layer_param(e, l, MG_FCPROJB), res2, BT, 4 * C, C);
+    }
+}
+
+static const float *final_hidden(Cpu *e, int BT) { return e->a.res3 + (size_t)(e->L - 1) * BT * e->C; }
+
+// Full forward to per-position losses (logits buffer holds probabilities).
+static void model_forward(Cpu *e, const uint16_t *rows_tokens, int rows) {
+    int T = e->T, C = e->C, BT = rows * T;
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < T; t++) {
+            e->a.inputs[r * T + t] = rows_tokens[(size_t)r * (T + 1) + t];
+            e->a.targets[r * T + t] = rows_tokens[(size_t)r * (T + 1) + t + 1];
+        }
+    blocks_forward(e, rows, T);
+    layernorm_forward(e, e->a.lnf, e->a.lnf_mean, e->a.lnf_rstd, final_hidden(e, BT),
+                      e->params + e->lay.lnfw, e->params + e->lay.lnfb, BT);
+    // Tied head: logits = lnf wte^T.
+    gemm(&e->gs, BT, e->V, C, e->a.lnf, C, 1, e->params + e->lay.wte, 1, C, e->a.logits, e->V, 0);
+    crossentropy_forward(e, BT);
+}
+
+static void row_losses(Cpu *e, int rows, float *row_loss) {
+    int T = e->T;
+    for (int r = 0; r < rows; r++) {
+        double sum = 0;
+        for (int t = 0; t < T; t++) sum += e->a.losses[r * T + t];
+        row_loss[r] = (float)(sum / T);
+    }
+}
+
+static void model_backward(Cpu *e, int B, float grad_scale) {
+    int T = e->T, C = e->C, BT = B * T, V = e->V;
+    size_t bt = (size_t)BT;
+    Acts *a = &e->a;
+    Scratch *s = &e->s;
+    crossentropy_backward(e, BT, grad_scale);
+    // Head: dlnf = dlogits wte; dwte += dlogits^T lnf.
+    gemm(&e->gs, BT, C, V, a->logits, V, 1, e->params + e->lay.wte, C, 1, s->dlnf, C, 0);
+    gemm(&e->gs, V, C, BT, a->logits, 1, V, a->lnf, C, 1, e->grads + e->lay.wte, C, 1);
+    memset(s->dres, 0, bt * C * sizeof(float));
+    layernorm_backward(e, s->dres, e->grads + e->lay.lnfw, e->grads + e->lay.lnfb, s->dlnf, final_hidden(e, BT),
+                       e->params + e->lay.lnfw, a->lnf_mean, a->lnf_rstd, BT);
+    for (int l = e->L - 1; l >= 0; l--) {
+        const float *x = l == 0 ? a->x0 : a->res3 + (size_t)(l - 1) * bt * C;
+        const float *ln1 = a->ln1 + (size_t)l * bt * C, *qkv = a->qkv + (size_t)l * bt * 3 * C;
+        const float *att = a->att + (size_t)l * e->B * e->H * e->T * e->T;
+        const float *atty = a->atty + (size_t)l * bt * C, *res2 = a->res2 + (size_t)l * bt * C;
+        const float *ln2 = a->ln2 + (size_t)l * bt * C, *fch = a->fch + (size_t)l * bt * 4 * C;
+        const float *fchg = a->fch_gelu + (size_t)l * bt * 4 * C;
+        // MLP branch: dres is d(res3); the skip passes it to res2 unchanged.
+        matmul_backward(e, s->dfch, layer_grad(e, l, MG_FCPROJW), layer_grad(e, l, MG_FCPROJB), s->dres, fchg,
+                        layer_param(e, l, MG_FCPROJW), BT, 4 * C, C, 0);
+        gelu_backward(e, s->dfch, fch, s->dfch, bt * 4 * C);
+        matmul_backward(e, s->dln, layer_grad(e, l, MG_FCW), layer_grad(e, l, MG_FCB), s->dfch, ln2,
+                        layer_param(e, l, MG_FCW), BT, C, 4 * C, 0);
+        layernorm_backward(e, s->dres, layer_grad(e, l, MG_LN2W), layer_grad(e, l, MG_LN2B), s->dln, res2,
+                           layer_param(e, l, MG_LN2W), a->ln2_mean + (size_t)l * bt, a->ln2_rstd + (size_t)l * bt, BT);
+        // Attention branch: dres is now d(res2).
+        matmul_backward(e, s->datty, layer_grad(e, l, MG_PROJW), layer_grad(e, l, MG_PROJB), s->dres, atty,
+                        layer_param(e, l, MG_PROJW), BT, C, C, 0);
+        attention_backward(e, s->dqkv, s->datty, qkv, att, B, T);
+        matmul_backward(e, s->dln, layer_grad(e, l, MG_QKVW), layer_grad(e, l, MG_QKVB), s->dqkv, ln1,
+                        layer_param(e, l, MG_QKVW), BT, C, 3 * C, 0);
+        layernorm_backward(e, s->dres, layer_grad(e, l, MG_LN1W), layer_grad(e, l, MG_LN1B), s->dln, x,
+                           layer_param(e, l, MG_LN1W), a->ln1_mean + (size_t)l * bt, a->ln1_rstd + (size_t)l * bt, BT);
+    }
+    embed_backward(e, s->dres, BT, T);
+}
+
+static void cpu_forward_backward(void *impl, const uint16_t *rows_tokens, int rows, float grad_scale, float *row_loss) {
+    Cpu *e = (Cpu *)impl;
+    model_forward(e, rows_tokens, rows);
+    row_losses(e, rows, row_loss);
+    model_backward(e, rows, grad_scale);
+}
+
+static void cpu_forward_loss(void *impl, const uint16_t *rows_tokens, int rows, float *row_loss) {
+    Cpu *e = (Cpu *)impl;
+    model_forward(e, rows_tokens, rows);
+    row_losses(e, rows, row_loss);
+}
+
+// Sampling: logits at the last position only, so the head costs one row.
+static void cpu_last_logits(void *impl, const uint16_t *tokens, int rows, int len, float *out) {
+    Cpu *e = (Cpu *)impl;
+    int C = e->C, BT = rows * len;
+    for (int i = 0; i < BT; i++) e->a.inputs[i] = tokens[i];
+    blocks_forward(e, rows, len);
+    const float *hidden = final_hidden(e, BT);
+    for (int r = 0; r < rows; r++) {
+        size_t last = (size_t)r * len + len - 1;
+        layernorm_forward(e, e->a.lnf + (size_t)r * C, e->a.lnf_mean + r, e->a.lnf_rstd + r, hidden + last * C,
+                          e->params + e->lay.lnfw, e->params + e->lay.lnfb, 1);
+    }
+    gemm(&e->gs, rows, e->V, C, e->a.lnf, C, 1, e->params + e->lay.wte, 1, C, out, e->V, 0);
+}
+
+// ----------------------------------------------------------------------------
+// Optimizer.
+
+// Sum of squares in fixed 64K-element chunks, then the chunk sums in order:
+// the same bits whatever the thread count.
+#define NORM_CHUNK 65536
+static double cpu_grad_norm(void *impl) {
+    Cpu *e = (Cpu *)impl;
+    size_t n = e->lay.n, chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+    double *partial = (double *)mg_malloc(chunks * sizeof(double));
+    #pragma omp parallel for schedule(static) num_threads(e->threads)
+    for (size_t ch = 0; ch < chunks; ch++) {
+        size_t i0 = ch * NORM_CHUNK, i1 = i0 + NORM_CHUNK < n ? i0 + NORM_CHUNK : n;
+        double acc = 0;
+        for (size_t i = i0; i < i1; i++) acc += (double)e->grads[i] * e->grads[i];
+        partial[ch] = acc;
+    }
+    double total = 0;
+    for (size_t ch = 0; ch < chunks; ch++) total += partial[ch];
+    free(partial);
+    return sqrt(total);
+}
+
+// AdamW as torch.optim.AdamW computes it: decoupled decay first, then the
+// bias-corrected step.
+static void cpu_update(void *impl, int step, float lr, float grad_mult) {
+    Cpu *e = (Cpu *)impl;
+    const MgConfig *c = &e->cfg;
+    float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+    double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
+    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    for (int r = 0; r < e->n_ranges; r++) {
+        MgRange rg = e->ranges[r];
+        float decay = rg.decay ? 1.0f - lr * c->weight_decay : 1.0f;
+        #pragma omp parallel for simd schedule(static) num_threads(e->threads)
+        for (size_t i = rg.begin; i < rg.end; i++) {
+            float g = e->grads[i] * grad_mult;
+            float m = b1 * e->m[i] + (1.0f - b1) * g;
+            float v = b2 * e->v[i] + (1.0f - b2) * g * g;
+            e->m[i] = m;
+            e->v[i] = v;
+            e->params[i] = e->params[i] * decay - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    static Cpu cpu;
+    static MgEngine eng;
+    // --threads must be known before init; peek at it (mg_main validates).
+    int threads = 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "--threads=", 10) == 0) threads = atoi(argv[i] + 10);
+    cpu.threads = threads > 0 ? threads : omp_get_max_threads();
+    eng.name = "cpu";
+    eng.precision = "fp32";
+    eng.threads = cpu.threads;
+    snprintf(eng.device, sizeof eng.device, "cpu (%d threads)", cpu.threads);
+    eng.impl = &cpu;
+    eng.configure = cpu_configure;
+    eng.init = cpu_init;
+    eng.set_state = cpu_set_state;
+    eng.get_state = cpu_get_state;
+    eng.zero_grads = cpu_zero_grads;
+    eng.forward_backward = cpu_forward_backward;
+    eng.forward_loss = cpu_forward_loss;
+    eng.grad_norm = cpu_grad_norm;
+    eng.update = cpu_update;
+    eng.get_grads = cpu_get_grads;
+    eng.last_logits = cpu_last_logits;
+    return mg_main(argc, argv, &eng);
+}

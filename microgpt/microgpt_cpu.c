@@ -372,8 +372,10 @@ static void layernorm_forward(Cpu *e, float *out, float *mean, float *rstd, cons
     for (int i = 0; i < BT; i++) {
         const float *xi = x + (size_t)i * C;
         float sum = 0.0f;
+        #pragma omp simd reduction(+:sum)
         for (int c = 0; c < C; c++) sum += xi[c];
         float mu = sum / C, var = 0.0f;
+        #pragma omp simd reduction(+:var)
         for (int c = 0; c < C; c++) { float d = xi[c] - mu; var += d * d; }
         float rs = 1.0f / sqrtf(var / C + 1e-5f);
         float *oi = out + (size_t)i * C;
@@ -394,6 +396,7 @@ static void layernorm_backward(Cpu *e, float *dx, float *dw, float *db, const fl
         for (int i = 0; i < BT; i++) {
             const float *xi = x + (size_t)i * C, *gi = dout + (size_t)i * C;
             float mu = mean[i], rs = rstd[i], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            #pragma omp simd reduction(+:dnorm_mean, dnorm_norm_mean)
             for (int c = 0; c < C; c++) {
                 float norm = (xi[c] - mu) * rs, dnorm = gi[c] * w[c];
                 dnorm_mean += dnorm;
@@ -464,6 +467,7 @@ static void attention_forward(Cpu *e, float *y, float *att, const float *qkv, in
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hd;
                     float dot = 0.0f;
+                    #pragma omp simd reduction(+:dot)
                     for (int i = 0; i < hd; i++) dot += q[i] * k[i];
                     dot *= scale;
                     p[t2] = dot;
@@ -503,8 +507,9 @@ static void attention_backward(Cpu *e, float *dqkv, const float *dy, const float
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
                     float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
-                    float d = 0.0f;
-                    for (int i = 0; i < hd; i++) { d += g[i] * v[i]; dv[i] += p[t2] * g[i]; }
+                    float d = 0.0f, pt = p[t2];
+                    #pragma omp simd reduction(+:d)
+                    for (int i = 0; i < hd; i++) { d += g[i] * v[i]; dv[i] += pt * g[i]; }
                     datt[t2] = d;
                     pd += p[t2] * d;
                 }
@@ -548,6 +553,7 @@ static void crossentropy_forward(Cpu *e, int BT) {
     for (int i = 0; i < BT; i++) {
         float *row = e->a.logits + (size_t)i * V;
         float maxv = -INFINITY;
+        #pragma omp simd reduction(max:maxv)
         for (int j = 0; j < V; j++) maxv = row[j] > maxv ? row[j] : maxv;
         float target_logit = row[e->a.targets[i]];
         float sum = 0.0f;

@@ -1153,22 +1153,36 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
     fflush(stdout);
 }
 
-// Picks a token from logits: greedy at temperature 0, else top-k filtered
-// softmax sampling with a uniform drawn from (seed, sample, position).
-static int mg_pick_token(float *logits, int V, const MgSampleParams *p, uint64_t sample, uint64_t pos, double *probs) {
+// The k-th largest of n values (k >= 1), by quickselect on a scratch copy:
+// O(n), deterministic (middle pivot, no randomness).
+static float mg_kth_largest(const float *values, int n, int k, float *scratch) {
+    memcpy(scratch, values, (size_t)n * sizeof(float));
+    int lo = 0, hi = n - 1, want = k - 1;  // index in descending order
+    while (lo < hi) {
+        float pivot = scratch[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (scratch[i] > pivot) i++;
+            while (scratch[j] < pivot) j--;
+            if (i <= j) { float t = scratch[i]; scratch[i] = scratch[j]; scratch[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+    return scratch[want];
+}
+
+// Picks a token from logits: greedy at temperature 0, else softmax sampling
+// over the logits >= the k-th largest (ties at the cutoff are all kept), with
+// a uniform drawn from (seed, sample, position).
+static int mg_pick_token(const float *logits, int V, const MgSampleParams *p, uint64_t sample, uint64_t pos,
+                         double *probs, float *scratch) {
     int best = 0;
     for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
     if (p->temperature <= 0.0f) return best;
     float cutoff = -INFINITY;
-    if (p->top_k > 0 && p->top_k < (uint32_t)V) {
-        // The k-th largest logit: the smallest value among the k largest,
-        // found by counting (V is small; no allocation).
-        for (int i = 0; i < V; i++) {
-            uint32_t greater = 0;
-            for (int j = 0; j < V && greater < p->top_k; j++) greater += logits[j] > logits[i];
-            if (greater < p->top_k && (cutoff == -INFINITY || logits[i] < cutoff)) cutoff = logits[i];
-        }
-    }
+    if (p->top_k > 0 && p->top_k < (uint32_t)V) cutoff = mg_kth_largest(logits, V, (int)p->top_k, scratch);
     double total = 0;
     for (int i = 0; i < V; i++) {
         probs[i] = logits[i] >= cutoff ? exp(((double)logits[i] - logits[best]) / p->temperature) : 0.0;
@@ -1190,6 +1204,7 @@ static void mg_sample(MgDriver *d, uint64_t id, const MgSampleParams *p, const u
     uint16_t *window = (uint16_t *)mg_malloc((size_t)B * T * sizeof(uint16_t));
     float *logits = (float *)mg_malloc((size_t)B * V * sizeof(float));
     double *probs = (double *)mg_malloc((size_t)V * sizeof(double));
+    float *scratch = (float *)mg_malloc((size_t)V * sizeof(float));
     for (uint32_t s = 0; s < p->count; s++) memcpy(seqs + s * cap, prompt, p->n_prompt * sizeof(uint16_t));
     for (uint32_t s0 = 0; s0 < p->count; s0 += (uint32_t)B) {
         int rows = (int)(p->count - s0 < (uint32_t)B ? p->count - s0 : (uint32_t)B);
@@ -1200,7 +1215,7 @@ static void mg_sample(MgDriver *d, uint64_t id, const MgSampleParams *p, const u
                 memcpy(window + (size_t)r * win, seqs + (s0 + r) * cap + len - win, win * sizeof(uint16_t));
             d->eng->last_logits(d->eng->impl, window, rows, win, logits);
             for (int r = 0; r < rows; r++)
-                seqs[(s0 + r) * cap + len] = (uint16_t)mg_pick_token(logits + (size_t)r * V, V, p, s0 + r, j, probs);
+                seqs[(s0 + r) * cap + len] = (uint16_t)mg_pick_token(logits + (size_t)r * V, V, p, s0 + r, j, probs, scratch);
         }
     }
     printf("{\"event\":\"sample\",\"id\":%llu,\"step\":%d,\"tokens\":[", (unsigned long long)id, d->step);
@@ -1211,7 +1226,7 @@ static void mg_sample(MgDriver *d, uint64_t id, const MgSampleParams *p, const u
     }
     printf("],\"ms\":%.3f}\n", mg_now_ms() - t0);
     fflush(stdout);
-    free(seqs); free(window); free(logits); free(probs);
+    free(seqs); free(window); free(logits); free(probs); free(scratch);
 }
 
 // Reads and executes frames until EOF, STOP or a signal.

@@ -157,7 +157,7 @@ static const MgFlag MG_FLAGS[] = {
     {"seed", MG_U64, MG_OFF(seed), 0, 0, "initialisation and standalone sampling seed (default 1337)"},
     {"threads", MG_INT, MG_OFF(threads), 0, 4096, "CPU threads, 0 = all cores (default 0)"},
     {"precision", MG_STR, MG_OFF(precision), 0, 0, "fp32 or bf16 (CUDA engine; default fp32 on CPU)"},
-    {"meta", MG_STR, MG_OFF(meta), 0, 0, "free-form text (JSON by convention) stored in checkpoint trailers"},
+    {"meta", MG_STR, MG_OFF(meta), 0, 0, "JSON value (up to 4096 bytes) stored in checkpoint trailers"},
     {"dump-grads", MG_STR, MG_OFF(dump_grads), 0, 0, "write the first step's raw gradients (f32[n_params]) here and exit"},
     {"allow-hparam-change", MG_BOOL, MG_OFF(allow_hparam_change), 0, 0, "on resume, accept optimizer flags that differ from the checkpoint"},
 };
@@ -191,6 +191,80 @@ static void mg_usage(const char *prog, FILE *f) {
     for (size_t i = 0; i < MG_NFLAGS; i++)
         fprintf(f, "  --%-20s %s\n", MG_FLAGS[i].name, MG_FLAGS[i].help);
     fprintf(f, "  --%-20s %s\n", "help", "print this and exit");
+}
+
+// A minimal JSON validator (RFC 8259 grammar, no semantic checks): --meta is
+// embedded verbatim in every checkpoint's metadata, which must stay valid JSON.
+static const char *mg_json_skip_ws(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    return p;
+}
+
+static const char *mg_json_value(const char *p, int depth);
+
+static const char *mg_json_str(const char *p) {
+    if (*p++ != '"') return NULL;
+    while (*p && *p != '"') {
+        if ((unsigned char)*p < 0x20) return NULL;
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++) if (!strchr("0123456789abcdefABCDEF", p[i]) || !p[i]) return NULL;
+                p += 4;
+            } else if (!*p || !strchr("\"\\/bfnrt", *p)) return NULL;
+        }
+        p++;
+    }
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static const char *mg_json_number(const char *p) {
+    if (*p == '-') p++;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (*p >= '0' && *p <= '9') p++;
+    else return NULL;
+    if (*p == '.') { p++; if (*p < '0' || *p > '9') return NULL; while (*p >= '0' && *p <= '9') p++; }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (*p < '0' || *p > '9') return NULL;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    return p;
+}
+
+static const char *mg_json_value(const char *p, int depth) {
+    if (depth > 64) return NULL;
+    p = mg_json_skip_ws(p);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        int object = *p == '{';
+        p = mg_json_skip_ws(p + 1);
+        if (*p == close) return p + 1;
+        for (;;) {
+            if (object) {
+                p = mg_json_str(mg_json_skip_ws(p));
+                if (!p) return NULL;
+                p = mg_json_skip_ws(p);
+                if (*p++ != ':') return NULL;
+            }
+            p = mg_json_value(p, depth + 1);
+            if (!p) return NULL;
+            p = mg_json_skip_ws(p);
+            if (*p == close) return p + 1;
+            if (*p++ != ',') return NULL;
+        }
+    }
+    if (*p == '"') return mg_json_str(p);
+    if (!strncmp(p, "true", 4)) return p + 4;
+    if (!strncmp(p, "false", 5)) return p + 5;
+    if (!strncmp(p, "null", 4)) return p + 4;
+    return mg_json_number(p);
+}
+
+static int mg_json_valid(const char *text) {
+    const char *end = mg_json_value(text, 0);
+    return end && *mg_json_skip_ws(end) == 0;
 }
 
 static void mg_set_flag(MgConfig *cfg, const MgFlag *flag, const char *value) {
@@ -276,6 +350,8 @@ static void mg_parse_args(MgConfig *cfg, int argc, char **argv) {
         cfg->given |= 1ull << idx;
     }
     if (!cfg->data) mg_fail(MG_EXIT_USAGE, "--data is required (a token shard, or - for frames on stdin)");
+    if (cfg->meta && !mg_json_valid(cfg->meta)) mg_fail(MG_EXIT_USAGE, "--meta: not valid JSON");
+    if (cfg->meta && strlen(cfg->meta) > 4096) mg_fail(MG_EXIT_USAGE, "--meta: longer than 4096 bytes");
     // mg_validate runs after a resume has adopted the checkpoint's shape.
 }
 
@@ -528,21 +604,9 @@ static void mg_mkdirs(const char *dir) {
 }
 
 // The metadata JSON is deterministic: the same state gives the same bytes.
+// --meta was validated as JSON when parsed, so it is embedded verbatim.
 static size_t mg_meta_json(char *out, size_t cap, const char *engine, const char *meta) {
-    size_t k = (size_t)snprintf(out, cap, "{\"engine\":\"%s\",\"meta\":", engine);
-    if (!meta) {
-        k += (size_t)snprintf(out + k, cap - k, "null");
-    } else {
-        out[k++] = '"';
-        for (const unsigned char *p = (const unsigned char *)meta; *p && k + 8 < cap; p++) {
-            if (*p == '"' || *p == '\\') { out[k++] = '\\'; out[k++] = (char)*p; }
-            else if (*p < 0x20) k += (size_t)snprintf(out + k, cap - k, "\\u%04x", *p);
-            else out[k++] = (char)*p;
-        }
-        out[k++] = '"';
-    }
-    k += (size_t)snprintf(out + k, cap - k, "}");
-    return k;
+    return (size_t)snprintf(out, cap, "{\"engine\":\"%s\",\"meta\":%s}", engine, meta ? meta : "null");
 }
 
 // Atomic, durable write of a checkpoint. On failure removes the temp file,
@@ -626,7 +690,8 @@ static int mg_read_checkpoint(const char *path, MgState *st, char *err, size_t e
     }
     st->step = head[0];
     st->n = (size_t)head[1];
-    size_t body = 8 + 12 * st->n;
+    size_t body;  // assigned, not initialized: C++ (nvcc) forbids a goto past an initialization
+    body = 8 + 12 * st->n;
     if (size == body) {
         st->has_trailer = 0;
     } else if (size < body + MG_TRAILER_FIXED + MG_FOOTER) {
@@ -780,10 +845,10 @@ static void mg_reconcile_float(MgConfig *cfg, const char *flag, float *value, fl
 
 static void mg_reconcile(MgConfig *cfg, const MgState *st, const char *path) {
     if (!st->has_trailer) {
-        mg_warn("%s: no trailer: checksum and shape not verified (bare ANDREA file)", path);
         MgLayout lay = mg_layout(cfg->vocab, cfg->ctx, cfg->dim, cfg->layers);
         if (lay.n != st->n)
             mg_fail(MG_EXIT_CKPT, "shape mismatch with %s: %zu parameters in file, %zu for the requested shape", path, st->n, lay.n);
+        mg_warn("%s: no trailer: checksum and shape not verified (bare ANDREA file)", path);
         return;
     }
     const MgTrailer *t = &st->trailer;
@@ -1103,8 +1168,13 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
     if (c->dump_grads) mg_write_grads_file(d, loss);
     double norm = d->eng->grad_norm(d->eng->impl);
     if (!isfinite(loss) || !isfinite(norm))
-        mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (last checkpoint: step %d)",
-                isfinite(loss) ? "gradient norm" : "loss", d->step + 1, d->saved_step);
+    {
+        char last[64];
+        if (d->saved_step >= 0) snprintf(last, sizeof last, "last checkpoint: step %d", d->saved_step);
+        else snprintf(last, sizeof last, "no checkpoint yet");
+        mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (%s)",
+                isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
+    }
     float mult = 1.0f;
     if (c->grad_clip > 0 && norm > c->grad_clip) mult = (float)(c->grad_clip / (norm + 1e-6));
     int s = d->step + 1;

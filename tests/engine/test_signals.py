@@ -1,0 +1,226 @@
+"""Signals, EOF and the CHECKPOINT/STOP frames (DESIGN.md "Signals", FORMATS.md "Engine frames"),
+and crash safety of checkpoint writes (FORMATS.md "Writing")."""
+from __future__ import annotations
+
+import os
+import random
+import resource
+import signal
+import subprocess
+import time
+
+
+from proxy import frames
+from proxy.checkpoint_file import list_checkpoints, read_checkpoint, verify_checkpoint
+
+from .conftest import TINY, Cfg, event_path, initial_checkpoint, make_shard, parse_events, proxy_args, train_frames
+
+
+def assert_only_complete_checkpoints(ckpt_dir, allow_tmp: bool):
+    """Every step_*.bin verifies; anything else is a .step_*.bin.tmp (only if allowed)."""
+    for p in ckpt_dir.iterdir():
+        if p.name.startswith(".step_") and p.name.endswith(".bin.tmp"):
+            assert allow_tmp, f"stale temp file {p.name} left after an engine start"
+            continue
+        assert p.name.startswith("step_") and p.name.endswith(".bin"), f"unexpected file in ckpt dir: {p.name}"
+        assert verify_checkpoint(p) is None, verify_checkpoint(p)
+
+
+def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
+    cfg = TINY.but(steps=1_000_000)
+    shard = make_shard(tmp_path / "d.tok", cfg)
+    ck = tmp_path / "ck"
+    eng = run_engine(["--data", shard, "--ckpt-dir", ck, "--ckpt-every", 0, *cfg.flags()])
+    eng.wait_for("step")
+    eng.signal(signal.SIGUSR1)
+    c = eng.wait_for("ckpt")
+    assert c["reason"] == "sigusr1", c.fields
+    last = eng.of("step")[-1]["step"]
+    assert c["step"] == last, f"SIGUSR1 checkpoint at {c['step']}, last step trained {last}"
+    path = event_path(c, eng)
+    assert path.name == f"step_{c['step']:06d}.bin" and verify_checkpoint(path) is None
+    assert c["bytes"] == path.stat().st_size
+    eng.wait_for("step", step=c["step"] + 3)  # training goes on
+    assert eng.proc.poll() is None
+    eng.signal(signal.SIGTERM)
+    assert eng.finish() == 0, eng.stderr()
+    assert [e["reason"] for e in eng.of("exit")] == ["signal"]
+    assert eng.of("ckpt")[-1]["reason"] == "signal"
+
+
+def test_sigusr1_while_idle_in_proxy_mode(run_engine, tmp_path):
+    """A proxy that sends SIGUSR1 and waits for the checkpoint before feeding more frames
+    (the pivot) must get it: the engine must not sleep in read() until the next frame."""
+    cfg = TINY
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    for s, tok, grp in train_frames(cfg, 1, 2):
+        eng.train(s, tok, grp)
+    eng.wait_for("step", step=2)
+    eng.signal(signal.SIGUSR1)
+    c = eng.wait_for("ckpt", timeout=20)
+    assert (c["step"], c["reason"]) == (2, "sigusr1"), c.fields
+    for s, tok, grp in train_frames(cfg, 3, 1):  # still taking frames
+        eng.train(s, tok, grp)
+    eng.wait_for("step", step=3)
+    eng.signal(signal.SIGTERM)
+    c = eng.wait_for("ckpt", timeout=20)
+    assert (c["step"], c["reason"]) == (3, "signal"), c.fields
+    assert eng.finish() == 0, eng.stderr()
+    assert [e["reason"] for e in eng.of("exit")] == ["signal"]
+    assert [p.name for p in list_checkpoints(ck)] == ["step_000003.bin", "step_000002.bin"]
+
+
+def test_eof_checkpoints_and_exits_0(run_engine, tmp_path):
+    cfg = TINY
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    for s, tok, grp in train_frames(cfg, 1, 2):
+        eng.train(s, tok, grp)
+    eng.close_stdin()
+    assert eng.finish() == 0, eng.stderr()
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "eof")]
+    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "eof")]
+    assert eng.events[-1].kind == "exit"
+    ckpt = read_checkpoint(ck / "step_000002.bin")
+    assert ckpt.step == 2 and verify_checkpoint(ck / "step_000002.bin") is None
+
+
+def test_checkpoint_frame_then_stop(run_engine, tmp_path):
+    cfg = TINY
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    data = train_frames(cfg, 1, 3)
+    eng.train(*data[0])
+    eng.send(frames.checkpoint_frame())
+    c = eng.wait_for("ckpt")
+    assert (c["step"], c["reason"]) == (1, "frame"), c.fields
+    assert verify_checkpoint(ck / "step_000001.bin") is None
+    eng.train(*data[1])              # goes on after a CHECKPOINT frame
+    eng.send(frames.checkpoint_frame())
+    assert eng.wait_for("ckpt")["step"] == 2
+    eng.send(frames.stop_frame())    # step 2 is saved: STOP must not write it again
+    assert eng.finish() == 0, eng.stderr()
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "frame"), (2, "frame")]
+    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "stop")]
+    assert [p.name for p in list_checkpoints(ck)] == ["step_000002.bin", "step_000001.bin"]
+
+
+def test_stop_frame_checkpoints_unsaved_step(run_engine, tmp_path):
+    cfg = TINY
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    for s, tok, grp in train_frames(cfg, 1, 2):
+        eng.train(s, tok, grp)
+    eng.send(frames.stop_frame())
+    try:
+        eng.send(b"this is never read as a frame")  # nothing after STOP is consumed
+    except BrokenPipeError:
+        pass
+    assert eng.finish() == 0, eng.stderr()
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "stop")]
+    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "stop")]
+    assert verify_checkpoint(ck / "step_000002.bin") is None
+
+
+def test_sigterm_while_idle_in_proxy_mode(run_engine, tmp_path):
+    """No step in flight: SIGTERM checkpoints and exits 0 promptly, without waiting for a frame."""
+    cfg = TINY
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    eng.train(*train_frames(cfg, 1, 1)[0])
+    eng.wait_for("step", step=1)
+    eng.signal(signal.SIGTERM)
+    assert eng.finish(timeout=20) == 0, eng.stderr()
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "signal")]
+    assert [e["reason"] for e in eng.of("exit")] == ["signal"]
+
+
+# ---------------------------------------------------------------------------
+# SIGKILL during checkpoint writes
+
+# ~2.7M parameters: a 32 MB checkpoint, so a write (and its fsync) takes a while.
+BIG = Cfg(vocab=4096, ctx=32, dim=256, layers=2, heads=4, batch=1, steps=100, warmup=2)
+
+
+def test_sigkill_during_checkpoint_write_keeps_previous_valid(run_engine, tmp_path):
+    cfg = BIG
+    ck = tmp_path / "ck"
+    rng = random.Random(1234)
+
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    eng.send(frames.checkpoint_frame())
+    first = eng.wait_for("ckpt")
+    eng.send(frames.stop_frame())
+    assert eng.finish() == 0, eng.stderr()
+    base = ck / "step_000000.bin"
+    base_bytes = base.read_bytes()
+    write_s = max(first["ms"] / 1000.0, 0.001)
+
+    killed_mid_write = 0
+    for attempt in range(5):
+        eng = run_engine(proxy_args(cfg, ck, "--resume", "latest"))
+        ready = eng.wait_for("ready")
+        assert_only_complete_checkpoints(ck, allow_tmp=False)  # stale temp files are gone at start
+        newest = list_checkpoints(ck)[0]
+        assert ready["step"] == read_checkpoint(newest).step, (ready.fields, newest)
+        s = ready["step"] + 1
+        eng.train(s, *train_frames(cfg, s, 1)[0][1:])
+        eng.wait_for("step", step=s)
+        eng.send(frames.checkpoint_frame())
+        # wait for the temp file to appear, then kill at a random moment of the write
+        tmp = ck / f".step_{s:06d}.bin.tmp"
+        deadline = time.monotonic() + 30
+        while not tmp.exists() and eng.proc.poll() is None and time.monotonic() < deadline:
+            if (ck / f"step_{s:06d}.bin").exists():
+                break
+            time.sleep(0.0002)
+        time.sleep(rng.uniform(0, 0.8) * write_s)
+        os.kill(eng.proc.pid, signal.SIGKILL)
+        eng.proc.wait(timeout=30)
+        if tmp.exists():
+            killed_mid_write += 1
+        assert_only_complete_checkpoints(ck, allow_tmp=True)
+        assert verify_checkpoint(base) is None and base.read_bytes() == base_bytes
+    assert killed_mid_write >= 1, (f"never caught a write in progress (write takes {write_s * 1000:.1f} ms); "
+                                   "temp files named .step_NNNNNN.bin.tmp?")
+
+    # a final start cleans the temp files and resumes from the newest complete file
+    eng = run_engine(proxy_args(cfg, ck, "--resume", "latest"))
+    ready = eng.wait_for("ready")
+    assert_only_complete_checkpoints(ck, allow_tmp=False)
+    assert ready["step"] == read_checkpoint(list_checkpoints(ck)[0]).step
+    eng.close_stdin()
+    assert eng.finish() == 0, eng.stderr()
+
+
+def test_failed_checkpoint_write_exits_5_previous_intact(engine_bin, run_engine, tmp_path):
+    """A write that fails (here: the file size limit, as a full disk would) exits 5, says so
+    once, and leaves the previous checkpoint intact and no partial step_*.bin behind."""
+    cfg = TINY
+    ck = tmp_path / "ck"
+    prev = initial_checkpoint(run_engine, cfg, ck)
+    before = (prev.read_bytes(), prev.stat().st_mtime_ns)
+    limit = prev.stat().st_size // 3
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    stdin = b"".join(frames.train_frame(s, t, g) for s, t, g in train_frames(cfg, 1, 2)) + frames.checkpoint_frame()
+    res = subprocess.run([str(engine_bin), *proxy_args(cfg, ck, "--resume", "latest")], input=stdin,
+                         capture_output=True, cwd=tmp_path, timeout=60, preexec_fn=small_disk)
+    err = res.stderr.decode()
+    assert res.returncode == 5, (res.returncode, err)
+    assert len(err.splitlines()) == 1 and err.startswith("microgpt"), err
+    errors = [e for e in parse_events(res.stdout) if e.kind == "error"]
+    assert len(errors) == 1 and errors[0]["code"] == 5, errors
+    assert (prev.read_bytes(), prev.stat().st_mtime_ns) == before
+    assert [p.name for p in list_checkpoints(ck)] == ["step_000000.bin"]
+    assert_only_complete_checkpoints(ck, allow_tmp=True)

@@ -1,0 +1,108 @@
+"""Batches: rows of ctx + 1 tokens drawn from the arms' token shards.
+
+The batch for step s is a pure function of (seed, s, weights): a fresh
+counter-based generator, Philox keyed by (seed, s), makes every draw of that
+step, and nothing is carried from one step to the next. So a relaunch that
+replays step s gets the same rows, whatever happened before.
+
+Per step: one uniform u places `rows` evenly spaced points (u + i) / rows on
+the cumulative mixture (systematic sampling), which gives each arm
+floor(w * rows) or ceil(w * rows) rows, and each row marginally the arm
+distribution `weights`; the rows are then shuffled, and each row's start is
+uniform over its arm's shard. Group id = arm index.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .token_shard import read_shard
+
+
+class BatchError(ValueError):
+    """Shards that cannot give rows of the requested length; the message says which."""
+
+
+class BatchSampler:
+    def __init__(self, train_shards: Mapping[str, str | os.PathLike], val_shards: Mapping[str, str | os.PathLike],
+                 arm_names: Sequence[str], seed: int, row_len: int):
+        self.arm_names = list(arm_names)
+        self.seed = int(seed)
+        self.row_len = int(row_len)
+        if self.row_len < 2:
+            raise BatchError(f"row_len {row_len} must be at least 2")
+        missing = [n for n in self.arm_names if n not in train_shards or n not in val_shards]
+        if missing:
+            raise BatchError(f"no train/val shard for arm(s) {', '.join(missing)}")
+        self.train = [read_shard(Path(train_shards[n]))[0] for n in self.arm_names]
+        self.val = [read_shard(Path(val_shards[n]))[0] for n in self.arm_names]
+        for name, tr, va in zip(self.arm_names, self.train, self.val):
+            if tr.size < self.row_len or va.size < self.row_len:
+                raise BatchError(f"arm {name!r}: {tr.size} train / {va.size} val tokens, "
+                                 f"fewer than one row of {self.row_len}")
+        # Windows over each shard (views, no copies): row i of arm k is windows[k][offset].
+        self._windows = [sliding_window_view(t, self.row_len) for t in self.train]
+        self._n_offsets = np.array([t.size - self.row_len + 1 for t in self.train], dtype=np.float64)
+        self._eval_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def k(self) -> int:
+        return len(self.arm_names)
+
+    def generator(self, step: int) -> np.random.Generator:
+        """The counter-based generator of one step: Philox keyed by (seed, step)."""
+        return np.random.Generator(np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, int(step) & 0xFFFFFFFFFFFFFFFF]))
+
+    def assign_arms(self, weights, rows: int, gen: np.random.Generator) -> np.ndarray:
+        """Systematic sampling of `rows` arm indices from `weights`, shuffled."""
+        w = np.asarray(weights, dtype=np.float64).reshape(-1)
+        if w.size != self.k:
+            raise ValueError(f"weights has {w.size} entries for {self.k} arms")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise ValueError(f"weights must be finite, non-negative and not all zero: {w}")
+        cdf = np.cumsum(w)
+        cdf /= cdf[-1]
+        points = (gen.random() + np.arange(rows)) / rows
+        arms = np.searchsorted(cdf, points, side="right")
+        last = int(np.flatnonzero(w > 0)[-1])
+        np.minimum(arms, last, out=arms)
+        return gen.permutation(arms)
+
+    def train_batch(self, step: int, weights, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens uint16 [rows, row_len], groups uint16 [rows]) for `step`."""
+        gen = self.generator(step)
+        arms = self.assign_arms(weights, rows, gen)
+        n_off = self._n_offsets[arms]
+        offsets = np.minimum(gen.random(rows) * n_off, n_off - 1).astype(np.int64)
+        tokens = np.empty((rows, self.row_len), dtype=np.uint16)
+        for k in np.unique(arms):
+            sel = arms == k
+            tokens[sel] = self._windows[k][offsets[sel]]
+        return tokens, arms.astype(np.uint16)
+
+    def eval_offsets(self, arm_index: int, rows: int) -> np.ndarray:
+        """Evenly spaced row starts over the arm's val shard (overlapping only when it is short)."""
+        n = self.val[arm_index].size
+        return np.linspace(0, n - self.row_len, rows).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
+
+    def eval_batch(self, arm_index: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed val rows of one arm: the same every call, whatever the step."""
+        if not 0 <= arm_index < self.k:
+            raise IndexError(f"arm index {arm_index} out of range for {self.k} arms")
+        key = (int(arm_index), int(rows))
+        if key not in self._eval_cache:
+            offsets = self.eval_offsets(arm_index, rows)
+            val_windows = sliding_window_view(self.val[arm_index], self.row_len)
+            tokens = np.ascontiguousarray(val_windows[offsets], dtype=np.uint16)
+            groups = np.full(rows, arm_index, dtype=np.uint16)
+            tokens.setflags(write=False)
+            groups.setflags(write=False)
+            self._eval_cache[key] = (tokens, groups)
+        return self._eval_cache[key]
+
+    def tokens_per_arm(self) -> dict[str, int]:
+        return {n: int(t.size) for n, t in zip(self.arm_names, self.train)}

@@ -1,0 +1,100 @@
+"""Byte-level BPE tokenizer (HF `tokenizers`), trained on the experiment's documents.
+
+Id 0 is the special token `<|endoftext|>`, written between documents in the
+token shards. Every byte sequence encodes (the 256 byte symbols are in the
+vocabulary), so any text round-trips: `decode(encode(s)) == s`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+EOT = "<|endoftext|>"
+# Everything that changes what training produces (part of the data cache key).
+TOKENIZER_SETTINGS = {
+    "kind": "byte_level_bpe",
+    "special_tokens": [EOT],
+    "add_prefix_space": False,
+    "use_regex": True,
+    "min_frequency": 2,
+    "version": 1,
+}
+
+
+class Tokenizer:
+    """A trained tokenizer. `vocab_size` is the model's vocabulary (the
+    experiment's), at least the number of trained tokens; ids at or above the
+    trained count never come out of `encode` and decode to nothing."""
+
+    def __init__(self, hf: _HFTokenizer, vocab_size: Optional[int] = None):
+        self.hf = hf
+        self.trained_size = hf.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = vocab_size if vocab_size is not None else self.trained_size
+        if self.vocab_size < self.trained_size:
+            raise ValueError(f"vocab_size {self.vocab_size} is below the tokenizer's {self.trained_size} tokens")
+        eot = hf.token_to_id(EOT)
+        if eot is None:
+            raise ValueError(f"tokenizer has no {EOT} token")
+        self.eot_id = eot
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids if 0 <= int(i) < self.trained_size]
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+    def to_str(self) -> str:
+        return self.hf.to_str()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the HF tokenizer JSON atomically."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.to_str())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, vocab_size: Optional[int] = None) -> "Tokenizer":
+        return cls(_HFTokenizer.from_file(str(path)), vocab_size)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, trained={self.trained_size})"
+
+
+def _empty(vocab_size: int) -> tuple[_HFTokenizer, trainers.BpeTrainer]:
+    s = TOKENIZER_SETTINGS
+    hf = _HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=s["add_prefix_space"], use_regex=s["use_regex"])
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=s["min_frequency"],
+        special_tokens=list(s["special_tokens"]),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    return hf, trainer
+
+
+def train_tokenizer(documents: Sequence[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE of `vocab_size` tokens (id 0 = EOT) on `documents`.
+    Deterministic: the same documents give the same tokenizer."""
+    if vocab_size < 258:
+        raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level BPE (at least 258)")
+    hf, trainer = _empty(vocab_size)
+    hf.train_from_iterator(documents, trainer, length=len(documents))
+    return Tokenizer(hf, vocab_size)

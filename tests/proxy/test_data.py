@@ -1,0 +1,209 @@
+"""Data: sources, tokenizer, train/val split, preparation and its cache."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from proxy.data import (DataError, SourceError, Tokenizer, data_key, load_documents, prepare_data,
+                        source_files, split_documents, train_tokenizer)
+from proxy.data.progress import Progress
+from proxy.experiment import SourceConfig, load_experiment, parse_experiment
+from proxy.token_shard import read_shard
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_experiment(sources_a, sources_b, vocab=300, ctx=16, name="small"):
+    return parse_experiment({
+        "name": name,
+        "model": {"vocab": vocab, "ctx": ctx, "dim": 16, "layers": 1, "heads": 2},
+        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+        "arms": [{"name": "a", "sources": sources_a}, {"name": "b", "sources": sources_b}],
+    })
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    (d / ".hidden").mkdir()
+    for i in range(30):
+        (d / f"m{i:02d}.py").write_text(f"def f{i}(x):\n    return x * {i}  # number {i}\n" * (20 + i))
+    (d / "sub" / "z.py").write_text("class Z:\n    pass\n" * 50)
+    (d / "notes.txt").write_text("some notes\n")
+    (d / ".hidden" / "h.py").write_text("hidden = True\n")
+    (d / "bin.py").write_bytes(b"\xff\xfe\x00binary")
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"text": f"Document {i}: the quick brown fox jumps over {i} lazy dogs. " * 5,
+                                "id": i}) + "\n")
+            if i % 50 == 0:
+                f.write("\n")
+    return tmp_path
+
+
+# --- sources ----------------------------------------------------------------
+
+def test_dir_source(corpus):
+    src = SourceConfig(dir="corpus", suffix=".py")
+    files = source_files(src, corpus)
+    rel = [p.relative_to(corpus / "corpus").as_posix() for p in files]
+    assert rel == sorted(rel) and "sub/z.py" in rel and not any(r.startswith(".") for r in rel)
+    assert "notes.txt" not in rel
+    docs = load_documents(src, corpus)
+    assert len(docs) == 31  # bin.py (not UTF-8) skipped
+    assert docs[0].startswith("def f0(x):")
+
+
+def test_file_glob_jsonl_sources(corpus):
+    assert load_documents(SourceConfig(file="corpus/notes.txt"), corpus) == ["some notes\n"]
+    g = load_documents(SourceConfig(glob="corpus/**/*.py"), corpus)
+    assert len(g) == 31 and g == load_documents(SourceConfig(dir="corpus", suffix=".py"), corpus)
+    j = load_documents(SourceConfig(jsonl="docs.jsonl"), corpus)
+    assert len(j) == 200 and j[3].startswith("Document 3:")
+    assert load_documents(SourceConfig(jsonl="docs.jsonl", field="text", max_chars=100), corpus)[0] == j[0][:100]
+
+
+def test_source_errors(corpus):
+    with pytest.raises(SourceError, match="no such file 'absent.txt'"):
+        load_documents(SourceConfig(file="absent.txt"), corpus)
+    with pytest.raises(SourceError, match="matches no file"):
+        load_documents(SourceConfig(glob="corpus/*.rs"), corpus)
+    with pytest.raises(SourceError, match="no files ending with '.rs'"):
+        load_documents(SourceConfig(dir="corpus", suffix=".rs"), corpus)
+    with pytest.raises(SourceError, match="not UTF-8"):
+        load_documents(SourceConfig(file="corpus/bin.py"), corpus)
+    with pytest.raises(SourceError, match=r"docs.jsonl:1: no 'body' field"):
+        load_documents(SourceConfig(jsonl="docs.jsonl", field="body"), corpus)
+    (corpus / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
+    with pytest.raises(SourceError, match=r"bad.jsonl:2: not JSON"):
+        load_documents(SourceConfig(jsonl="bad.jsonl"), corpus)
+
+
+def test_builtin_sources():
+    code = load_documents(SourceConfig(builtin="stdlib_code", modules=["json"]), ".")
+    assert len(code) >= 4 and any("def dumps(" in d for d in code)
+    docs = load_documents(SourceConfig(builtin="stdlib_docstrings", modules=["json"]), ".")
+    assert any(d.startswith("json\nJSON (JavaScript Object Notation)") for d in docs)
+    assert any("json.dumps\nSerialize ``obj``" in d for d in docs)
+    topics = load_documents(SourceConfig(builtin="pydoc_topics"), ".")
+    assert len(topics) > 50 and sum(map(len, topics)) > 100_000
+    assert load_documents(SourceConfig(builtin="pydoc_topics"), ".") == topics  # deterministic
+    with pytest.raises(SourceError, match="no standard library source files"):
+        load_documents(SourceConfig(builtin="stdlib_code", modules=["no_such_module_xyz"]), ".")
+
+
+# --- tokenizer ----------------------------------------------------------------
+
+def test_tokenizer_train_roundtrip(tmp_path, corpus):
+    docs = load_documents(SourceConfig(dir="corpus", suffix=".py"), corpus)
+    tok = train_tokenizer(docs, 300)
+    assert tok.vocab_size == 300 and tok.trained_size <= 300 and tok.eot_id == 0
+    for s in ["def f1(x):\n    return x", "héllo ☃ wörld \t\n", "", "\x00\x01 bytes"]:
+        ids = tok.encode(s)
+        assert all(0 <= i < 300 for i in ids)
+        assert tok.decode(ids) == s
+    assert len(tok.encode("def f1(x):\n    return x")) < len("def f1(x):\n    return x")  # merges learned
+    tok.save(tmp_path / "t.json")
+    again = Tokenizer.load(tmp_path / "t.json", 300)
+    assert again.encode("def f7(x):") == tok.encode("def f7(x):")
+    assert train_tokenizer(docs, 300).to_str() == tok.to_str()  # deterministic
+    assert tok.decode([tok.eot_id]) == "<|endoftext|>"
+    assert tok.decode([299, 65535]) == tok.decode([299])  # untrained ids decode to nothing
+
+
+# --- split ----------------------------------------------------------------------
+
+def test_split_many_documents():
+    docs = [f"doc {i} " * (50 + i % 7) for i in range(500)]
+    train, val = split_documents(docs)
+    assert sorted(train + val) == sorted(docs)
+    total = sum(map(len, docs))
+    val_chars = sum(map(len, val))
+    assert 0.01 * total <= val_chars <= 0.15 * total
+    assert split_documents(docs) == (train, val)
+    assert [d for d in docs if d in set(val)] == val  # original order kept
+    # the split depends on content, not on position
+    assert set(split_documents(list(reversed(docs)))[1]) == set(val)
+
+
+def test_split_single_document():
+    doc = "line of text\n" * 100_000
+    train, val = split_documents([doc])
+    assert len(train) == 1 and len(val) == 1
+    assert train[0] + val[0] == doc
+    assert 0.005 * len(doc) <= len(val[0]) <= 0.1 * len(doc)
+    assert val[0].startswith("line")  # cut on a line boundary
+
+
+# --- preparation and cache ------------------------------------------------------
+
+def test_prepare_and_cache(tmp_path, corpus):
+    exp = small_experiment([{"dir": "corpus", "suffix": ".py"}], [{"jsonl": "docs.jsonl"}])
+    err = io.StringIO()
+    data = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err))
+    assert not data.cached
+    log = err.getvalue()
+    assert "training tokenizer" in log and "encoding a" in log and "\x1b" not in log
+    for arm in ("a", "b"):
+        tr, vocab = read_shard(data.train_shards[arm])
+        va, _ = read_shard(data.val_shards[arm])
+        assert vocab == 300 and tr.size > 1000 and va.size >= 17
+        assert int(tr.max()) < 300 and int(tr[-1]) == data.tokenizer.eot_id
+        assert data.stats[arm]["train_tokens"] == tr.size
+    text = data.tokenizer.decode(read_shard(data.val_shards["b"])[0][:40].tolist())
+    assert text.startswith("Document ")
+
+    # second call: no work, same files
+    err2 = io.StringIO()
+    again = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err2))
+    assert again.cached and again.path == data.path and again.train_shards == data.train_shards
+    assert err2.getvalue() == ""
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [data.path.name]
+
+    # content changes the key; moving the data does not
+    k1 = data_key(exp, corpus)
+    moved = tmp_path / "moved"
+    (moved).mkdir()
+    import shutil
+    shutil.copytree(corpus / "corpus", moved / "corpus")
+    shutil.copy(corpus / "docs.jsonl", moved / "docs.jsonl")
+    assert data_key(exp, moved) == k1
+    (moved / "corpus" / "m03.py").write_text("changed = 1\n")
+    assert data_key(exp, moved) != k1
+    bigger = small_experiment([{"dir": "corpus", "suffix": ".py"}], [{"jsonl": "docs.jsonl"}], vocab=310)
+    assert data_key(bigger, corpus) != k1
+
+
+def test_prepare_rebuilds_damaged_cache(tmp_path, corpus):
+    exp = small_experiment([{"dir": "corpus", "suffix": ".py"}], [{"jsonl": "docs.jsonl"}])
+    data = prepare_data(exp, corpus, tmp_path / "cache", progress=False)
+    data.train_shards["a"].write_bytes(b"junk")
+    again = prepare_data(exp, corpus, tmp_path / "cache", progress=False)
+    assert not again.cached
+    assert read_shard(again.train_shards["a"])[0].size == data.stats["a"]["train_tokens"]
+
+
+def test_prepare_errors(tmp_path, corpus):
+    exp = small_experiment([{"file": "corpus/absent.txt"}], [{"jsonl": "docs.jsonl"}])
+    with pytest.raises(DataError, match="arm 'a': file source: no such file"):
+        prepare_data(exp, corpus, tmp_path / "cache", progress=False)
+    tiny = small_experiment([{"file": "corpus/notes.txt"}], [{"jsonl": "docs.jsonl"}], ctx=64)
+    with pytest.raises(DataError, match="arm 'a' has .* train and .* val tokens; ctx 64 needs"):
+        prepare_data(tiny, corpus, tmp_path / "cache", progress=False)
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "cache").iterdir())
+
+
+def test_tiny_experiment_prepares(tmp_path):
+    exp = load_experiment(ROOT / "experiments" / "TINY-TRAIN.json")
+    data = prepare_data(exp, ROOT / "experiments", tmp_path / "cache", progress=False)
+    assert set(data.train_shards) == set(exp.arm_names)
+    for arm in exp.arm_names:
+        assert data.stats[arm]["val_tokens"] >= 2000
+        assert data.stats[arm]["train_tokens"] >= 20 * data.stats[arm]["val_tokens"] // 10
+    ids = data.tokenizer.encode("def main():\n    import json\n")
+    assert max(ids) < exp.model.vocab
+    assert data.tokenizer.decode(ids) == "def main():\n    import json\n"

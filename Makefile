@@ -38,8 +38,11 @@ $(BUILD):
 install:
 	$(PYTHON) -m pip install --quiet -e .
 
-test: engines
+# Dependencies first: on a fresh machine they bring the cuBLAS the CUDA
+# engine links against, so a CUDA compile error fails the test run.
+test:
 	PYTHON=$(PYTHON) scripts/install_test_deps.sh
+	$(MAKE) engines
 	$(PYTHON) -m pytest -q
 
 clean:

@@ -632,7 +632,7 @@ __global__ void convert_kernel(Tx *out, const float *in, size_t n) {
 // ----------------------------------------------------------------------------
 // The engine's state.
 
-#define MAX_PLANS 64
+#define MAX_PLANS 256
 #define LT_WORKSPACE (32u << 20)  // cuBLASLt workspace: 32 MiB, NVIDIA's advice for Hopper
 
 typedef struct {

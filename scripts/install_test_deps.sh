@@ -5,6 +5,20 @@
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install --quiet -e ".[test]"
+# The CUDA engine links cuBLASLt. Where nvcc exists but its toolkit has no
+# cuBLAS (a compiler-only install, as on CI), the nvidia-cublas wheel brings
+# the headers and libcublasLt (about 445 MB to download, 600 MB installed,
+# about a minute); microgpt/cuda.mk finds it through $PYTHON.
+if command -v nvcc >/dev/null 2>&1; then
+    cuda_home=$(nvcc -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=\(.*\)\/bin$/\1/p' | head -n 1)
+    if [ ! -f "$cuda_home/include/cublasLt.h" ] && ! "$PYTHON" -c "import glob, os, nvidia; assert any(glob.glob(os.path.join(p, '*', 'include', 'cublasLt.h')) for p in nvidia.__path__)" 2>/dev/null; then
+        cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\)\..*/\1/p')
+        wheel=nvidia-cublas
+        [ "$cuda_major" = "12" ] && wheel=nvidia-cublas-cu12
+        echo "install_test_deps: installing $wheel (cuBLASLt for the CUDA engine)"
+        "$PYTHON" -m pip install --quiet "$wheel"
+    fi
+fi
 if ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
         echo "install_test_deps: installing Debian's chromium"

@@ -1,0 +1,267 @@
+"""One engine process: choosing the binary, launching it, reading its events, writing frames.
+
+The engine runs in its own session and process group (so a Ctrl-C at the
+terminal reaches only the proxy, and a hung engine is killed with its whole
+group). Its stderr is appended to RUN/engine.log. A reader thread turns stdout
+lines into events on a queue; a writer thread feeds frames to stdin so the
+supervisor never blocks on a full pipe.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from .atomic import atomic_write_json
+from .frames import parse_event
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_DIR = REPO_ROOT / "build"
+_F_SETPIPE_SZ = 1031
+
+
+class EngineError(Exception):
+    """The engine cannot be chosen or started; the message is one line."""
+
+
+def gpu_visible() -> bool:
+    """An NVIDIA GPU is visible: /dev/nvidia0 exists or `nvidia-smi -L` lists one."""
+    if os.path.exists("/dev/nvidia0"):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    path: Path
+    kind: str  # "cpu", "cuda" or "custom" (an explicit path)
+
+
+def choose_engine(choice: str | None, build_dir: Path = BUILD_DIR) -> EngineChoice:
+    """`--engine cpu|cuda|PATH`, or None: CUDA when a GPU is visible and built, else CPU."""
+    if choice in (None, "", "auto"):
+        cuda = build_dir / "microgpt_cuda"
+        if cuda.is_file() and gpu_visible():
+            return EngineChoice(cuda, "cuda")
+        choice = "cpu"
+    if choice in ("cpu", "cuda"):
+        path = build_dir / f"microgpt_{choice}"
+        if not path.is_file():
+            raise EngineError(f"engine {path} not found; build it with `make {choice}`")
+        return EngineChoice(path, choice)
+    path = Path(choice)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise EngineError(f"--engine {choice}: not cpu, cuda or an executable file")
+    return EngineChoice(path.resolve(), "custom")
+
+
+def engine_argv(engine: EngineChoice, checkpoint_dir: Path, resume: Path | None, ckpt_every: int,
+                meta: dict, flags: list[str]) -> list[str]:
+    argv = [str(engine.path), "--data", "-", "--ckpt-dir", str(checkpoint_dir)]
+    if resume is not None:
+        argv += ["--resume", str(resume)]
+    argv += ["--ckpt-every", str(ckpt_every), "--meta", json.dumps(meta, sort_keys=True, separators=(",", ":"))]
+    return argv + [str(f) for f in flags]
+
+
+# Items on the event queue: (kind, payload)
+EVENT, NOISE, EOF, WRITE_FAILED = "event", "noise", "eof", "write_failed"
+
+
+class EngineProcess:
+    """A launched engine: `events` queue, `send(frame)`, `close_input()`, `kill_group()`."""
+
+    def __init__(self, argv: list[str], log_path: Path, header: str = ""):
+        self.argv = argv
+        self.events: queue.Queue = queue.Queue()
+        self._frames: queue.Queue = queue.Queue()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n=== {shlex.join(argv)}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                             start_new_session=True, bufsize=0, close_fds=True)
+            except OSError as exc:
+                raise EngineError(f"cannot start engine {argv[0]}: {exc.strerror}") from None
+        self.pid = self.proc.pid
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)
+            except OSError:
+                pass
+        try:
+            self._ps = psutil.Process(self.pid)
+            self._ps.cpu_percent(None)
+            self.create_time = self._ps.create_time()
+        except psutil.Error:
+            self._ps, self.create_time = None, None
+        self.write_error: str | None = None
+        self._reader = threading.Thread(target=self._read, name=f"engine-{self.pid}-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write, name=f"engine-{self.pid}-writer", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    # -- threads
+    def _read(self) -> None:
+        try:
+            for raw in self.proc.stdout:
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    self.events.put((EVENT, parse_event(line)))
+                except ValueError:
+                    self.events.put((NOISE, line.decode("utf-8", errors="replace")))
+        except (OSError, ValueError):
+            pass
+        self.events.put((EOF, None))
+
+    def _write(self) -> None:
+        stdin = self.proc.stdin
+        while True:
+            item = self._frames.get()
+            if item is None:
+                break
+            if self.write_error:
+                continue
+            try:
+                view = memoryview(item)
+                while view:
+                    n = stdin.write(view)
+                    view = view[n:]
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                self.write_error = str(exc) or type(exc).__name__
+                self.events.put((WRITE_FAILED, self.write_error))
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+    # -- control
+    def send(self, frame: bytes) -> None:
+        self._frames.put(frame)
+
+    def close_input(self) -> None:
+        """EOF on the engine's stdin once the queued frames are written."""
+        self._frames.put(None)
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill_group(self) -> None:
+        kill_group(self.pid)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def usage(self) -> tuple[int | None, float | None]:
+        """(RSS bytes, CPU percent since the last call) of the engine, or Nones."""
+        if self._ps is None or not self.alive():
+            return None, None
+        try:
+            return self._ps.memory_info().rss, self._ps.cpu_percent(None)
+        except psutil.Error:
+            return None, None
+
+    def finish(self) -> None:
+        """After the process ended: let the threads finish and release the pipes."""
+        self._frames.put(None)
+        self._reader.join(timeout=5)
+        self._writer.join(timeout=5)
+        try:
+            self.proc.stdout.close()
+        except OSError:
+            pass
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def exit_description(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    meaning = {0: "normal exit", 2: "usage error", 3: "checkpoint error", 4: "protocol error",
+               5: "I/O error", 6: "non-finite loss or gradient"}.get(code, "failure")
+    return f"exit {code} ({meaning})"
+
+
+# ------------------------------------------------- the engine left behind by a killed proxy
+
+def record_engine(path: Path, engine: EngineProcess) -> None:
+    atomic_write_json(path, {"pid": engine.pid, "create_time": engine.create_time, "argv0": engine.argv[0]})
+
+
+def reap_orphan(path: Path, grace_s: float) -> str | None:
+    """An engine a killed proxy left running gets `grace_s` to finish its EOF checkpoint, then SIGKILL.
+
+    Returns a line describing what was done, or None if there was no such engine.
+    """
+    try:
+        rec = json.loads(path.read_text())
+        pid, created = int(rec["pid"]), rec.get("create_time")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if created is not None and abs(proc.create_time() - float(created)) > 0.01:
+            return None  # the pid was reused by something else
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.Error:
+        return None
+    try:
+        proc.wait(grace_s)
+        return f"waited for the previous engine (pid {pid}) to finish its checkpoint and exit"
+    except psutil.TimeoutExpired:
+        pass
+    except psutil.Error:
+        return None
+    kill_group(pid)
+    try:
+        proc.wait(10)
+    except psutil.Error:
+        pass
+    return f"killed the previous engine (pid {pid}), still running {grace_s:.0f}s after its proxy ended"

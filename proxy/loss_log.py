@@ -1,0 +1,271 @@
+"""`.loss.json`: JSON Lines, append-only (docs/FORMATS.md).
+
+Writing: one `write(2)` per whole line, so a killed proxy loses at most the
+line being written; fsync at every checkpoint and every few seconds. On open,
+a file that does not end in "\n" (a torn last line) gets a "\n" first, so the
+torn fragment stays a line of its own that readers skip.
+
+Reading: any line that is not a complete JSON object of a known type is
+skipped; for a step seen twice the last entry wins. The index keeps byte
+offsets, not entries, so a run of a million steps replays in little memory.
+
+Replay: the bandit is rebuilt from the per-arm losses of the steps of the
+current phase; steps re-trained after a restart are compared with the entries
+the crashed segment left behind (`compare_replayed`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class StepEntry:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens: int  # cumulative
+    time: float
+    ms: float
+    arms: dict[str, float]
+    mixture: dict[str, float]
+    phase: int
+    segment: int
+    inherited: bool = False
+
+    def to_dict(self) -> dict:
+        out = {"type": "step", "step": self.step, "loss": self.loss, "lr": self.lr,
+               "grad_norm": self.grad_norm, "tokens": self.tokens, "time": self.time, "ms": self.ms,
+               "arms": self.arms, "mixture": self.mixture, "phase": self.phase, "segment": self.segment}
+        if self.inherited:
+            out["inherited"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "StepEntry":
+        return cls(step=int(obj["step"]), loss=float(obj["loss"]), lr=float(obj.get("lr", 0.0)),
+                   grad_norm=float(obj.get("grad_norm", 0.0)), tokens=int(obj.get("tokens", 0)),
+                   time=float(obj.get("time", 0.0)), ms=float(obj.get("ms", 0.0)),
+                   arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
+                   mixture={str(k): float(v) for k, v in dict(obj.get("mixture") or {}).items()},
+                   phase=int(obj.get("phase", 0)), segment=int(obj.get("segment", 0)),
+                   inherited=bool(obj.get("inherited", False)))
+
+
+@dataclass
+class EvalEntry:
+    step: int
+    loss: float
+    arms: dict[str, float]
+    time: float
+    phase: int
+    segment: int
+    inherited: bool = False
+
+    def to_dict(self) -> dict:
+        out = {"type": "eval", "step": self.step, "loss": self.loss, "arms": self.arms,
+               "time": self.time, "phase": self.phase, "segment": self.segment}
+        if self.inherited:
+            out["inherited"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "EvalEntry":
+        return cls(step=int(obj["step"]), loss=float(obj["loss"]),
+                   arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
+                   time=float(obj.get("time", 0.0)), phase=int(obj.get("phase", 0)),
+                   segment=int(obj.get("segment", 0)), inherited=bool(obj.get("inherited", False)))
+
+
+_KINDS = {"step": StepEntry, "eval": EvalEntry}
+
+
+def parse_line(line: bytes | str) -> StepEntry | EvalEntry | None:
+    """One line of the log, or None for anything that is not a complete known entry."""
+    try:
+        obj = json.loads(line)
+        kind = _KINDS.get(obj.get("type")) if isinstance(obj, dict) else None
+        return kind.from_dict(obj) if kind else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+# ---------------------------------------------------------------- writing
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class LossLogWriter:
+    """Appends whole lines; fsyncs on demand and at most `fsync_every` seconds apart."""
+
+    def __init__(self, path: str | os.PathLike, fsync_every: float = 5.0):
+        self.path = Path(path)
+        self.fsync_every = fsync_every
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.dirty = False
+        self.last_fsync = time.monotonic()
+        size = os.fstat(self.fd).st_size
+        if size:
+            with open(self.path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":  # a torn last line: never glue the next entry onto it
+                    _write_all(self.fd, b"\n")
+                    self.dirty = True
+
+    def append(self, entry: StepEntry | EvalEntry) -> None:
+        line = json.dumps(entry.to_dict(), separators=(", ", ": "), allow_nan=False) + "\n"
+        _write_all(self.fd, line.encode("utf-8"))
+        self.dirty = True
+
+    def fsync(self) -> None:
+        if self.dirty:
+            os.fsync(self.fd)
+            self.dirty = False
+        self.last_fsync = time.monotonic()
+
+    def maybe_fsync(self) -> None:
+        if self.dirty and time.monotonic() - self.last_fsync >= self.fsync_every:
+            self.fsync()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.fsync()
+            os.close(self.fd)
+            self.fd = -1
+
+
+# ---------------------------------------------------------------- reading
+
+def iter_lines(path: str | os.PathLike, start: int = 0):
+    """(offset, line bytes) for every line from byte `start` (the last may be unterminated)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        offset = start
+        for line in f:
+            yield offset, line
+            offset += len(line)
+
+
+@dataclass
+class LossLogIndex:
+    """Where the last entry of each step lives (byte offsets), plus a little summary."""
+    path: Path
+    steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # step -> (offset, phase)
+    evals: dict[int, int] = field(default_factory=dict)  # step -> offset
+    max_segment: int = 0
+    skipped: int = 0
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LossLogIndex":
+        index = cls(Path(path))
+        if not index.path.exists():
+            return index
+        for offset, line in iter_lines(index.path):
+            if not line.strip():
+                continue
+            entry = parse_line(line)
+            if entry is None:
+                index.skipped += 1
+                continue
+            index.max_segment = max(index.max_segment, entry.segment)
+            if isinstance(entry, StepEntry):
+                index.steps[entry.step] = (offset, entry.phase)
+            else:
+                index.evals[entry.step] = offset
+        return index
+
+    def _read(self, offset: int):
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            return parse_line(f.readline())
+
+    def step(self, step: int) -> StepEntry | None:
+        where = self.steps.get(step)
+        return self._read(where[0]) if where else None
+
+    def eval(self, step: int) -> EvalEntry | None:
+        offset = self.evals.get(step)
+        return self._read(offset) if offset is not None else None
+
+    def iter_steps(self, first: int, last: int):
+        """Last entries of steps first..last in step order (a missing step yields None)."""
+        with open(self.path, "rb") as f:
+            for s in range(first, last + 1):
+                where = self.steps.get(s)
+                if where is None:
+                    yield s, None
+                    continue
+                f.seek(where[0])
+                yield s, parse_line(f.readline())
+
+    def missing(self, phase: int, after: int, through: int) -> list[int]:
+        """Steps in (after, through] whose last entry is absent or belongs to another phase."""
+        return [s for s in range(after + 1, through + 1)
+                if s not in self.steps or self.steps[s][1] != phase]
+
+    def max_step(self) -> int:
+        return max(self.steps, default=0)
+
+
+def read_tail(path: str | os.PathLike, max_bytes: int = 1 << 20) -> list[StepEntry | EvalEntry]:
+    """The complete entries in the last `max_bytes` of the log, in file order."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return []
+    start = max(0, size - max_bytes)
+    out = []
+    for i, (_offset, line) in enumerate(iter_lines(path, start)):
+        if i == 0 and start > 0:
+            continue  # probably a partial line
+        entry = parse_line(line)
+        if entry is not None:
+            out.append(entry)
+    return out
+
+
+# ---------------------------------------------------------------- replay
+
+@dataclass
+class ReplayMismatch:
+    """A step re-trained after a restart that differs from the crashed segment's entry."""
+    step: int
+    recorded_segment: int
+    replayed_segment: int
+    fields: list[str]
+    recorded: dict
+    replayed: dict
+    time: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "recorded_segment": self.recorded_segment,
+                "replayed_segment": self.replayed_segment, "fields": self.fields,
+                "recorded": self.recorded, "replayed": self.replayed, "time": self.time}
+
+    def message(self) -> str:
+        parts = [f"{f} {self.replayed.get(f)!r} != {self.recorded.get(f)!r}" for f in self.fields]
+        return (f"determinism: step {self.step} replayed in segment {self.replayed_segment} differs "
+                f"from segment {self.recorded_segment}: " + "; ".join(parts))
+
+
+COMPARED_FIELDS = ("loss", "grad_norm", "lr", "tokens", "arms", "mixture")
+
+
+def compare_replayed(recorded: StepEntry, replayed: StepEntry) -> ReplayMismatch | None:
+    """Bitwise comparison (floats parse from the same 9-digit text, so == is exact)."""
+    a, b = recorded.to_dict(), replayed.to_dict()
+    differ = [f for f in COMPARED_FIELDS if a.get(f) != b.get(f)]
+    if not differ:
+        return None
+    return ReplayMismatch(step=replayed.step, recorded_segment=recorded.segment,
+                          replayed_segment=replayed.segment, fields=differ,
+                          recorded={f: a.get(f) for f in differ}, replayed={f: b.get(f) for f in differ})

@@ -1,0 +1,87 @@
+"""Checkpoint retention: the last K, every Mth as a milestone, the best by validation loss.
+
+Never deleted: any checkpoint a resume or a pivot needs (the caller passes
+those steps as `protected`: the newest checkpoint the log covers, the one the
+current segment resumed from, and every checkpoint named in phases.json).
+best.bin is a copy, written atomically; it is never a resume candidate
+(loaders consider only step_*.bin).
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from .atomic import atomic_copy, fsync_dir
+from .checkpoint_file import checkpoint_step, list_checkpoints
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    keep_last: int = 3
+    milestone_every: int = 1000
+
+    def is_milestone(self, step: int) -> bool:
+        return self.milestone_every > 0 and step > 0 and step % self.milestone_every == 0
+
+
+def plan_retention(steps: list[int], policy: RetentionPolicy, protected: set[int]) -> list[int]:
+    """The steps to delete, oldest first. Pure."""
+    ordered = sorted(set(steps))
+    keep = set(ordered[-policy.keep_last:]) if policy.keep_last > 0 else set()
+    keep |= {s for s in ordered if policy.is_milestone(s)}
+    keep |= set(protected)
+    return [s for s in ordered if s not in keep]
+
+
+def apply_retention(checkpoint_dir: str | os.PathLike, policy: RetentionPolicy,
+                    protected: set[int]) -> list[Path]:
+    """Delete the checkpoints plan_retention names; return the deleted paths."""
+    by_step = {checkpoint_step(p): p for p in list_checkpoints(checkpoint_dir)}
+    deleted = []
+    for step in plan_retention(list(by_step), policy, protected):
+        try:
+            by_step[step].unlink()
+            deleted.append(by_step[step])
+        except FileNotFoundError:
+            pass
+    if deleted:
+        fsync_dir(checkpoint_dir)
+    return deleted
+
+
+def protected_by_phases(phases) -> set[int]:
+    """Steps of the checkpoints phases.json names (pivot points)."""
+    out = set()
+    for phase in phases:
+        if phase.checkpoint:
+            step = checkpoint_step(phase.checkpoint)
+            if step is not None:
+                out.add(step)
+        if phase.phase > 0:
+            out.add(phase.start_step)
+    return out
+
+
+def header_step(path: str | os.PathLike) -> int | None:
+    """The step in a checkpoint's first 4 bytes (best.bin has no step in its name)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    return struct.unpack("<i", head)[0] if len(head) == 4 else None
+
+
+def copy_best(checkpoint: str | os.PathLike, best: str | os.PathLike) -> None:
+    """Make `best` an atomic copy of `checkpoint`."""
+    atomic_copy(checkpoint, best)
+
+
+def best_is_better(loss: float, best_loss: float | None) -> bool:
+    return best_loss is None or loss < best_loss
+
+
+def step_path(checkpoint_dir: str | os.PathLike, step: int) -> Path:
+    return Path(checkpoint_dir) / f"step_{step:06d}.bin"

@@ -1,0 +1,149 @@
+"""`.state.json` and `.samples.json`: atomic rewrites (docs/FORMATS.md).
+
+`.state.json` is a snapshot for people and the dashboard; the proxy never
+trusts it over `.loss.json` (the bandit is rebuilt from the log). It is read
+back only to carry reports forward (replay mismatches, dropped arms).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .atomic import atomic_write_json
+
+STATUSES = ("running", "stopped", "finished", "crashloop")
+
+
+@dataclass
+class ArmStatus:
+    pulls: int = 0
+    ema: float | None = None
+    reward: float | None = None
+    weight: float = 0.0
+    cap: float = 1.0
+    floor: float = 0.0
+
+
+@dataclass
+class EngineStatus:
+    kind: str | None = None
+    device: str | None = None
+    pid: int | None = None
+    alive: bool = False
+    rss_bytes: int | None = None
+    cpu_percent: float | None = None
+    mem_bytes: int | None = None
+    path: str | None = None
+    threads: int | None = None
+    precision: str | None = None
+
+
+@dataclass
+class RunState:
+    """Every field of FORMATS.md's `.state.json`, plus the proxy's reports."""
+    step: int = 0
+    phase: int = 0
+    policy: str = ""
+    status: str = "running"
+    arms: dict[str, ArmStatus] = field(default_factory=dict)
+    tokens: int = 0
+    tokens_per_s: float | None = None
+    eta_s: float | None = None
+    last_checkpoint: str | None = None
+    engine: EngineStatus = field(default_factory=EngineStatus)
+    updated: float = field(default_factory=time.time)
+    # beyond FORMATS.md's list
+    experiment: str = ""
+    max_steps: int = 0
+    segment: int = 0
+    loss: float | None = None
+    loss_smoothed: float | None = None
+    best: dict | None = None  # {"step", "loss", "path"}
+    restarts: int = 0
+    message: str | None = None
+    proxy_pid: int | None = None
+    replay_mismatch_count: int = 0
+    replay_mismatches: list[dict] = field(default_factory=list)  # newest last, at most 50
+    dropped_arms: list[str] = field(default_factory=list)
+    bandit: dict = field(default_factory=dict)  # the bandit's own state()
+
+    def to_dict(self) -> dict:
+        return _finite(asdict(self))
+
+
+def _finite(obj):
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        return _finite(obj.item())
+    if hasattr(obj, "tolist"):  # numpy array
+        return _finite(obj.tolist())
+    return obj
+
+
+def write_state(path: str | os.PathLike, state: RunState) -> None:
+    state.updated = time.time()
+    atomic_write_json(path, state.to_dict())
+
+
+def read_state(path: str | os.PathLike) -> dict | None:
+    """The last snapshot as a plain dict, or None if absent or unreadable."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+# ---------------------------------------------------------------- samples
+
+@dataclass
+class Sample:
+    prompt: str
+    completion: str
+    tokens: list[int]
+
+
+@dataclass
+class SampleAudit:
+    step: int
+    time: float
+    samples: list[Sample]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "SampleAudit":
+        return cls(step=int(obj["step"]), time=float(obj.get("time", 0.0)),
+                   samples=[Sample(str(s.get("prompt", "")), str(s.get("completion", "")),
+                                   [int(t) for t in s.get("tokens", [])]) for s in obj.get("samples", [])])
+
+
+class SamplesFile:
+    """`.samples.json`: a JSON array of audits, newest last, at most `keep` of them."""
+
+    def __init__(self, path: str | os.PathLike, keep: int = 50):
+        self.path = Path(path)
+        self.keep = keep
+        self.audits: list[SampleAudit] = []
+        try:
+            raw = json.loads(self.path.read_text())
+            self.audits = [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.audits = []
+
+    def add(self, audit: SampleAudit) -> None:
+        """Add an audit; one for the same step (a replay) is replaced."""
+        self.audits = [a for a in self.audits if a.step != audit.step] + [audit]
+        self.audits.sort(key=lambda a: a.step)
+        self.audits = self.audits[-self.keep:]
+        atomic_write_json(self.path, [a.to_dict() for a in self.audits])

@@ -1,0 +1,205 @@
+"""Shared helpers for the proxy's end-to-end suite: real proxies, the real CPU engine.
+
+Every test runs `python -m proxy ...` as a child process in its own session
+(so a test can SIGKILL the proxy's whole process group, as a crash would),
+against experiments derived from experiments/TINY-TRAIN.json: the same model
+and data, fewer steps, frequent checkpoints, one engine thread (the box is
+small and shared). A missing engine is a failure with a clear message, never
+a skip: CI must not go green without one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE = REPO / "build" / "microgpt_cpu"
+TINY = REPO / "experiments" / "TINY-TRAIN.json"
+RUN_TIMEOUT = 300.0  # seconds one proxy run may take on a busy 2-core box
+
+
+@pytest.fixture(scope="session")
+def engine() -> Path:
+    if not ENGINE.is_file():
+        pytest.fail(f"{ENGINE} is missing: build it with `make cpu` before running tests/proxy_e2e")
+    return ENGINE
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """One prepared-data cache for the whole session (TINY's data are built once)."""
+    return tmp_path_factory.mktemp("data-cache")
+
+
+def make_experiment(directory: Path, name: str, **train) -> Path:
+    """A copy of TINY-TRAIN with `train` overrides (threads defaults to 1)."""
+    exp = json.loads(TINY.read_text())
+    exp["name"] = name
+    exp["train"].setdefault("threads", 1)
+    exp["train"].update(train)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(exp, indent=1))
+    return path
+
+
+def proxy_env(cache: Path) -> dict:
+    env = dict(os.environ)
+    env["MICROGPT_CACHE"] = str(cache)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class Proxy:
+    """One `python -m proxy ...` child in its own session, output captured to files."""
+    args: list[str]
+    cache: Path
+    logs: Path
+    proc: subprocess.Popen | None = None
+    name: str = "proxy"
+    _n: list = field(default_factory=lambda: [0])
+    started: ClassVar[list] = []
+
+    def start(self) -> "Proxy":
+        Proxy.started.append(self)
+        self._n[0] += 1
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.out_path = self.logs / f"{self.name}-{self._n[0]}.out"
+        self.err_path = self.logs / f"{self.name}-{self._n[0]}.err"
+        self.proc = subprocess.Popen([sys.executable, "-m", "proxy", *self.args], cwd=REPO,
+                                     env=proxy_env(self.cache), stdin=subprocess.DEVNULL,
+                                     stdout=open(self.out_path, "wb"), stderr=open(self.err_path, "wb"),
+                                     start_new_session=True)
+        return self
+
+    def wait(self, timeout: float = RUN_TIMEOUT) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            self.proc.wait(10)
+            pytest.fail(f"proxy {' '.join(self.args)} did not finish in {timeout:.0f}s\n"
+                        f"stdout: {self.stdout()[-3000:]}\nstderr: {self.stderr()[-3000:]}")
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def output(self) -> str:
+        return f"--- stdout\n{self.stdout()}\n--- stderr\n{self.stderr()}"
+
+
+@pytest.fixture(autouse=True)
+def _reap_proxies():
+    """A failing test must not leave a proxy (or its engine, in its own session) running."""
+    yield
+    while Proxy.started:
+        proxy = Proxy.started.pop()
+        if proxy.running():
+            proxy.kill_group()
+            proxy.proc.wait(30)
+        if "--run-dir" in proxy.args:
+            run_dir = Path(proxy.args[proxy.args.index("--run-dir") + 1])
+            try:
+                pid = engine_pid(run_dir)
+            except (OSError, ValueError, KeyError):
+                continue
+            try:
+                ours = str(run_dir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                ours = False
+            if ours and pid_alive(pid):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def run_cmd(args: list[str], cache: Path, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
+    """A proxy command run to completion (status, stop, a whole run, ...)."""
+    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=REPO, env=proxy_env(cache),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+def read_entries(run_dir: Path) -> list[dict]:
+    """Every complete line of .loss.json (a torn last line is skipped, as readers must)."""
+    out = []
+    path = run_dir / ".loss.json"
+    if not path.exists():
+        return out
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def last_steps(run_dir: Path) -> dict[int, dict]:
+    """The last step entry per step."""
+    steps = {}
+    for e in read_entries(run_dir):
+        if e.get("type") == "step":
+            steps[e["step"]] = e
+    return steps
+
+
+def max_logged_step(run_dir: Path) -> int:
+    return max(last_steps(run_dir), default=0)
+
+
+def wait_for(predicate, timeout: float, what: str, proxy: Proxy | None = None, poll: float = 0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        if proxy is not None and not proxy.running():
+            pytest.fail(f"proxy exited (rc {proxy.proc.returncode}) while waiting for {what}\n{proxy.output()}")
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}" + (f"\n{proxy.output()}" if proxy else ""))
+
+
+def engine_pid(run_dir: Path) -> int:
+    return int(json.loads((run_dir / ".engine.json").read_text())["pid"])
+
+
+def state(run_dir: Path) -> dict:
+    return json.loads((run_dir / ".state.json").read_text())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,142 @@
+"""Whole-system bit-exact resume, and the replay comparison that guards it.
+
+A run killed at random moments (the proxy's process group, the engine, or
+both, SIGKILL) and relaunched with the same command each time must end with
+the same per-step losses (last entry per step), mixtures and final weights,
+Adam m and v, bit for bit, as a run never interrupted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+
+import numpy as np
+import pytest
+
+from proxy.checkpoint_file import checkpoint_step, list_checkpoints, read_checkpoint
+
+from .conftest import (Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive, run_cmd,
+                       state, wait_for)
+
+MAX_STEPS = 160
+TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=40, keep_last=2,
+             milestone_every=80)
+COMPARED = ("loss", "grad_norm", "lr", "tokens", "arms", "mixture")
+
+
+@pytest.fixture(scope="module")
+def straight(engine, data_cache, tmp_path_factory):
+    """The reference: the resume experiment run once, uninterrupted."""
+    base = tmp_path_factory.mktemp("straight")
+    exp = make_experiment(base, "RESUME", **TRAIN)
+    proxy = Proxy(["run", str(exp), "--run-dir", str(base / "run"), "--no-dashboard"], data_cache, base).start()
+    assert proxy.wait() == 0, proxy.output()
+    return base / "run"
+
+
+def assert_same_run(a, b) -> None:
+    sa, sb = last_steps(a), last_steps(b)
+    assert sorted(sa) == sorted(sb) == list(range(1, MAX_STEPS + 1))
+    diffs = [(s, f) for s in sa for f in COMPARED if sa[s][f] != sb[s][f]]
+    assert not diffs, f"steps differ: {diffs[:10]}"
+    name = f"step_{MAX_STEPS:06d}.bin"
+    ca, cb = read_checkpoint(a / "checkpoints" / name), read_checkpoint(b / "checkpoints" / name)
+    for region in ("weights", "m", "v"):
+        x, y = getattr(ca, region), getattr(cb, region)
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), f"{region} differ"
+
+
+def test_bit_exact_resume_after_random_kills(straight, data_cache, tmp_path):
+    rng = random.Random(20251122)
+    exp = make_experiment(tmp_path, "RESUME", **TRAIN)
+    run_dir = tmp_path / "run"
+    args = ["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"]
+    targets = sorted(rng.sample(range(8, MAX_STEPS - 15), 3))
+    modes = [rng.choice(["proxy-group", "engine", "both"]) for _ in targets]
+    proxy = Proxy(args, data_cache, tmp_path).start()
+    for target, mode in zip(targets, modes):
+        wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)
+        pid = engine_pid(run_dir)
+        if mode in ("engine", "both"):
+            os.kill(pid, signal.SIGKILL)
+        if mode in ("proxy-group", "both"):
+            proxy.kill_group()
+            proxy.proc.wait(30)
+            proxy = Proxy(args, data_cache, tmp_path).start()  # the same command, relaunched
+        else:  # the proxy restarts the engine by itself
+            wait_for(lambda: engine_pid(run_dir) != pid, 60, "the engine's restart", proxy)
+    assert proxy.wait() == 0, proxy.output()
+
+    assert_same_run(straight, run_dir)
+    entries = [json.loads(line) for line in (run_dir / ".loss.json").read_bytes().split(b"\n") if line.strip()]
+    assert max(e["segment"] for e in entries) >= 1 + len(targets)
+    st = state(run_dir)
+    assert st["status"] == "finished" and st["replay_mismatch_count"] == 0, st["replay_mismatches"]
+    assert "determinism" not in proxy.stderr()
+    # retention: the last 2, the milestone at 80, and at most the final segment's resume point
+    steps = sorted(checkpoint_step(p) for p in list_checkpoints(run_dir / "checkpoints"))
+    assert {80, MAX_STEPS - 20, MAX_STEPS} <= set(steps) and len(steps) <= 4, steps
+
+
+def test_engine_crash_restarts_and_stays_exact(straight, data_cache, tmp_path):
+    exp = make_experiment(tmp_path, "RESUME", **TRAIN)
+    run_dir = tmp_path / "run"
+    proxy = Proxy(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"], data_cache, tmp_path).start()
+    wait_for(lambda: max_logged_step(run_dir) >= 50, 240, "step 50", proxy)
+    first = engine_pid(run_dir)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: engine_pid(run_dir) != first, 60, "a new engine", proxy)
+    assert proxy.wait() == 0, proxy.output()
+    assert "killed by SIGKILL" in proxy.stderr() and "restarting" in proxy.stderr()
+    assert_same_run(straight, run_dir)
+    st = state(run_dir)
+    assert st["restarts"] == 1 and st["replay_mismatch_count"] == 0
+
+
+def test_replayed_step_mismatch_is_reported(engine, data_cache, tmp_path):
+    exp = make_experiment(tmp_path, "PLANT", **TRAIN)
+    run_dir = tmp_path / "run"
+    args = ["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"]
+    proxy = Proxy(args, data_cache, tmp_path).start()
+    wait_for(lambda: max_logged_step(run_dir) >= 45, 240, "step 45", proxy)
+    # freeze the proxy, kill the engine (no EOF checkpoint), then the proxy: a crash
+    os.killpg(proxy.proc.pid, signal.SIGSTOP)
+    pid = engine_pid(run_dir)
+    os.kill(pid, signal.SIGKILL)
+    proxy.kill_group()
+    proxy.proc.wait(30)
+    wait_for(lambda: not pid_alive(pid), 30, "the engine to die")
+
+    # plant a wrong loss at a step after the newest checkpoint
+    newest = checkpoint_step(list_checkpoints(run_dir / "checkpoints")[0])
+    logged = max_logged_step(run_dir)
+    assert logged > newest, (logged, newest)
+    planted = newest + 1
+    path = run_dir / ".loss.json"
+    lines = path.read_bytes().split(b"\n")
+    for i in range(len(lines) - 1, -1, -1):
+        try:
+            entry = json.loads(lines[i])
+        except ValueError:
+            continue
+        if entry.get("type") == "step" and entry["step"] == planted:
+            entry["loss"] += 0.125
+            lines[i] = json.dumps(entry).encode()
+            break
+    path.write_bytes(b"\n".join(lines))
+
+    proxy = Proxy(args, data_cache, tmp_path).start()
+    assert proxy.wait() == 0, proxy.output()
+    assert f"determinism: step {planted} " in proxy.stderr()
+    st = state(run_dir)
+    assert st["replay_mismatch_count"] == 1
+    report = st["replay_mismatches"][0]
+    assert report["step"] == planted and report["fields"] == ["loss"]
+    assert report["recorded"]["loss"] == report["replayed"]["loss"] + 0.125
+    # the re-trained entry wins; the run itself was not disturbed
+    assert last_steps(run_dir)[planted]["loss"] == report["replayed"]["loss"]
+    # a later relaunch keeps the report (the log, not .state.json, is the truth; reports carry over)
+    status = json.loads(run_cmd(["status", "--run-dir", str(run_dir), "--json"], data_cache).stdout)
+    assert status["replay_mismatches"] == 1

@@ -1,0 +1,143 @@
+"""The supervising side's small pieces, without an engine: log, retention, lock, atomic writes."""
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from proxy.atomic import atomic_copy, atomic_write_json
+from proxy.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
+from proxy.retention import RetentionPolicy, plan_retention
+from proxy.run_dir import RunDir, RunDirError, RunLock, append_phase, ensure_phases, lock_owner, read_phases
+from proxy.sidecars import RunState, SampleAudit, Sample, SamplesFile, read_state, write_state
+from proxy.supervisor import sample_seed
+
+
+def step(n: int, loss: float = 4.0, segment: int = 1, phase: int = 0) -> StepEntry:
+    return StepEntry(step=n, loss=loss, lr=1e-3, grad_norm=1.5, tokens=512 * n, time=1.0 * n, ms=10.0,
+                     arms={"a": loss, "b": loss + 0.5}, mixture={"a": 0.25, "b": 0.75}, phase=phase,
+                     segment=segment)
+
+
+def test_torn_last_line_is_skipped_and_never_glued(tmp_path):
+    path = tmp_path / ".loss.json"
+    w = LossLogWriter(path)
+    w.append(step(1))
+    w.append(step(2))
+    w.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + json.dumps(step(3).to_dict()).encode()[:40])  # a crash mid-line
+    index = LossLogIndex.load(path)
+    assert sorted(index.steps) == [1, 2] and index.skipped == 1
+
+    w = LossLogWriter(path)  # reopening puts the fragment on a line of its own
+    w.append(step(3, loss=3.0, segment=2))
+    w.append(EvalEntry(step=3, loss=3.5, arms={"a": 3.4, "b": 3.6}, time=5.0, phase=0, segment=2))
+    w.close()
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and len(lines) == 6
+    index = LossLogIndex.load(path)
+    assert sorted(index.steps) == [1, 2, 3] and index.skipped == 1 and index.max_segment == 2
+    assert index.step(3).loss == 3.0 and index.eval(3).loss == 3.5
+    assert [e.step for e in read_tail(path)] == [1, 2, 3, 3]
+
+
+def test_last_entry_per_step_wins_and_phase_coverage(tmp_path):
+    path = tmp_path / ".loss.json"
+    w = LossLogWriter(path)
+    for n in range(1, 6):
+        w.append(step(n, segment=1))
+    for n in range(3, 5):
+        w.append(step(n, loss=9.0, segment=2))
+    w.close()
+    index = LossLogIndex.load(path)
+    assert [e.loss for _, e in index.iter_steps(1, 5)] == [4.0, 4.0, 9.0, 9.0, 4.0]
+    assert index.missing(0, 0, 5) == [] and index.missing(0, 0, 7) == [6, 7]
+    assert index.missing(1, 2, 4) == [3, 4]  # entries of another phase do not cover a phase
+
+
+def test_compare_replayed_is_exact():
+    a = step(7)
+    assert compare_replayed(a, step(7, segment=2)) is None
+    b = step(7, segment=2)
+    b.loss = float.fromhex(a.loss.hex()[:-1] + "1")  # one ulp away
+    b.mixture = {"a": 0.25000000000000006, "b": 0.75}
+    m = compare_replayed(a, b)
+    assert m.fields == ["loss", "mixture"] and m.recorded_segment == 1 and m.replayed_segment == 2
+    assert "step 7" in m.message()
+
+
+def test_retention_plan():
+    policy = RetentionPolicy(keep_last=3, milestone_every=1000)
+    steps = [100 * i for i in range(1, 26)]
+    delete = plan_retention(steps, policy, protected={700})
+    kept = sorted(set(steps) - set(delete))
+    assert kept == [700, 1000, 2000, 2300, 2400, 2500]
+    assert plan_retention(steps, RetentionPolicy(keep_last=0, milestone_every=0), protected={2500}) == steps[:-1]
+
+
+def test_lock_is_exclusive_and_reports_the_owner(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.create()
+    assert lock_owner(run) is None
+    lock = RunLock(run).acquire()
+    try:
+        assert lock_owner(run) == os.getpid()
+        with pytest.raises(RunDirError, match=f"in use by proxy pid {os.getpid()}"):
+            RunLock(run).acquire()
+    finally:
+        lock.release()
+    assert lock_owner(run) is None
+    with RunLock(run):
+        pass
+
+
+def test_phases_are_appended(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.create()
+    experiment = SimpleNamespace(bandit=SimpleNamespace(policy="ucb1"),
+                                 arms=[SimpleNamespace(name="a", cap=1.0, floor=0.0),
+                                       SimpleNamespace(name="b", cap=0.5, floor=0.1)])
+    phases = ensure_phases(run, experiment)
+    assert phases[0] == read_phases(run)[0] and phases[0].caps == {"a": 1.0, "b": 0.5}
+    assert ensure_phases(run, experiment) == phases  # written once
+    new = append_phase(run, 200, "exp3", {"a": 0.6, "b": 0.5}, {"a": 0.0, "b": 0.1}, "step_000200.bin")
+    assert [p.phase for p in read_phases(run)] == [0, 1] and new.contains(201) and not new.contains(200)
+    run.phases.write_text("[{\"phase\": 3}]")
+    with pytest.raises(RunDirError):
+        read_phases(run)
+
+
+def test_atomic_writes_leave_no_temp_files(tmp_path):
+    target = tmp_path / "x.json"
+    atomic_write_json(target, {"a": 1})
+    atomic_write_json(target, {"a": 2})
+    assert json.loads(target.read_text()) == {"a": 2}
+    atomic_copy(target, tmp_path / "y.json")
+    assert (tmp_path / "y.json").read_bytes() == target.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "y.json"]
+    with pytest.raises(ValueError):
+        atomic_write_json(target, {"a": float("nan")})
+    assert json.loads(target.read_text()) == {"a": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "y.json"]
+
+
+def test_state_and_samples_files(tmp_path):
+    st = RunState(step=5, tokens_per_s=float("nan"))
+    write_state(tmp_path / ".state.json", st)
+    back = read_state(tmp_path / ".state.json")
+    assert back["step"] == 5 and back["tokens_per_s"] is None and back["engine"]["alive"] is False
+    samples = SamplesFile(tmp_path / ".samples.json", keep=2)
+    for s in (100, 200, 200, 300):
+        samples.add(SampleAudit(step=s, time=float(s), samples=[Sample("def ", f"x{s}", [1, 2])]))
+    on_disk = json.loads((tmp_path / ".samples.json").read_text())
+    assert [a["step"] for a in on_disk] == [200, 300]
+    assert [a.step for a in SamplesFile(tmp_path / ".samples.json").audits] == [200, 300]
+
+
+def test_sample_seeds_are_pure_and_distinct():
+    assert sample_seed(1337, 100, 0) == sample_seed(1337, 100, 0)
+    seeds = {sample_seed(1337, s, i) for s in range(0, 1000, 100) for i in range(3)}
+    assert len(seeds) == 30 and all(0 <= x < 2**64 for x in seeds)

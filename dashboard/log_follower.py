@@ -1,0 +1,155 @@
+"""Follow a JSON Lines log (`.loss.json`) by byte offset, torn-line safe.
+
+Only complete lines (ending in "\\n") are consumed: a torn last line stays
+unread until its newline arrives, and the offset only ever points just past a
+newline. A line that is not a complete JSON object (garbage, a torn fragment
+left by a crash, a bare number) is skipped, never glued onto its neighbour.
+A line longer than MAX_LINE is skipped once its newline arrives.
+
+If the file is replaced (another inode) or shrinks below the offset, the
+follower starts over from byte 0 and says so (`Chunk.reset`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .safe_fs import open_in_root
+
+MAX_LINE = 1 << 20  # 1 MiB: no real entry comes close
+CHUNK = 4 << 20  # bytes read per poll
+
+try:  # optional speed-up (6x on a 300-byte line); same accept/reject rules as below
+    import orjson as _orjson
+
+    def _loads(line: bytes):
+        return _orjson.loads(line)
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+    def _reject_constant(name: str):
+        raise ValueError(f"non-finite constant {name}")
+
+    def _finite_float(text: str) -> float:
+        f = float(text)
+        if f - f != 0.0:
+            raise ValueError(f"number out of range: {text}")
+        return f
+
+    def _loads(line: bytes):
+        return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def loads_object(line: bytes) -> dict | None:
+    """The JSON object on `line`, or None when the line is anything else.
+
+    NaN/Infinity literals are not JSON and are rejected, as are numbers that
+    overflow a double (the same rules with or without orjson).
+    """
+    try:
+        obj = _loads(line)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def parse_lines(data: bytes, base: int = 0) -> tuple[list[tuple[int, int, dict]], int]:
+    """Complete lines of `data` as [(start, end, object)], and bytes consumed.
+
+    `base` is the file offset of data[0]; start/end are file offsets of the
+    line (end just past its newline). Bytes after the last newline are not
+    consumed.
+    """
+    out: list[tuple[int, int, dict]] = []
+    last_nl = data.rfind(b"\n")
+    if last_nl < 0:
+        return out, 0
+    pos = base
+    append = out.append
+    for line in data[: last_nl + 1].split(b"\n")[:-1]:
+        n = len(line)
+        if 0 < n <= MAX_LINE:
+            try:
+                obj = _loads(line)
+            except (ValueError, TypeError, RecursionError):
+                obj = None
+            if type(obj) is dict:
+                append((pos, pos + n + 1, obj))
+        pos += n + 1
+    return out, last_nl + 1
+
+
+@dataclass
+class Chunk:
+    """What one poll found: entries in [start, end), and whether the file was replaced."""
+    entries: list[tuple[int, int, dict]] = field(default_factory=list)
+    start: int = 0
+    end: int = 0
+    reset: bool = False
+
+
+class LogFollower:
+    """Reads new complete lines of `root/name` from the last offset on each poll."""
+
+    def __init__(self, root: Path, name: str = ".loss.json"):
+        self.root = Path(root)
+        self.name = name
+        self.offset = 0
+        self.ident: tuple[int, int] | None = None
+        self.size = 0
+
+    def poll(self, max_bytes: int = CHUNK) -> Chunk:
+        chunk = Chunk(start=self.offset, end=self.offset)
+        f = open_in_root(self.root, self.name)
+        if f is None:
+            return chunk
+        with f:
+            st = os.fstat(f.fileno())
+            ident = (st.st_dev, st.st_ino)
+            self.size = st.st_size
+            if self.ident is not None and (ident != self.ident or st.st_size < self.offset):
+                self.offset = 0
+                chunk.reset = True
+                chunk.start = chunk.end = 0
+            self.ident = ident
+            if st.st_size <= self.offset:
+                return chunk
+            f.seek(self.offset)
+            data = f.read(min(max_bytes, st.st_size - self.offset))
+            entries, used = parse_lines(data, self.offset)
+            if used == 0 and len(data) >= MAX_LINE:
+                used = _skip_overlong(f, self.offset, self.offset + len(data)) - self.offset
+            self.offset += used
+            chunk.entries = entries
+            chunk.end = self.offset
+            return chunk
+
+    def caught_up(self) -> bool:
+        return self.offset >= self.size
+
+
+def _skip_overlong(f, line_start: int, pos: int) -> int:
+    """Offset just past the next newline at or after `pos`; `line_start` if none yet."""
+    f.seek(pos)
+    while True:
+        block = f.read(1 << 20)
+        if not block:
+            return line_start  # the overlong line is still being written
+        i = block.find(b"\n")
+        if i >= 0:
+            return pos + i + 1
+        pos += len(block)
+
+
+def read_range(root: Path, name: str, start: int, end: int) -> bytes:
+    """Bytes [start, end) of root/name ("" if the file is gone)."""
+    if end <= start:
+        return b""
+    f = open_in_root(root, name)
+    if f is None:
+        return b""
+    with f:
+        f.seek(start)
+        return f.read(end - start)

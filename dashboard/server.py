@@ -1,0 +1,210 @@
+"""Run the dashboard: `proxy dashboard [--run-dir DIR ...] [--host 127.0.0.1] [--port 8000]`.
+
+`main(argv)` is what `proxy dashboard` (and `python -m dashboard`) calls;
+`serve()` runs uvicorn on a socket this module binds itself, so the URL it
+prints is the one that works (`--port 0` picks a free port) and a port in use
+is one clear line, not a traceback. `spawn()` starts the dashboard as a
+child process, for `proxy run`: a dashboard problem can never stall training.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .runs import expand, is_run_dir
+
+RUNS_ROOT = Path("runs")
+
+
+class DashboardError(Exception):
+    """A problem the user can fix; the message is one line."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def url_for(host: str, port: int) -> str:
+    shown = host
+    if host in ("0.0.0.0", "::", ""):
+        shown = "127.0.0.1"
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}/"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise DashboardError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def most_recent_run(root: Path = RUNS_ROOT) -> Path:
+    """The run directory under `root` whose files changed last."""
+    best = None
+    if root.is_dir():
+        for child in root.iterdir():
+            if not child.is_dir() or not is_run_dir(child):
+                continue
+            times = []
+            for name in (".loss.json", ".state.json", ".lock", "experiment.json"):
+                try:
+                    times.append((child / name).stat().st_mtime)
+                except OSError:
+                    pass
+            if times and (best is None or max(times) > best[0]):
+                best = (max(times), child)
+    if best is None:
+        raise DashboardError(f"no run directory found under {root}/ (pass --run-dir DIR)")
+    return best[1]
+
+
+def resolve_run_dirs(given: list[str] | None) -> list[Path]:
+    if not given:
+        return [most_recent_run().resolve()]
+    for d in given:
+        if not Path(d).is_dir():
+            raise DashboardError(f"run directory not found: {d}")
+    dirs = expand([Path(d) for d in given])
+    if not dirs:
+        raise DashboardError("no run directories to show")
+    return dirs
+
+
+def limit_malloc_arenas(n: int = 2) -> bool:
+    """Cap glibc's malloc arenas (M_ARENA_MAX) before any thread starts.
+
+    Each thread that parses log chunks (the watcher, request threads) would
+    otherwise get an arena of its own, and their fragments add up: the
+    benchmark's RSS growth over 200,000 appended steps halves with this cap
+    (docs/PERFORMANCE.md). No effect (False) off glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        ok = bool(libc.mallopt(-8, n))  # M_ARENA_MAX
+        # a fixed M_MMAP_THRESHOLD: big read buffers are always mmapped and given back,
+        # instead of glibc raising the threshold and leaving them to fragment the heap
+        return bool(libc.mallopt(-3, 256 << 10)) and ok
+    except (OSError, AttributeError):
+        return False
+
+
+def serve(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, poll_s: float = 1.0,
+          announce=None, log_level: str = "warning") -> None:
+    """Serve the dashboard over `run_dirs` until interrupted. Prints the URL first."""
+    import uvicorn
+
+    limit_malloc_arenas()
+
+    from .app import LOOPBACK_HOSTS, create_app
+
+    sock = bind(host, port)
+    actual_port = sock.getsockname()[1]
+    allowed = set(LOOPBACK_HOSTS) if is_loopback(host) else None
+    app = create_app(run_dirs, allowed_hosts=allowed, poll_s=poll_s)
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=1, ws="none")
+    server = uvicorn.Server(config)
+    line = f"dashboard: {url_for(host, actual_port)}"
+    (announce or (lambda s: print(s, flush=True)))(line)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="proxy dashboard",
+                                description="Serve the live dashboard (read-only) over run directories.")
+    p.add_argument("--run-dir", action="append", metavar="DIR",
+                   help="a run directory, or a directory of runs; repeat to overlay runs "
+                        "(default: the most recently active run under runs/)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if not 0 <= args.port <= 65535:
+        print(f"dashboard: bad --port {args.port}", file=sys.stderr)
+        return 2
+    try:
+        dirs = resolve_run_dirs(args.run_dir)
+        if not is_loopback(args.host):
+            print(f"dashboard: warning: listening on {args.host}, reachable from other machines "
+                  "(read-only, no authentication)", file=sys.stderr)
+        serve(dirs, host=args.host, port=args.port, poll_s=max(0.1, args.poll))
+    except DashboardError as exc:
+        print(f"dashboard: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def spawn(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, log_path: Path | None = None,
+          timeout: float = 20.0) -> tuple[subprocess.Popen, str]:
+    """Start `python -m dashboard` as a child process; (process, URL) once it listens.
+
+    Its output goes to `log_path` (or is discarded). Raises DashboardError with
+    the child's last words if it exits or stays silent for `timeout` seconds.
+    """
+    cmd = [sys.executable, "-m", "dashboard", "--host", host, "--port", str(port)]
+    for d in run_dirs:
+        cmd += ["--run-dir", str(d)]
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    # the child imports this very package, wherever the parent found it
+    pkg_parent = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (pkg_parent, os.environ.get("PYTHONPATH")) if p))
+    # the URL line comes through a pipe; everything after it goes to the log
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    line = b""
+    try:
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while not line.endswith(b"\n") and time.monotonic() < deadline:
+            if sel.select(timeout=0.2):
+                b = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(1)
+                if not b:
+                    break
+                line += b
+        sel.close()
+    finally:
+        if out is not subprocess.DEVNULL:
+            out.close()
+    text = line.decode(errors="replace").strip()
+    if not text.startswith("dashboard: http"):
+        if proc.poll() is None:
+            proc.terminate()
+        raise DashboardError(f"dashboard did not start ({text or 'no output'}); see {log_path or 'its stderr'}")
+    return proc, text.split(" ", 1)[1]

@@ -1,0 +1,104 @@
+"""Read the run directory's small files: .state.json, phases.json, .samples.json,
+experiment.json, and the checkpoint list. Each read is size-capped and any
+malformed content reads as None (the page shows "unknown"), never an error.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .safe_fs import read_small, scan_dir
+
+STATE = ".state.json"
+PHASES = "phases.json"
+SAMPLES = ".samples.json"
+EXPERIMENT = "experiment.json"
+CHECKPOINTS = "checkpoints"
+
+LIMITS = {STATE: 4 << 20, PHASES: 4 << 20, SAMPLES: 32 << 20, EXPERIMENT: 1 << 20}
+MAX_AUDITS = 20  # newest sample audits kept
+MAX_SAMPLES_PER_AUDIT = 16
+MAX_TEXT = 4000  # characters of a prompt or completion
+MAX_PHASES = 1000
+MAX_CHECKPOINTS = 2000
+
+_CKPT = re.compile(r"^step_(\d+)\.bin$")
+
+
+def _reject_constant(name: str):
+    raise ValueError(name)
+
+
+def read_json(root: Path, name: str):
+    data = read_small(root, name, LIMITS[name])
+    if data is None:
+        return None
+    try:
+        return json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+
+
+def read_state(root: Path) -> dict | None:
+    obj = read_json(root, STATE)
+    return obj if isinstance(obj, dict) else None
+
+
+def read_phases(root: Path) -> list[dict] | None:
+    obj = read_json(root, PHASES)
+    if not isinstance(obj, list):
+        return None
+    return [p for p in obj if isinstance(p, dict)][-MAX_PHASES:]
+
+
+def _text(v) -> str:
+    s = v if isinstance(v, str) else ("" if v is None else json.dumps(v)[:MAX_TEXT])
+    return s if len(s) <= MAX_TEXT else s[:MAX_TEXT] + "…"
+
+
+def read_samples(root: Path) -> list[dict] | None:
+    """Newest audits last, each {"step", "time", "samples": [{"prompt", "completion"}]}."""
+    obj = read_json(root, SAMPLES)
+    if not isinstance(obj, list):
+        return None
+    out = []
+    for audit in obj[-MAX_AUDITS:]:
+        if not isinstance(audit, dict):
+            continue
+        samples = audit.get("samples") if isinstance(audit.get("samples"), list) else []
+        out.append({
+            "step": audit.get("step") if isinstance(audit.get("step"), int) else None,
+            "time": audit.get("time") if isinstance(audit.get("time"), (int, float)) else None,
+            "samples": [{"prompt": _text(s.get("prompt")), "completion": _text(s.get("completion"))}
+                        for s in samples[:MAX_SAMPLES_PER_AUDIT] if isinstance(s, dict)],
+        })
+    return out
+
+
+def read_experiment(root: Path) -> dict | None:
+    obj = read_json(root, EXPERIMENT)
+    return obj if isinstance(obj, dict) else None
+
+
+def list_checkpoints(root: Path) -> list[dict]:
+    """Checkpoint files (step_NNNNNN.bin, best.bin), newest step first. Temp files are not listed."""
+    out = []
+    for e in scan_dir(root, CHECKPOINTS):
+        m = _CKPT.match(e.name)
+        if not m and e.name != "best.bin":
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not e.is_file(follow_symlinks=False):
+            continue
+        out.append({"name": e.name, "step": int(m.group(1)) if m else None,
+                    "bytes": st.st_size, "mtime": st.st_mtime})
+    out.sort(key=lambda c: (c["step"] is None, c["step"] or 0), reverse=True)  # best.bin, then newest
+    return out[:MAX_CHECKPOINTS]
+
+
+def checkpoints_sig(root: Path) -> tuple:
+    return tuple(sorted((c["name"], c["bytes"], c["mtime"]) for c in list_checkpoints(root)))

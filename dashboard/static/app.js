@@ -1,0 +1,805 @@
+/* microgpt dashboard: charts over the server's downsampled series, live updates over SSE.
+ *
+ * Data flow: /api/runs lists the runs; for each run shown, /api/runs/N/series gives a
+ * min/max-bucketed overview (at most one bucket per pixel) with the byte offset it covers;
+ * /api/stream pushes log entries past that offset (and changed sidecars) as they are
+ * written. A drag on a chart zooms: the server returns that step range at a finer
+ * resolution. Everything inserted into the page from run files goes in as text.
+ */
+"use strict";
+(function () {
+  const RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
+  const ARM_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+    "#ff9da7", "#9c755f", "#bab0ac"];
+  const MAX_SHOWN = 8;
+  const $ = (id) => document.getElementById(id);
+
+  const dash = (window.__dashboard = {
+    ready: false, readyAt: null, points: 0, lastStep: null, pivots: 0, events: 0, renders: 0,
+    errors: [], connected: false,
+  });
+
+  const S = {
+    runs: [], shown: [], focus: null,
+    xmode: "step", smooth: 0.9, log: false,
+    view: null, // zoomed: {from, to, xmin, xmax}
+    R: {}, // run index -> per-run state
+    charts: {}, chartKeys: {},
+    es: null, pts: {},
+  };
+
+  // ------------------------------------------------------------------ formatting
+
+  function fmtSI(v, digits) {
+    if (v == null || !isFinite(v)) return "–";
+    const a = Math.abs(v);
+    const d = digits == null ? 3 : digits;
+    if (a >= 1e12) return +(v / 1e12).toPrecision(d) + "T";
+    if (a >= 1e9) return +(v / 1e9).toPrecision(d) + "G";
+    if (a >= 1e6) return +(v / 1e6).toPrecision(d) + "M";
+    if (a >= 1e4) return +(v / 1e3).toPrecision(d) + "k";
+    if (a >= 100 || a === 0) return String(Math.round(v));
+    return String(+v.toPrecision(d));
+  }
+  function fmtNum(v, d) {
+    if (v == null || !isFinite(v)) return "–";
+    const a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(d == null ? 2 : d - 1).replace(/\.?0+e/, "e");
+    return String(+v.toPrecision(d == null ? 4 : d));
+  }
+  function fmtBytes(b) {
+    if (b == null || !isFinite(b)) return "–";
+    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+    return (i ? b.toFixed(1) : b) + " " + u[i];
+  }
+  function fmtDur(s) {
+    if (s == null || !isFinite(s) || s < 0) return "–";
+    s = Math.round(s);
+    const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
+    if (d) return d + "d " + h + "h";
+    if (h) return h + "h " + m + "m";
+    if (m) return m + "m " + (s % 60) + "s";
+    return s + "s";
+  }
+  function fmtTime(t) {
+    if (t == null) return "–";
+    return new Date(t * 1000).toLocaleString();
+  }
+  const X_LABEL = { step: "step", tokens: "tokens", time: "hours" };
+  // whole-number tick steps for step and token axes: 1, 2, 5, 10, 20, 50, ...
+  const INT_INCRS = [];
+  for (let m = 1; m <= 1e15; m *= 10) INT_INCRS.push(m, 2 * m, 5 * m);
+  function fmtX(v) {
+    if (v == null) return "–";
+    if (S.xmode === "time") return fmtNum(v, 4) + " h";
+    return fmtSI(v, S.xmode === "step" ? 5 : 3);
+  }
+
+  function el(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    if (attrs) for (const k in attrs) {
+      if (k === "class") e.className = attrs[k];
+      else if (k === "style") e.setAttribute("style", attrs[k]);
+      else e.setAttribute(k, attrs[k]);
+    }
+    for (const c of kids) if (c != null) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    return e;
+  }
+
+  function alpha(hex, a) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
+  }
+
+  async function getJSON(url) {
+    const r = await fetch(url, { cache: "no-store" });
+    if (!r.ok) throw new Error(url + ": HTTP " + r.status);
+    return r.json();
+  }
+
+  function note(err) {
+    dash.errors.push(String(err && err.message || err));
+    console.warn(err);
+  }
+
+  // ------------------------------------------------------------------ data
+
+  // A payload (overview, zoom or live push) as bucket columns.
+  function cols(p) {
+    const raw = p.raw;
+    return {
+      n: p.n, raw,
+      step0: p.step, step1: raw ? p.step : p.step_end,
+      tok0: p.tokens, tok1: raw ? p.tokens : p.tokens_end,
+      time0: p.time, time1: raw ? p.time : p.time_end,
+      rows: raw ? null : p.rows,
+      lossMin: p.loss.min || p.loss.mean, lossMax: p.loss.max || p.loss.mean, lossMean: p.loss.mean,
+      gnMin: p.grad_norm.min || p.grad_norm.mean, gnMax: p.grad_norm.max || p.grad_norm.mean,
+      lr: p.lr, tps: p.tok_s, mix: p.mix || {},
+    };
+  }
+
+  function lastStepOf(c) {
+    return c && c.n ? c.step1[c.n - 1] : -1;
+  }
+
+  // live rows from an `entries` push, appended to the run's tail (last entry wins)
+  function addTail(r, p) {
+    const base = lastStepOf(r.overview);
+    for (let i = 0; i < p.n; i++) {
+      const step = p.step[i];
+      if (step <= base) continue; // already in the overview (a replay gives the same values)
+      const mix = {};
+      for (const a in p.mix) mix[a] = p.mix[a][i];
+      const row = {
+        step, tok: p.tokens[i], time: p.time[i], loss: p.loss.mean[i], gn: p.grad_norm.mean[i],
+        lr: p.lr[i], tps: p.tok_s[i], mix,
+      };
+      const t = r.tail;
+      if (t.length && t[t.length - 1].step >= step) {
+        const j = t.findIndex((x) => x.step >= step);
+        if (t[j].step === step) t[j] = row; else t.splice(j, 0, row);
+      } else t.push(row);
+      if (dash.lastStep == null || step > dash.lastStep) dash.lastStep = step;
+    }
+  }
+
+  function addEvals(r, e) {
+    if (!e || !e.n) return;
+    const ev = r.evals;
+    for (let i = 0; i < e.n; i++) {
+      const row = { step: e.step[i], loss: e.loss[i], arms: {} };
+      for (const a in e.arms) if (e.arms[a][i] != null) row.arms[a] = e.arms[a][i];
+      const j = ev.findIndex((x) => x.step >= row.step);
+      if (j < 0) ev.push(row);
+      else if (ev[j].step === row.step) ev[j] = row;
+      else ev.splice(j, 0, row);
+    }
+  }
+
+  function evalsFrom(p) {
+    const out = [];
+    for (let i = 0; i < p.n; i++) {
+      const row = { step: p.step[i], loss: p.loss[i], arms: {} };
+      for (const a in p.arms) if (p.arms[a][i] != null) row.arms[a] = p.arms[a][i];
+      out.push(row);
+    }
+    return out;
+  }
+
+  function chartWidth() {
+    const w = $("chart-loss").clientWidth || 1000;
+    return Math.max(16, Math.min(4000, Math.round(w)));
+  }
+
+  async function fetchSeries(idx, view) {
+    let url = `/api/runs/${idx}/series?width=${chartWidth()}`;
+    if (view) url += `&from=${Math.max(0, Math.floor(view.from))}&to=${Math.max(0, Math.ceil(view.to))}`;
+    return getJSON(url);
+  }
+
+  async function loadRun(idx) {
+    const [ov, ev, st, ph] = await Promise.all([
+      fetchSeries(idx, null), getJSON(`/api/runs/${idx}/evals`),
+      getJSON(`/api/runs/${idx}/state`), getJSON(`/api/runs/${idx}/phases`),
+    ]);
+    const r = S.R[idx] || (S.R[idx] = { idx, tail: [], side: {}, evals: [] });
+    r.overview = cols(ov);
+    r.zoom = null;
+    r.t0 = ov.t0;
+    r.gen = ov.generation;
+    r.offset = ov.offset;
+    r.tail = [];
+    r.evals = evalsFrom(ev);
+    r.side.state = st.value;
+    r.side.phases = ph.value;
+    const ls = ov.last_step;
+    if (ls != null && (dash.lastStep == null || ls > dash.lastStep)) dash.lastStep = ls;
+    return r;
+  }
+
+  // refetch a run's overview: its live tail grew long, it fell behind, or its log was replaced (hard)
+  async function refreshOverview(r, hard) {
+    if (hard) { r.tail = []; r.evals = []; }
+    if (r.refreshing) { r.refreshAgain = r.refreshAgain === "hard" || hard ? "hard" : "soft"; return; }
+    r.refreshing = true;
+    try {
+      const ov = await fetchSeries(r.idx, null);
+      r.overview = cols(ov);
+      r.t0 = ov.t0;
+      const last = lastStepOf(r.overview);
+      r.tail = r.tail.filter((t) => t.step > last);
+      if (hard) {
+        const ev = await getJSON(`/api/runs/${r.idx}/evals`);
+        addEvals(r, { n: ev.n, step: ev.step, loss: ev.loss, arms: ev.arms });
+      }
+      if (ov.last_step != null) dash.lastStep = Math.max(dash.lastStep || 0, ov.last_step);
+      scheduleRender();
+    } catch (e) { note(e); } finally {
+      r.refreshing = false;
+      const again = r.refreshAgain;
+      r.refreshAgain = null;
+      if (again) refreshOverview(r, again === "hard");
+    }
+  }
+
+  // ------------------------------------------------------------------ points
+
+  // Every bucket becomes one point (a single row) or two (its first and last step,
+  // carrying its min and max in alternating order, so the line covers the envelope).
+  function runPoints(r) {
+    const base = r.zoom || r.overview;
+    const xs = [], steps = [], loss = [], lossS = [], gn = [], lr = [], tps = [];
+    const arms = Object.keys(base ? base.mix : {});
+    for (const t of r.tail) for (const a in t.mix) if (!arms.includes(a)) arms.push(a);
+    const mix = {};
+    for (const a of arms) mix[a] = [];
+    const beta = S.smooth;
+    let ema = 0, norm = 0;
+    const t0 = r.t0 || 0;
+    const xOf = (step, tok, time) =>
+      S.xmode === "step" ? step : S.xmode === "tokens" ? tok : time == null ? null : (time - t0) / 3600;
+    const smooth = (v, n) => {
+      if (v == null) return norm > 0 ? ema / norm : null;
+      const b = Math.pow(beta, n);
+      ema = b * ema + (1 - b) * v;
+      norm = b * norm + (1 - b);
+      return ema / norm;
+    };
+    const push = (x, step, l, s, g, lrv, tp, mixv) => {
+      if (x == null) return;
+      xs.push(x); steps.push(step); loss.push(l); lossS.push(s); gn.push(g); lr.push(lrv); tps.push(tp);
+      for (const a of arms) mix[a].push(mixv(a));
+    };
+    if (base) {
+      for (let i = 0; i < base.n; i++) {
+        const n = base.rows ? base.rows[i] : 1;
+        const s = smooth(base.lossMean[i], n);
+        const mv = (a) => (base.mix[a] ? base.mix[a][i] : null);
+        if (n > 1 && base.step1[i] !== base.step0[i]) {
+          const flip = i % 2 === 1;
+          push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
+            flip ? base.lossMax[i] : base.lossMin[i], s, flip ? base.gnMax[i] : base.gnMin[i], base.lr[i], base.tps[i], mv);
+          push(xOf(base.step1[i], base.tok1[i], base.time1[i]), base.step1[i],
+            flip ? base.lossMin[i] : base.lossMax[i], s, flip ? base.gnMin[i] : base.gnMax[i], base.lr[i], base.tps[i], mv);
+        } else {
+          push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
+            base.lossMean[i], s, base.gnMax[i], base.lr[i], base.tps[i], mv);
+        }
+      }
+    }
+    const last = lastStepOf(base);
+    for (const t of r.tail) {
+      if (t.step <= last || (S.view && t.step > S.view.to)) continue;
+      push(xOf(t.step, t.tok, t.time), t.step, t.loss, smooth(t.loss, 1), t.gn, t.lr, t.tps,
+        (a) => (t.mix[a] == null ? null : t.mix[a]));
+    }
+    // x must increase for the chart: drop anything out of order (clock steps back, replays)
+    let ok = true;
+    for (let i = 1; i < xs.length; i++) if (!(xs[i] > xs[i - 1])) { ok = false; break; }
+    const P = { x: xs, step: steps, loss, lossS, gn, lr, tps, mix, arms };
+    return ok ? P : monotone(P);
+  }
+
+  function monotone(P) {
+    const keep = [];
+    let last = -Infinity;
+    for (let i = 0; i < P.x.length; i++) if (P.x[i] > last) { keep.push(i); last = P.x[i]; }
+    const pick = (a) => keep.map((i) => a[i]);
+    const mix = {};
+    for (const a in P.mix) mix[a] = pick(P.mix[a]);
+    return { x: pick(P.x), step: pick(P.step), loss: pick(P.loss), lossS: pick(P.lossS), gn: pick(P.gn),
+      lr: pick(P.lr), tps: pick(P.tps), mix, arms: P.arms };
+  }
+
+  // x of a step in the current x mode, from a run's points (for evals and pivot markers)
+  function stepToX(P, step) {
+    if (S.xmode === "step") return step;
+    if (!P || !P.step.length) return null;
+    let lo = 0, hi = P.step.length - 1;
+    if (step <= P.step[0]) return P.x[0];
+    if (step >= P.step[hi]) return P.x[hi];
+    while (hi - lo > 1) { const m = (lo + hi) >> 1; if (P.step[m] <= step) lo = m; else hi = m; }
+    const f = (step - P.step[lo]) / (P.step[hi] - P.step[lo] || 1);
+    return P.x[lo] + f * (P.x[hi] - P.x[lo]);
+  }
+
+  function xToStep(P, x) {
+    if (S.xmode === "step") return x;
+    if (!P || !P.x.length) return null;
+    let lo = 0, hi = P.x.length - 1;
+    if (x <= P.x[0]) return P.step[0];
+    if (x >= P.x[hi]) return P.step[hi];
+    while (hi - lo > 1) { const m = (lo + hi) >> 1; if (P.x[m] <= x) lo = m; else hi = m; }
+    return P.step[lo];
+  }
+
+  // ------------------------------------------------------------------ charts
+
+  function pivots() {
+    const seen = new Map();
+    for (const idx of S.shown) {
+      const r = S.R[idx];
+      const ph = r && r.side.phases;
+      if (!Array.isArray(ph)) continue;
+      for (const p of ph) {
+        const s = p && p.start_step;
+        if (typeof s === "number" && s > 0 && !seen.has(s)) {
+          seen.set(s, { step: s, phase: p.phase, policy: p.policy, run: idx });
+        }
+      }
+    }
+    return [...seen.values()].sort((a, b) => a.step - b.step);
+  }
+
+  function pivotXs() {
+    return pivots().map((p) => ({ ...p, x: stepToX(S.pts[p.run], p.step) })).filter((p) => p.x != null);
+  }
+
+  function drawPivots(u) {
+    const ps = pivotXs();
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    ctx.save();
+    ctx.strokeStyle = "#8e44ad";
+    ctx.lineWidth = 1.5 * devicePixelRatio;
+    ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
+    for (const p of ps) {
+      const cx = u.valToPos(p.x, "x", true);
+      if (cx < left || cx > left + width) continue;
+      ctx.beginPath();
+      ctx.moveTo(cx, top);
+      ctx.lineTo(cx, top + height);
+      ctx.stroke();
+    }
+    ctx.restore();
+    if (u.root.parentElement && u.root.parentElement.id === "chart-loss") {
+      domPivots(u, ps);
+      markReady(); // the loss chart has drawn its data: the page is ready
+    }
+  }
+
+  // the loss chart also gets DOM markers: labelled, hoverable, and easy to test
+  function domPivots(u, ps) {
+    for (const m of u.over.querySelectorAll(".pivot-marker")) m.remove();
+    let n = 0;
+    for (const p of ps) {
+      const x = u.valToPos(p.x, "x");
+      if (!(x >= 0 && x <= u.over.clientWidth)) continue;
+      const m = el("div", { class: "pivot-marker", "data-step": p.step, title: `phase ${p.phase} from step ${p.step} (${p.policy || "?"})` },
+        el("span", null, `phase ${p.phase}`));
+      m.style.left = x + "px";
+      u.over.append(m);
+      n++;
+    }
+    dash.pivots = n;
+  }
+
+  function onSelect(u) {
+    const sel = u.select;
+    if (sel.width < 4) return;
+    const xmin = u.posToVal(sel.left, "x"), xmax = u.posToVal(sel.left + sel.width, "x");
+    u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+    zoomTo(xmin, xmax);
+  }
+
+  function baseOpts(el_, height, series, extra) {
+    const width = Math.max(200, el_.clientWidth || 600);
+    return Object.assign({
+      width, height,
+      scales: { x: { time: false } },
+      axes: [
+        Object.assign({ values: (u, sp) => sp.map(fmtX), grid: { stroke: "#eee" } },
+          S.xmode === "time" ? null : { incrs: INT_INCRS }),
+        { values: (u, sp) => sp.map((v) => fmtNum(v, 3)), size: 64, grid: { stroke: "#eee" } },
+      ],
+      cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: "dash" } },
+      legend: { live: true },
+      series: [{ label: X_LABEL[S.xmode], value: (u, v) => fmtX(v) }].concat(series),
+      hooks: { setSelect: [onSelect], draw: [drawPivots] },
+    }, extra || {});
+  }
+
+  function lineSeries(label, stroke, width, more) {
+    return Object.assign({
+      label, stroke, width, spanGaps: true, points: { show: false },
+      value: (u, v) => fmtNum(v, 4),
+    }, more || {});
+  }
+
+  // [x, ...ys] tables of several runs on one x axis (union of x; gaps spanned)
+  function joinTables(tables) {
+    const live = tables.filter((t) => t[0].length);
+    if (!live.length) return [[]].concat(...tables.map((t) => t.slice(1).map(() => [])));
+    if (tables.length === 1) return tables[0];
+    return uPlot.join(tables);
+  }
+
+  function setChart(id, key, makeOpts, data) {
+    const host = $(id);
+    let u = S.charts[id];
+    if (!u || S.chartKeys[id] !== key) {
+      if (u) u.destroy();
+      u = S.charts[id] = new uPlot(makeOpts(host), data, host);
+      S.chartKeys[id] = key;
+      host.ondblclick = () => resetZoom();
+    } else {
+      u.setData(data, !S.view);
+    }
+    if (S.view) u.setScale("x", { min: S.view.xmin, max: S.view.xmax });
+    return u;
+  }
+
+  function runName(idx) {
+    const r = S.runs[idx];
+    return r ? r.name : String(idx);
+  }
+  function runColor(idx) {
+    return RUN_COLORS[S.shown.indexOf(idx) % RUN_COLORS.length];
+  }
+
+  function render() {
+    dash.renders++;
+    const shown = S.shown.filter((i) => S.R[i] && S.R[i].overview);
+    S.pts = {};
+    if (!shown.length) {
+      renderTables();
+      markReady();
+      return;
+    }
+    for (const i of shown) S.pts[i] = runPoints(S.R[i]);
+    const keyBase = [S.xmode, shown.join(",")].join("|");
+
+    // training loss: raw envelope + smoothed, per run
+    const lossTables = shown.map((i) => [S.pts[i].x, S.pts[i].loss, S.pts[i].lossS]);
+    const lossData = joinTables(lossTables.length ? lossTables : [[[], [], []]]);
+    setChart("chart-loss", keyBase + "|" + S.log, (h) => baseOpts(h, 300,
+      shown.flatMap((i) => [
+        lineSeries(runName(i) + " raw", alpha(runColor(i), 0.35), 1),
+        lineSeries(runName(i) + " smoothed", runColor(i), 2),
+      ]), S.log ? { scales: { x: { time: false }, y: { distr: 3, log: 10 } } } : null), lossData);
+    dash.points = shown.reduce((a, i) => a + S.pts[i].x.length, 0);
+
+    // validation loss per arm (x from the run's own step->x mapping)
+    const valTables = [], valSeries = [];
+    for (const i of shown) {
+      const r = S.R[i];
+      const arms = [];
+      for (const e of r.evals) for (const a in e.arms) if (!arms.includes(a)) arms.push(a);
+      const xs = [], ys = [[]], seen = new Set();
+      for (const a of arms) ys.push([]);
+      for (const e of r.evals) {
+        if (S.view && (e.step < S.view.from || e.step > S.view.to)) continue;
+        const x = stepToX(S.pts[i], e.step);
+        if (x == null || seen.has(x)) continue;
+        seen.add(x);
+        xs.push(x);
+        ys[0].push(e.loss);
+        arms.forEach((a, k) => ys[k + 1].push(e.arms[a] == null ? null : e.arms[a]));
+      }
+      const order = xs.map((_, k) => k).sort((a, b) => xs[a] - xs[b]);
+      valTables.push([order.map((k) => xs[k])].concat(ys.map((y) => order.map((k) => y[k]))));
+      valSeries.push(lineSeries(runName(i) + " all", runColor(i), 2, { points: { show: true, size: 4 } }));
+      arms.forEach((a, k) => valSeries.push(lineSeries(runName(i) + "/" + a, ARM_COLORS[k % ARM_COLORS.length], 1.25,
+        { dash: shown.indexOf(i) ? [4, 3] : undefined, points: { show: true, size: 3 } })));
+    }
+    setChart("chart-val", keyBase + "|" + valSeries.map((s) => s.label).join(","),
+      (h) => baseOpts(h, 230, valSeries), joinTables(valTables.length ? valTables : [[[]]]));
+
+    // learning rate, gradient norm, tokens/s
+    const simple = (id, field, height, fmt) => {
+      const tables = shown.map((i) => [S.pts[i].x, S.pts[i][field]]);
+      setChart(id, keyBase, (h) => {
+        const o = baseOpts(h, height, shown.map((i) => lineSeries(runName(i), runColor(i), 1.25,
+          { value: (u, v) => fmt(v) })));
+        o.axes[1].values = (u, sp) => sp.map(fmt);
+        return o;
+      }, joinTables(tables.length ? tables : [[[], []]]));
+    };
+    simple("chart-lr", "lr", 180, (v) => fmtNum(v, 3));
+    simple("chart-gn", "gn", 180, (v) => fmtNum(v, 3));
+    simple("chart-tps", "tps", 180, (v) => fmtSI(v, 3));
+
+    // mixture weights of the focus run, stacked
+    const f = S.pts[S.focus] ? S.focus : shown[0];
+    const P = S.pts[f];
+    const arms = P ? P.arms : [];
+    const cum = [];
+    if (P) {
+      let acc = P.x.map(() => 0);
+      for (const a of arms) {
+        acc = acc.map((s, k) => s + (P.mix[a][k] || 0));
+        cum.push(acc);
+      }
+    }
+    const order = arms.map((_, k) => arms.length - 1 - k); // draw the tallest first
+    const mixData = [P ? P.x : []].concat(order.map((k) => cum[k]));
+    $("mix-note").textContent = f != null ? "(" + runName(f) + ")" : "";
+    setChart("chart-mix", keyBase + "|" + f + "|" + arms.join(","), (h) => baseOpts(h, 230,
+      order.map((k) => lineSeries(arms[k], ARM_COLORS[k % ARM_COLORS.length], 1, {
+        fill: alpha(ARM_COLORS[k % ARM_COLORS.length], 0.55), fillTo: 0,
+        value: (u, v, si, idx) => (idx == null || !P ? "–" : fmtNum(P.mix[arms[k]][idx], 3)),
+      })), { scales: { x: { time: false }, y: { range: [0, 1] } } }), mixData);
+
+    // every chart spans the same x range as the loss chart (cursor sync lines up)
+    if (!S.view && lossData[0].length) {
+      const xr = { min: lossData[0][0], max: lossData[0][lossData[0].length - 1] };
+      for (const id in S.charts) if (id !== "chart-loss" && xr.max > xr.min) S.charts[id].setScale("x", xr);
+    }
+    renderTables();
+  }
+
+  // the "ready" marker: set once, when the loss chart first drew (or there is nothing to draw)
+  function markReady() {
+    if (dash.ready) return;
+    dash.ready = true;
+    dash.readyAt = performance.now();
+    document.documentElement.dataset.ready = "1";
+  }
+
+  let renderTimer = null, lastRender = 0;
+  function scheduleRender() {
+    if (renderTimer) return;
+    const wait = Math.max(0, 200 - (performance.now() - lastRender));
+    renderTimer = setTimeout(() => {
+      renderTimer = null;
+      requestAnimationFrame(() => {
+        lastRender = performance.now();
+        try { render(); } catch (e) { note(e); }
+      });
+    }, wait);
+  }
+
+  // ------------------------------------------------------------------ zoom
+
+  function zoomTo(xmin, xmax) {
+    let from = Infinity, to = -Infinity;
+    for (const i of S.shown) {
+      const P = S.pts[i];
+      if (!P) continue;
+      const a = xToStep(P, xmin), b = xToStep(P, xmax);
+      if (a != null) from = Math.min(from, a);
+      if (b != null) to = Math.max(to, b);
+    }
+    if (!(to >= from)) return;
+    S.view = { from: Math.floor(from), to: Math.ceil(to), xmin, xmax };
+    for (const id in S.charts) S.charts[id].setScale("x", { min: xmin, max: xmax });
+    const view = S.view;
+    Promise.all(S.shown.map(async (i) => {
+      const p = await fetchSeries(i, view);
+      if (S.view === view && S.R[i]) S.R[i].zoom = cols(p);
+    })).then(() => scheduleRender(), note);
+  }
+
+  function resetZoom() {
+    if (!S.view) return;
+    S.view = null;
+    for (const i of S.shown) if (S.R[i]) S.R[i].zoom = null;
+    for (const id in S.charts) S.chartKeys[id] = null; // rebuild: auto-range x again
+    render();
+  }
+
+  // ------------------------------------------------------------------ panels
+
+  function statusOf(st) {
+    if (!st) return ["unknown", "no .state.json yet"];
+    const age = Date.now() / 1000 - (st.updated || 0);
+    const eng = st.engine || {};
+    if (st.status === "running") {
+      if (eng.alive && age < 120) return ["alive", "engine running"];
+      return ["stale", `no update for ${fmtDur(age)}`];
+    }
+    return [st.status || "unknown", st.message || ""];
+  }
+
+  function renderStatus() {
+    const box = $("status");
+    box.replaceChildren();
+    for (const idx of S.shown) {
+      const r = S.R[idx];
+      if (!r) continue;
+      const st = r.side.state;
+      const info = S.runs[idx] || {};
+      const [label, why] = statusOf(st);
+      const eng = (st && st.engine) || {};
+      const step = st && st.step != null ? st.step : dash.lastStep;
+      const maxSteps = (st && st.max_steps) || info.max_steps;
+      const rows = [
+        ["step", (step == null ? "–" : step.toLocaleString()) + (maxSteps ? " / " + maxSteps.toLocaleString() : "")],
+        ["last logged", lastLogged(r)],
+        ["ETA", st ? fmtDur(st.eta_s) : "–"],
+        ["phase", st ? `${st.phase} (${st.policy || "?"})` : "–"],
+        ["engine", [eng.kind, eng.device].filter(Boolean).join(" · ") || "–"],
+        ["memory", `engine ${fmtBytes(eng.mem_bytes)} · rss ${fmtBytes(eng.rss_bytes)}`],
+        ["tokens/s", st ? fmtSI(st.tokens_per_s) : "–"],
+        ["checkpoint", st && st.last_checkpoint ? String(st.last_checkpoint).split("/").pop() : "–"],
+        ["updated", st && st.updated ? fmtDur(Date.now() / 1000 - st.updated) + " ago" : "–"],
+      ];
+      const dl = el("dl");
+      for (const [k, v] of rows) dl.append(el("dt", null, k), el("dd", null, v));
+      box.append(el("div", { class: "card", style: `--c:${runColor(idx)}`, "data-run": idx },
+        el("h3", null, info.name || String(idx), el("span", { class: "pill " + label, title: why }, label)), dl));
+    }
+  }
+
+  function lastLogged(r) {
+    const t = r.tail.length ? r.tail[r.tail.length - 1] : null;
+    const base = r.overview;
+    const step = t ? t.step : lastStepOf(base);
+    const loss = t ? t.loss : base && base.n ? base.lossMean[base.n - 1] : null;
+    return step < 0 ? "–" : `step ${step.toLocaleString()} · loss ${fmtNum(loss, 4)}`;
+  }
+
+  function renderTables() {
+    renderStatus();
+    const r = S.R[S.focus];
+    const side = (r && r.side) || {};
+    const ph = $("phases").tBodies[0];
+    ph.replaceChildren();
+    if (Array.isArray(side.phases) && side.phases.length) {
+      for (const p of side.phases) {
+        const caps = p && p.caps && typeof p.caps === "object"
+          ? Object.entries(p.caps).map(([a, c]) => `${a} ≤ ${c}`).join(", ") : "";
+        ph.append(el("tr", { "data-step": p.start_step }, el("td", null, p.phase), el("td", null, p.start_step),
+          el("td", null, p.policy || ""), el("td", null, caps)));
+      }
+    } else ph.append(el("tr", null, el("td", { class: "empty", colspan: 4 }, "no phases.json yet")));
+
+    const ck = $("checkpoints").tBodies[0];
+    ck.replaceChildren();
+    const list = Array.isArray(side.checkpoints) ? side.checkpoints : [];
+    for (const c of list.slice(0, 500)) {
+      ck.append(el("tr", null, el("td", null, c.name), el("td", null, c.step == null ? "" : c.step),
+        el("td", null, fmtBytes(c.bytes)), el("td", null, fmtTime(c.mtime))));
+    }
+    if (!list.length) ck.append(el("tr", null, el("td", { class: "empty", colspan: 4 }, "no checkpoints yet")));
+
+    const sm = $("samples");
+    const audits = Array.isArray(side.samples) ? side.samples.slice().reverse() : [];
+    const key = JSON.stringify(audits.map((a) => [a.step, a.time]));
+    if (sm.dataset.key !== key) {
+      sm.dataset.key = key;
+      sm.replaceChildren();
+      for (const a of audits) {
+        const box = el("div", { class: "audit", "data-step": a.step },
+          el("h4", null, `step ${a.step == null ? "?" : a.step.toLocaleString()}` + (a.time ? " · " + fmtTime(a.time) : "")));
+        for (const s of a.samples || []) {
+          box.append(el("div", { class: "sample" }, el("span", { class: "prompt" }, s.prompt), s.completion));
+        }
+        sm.append(box);
+      }
+      if (!audits.length) sm.append(el("p", { class: "empty" }, "no sample audits yet"));
+    }
+  }
+
+  // ------------------------------------------------------------------ live
+
+  function connect() {
+    if (S.es) S.es.close();
+    const shown = S.shown.filter((i) => S.R[i]);
+    if (!shown.length) return;
+    const at = shown.map((i) => `${S.R[i].gen}.${S.R[i].offset}`).join(",");
+    const es = (S.es = new EventSource(`/api/stream?runs=${shown.join(",")}&at=${at}`));
+    const conn = $("conn");
+    es.onopen = () => { conn.textContent = "live"; conn.className = "conn live"; dash.connected = true; };
+    es.onerror = () => { conn.textContent = "reconnecting…"; conn.className = "conn off"; dash.connected = false; };
+    es.addEventListener("entries", (ev) => {
+      dash.events++;
+      const d = JSON.parse(ev.data);
+      const r = S.R[d.run];
+      if (!r) return;
+      if (d.generation !== r.gen) refreshOverview(r, true);
+      r.gen = d.generation;
+      r.offset = d.offset;
+      addTail(r, d.steps);
+      addEvals(r, d.evals);
+      if (r.tail.length > 2 * chartWidth()) refreshOverview(r, false);
+      scheduleRender();
+    });
+    es.addEventListener("sidecar", (ev) => {
+      const d = JSON.parse(ev.data);
+      const r = S.R[d.run];
+      if (!r) return;
+      r.side[d.kind] = d.value;
+      scheduleRender();
+    });
+    es.addEventListener("reset", (ev) => {
+      const d = JSON.parse(ev.data);
+      const r = S.R[d.run];
+      if (!r) return;
+      const hard = d.generation !== r.gen;
+      r.gen = d.generation;
+      r.offset = d.offset;
+      refreshOverview(r, hard);
+    });
+  }
+
+  // ------------------------------------------------------------------ setup
+
+  function readControls() {
+    S.xmode = $("xmode").value;
+    S.smooth = +$("smooth").value;
+    S.log = $("logscale").checked;
+    $("smooth-val").textContent = S.smooth.toFixed(3);
+  }
+
+  function buildPicker() {
+    const box = $("run-picker");
+    box.replaceChildren();
+    S.runs.forEach((r, i) => {
+      const cb = el("input", { type: "checkbox", value: i });
+      cb.checked = S.shown.includes(i);
+      cb.addEventListener("change", () => setShown(S.runs.map((_, k) => k).filter((k) =>
+        box.querySelector(`input[value="${k}"]`).checked)));
+      const sw = el("span", { class: "swatch" });
+      sw.style.background = S.shown.includes(i) ? runColor(i) : "#777";
+      box.append(el("label", { title: r.experiment || r.name }, cb, sw, r.name));
+    });
+    const fs = $("focus");
+    fs.replaceChildren();
+    for (const i of S.shown) {
+      const o = el("option", { value: i }, runName(i));
+      if (i === S.focus) o.selected = true;
+      fs.append(o);
+    }
+  }
+
+  async function setShown(list) {
+    S.shown = list.slice(0, MAX_SHOWN);
+    if (!S.shown.includes(S.focus)) S.focus = S.shown[0];
+    const q = new URLSearchParams(location.search);
+    q.set("runs", S.shown.join(","));
+    history.replaceState(null, "", "?" + q.toString());
+    buildPicker();
+    await Promise.all(S.shown.filter((i) => !S.R[i]).map(loadRun));
+    S.view = null;
+    render();
+    connect();
+  }
+
+  async function start() {
+    readControls();
+    for (const id of ["xmode", "smooth", "logscale"]) {
+      $(id).addEventListener(id === "smooth" ? "input" : "change", () => {
+        const xChanged = S.xmode !== $("xmode").value;
+        readControls();
+        if (xChanged) { S.view = null; for (const i of S.shown) if (S.R[i]) S.R[i].zoom = null; }
+        scheduleRender();
+      });
+    }
+    $("reset-zoom").addEventListener("click", resetZoom);
+    $("focus").addEventListener("change", () => { S.focus = +$("focus").value; scheduleRender(); });
+    let rt = null;
+    window.addEventListener("resize", () => {
+      clearTimeout(rt);
+      rt = setTimeout(() => {
+        for (const id in S.charts) {
+          const h = $(id);
+          S.charts[id].setSize({ width: Math.max(200, h.clientWidth), height: S.charts[id].height });
+        }
+      }, 150);
+    });
+    setInterval(renderStatus, 5000); // ages ("updated 5s ago") keep moving
+
+    S.runs = await getJSON("/api/runs");
+    const q = new URLSearchParams(location.search).get("runs");
+    let shown = q ? q.split(",").map(Number).filter((i) => Number.isInteger(i) && i >= 0 && i < S.runs.length)
+      : S.runs.map((_, i) => i);
+    if (!shown.length) shown = S.runs.length ? [0] : [];
+    S.focus = shown[0];
+    await setShown(shown);
+  }
+
+  // for tests and the curious: the current zoom
+  window.__dashboardZoom = () => ({
+    zoomed: !!S.view, from: S.view ? S.view.from : null, to: S.view ? S.view.to : null,
+    raw: !!S.view && S.shown.every((i) => S.R[i] && S.R[i].zoom && S.R[i].zoom.raw),
+  });
+
+  start().catch((e) => {
+    note(e);
+    $("conn").textContent = "error: " + e.message;
+  });
+})();

@@ -1,0 +1,112 @@
+"""Downsampling and the block store: spikes survive, replays win, memory stays small."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dashboard import downsample
+from dashboard.payload import round_sig
+from dashboard.run_index import RunIndex
+from dashboard.step_store import K
+
+
+def line(step: int, loss: float, **kw) -> str:
+    e = {"type": "step", "step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "tokens": step * 100,
+         "time": 1000.0 + step, "ms": 10.0, "mixture": {"a": 0.25, "b": 0.75}}
+    e.update(kw)
+    return json.dumps(e) + "\n"
+
+
+def write_log(root, n: int, spike_at: int | None = None) -> None:
+    with open(root / ".loss.json", "w") as f:
+        for s in range(1, n + 1):
+            f.write(line(s, 10.0 if s == spike_at else 2.0 + (s % 7) * 0.01))
+            if s % 100 == 0:
+                f.write(json.dumps({"type": "eval", "step": s, "loss": 2.5, "arms": {"a": 2.4, "b": 2.6},
+                                    "time": 1000.0 + s}) + "\n")
+
+
+def test_merge_keeps_min_and_max_and_mean():
+    n = 1000
+    vals = np.full((n, 1), 2.0)
+    vals[537, 0] = 9.0
+    vals[10, 0] = np.nan
+    agg = downsample.from_rows(np.arange(n), np.arange(n) * 10.0, np.arange(n) * 1.0, vals)
+    m = downsample.merge(agg, 10)
+    assert len(m) == 10 and m.rows.sum() == n
+    assert np.nanmax(m.vmax) == 9.0 and np.nanmin(m.vmin) == 2.0
+    assert m.vcnt.sum() == n - 1
+    assert m.step0[0] == 0 and m.step1[-1] == n - 1
+    assert abs(m.mean[5, 0] - (2.0 * 99 + 9.0) / 100) < 1e-12
+
+
+def test_round_sig_is_short_and_json_safe():
+    assert round_sig([4.103000164031982, 0.000600000028, float("nan"), float("inf"), 0.0, 123456789.0]) == \
+        [4.103, 0.0006, None, None, 0.0, 123457000.0]
+
+
+def test_spike_survives_every_zoom_level(tmp_path):
+    write_log(tmp_path, 20000, spike_at=12345)
+    run = RunIndex(0, "r", tmp_path)
+    run.refresh_log()
+    assert run.store.n_steps == 20000 and len(run.evals) == 200
+    for first, last, width in [(None, None, 50), (None, None, 1000), (12000, 13000, 100), (12340, 12350, 100)]:
+        p = run.series(first, last, width)
+        assert p["n"] <= width
+        top = p["loss"]["mean"] if p["raw"] else p["loss"]["max"]
+        assert max(v for v in top if v is not None) == 10.0, (first, last, width)
+
+
+def test_full_resolution_when_it_fits(tmp_path):
+    write_log(tmp_path, 5000)
+    run = RunIndex(0, "r", tmp_path)
+    run.refresh_log()
+    p = run.series(1000, 1399, 1000)
+    assert p["raw"] and p["step"] == list(range(1000, 1400))
+    assert p["mix"]["a"][0] == 0.25 and p["tok_s"][0] == 100 / 0.010
+
+
+def test_replayed_steps_last_entry_wins(tmp_path):
+    write_log(tmp_path, 3 * K + 5)
+    with open(tmp_path / ".loss.json", "a") as f:  # a replay after a crash, in a closed block and the open one
+        f.write(line(3, 7.5))
+        f.write(line(3 * K + 2, 8.5))
+    run = RunIndex(0, "r", tmp_path)
+    run.refresh_log()
+    assert run.store.n_steps == 3 * K + 5
+    p = run.series(None, None, 1000)
+    assert p["raw"]
+    by_step = dict(zip(p["step"], p["loss"]["mean"]))
+    assert by_step[3] == 7.5 and by_step[3 * K + 2] == 8.5 and len(p["step"]) == 3 * K + 5
+    # summaries of the dirty block are recomputed from the log: the old value is gone
+    p = run.series(None, None, 2)
+    assert max(p["loss"]["max"]) == 8.5
+    assert 7.5 <= max(p["loss"]["max"])
+
+
+def test_store_memory_is_small_per_step(tmp_path):
+    write_log(tmp_path, 40000)
+    run = RunIndex(0, "r", tmp_path)
+    run.refresh_log()
+    # summaries only: well under 20 bytes per step
+    assert run.store.nbytes() < 40000 * 20
+    assert len(run.store.open) <= K
+
+
+def test_garbage_types_and_values_are_skipped(tmp_path):
+    with open(tmp_path / ".loss.json", "w") as f:
+        f.write(line(1, 2.0))
+        f.write('{"type": "step", "step": "x", "loss": 1}\n')
+        f.write('{"type": "step", "step": -4, "loss": 1}\n')
+        f.write('{"type": "step", "step": true, "loss": 1}\n')
+        f.write('{"type": "step", "step": 2, "loss": "high", "mixture": {"a": "x", "": 1, "b": null}}\n')
+        f.write('{"type": "mystery", "step": 3}\n')
+        f.write('not json at all\n')
+        f.write(line(4, 2.0))
+    run = RunIndex(0, "r", tmp_path)
+    run.refresh_log()
+    p = run.series(None, None, 100)
+    assert p["step"] == [1, 2, 4]
+    assert p["loss"]["mean"][1] is None
+    json.dumps(p, allow_nan=False)

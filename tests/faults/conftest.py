@@ -1,0 +1,103 @@
+"""Fixtures of the fault-injection suite (tests/faults/).
+
+- The seed: FAULT_SEED (default scenarios.DEFAULT_SEED), shown in the header and
+  with every failure, so a failing run can be repeated with the same choices.
+- `record(outcome)`: every scenario's outcome is kept and, at the end of the
+  session, written as JSON to $FAULT_RESULTS (default
+  test-artifacts/faults/results.json); scripts/reliability_report.py turns it
+  into the table of docs/RELIABILITY.md.
+- `proxy_env`: the tiny fault experiment, its data, and one uninterrupted run
+  of it (the reference every proxy-level scenario is compared with).
+- `stopped_run`: a copy-on-use template of that experiment stopped halfway by
+  SIGTERM, for the scenarios that damage a run directory and relaunch.
+
+A missing engine binary is a failure with a clear message, never a skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import pytest
+
+from . import scenarios
+
+_OUTCOMES: list[dict] = []
+_TEST_RESULTS: dict[str, str] = {}
+_STARTED = time.time()
+
+
+def pytest_report_header(config):
+    return [f"fault injection: FAULT_SEED={scenarios.fault_seed()} (set FAULT_SEED to change or reproduce)"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if not item.nodeid.startswith("tests/faults/") and "/faults/" not in str(item.fspath):
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _TEST_RESULTS[item.nodeid] = report.outcome
+    if report.failed:
+        seed = scenarios.fault_seed()
+        report.sections.append(("fault seed", f"FAULT_SEED={seed}\nreproduce: FAULT_SEED={seed} "
+                                              f"python -m pytest '{item.nodeid}'"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _OUTCOMES and not _TEST_RESULTS:
+        return
+    path = Path(os.environ.get(scenarios.RESULTS_ENV) or scenarios.DEFAULT_RESULTS)
+    for o in _OUTCOMES:
+        o["test_outcome"] = _TEST_RESULTS.get(o["test"], "unknown")
+    doc = {
+        "seed": scenarios.fault_seed(),
+        "started": _STARTED,
+        "seconds": round(time.time() - _STARTED, 1),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "engine": str(scenarios.ENGINE)},
+        "tests": _TEST_RESULTS,
+        "outcomes": _OUTCOMES,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        os.replace(tmp, path)
+    except OSError as exc:  # the results are a by-product; never fail the session over them
+        print(f"\nfaults: cannot write {path}: {exc}")
+
+
+@pytest.fixture(scope="session")
+def engine_bin() -> Path:
+    engine = scenarios.ENGINE
+    if not engine.is_file() or not os.access(engine, os.X_OK):
+        pytest.fail(f"engine binary {engine} not found or not executable: build it with `make cpu` "
+                    f"(or point MICROGPT_ENGINE at an engine)", pytrace=False)
+    return engine
+
+
+@pytest.fixture
+def record(request):
+    """record(outcome): keep the outcome for the results file, then return it."""
+    def _record(outcome: scenarios.Outcome) -> scenarios.Outcome:
+        outcome.close()
+        d = outcome.to_dict()
+        d["test"] = request.node.nodeid
+        _OUTCOMES.append(d)
+        return outcome
+    return _record
+
+
+@pytest.fixture(scope="session")
+def proxy_env(engine_bin, tmp_path_factory) -> scenarios.ProxyEnv:
+    return scenarios.prepare_proxy_env(tmp_path_factory.mktemp("faults-proxy"))
+
+
+@pytest.fixture(scope="session")
+def stopped_run(proxy_env, tmp_path_factory) -> Path:
+    """A run of the fault experiment stopped at step >= 20 by SIGTERM (copy it before damaging it)."""
+    return scenarios.make_partial_run(proxy_env, tmp_path_factory.mktemp("faults-stopped") / "run")

@@ -1,0 +1,38 @@
+"""Signals and misbehaving engines: SIGTERM inside a checkpoint write, SIGUSR1 storms, a hung
+(SIGSTOPped) engine, an engine in a crash loop."""
+from __future__ import annotations
+
+import shutil
+
+from . import scenarios
+
+
+def test_engine_sigterm_inside_checkpoint_write(engine_bin, tmp_path, record):
+    out = record(scenarios.engine_sigterm_in_write(tmp_path))
+    out.check()
+    shutil.rmtree(tmp_path / "ck")  # ~200 MB of checkpoints; kept only when the test fails
+
+
+def test_engine_sigusr1_storm(engine_bin, tmp_path, record):
+    out = record(scenarios.engine_sigusr1_storm(tmp_path))
+    out.check()
+
+
+def test_proxy_sigusr1_storm(proxy_env, tmp_path, record):
+    out = record(scenarios.proxy_sigusr1_storm(proxy_env, tmp_path))
+    out.check()
+
+
+def test_engine_sigstop_then_sigcont(engine_bin, tmp_path, record):
+    out = record(scenarios.engine_sigstop(tmp_path))
+    out.check()
+
+
+def test_proxy_kills_and_restarts_a_hung_engine(proxy_env, stopped_run, tmp_path, record):
+    out = record(scenarios.proxy_hung_engine(proxy_env, stopped_run, tmp_path))
+    out.check()
+
+
+def test_proxy_stops_a_crash_loop(proxy_env, stopped_run, tmp_path, record):
+    out = record(scenarios.proxy_crash_loop(proxy_env, stopped_run, tmp_path))
+    out.check()

@@ -1,4 +1,4 @@
-"""`proxy` / `python -m proxy`: run, status, checkpoint, stop, dashboard (docs/CLI.md).
+"""`proxy` / `python -m proxy`: run, status, checkpoint, stop, pivot, fork, dashboard (docs/CLI.md).
 
 Every bad input ends with one line on stderr and a non-zero exit, never a
 traceback. Exit codes: 0 done (finished, stopped, already finished);
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="train an experiment (relaunch the same command to resume)")
-    run.add_argument("experiment", metavar="EXPERIMENT.json", help="the experiment file")
+    run.add_argument("experiment", metavar="EXPERIMENT.json", nargs="?",
+                     help="the experiment file (default: the one frozen in --run-dir, e.g. a fork's)")
     run.add_argument("--run-dir", metavar="DIR", help="run directory (default runs/<experiment name>)")
     run.add_argument("--engine", metavar="cpu|cuda|PATH",
                      help="engine binary (default: cuda when a GPU is visible and built, else cpu)")
@@ -92,6 +93,25 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
                       help="how long to wait for the proxy to exit (default 600)")
 
+    pivot = sub.add_parser("pivot", help="start a new phase with new caps and floors (a live or a stopped run)")
+    pivot.add_argument("--caps", metavar="NEW.json", required=True,
+                       help="caps file: {\"caps\": {arm: x}, \"floors\": {arm: y}, \"policy\": \"ucb1\"|\"exp3\"} "
+                       "(docs/EXPERIMENTS.md, \"Caps files\")")
+    pivot.add_argument("--run-dir", metavar="DIR", help="default: the most recently active run under runs/")
+    pivot.add_argument("--at", type=int, metavar="STEP",
+                       help="stopped run only: pivot at the newest valid checkpoint at or before STEP "
+                       "(default: the newest valid checkpoint the log covers)")
+    pivot.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
+                       help="live run: how long to wait for the proxy's answer (default 600)")
+
+    fork = sub.add_parser("fork", help="a new run directory continuing DIR's run from its checkpoint at STEP")
+    fork.add_argument("--run-dir", metavar="DIR", required=True, help="the run to fork (never modified)")
+    fork.add_argument("--at", type=int, metavar="STEP", required=True,
+                      help="fork at this step's checkpoint (or the nearest older valid one)")
+    fork.add_argument("--to", metavar="NEW_DIR", required=True, help="the new run directory (must not exist, "
+                      "or be empty)")
+    fork.add_argument("--caps", metavar="NEW.json", help="start the fork with a new phase from this caps file")
+
     sub.add_parser("dashboard", help="serve the read-only dashboard (proxy dashboard --help)", add_help=False)
     return parser
 
@@ -106,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        handler = {"run": cmd_run, "status": cmd_status, "checkpoint": cmd_checkpoint, "stop": cmd_stop}
+        handler = {"run": cmd_run, "status": cmd_status, "checkpoint": cmd_checkpoint, "stop": cmd_stop,
+                   "pivot": cmd_pivot, "fork": cmd_fork}
         return handler[args.command](args)
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
@@ -136,6 +157,15 @@ def cmd_run(args) -> int:
         raise _CommandError("--max-failures must be at least 1", EXIT_USAGE)
     options = SupervisorOptions(hang_timeout=args.hang_timeout, max_failures=args.max_failures,
                                 backoff_s=args.restart_backoff)
+    if args.experiment is None:  # `proxy run --run-dir DIR`: the experiment frozen there (a fork, a pivot)
+        if not args.run_dir:
+            raise _CommandError("proxy run: give EXPERIMENT.json, or --run-dir DIR of an existing run "
+                                "(see proxy run --help)", EXIT_USAGE)
+        frozen = Path(args.run_dir) / "experiment.json"
+        if not frozen.is_file():
+            raise _CommandError(f"{args.run_dir}: not a run directory (no experiment.json); give "
+                                "EXPERIMENT.json to start a new run", EXIT_USAGE)
+        args.experiment = str(frozen)
     request = RunRequest(experiment_path=Path(args.experiment), run_dir=Path(args.run_dir) if args.run_dir else None,
                          engine=args.engine, allow_experiment_change=args.allow_experiment_change,
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options)
@@ -273,13 +303,39 @@ def cmd_stop(args) -> int:
     raise _CommandError(f"proxy pid {pid} did not exit within {args.timeout:.0f}s (it may still be checkpointing)")
 
 
+# ---------------------------------------------------------------- pivot, fork
+
+def cmd_pivot(args) -> int:
+    from .pivot import PivotError, pivot
+
+    run = _resolve_run(args.run_dir)
+    try:
+        return pivot(run, Path(args.caps), at=args.at, timeout=args.timeout)
+    except PivotError as exc:
+        raise _CommandError(str(exc), exc.code) from None
+    except OSError as exc:
+        raise _CommandError(f"pivot of {run.root}: {exc}") from None
+
+
+def cmd_fork(args) -> int:
+    from .fork import ForkError, fork
+
+    run = _resolve_run(args.run_dir)
+    try:
+        return fork(run, args.at, Path(args.to), Path(args.caps) if args.caps else None)
+    except ForkError as exc:
+        raise _CommandError(str(exc), exc.code) from None
+    except OSError as exc:
+        raise _CommandError(f"fork of {run.root}: {exc}") from None
+
+
 # ---------------------------------------------------------------- status
 
 def status_report(run) -> dict:
     """Everything `proxy status` shows, as a dict (also `--json`)."""
     from .checkpoint_file import list_checkpoints
     from .loss_log import EvalEntry, StepEntry, read_tail
-    from .run_dir import lock_owner
+    from .run_dir import RunDirError, lock_owner, read_phases
     from .sidecars import read_state
 
     state = read_state(run.state) or {}
@@ -306,6 +362,11 @@ def status_report(run) -> dict:
         rate = (window[-1].tokens - window[0].tokens) / dt
         per_step = dt / max(1, window[-1].step - window[0].step)
         eta = max(0, max_steps - window[-1].step) * per_step
+    try:
+        phases = read_phases(run)
+    except RunDirError:
+        phases = []
+    current = phases[-1] if phases else None
     owner = lock_owner(run)
     ckpts = list_checkpoints(run.checkpoints)
     newest = ckpts[0] if ckpts else None
@@ -324,7 +385,12 @@ def status_report(run) -> dict:
         "mixture": last.mixture if last else {},
         "last_checkpoint": str(newest) if newest else None,
         "last_checkpoint_age_s": time.time() - newest.stat().st_mtime if newest else None,
-        "best": state.get("best"), "phase": state.get("phase", 0), "segment": state.get("segment"),
+        "best": state.get("best"), "phase": current.phase if current else state.get("phase", 0),
+        "phase_start_step": current.start_step if current else 0,
+        "policy": current.policy if current else state.get("policy"),
+        "caps": current.caps if current else None, "floors": current.floors if current else None,
+        "phases": [{"phase": p.phase, "start_step": p.start_step, "policy": p.policy} for p in phases],
+        "segment": state.get("segment"),
         "restarts": state.get("restarts", 0),
         "engine": {k: engine.get(k) for k in ("kind", "device", "pid", "alive", "rss_bytes", "cpu_percent")}
         if owner else None,
@@ -362,7 +428,16 @@ def _fmt_status(r: dict) -> str:
     if r.get("best") and r["best"].get("step") is not None:
         loss = r["best"].get("loss")
         lines.append(f"best:        step {r['best']['step']}" + (f", val loss {loss:.4f}" if loss is not None else ""))
-    lines.append(f"phase:       {r['phase']}, segment {r['segment']}, engine restarts {r['restarts']}")
+    about = [r["policy"]] if r.get("policy") else []
+    if r.get("phase"):
+        about.append(f"pivot at step {r['phase_start_step']}")
+    about = f" ({', '.join(about)})" if about else ""
+    lines.append(f"phase:       {r['phase']}{about}, segment {r['segment']}, engine restarts {r['restarts']}")
+    if r.get("caps"):
+        lines.append("caps:        " + ", ".join(f"{k} {r['floors'].get(k, 0):g}..{v:g}" for k, v in r["caps"].items()))
+    if len(r.get("phases") or []) > 1:
+        lines.append("pivots:      " + ", ".join(f"phase {p['phase']} at step {p['start_step']} ({p['policy']})"
+                                                 for p in r["phases"][1:]))
     if r["replay_mismatches"]:
         lines.append(f"WARNING:     {r['replay_mismatches']} replayed step(s) differed from the first run "
                      "(a determinism bug; see replay_mismatches in .state.json)")

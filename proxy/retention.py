@@ -27,9 +27,12 @@ class RetentionPolicy:
 
 
 def plan_retention(steps: list[int], policy: RetentionPolicy, protected: set[int]) -> list[int]:
-    """The steps to delete, oldest first. Pure."""
+    """The steps to delete, oldest first. Pure. keep_last 0 keeps every checkpoint
+    (docs/EXPERIMENTS.md), as the engine's --keep-last 0 does."""
+    if policy.keep_last <= 0:
+        return []
     ordered = sorted(set(steps))
-    keep = set(ordered[-policy.keep_last:]) if policy.keep_last > 0 else set()
+    keep = set(ordered[-policy.keep_last:])
     keep |= {s for s in ordered if policy.is_milestone(s)}
     keep |= set(protected)
     return [s for s in ordered if s not in keep]

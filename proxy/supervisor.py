@@ -73,6 +73,15 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+def _count_field(snapshot: dict, key: str, default: int) -> int:
+    """A non-negative count carried over from an old .state.json; anything else (a
+    hand-edited or corrupt value) is ignored, since the snapshot is never trusted."""
+    value = snapshot.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default
+
+
 def fresh_bandit(experiment, phase: Phase, arm_names: list[str]):
     """A new bandit for `phase` (the seam a pivot uses). Arms the phase does not name keep the
     experiment's cap and floor; names the experiment does not define are dropped."""
@@ -114,11 +123,15 @@ class ResumePoint:
     skipped: list[str] = field(default_factory=list)  # why newer checkpoints were passed over
 
 
-def choose_resume(checkpoint_dir: Path, index: LossLogIndex, phase: Phase, rejected: set[str]) -> ResumePoint:
-    """The newest checkpoint that verifies and whose phase steps are all in the log."""
+def choose_resume(checkpoint_dir: Path, index: LossLogIndex, phase: Phase, rejected: set[str],
+                  at_most: int | None = None) -> ResumePoint:
+    """The newest checkpoint that verifies and whose phase steps are all in the log
+    (with `at_most`: the newest such one at or before that step; `proxy pivot --at`)."""
     skipped = []
     for path in list_checkpoints(checkpoint_dir):
         step = checkpoint_step(path)
+        if at_most is not None and step > at_most:
+            continue
         if str(path) in rejected:
             skipped.append(f"{path.name}: rejected by the engine earlier")
             continue
@@ -138,8 +151,9 @@ def choose_resume(checkpoint_dir: Path, index: LossLogIndex, phase: Phase, rejec
         raise SupervisorError(f"the engine rejected every checkpoint it was offered ({'; '.join(skipped)}); "
                               f"see the engine's reason in its log", EXIT_FAILURE)
     if phase.start_step > 0:
+        upto = f" and at or before step {at_most}" if at_most is not None else ""
         raise SupervisorError(f"no valid checkpoint at or after step {phase.start_step}, where phase "
-                              f"{phase.phase} starts ({'; '.join(skipped) or 'none found'})")
+                              f"{phase.phase} starts{upto} ({'; '.join(skipped) or 'none found'})")
     return ResumePoint(None, 0, skipped)
 
 
@@ -251,6 +265,8 @@ class Supervisor:
         self.best_loss: float | None = None
         self.stop_requests = 0
         self.ckpt_requests = 0
+        self.pivot_signals = 0  # SIGUSR2: `proxy pivot` left a request in RUN/.pivot_request.json
+        self.pivot_job: tuple | None = None  # (request, caps, floors, policy) while a pivot is under way
         self.last_state_write = 0.0
         self.status = "running"
         self.message: str | None = None
@@ -284,8 +300,8 @@ class Supervisor:
         mismatches = prev.get("replay_mismatches")
         if isinstance(mismatches, list):
             self.mismatches = [m for m in mismatches if isinstance(m, dict)][-50:]
-        self.mismatch_count = int(prev.get("replay_mismatch_count") or len(self.mismatches))
-        self.restarts = int(prev.get("restarts") or 0)
+        self.mismatch_count = _count_field(prev, "replay_mismatch_count", len(self.mismatches))
+        self.restarts = _count_field(prev, "restarts", 0)
         arms = prev.get("arms")
         if isinstance(arms, dict):
             unknown = sorted(set(arms) - set(self.arm_names))
@@ -314,12 +330,117 @@ class Supervisor:
     def _on_checkpoint_signal(self, signum, _frame) -> None:
         self.ckpt_requests += 1
 
+    def _on_pivot_signal(self, signum, _frame) -> None:
+        self.pivot_signals += 1
+
     def _install_signals(self) -> dict:
         old = {}
         for sig, handler in ((signal.SIGTERM, self._on_stop_signal), (signal.SIGINT, self._on_stop_signal),
-                             (signal.SIGUSR1, self._on_checkpoint_signal)):
+                             (signal.SIGUSR1, self._on_checkpoint_signal), (signal.SIGUSR2, self._on_pivot_signal)):
             old[sig] = signal.signal(sig, handler)
+        # requests that came while the run was starting (start_run catches them early)
+        self.ckpt_requests += _EARLY_SIGNALS.pop(signal.SIGUSR1, 0)
+        self.pivot_signals += _EARLY_SIGNALS.pop(signal.SIGUSR2, 0)
         return old
+
+    # ------------------------------------------------------------ pivots (proxy/pivot.py)
+    def _take_pivot_requests(self, refuse: str | None = None) -> bool:
+        """Claim the request SIGUSR2 announced and accept it (True) or refuse it (`refuse`: why)."""
+        from .pivot import PivotError, answer_request, check_request, claim_request
+
+        accepted = False
+        while self.pivot_signals:
+            self.pivot_signals -= 1
+            request = claim_request(self.run)
+            if request is None:
+                self.warn("SIGUSR2 but no pivot request in the run directory; ignored")
+                continue
+            why = refuse
+            if why is None and self.pivot_job is not None:
+                why = f"another pivot (request {self.pivot_job[0].get('id')}) is being applied"
+            if why is None:
+                try:
+                    caps, floors, policy = check_request(request, self.experiment)
+                except PivotError as exc:
+                    why = str(exc)
+            if why is not None:
+                self.warn(f"pivot refused: {why}")
+                answer_request(self.run, request, False, f"{why}; nothing changed")
+                continue
+            self.pivot_job = (request, caps, floors, policy)
+            accepted = True
+        return accepted
+
+    def _refuse_pivots(self, why: str) -> None:
+        from .pivot import answer_request
+
+        if self.pivot_job is not None:
+            answer_request(self.run, self.pivot_job[0], False, f"{why}; nothing changed")
+            self.pivot_job = None
+        if self.pivot_signals:
+            self._take_pivot_requests(refuse=why)
+
+    def _start_pivot(self, seg: Segment) -> None:
+        """Stop feeding; STOP makes the engine train what is in flight, checkpoint and exit."""
+        if seg.stop_sent or self.stop_requests:
+            request = self.pivot_job[0]
+            self.pivot_job = None
+            from .pivot import answer_request
+            why = ("the run is finishing (its last step is in flight)" if seg.next_step > self.max_steps
+                   else "the run is stopping")
+            self.warn(f"pivot refused: {why}")
+            answer_request(self.run, request, False, f"{why}; nothing changed")
+            return
+        seg.stop_sent = True
+        seg.outstanding.append(Outstanding("stop", 0))
+        seg.engine.send(frames.stop_frame())
+        self.say(f"pivot requested: the engine finishes step {seg.next_step - 1}, checkpoints and exits; "
+                 "the new phase starts from that checkpoint")
+
+    def _finish_pivot(self, seg: Segment, outcome: str) -> str:
+        """After the segment a pivot stopped: apply it at the engine's last checkpoint."""
+        from .pivot import answer_request, apply_pivot, relative_checkpoint
+
+        request, caps, floors, policy = self.pivot_job
+        self.pivot_job = None
+        if outcome != "stopped":  # a clean exit checkpoints its last step, whatever asked for it
+            why = {"finished": "the run reached max_steps first"}.get(
+                outcome, f"the engine failed before its pivot checkpoint ({seg.last_error or outcome})")
+            self.warn(f"pivot not applied: {why}")
+            answer_request(self.run, request, False, f"{why}; nothing changed")
+            return outcome
+        k = seg.last_step
+        path = step_path(self.run.checkpoints, k)
+        reason = verify_checkpoint(path) if path.exists() else f"{path.name}: missing"
+        if reason is not None:
+            self.warn(f"pivot not applied: the checkpoint at step {k} does not verify ({reason})")
+            answer_request(self.run, request, False, f"the checkpoint at step {k} does not verify ({reason}); "
+                           "nothing changed")
+            return "stopped" if self.stop_requests else "resume"
+        self.last_ckpt_step, self.last_ckpt_path = k, str(path)
+        self._write_state(force=True)  # the state archived is the old phase's, at the pivot step
+        before = len(self.phases)
+        try:
+            result = apply_pivot(self.run, k, caps, floors, policy, relative_checkpoint(k))
+        except OSError as exc:
+            applied = len(read_phases(self.run)) > before
+            self.warn(f"pivot at step {k}: {exc}" + ("" if applied else "; not applied"))
+            answer_request(self.run, request, applied, f"pivot at step {k}: {exc}"
+                           + ("" if applied else "; nothing changed"))
+            if applied:
+                self.adopt_phases()
+            return "stopped" if self.stop_requests else "resume"
+        self.adopt_phases()
+        self.samples = SamplesFile(self.run.samples, self.opts.samples_kept)
+        self.bandit, self.caps, self.floors = fresh_bandit(self.experiment, self.phase, self.arm_names)
+        self.message = None
+        self._write_state(force=True)
+        self._apply_retention()
+        answer_request(self.run, request, True, result.message(self.run),
+                       **{k2: v for k2, v in result.response(self.run, request.get("id")).items()
+                          if k2 not in ("id", "ok", "message")})
+        self.say(result.message(self.run))
+        return "stopped" if self.stop_requests else "pivoted"
 
     def adopt_phases(self) -> Phase:
         """Re-read phases.json and make its last phase current (the seam `proxy pivot` uses
@@ -345,6 +466,7 @@ class Supervisor:
                 self._shutdown_engine(self.segment)
             self.writer.close()
             self._write_state(force=True)
+            self._refuse_pivots("the proxy is exiting")
             for sig, handler in old.items():
                 signal.signal(sig, handler)
 
@@ -355,6 +477,10 @@ class Supervisor:
                 self.say(f"stopped at step {self._last_step()} (no engine running)")
                 return EXIT_OK
             outcome = self._run_segment()
+            if self.pivot_job is not None:
+                outcome = self._finish_pivot(self.segment, outcome)
+            if outcome in ("pivoted", "resume"):  # a new segment: the new phase, or the same one again
+                continue
             if outcome == "finished":
                 self.status = "finished"
                 self.message = f"finished at step {self.max_steps}"
@@ -392,6 +518,10 @@ class Supervisor:
             self._write_state(force=True)
             end = time.monotonic() + delay
             while time.monotonic() < end and not self.stop_requests:
+                if self.pivot_signals:
+                    self._take_pivot_requests(refuse=f"the engine is restarting after a failure (failure "
+                                              f"{self.failures} of {self.opts.max_failures}); try again once "
+                                              "it is training")
                 time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     def _last_step(self) -> int:
@@ -422,7 +552,8 @@ class Supervisor:
                 self.warn(f".loss.json names arm(s) {', '.join(sorted(extra))} that the experiment does not "
                           "define; dropped from the bandit's replay")
                 self.dropped_arms |= extra
-            bandit.observe(t, arms)
+            # the mixture step t was drawn from (exp3 weights its rewards by it), as logged
+            bandit.observe(t, arms, mixture=entry.mixture)
             if t + self.lag > c:
                 pending[t + self.lag] = np.array(bandit.weights(), dtype=np.float64, copy=True)
         self.bandit = bandit
@@ -540,7 +671,8 @@ class Supervisor:
         every_eval, every_sample = int(self.train.eval_every), int(self.train.sample_every)
         if every_eval and (final or c % every_eval == 0) and seg.replay_index.eval(c) is None:
             self._send_evals(seg, c)
-        if self.prompts and every_sample and (final or c % every_sample == 0) \
+        pivot_point = self.phase.phase > 0 and c == self.phase.start_step  # audits there were archived
+        if self.prompts and every_sample and (final or c % every_sample == 0) and not pivot_point \
                 and all(a.step != c for a in self.samples.audits):
             self._send_samples(seg, c)
 
@@ -559,6 +691,8 @@ class Supervisor:
             else:
                 self.warn("third stop request: killing the engine")
                 self._kill(seg)
+        if self.pivot_signals and self._take_pivot_requests():
+            self._start_pivot(seg)
         while self.ckpt_requests:
             self.ckpt_requests -= 1
             if not seg.stop_sent:
@@ -677,7 +811,7 @@ class Supervisor:
         if t <= seg.replay_through:
             self._compare(seg, entry)
         seg.last_step = t
-        self.bandit.observe(t, arms)
+        self.bandit.observe(t, arms, mixture=entry.mixture)  # the same floats replay reads back
         seg.pending_weights[t + self.lag] = np.array(self.bandit.weights(), dtype=np.float64, copy=True)
         self.last_loss = entry.loss
         self.smoothed = entry.loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * entry.loss
@@ -913,7 +1047,28 @@ class RunRequest:
     options: SupervisorOptions = field(default_factory=SupervisorOptions)
 
 
+_EARLY_SIGNALS: dict[int, int] = {}
+
+
+def _early_signal(signum, _frame) -> None:
+    _EARLY_SIGNALS[signum] = _EARLY_SIGNALS.get(signum, 0) + 1
+
+
 def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
+    """`proxy run` (see _start_run). SIGUSR1 and SIGUSR2 (`proxy checkpoint`, `proxy pivot`) may come
+    as soon as the lock names this process: until the supervisor takes them over they are counted,
+    never fatal (their default action would end the process)."""
+    _EARLY_SIGNALS.clear()
+    old = {sig: signal.signal(sig, _early_signal) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        return _start_run(request, on_started, out, err)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        _EARLY_SIGNALS.clear()  # a pivot request left unclaimed: `proxy pivot` sees the lock go and withdraws it
+
+
+def _start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
     """`proxy run`: everything from the experiment file to the exit code.
 
     `on_started(run_dir)` is called once the run directory is locked and the

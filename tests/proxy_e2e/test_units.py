@@ -75,7 +75,8 @@ def test_retention_plan():
     delete = plan_retention(steps, policy, protected={700})
     kept = sorted(set(steps) - set(delete))
     assert kept == [700, 1000, 2000, 2300, 2400, 2500]
-    assert plan_retention(steps, RetentionPolicy(keep_last=0, milestone_every=0), protected={2500}) == steps[:-1]
+    # keep_last 0 means keep every checkpoint (docs/EXPERIMENTS.md), never "keep none"
+    assert plan_retention(steps, RetentionPolicy(keep_last=0, milestone_every=0), protected={2500}) == []
 
 
 def test_lock_is_exclusive_and_reports_the_owner(tmp_path):

@@ -67,6 +67,21 @@ typedef struct {
 } GemmScratch;
 
 static void pack_a(const float *A, long as_m, long as_k, int i0, int mc, int k0, int kc, int M, float *ap) {
+    if (as_m == 1) {
+        // A stored transposed (a weight gradient's dout^T): read MR contiguous
+        // floats per k instead of striding down a column.
+        for (int p = 0; p < mc; p += MR) {
+            float *dst = ap + (size_t)p * kc;
+            int rows = M - (i0 + p) < MR ? M - (i0 + p) : MR;
+            for (int k = 0; k < kc; k++) {
+                const float *src = A + (long)(k0 + k) * as_k + i0 + p;
+                int i = 0;
+                for (; i < rows; i++) dst[k * MR + i] = src[i];
+                for (; i < MR; i++) dst[k * MR + i] = 0.0f;
+            }
+        }
+        return;
+    }
     for (int p = 0; p < mc; p += MR) {
         float *dst = ap + (size_t)p * kc;
         for (int i = 0; i < MR; i++) {
@@ -198,6 +213,40 @@ static void gemm(GemmScratch *gs, int M, int N, int K, const float *A, long as_m
     }
 }
 
+// The same product on one thread with its own packing buffers, for the many
+// small per-(batch, head) products of attention, which threads split among
+// themselves. With causal set, C is only needed on and below the diagonal
+// (j <= i): micro-tiles wholly above it are skipped and hold garbage.
+typedef struct {
+    float *bpack;  // KC * NC
+    float *apack;  // MC * KC
+} GemmThreadBuffers;
+
+static void gemm_serial(const GemmThreadBuffers *buf, int M, int N, int K, const float *A, long as_m, long as_k,
+                        const float *Bm, long bs_k, long bs_n, float *C, long ldc, int causal) {
+    for (int j0 = 0; j0 < N; j0 += NC) {
+        int nc = N - j0 < NC ? N - j0 : NC, n_panels = (nc + NR - 1) / NR;
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            int kc = K - k0 < KC ? K - k0 : KC, first = k0 == 0;
+            for (int q = 0; q < n_panels; q++)
+                pack_b_panel(Bm, bs_k, bs_n, j0 + q * NR, k0, kc, N, buf->bpack + (size_t)q * NR * kc);
+            for (int i0 = 0; i0 < M; i0 += MC) {
+                int mc = M - i0 < MC ? M - i0 : MC;
+                pack_a(A, as_m, as_k, i0, (mc + MR - 1) / MR * MR, k0, kc, M, buf->apack);
+                for (int q = 0; q < n_panels; q++) {
+                    int jj = j0 + q * NR, nr = N - jj < NR ? N - jj : NR;
+                    for (int p = 0; p < mc; p += MR) {
+                        int mr = mc - p < MR ? mc - p : MR;
+                        if (causal && jj > i0 + p + mr - 1) continue;
+                        micro_kernel(kc, buf->apack + (size_t)p * kc, buf->bpack + (size_t)q * NR * kc,
+                                     C + (long)(i0 + p) * ldc + jj, ldc, mr, nr, first);
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // The engine's state: parameters, gradients, Adam moments, activations.
 
@@ -227,7 +276,8 @@ typedef struct {
     float *dqkv;      // [BT, 3C]
     float *datty;     // [BT, C]
     float *dfch;      // [BT, 4C]
-    float *datt_row;  // [threads, T] per-thread scratch
+    float *dscores;   // [threads, T, T] per-thread attention score gradients
+    GemmThreadBuffers *thread_gemm;  // [threads]
 } Scratch;
 
 typedef struct {
@@ -294,7 +344,12 @@ static size_t cpu_init(void *impl, const MgConfig *cfg) {
     s->dqkv = cpu_alloc(e, BT * 3 * C);
     s->datty = cpu_alloc(e, BT * C);
     s->dfch = cpu_alloc(e, BT * 4 * C);
-    s->datt_row = cpu_alloc(e, (size_t)e->threads * T);
+    s->dscores = cpu_alloc(e, (size_t)e->threads * T * T);
+    s->thread_gemm = (GemmThreadBuffers *)mg_malloc((size_t)e->threads * sizeof(GemmThreadBuffers));
+    for (int t = 0; t < e->threads; t++) {
+        s->thread_gemm[t].bpack = cpu_alloc(e, (size_t)KC * NC);
+        s->thread_gemm[t].apack = cpu_alloc(e, (size_t)MC * KC);
+    }
     e->gs.threads = e->threads;
     e->gs.bpack = cpu_alloc(e, (size_t)KC * NC);
     e->gs.apack = (float **)mg_malloc((size_t)e->threads * sizeof(float *));
@@ -453,96 +508,162 @@ static void matmul_backward(Cpu *e, float *dx, float *dW, float *db, const float
 }
 
 // Causal self-attention. qkv rows are [q | k | v], each C wide, heads
-// contiguous (hd = C/H). Saves the probabilities for the backward.
+// contiguous (hd = C/H). Each (batch, head) is one thread's work, done as
+// small matmuls through gemm_serial: scores S = Q K^T (tiles above the
+// diagonal skipped), a causal softmax in place (zeros above the diagonal, so
+// the next product can run over the whole square), then Y = P V. The
+// probabilities P are saved for the backward.
+static void attention_softmax_rows(float *p, int T, float scale) {
+    for (int t = 0; t < T; t++) {
+        float *row = p + (size_t)t * T;
+        float maxv = -INFINITY;
+        for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
+        float sum = 0.0f;
+        #pragma omp simd reduction(+:sum)
+        for (int t2 = 0; t2 <= t; t2++) { row[t2] = fast_expf(row[t2] - maxv); sum += row[t2]; }
+        float inv = 1.0f / sum;
+        for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+        for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
+    }
+}
+
 static void attention_forward(Cpu *e, float *y, float *att, const float *qkv, int B, int T) {
     int C = e->C, H = e->H, hd = C / H, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for collapse(3) schedule(static) num_threads(e->threads)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hd;
-                float *p = att + (((size_t)b * H + h) * T + t) * T;
-                float maxv = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hd;
-                    float dot = 0.0f;
-                    #pragma omp simd reduction(+:dot)
-                    for (int i = 0; i < hd; i++) dot += q[i] * k[i];
-                    dot *= scale;
-                    p[t2] = dot;
-                    if (dot > maxv) maxv = dot;
-                }
-                float sum = 0.0f;
-                #pragma omp simd reduction(+:sum)
-                for (int t2 = 0; t2 <= t; t2++) { p[t2] = fast_expf(p[t2] - maxv); sum += p[t2]; }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 <= t; t2++) p[t2] *= inv;
-                float *out = y + ((size_t)b * T + t) * C + h * hd;
-                for (int i = 0; i < hd; i++) out[i] = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
-                    float w = p[t2];
-                    for (int i = 0; i < hd; i++) out[i] += w * v[i];
-                }
-            }
-}
-
-// dk and dv of a position collect contributions from every later query, so a
-// (batch, head) pair is one thread's work, walked in a fixed order.
-static void attention_backward(Cpu *e, float *dqkv, const float *dy, const float *qkv, const float *att, int B, int T) {
-    int C = e->C, H = e->H, hd = C / H, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hd);
-    memset(dqkv, 0, (size_t)B * T * C3 * sizeof(float));
     #pragma omp parallel for collapse(2) schedule(static) num_threads(e->threads)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
-            float *datt = e->s.datt_row + (size_t)omp_get_thread_num() * e->T;
+            const GemmThreadBuffers *buf = &e->s.thread_gemm[omp_get_thread_num()];
+            const float *q = qkv + (size_t)b * T * C3 + h * hd, *k = q + C, *v = q + 2 * C;
+            float *p = att + ((size_t)b * H + h) * T * T;
+            gemm_serial(buf, T, T, hd, q, C3, 1, k, 1, C3, p, T, 1);
+            attention_softmax_rows(p, T, scale);
+            gemm_serial(buf, T, hd, T, p, T, 1, v, C3, 1, y + (size_t)b * T * C + h * hd, C, 0);
+        }
+}
+
+// The backward of the same products, per (batch, head):
+// dP = dY V^T, dV = P^T dY, dS = P * (dP - rowsum(P * dP)) * scale,
+// dQ = dS K, dK = dS^T Q. Each writes its own slice of dqkv, once.
+static void attention_backward(Cpu *e, float *dqkv, const float *dy, const float *qkv, const float *att, int B, int T) {
+    int C = e->C, H = e->H, hd = C / H, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(e->threads)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            int tid = omp_get_thread_num();
+            const GemmThreadBuffers *buf = &e->s.thread_gemm[tid];
+            float *ds = e->s.dscores + (size_t)tid * e->T * e->T;
+            const float *q = qkv + (size_t)b * T * C3 + h * hd, *k = q + C, *v = q + 2 * C;
+            const float *p = att + ((size_t)b * H + h) * T * T;
+            const float *g = dy + (size_t)b * T * C + h * hd;
+            float *dq = dqkv + (size_t)b * T * C3 + h * hd, *dk = dq + C, *dv = dq + 2 * C;
+            gemm_serial(buf, T, T, hd, g, C, 1, v, 1, C3, ds, T, 1);
+            gemm_serial(buf, T, hd, T, p, 1, T, g, C, 1, dv, C3, 0);
             for (int t = 0; t < T; t++) {
-                const float *p = att + (((size_t)b * H + h) * T + t) * T;
-                const float *g = dy + ((size_t)b * T + t) * C + h * hd;
-                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hd;
-                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hd;
-                float pd = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
-                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C + h * hd;
-                    float d = 0.0f, pt = p[t2];
-                    #pragma omp simd reduction(+:d)
-                    for (int i = 0; i < hd; i++) { d += g[i] * v[i]; dv[i] += pt * g[i]; }
-                    datt[t2] = d;
-                    pd += p[t2] * d;
-                }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float dpre = p[t2] * (datt[t2] - pd) * scale;
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C + h * hd;
-                    float *dk = dqkv + ((size_t)b * T + t2) * C3 + C + h * hd;
-                    for (int i = 0; i < hd; i++) { dq[i] += dpre * k[i]; dk[i] += dpre * q[i]; }
-                }
+                const float *prow = p + (size_t)t * T;
+                float *drow = ds + (size_t)t * T, pd = 0.0f;
+                #pragma omp simd reduction(+:pd)
+                for (int t2 = 0; t2 <= t; t2++) pd += prow[t2] * drow[t2];
+                for (int t2 = 0; t2 <= t; t2++) drow[t2] = prow[t2] * (drow[t2] - pd) * scale;
+                for (int t2 = t + 1; t2 < T; t2++) drow[t2] = 0.0f;
             }
+            gemm_serial(buf, T, hd, T, ds, T, 1, k, C3, 1, dq, C3, 0);
+            gemm_serial(buf, T, hd, T, ds, 1, T, q, C3, 1, dk, C3, 0);
         }
 }
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
-static void gelu_forward(Cpu *e, float *out, const float *x, size_t n) {
-    #pragma omp parallel for simd schedule(static) num_threads(e->threads)
-    for (size_t i = 0; i < n; i++) {
-        float xi = x[i];
-        out[i] = 0.5f * xi * (1.0f + fast_tanhf(GELU_SCALE * (xi + 0.044715f * xi * xi * xi)));
+// GELU runs 8 lanes at a time with AVX2 (GCC does not vectorise this body).
+// Every element, the tail included (through a zero-padded lane buffer), takes
+// the same vector path, so no element's rounding depends on where the thread
+// ranges split the array: results stay identical for any thread count.
+#define GELU_C 0.044715f
+#ifdef MG_AVX2
+// fast_expf on 8 lanes, the same steps. The clamp keeps NaN (minps/maxps
+// return their second operand when either is NaN, so x goes second).
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+static inline __m256 tanh8(__m256 u) {
+    __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = exp8(_mm256_add_ps(u, u));
+    return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+}
+
+// 0.5 x (1 + tanh(s (x + c x^3))), and its derivative.
+static inline __m256 gelu8(__m256 x) {
+    __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), x3, x));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), tanh8(u)));
+}
+
+static inline __m256 gelu_grad8(__m256 x) {
+    __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f), xx = _mm256_mul_ps(x, x);
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), _mm256_mul_ps(xx, x), x));
+    __m256 th = tanh8(u), sech2 = _mm256_fnmadd_ps(th, th, one);
+    __m256 inner = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * GELU_C), xx, one));
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), sech2), inner, _mm256_mul_ps(half, _mm256_add_ps(one, th)));
+}
+#endif
+
+// One thread's range [begin, end) of out = gelu(x) (backward: out = dout * gelu'(x)).
+static void gelu_range(float *out, const float *x, const float *dout, size_t begin, size_t end) {
+#ifdef MG_AVX2
+    size_t i = begin;
+    for (; i + 8 <= end; i += 8) {
+        __m256 xi = _mm256_loadu_ps(x + i);
+        __m256 y = dout ? _mm256_mul_ps(_mm256_loadu_ps(dout + i), gelu_grad8(xi)) : gelu8(xi);
+        _mm256_storeu_ps(out + i, y);
+    }
+    if (i < end) {
+        float xl[8] = {0}, dl[8] = {0}, yl[8];
+        memcpy(xl, x + i, (end - i) * sizeof(float));
+        if (dout) memcpy(dl, dout + i, (end - i) * sizeof(float));
+        __m256 xi = _mm256_loadu_ps(xl);
+        _mm256_storeu_ps(yl, dout ? _mm256_mul_ps(_mm256_loadu_ps(dl), gelu_grad8(xi)) : gelu8(xi));
+        memcpy(out + i, yl, (end - i) * sizeof(float));
+    }
+#else
+    for (size_t i = begin; i < end; i++) {
+        float xi = x[i], u = GELU_SCALE * (xi + GELU_C * xi * xi * xi), th = fast_tanhf(u);
+        if (!dout) { out[i] = 0.5f * xi * (1.0f + th); continue; }
+        float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * GELU_SCALE * (1.0f + 3.0f * GELU_C * xi * xi);
+        out[i] = dout[i] * grad;
+    }
+#endif
+}
+
+// Thread ranges start at multiples of 64 elements, so the lane groups are the
+// same whatever the thread count.
+static void gelu_parallel(Cpu *e, float *out, const float *x, const float *dout, size_t n) {
+    #pragma omp parallel num_threads(e->threads)
+    {
+        size_t blocks = (n + 63) / 64, nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+        size_t begin = blocks * id / nt * 64, end = blocks * (id + 1) / nt * 64;
+        if (end > n) end = n;
+        if (begin < end) gelu_range(out, x, dout, begin, end);
     }
 }
 
-// dx = dout * d gelu(x)/dx, overwriting dx (its buffer may alias dout).
-static void gelu_backward(Cpu *e, float *dx, const float *x, const float *dout, size_t n) {
-    #pragma omp parallel for simd schedule(static) num_threads(e->threads)
-    for (size_t i = 0; i < n; i++) {
-        float xi = x[i], u = GELU_SCALE * (xi + 0.044715f * xi * xi * xi);
-        float th = fast_tanhf(u), sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * xi * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * xi * xi);
-        dx[i] = dout[i] * grad;
-    }
-}
+static void gelu_forward(Cpu *e, float *out, const float *x, size_t n) { gelu_parallel(e, out, x, NULL, n); }
+
+// dx = dout * d gelu(x)/dx; dx may alias dout (read before written, same index).
+static void gelu_backward(Cpu *e, float *dx, const float *x, const float *dout, size_t n) { gelu_parallel(e, dx, x, dout, n); }
 
 // Softmax cross-entropy over the vocabulary for each position; the logits
 // buffer is overwritten with probabilities, which the backward turns into
@@ -736,7 +857,7 @@ static void cpu_update(void *impl, int step, float lr, float grad_mult) {
     for (int r = 0; r < e->n_ranges; r++) {
         MgRange rg = e->ranges[r];
         float decay = rg.decay ? 1.0f - lr * c->weight_decay : 1.0f;
-        #pragma omp parallel for simd schedule(static) num_threads(e->threads)
+        #pragma omp parallel for schedule(static) num_threads(e->threads)
         for (size_t i = rg.begin; i < rg.end; i++) {
             float g = e->grads[i] * grad_mult;
             float m = b1 * e->m[i] + (1.0f - b1) * g;

@@ -1482,10 +1482,12 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int) -> O
         if kills >= n_kills:
             break
         ce = env.ckpt_every
+        # Delays are a few steps' worth at most: a step of this model takes about a
+        # millisecond, so a longer sleep could outlast the rest of the run.
         if rng.random() < 0.4:
-            target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, 0.012)
+            target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, 0.003)
         else:
-            target, delay = resume + rng.randint(1, 2 * ce), rng.uniform(0.0, 0.03)
+            target, delay = resume + rng.randint(1, 2 * ce), rng.uniform(0.0, 0.006)
         if target >= env.max_steps - 1:
             out.bump("kills skipped: too close to the end")
             break

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import queue
 import statistics
@@ -38,6 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from proxy import frames  # noqa: E402
 from proxy.checkpoint_file import n_params_for  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_engine import build_torch_model  # noqa: E402  (one peer model for both benchmarks)
 
 SHAPES = {
     "andrea-12m": dict(dim=384, layers=6, heads=12, vocab=4608, ctx=1024),
@@ -176,47 +178,14 @@ def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int,
 def bench_torch(shape: dict, batch: int, steps: int, warmup: int, compile_model: bool) -> dict:
     try:
         import torch
-        import torch.nn as nn
-        import torch.nn.functional as F
     except ImportError as exc:
         return {"skipped": f"torch is not installed ({exc})"}
     if not torch.cuda.is_available():
         return {"skipped": f"torch {torch.__version__} has no CUDA (a CPU-only build, or no GPU visible): "
                            "install a CUDA build of torch for the baseline"}
-    C, L, H, V, T = shape["dim"], shape["layers"], shape["heads"], shape["vocab"], shape["ctx"]
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
-            self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-            self.fc, self.fcproj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-
-        def forward(self, x):
-            B_, T_, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (t.view(B_, T_, H, C // H).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).contiguous().view(B_, T_, C))
-            return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-            self.blocks = nn.ModuleList(Block() for _ in range(L))
-            self.lnf = nn.LayerNorm(C)
-
-        def forward(self, idx, targets):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-            for blk in self.blocks:
-                x = blk(x)
-            logits = self.lnf(x) @ self.wte.weight.t()
-            return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
-
-    torch.manual_seed(0)
+    V, T = shape["vocab"], shape["ctx"]
     dev = torch.device("cuda")
-    model = GPT().to(dev)
+    model = build_torch_model(shape, "cuda")  # the same peer model as the CPU benchmark
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],

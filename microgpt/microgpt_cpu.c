@@ -292,6 +292,7 @@ typedef struct {
     GemmScratch gs;
     int threads;
     size_t bytes;
+    MgEngine *eng;  // configure fills in its thread count and device name
 } Cpu;
 
 static float *cpu_alloc(Cpu *e, size_t count) {
@@ -304,8 +305,12 @@ static float *cpu_alloc(Cpu *e, size_t count) {
 }
 
 static const char *cpu_configure(void *impl, MgConfig *cfg) {
+    Cpu *e = (Cpu *)impl;
     if (cfg->precision && strcmp(cfg->precision, "fp32"))
         return "the CPU engine computes in fp32 only (--precision bf16 is for the CUDA engine)";
+    e->threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
+    e->eng->threads = e->threads;
+    snprintf(e->eng->device, sizeof e->eng->device, "cpu (%d threads)", e->threads);
     return NULL;
 }
 
@@ -872,17 +877,9 @@ static void cpu_update(void *impl, int step, float lr, float grad_mult) {
 int main(int argc, char **argv) {
     static Cpu cpu;
     static MgEngine eng;
-    // --threads must be known before init; peek at it (mg_main validates).
-    int threads = 0;
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
-    for (int i = 1; i < argc; i++)
-        if (strncmp(argv[i], "--threads=", 10) == 0) threads = atoi(argv[i] + 10);
-    cpu.threads = threads > 0 ? threads : omp_get_max_threads();
+    cpu.eng = &eng;
     eng.name = "cpu";
     eng.precision = "fp32";
-    eng.threads = cpu.threads;
-    snprintf(eng.device, sizeof eng.device, "cpu (%d threads)", cpu.threads);
     eng.impl = &cpu;
     eng.configure = cpu_configure;
     eng.init = cpu_init;

@@ -268,13 +268,19 @@ def _running_proxy(run) -> int:
     return pid
 
 
-def cmd_checkpoint(args) -> int:
-    run = _resolve_run(args.run_dir)
+def _signal_proxy(run, signum: int) -> int:
+    """Send signum to the proxy holding run's lock; return its pid."""
     pid = _running_proxy(run)
     try:
-        os.kill(pid, signal.SIGUSR1)
+        os.kill(pid, signum)
     except ProcessLookupError:
         raise _CommandError(f"proxy pid {pid} for {run.root} is gone") from None
+    return pid
+
+
+def cmd_checkpoint(args) -> int:
+    run = _resolve_run(args.run_dir)
+    pid = _signal_proxy(run, signal.SIGUSR1)
     print(f"asked proxy pid {pid} for a checkpoint of {run.root}; training continues")
     return EXIT_OK
 
@@ -283,11 +289,7 @@ def cmd_stop(args) -> int:
     from .run_dir import lock_owner
 
     run = _resolve_run(args.run_dir)
-    pid = _running_proxy(run)
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        raise _CommandError(f"proxy pid {pid} for {run.root} is gone") from None
+    pid = _signal_proxy(run, signal.SIGTERM)
     if args.no_wait:
         print(f"asked proxy pid {pid} to stop {run.root}; it checkpoints and exits")
         return EXIT_OK

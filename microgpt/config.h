@@ -59,7 +59,7 @@ static const MgFlag MG_FLAGS[] = {
     {"grad-accum", MG_INT, MG_OFF(grad_accum), 1, 1 << 16, "micro-batches per optimizer step (default 1)"},
     {"steps", MG_INT, MG_OFF(steps), 1, 0x7fffffff, "schedule horizon; standalone stops here (default 5000)"},
     {"warmup", MG_INT, MG_OFF(warmup), 0, 0x7fffffff, "linear warmup steps (default 100)"},
-    {"lr", MG_FLOAT, MG_OFF(lr), 0, 0, "peak learning rate (default 6e-4)"},
+    {"lr", MG_FLOAT, MG_OFF(lr), 0, 0, "peak learning rate, > 0 (default 6e-4)"},
     {"min-lr", MG_FLOAT, MG_OFF(min_lr), 0, 0, "cosine floor (default 6e-5)"},
     {"beta1", MG_FLOAT, MG_OFF(beta1), 0, 0, "AdamW beta1 (default 0.9)"},
     {"beta2", MG_FLOAT, MG_OFF(beta2), 0, 0, "AdamW beta2 (default 0.95)"},
@@ -221,7 +221,9 @@ static void mg_set_flag(MgConfig *cfg, const MgFlag *flag, const char *value) {
 static void mg_validate(const MgConfig *cfg) {
     if (cfg->dim % cfg->heads)
         mg_fail(MG_EXIT_USAGE, "--heads %d does not divide --dim %d", cfg->heads, cfg->dim);
-    if (cfg->lr < 0 || cfg->min_lr < 0) mg_fail(MG_EXIT_USAGE, "--lr and --min-lr must be >= 0");
+    // lr > 0, as the experiment schema (proxy/experiment.py) requires.
+    if (cfg->lr <= 0) mg_fail(MG_EXIT_USAGE, "--lr must be > 0");
+    if (cfg->min_lr < 0) mg_fail(MG_EXIT_USAGE, "--min-lr must be >= 0");
     if (cfg->beta1 < 0 || cfg->beta1 >= 1) mg_fail(MG_EXIT_USAGE, "--beta1 must be in [0, 1)");
     if (cfg->beta2 < 0 || cfg->beta2 >= 1) mg_fail(MG_EXIT_USAGE, "--beta2 must be in [0, 1)");
     if (cfg->eps <= 0) mg_fail(MG_EXIT_USAGE, "--eps must be > 0");

@@ -29,6 +29,7 @@ typedef struct {
     const char *meta;
     const char *dump_grads;
     int allow_hparam_change;
+    int sample_recompute;
     uint64_t given;  // bit i set: flag i of MG_FLAGS was on the command line
 } MgConfig;
 
@@ -72,6 +73,7 @@ static const MgFlag MG_FLAGS[] = {
     {"meta", MG_STR, MG_OFF(meta), 0, 0, "JSON value (up to 4096 bytes) stored in checkpoint trailers"},
     {"dump-grads", MG_STR, MG_OFF(dump_grads), 0, 0, "write the first step's raw gradients (f32[n_params]) here and exit"},
     {"allow-hparam-change", MG_BOOL, MG_OFF(allow_hparam_change), 0, 0, "on resume, accept optimizer flags that differ from the checkpoint"},
+    {"sample-recompute", MG_BOOL, MG_OFF(sample_recompute), 0, 0, "sample without the KV cache, recomputing the window per token (tests, benchmarks)"},
 };
 #define MG_NFLAGS (sizeof MG_FLAGS / sizeof MG_FLAGS[0])
 

@@ -16,7 +16,7 @@ typedef struct {
     char device[256];          // human-readable device description
     const char *precision;     // "fp32" or "bf16"
     int threads;
-    size_t mem_bytes;          // bytes allocated for model, optimizer, activations
+    size_t mem_bytes;          // bytes allocated for model, optimizer, activations, KV cache
     void *impl;
 
     // Checks engine-specific settings right after parsing (may fill in
@@ -46,8 +46,19 @@ typedef struct {
     // Copies the gradients (n floats) to host memory.
     void (*get_grads)(void *impl, float *out);
     // Logits at the last position of each of rows rows of len tokens:
-    // out is [rows, vocab].
+    // out is [rows, vocab]. Sampling's recompute path (sampler.h).
     void (*last_logits)(void *impl, const uint16_t *tokens, int rows, int len, float *out);
+    // Optional (NULL: sampling recomputes through last_logits). Sampling with
+    // a KV cache of `batch` slots, each holding one sequence's keys and values
+    // for positions 0..ctx-1. Runs n_new[i] new tokens of the sequence in
+    // slot[i], at positions pos[i] .. pos[i] + n_new[i] - 1, for i < rows
+    // (tokens packed one sequence after another), attending to the slot's
+    // cached positions before pos[i] and caching the new ones; writes the
+    // logits of each sequence's last new position into out [rows, vocab].
+    // pos[i] + n_new[i] <= ctx. The logits equal last_logits' on the whole
+    // sequence, bit for bit.
+    void (*kv_forward)(void *impl, int rows, const int *slot, const int *pos, const int *n_new,
+                       const uint16_t *tokens, float *out);
 } MgEngine;
 
 #endif  // MICROGPT_ENGINE_H

@@ -294,6 +294,11 @@ typedef struct {
     Acts a;
     Scratch s;
     GemmScratch gs;
+    // Sampling's KV cache: per batch slot, the keys and values of every
+    // position so far, [L, B, T, 2C] (k then v of each position).
+    float *kv;
+    int *kv_start;      // [B + 1] packed row of each sequence's first new token
+    int *kv_positions;  // [BT] absolute position of each packed row
     int threads;
     size_t bytes;
     MgEngine *eng;  // configure fills in its thread count and device name
@@ -360,6 +365,9 @@ static size_t cpu_init(void *impl, const MgConfig *cfg) {
         s->thread_gemm[t].bpack = cpu_alloc(e, (size_t)KC * NC);
         s->thread_gemm[t].apack = cpu_alloc(e, (size_t)MC * KC);
     }
+    e->kv = cpu_alloc(e, L * B * T * 2 * C);
+    e->kv_start = (int *)cpu_alloc(e, B + 1);
+    e->kv_positions = (int *)cpu_alloc(e, BT);
     e->gs.threads = e->threads;
     e->gs.bpack = cpu_alloc(e, (size_t)KC * NC);
     e->gs.apack = (float **)mg_malloc((size_t)e->threads * sizeof(float *));
@@ -396,13 +404,15 @@ static void cpu_get_grads(void *impl, float *out) {
 // ----------------------------------------------------------------------------
 // Ops, each forward with its backward twin.
 
-// Embedding: x0[b,t] = wte[token] + wpe[t].
-static void embed_forward(Cpu *e, int BT, int T) {
+// Embedding: x0[b,t] = wte[token] + wpe[t], t the position in the row
+// (positions NULL), or positions[i] (the KV-cache forward's packed rows).
+static void embed_forward(Cpu *e, int BT, int T, const int *positions) {
     const float *wte = e->params + e->lay.wte, *wpe = e->params + e->lay.wpe;
     int C = e->C;
     #pragma omp parallel for schedule(static) num_threads(e->threads)
     for (int i = 0; i < BT; i++) {
-        const float *te = wte + (size_t)e->a.inputs[i] * C, *pe = wpe + (size_t)(i % T) * C;
+        int t = positions ? positions[i] : i % T;
+        const float *te = wte + (size_t)e->a.inputs[i] * C, *pe = wpe + (size_t)t * C;
         float *out = e->a.x0 + (size_t)i * C;
         for (int c = 0; c < C; c++) out[c] = te[c] + pe[c];
     }
@@ -523,9 +533,12 @@ static void matmul_backward(Cpu *e, float *dx, float *dW, float *db, const float
 // diagonal skipped), a causal softmax in place (zeros above the diagonal, so
 // the next product can run over the whole square), then Y = P V. The
 // probabilities P are saved for the backward.
-static void attention_softmax_rows(float *p, int T, float scale) {
-    for (int t = 0; t < T; t++) {
-        float *row = p + (size_t)t * T;
+// attention_softmax_rows: rows of `keys` scores each; row i is the query at
+// position pos0 + i, which sees keys 0..pos0+i (the rest of its row is zeroed).
+static void attention_softmax_rows(float *p, int rows, int keys, int pos0, float scale) {
+    for (int i = 0; i < rows; i++) {
+        int t = pos0 + i;
+        float *row = p + (size_t)i * keys;
         float maxv = -INFINITY;
         for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
         float sum = 0.0f;
@@ -533,7 +546,7 @@ static void attention_softmax_rows(float *p, int T, float scale) {
         for (int t2 = 0; t2 <= t; t2++) { row[t2] = fast_expf(row[t2] - maxv); sum += row[t2]; }
         float inv = 1.0f / sum;
         for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-        for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
+        for (int t2 = t + 1; t2 < keys; t2++) row[t2] = 0.0f;
     }
 }
 
@@ -547,7 +560,7 @@ static void attention_forward(Cpu *e, float *y, float *att, const float *qkv, in
             const float *q = qkv + (size_t)b * T * C3 + h * hd, *k = q + C, *v = q + 2 * C;
             float *p = att + ((size_t)b * H + h) * T * T;
             gemm_serial(buf, T, T, hd, q, C3, 1, k, 1, C3, p, T, 1);
-            attention_softmax_rows(p, T, scale);
+            attention_softmax_rows(p, T, T, 0, scale);
             gemm_serial(buf, T, hd, T, p, T, 1, v, C3, 1, y + (size_t)b * T * C + h * hd, C, 0);
         }
 }
@@ -715,7 +728,7 @@ static void blocks_forward(Cpu *e, int B, int T) {
     int C = e->C, BT = B * T;
     size_t bt = (size_t)BT;
     Acts *a = &e->a;
-    embed_forward(e, BT, T);
+    embed_forward(e, BT, T, NULL);
     for (int l = 0; l < e->L; l++) {
         const float *x = l == 0 ? a->x0 : a->res3 + (size_t)(l - 1) * bt * C;
         float *ln1 = a->ln1 + (size_t)l * bt * C, *qkv = a->qkv + (size_t)l * bt * 3 * C;
@@ -831,6 +844,69 @@ static void cpu_last_logits(void *impl, const uint16_t *tokens, int rows, int le
 }
 
 // ----------------------------------------------------------------------------
+// Sampling with the KV cache (engine.h, kv_forward). Only the new positions
+// run, packed (N rows for all sequences together), through the ops of
+// blocks_forward, with layer 0's activation buffers as scratch for every
+// layer; each layer's new keys and values go into the cache. Attention of
+// sequence i, head h: its new queries against its slot's keys 0..pos+n-1
+// (gemm_serial, as attention_forward), the causal softmax at the queries'
+// absolute positions, then P V. Every number is the same arithmetic in the
+// same order as in blocks_forward over the whole sequence: a matmul's rows do
+// not depend on one another, and the full forward's longer P V sums only add
+// exact zeros (probabilities above the diagonal). So the logits equal
+// cpu_last_logits' bit for bit (tests/engine/test_sampling.py checks it).
+
+static void cpu_kv_forward(void *impl, int rows, const int *slot, const int *pos, const int *n_new,
+                           const uint16_t *tokens, float *out) {
+    Cpu *e = (Cpu *)impl;
+    int C = e->C, C3 = 3 * C, H = e->H, hd = C / H, T = e->T;
+    Acts *a = &e->a;
+    int *start = e->kv_start;
+    start[0] = 0;
+    for (int i = 0; i < rows; i++) start[i + 1] = start[i] + n_new[i];
+    int N = start[rows];
+    for (int i = 0; i < rows; i++)
+        for (int k = 0; k < n_new[i]; k++) {
+            a->inputs[start[i] + k] = tokens[start[i] + k];
+            e->kv_positions[start[i] + k] = pos[i] + k;
+        }
+    embed_forward(e, N, T, e->kv_positions);
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *x = a->x0;
+    for (int l = 0; l < e->L; l++) {
+        layernorm_forward(e, a->ln1, a->ln1_mean, a->ln1_rstd, x, layer_param(e, l, MG_LN1W), layer_param(e, l, MG_LN1B), N);
+        matmul_forward(e, a->qkv, a->ln1, layer_param(e, l, MG_QKVW), layer_param(e, l, MG_QKVB), NULL, N, C, C3);
+        float *cache = e->kv + (size_t)l * e->B * T * 2 * C;
+        for (int i = 0; i < rows; i++)
+            for (int k = 0; k < n_new[i]; k++)
+                memcpy(cache + ((size_t)slot[i] * T + pos[i] + k) * 2 * C, a->qkv + (size_t)(start[i] + k) * C3 + C,
+                       2 * (size_t)C * sizeof(float));
+        #pragma omp parallel for collapse(2) schedule(static) num_threads(e->threads)
+        for (int i = 0; i < rows; i++)
+            for (int h = 0; h < H; h++) {
+                const GemmThreadBuffers *buf = &e->s.thread_gemm[omp_get_thread_num()];
+                int n = n_new[i], keys = pos[i] + n;
+                const float *q = a->qkv + (size_t)start[i] * C3 + h * hd;
+                const float *k = cache + (size_t)slot[i] * T * 2 * C + h * hd, *v = k + C;
+                float *p = a->att + ((size_t)i * H + h) * T * T;
+                gemm_serial(buf, n, keys, hd, q, C3, 1, k, 1, 2 * C, p, keys, 0);
+                attention_softmax_rows(p, n, keys, pos[i], scale);
+                gemm_serial(buf, n, hd, keys, p, keys, 1, v, 2 * C, 1, a->atty + (size_t)start[i] * C + h * hd, C, 0);
+            }
+        matmul_forward(e, a->res2, a->atty, layer_param(e, l, MG_PROJW), layer_param(e, l, MG_PROJB), x, N, C, C);
+        layernorm_forward(e, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, layer_param(e, l, MG_LN2W), layer_param(e, l, MG_LN2B), N);
+        matmul_forward(e, a->fch, a->ln2, layer_param(e, l, MG_FCW), layer_param(e, l, MG_FCB), NULL, N, C, 4 * C);
+        gelu_forward(e, a->fch_gelu, a->fch, (size_t)N * 4 * C);
+        matmul_forward(e, a->res3, a->fch_gelu, layer_param(e, l, MG_FCPROJW), layer_param(e, l, MG_FCPROJB), a->res2, N, 4 * C, C);
+        x = a->res3;
+    }
+    for (int i = 0; i < rows; i++)
+        layernorm_forward(e, a->lnf + (size_t)i * C, a->lnf_mean + i, a->lnf_rstd + i, x + (size_t)(start[i + 1] - 1) * C,
+                          e->params + e->lay.lnfw, e->params + e->lay.lnfb, 1);
+    gemm(&e->gs, rows, e->V, C, a->lnf, C, 1, e->params + e->lay.wte, 1, C, out, e->V, 0);
+}
+
+// ----------------------------------------------------------------------------
 // Optimizer.
 
 // Sum of squares in fixed 64K-element chunks, then the chunk sums in order:
@@ -876,6 +952,6 @@ static void cpu_update(void *impl, int step, float lr, float grad_mult) {
     }
 }
 
-// main(): binds the cpu_* functions above into the engine table and runs the
-// shared driver (train.h).
-MG_ENGINE_MAIN(Cpu, cpu, "cpu")
+// main(): binds the cpu_* functions above (cpu_kv_forward included) into the
+// engine table and runs the shared driver (train.h).
+MG_ENGINE_MAIN(Cpu, cpu, "cpu", cpu_kv_forward)

@@ -1355,5 +1355,6 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
 }
 
 // main(): binds the gpu_* functions above into the engine table and runs the
-// shared driver (train.h).
-MG_ENGINE_MAIN(Gpu, gpu, "cuda")
+// shared driver (train.h). No KV cache: sampling recomputes the window for
+// every new token through gpu_last_logits (docs/CUDA.md).
+MG_ENGINE_MAIN(Gpu, gpu, "cuda", NULL)

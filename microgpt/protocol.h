@@ -56,12 +56,32 @@ typedef struct {
     uint32_t reserved;
 } MgFrameHeader;
 
+// A SAMPLE frame's payload: these parameters, n_prompts MgSamplePrompt, then
+// every prompt's tokens, one prompt after another (docs/FORMATS.md).
 typedef struct {
-    uint32_t n_prompt, count, max_new, top_k;
-    float temperature;
-    uint32_t reserved;
-    uint64_t seed;
+    uint32_t n_prompts;
+    uint32_t max_new;      // new tokens per completion
+    uint32_t top_k;        // 0: no top-k
+    float temperature;     // 0: greedy
 } MgSampleParams;
+
+typedef struct {
+    uint32_t n_tokens;     // prompt length
+    uint32_t count;        // completions of this prompt
+    uint64_t seed;
+} MgSamplePrompt;
+
+#define MG_SAMPLE_MAX_PROMPTS 4096   // prompts in one frame
+#define MG_SAMPLE_MAX_COUNT 4096     // completions in one frame, all prompts together
+#define MG_SAMPLE_MAX_TOKENS (1u << 20)  // max_new, and one prompt's length
+
+// A SAMPLE frame, read and checked.
+typedef struct {
+    MgSampleParams params;
+    MgSamplePrompt *prompts;   // [n_prompts]
+    uint16_t *tokens;          // the prompts' tokens, concatenated
+    uint32_t total_count;      // completions, all prompts together
+} MgSampleRequest;
 
 // A frame's token ids must be < vocab.
 static void mg_check_tokens(const uint16_t *tokens, size_t count, int vocab) {
@@ -88,6 +108,57 @@ static size_t mg_read_exact(int fd, void *buf, size_t len, int allow_eof) {
         got += (size_t)r;
     }
     return got;
+}
+
+#ifdef __cplusplus
+static_assert(sizeof(MgSampleParams) == 16 && sizeof(MgSamplePrompt) == 16, "SAMPLE payload layout");
+#else
+_Static_assert(sizeof(MgSampleParams) == 16 && sizeof(MgSamplePrompt) == 16, "SAMPLE payload layout");
+#endif
+
+// Reads the payload of a SAMPLE frame whose header is h; any inconsistency is
+// a one-line protocol error. The caller frees req->prompts and req->tokens.
+static void mg_read_sample_request(const MgFrameHeader *h, int vocab, MgSampleRequest *req) {
+    memset(req, 0, sizeof *req);
+    MgSampleParams *p = &req->params;
+    if (h->rows || h->row_len) mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: rows and row_len must be 0");
+    if (h->payload_bytes < sizeof *p)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: payload %u bytes, less than its %zu-byte parameters",
+                h->payload_bytes, sizeof *p);
+    mg_read_exact(0, p, sizeof *p, 0);
+    if (p->n_prompts == 0 || p->n_prompts > MG_SAMPLE_MAX_PROMPTS)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: %u prompts (1 to %d)", p->n_prompts, MG_SAMPLE_MAX_PROMPTS);
+    if (p->max_new > MG_SAMPLE_MAX_TOKENS)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: max_new %u (at most %u)", p->max_new, MG_SAMPLE_MAX_TOKENS);
+    if (!isfinite(p->temperature) || p->temperature < 0)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: temperature %g (a finite number >= 0)", p->temperature);
+    uint64_t head = sizeof *p + (uint64_t)p->n_prompts * sizeof(MgSamplePrompt);
+    if (h->payload_bytes < head)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: payload %u bytes, less than the %llu bytes of its %u prompt headers",
+                h->payload_bytes, (unsigned long long)head, p->n_prompts);
+    req->prompts = (MgSamplePrompt *)mg_malloc(p->n_prompts * sizeof(MgSamplePrompt));
+    mg_read_exact(0, req->prompts, p->n_prompts * sizeof(MgSamplePrompt), 0);
+    uint64_t n_tokens = 0, count = 0;
+    for (uint32_t i = 0; i < p->n_prompts; i++) {
+        const MgSamplePrompt *q = &req->prompts[i];
+        if (q->n_tokens == 0 || q->n_tokens > MG_SAMPLE_MAX_TOKENS)
+            mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: prompt %u has %u tokens (1 to %u)", i, q->n_tokens,
+                    MG_SAMPLE_MAX_TOKENS);
+        if (q->count == 0)
+            mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: prompt %u asks for 0 completions", i);
+        n_tokens += q->n_tokens;
+        count += q->count;
+    }
+    if (count > MG_SAMPLE_MAX_COUNT)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: %llu completions (at most %d)", (unsigned long long)count,
+                MG_SAMPLE_MAX_COUNT);
+    if (h->payload_bytes != head + 2 * n_tokens)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: payload %u bytes, expected %llu for %llu prompt tokens",
+                h->payload_bytes, (unsigned long long)(head + 2 * n_tokens), (unsigned long long)n_tokens);
+    req->total_count = (uint32_t)count;
+    req->tokens = (uint16_t *)mg_malloc((size_t)n_tokens * sizeof(uint16_t));
+    mg_read_exact(0, req->tokens, (size_t)n_tokens * sizeof(uint16_t), 0);
+    mg_check_tokens(req->tokens, (size_t)n_tokens, vocab);
 }
 
 // Waits until stdin is readable or a signal arrives, without the race where a

@@ -1,5 +1,6 @@
-// sampler.h: sampling completions of a prompt for the SAMPLE frame: picking
-// a token from logits (greedy, temperature, top-k) and the generation loop.
+// sampler.h: the SAMPLE frame's completions: picking a token from logits
+// (greedy, temperature, top-k) and the generation loop, through the engine's
+// KV cache where it has one, else by recomputing the window for every token.
 #ifndef MICROGPT_SAMPLER_H
 #define MICROGPT_SAMPLER_H
 
@@ -32,8 +33,8 @@ static float mg_kth_largest(const float *values, int n, int k, float *scratch) {
 // Picks a token from logits: greedy at temperature 0, else softmax sampling
 // over the logits >= the k-th largest (ties at the cutoff are all kept), with
 // a uniform drawn from (seed, sample, position).
-static int mg_pick_token(const float *logits, int V, const MgSampleParams *p, uint64_t sample, uint64_t pos,
-                         double *probs, float *scratch) {
+static int mg_pick_token(const float *logits, int V, const MgSampleParams *p, uint64_t seed, uint64_t sample,
+                         uint64_t pos, double *probs, float *scratch) {
     int best = 0;
     for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
     if (p->temperature <= 0.0f) return best;
@@ -44,7 +45,7 @@ static int mg_pick_token(const float *logits, int V, const MgSampleParams *p, ui
         probs[i] = logits[i] >= cutoff ? exp(((double)logits[i] - logits[best]) / p->temperature) : 0.0;
         total += probs[i];
     }
-    double u = mg_uniform(mg_hash3(p->seed ^ MG_STREAM_SAMPLE, sample, pos)) * total, acc = 0;
+    double u = mg_uniform(mg_hash3(seed ^ MG_STREAM_SAMPLE, sample, pos)) * total, acc = 0;
     for (int i = 0; i < V; i++) {
         acc += probs[i];
         if (u < acc && probs[i] > 0) return i;
@@ -52,40 +53,133 @@ static int mg_pick_token(const float *logits, int V, const MgSampleParams *p, ui
     return best;
 }
 
-// Samples p->count completions of prompt, B (= --batch) at a time, and
-// prints the `sample` event; step is the engine's step, echoed in the event.
-static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id, const MgSampleParams *p,
-                      const uint16_t *prompt) {
+// One completion being generated.
+typedef struct {
+    uint16_t *tokens;   // its prompt, then its new tokens
+    uint32_t n_prompt;
+    uint64_t seed;      // its prompt's seed
+    uint32_t index;     // which completion of its prompt: the sample counter of the RNG
+    int cached;         // leading positions whose keys and values are in its KV-cache slot
+} MgCompletion;
+
+// Scratch of the generation loop, B rows (= --batch) at a time.
+typedef struct {
+    int *slot, *pos, *n_new;   // [B] the rows of one kv_forward call
+    uint16_t *packed;          // [B * T] their new tokens
+    float *kv_logits;          // [B, V]
+    int *win_rows;             // [B] the rows of one last_logits call
+    uint16_t *windows;         // [B * T]
+    float *win_logits;         // [B, V]
+    const float **logits;      // [B] each row's logits for this position
+    int *pending;              // [B] 1: still needs logits for this position
+    double *probs;             // [V]
+    float *scratch;            // [V]
+} MgSampleScratch;
+
+// How many trailing tokens of a sequence of len the model sees: its window.
+static int mg_window(uint32_t len, int T) { return len < (uint32_t)T ? (int)len : T; }
+
+// Logits for position len-1 of the `rows` completions at c (len = prompt +
+// new so far), into s->logits. A completion within the context (len <= T)
+// goes through the KV cache when use_kv: its uncached positions (the whole
+// prompt at first, then the one newest token) run in one kv_forward call
+// with the others. The rest, and every row when !use_kv, recompute their
+// window, the last min(len, T) tokens, one last_logits call per window length.
+static void mg_next_logits(MgEngine *eng, MgCompletion *c, int rows, uint32_t j, int T, int V, int use_kv,
+                           MgSampleScratch *s) {
+    int n_kv = 0;
+    size_t packed = 0;
+    for (int r = 0; r < rows; r++) {
+        int len = (int)(c[r].n_prompt + j);
+        s->pending[r] = !(use_kv && len <= T);
+        if (s->pending[r]) continue;
+        s->slot[n_kv] = r;
+        s->pos[n_kv] = c[r].cached;
+        s->n_new[n_kv] = len - c[r].cached;
+        memcpy(s->packed + packed, c[r].tokens + c[r].cached, (size_t)s->n_new[n_kv] * sizeof(uint16_t));
+        packed += (size_t)s->n_new[n_kv];
+        c[r].cached = len;
+        n_kv++;
+    }
+    if (n_kv) eng->kv_forward(eng->impl, n_kv, s->slot, s->pos, s->n_new, s->packed, s->kv_logits);
+    for (int i = 0; i < n_kv; i++) s->logits[s->slot[i]] = s->kv_logits + (size_t)i * V;
+    int placed = 0;  // rows of win_logits filled so far
+    for (int first = 0; first < rows; first++) {
+        if (!s->pending[first]) continue;
+        int win = mg_window(c[first].n_prompt + j, T), n_win = 0;
+        for (int r = first; r < rows; r++) {
+            uint32_t len = c[r].n_prompt + j;
+            if (!s->pending[r] || mg_window(len, T) != win) continue;
+            memcpy(s->windows + (size_t)n_win * win, c[r].tokens + len - win, (size_t)win * sizeof(uint16_t));
+            s->win_rows[n_win++] = r;
+            s->pending[r] = 0;
+        }
+        float *out = s->win_logits + (size_t)placed * V;
+        eng->last_logits(eng->impl, s->windows, n_win, win, out);
+        for (int i = 0; i < n_win; i++) s->logits[s->win_rows[i]] = out + (size_t)i * V;
+        placed += n_win;
+    }
+}
+
+// The completions of a SAMPLE frame: each prompt's count, prompt after
+// prompt, generated B (= --batch) at a time as the rows of one batch, then
+// one `sample` event (step: the engine's step) listing them in that order.
+// Completion k of a prompt draws from (its prompt's seed, k, position), so a
+// completion does not depend on which others share its frame or batch.
+static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id, const MgSampleRequest *req) {
+    const MgSampleParams *p = &req->params;
     int B = cfg->batch, T = cfg->ctx, V = cfg->vocab;
+    int use_kv = eng->kv_forward != NULL && !cfg->sample_recompute;
     double t0 = mg_now_ms();
-    size_t cap = (size_t)p->n_prompt + p->max_new;
-    uint16_t *seqs = (uint16_t *)mg_malloc((size_t)p->count * cap * sizeof(uint16_t));
-    uint16_t *window = (uint16_t *)mg_malloc((size_t)B * T * sizeof(uint16_t));
-    float *logits = (float *)mg_malloc((size_t)B * V * sizeof(float));
-    double *probs = (double *)mg_malloc((size_t)V * sizeof(double));
-    float *scratch = (float *)mg_malloc((size_t)V * sizeof(float));
-    for (uint32_t s = 0; s < p->count; s++) memcpy(seqs + s * cap, prompt, p->n_prompt * sizeof(uint16_t));
-    for (uint32_t s0 = 0; s0 < p->count; s0 += (uint32_t)B) {
-        int rows = (int)(p->count - s0 < (uint32_t)B ? p->count - s0 : (uint32_t)B);
+    uint32_t n = req->total_count;
+    MgCompletion *c = (MgCompletion *)mg_calloc(n, sizeof(MgCompletion));
+    const uint16_t *prompt = req->tokens;
+    for (uint32_t i = 0, k = 0; i < p->n_prompts; i++) {
+        const MgSamplePrompt *q = &req->prompts[i];
+        for (uint32_t index = 0; index < q->count; index++, k++) {
+            c[k].tokens = (uint16_t *)mg_malloc(((size_t)q->n_tokens + p->max_new) * sizeof(uint16_t));
+            memcpy(c[k].tokens, prompt, (size_t)q->n_tokens * sizeof(uint16_t));
+            c[k].n_prompt = q->n_tokens;
+            c[k].seed = q->seed;
+            c[k].index = index;
+        }
+        prompt += q->n_tokens;
+    }
+    MgSampleScratch s;
+    s.slot = (int *)mg_malloc((size_t)B * sizeof(int));
+    s.pos = (int *)mg_malloc((size_t)B * sizeof(int));
+    s.n_new = (int *)mg_malloc((size_t)B * sizeof(int));
+    s.packed = (uint16_t *)mg_malloc((size_t)B * T * sizeof(uint16_t));
+    s.kv_logits = (float *)mg_malloc((size_t)B * V * sizeof(float));
+    s.win_rows = (int *)mg_malloc((size_t)B * sizeof(int));
+    s.windows = (uint16_t *)mg_malloc((size_t)B * T * sizeof(uint16_t));
+    s.win_logits = (float *)mg_malloc((size_t)B * V * sizeof(float));
+    s.logits = (const float **)mg_malloc((size_t)B * sizeof(float *));
+    s.pending = (int *)mg_malloc((size_t)B * sizeof(int));
+    s.probs = (double *)mg_malloc((size_t)V * sizeof(double));
+    s.scratch = (float *)mg_malloc((size_t)V * sizeof(float));
+    for (uint32_t s0 = 0; s0 < n; s0 += (uint32_t)B) {
+        int rows = (int)(n - s0 < (uint32_t)B ? n - s0 : (uint32_t)B);
+        MgCompletion *batch = c + s0;
         for (uint32_t j = 0; j < p->max_new; j++) {
-            size_t len = p->n_prompt + j;
-            int win = len < (size_t)T ? (int)len : T;
+            mg_next_logits(eng, batch, rows, j, T, V, use_kv, &s);
             for (int r = 0; r < rows; r++)
-                memcpy(window + (size_t)r * win, seqs + (s0 + r) * cap + len - win, win * sizeof(uint16_t));
-            eng->last_logits(eng->impl, window, rows, win, logits);
-            for (int r = 0; r < rows; r++)
-                seqs[(s0 + r) * cap + len] = (uint16_t)mg_pick_token(logits + (size_t)r * V, V, p, s0 + r, j, probs, scratch);
+                batch[r].tokens[batch[r].n_prompt + j] = (uint16_t)mg_pick_token(
+                    s.logits[r], V, p, batch[r].seed, batch[r].index, j, s.probs, s.scratch);
         }
     }
     printf("{\"event\":\"sample\",\"id\":%llu,\"step\":%d,\"tokens\":[", (unsigned long long)id, step);
-    for (uint32_t s = 0; s < p->count; s++) {
-        fputs(s ? ",[" : "[", stdout);
-        for (uint32_t j = 0; j < p->max_new; j++) printf(j ? ",%u" : "%u", seqs[s * cap + p->n_prompt + j]);
+    for (uint32_t k = 0; k < n; k++) {
+        fputs(k ? ",[" : "[", stdout);
+        for (uint32_t j = 0; j < p->max_new; j++) printf(j ? ",%u" : "%u", c[k].tokens[c[k].n_prompt + j]);
         fputc(']', stdout);
     }
     printf("],\"ms\":%.3f}\n", mg_now_ms() - t0);
     fflush(stdout);
-    free(seqs); free(window); free(logits); free(probs); free(scratch);
+    for (uint32_t k = 0; k < n; k++) free(c[k].tokens);
+    free(c);
+    free(s.slot); free(s.pos); free(s.n_new); free(s.packed); free(s.kv_logits); free(s.win_rows);
+    free(s.windows); free(s.win_logits); free(s.logits); free(s.pending); free(s.probs); free(s.scratch);
 }
 
 #endif  // MICROGPT_SAMPLER_H

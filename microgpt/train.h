@@ -221,17 +221,11 @@ static void mg_proxy_loop(MgDriver *d) {
             break;
         }
         case MG_FRAME_SAMPLE: {
-            MgSampleParams p;
-            if (h.payload_bytes < sizeof p) mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: payload %u bytes", h.payload_bytes);
-            mg_read_exact(0, &p, sizeof p, 0);
-            if (p.reserved || p.n_prompt == 0 || p.count == 0 || p.count > 4096 || p.max_new > (1u << 20) ||
-                h.payload_bytes != sizeof p + 2ull * p.n_prompt || !isfinite(p.temperature) || p.temperature < 0)
-                mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: bad parameters or payload size");
-            uint16_t *prompt = (uint16_t *)mg_malloc((size_t)p.n_prompt * 2);
-            mg_read_exact(0, prompt, (size_t)p.n_prompt * 2, 0);
-            mg_check_tokens(prompt, p.n_prompt, c->vocab);
-            mg_sample(d->eng, c, d->step, h.id, &p, prompt);
-            free(prompt);
+            MgSampleRequest req;
+            mg_read_sample_request(&h, c->vocab, &req);
+            mg_sample(d->eng, c, d->step, h.id, &req);
+            free(req.prompts);
+            free(req.tokens);
             break;
         }
         case MG_FRAME_CHECKPOINT:
@@ -334,9 +328,10 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
 // <prefix>_<slot> for the slots of MgEngine (cpu_init, gpu_init, ...), keeps
 // a back-pointer `MgEngine *eng` in its state struct Impl (configure fills
 // in the device, threads and precision through it), and ends with
-//     MG_ENGINE_MAIN(Cpu, cpu, "cpu")
-// so both engines bind their tables the same way, by name.
-#define MG_ENGINE_MAIN(Impl, prefix, engine_name)      \
+//     MG_ENGINE_MAIN(Cpu, cpu, "cpu", cpu_kv_forward)
+// (NULL for an engine without a KV cache), so both engines bind their
+// tables the same way, by name.
+#define MG_ENGINE_MAIN(Impl, prefix, engine_name, kv)  \
     int main(int argc, char **argv) {                  \
         static Impl impl;                              \
         static MgEngine eng;                           \
@@ -354,6 +349,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
         eng.update = prefix##_update;                  \
         eng.get_grads = prefix##_get_grads;            \
         eng.last_logits = prefix##_last_logits;        \
+        eng.kv_forward = kv;                           \
         return mg_main(argc, argv, &eng);              \
     }
 

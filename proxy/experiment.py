@@ -19,6 +19,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .frames import SAMPLE_MAX_COMPLETIONS
+
 BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics")
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
@@ -206,6 +208,13 @@ class SampleConfig(_Strict):
         if not all(v):
             raise ValueError("a prompt must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _one_frame(self):
+        if len(self.prompts) * self.count > SAMPLE_MAX_COMPLETIONS:  # an audit is one SAMPLE frame
+            raise ValueError(f"{len(self.prompts)} prompts x count {self.count} is more than the "
+                             f"{SAMPLE_MAX_COMPLETIONS} completions one audit can hold")
+        return self
 
 
 class Experiment(_Strict):

@@ -196,7 +196,7 @@ class Segment:
     replay_through: int
     mixtures: dict[int, np.ndarray] = field(default_factory=dict)  # sent, not yet logged
     outstanding: deque = field(default_factory=deque)
-    requests: dict[int, tuple] = field(default_factory=dict)  # request id -> ("eval", step, arm) | ("sample", step, prompt)
+    requests: dict[int, tuple] = field(default_factory=dict)  # request id -> ("eval", step, arm) | ("sample", step, None)
     next_request: int = 1
     last_activity: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
@@ -260,7 +260,6 @@ class Supervisor:
         self.ckpt_ms: float = 0.0
         self.evals: dict[int, dict] = {}  # step -> {arm index: (loss, tokens)}
         self.eval_loss: dict[int, float] = {}
-        self.sample_parts: dict[int, dict] = {}
         self.best_step: int | None = None
         self.best_loss: float | None = None
         self.stop_requests = 0
@@ -733,17 +732,17 @@ class Supervisor:
             seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / self.rows)))
 
     def _send_samples(self, seg: Segment, step: int) -> None:
+        """The audit: every prompt in one SAMPLE frame, each with its own seed (one batch in the engine)."""
         cfg = self.experiment.samples
-        self.sample_parts[step] = {}
-        for i, (_prompt, ids) in enumerate(self.prompts):
-            rid = seg.next_request
-            seg.next_request += 1
-            seg.requests[rid] = ("sample", step, i)
-            seg.engine.send(frames.sample_frame(rid, ids, int(cfg.count), int(cfg.max_new),
-                                                float(cfg.temperature), int(cfg.top_k or 0),
-                                                sample_seed(int(self.train.seed), step, i)))
-            work = max(1.0, int(cfg.count) * int(cfg.max_new) / self.rows)
-            seg.outstanding.append(Outstanding("sample", rid, work))
+        rid = seg.next_request
+        seg.next_request += 1
+        seg.requests[rid] = ("sample", step, None)
+        prompts = [frames.SamplePrompt(ids, int(cfg.count), sample_seed(int(self.train.seed), step, i))
+                   for i, (_prompt, ids) in enumerate(self.prompts)]
+        seg.engine.send(frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature),
+                                                  int(cfg.top_k or 0)))
+        work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / self.rows)
+        seg.outstanding.append(Outstanding("sample", rid, work))
 
     # ------------------------------------------------------------ events
     def _settle(self, seg: Segment, kind: str, key: int) -> None:
@@ -868,22 +867,17 @@ class Supervisor:
         what = seg.requests.pop(rid, None)
         if not what or what[0] != "sample":
             return
-        _, step, i = what
-        parts = self.sample_parts.setdefault(step, {})
-        prompt = self.prompts[i][0]
-        outs = []
-        for ids in ev.get("tokens") or []:
+        _, step, _ = what
+        count = int(self.experiment.samples.count)
+        completions = list(ev.get("tokens") or [])  # prompt by prompt, `count` each
+        samples = []
+        for k, ids in enumerate(completions[:count * len(self.prompts)]):
             ids = [int(x) for x in ids]
             try:
                 text = self.data.tokenizer.decode(ids)
             except Exception as exc:  # a tokenizer failure must not stop training
                 text = f"<decode failed: {exc}>"
-            outs.append(Sample(prompt=prompt, completion=text, tokens=ids))
-        parts[i] = outs
-        if len(parts) < len(self.prompts):
-            return
-        del self.sample_parts[step]
-        samples = [s for k in sorted(parts) for s in parts[k]]
+            samples.append(Sample(prompt=self.prompts[k // count][0], completion=text, tokens=ids))
         self.samples.add(SampleAudit(step=step, time=time.time(), samples=samples))
 
     def _ev_ckpt(self, seg: Segment, ev) -> None:

@@ -220,6 +220,17 @@ def oob_tokens():
     return frames.train_frame(NEXT, t, np.zeros(CFG.rows, np.uint16))
 
 
+def sample_payload(*prompts: tuple[list[int], int], n_prompts=None, max_new=2, temperature=1.0) -> bytes:
+    """A SAMPLE payload of (tokens, count) prompts, its fields free to disagree."""
+    head = frames.SAMPLE_PARAMS.pack(len(prompts) if n_prompts is None else n_prompts, max_new, 0, temperature)
+    heads = b"".join(frames.SAMPLE_PROMPT.pack(len(t), c, 7) for t, c in prompts)
+    return head + heads + b"".join(np.asarray(t, "<u2").tobytes() for t, _ in prompts)
+
+
+def sample_frame_raw(payload: bytes, rows=0, payload_bytes=None) -> bytes:
+    return raw_frame(kind=frames.SAMPLE, fid=1, rows=rows, row_len=0, payload=payload, payload_bytes=payload_bytes)
+
+
 PROTOCOL_CASES = {
     "bad-magic": raw_frame(magic=b"XGF1"),
     "unknown-type": raw_frame(kind=9, fid=0, rows=0, row_len=0, payload=b""),
@@ -236,6 +247,21 @@ PROTOCOL_CASES = {
     "eval-zero-rows": raw_frame(kind=frames.EVAL, fid=1, rows=0, payload=b""),
     "sample-empty-prompt": frames.sample_frame(1, [], count=1, max_new=2),
     "sample-prompt-out-of-range": frames.sample_frame(1, [1, CFG.vocab], count=1, max_new=2),
+    "sample-no-prompts": frames.sample_batch_frame(1, [], max_new=2),
+    "sample-second-prompt-empty": sample_frame_raw(sample_payload(([1, 2], 1), ([], 1))),
+    "sample-second-prompt-zero-count": sample_frame_raw(sample_payload(([1, 2], 1), ([3], 0))),
+    "sample-second-prompt-out-of-range": sample_frame_raw(sample_payload(([1, 2], 1), ([3, CFG.vocab], 1))),
+    "sample-too-many-completions": sample_frame_raw(sample_payload(([1], 4000), ([2], 97))),
+    "sample-temperature-nan": sample_frame_raw(sample_payload(([1], 1), temperature=float("nan"))),
+    "sample-temperature-negative": sample_frame_raw(sample_payload(([1], 1), temperature=-0.5)),
+    "sample-max-new-too-large": sample_frame_raw(sample_payload(([1], 1), max_new=(1 << 20) + 1)),
+    "sample-more-prompt-headers-than-payload": sample_frame_raw(sample_payload(([1], 1), n_prompts=3)),
+    "sample-payload-shorter-than-params": sample_frame_raw(sample_payload(([1], 1))[:8]),
+    "sample-payload-bytes-disagree": sample_frame_raw(sample_payload(([1, 2], 1)) + b"\0\0"),
+    "sample-payload-bytes-too-few": sample_frame_raw(sample_payload(([1, 2], 1)),
+                                                     payload_bytes=len(sample_payload(([1, 2], 1))) - 2),
+    "sample-truncated": frames.sample_batch_frame(1, [frames.SamplePrompt([1, 2, 3])], max_new=2)[:-3],
+    "sample-rows-nonzero": sample_frame_raw(sample_payload(([1], 1)), rows=1),
     "checkpoint-with-payload": raw_frame(kind=frames.CHECKPOINT, fid=0, rows=0, row_len=0, payload=b"\0" * 8),
 }
 

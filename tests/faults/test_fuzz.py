@@ -10,7 +10,6 @@ import copy
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 
@@ -32,7 +31,6 @@ FAST = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck
 
 T1, ROWS, V = FUZZ_MODEL.ctx + 1, FUZZ_MODEL.batch, FUZZ_MODEL.vocab
 U32, U64 = 2**32 - 1, 2**64 - 1
-SAMPLE_PARAMS = struct.Struct("<IIIIfIQ")
 
 
 def _often(value, *others):
@@ -70,14 +68,16 @@ def frame(draw) -> bytes:
         size = draw(st.sampled_from(["exact"] * 5 + ["plus", "minus", "random"]))
     elif kind == "sample":
         typ = frames.SAMPLE
-        n_prompt = draw(_often(draw(st.integers(1, 12)), 0, 10**6))
-        params = SAMPLE_PARAMS.pack(n_prompt, draw(_often(draw(st.integers(1, 4)), 0, 4097, U32)),
-                                    draw(_often(draw(st.integers(1, 12)), 0, 2**20 + 1, U32)),
-                                    draw(_often(0, 3, V, U32)),
-                                    draw(st.sampled_from([0.0, 0.8, 1.0, 1.0, -1.0, math.nan, math.inf, 1e30])),
-                                    draw(_often(0, 1)), draw(st.integers(0, U64)))
-        payload = params + _tokens(draw, min(n_prompt, 64), draw(st.booleans()))
-        exact = len(SAMPLE_PARAMS.pack(0, 0, 0, 0, 0.0, 0, 0)) + 2 * n_prompt
+        n_prompts = draw(_often(draw(st.integers(1, 3)), 0, 4097, U32))
+        prompts = [(draw(_often(draw(st.integers(1, 12)), 0, 10**6)),
+                    draw(_often(draw(st.integers(1, 4)), 0, 4097, U32)), draw(st.integers(0, U64)))
+                   for _ in range(min(n_prompts, 4))]
+        params = frames.SAMPLE_PARAMS.pack(n_prompts, draw(_often(draw(st.integers(1, 12)), 0, 2**20 + 1, U32)),
+                                           draw(_often(0, 3, V, U32)),
+                                           draw(st.sampled_from([0.0, 0.8, 1.0, 1.0, -1.0, math.nan, math.inf, 1e30])))
+        payload = params + b"".join(frames.SAMPLE_PROMPT.pack(*p) for p in prompts) \
+            + b"".join(_tokens(draw, min(n, 64), draw(st.booleans())) for n, _, _ in prompts)
+        exact = frames.SAMPLE_PARAMS.size + frames.SAMPLE_PROMPT.size * n_prompts + 2 * sum(n for n, _, _ in prompts)
         size = draw(st.sampled_from(["exact"] * 5 + ["plus", "minus", "random"]))
         ident = draw(st.integers(0, U64))
     elif kind in ("checkpoint", "stop"):

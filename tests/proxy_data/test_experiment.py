@@ -89,6 +89,14 @@ def test_engine_flags(tmp_path):
     assert load_experiment(write(tmp_path, data)).engine_flags()[-2:] == ["--threads", "2"]
 
 
+def test_an_audit_must_fit_one_sample_frame(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["samples"] = {"prompts": ["a", "b"], "count": 2048}
+    assert load_experiment(write(tmp_path, data)).samples.count == 2048
+    data["samples"]["count"] = 2049
+    assert "2 prompts x count 2049 is more than the 4096 completions" in error_of(tmp_path, data)
+
+
 def test_unknown_key(tmp_path):
     data = copy.deepcopy(BASE)
     data["train"]["learning_rate"] = 1

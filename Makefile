@@ -16,7 +16,7 @@ BUILD := build
 
 # The headers both engines include (docs/ENGINE.md, "Source layout"): editing
 # any of them rebuilds both engines.
-ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h \
+ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h microgpt/checkpoint_writer.h \
                   microgpt/protocol.h microgpt/engine.h microgpt/sampler.h microgpt/train.h
 
 .PHONY: all engines cpu cuda install test clean

@@ -3,14 +3,14 @@
 // the monotonic clock.
 //
 // Every header in microgpt/ includes this one before any system header, so
-// _GNU_SOURCE (for ppoll) is defined first in every translation unit. The
+// _GNU_SOURCE (ppoll, pipe2) is defined first in every translation unit. The
 // headers are written in the common subset of C11 and C++17 so nvcc can
 // include them.
 #ifndef MICROGPT_COMMON_H
 #define MICROGPT_COMMON_H
 
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE  // ppoll
+#define _GNU_SOURCE  // ppoll, pipe2
 #endif
 
 #include <math.h>
@@ -47,7 +47,22 @@ static void mg_json_float(FILE *f, double x) {
     else fputs("null", f);
 }
 
+// What mg_fail runs before it reports. The driver points it at a function
+// that finishes the checkpoint write in flight (and announces it if it
+// completed), so no complete file goes unannounced, no temp file is left
+// behind, and the `error` event stays the last line the engine prints.
+typedef struct {
+    void (*fn)(void *ctx);
+    void *ctx;
+} MgFailHook;
+static MgFailHook mg_fail_hook = {NULL, NULL};
+
 static void mg_fail(int code, const char *fmt, ...) {
+    if (mg_fail_hook.fn) {
+        MgFailHook hook = mg_fail_hook;
+        mg_fail_hook.fn = NULL;  // once: a failure inside the hook reports at once
+        hook.fn(hook.ctx);
+    }
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);

@@ -161,11 +161,13 @@ static void mg_read_sample_request(const MgFrameHeader *h, int vocab, MgSampleRe
     mg_check_tokens(req->tokens, (size_t)n_tokens, vocab);
 }
 
-// Waits until stdin is readable or a signal arrives, without the race where a
-// signal lands between checking the flags and blocking in read(): signals are
-// blocked while the flags are checked and unblocked atomically by ppoll.
-// Returns 1 when readable, 0 when a signal flag is set.
-static int mg_wait_for_input(int fd) {
+// Waits until stdin (fd) is readable, a signal arrives or wake_fd (the
+// checkpoint writer's pipe; -1: none) becomes readable, without the race
+// where a signal lands between checking the flags and blocking in read():
+// signals are blocked while the flags are checked and unblocked atomically
+// by ppoll. Returns 1 when fd is readable, 0 when a signal flag is set or
+// wake_fd is readable (the caller then acts on those first).
+static int mg_wait_for_input(int fd, int wake_fd) {
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGTERM);
@@ -174,9 +176,12 @@ static int mg_wait_for_input(int fd) {
     sigprocmask(SIG_BLOCK, &block, &old);
     int ready = 0;
     while (!mg_stop_requested && !mg_ckpt_requested) {
-        struct pollfd p = {fd, POLLIN, 0};
-        int rc = ppoll(&p, 1, NULL, &old);
-        if (rc > 0) { ready = 1; break; }
+        struct pollfd p[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+        int rc = ppoll(p, wake_fd >= 0 ? 2 : 1, NULL, &old);
+        if (rc > 0) {
+            ready = !(wake_fd >= 0 && p[1].revents);
+            break;
+        }
         if (rc < 0 && errno != EINTR) mg_fail(MG_EXIT_PROTOCOL, "waiting for frames: %s", strerror(errno));
     }
     sigprocmask(SIG_SETMASK, &old, NULL);

@@ -6,6 +6,7 @@
 #define MICROGPT_TRAIN_H
 
 #include "checkpoint.h"
+#include "checkpoint_writer.h"
 #include "common.h"
 #include "config.h"
 #include "engine.h"
@@ -22,33 +23,76 @@ typedef struct {
     MgConfig cfg;
     MgEngine *eng;
     MgLayout lay;
-    MgState st;          // host copy used for checkpoints (weights, m, v)
+    MgState st;          // snapshot the checkpoint writer writes from (weights, m, v)
     int step;
-    int saved_step;      // step of the last checkpoint written or loaded, -1 if none
+    int saved_step;      // step of the last checkpoint started or loaded, -1 if none
     uint64_t tokens_seen;
     float *row_loss;     // [batch * grad_accum] or eval rows chunk
     uint16_t *rows_buf;  // [batch * grad_accum * (T+1)] tokens
     uint16_t *groups_buf;
     uint32_t rows_cap;
+    MgCkptWriter writer;
+    const char *ckpt_reason;  // of the write in flight
+    double ckpt_wait_ms;      // how long it waited for the write before it
+    double ckpt_snapshot_ms;  // how long get_state took
 } MgDriver;
 
-static void mg_emit_ckpt(MgDriver *d, const char *reason) {
+// ----------------------------------------------------------------------------
+// Checkpoints. The step loop only waits for a snapshot (and for the previous
+// write, if it is still in flight); the writer thread does the rest. The
+// `ckpt` event comes once the file is durable, from the main thread: after a
+// later step event, sometimes.
+
+// Announces the write in flight once it has finished (waiting for it if
+// `wait`): the ckpt event, then --keep-last pruning (standalone mode), which
+// so only ever sees durable files. Returns the write's errno value (0 for a
+// success, or nothing finished); the caller decides what a failure means.
+static int mg_ckpt_announce(MgDriver *d, int wait, MgWriteResult *r) {
+    if (!mg_writer_collect(&d->writer, wait, r)) return 0;  // nothing finished
+    if (r->err) return r->err;
+    printf("{\"event\":\"ckpt\",\"step\":%d,\"path\":", r->step);
+    mg_json_string(stdout, r->path);
+    printf(",\"bytes\":%zu,\"ms\":%.3f,\"wait_ms\":%.3f,\"snapshot_ms\":%.3f,\"reason\":\"%s\"}\n", r->bytes,
+           r->write_ms, d->ckpt_wait_ms, d->ckpt_snapshot_ms, d->ckpt_reason);
+    fflush(stdout);
+    if (strcmp(d->cfg.data, "-") != 0) mg_prune_checkpoints(d->cfg.ckpt_dir, d->cfg.keep_last);
+    return 0;
+}
+
+// Announces a finished write; a failed one ends the run (exit 5), as a
+// synchronous write did: the writer removed its temp file, so the previous
+// checkpoints are all there is.
+static void mg_ckpt_settle(MgDriver *d, int wait) {
+    MgWriteResult r;
+    memset(&r, 0, sizeof r);
+    int err = mg_ckpt_announce(d, wait, &r);
+    if (err)
+        mg_fail(MG_EXIT_IO, "checkpoint at step %d failed (%s %s: %s); previous checkpoints are intact", r.step,
+                r.what, r.path, strerror(err));
+}
+
+// mg_fail's hook: another error ends the run, so let the write in flight
+// finish (and be announced if it succeeded) before that error is reported.
+static void mg_ckpt_settle_before_fail(void *driver) {
+    MgWriteResult r;
+    (void)mg_ckpt_announce((MgDriver *)driver, 1, &r);
+}
+
+// Starts a checkpoint of the current step: waits for the write in flight,
+// snapshots the state, hands it to the writer.
+static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     double t0 = mg_now_ms();
+    mg_ckpt_settle(d, 1);
+    double t1 = mg_now_ms();
     d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
     d->st.step = d->step;
     d->st.tokens_seen = d->tokens_seen;
-    char path[4096];
-    size_t bytes = 0;
-    const char *what = "";
     mg_mkdirs(d->cfg.ckpt_dir);
-    int rc = mg_write_checkpoint(&d->cfg, d->eng->name, &d->st, path, sizeof path, &bytes, &what);
-    if (rc) mg_fail(MG_EXIT_IO, "checkpoint at step %d failed (%s %s: %s); previous checkpoints are intact", d->step, what, path, strerror(rc));
+    d->ckpt_reason = reason;
+    d->ckpt_wait_ms = t1 - t0;
+    d->ckpt_snapshot_ms = mg_now_ms() - t1;
     d->saved_step = d->step;
-    printf("{\"event\":\"ckpt\",\"step\":%d,\"path\":", d->step);
-    mg_json_string(stdout, path);
-    printf(",\"bytes\":%zu,\"ms\":%.3f,\"reason\":\"%s\"}\n", bytes, mg_now_ms() - t0, reason);
-    fflush(stdout);
-    if (strcmp(d->cfg.data, "-") != 0) mg_prune_checkpoints(d->cfg.ckpt_dir, d->cfg.keep_last);
+    mg_writer_submit(&d->writer, &d->cfg, d->eng->name, &d->st);
 }
 
 static void mg_emit_exit(MgDriver *d, const char *reason) {
@@ -56,9 +100,11 @@ static void mg_emit_exit(MgDriver *d, const char *reason) {
     fflush(stdout);
 }
 
-// Checkpoint unless this exact step is already on disk, then exit 0.
+// Waits for the write in flight, checkpoints unless this exact step is
+// already saved, waits for that too, then exits 0.
 static void mg_finish(MgDriver *d, const char *ckpt_reason, const char *exit_reason) {
-    if (d->saved_step != d->step) mg_emit_ckpt(d, ckpt_reason);
+    if (d->saved_step != d->step) mg_ckpt_begin(d, ckpt_reason);
+    mg_ckpt_settle(d, 1);
     mg_emit_exit(d, exit_reason);
     exit(0);
 }
@@ -150,14 +196,14 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
 
 // Periodic checkpoint after a training step.
 static void mg_periodic_checkpoint(MgDriver *d) {
-    if (d->cfg.ckpt_every > 0 && d->step % d->cfg.ckpt_every == 0 && d->saved_step != d->step) mg_emit_ckpt(d, "periodic");
+    if (d->cfg.ckpt_every > 0 && d->step % d->cfg.ckpt_every == 0 && d->saved_step != d->step) mg_ckpt_begin(d, "periodic");
 }
 
 // Acts on signal flags; called between steps and while idle.
 static void mg_handle_signals(MgDriver *d) {
     if (mg_ckpt_requested) {
         mg_ckpt_requested = 0;
-        if (d->saved_step != d->step) mg_emit_ckpt(d, "sigusr1");
+        if (d->saved_step != d->step) mg_ckpt_begin(d, "sigusr1");
     }
     if (mg_stop_requested) mg_finish(d, "signal", "signal");
 }
@@ -183,8 +229,9 @@ static void mg_proxy_loop(MgDriver *d) {
     const MgConfig *c = &d->cfg;
     int rowlen = c->ctx + 1;
     for (;;) {
-        mg_handle_signals(d);  // signals that arrived while idle or during the last frame
-        if (!mg_wait_for_input(0)) continue;
+        mg_ckpt_settle(d, 0);  // a write that finished while idle or during the last frame
+        mg_handle_signals(d);  // signals that arrived then
+        if (!mg_wait_for_input(0, mg_writer_fd(&d->writer))) continue;
         MgFrameHeader h;
         if (mg_read_exact(0, &h, sizeof h, 1) == 0) mg_finish(d, "eof", "eof");
         if (memcmp(h.magic, "MGF1", 4)) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: bad magic");
@@ -233,7 +280,7 @@ static void mg_proxy_loop(MgDriver *d) {
             if (h.payload_bytes || h.rows || h.row_len)
                 mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: it carries no payload", h.type == MG_FRAME_STOP ? "STOP" : "CHECKPOINT");
             if (h.type == MG_FRAME_STOP) mg_finish(d, "stop", "stop");
-            if (d->saved_step != d->step) mg_emit_ckpt(d, "frame");
+            if (d->saved_step != d->step) mg_ckpt_begin(d, "frame");
             break;
         default:
             mg_fail(MG_EXIT_PROTOCOL, "malformed frame: unknown type %u", h.type);
@@ -249,6 +296,7 @@ static void mg_standalone_loop(MgDriver *d, const MgShard *sh) {
         mg_shard_batch(sh, c->seed, d->step + 1, rows, c->ctx + 1, d->rows_buf);
         mg_train_step(d, d->rows_buf, groups);
         mg_periodic_checkpoint(d);
+        mg_ckpt_settle(d, 0);
         mg_handle_signals(d);
     }
     free(groups);
@@ -294,6 +342,9 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     d.groups_buf = (uint16_t *)mg_calloc(d.rows_cap, sizeof(uint16_t));
     d.row_loss = (float *)mg_malloc((size_t)d.rows_cap * sizeof(float));
     d.saved_step = -1;
+    mg_writer_start(&d.writer);
+    mg_fail_hook.fn = mg_ckpt_settle_before_fail;
+    mg_fail_hook.ctx = &d;
 
     eng->mem_bytes = eng->init(eng->impl, c);
     if (resumed_from[0]) {

@@ -203,6 +203,7 @@ class Segment:
     step_walls: deque = field(default_factory=lambda: deque(maxlen=64))
     last_step_wall: float | None = None
     ckpt_pending: bool = False
+    ckpt_pending_step: int = 0  # the step it is pending for: an older step's ckpt event (they come late) leaves it
     stop_sent: bool = False
     signals_forwarded: int = 0
     exit_reason: str | None = None
@@ -696,7 +697,7 @@ class Supervisor:
             self.ckpt_requests -= 1
             if not seg.stop_sent:
                 seg.engine.send(frames.checkpoint_frame())
-                seg.ckpt_pending = True
+                seg.ckpt_pending, seg.ckpt_pending_step = True, seg.next_step - 1
 
     def _feed(self, seg: Segment) -> None:
         while not seg.stop_sent and seg.next_step <= self.max_steps and seg.next_step in seg.pending_weights:
@@ -821,7 +822,7 @@ class Supervisor:
         seg.last_step_wall = mono
         every = int(self.train.ckpt_every)
         if every > 0 and t % every == 0:
-            seg.ckpt_pending = True
+            seg.ckpt_pending, seg.ckpt_pending_step = True, t
 
     def _compare(self, seg: Segment, entry: StepEntry) -> None:
         recorded = seg.replay_index.step(entry.step)
@@ -882,7 +883,8 @@ class Supervisor:
 
     def _ev_ckpt(self, seg: Segment, ev) -> None:
         step = int(ev["step"])
-        seg.ckpt_pending = False
+        if step >= seg.ckpt_pending_step:
+            seg.ckpt_pending = False
         self.ckpt_ms = max(self.ckpt_ms, float(ev.get("ms", 0.0)))
         path = Path(str(ev.get("path") or step_path(self.run.checkpoints, step)))
         if not path.is_absolute():

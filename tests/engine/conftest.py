@@ -123,6 +123,29 @@ def train_frames(cfg: Cfg, first_step: int, n: int, seed: int = 7) -> list[tuple
 
 
 # ---------------------------------------------------------------------------
+# slow or failing checkpoint writes (tests/engine/fsync_shim.c, preloaded into the engine)
+
+
+@pytest.fixture(scope="session")
+def fsync_shim(tmp_path_factory) -> Path:
+    """The fsync shim, built once per session with the C compiler that builds the engine."""
+    out = tmp_path_factory.mktemp("shim") / "fsync_shim.so"
+    src = Path(__file__).with_name("fsync_shim.c")
+    res = subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, f"cannot build {src}: {res.stderr}"
+    return out
+
+
+def shim_env(shim: Path, delay_ms: int, fail: bool = False) -> dict:
+    """An environment in which every fsync of the engine sleeps delay_ms (then fails with EIO if `fail`)."""
+    env = {**os.environ, "LD_PRELOAD": str(shim), "MG_TEST_FSYNC_DELAY_MS": str(delay_ms)}
+    if fail:
+        env["MG_TEST_FSYNC_FAIL"] = "1"
+    return env
+
+
+# ---------------------------------------------------------------------------
 # running the engine
 
 
@@ -234,13 +257,13 @@ class Engine:
 _counter = iter(range(1_000_000))
 
 
-def start_engine(engine_bin: Path, args: list[str], workdir: Path, stdin_data: bytes | None = None) -> Engine:
-    """Start the engine with `args`; stdin is a pipe (proxy mode) and stays open."""
+def start_engine(engine_bin: Path, args: list[str], workdir: Path, env: dict | None = None) -> Engine:
+    """Start the engine with `args` (and `env`, else ours); stdin is a pipe (proxy mode) and stays open."""
     workdir.mkdir(parents=True, exist_ok=True)
     stderr_path = workdir / f"engine-{next(_counter)}.stderr"
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen([str(engine_bin), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, cwd=workdir)
+                                stderr=err, cwd=workdir, env=env)
     eng = Engine(proc, args, stderr_path, workdir)
     threading.Thread(target=eng._reader, daemon=True).start()
     return eng
@@ -251,8 +274,8 @@ def run_engine(engine_bin, tmp_path):
     """Factory: run_engine(args) -> Engine; every engine started is killed at teardown."""
     started: list[Engine] = []
 
-    def _start(args: list[str], workdir: Path | None = None) -> Engine:
-        eng = start_engine(engine_bin, [str(a) for a in args], workdir or tmp_path)
+    def _start(args: list[str], workdir: Path | None = None, env: dict | None = None) -> Engine:
+        eng = start_engine(engine_bin, [str(a) for a in args], workdir or tmp_path, env)
         started.append(eng)
         return eng
 
@@ -268,10 +291,11 @@ def run_engine(engine_bin, tmp_path):
                 pass
 
 
-def run_once(engine_bin: Path, args: list[str], cwd: Path, stdin: bytes = b"", timeout: float = TIMEOUT):
+def run_once(engine_bin: Path, args: list[str], cwd: Path, stdin: bytes = b"", timeout: float = TIMEOUT,
+             env: dict | None = None):
     """Run the engine to completion with `stdin` bytes; CompletedProcess with text stdout/stderr."""
     return subprocess.run([str(engine_bin), *[str(a) for a in args]], input=stdin, capture_output=True,
-                          cwd=cwd, timeout=timeout)
+                          cwd=cwd, timeout=timeout, env=env)
 
 
 def parse_events(stdout: bytes) -> list:

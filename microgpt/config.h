@@ -20,6 +20,7 @@ typedef struct {
     const char *ckpt_dir;
     const char *resume;
     int ckpt_every, keep_last;
+    float ckpt_every_seconds;
     int vocab, ctx, dim, layers, heads;
     int batch, grad_accum, steps, warmup;
     float lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
@@ -50,6 +51,7 @@ static const MgFlag MG_FLAGS[] = {
     {"ckpt-dir", MG_STR, MG_OFF(ckpt_dir), 0, 0, "checkpoint directory (default checkpoints)"},
     {"resume", MG_STR, MG_OFF(resume), 0, 0, "checkpoint to load, or 'latest' (newest valid in --ckpt-dir)"},
     {"ckpt-every", MG_INT, MG_OFF(ckpt_every), 0, 1 << 30, "periodic checkpoint every N steps, 0 = off (default 100)"},
+    {"ckpt-every-seconds", MG_FLOAT, MG_OFF(ckpt_every_seconds), 0, 0, "also checkpoint when S seconds have passed since the last one started, 0 = off (default 0)"},
     {"keep-last", MG_INT, MG_OFF(keep_last), 0, 1 << 30, "keep only the newest K checkpoints, 0 = all (default 0)"},
     {"vocab", MG_INT, MG_OFF(vocab), 2, 65536, "vocabulary size (default 4608)"},
     {"ctx", MG_INT, MG_OFF(ctx), 1, 1 << 16, "context length T (default 1024)"},
@@ -231,6 +233,7 @@ static void mg_validate(const MgConfig *cfg) {
     if (cfg->eps <= 0) mg_fail(MG_EXIT_USAGE, "--eps must be > 0");
     if (cfg->weight_decay < 0) mg_fail(MG_EXIT_USAGE, "--weight-decay must be >= 0");
     if (cfg->grad_clip < 0) mg_fail(MG_EXIT_USAGE, "--grad-clip must be >= 0");
+    if (cfg->ckpt_every_seconds < 0) mg_fail(MG_EXIT_USAGE, "--ckpt-every-seconds must be >= 0");
     if (cfg->precision && strcmp(cfg->precision, "fp32") && strcmp(cfg->precision, "bf16"))
         mg_fail(MG_EXIT_USAGE, "--precision: '%s' is not fp32 or bf16", cfg->precision);
     double n = (double)cfg->vocab * cfg->dim + (double)cfg->ctx * cfg->dim +
@@ -281,7 +284,9 @@ static void mg_print_config(const MgConfig *c) {
     mg_json_float(stdout, c->eps); fputs(",\"weight_decay\":", stdout);
     mg_json_float(stdout, c->weight_decay); fputs(",\"grad_clip\":", stdout);
     mg_json_float(stdout, c->grad_clip);
-    printf(",\"seed\":%llu,\"ckpt_every\":%d,\"ckpt_dir\":", (unsigned long long)c->seed, c->ckpt_every);
+    printf(",\"seed\":%llu,\"ckpt_every\":%d,\"ckpt_every_seconds\":", (unsigned long long)c->seed, c->ckpt_every);
+    mg_json_float(stdout, c->ckpt_every_seconds);
+    fputs(",\"ckpt_dir\":", stdout);
     mg_json_string(stdout, c->ckpt_dir);
     fputc('}', stdout);
 }

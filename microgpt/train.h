@@ -35,6 +35,7 @@ typedef struct {
     const char *ckpt_reason;  // of the write in flight
     double ckpt_wait_ms;      // how long it waited for the write before it
     double ckpt_snapshot_ms;  // how long get_state took
+    double last_ckpt_ms;      // when the last checkpoint started (or the engine did): --ckpt-every-seconds
 } MgDriver;
 
 // ----------------------------------------------------------------------------
@@ -91,6 +92,7 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     d->ckpt_reason = reason;
     d->ckpt_wait_ms = t1 - t0;
     d->ckpt_snapshot_ms = mg_now_ms() - t1;
+    d->last_ckpt_ms = t0;
     d->saved_step = d->step;
     mg_writer_submit(&d->writer, &d->cfg, d->eng->name, &d->st);
 }
@@ -196,7 +198,11 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
 
 // Periodic checkpoint after a training step.
 static void mg_periodic_checkpoint(MgDriver *d) {
-    if (d->cfg.ckpt_every > 0 && d->step % d->cfg.ckpt_every == 0 && d->saved_step != d->step) mg_ckpt_begin(d, "periodic");
+    const MgConfig *c = &d->cfg;
+    if (d->saved_step == d->step) return;
+    if (c->ckpt_every > 0 && d->step % c->ckpt_every == 0) mg_ckpt_begin(d, "periodic");
+    else if (c->ckpt_every_seconds > 0 && mg_now_ms() - d->last_ckpt_ms >= 1000.0 * c->ckpt_every_seconds)
+        mg_ckpt_begin(d, "timed");
 }
 
 // Acts on signal flags; called between steps and while idle.
@@ -370,6 +376,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     puts("}");
     fflush(stdout);
 
+    d.last_ckpt_ms = mg_now_ms();  // --ckpt-every-seconds counts from here, resumed or not
     if (standalone) mg_standalone_loop(&d, &shard);
     else mg_proxy_loop(&d);
     return 0;

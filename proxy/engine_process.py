@@ -74,11 +74,12 @@ def choose_engine(choice: str | None, build_dir: Path = BUILD_DIR) -> EngineChoi
 
 
 def engine_argv(engine: EngineChoice, checkpoint_dir: Path, resume: Path | None, ckpt_every: int,
-                meta: dict, flags: list[str]) -> list[str]:
+                meta: dict, flags: list[str], ckpt_every_seconds: float = 0.0) -> list[str]:
     argv = [str(engine.path), "--data", "-", "--ckpt-dir", str(checkpoint_dir)]
     if resume is not None:
         argv += ["--resume", str(resume)]
-    argv += ["--ckpt-every", str(ckpt_every), "--meta", json.dumps(meta, sort_keys=True, separators=(",", ":"))]
+    argv += ["--ckpt-every", str(ckpt_every), "--ckpt-every-seconds", repr(float(ckpt_every_seconds)),
+             "--meta", json.dumps(meta, sort_keys=True, separators=(",", ":"))]
     return argv + [str(f) for f in flags]
 
 

@@ -69,6 +69,7 @@ class TrainConfig(_Strict):
     grad_clip: float = Field(default=1.0, ge=0)
     seed: int = Field(ge=0, lt=2**63)
     ckpt_every: int = Field(default=100, ge=0)
+    ckpt_every_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # also on the clock; 0: off
     eval_every: int = Field(default=100, ge=0)
     eval_rows: int = Field(ge=1)
     sample_every: int = Field(default=100, ge=0)

@@ -578,7 +578,7 @@ class Supervisor:
             # optimizer settings, and the frozen experiment (not the checkpoint) is the truth
             flags.append("--allow-hparam-change")
         argv = engine_argv(self.engine_choice, self.run.checkpoints, resume.path, int(self.train.ckpt_every),
-                           meta, flags)
+                           meta, flags, float(self.train.ckpt_every_seconds))
         where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
         engine = EngineProcess(argv, self.run.engine_log, header=f"segment {self.segment_number}, {where}")
         record_engine(self.run.engine_record, engine)

@@ -86,6 +86,8 @@ USAGE_CASES = {
     "lr-abc": (flags(lr="abc"), []),
     "lr-zero": (flags(lr=0), []),
     "lr-negative": (flags(lr=-1e-3), []),
+    "ckpt-every-seconds-negative": (flags(), ["--ckpt-every-seconds", "-1"]),
+    "ckpt-every-seconds-nan": (flags(), ["--ckpt-every-seconds", "nan"]),
     "min-lr-negative": (flags(min_lr=-1e-5), []),
     "vocab-over-uint16": (flags(vocab=70000), []),
     "precision-unknown": (flags(), ["--precision", "fp8"]),

@@ -89,6 +89,22 @@ def test_engine_flags(tmp_path):
     assert load_experiment(write(tmp_path, data)).engine_flags()[-2:] == ["--threads", "2"]
 
 
+def test_ckpt_every_seconds_reaches_the_engine_argv(tmp_path):
+    """train.ckpt_every_seconds (default 0: off) becomes the engine's --ckpt-every-seconds."""
+    from proxy.engine_process import EngineChoice, engine_argv
+
+    assert load_experiment(write(tmp_path, BASE)).train.ckpt_every_seconds == 0
+    data = copy.deepcopy(BASE)
+    data["train"]["ckpt_every_seconds"] = 90
+    train = load_experiment(write(tmp_path, data)).train
+    argv = engine_argv(EngineChoice(Path("/bin/engine"), "custom"), tmp_path / "ck", None, int(train.ckpt_every),
+                       {}, [], float(train.ckpt_every_seconds))
+    assert argv[argv.index("--ckpt-every-seconds") + 1] == "90.0"
+    for bad, why in ((-1, "greater than or equal to 0"), (float("inf"), "finite")):
+        data["train"]["ckpt_every_seconds"] = bad
+        assert why in error_of(tmp_path, data)
+
+
 def test_an_audit_must_fit_one_sample_frame(tmp_path):
     data = copy.deepcopy(BASE)
     data["samples"] = {"prompts": ["a", "b"], "count": 2048}

@@ -80,6 +80,24 @@ def test_bit_exact_resume_after_random_kills(straight, data_cache, tmp_path):
     assert {80, MAX_STEPS - 20, MAX_STEPS} <= set(steps) and len(steps) <= 4, steps
 
 
+def test_wall_clock_checkpoints_change_nothing_but_where_checkpoints_land(straight, data_cache, tmp_path):
+    """train.ckpt_every_seconds instead of ckpt_every: checkpoints land on timing-dependent steps,
+    engine kills resume from whichever is newest, and the run still equals the straight one."""
+    exp = make_experiment(tmp_path, "RESUME", **{**TRAIN, "ckpt_every": 0, "ckpt_every_seconds": 0.2})
+    run_dir = tmp_path / "run"
+    proxy = Proxy(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"], data_cache, tmp_path).start()
+    for target in (40, 110):
+        wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)
+        pid = engine_pid(run_dir)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: engine_pid(run_dir) != pid, 60, "the engine's restart", proxy)
+    assert proxy.wait() == 0, proxy.output()
+    assert "(timed, " in proxy.stdout(), "no checkpoint came from the clock"
+    assert_same_run(straight, run_dir)
+    st = state(run_dir)
+    assert st["restarts"] == 2 and st["replay_mismatch_count"] == 0, st
+
+
 def test_engine_crash_restarts_and_stays_exact(straight, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "RESUME", **TRAIN)
     run_dir = tmp_path / "run"

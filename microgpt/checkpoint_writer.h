@@ -11,14 +11,16 @@
 //
 // One write is in flight at a time: the snapshot buffers are not touched
 // again until the result has been collected, and the next checkpoint waits
-// for that. The thread blocks SIGTERM, SIGINT and SIGUSR1, so they always
-// interrupt the main thread's ppoll, never the writer's write().
+// for that. The thread blocks the driver's signals (SIGTERM, SIGINT,
+// SIGUSR1), so they always interrupt the main thread's ppoll, never the
+// writer's write().
 #ifndef MICROGPT_CHECKPOINT_WRITER_H
 #define MICROGPT_CHECKPOINT_WRITER_H
 
 #include "checkpoint.h"
 #include "common.h"
 #include "config.h"
+#include "protocol.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -91,11 +93,7 @@ static void mg_writer_start(MgCkptWriter *w) {
         mg_fail(MG_EXIT_IO, "cannot set up the checkpoint writer's pipe: %s", strerror(errno));
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->changed, NULL);
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGUSR1);
+    sigset_t block = mg_flag_signals(), old;
     pthread_sigmask(SIG_BLOCK, &block, &old);
     int rc = pthread_create(&w->thread, NULL, mg_writer_thread, w);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

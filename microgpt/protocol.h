@@ -25,6 +25,16 @@ static void mg_on_signal(int sig) {
     else mg_stop_requested = 1;
 }
 
+// The signals whose handlers set the flags above.
+static sigset_t mg_flag_signals(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    return set;
+}
+
 static void mg_install_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -168,11 +178,7 @@ static void mg_read_sample_request(const MgFrameHeader *h, int vocab, MgSampleRe
 // by ppoll. Returns 1 when fd is readable, 0 when a signal flag is set or
 // wake_fd is readable (the caller then acts on those first).
 static int mg_wait_for_input(int fd, int wake_fd) {
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGUSR1);
+    sigset_t block = mg_flag_signals(), old;
     sigprocmask(SIG_BLOCK, &block, &old);
     int ready = 0;
     while (!mg_stop_requested && !mg_ckpt_requested) {

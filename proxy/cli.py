@@ -151,7 +151,7 @@ class _CommandError(Exception):
 # ---------------------------------------------------------------- run
 
 def cmd_run(args) -> int:
-    from .supervisor import RunRequest, SupervisorError, SupervisorOptions, start_run
+    from .supervision.loop import RunRequest, SupervisorError, SupervisorOptions, start_run
 
     if args.max_failures < 1:
         raise _CommandError("--max-failures must be at least 1", EXIT_USAGE)
@@ -242,7 +242,7 @@ def _dashboard(argv: list[str]) -> int:
 # ---------------------------------------------------------------- run directory for the others
 
 def _resolve_run(run_dir: str | None):
-    from .run_dir import RunDir, RunDirError, most_recent_run
+    from .rundir.layout import RunDir, RunDirError, most_recent_run
 
     if run_dir:
         run = RunDir(Path(run_dir))
@@ -258,7 +258,7 @@ def _resolve_run(run_dir: str | None):
 
 
 def _running_proxy(run) -> int:
-    from .run_dir import lock_owner
+    from .rundir.layout import lock_owner
 
     pid = lock_owner(run)
     if pid is None:
@@ -286,7 +286,7 @@ def cmd_checkpoint(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from .run_dir import lock_owner
+    from .rundir.layout import lock_owner
 
     run = _resolve_run(args.run_dir)
     pid = _signal_proxy(run, signal.SIGTERM)
@@ -297,7 +297,7 @@ def cmd_stop(args) -> int:
     end = time.monotonic() + args.timeout
     while time.monotonic() < end:
         if lock_owner(run) is None:
-            from .checkpoint_file import list_checkpoints
+            from .formats.checkpoint import list_checkpoints
             newest = list_checkpoints(run.checkpoints)
             print(f"stopped; newest checkpoint {newest[0] if newest else 'none'}")
             return EXIT_OK
@@ -308,7 +308,7 @@ def cmd_stop(args) -> int:
 # ---------------------------------------------------------------- pivot, fork
 
 def cmd_pivot(args) -> int:
-    from .pivot import PivotError, pivot
+    from .commands.pivot import PivotError, pivot
 
     run = _resolve_run(args.run_dir)
     try:
@@ -320,7 +320,7 @@ def cmd_pivot(args) -> int:
 
 
 def cmd_fork(args) -> int:
-    from .fork import ForkError, fork
+    from .commands.fork import ForkError, fork
 
     run = _resolve_run(args.run_dir)
     try:
@@ -335,10 +335,10 @@ def cmd_fork(args) -> int:
 
 def status_report(run) -> dict:
     """Everything `proxy status` shows, as a dict (also `--json`)."""
-    from .checkpoint_file import list_checkpoints
-    from .loss_log import EvalEntry, StepEntry, read_tail
-    from .run_dir import RunDirError, lock_owner, read_phases
-    from .sidecars import read_state
+    from .formats.checkpoint import list_checkpoints
+    from .formats.loss_log import EvalEntry, StepEntry, read_tail
+    from .rundir.layout import RunDirError, lock_owner, read_phases
+    from .formats.state import read_state
 
     state = read_state(run.state) or {}
     try:
@@ -402,7 +402,7 @@ def status_report(run) -> dict:
 
 
 def _fmt_status(r: dict) -> str:
-    from .supervisor import _fmt_duration, _fmt_rate
+    from .supervision.loop import _fmt_duration, _fmt_rate
 
     lines = [f"run:         {r['run_dir']} (experiment {r['experiment']})"]
     alive = f"proxy pid {r['proxy_pid']}" if r["alive"] else "no proxy running"

@@ -35,8 +35,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from proxy import frames  # noqa: E402
-from proxy.checkpoint_file import n_params_for  # noqa: E402
+from proxy.formats import frames  # noqa: E402
+from proxy.formats.checkpoint import n_params_for  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_engine import build_torch_model  # noqa: E402  (one peer model for both benchmarks)

@@ -87,8 +87,8 @@ def run_child(name: str, cmd: list[str], cwd: Path, on_line, timeout: float = 36
 
 def bench_engine(args, shape: dict, work: Path) -> dict:
     import numpy as np
-    from proxy.frames import parse_event
-    from proxy.token_shard import write_shard
+    from proxy.formats.frames import parse_event
+    from proxy.formats.shard import write_shard
 
     engine = Path(args.engine or REPO / "build" / ("microgpt_cuda" if args.device == "cuda" else "microgpt_cpu"))
     if not engine.is_file():

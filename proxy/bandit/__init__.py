@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..experiment import BanditConfig
+from ..config.experiment import BanditConfig
 from .base import Bandit
 from .exp3 import EXP3
 from .simplex import project_capped_simplex

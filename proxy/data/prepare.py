@@ -28,8 +28,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..experiment import Experiment
-from ..token_shard import read_shard, write_shard
+from ..config.experiment import Experiment
+from ..formats.shard import read_shard, write_shard
 from .progress import Progress
 from .sources import SourceError, hash_file, load_documents, source_bytes, source_fingerprint
 from .tokenizer import TOKENIZER_SETTINGS, Tokenizer, train_tokenizer

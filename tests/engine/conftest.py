@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import n_params_for
-from proxy.token_shard import write_shard
+from proxy.formats import frames
+from proxy.formats.checkpoint import n_params_for
+from proxy.formats.shard import write_shard
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(os.environ.get("MICROGPT_ENGINE", REPO / "build" / "microgpt_cpu"))
@@ -110,7 +110,7 @@ def random_groups(n_rows: int, seed: int, n_groups: int = 3) -> np.ndarray:
 
 
 def make_shard(path: Path, cfg: Cfg, n_tokens: int = 20_000, seed: int = 0) -> Path:
-    """A random token shard for `cfg.vocab` (written by proxy.token_shard)."""
+    """A random token shard for `cfg.vocab` (written by proxy.formats.shard)."""
     tokens = np.random.default_rng(seed).integers(0, cfg.vocab, size=n_tokens, dtype=np.uint16)
     write_shard(path, tokens, cfg.vocab)
     return path

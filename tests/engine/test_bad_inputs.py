@@ -12,9 +12,9 @@ import struct
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import read_checkpoint
-from proxy.token_shard import HEADER as SHARD_HEADER, SHARD_MAGIC
+from proxy.formats import frames
+from proxy.formats.checkpoint import read_checkpoint
+from proxy.formats.shard import HEADER as SHARD_HEADER, SHARD_MAGIC
 
 from .conftest import (TINY, Cfg, dir_snapshot, make_shard, parse_events, proxy_args, random_groups,
                        random_rows, run_once, train_frames)

@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, read_checkpoint
-from proxy.token_shard import write_shard
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, read_checkpoint
+from proxy.formats.shard import write_shard
 
 from .conftest import TINY, Cfg, event_path, initial_checkpoint, proxy_args, random_rows, train_frames
 from .torch_reference import Reference, Shape, Trainer, decays, param_slices

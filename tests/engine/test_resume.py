@@ -14,8 +14,8 @@ import signal
 
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
 
 from .conftest import TINY, Cfg, event_path, make_shard, parse_events, proxy_args, run_once, train_frames
 

@@ -10,8 +10,8 @@ import subprocess
 import time
 
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
 
 from .conftest import TINY, Cfg, event_path, initial_checkpoint, make_shard, parse_events, proxy_args, train_frames
 

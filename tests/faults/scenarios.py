@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from proxy import frames
-from proxy.checkpoint_file import checkpoint_step, list_checkpoints, n_params_for, verify_checkpoint
-from proxy.token_shard import write_shard
+from proxy.formats import frames
+from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, n_params_for, verify_checkpoint
+from proxy.formats.shard import write_shard
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(os.environ.get("MICROGPT_ENGINE", REPO / "build" / "microgpt_cpu"))
@@ -629,7 +629,7 @@ def checkpoint_regions(raw: bytes) -> dict[str, tuple[int, int]]:
     }
 
 
-# The reasons a rejection may give for each corruption (the engine's and proxy.checkpoint_file's wording).
+# The reasons a rejection may give for each corruption (the engine's and proxy.formats.checkpoint's wording).
 SIZE_REASONS = ("truncated", "does not match", "not a microgpt checkpoint", "no end magic", "trailer truncated")
 REGION_REASONS = {
     "step": ("checksum mismatch", "not a microgpt checkpoint"),  # the sign bit makes the step negative
@@ -746,7 +746,7 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
         reason = verify_checkpoint(_plant(d / "ck", ref_dir, case.data))
         if case.reasons and (reason is None or not any(r in reason for r in case.reasons)) \
                 and case.latest_fallback:
-            out.fail(f"{where} proxy.checkpoint_file.verify_checkpoint said {reason!r}, expected one of {case.reasons}")
+            out.fail(f"{where} proxy.formats.checkpoint.verify_checkpoint said {reason!r}, expected one of {case.reasons}")
         # explicit --resume FILE
         target = d / "ck" / "step_000004.bin"
         rc, p = run_standalone(model, shard, d / "ck", 2, resume=target)

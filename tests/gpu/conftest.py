@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import n_params_for
+from proxy.formats import frames
+from proxy.formats.checkpoint import n_params_for
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA_ENGINE = Path(os.environ.get("MICROGPT_CUDA_ENGINE", REPO / "build" / "microgpt_cuda")).resolve()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.checkpoint_file import read_checkpoint
+from proxy.formats.checkpoint import read_checkpoint
 
 from .conftest import Engine, Shape, proxy_args, train, train_frames
 

@@ -69,7 +69,7 @@ def test_ten_steps_match_cpu(name, cpu_bin, cuda_bin, tmp_path):
 
 def test_eval_and_greedy_sample_match_cpu(cpu_bin, cuda_bin, tmp_path):
     """EVAL losses (fewer rows than a batch: padding) and a greedy SAMPLE."""
-    from proxy import frames
+    from proxy.formats import frames
     from .conftest import Engine, markov_rows, proxy_args
 
     shape = SHAPES["hd32"]

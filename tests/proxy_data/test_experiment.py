@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.experiment import (CapsFile, Experiment, ExperimentError, load_caps, load_experiment,
+from proxy.config.experiment import (CapsFile, Experiment, ExperimentError, load_caps, load_experiment,
                               parse_experiment)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import psutil
 
-from .atomic import atomic_write_json
-from .frames import parse_event
+from ..atomic import atomic_write_json
+from ..formats.frames import parse_event
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
 _F_SETPIPE_SZ = 1031
 

@@ -50,9 +50,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_write_json, fsync_dir
-from .checkpoint_file import checkpoint_step, list_checkpoints
-from .run_dir import Phase, RunDir, RunDirError, append_phase, read_phases
+from ..atomic import atomic_write_json, fsync_dir
+from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from ..rundir.layout import Phase, RunDir, RunDirError, append_phase, read_phases
 
 REQUEST = ".pivot_request.json"
 CLAIMED = ".pivot_claimed.json"
@@ -90,7 +90,7 @@ def load_pivot_caps(path: str | os.PathLike, experiment, phase: Phase | None
     a pivot's caps file may name `"policy": "ucb1" | "exp3"` (default: the
     current phase's). Raises ExperimentError (one line naming the file).
     """
-    from .experiment import CapsFile, _fail, _read_json, apply_caps, format_validation_error
+    from ..config.experiment import CapsFile, _fail, _read_json, apply_caps, format_validation_error
     from pydantic import ValidationError
 
     path = Path(path)
@@ -112,7 +112,7 @@ def load_pivot_caps(path: str | os.PathLike, experiment, phase: Phase | None
 
 def check_request(req: dict, experiment) -> tuple[dict, dict, str]:
     """The caps, floors and policy of a pivot request, checked again (a request file is input too)."""
-    from .experiment import check_caps_floors
+    from ..config.experiment import check_caps_floors
 
     names = experiment.arm_names
     try:
@@ -288,7 +288,7 @@ def _read_response(run: RunDir, request_id: str) -> dict | None:
 # ---------------------------------------------------------------- the command
 
 def _load_frozen_experiment(run: RunDir):
-    from .experiment import ExperimentError, load_experiment
+    from ..config.experiment import ExperimentError, load_experiment
 
     try:
         return load_experiment(run.experiment, check_sources=False)
@@ -298,8 +298,8 @@ def _load_frozen_experiment(run: RunDir):
 
 def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 600.0, out=None) -> int:
     """`proxy pivot`: validate everything first, then pivot the live or the stopped run."""
-    from .experiment import ExperimentError
-    from .run_dir import lock_owner
+    from ..config.experiment import ExperimentError
+    from ..rundir.layout import lock_owner
 
     out = out or sys.stdout
     experiment = _load_frozen_experiment(run)
@@ -331,7 +331,7 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
 
 def _live(run: RunDir, pid: int, caps: dict, floors: dict, policy: str, caps_path: Path,
           timeout: float, out) -> int:
-    from .run_dir import lock_owner
+    from ..rundir.layout import lock_owner
 
     if pid <= 0:
         raise PivotError(f"{run.lock_file} is locked but holds no pid")
@@ -389,10 +389,10 @@ def _withdraw(run: RunDir) -> bool:
 def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, caps_path: Path,
              at: int | None, out) -> int:
     """Pivot a stopped run: under its lock, at the newest valid checkpoint the log covers."""
-    from .engine_process import reap_orphan
-    from .loss_log import LossLogIndex
-    from .run_dir import RunLock
-    from .supervisor import SupervisorError, choose_resume, current_phase
+    from ..supervision.engine_process import reap_orphan
+    from ..formats.loss_log import LossLogIndex
+    from ..rundir.layout import RunLock
+    from ..supervision.loop import SupervisorError, choose_resume, current_phase
 
     try:
         run_lock = RunLock(run).acquire()
@@ -443,8 +443,8 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
 
 def _offline_state(run: RunDir, experiment, result: PivotResult, caps_path: Path) -> None:
     """.state.json for the new phase (the old one is in the archive): shown by `proxy status`."""
-    from .sidecars import read_state
-    from .supervisor import fresh_bandit
+    from ..formats.state import read_state
+    from ..supervision.loop import fresh_bandit
 
     state = read_state(run.state) or {}
     p = result.phase

@@ -32,15 +32,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import frames
-from .checkpoint_file import checkpoint_step, list_checkpoints, verify_checkpoint
+from ..formats import frames
+from ..formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 from .engine_process import (EOF, EVENT, NOISE, WRITE_FAILED, EngineChoice, EngineError, EngineProcess,
                              engine_argv, exit_description, reap_orphan, record_engine)
-from .loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed
-from .retention import (RetentionPolicy, apply_retention, best_is_better, copy_best, header_step,
+from ..formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed
+from ..rundir.retention import (RetentionPolicy, apply_retention, best_is_better, copy_best, header_step,
                         protected_by_phases, step_path)
-from .run_dir import Phase, RunDir, experiment_changed, read_phases
-from .sidecars import ArmStatus, EngineStatus, RunState, Sample, SampleAudit, SamplesFile, read_state, write_state
+from ..rundir.layout import Phase, RunDir, experiment_changed, read_phases
+from ..formats.state import ArmStatus, EngineStatus, RunState, Sample, SampleAudit, SamplesFile, read_state, write_state
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CRASHLOOP = 0, 1, 2, 3
 
@@ -85,7 +85,7 @@ def _count_field(snapshot: dict, key: str, default: int) -> int:
 def fresh_bandit(experiment, phase: Phase, arm_names: list[str]):
     """A new bandit for `phase` (the seam a pivot uses). Arms the phase does not name keep the
     experiment's cap and floor; names the experiment does not define are dropped."""
-    from .bandit import make_bandit
+    from ..bandit import make_bandit
 
     defaults = {a.name: (float(a.cap), float(a.floor)) for a in experiment.arms}
     caps = {n: float(phase.caps.get(n, defaults[n][0])) for n in arm_names}
@@ -215,7 +215,7 @@ class Segment:
 class Supervisor:
     def __init__(self, experiment, run: RunDir, data, engine: EngineChoice, options: SupervisorOptions,
                  out=None, err=None):
-        from .batches import BatchSampler
+        from ..data.batches import BatchSampler
 
         self.experiment = experiment
         self.run = run
@@ -346,7 +346,7 @@ class Supervisor:
     # ------------------------------------------------------------ pivots (proxy/pivot.py)
     def _take_pivot_requests(self, refuse: str | None = None) -> bool:
         """Claim the request SIGUSR2 announced and accept it (True) or refuse it (`refuse`: why)."""
-        from .pivot import PivotError, answer_request, check_request, claim_request
+        from ..commands.pivot import PivotError, answer_request, check_request, claim_request
 
         accepted = False
         while self.pivot_signals:
@@ -372,7 +372,7 @@ class Supervisor:
         return accepted
 
     def _refuse_pivots(self, why: str) -> None:
-        from .pivot import answer_request
+        from ..commands.pivot import answer_request
 
         if self.pivot_job is not None:
             answer_request(self.run, self.pivot_job[0], False, f"{why}; nothing changed")
@@ -385,7 +385,7 @@ class Supervisor:
         if seg.stop_sent or self.stop_requests:
             request = self.pivot_job[0]
             self.pivot_job = None
-            from .pivot import answer_request
+            from ..commands.pivot import answer_request
             why = ("the run is finishing (its last step is in flight)" if seg.next_step > self.max_steps
                    else "the run is stopping")
             self.warn(f"pivot refused: {why}")
@@ -399,7 +399,7 @@ class Supervisor:
 
     def _finish_pivot(self, seg: Segment, outcome: str) -> str:
         """After the segment a pivot stopped: apply it at the engine's last checkpoint."""
-        from .pivot import answer_request, apply_pivot, relative_checkpoint
+        from ..commands.pivot import answer_request, apply_pivot, relative_checkpoint
 
         request, caps, floors, policy = self.pivot_job
         self.pivot_job = None
@@ -1075,10 +1075,10 @@ def _start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
     data are ready (the CLI starts the dashboard there). Raises SupervisorError
     for anything the user must fix; returns the exit code otherwise.
     """
-    from .data.prepare import DataError, default_cache_dir, prepare_data
-    from .experiment import ExperimentError, load_experiment
-    from .run_dir import (RunDirError, RunLock, default_run_dir, ensure_phases, freeze_experiment)
-    from .batches import BatchError
+    from ..data.prepare import DataError, default_cache_dir, prepare_data
+    from ..config.experiment import ExperimentError, load_experiment
+    from ..rundir.layout import (RunDirError, RunLock, default_run_dir, ensure_phases, freeze_experiment)
+    from ..data.batches import BatchError
     from .engine_process import choose_engine
 
     out, err = out or sys.stdout, err or sys.stderr
@@ -1139,7 +1139,7 @@ def _start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
 def _mark_finished(run: RunDir) -> None:
     state = read_state(run.state)
     if state is not None and state.get("status") != "finished":
-        from .atomic import atomic_write_json
+        from ..atomic import atomic_write_json
         state["status"] = "finished"
         state["updated"] = time.time()
         if isinstance(state.get("engine"), dict):

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .atomic import atomic_write_bytes, atomic_write_json
+from ..atomic import atomic_write_bytes, atomic_write_json
 
 RUNS_ROOT = Path("runs")
 

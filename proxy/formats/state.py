@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .atomic import atomic_write_json
+from ..atomic import atomic_write_json
 
 STATUSES = ("running", "stopped", "finished", "crashloop")
 

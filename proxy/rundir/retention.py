@@ -13,8 +13,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_copy, fsync_dir
-from .checkpoint_file import checkpoint_step, list_checkpoints
+from ..atomic import atomic_copy, fsync_dir
+from ..formats.checkpoint import checkpoint_step, list_checkpoints
 
 
 @dataclass(frozen=True)

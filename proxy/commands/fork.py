@@ -35,10 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from .atomic import fsync_dir
-from .checkpoint_file import checkpoint_step, list_checkpoints, verify_checkpoint
-from .loss_log import LossLogIndex
-from .run_dir import Phase, RunDir, RunDirError, read_phases
+from ..atomic import fsync_dir
+from ..formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+from ..formats.loss_log import LossLogIndex
+from ..rundir.layout import Phase, RunDir, RunDirError, read_phases
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -96,7 +96,7 @@ def _json(obj) -> bytes:
 
 
 def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None) -> int:
-    from .experiment import ExperimentError, load_experiment
+    from ..config.experiment import ExperimentError, load_experiment
     from .pivot import archive_dir_for, archive_name, load_pivot_caps, relative_checkpoint
 
     out = out or sys.stdout

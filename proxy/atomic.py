@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -26,13 +28,14 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Replace `path` with `data` atomically and durably."""
+@contextmanager
+def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file that replaces `path` atomically and durably when the block ends without an error."""
     path = Path(path)
     tmp = _temp_name(path)
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -40,6 +43,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably."""
+    with atomic_writer(path) as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -53,15 +62,5 @@ def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> N
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Copy `src` over `dst` atomically and durably (dst appears whole or not at all)."""
-    src, dst = Path(src), Path(dst)
-    tmp = _temp_name(dst)
-    try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
-            fout.flush()
-            os.fsync(fout.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(dst.parent)
+    with open(src, "rb") as fin, atomic_writer(dst) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)

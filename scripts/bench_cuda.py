@@ -36,7 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from proxy.formats import frames  # noqa: E402
-from proxy.formats.checkpoint import n_params_for  # noqa: E402
+from proxy.formats.engine_cli import engine_args, setting_flags  # noqa: E402
+from proxy.formats.parameters import n_params  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_engine import build_torch_model  # noqa: E402  (one peer model for both benchmarks)
@@ -50,7 +51,7 @@ PEAKS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312
 
 
 def flops_per_token(s: dict) -> float:
-    n = n_params_for(s["vocab"], s["ctx"], s["dim"], s["layers"])
+    n = n_params(s["vocab"], s["ctx"], s["dim"], s["layers"])
     return 6.0 * n + 6.0 * s["layers"] * s["dim"] * s["ctx"]
 
 
@@ -99,10 +100,9 @@ def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int,
     rng = np.random.default_rng(0)
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="bench_cuda_") as tmp:
-        args = [str(engine), "--data", "-", "--ckpt-dir", str(Path(tmp) / "ckpt"), "--ckpt-every", "0",
-                "--vocab", str(V), "--ctx", str(T), "--dim", str(shape["dim"]), "--layers", str(shape["layers"]),
-                "--heads", str(shape["heads"]), "--batch", str(batch), "--steps", "100000", "--warmup", "100",
-                "--precision", precision]
+        settings = setting_flags(**shape, batch=batch, steps=100000, warmup=100)
+        args = [str(engine), *engine_args(Path(tmp) / "ckpt", ckpt_every=0, settings=settings,
+                                          extra=["--precision", precision])]
         env = dict(os.environ, **env_extra)
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         lines: queue.Queue = queue.Queue()
@@ -251,7 +251,7 @@ def main() -> int:
         s = SHAPES[key]
         fpt = flops_per_token(s)
         print(f"== {key}: C={s['dim']} L={s['layers']} H={s['heads']} V={s['vocab']} T={s['ctx']} B={args.batch}, "
-              f"{n_params_for(s['vocab'], s['ctx'], s['dim'], s['layers']) / 1e6:.1f}M params, "
+              f"{n_params(s['vocab'], s['ctx'], s['dim'], s['layers']) / 1e6:.1f}M params, "
               f"{fpt / 1e6:.0f} MFLOP/token", flush=True)
         eng = bench_engine(args.engine, s, args.batch, args.steps, args.warmup, args.ckpts, args.precision, {})
         ref = {"skipped": "--no-torch"} if args.no_torch else bench_torch(s, args.batch, args.steps, args.warmup,

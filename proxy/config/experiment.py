@@ -19,6 +19,9 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..formats.engine_cli import setting_flags
+from ..formats.parameters import n_params
+
 BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics")
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
@@ -48,8 +51,7 @@ class ModelConfig(_Strict):
 
     @property
     def n_params(self) -> int:
-        v, t, c, l = self.vocab, self.ctx, self.dim, self.layers
-        return v * c + t * c + l * (12 * c * c + 13 * c) + 2 * c
+        return n_params(self.vocab, self.ctx, self.dim, self.layers)
 
 
 class TrainConfig(_Strict):
@@ -254,19 +256,10 @@ class Experiment(_Strict):
     def engine_flags(self) -> list[str]:
         """The engine's command-line flags for this experiment's model and optimizer (docs/ENGINE.md)."""
         m, t = self.model, self.train
-        flags = [
-            ("--vocab", m.vocab), ("--ctx", m.ctx), ("--dim", m.dim), ("--layers", m.layers), ("--heads", m.heads),
-            ("--batch", t.batch), ("--grad-accum", t.grad_accum), ("--steps", t.max_steps),
-            ("--lr", t.lr), ("--min-lr", t.min_lr), ("--warmup", t.warmup),
-            ("--beta1", t.beta1), ("--beta2", t.beta2), ("--eps", t.eps),
-            ("--weight-decay", t.weight_decay), ("--grad-clip", t.grad_clip), ("--seed", t.seed),
-        ]
-        if t.threads is not None:
-            flags.append(("--threads", t.threads))
-        out: list[str] = []
-        for flag, value in flags:
-            out += [flag, repr(float(value)) if isinstance(value, float) else str(int(value))]
-        return out
+        return setting_flags(vocab=m.vocab, ctx=m.ctx, dim=m.dim, layers=m.layers, heads=m.heads, batch=t.batch,
+                             grad_accum=t.grad_accum, steps=t.max_steps, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup,
+                             beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
+                             grad_clip=t.grad_clip, seed=t.seed, threads=t.threads)
 
 
 def check_caps_floors(caps: dict[str, float], floors: dict[str, float]) -> list[str]:

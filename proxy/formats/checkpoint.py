@@ -1,8 +1,8 @@
-"""Reading and verifying engine checkpoints (docs/FORMATS.md, "Checkpoint file").
+"""Checkpoint files: their names, and reading and verifying them (docs/FORMATS.md, "Checkpoint file").
 
 The Python twin of the engine's loader: the proxy uses it to pick the newest
-valid checkpoint after a crash, tests use it to read weights and moments.
-Only numpy and zlib; never writes.
+valid checkpoint after a crash, tests use it to read weights and moments,
+the dashboard to list checkpoints. Only numpy and zlib; never writes.
 """
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .parameters import ModelShape
+
 TRAILER_MAGIC = b"MGPTTRLR"
 END_MAGIC = b"MGPTEND1"
 TRAILER_FIXED_BYTES = 128
 FOOTER_BYTES = 24
-CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.bin$")
+NAME_PATTERN = re.compile(r"^step_(\d{6,})\.bin$")  # temp files (.step_NNNNNN.bin.tmp) never match
 
 _FIXED = struct.Struct("<8sII9i7fQQ32s")
 assert _FIXED.size == TRAILER_FIXED_BYTES
@@ -31,13 +33,38 @@ class CheckpointError(ValueError):
     """A file that is not a loadable checkpoint; the message says why."""
 
 
+def checkpoint_name(step: int) -> str:
+    """`step_NNNNNN.bin`: the step zero-padded to six digits (more past 999,999)."""
+    return f"step_{step:06d}.bin"
+
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+    return Path(directory) / checkpoint_name(step)
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The step in a checkpoint's file name, or None if the name is not step_NNNNNN.bin."""
+    match = NAME_PATTERN.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """step_*.bin files in a directory, newest step first (temp files never match)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(checkpoint_step(p), p) for p in directory.iterdir()]
+    return [p for step, p in sorted((s, p) for s, p in found if s is not None)[::-1]]
+
+
+def body_bytes(n_params: int) -> int:
+    """Bytes of the ANDREA regions: step, n_params, weights, adam_m, adam_v."""
+    return 8 + 12 * n_params
+
+
 @dataclass(frozen=True)
 class Trailer:
-    vocab: int
-    ctx: int
-    dim: int
-    layers: int
-    heads: int
+    shape: ModelShape
     batch: int
     grad_accum: int
     warmup: int
@@ -66,9 +93,20 @@ class Checkpoint:
     warnings: list[str] = field(default_factory=list)
 
 
-def n_params_for(vocab: int, ctx: int, dim: int, layers: int) -> int:
-    """Parameter count of the model in DESIGN.md."""
-    return vocab * dim + ctx * dim + layers * (12 * dim * dim + 13 * dim) + 2 * dim
+def _decode_trailer(buf: bytes | memoryview, trailer_bytes: int, path: Path) -> Trailer:
+    """The trailer whose fixed part starts `buf` (its metadata follows); CheckpointError if malformed."""
+    fields = _FIXED.unpack_from(buf, 0)
+    magic, version, meta_bytes = fields[0], fields[1], fields[2]
+    if magic != TRAILER_MAGIC:
+        raise CheckpointError(f"{path}: bad trailer magic")
+    if version != 1:
+        raise CheckpointError(f"{path}: unsupported trailer version {version}")
+    if TRAILER_FIXED_BYTES + meta_bytes + FOOTER_BYTES != trailer_bytes:
+        raise CheckpointError(f"{path}: trailer sizes disagree")
+    ints, floats = fields[3:12], fields[12:19]
+    seed, tokens_seen = fields[19], fields[20]
+    meta = bytes(buf[TRAILER_FIXED_BYTES: TRAILER_FIXED_BYTES + meta_bytes]).decode("utf-8", errors="replace")
+    return Trailer(ModelShape(*ints[:5]), *ints[5:], *floats, seed, tokens_seen, meta)
 
 
 def _parse(raw: bytes, path: Path, verify_crc: bool) -> tuple[int, int, Trailer | None]:
@@ -78,7 +116,7 @@ def _parse(raw: bytes, path: Path, verify_crc: bool) -> tuple[int, int, Trailer 
     step, n = struct.unpack_from("<ii", raw, 0)
     if n <= 0 or step < 0:
         raise CheckpointError(f"{path}: not a microgpt checkpoint (step {step}, n_params {n})")
-    body = 8 + 12 * n
+    body = body_bytes(n)
     if size == body:
         return step, n, None
     if size < body + TRAILER_FIXED_BYTES + FOOTER_BYTES:
@@ -92,22 +130,10 @@ def _parse(raw: bytes, path: Path, verify_crc: bool) -> tuple[int, int, Trailer 
         raise CheckpointError(f"{path}: size {size} does not match n_params {n} and trailer of {trailer_bytes} bytes")
     if verify_crc and zlib.crc32(memoryview(raw)[: size - 16]) != crc:
         raise CheckpointError(f"{path}: checksum mismatch")
-    fields = _FIXED.unpack_from(raw, body)
-    magic, version, meta_bytes = fields[0], fields[1], fields[2]
-    if magic != TRAILER_MAGIC:
-        raise CheckpointError(f"{path}: bad trailer magic")
-    if version != 1:
-        raise CheckpointError(f"{path}: unsupported trailer version {version}")
-    if TRAILER_FIXED_BYTES + meta_bytes + FOOTER_BYTES != trailer_bytes:
-        raise CheckpointError(f"{path}: trailer sizes disagree")
-    ints, floats = fields[3:12], fields[12:19]
-    seed, tokens_seen = fields[19], fields[20]
-    meta_start = body + TRAILER_FIXED_BYTES
-    meta = raw[meta_start : meta_start + meta_bytes].decode("utf-8", errors="replace")
-    trailer = Trailer(*ints, *floats, seed, tokens_seen, meta)
-    expect = n_params_for(trailer.vocab, trailer.ctx, trailer.dim, trailer.layers)
-    if expect != n:
-        raise CheckpointError(f"{path}: n_params {n} does not match the shape in its trailer ({expect})")
+    trailer = _decode_trailer(memoryview(raw)[body:], trailer_bytes, path)
+    if trailer.shape.n_params != n:
+        raise CheckpointError(f"{path}: n_params {n} does not match the shape in its trailer "
+                              f"({trailer.shape.n_params})")
     return step, n, trailer
 
 
@@ -139,27 +165,27 @@ def verify_checkpoint(path: str | os.PathLike) -> str | None:
     return None
 
 
-def checkpoint_step(path: str | os.PathLike) -> int | None:
-    """The step in a checkpoint's file name, or None if the name is not step_NNNNNN.bin."""
-    match = CHECKPOINT_NAME.match(Path(path).name)
-    return int(match.group(1)) if match else None
+def header_step(path: str | os.PathLike) -> int | None:
+    """The step in a checkpoint's first 4 bytes (best.bin has no step in its name)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    return struct.unpack("<i", head)[0] if len(head) == 4 else None
 
 
-def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """step_*.bin files in a directory, newest step first (temp files never match)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [(checkpoint_step(p), p) for p in directory.iterdir()]
-    return [p for step, p in sorted((s, p) for s, p in found if s is not None)[::-1]]
-
-
-def newest_valid_checkpoint(directory: str | os.PathLike) -> tuple[Path | None, list[str]]:
-    """The newest verified checkpoint and the reasons older-than-newest files were skipped."""
-    rejected = []
-    for path in list_checkpoints(directory):
-        reason = verify_checkpoint(path)
-        if reason is None:
-            return path, rejected
-        rejected.append(reason)
-    return None, rejected
+def read_trailer(path: str | os.PathLike) -> Trailer | None:
+    """The trailer of a checkpoint already verified, reading only the file's tail; None without one."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(size - FOOTER_BYTES)
+            trailer_bytes, _crc, _reserved, end = _FOOTER.unpack(f.read(FOOTER_BYTES))
+            if end != END_MAGIC or not TRAILER_FIXED_BYTES + FOOTER_BYTES <= trailer_bytes <= size:
+                return None
+            f.seek(size - trailer_bytes)
+            return _decode_trailer(f.read(trailer_bytes - FOOTER_BYTES), trailer_bytes, path)
+    except (OSError, struct.error, CheckpointError):
+        return None

@@ -1,8 +1,8 @@
-"""`.state.json` and `.samples.json`: atomic rewrites (docs/FORMATS.md).
+"""`.state.json`: the run's snapshot, an atomic rewrite (docs/FORMATS.md).
 
 `.state.json` is a snapshot for people and the dashboard; the proxy never
 trusts it over `.loss.json` (the bandit is rebuilt from the log). It is read
-back only to carry reports forward (replay mismatches, dropped arms).
+back only to carry reports forward (replay mismatches, restarts, dropped arms).
 """
 from __future__ import annotations
 
@@ -101,49 +101,3 @@ def read_state(path: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
-
-
-# ---------------------------------------------------------------- samples
-
-@dataclass
-class Sample:
-    prompt: str
-    completion: str
-    tokens: list[int]
-
-
-@dataclass
-class SampleAudit:
-    step: int
-    time: float
-    samples: list[Sample]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "SampleAudit":
-        return cls(step=int(obj["step"]), time=float(obj.get("time", 0.0)),
-                   samples=[Sample(str(s.get("prompt", "")), str(s.get("completion", "")),
-                                   [int(t) for t in s.get("tokens", [])]) for s in obj.get("samples", [])])
-
-
-class SamplesFile:
-    """`.samples.json`: a JSON array of audits, newest last, at most `keep` of them."""
-
-    def __init__(self, path: str | os.PathLike, keep: int = 50):
-        self.path = Path(path)
-        self.keep = keep
-        self.audits: list[SampleAudit] = []
-        try:
-            raw = json.loads(self.path.read_text())
-            self.audits = [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            self.audits = []
-
-    def add(self, audit: SampleAudit) -> None:
-        """Add an audit; one for the same step (a replay) is replaced."""
-        self.audits = [a for a in self.audits if a.step != audit.step] + [audit]
-        self.audits.sort(key=lambda a: a.step)
-        self.audits = self.audits[-self.keep:]
-        atomic_write_json(self.path, [a.to_dict() for a in self.audits])

@@ -23,7 +23,6 @@ import os
 import queue
 import signal
 import statistics
-import struct
 import sys
 import time
 from collections import deque
@@ -33,14 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from ..formats import frames
-from ..formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+from ..formats.checkpoint import (checkpoint_path, checkpoint_step, header_step, list_checkpoints, read_trailer,
+                                  verify_checkpoint)
+from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_USAGE as ENGINE_EXIT_USAGE, engine_args, exit_description
 from .engine_process import (EOF, EVENT, NOISE, WRITE_FAILED, EngineChoice, EngineError, EngineProcess,
-                             engine_argv, exit_description, reap_orphan, record_engine)
+                             reap_orphan, record_engine)
 from ..formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed
-from ..rundir.retention import (RetentionPolicy, apply_retention, best_is_better, copy_best, header_step,
-                        protected_by_phases, step_path)
+from ..rundir.retention import RetentionPolicy, apply_retention, best_is_better, copy_best, protected_by_phases
 from ..rundir.layout import Phase, RunDir, experiment_changed, read_phases
-from ..formats.state import ArmStatus, EngineStatus, RunState, Sample, SampleAudit, SamplesFile, read_state, write_state
+from ..formats.samples import Sample, SampleAudit, SamplesFile
+from ..formats.state import ArmStatus, EngineStatus, RunState, read_state, write_state
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CRASHLOOP = 0, 1, 2, 3
 
@@ -98,22 +99,6 @@ def fresh_bandit(experiment, phase: Phase, arm_names: list[str]):
 
 def current_phase(phases: list[Phase]) -> Phase:
     return phases[-1]
-
-
-def tokens_seen_from_trailer(path: Path) -> int | None:
-    """tokens_seen from a checkpoint's trailer, reading only its tail."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(size - 24)
-            trailer_bytes, _crc, _r, end = struct.unpack("<QII8s", f.read(24))
-            if end != b"MGPTEND1" or trailer_bytes > size:
-                return None
-            f.seek(size - trailer_bytes + 88)
-            return struct.unpack("<Q", f.read(8))[0]
-    except (OSError, struct.error):
-        return None
 
 
 @dataclass
@@ -410,7 +395,7 @@ class Supervisor:
             answer_request(self.run, request, False, f"{why}; nothing changed")
             return outcome
         k = seg.last_step
-        path = step_path(self.run.checkpoints, k)
+        path = checkpoint_path(self.run.checkpoints, k)
         reason = verify_checkpoint(path) if path.exists() else f"{path.name}: missing"
         if reason is not None:
             self.warn(f"pivot not applied: the checkpoint at step {k} does not verify ({reason})")
@@ -560,7 +545,8 @@ class Supervisor:
 
         if c > 0:
             entry = index.step(c)
-            tokens = entry.tokens if entry is not None else tokens_seen_from_trailer(resume.path)
+            trailer = read_trailer(resume.path) if entry is None else None
+            tokens = entry.tokens if entry is not None else trailer.tokens_seen if trailer else None
             self.tokens = int(tokens or 0)
             if entry is not None:
                 self.last_loss = entry.loss
@@ -577,8 +563,9 @@ class Supervisor:
             # the run went on under a changed experiment: its older checkpoints carry the old
             # optimizer settings, and the frozen experiment (not the checkpoint) is the truth
             flags.append("--allow-hparam-change")
-        argv = engine_argv(self.engine_choice, self.run.checkpoints, resume.path, int(self.train.ckpt_every),
-                           meta, flags)
+        argv = [str(self.engine_choice.path),
+                *engine_args(self.run.checkpoints, resume=resume.path, ckpt_every=int(self.train.ckpt_every),
+                             meta=meta, settings=flags)]
         where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
         engine = EngineProcess(argv, self.run.engine_log, header=f"segment {self.segment_number}, {where}")
         record_engine(self.run.engine_record, engine)
@@ -645,9 +632,9 @@ class Supervisor:
         if self.stop_requests:
             self.warn(f"engine {exit_description(code)} while stopping")
             return "stopped"
-        if code == 2:
+        if code == ENGINE_EXIT_USAGE:
             return "fatal"
-        if code == 3 and seg.resume.path is not None:
+        if code == EXIT_CHECKPOINT and seg.resume.path is not None:
             self.rejected.add(str(seg.resume.path))
         return "failed"
 
@@ -890,9 +877,9 @@ class Supervisor:
         step = int(ev["step"])
         seg.ckpt_pending = False
         self.ckpt_ms = max(self.ckpt_ms, float(ev.get("ms", 0.0)))
-        path = Path(str(ev.get("path") or step_path(self.run.checkpoints, step)))
+        path = Path(str(ev.get("path") or checkpoint_path(self.run.checkpoints, step)))
         if not path.is_absolute():
-            path = step_path(self.run.checkpoints, step)
+            path = checkpoint_path(self.run.checkpoints, step)
         self.writer.fsync()  # the log now covers this checkpoint durably
         self.last_ckpt_step, self.last_ckpt_path = step, str(path)
         self._apply_retention()
@@ -911,7 +898,7 @@ class Supervisor:
     # ------------------------------------------------------------ checkpoints
     def _maybe_best(self, step: int) -> None:
         loss = self.eval_loss.get(step)
-        path = step_path(self.run.checkpoints, step)
+        path = checkpoint_path(self.run.checkpoints, step)
         if loss is None or not path.exists() or not best_is_better(loss, self.best_loss):
             return
         if self.best_step == step and self.best_loss == loss:

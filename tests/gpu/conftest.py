@@ -5,8 +5,9 @@ NVIDIA GPU is visible (`nvidia-smi -L` fails and there is no /dev/nvidia0)
 or build/microgpt_cuda has not been built (`make cuda`). Where a GPU is
 visible, a missing CPU engine is a failure, not a skip.
 
-The engines are driven through the wire formats in proxy/ (frames.py,
-token_shard.py, checkpoint_file.py); nothing here re-implements a format.
+The engines are driven through the wire formats in proxy/formats/ (frames,
+shards, checkpoints, the engine's command line); nothing here re-implements a
+format.
 MICROGPT_CUDA_ENGINE / MICROGPT_CPU_ENGINE override the binaries, and
 MICROGPT_GPU_SUITE=force runs the suite without the GPU check (to exercise
 the harness itself with, say, MICROGPT_CUDA_ENGINE=build/microgpt_cpu).
@@ -18,14 +19,15 @@ import queue
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from proxy.formats import frames
-from proxy.formats.checkpoint import n_params_for
+from proxy.formats.engine_cli import engine_args, setting_flags
+from proxy.formats.parameters import n_params, param_layout
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA_ENGINE = Path(os.environ.get("MICROGPT_CUDA_ENGINE", REPO / "build" / "microgpt_cuda")).resolve()
@@ -106,27 +108,16 @@ class Shape:
 
     @property
     def n_params(self) -> int:
-        return n_params_for(self.vocab, self.ctx, self.dim, self.layers)
+        return n_params(self.vocab, self.ctx, self.dim, self.layers)
 
     def flags(self) -> list[str]:
-        out = []
-        for name in ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum", "steps", "lr", "min_lr",
-                     "warmup", "seed"):
-            out += ["--" + name.replace("_", "-"), repr(getattr(self, name))]
-        return out
+        return setting_flags(**asdict(self))
 
     def tensors(self) -> list[tuple[str, int, int]]:
-        """(name, begin, end) of every parameter tensor, in DESIGN.md's order."""
-        V, T, C, L = self.vocab, self.ctx, self.dim, self.layers
-        sizes = [("wte", V * C), ("wpe", T * C)]
-        for l in range(L):
-            for name, size in (("ln1.w", C), ("ln1.b", C), ("qkv.w", 3 * C * C), ("qkv.b", 3 * C),
-                               ("proj.w", C * C), ("proj.b", C), ("ln2.w", C), ("ln2.b", C),
-                               ("fc.w", 4 * C * C), ("fc.b", 4 * C), ("fcproj.w", 4 * C * C), ("fcproj.b", C)):
-                sizes.append((f"h{l}.{name}", size))
-        sizes += [("lnf.w", C), ("lnf.b", C)]
+        """(name, begin, end) of every parameter tensor, in the flat order (proxy/formats/parameters.py)."""
         out, at = [], 0
-        for name, size in sizes:
+        for name, shape in param_layout(self.vocab, self.ctx, self.dim, self.layers):
+            size = int(np.prod(shape))
             out.append((name, at, at + size))
             at += size
         assert at == self.n_params
@@ -241,7 +232,7 @@ class Engine:
 
 
 def proxy_args(shape: Shape, ckpt_dir: Path, *extra: str) -> list[str]:
-    return ["--data", "-", "--ckpt-dir", str(ckpt_dir), "--ckpt-every", "0", *shape.flags(), *extra]
+    return engine_args(ckpt_dir, ckpt_every=0, settings=shape.flags(), extra=extra)
 
 
 def train(binary: Path, shape: Shape, workdir: Path, ckpt_dir: Path, steps: dict[int, bytes], *extra: str,

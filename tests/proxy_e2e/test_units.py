@@ -11,7 +11,8 @@ from proxy.atomic import atomic_copy, atomic_write_json
 from proxy.formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
 from proxy.rundir.retention import RetentionPolicy, plan_retention
 from proxy.rundir.layout import RunDir, RunDirError, RunLock, append_phase, ensure_phases, lock_owner, read_phases
-from proxy.formats.state import RunState, SampleAudit, Sample, SamplesFile, read_state, write_state
+from proxy.formats.samples import Sample, SampleAudit, SamplesFile
+from proxy.formats.state import RunState, read_state, write_state
 from proxy.supervision.loop import sample_seed
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..atomic import fsync_dir
 from ..formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+from ..config.caps import load_pivot_caps, phase_bounds
 from ..formats.loss_log import LossLogIndex
 from ..rundir.layout import Phase, RunDir, RunDirError, read_phases
 
@@ -97,7 +98,7 @@ def _json(obj) -> bytes:
 
 def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None) -> int:
     from ..config.experiment import ExperimentError, load_experiment
-    from .pivot import archive_dir_for, archive_name, load_pivot_caps, relative_checkpoint
+    from .pivot import archive_dir_for, archive_name, relative_checkpoint
 
     out = out or sys.stdout
     if at < 0:
@@ -241,8 +242,6 @@ def _audits_upto(path: Path, c: int) -> list:
 def _fork_state(run: RunDir, experiment, index: LossLogIndex, phases: list[Phase], c: int, to: Path) -> dict:
     entry = index.step(c) if c > 0 else None
     p = phases[-1]
-    from .pivot import phase_bounds
-
     caps, floors = phase_bounds(experiment, p)
     mixture = entry.mixture if entry is not None else {}
     return {

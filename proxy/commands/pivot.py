@@ -52,13 +52,14 @@ from pathlib import Path
 
 from ..atomic import atomic_write_json, fsync_dir
 from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from ..bandit import bandit_for_phase
+from ..config.caps import load_pivot_caps
 from ..rundir.layout import Phase, RunDir, RunDirError, append_phase, read_phases
 
 REQUEST = ".pivot_request.json"
 CLAIMED = ".pivot_claimed.json"
 RESPONSE = ".pivot_response.json"
 PIVOT_LOCK = ".pivot.lock"
-POLICIES = ("ucb1", "exp3")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -69,69 +70,6 @@ class PivotError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILURE):
         super().__init__(message)
         self.code = code
-
-
-# ---------------------------------------------------------------- caps files
-
-def phase_bounds(experiment, phase: Phase | None) -> tuple[dict[str, float], dict[str, float]]:
-    """The full caps and floors in force in `phase` (arms it does not name keep the experiment's)."""
-    caps, floors = dict(experiment.caps), dict(experiment.floors)
-    if phase is not None:
-        caps.update({k: float(v) for k, v in phase.caps.items() if k in caps})
-        floors.update({k: float(v) for k, v in phase.floors.items() if k in floors})
-    return caps, floors
-
-
-def load_pivot_caps(path: str | os.PathLike, experiment, phase: Phase | None
-                    ) -> tuple[dict[str, float], dict[str, float], str]:
-    """A caps file (docs/EXPERIMENTS.md, "Caps files") over the bounds of `phase`.
-
-    Returns (caps, floors, policy) for every arm. Besides `caps` and `floors`
-    a pivot's caps file may name `"policy": "ucb1" | "exp3"` (default: the
-    current phase's). Raises ExperimentError (one line naming the file).
-    """
-    from ..config.experiment import CapsFile, _fail, _read_json, apply_caps, format_validation_error
-    from pydantic import ValidationError
-
-    path = Path(path)
-    data = _read_json(path)
-    if not isinstance(data, dict):
-        raise _fail(path, [f"expected a JSON object, got {type(data).__name__}"])
-    data = dict(data)
-    current = phase.policy if phase is not None else experiment.bandit.policy
-    policy = data.pop("policy", current)
-    if policy not in POLICIES:
-        raise _fail(path, [f"policy: expected one of {', '.join(map(repr, POLICIES))}, got {policy!r}"])
-    try:
-        cf = CapsFile.model_validate(data)
-    except ValidationError as e:
-        raise _fail(path, format_validation_error(e)) from None
-    caps, floors = apply_caps(cf, experiment, path, phase_bounds(experiment, phase))
-    return caps, floors, str(policy)
-
-
-def check_request(req: dict, experiment) -> tuple[dict, dict, str]:
-    """The caps, floors and policy of a pivot request, checked again (a request file is input too)."""
-    from ..config.experiment import check_caps_floors
-
-    names = experiment.arm_names
-    try:
-        caps = {str(k): float(v) for k, v in dict(req["caps"]).items()}
-        floors = {str(k): float(v) for k, v in dict(req["floors"]).items()}
-        policy = str(req.get("policy") or experiment.bandit.policy)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PivotError(f"malformed pivot request ({exc})", EXIT_USAGE) from None
-    if set(caps) != set(names) or set(floors) != set(names):
-        raise PivotError(f"pivot request names arms {sorted(set(caps) | set(floors))}, the experiment "
-                         f"{sorted(names)}", EXIT_USAGE)
-    problems = [f"{kind}.{a}: {v:g} is outside [0, 1]" for kind, m in (("caps", caps), ("floors", floors))
-                for a, v in m.items() if not 0.0 <= v <= 1.0]
-    problems += check_caps_floors(caps, floors)
-    if policy not in POLICIES:
-        problems.append(f"unknown policy {policy!r}")
-    if problems:
-        raise PivotError("bad pivot request: " + "; ".join(problems), EXIT_USAGE)
-    return caps, floors, policy
 
 
 # ---------------------------------------------------------------- applying a pivot
@@ -444,13 +382,12 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
 def _offline_state(run: RunDir, experiment, result: PivotResult, caps_path: Path) -> None:
     """.state.json for the new phase (the old one is in the archive): shown by `proxy status`."""
     from ..formats.state import read_state
-    from ..supervision.loop import fresh_bandit
 
     state = read_state(run.state) or {}
     p = result.phase
     names = experiment.arm_names
     try:
-        bandit, caps, floors = fresh_bandit(experiment, p, names)
+        bandit, caps, floors = bandit_for_phase(experiment, p)
         weights = [float(w) for w in bandit.weights()]
         bandit_state = bandit.state()
     except (ValueError, TypeError):

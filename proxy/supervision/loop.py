@@ -31,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bandit import bandit_for_phase
+from ..config.caps import check_request
+from ..config.errors import ExperimentError
 from ..formats import frames
 from ..formats.checkpoint import (checkpoint_path, checkpoint_step, header_step, list_checkpoints, read_trailer,
                                   verify_checkpoint)
@@ -81,20 +84,6 @@ def _count_field(snapshot: dict, key: str, default: int) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return default
-
-
-def fresh_bandit(experiment, phase: Phase, arm_names: list[str]):
-    """A new bandit for `phase` (the seam a pivot uses). Arms the phase does not name keep the
-    experiment's cap and floor; names the experiment does not define are dropped."""
-    from ..bandit import make_bandit
-
-    defaults = {a.name: (float(a.cap), float(a.floor)) for a in experiment.arms}
-    caps = {n: float(phase.caps.get(n, defaults[n][0])) for n in arm_names}
-    floors = {n: float(phase.floors.get(n, defaults[n][1])) for n in arm_names}
-    config = experiment.bandit
-    if getattr(config, "policy", phase.policy) != phase.policy and hasattr(config, "model_copy"):
-        config = config.model_copy(update={"policy": phase.policy})
-    return make_bandit(config, list(arm_names), caps, floors), caps, floors
 
 
 def current_phase(phases: list[Phase]) -> Phase:
@@ -331,7 +320,7 @@ class Supervisor:
     # ------------------------------------------------------------ pivots (proxy/pivot.py)
     def _take_pivot_requests(self, refuse: str | None = None) -> bool:
         """Claim the request SIGUSR2 announced and accept it (True) or refuse it (`refuse`: why)."""
-        from ..commands.pivot import PivotError, answer_request, check_request, claim_request
+        from ..commands.pivot import answer_request, claim_request
 
         accepted = False
         while self.pivot_signals:
@@ -346,7 +335,7 @@ class Supervisor:
             if why is None:
                 try:
                     caps, floors, policy = check_request(request, self.experiment)
-                except PivotError as exc:
+                except ExperimentError as exc:
                     why = str(exc)
             if why is not None:
                 self.warn(f"pivot refused: {why}")
@@ -417,7 +406,7 @@ class Supervisor:
             return "stopped" if self.stop_requests else "resume"
         self.adopt_phases()
         self.samples = SamplesFile(self.run.samples, self.opts.samples_kept)
-        self.bandit, self.caps, self.floors = fresh_bandit(self.experiment, self.phase, self.arm_names)
+        self.bandit, self.caps, self.floors = bandit_for_phase(self.experiment, self.phase)
         self.message = None
         self._write_state(force=True)
         self._apply_retention()
@@ -526,7 +515,7 @@ class Supervisor:
             self.high_water = c
         self.segment_number += 1
 
-        bandit, self.caps, self.floors = fresh_bandit(self.experiment, phase, self.arm_names)
+        bandit, self.caps, self.floors = bandit_for_phase(self.experiment, phase)
         init = np.array(bandit.weights(), dtype=np.float64, copy=True)
         pending = {s: init for s in range(c + 1, c + self.lag + 1) if s - self.lag <= phase.start_step}
         known = set(self.arm_names)

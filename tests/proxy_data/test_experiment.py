@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.experiment import (CapsFile, Experiment, ExperimentError, load_caps, load_experiment,
-                              parse_experiment)
+from proxy.config.caps import CapsFile, load_caps
+from proxy.config.errors import ExperimentError
+from proxy.config.experiment import Experiment, load_experiment, parse_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"

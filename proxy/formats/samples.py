@@ -32,18 +32,22 @@ class SampleAudit:
                                    [int(t) for t in s.get("tokens", [])]) for s in obj.get("samples", [])])
 
 
+def read_audits(path: str | os.PathLike) -> list[SampleAudit]:
+    """The audits in a `.samples.json`; [] when it is absent or not a list of audits."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        return [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
 class SamplesFile:
     """`.samples.json`: a JSON array of audits, newest last, at most `keep` of them."""
 
     def __init__(self, path: str | os.PathLike, keep: int = 50):
         self.path = Path(path)
         self.keep = keep
-        self.audits: list[SampleAudit] = []
-        try:
-            raw = json.loads(self.path.read_text())
-            self.audits = [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            self.audits = []
+        self.audits: list[SampleAudit] = read_audits(self.path)
 
     def add(self, audit: SampleAudit) -> None:
         """Add an audit; one for the same step (a replay) is replaced."""

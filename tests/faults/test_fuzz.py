@@ -22,6 +22,8 @@ from proxy.formats import frames
 from proxy.config.caps import load_caps, load_pivot_caps
 from proxy.config.errors import ExperimentError
 from proxy.config.experiment import load_experiment
+from proxy.rundir.layout import RunDir
+from proxy.rundir.phases import read_phases
 
 from . import scenarios
 from .scenarios import FUZZ_MODEL, Outcome
@@ -328,8 +330,6 @@ def test_fuzzed_caps_files_pivot_cli(proxy_env, stopped_run, tmp_path, record):
     """`python -m proxy pivot --caps BAD.json` on a stopped run: exit 2, one line naming the file, no
     traceback, and not one byte of the run directory changed (docs/ARCHITECTURE.md: a bad caps file
     changes nothing and says why)."""
-    from proxy.rundir.layout import RunDir, read_phases
-
     run = scenarios.copy_run(stopped_run, tmp_path / "run")
     experiment = load_experiment(run / "experiment.json", check_sources=False)
     phase = read_phases(RunDir(run))[-1]

@@ -43,13 +43,12 @@ from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line
 from ..formats.samples import read_audits
 from ..formats.state import ArmStatus, RunState
-from ..rundir.frozen import load_frozen_experiment, replaced_experiments
-from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, RunDir, RunDirError,
-                             relative_checkpoint)
-from ..rundir.phases import Phase, read_phases
+from ..rundir.frozen import replaced_experiments
+from ..rundir.layout import ARCHIVE, CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, RunDir, relative_checkpoint
+from ..rundir.phases import Phase
 from ..rundir.pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
-from .which_run import resolve_run
+from .which_run import resolve_run, started_run
 
 
 def _check_target(to: Path, source: Path) -> None:
@@ -78,13 +77,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     if at < 0:
         raise ProxyError("--at must be a step >= 0", EXIT_USAGE)
     _check_target(to, run.root)
-    experiment = load_frozen_experiment(run)
-    try:
-        phases = read_phases(run)
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
-    if not phases:
-        raise ProxyError(f"{run.phases}: no phases (the run was never started); nothing to fork", EXIT_USAGE)
+    experiment, phases = started_run(run, "no phases (the run was never started); nothing to fork")
 
     # the checkpoint: the newest at or before `at` that verifies and whose whole history the log holds
     index = LossLogIndex.load(run.loss_log)

@@ -28,7 +28,6 @@ from ..config.errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
-from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import RunDir, RunDirError, relative_checkpoint
 from ..rundir.lock import LockBusy, PidLock, RunLock, lock_owner
 from ..rundir.phases import read_phases
@@ -36,7 +35,7 @@ from ..rundir.pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
 from ..supervision.engine_process import reap_orphan
-from .which_run import resolve_run
+from .which_run import resolve_run, started_run
 
 
 def main(args) -> int:
@@ -50,13 +49,7 @@ def main(args) -> int:
 def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 600.0, out=None) -> int:
     """`proxy pivot`: validate everything first, then pivot the live or the stopped run."""
     out = out or sys.stdout
-    experiment = load_frozen_experiment(run)
-    try:
-        phases = read_phases(run)
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
-    if not phases:
-        raise ProxyError(f"{run.phases}: no phases yet (the run was never started); nothing to pivot", EXIT_USAGE)
+    experiment, phases = started_run(run, "no phases yet (the run was never started); nothing to pivot")
     try:
         caps, floors, policy = load_pivot_caps(caps_path, experiment, phases[-1])
     except ExperimentError as exc:

@@ -1,10 +1,14 @@
-"""Which run directory a command acts on: `--run-dir DIR`, or the most recently active run under runs/."""
+"""Which run directory a command acts on (`--run-dir DIR`, or the most recently active run under runs/),
+and what a command on a started run reads first."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..config.experiment import Experiment
 from ..errors import EXIT_USAGE, ProxyError
+from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import RunDir, RunDirError, most_recent_run
+from ..rundir.phases import Phase, read_phases
 
 
 def resolve_run(run_dir: str | None) -> RunDir:
@@ -19,3 +23,15 @@ def resolve_run(run_dir: str | None) -> RunDir:
         return RunDir(most_recent_run())
     except RunDirError as exc:
         raise ProxyError(str(exc), EXIT_USAGE) from None
+
+
+def started_run(run: RunDir, no_phases: str) -> tuple[Experiment, list[Phase]]:
+    """The run's frozen experiment and phases; ProxyError (`<phases.json>: <no_phases>`) when it never started."""
+    experiment = load_frozen_experiment(run)
+    try:
+        phases = read_phases(run)
+    except RunDirError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
+    if not phases:
+        raise ProxyError(f"{run.phases}: {no_phases}", EXIT_USAGE)
+    return experiment, phases

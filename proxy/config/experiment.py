@@ -13,9 +13,9 @@ import glob as _glob
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..formats.engine_cli import setting_flags
 from ..formats.parameters import n_params
@@ -26,6 +26,19 @@ from .policies import POLICIES, POLICY_PARAMS
 BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics")
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
+
+
+def _name_check(what: str, why: str) -> AfterValidator:
+    """Arm and experiment names: letters, digits, '_', '.', '-', not starting with '.' or '-'."""
+    def check(value: str) -> str:
+        if not ARM_NAME.match(value):
+            raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.', '-' ({why})")
+        return value
+    return AfterValidator(check)
+
+
+ArmName = Annotated[str, _name_check("arm name", "not starting with '.' or '-'")]
+RunName = Annotated[str, _name_check("name", "it names the run directory")]  # the run directory's default name
 
 
 class StrictModel(BaseModel):
@@ -156,17 +169,10 @@ class SourceConfig(StrictModel):
 
 class ArmConfig(StrictModel):
     """A bandit arm: a named data source (one or more sources, concatenated)."""
-    name: str
+    name: ArmName
     sources: list[SourceConfig]
     cap: float = Field(default=1.0, ge=0, le=1)
     floor: float = Field(default=0.0, ge=0, le=1)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not ARM_NAME.match(v):
-            raise ValueError(f"arm name {v!r} must be letters, digits, '_', '.', '-' (not starting with '.' or '-')")
-        return v
 
     @field_validator("sources")
     @classmethod
@@ -202,19 +208,12 @@ class SampleConfig(StrictModel):
 
 
 class Experiment(StrictModel):
-    name: str
+    name: RunName
     model: ModelConfig
     train: TrainConfig
     bandit: BanditConfig = Field(default_factory=BanditConfig)
     arms: list[ArmConfig]
     samples: SampleConfig = Field(default_factory=SampleConfig)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not ARM_NAME.match(v):
-            raise ValueError(f"name {v!r} must be letters, digits, '_', '.', '-' (it names the run directory)")
-        return v
 
     @field_validator("arms")
     @classmethod

@@ -20,7 +20,7 @@ from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed
 from ..formats.samples import Sample, SampleAudit
 from .checkpoints import maybe_best, retain
 from .context import RunContext
-from .segment import Segment
+from .segment import Request, Segment
 from .status import say_progress, write_run_state
 
 
@@ -109,14 +109,27 @@ class EventHandlers:
         self.ctx.warn(mismatch.message())
         write_run_state(self.ctx, seg, force=True)
 
-    def on_eval(self, seg: Segment, ev: Event) -> None:
-        ctx = self.ctx
+    @staticmethod
+    def _answered(seg: Segment, ev: Event, kind: str) -> Request | None:
+        """The request an eval or sample event answers; None when it is not one of this segment's."""
         rid = int(ev.get("id", 0))
-        seg.settle("eval", rid)
+        seg.settle(kind, rid)
         request = seg.requests.pop(rid, None)
-        if request is None or request.kind != "eval":
-            return
-        step, arm = request.step, request.index
+        return request if request is not None and request.kind == kind else None
+
+    def on_eval(self, seg: Segment, ev: Event) -> None:
+        request = self._answered(seg, ev, "eval")
+        if request is not None:
+            self._eval_part(seg, ev, request.step, request.index)
+
+    def on_sample(self, seg: Segment, ev: Event) -> None:
+        request = self._answered(seg, ev, "sample")
+        if request is not None:
+            self._sample_part(ev, request.step, request.index)
+
+    def _eval_part(self, seg: Segment, ev: Event, step: int, arm: int) -> None:
+        """One arm's validation loss; with the last arm's, the eval entry (token-weighted mean) is logged."""
+        ctx = self.ctx
         group_loss = dict(ev.get("group_loss") or {})
         group_tokens = dict(ev.get("group_tokens") or {})
         loss = float(group_loss.get(str(arm), ev["loss"]))
@@ -136,14 +149,9 @@ class EventHandlers:
                 ", ".join(f"{n} {v:.3f}" for n, v in entry.arms.items()) + ")")
         maybe_best(ctx, step)
 
-    def on_sample(self, seg: Segment, ev: Event) -> None:
+    def _sample_part(self, ev: Event, step: int, i: int) -> None:
+        """One prompt's completions; with the last prompt's, the audit is written to `.samples.json`."""
         ctx = self.ctx
-        rid = int(ev.get("id", 0))
-        seg.settle("sample", rid)
-        request = seg.requests.pop(rid, None)
-        if request is None or request.kind != "sample":
-            return
-        step, i = request.step, request.index
         parts = ctx.sample_parts.setdefault(step, {})
         prompt = ctx.prompts[i][0]
         outs = []

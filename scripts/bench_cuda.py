@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark build/microgpt_cuda against PyTorch on one GPU.
 
-Trains the same model (DESIGN.md's GPT: tied head, GELU tanh, no dropout),
+Trains the same model (docs/ARCHITECTURE.md's GPT: tied head, GELU tanh, no dropout),
 batch and sequence length with the CUDA engine (proxy mode, random tokens fed
 as TRAIN frames) and with PyTorch (bf16 autocast, torch.compile, fused AdamW,
 scaled_dot_product_attention), one after the other in one run, and prints for

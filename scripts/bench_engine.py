@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training throughput: the microgpt engine against PyTorch on the same model.
 
-Both sides train DESIGN.md's GPT-2 (tied embeddings, pre-LN, GELU tanh, AdamW
+Both sides train ARCHITECTURE.md's GPT-2 (tied embeddings, pre-LN, GELU tanh, AdamW
 with decay on 2-D tensors, global-norm clip 1.0) with the same shape, batch,
 context and thread count, each in its own subprocess, one after the other:
 

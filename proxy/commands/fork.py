@@ -44,7 +44,8 @@ from ..formats.loss_log import LossLogIndex, encode_line
 from ..formats.samples import read_audits
 from ..formats.state import ArmStatus, RunState
 from ..rundir.frozen import replaced_experiments
-from ..rundir.layout import ARCHIVE, CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, RunDir, relative_checkpoint
+from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, RunDir,
+                             relative_checkpoint)
 from ..rundir.phases import Phase
 from ..rundir.pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered

@@ -47,7 +47,7 @@ class StrictModel(BaseModel):
 
 
 class ModelConfig(StrictModel):
-    """The network's shape: GPT-2 style, weights tied (DESIGN.md, "The model")."""
+    """The network's shape: GPT-2 style, weights tied (docs/ARCHITECTURE.md, "The model and its parameters")."""
     vocab: int = Field(ge=258, le=MAX_TOKEN_ID)
     ctx: int = Field(ge=1)
     dim: int = Field(ge=1)

@@ -168,8 +168,9 @@ def launch_segment(ctx: RunContext) -> Segment:
         # optimizer settings, and the frozen experiment (not the checkpoint) is the truth
         settings.append("--allow-hparam-change")
     choice = ctx.engine_choice
-    argv = [str(choice.path), *engine_args(ctx.run.checkpoints, resume=resume.path, ckpt_every=int(ctx.train.ckpt_every),
-                                           meta=meta, settings=settings)]
+    args = engine_args(ctx.run.checkpoints, resume=resume.path, ckpt_every=int(ctx.train.ckpt_every), meta=meta,
+                       settings=settings)
+    argv = [str(choice.path), *args]
     where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
     engine = EngineProcess(argv, ctx.run.engine_log, header=f"segment {ctx.segment_number}, {where}")
     record_engine(ctx.run.engine_record, engine)

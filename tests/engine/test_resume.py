@@ -1,4 +1,4 @@
-"""Bit-exact resume (DESIGN.md, "Determinism"): an interrupted run, resumed from
+"""Bit-exact resume (ARCHITECTURE.md, "Determinism of the whole run"): an interrupted run, resumed from
 its checkpoint, produces bitwise the same later losses and the same final
 checkpoint bytes as the run that was never interrupted; and results do not
 depend on --threads.

@@ -1,4 +1,4 @@
-"""Signals, EOF and the CHECKPOINT/STOP frames (DESIGN.md "Signals", FORMATS.md "Engine frames"),
+"""Signals, EOF and the CHECKPOINT/STOP frames (ARCHITECTURE.md "Signals", FORMATS.md "Engine frames"),
 and crash safety of checkpoint writes (FORMATS.md "Writing")."""
 from __future__ import annotations
 

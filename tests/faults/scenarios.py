@@ -1338,7 +1338,7 @@ def wait_engine_gone(rec, timeout: float = 90.0) -> bool:
 
 
 def expected_resume(run_dir: Path, max_segment: int | None = None, phase: int = 0) -> int:
-    """DESIGN.md/supervisor: the newest checkpoint that verifies and whose steps are all in the log."""
+    """ARCHITECTURE.md: the newest checkpoint that verifies and whose steps are all in the log."""
     log = read_log(run_dir / ".loss.json", max_segment)
     for p in list_checkpoints(run_dir / "checkpoints"):
         s = checkpoint_step(p)

@@ -14,6 +14,11 @@ LDLIBS  += -lm -lpthread
 
 BUILD := build
 
+# The headers both engines include (docs/ENGINE.md, "Source layout"): editing
+# any of them rebuilds both engines.
+ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h \
+                  microgpt/protocol.h microgpt/engine.h microgpt/sampler.h microgpt/train.h
+
 .PHONY: all engines cpu cuda install test clean
 
 all: engines install
@@ -22,7 +27,7 @@ engines: cpu cuda
 
 cpu: $(BUILD)/microgpt_cpu
 
-$(BUILD)/microgpt_cpu: microgpt/microgpt_cpu.c microgpt/microgpt.h | $(BUILD)
+$(BUILD)/microgpt_cpu: microgpt/microgpt_cpu.c $(ENGINE_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ microgpt/microgpt_cpu.c $(LDLIBS)
 
 ifneq ($(NVCC),)

@@ -2,15 +2,19 @@
 //
 // The model of DESIGN.md, forward and backward, AdamW, all in fp32. It is the
 // engine for machines without a GPU, the one CI runs, and the reference the
-// CUDA engine is tested against. The driver (flags, frames, events,
-// checkpoints, signals) lives in microgpt.h; this file only computes.
+// CUDA engine is tested against. This file only computes: it fills in the
+// engine table (engine.h); the driver (flags, frames, events, checkpoints,
+// signals, the training loop) is shared, in train.h and the headers it
+// includes.
 //
 // Determinism: every reduction has one fixed order that does not depend on
 // the thread count. Work is split across threads only along dimensions that
 // are not summed over (rows for row-wise ops, channels for sums over rows,
 // output tiles for matmuls), so the same inputs give bit-identical outputs
 // with 1 thread or 64.
-#include "microgpt.h"
+#include "engine.h"
+#include "model.h"
+#include "train.h"
 
 #include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -310,6 +314,7 @@ static const char *cpu_configure(void *impl, MgConfig *cfg) {
         return "the CPU engine computes in fp32 only (--precision bf16 is for the CUDA engine)";
     e->threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
     e->eng->threads = e->threads;
+    e->eng->precision = "fp32";
     snprintf(e->eng->device, sizeof e->eng->device, "cpu (%d threads)", e->threads);
     return NULL;
 }
@@ -425,7 +430,7 @@ static void embed_backward(Cpu *e, const float *dx, int BT, int T) {
     }
 }
 
-// LayerNorm over channels, eps 1e-5; saves mean and 1/std for the backward.
+// LayerNorm over channels (eps MG_LN_EPS); saves mean and 1/std for the backward.
 static void layernorm_forward(Cpu *e, float *out, float *mean, float *rstd, const float *x, const float *w, const float *b, int BT) {
     int C = e->C;
     #pragma omp parallel for schedule(static) num_threads(e->threads)
@@ -437,7 +442,7 @@ static void layernorm_forward(Cpu *e, float *out, float *mean, float *rstd, cons
         float mu = sum / C, var = 0.0f;
         #pragma omp simd reduction(+:var)
         for (int c = 0; c < C; c++) { float d = xi[c] - mu; var += d * d; }
-        float rs = 1.0f / sqrtf(var / C + 1e-5f);
+        float rs = 1.0f / sqrtf(var / C + MG_LN_EPS);
         float *oi = out + (size_t)i * C;
         for (int c = 0; c < C; c++) oi[c] = (xi[c] - mu) * rs * w[c] + b[c];
         mean[i] = mu;
@@ -578,13 +583,10 @@ static void attention_backward(Cpu *e, float *dqkv, const float *dy, const float
         }
 }
 
-#define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
-
 // GELU runs 8 lanes at a time with AVX2 (GCC does not vectorise this body).
 // Every element, the tail included (through a zero-padded lane buffer), takes
 // the same vector path, so no element's rounding depends on where the thread
 // ranges split the array: results stay identical for any thread count.
-#define GELU_C 0.044715f
 #ifdef MG_AVX2
 // fast_expf on 8 lanes, the same steps. The clamp keeps NaN (minps/maxps
 // return their second operand when either is NaN, so x goes second).
@@ -613,15 +615,15 @@ static inline __m256 tanh8(__m256 u) {
 // 0.5 x (1 + tanh(s (x + c x^3))), and its derivative.
 static inline __m256 gelu8(__m256 x) {
     __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-    __m256 u = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), x3, x));
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(MG_GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(MG_GELU_C), x3, x));
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), tanh8(u)));
 }
 
 static inline __m256 gelu_grad8(__m256 x) {
     __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f), xx = _mm256_mul_ps(x, x);
-    __m256 u = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), _mm256_mul_ps(xx, x), x));
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(MG_GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(MG_GELU_C), _mm256_mul_ps(xx, x), x));
     __m256 th = tanh8(u), sech2 = _mm256_fnmadd_ps(th, th, one);
-    __m256 inner = _mm256_mul_ps(_mm256_set1_ps(GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * GELU_C), xx, one));
+    __m256 inner = _mm256_mul_ps(_mm256_set1_ps(MG_GELU_SCALE), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * MG_GELU_C), xx, one));
     return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), sech2), inner, _mm256_mul_ps(half, _mm256_add_ps(one, th)));
 }
 #endif
@@ -645,9 +647,9 @@ static void gelu_range(float *out, const float *x, const float *dout, size_t beg
     }
 #else
     for (size_t i = begin; i < end; i++) {
-        float xi = x[i], u = GELU_SCALE * (xi + GELU_C * xi * xi * xi), th = fast_tanhf(u);
+        float xi = x[i], u = MG_GELU_SCALE * (xi + MG_GELU_C * xi * xi * xi), th = fast_tanhf(u);
         if (!dout) { out[i] = 0.5f * xi * (1.0f + th); continue; }
-        float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * GELU_SCALE * (1.0f + 3.0f * GELU_C * xi * xi);
+        float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * MG_GELU_SCALE * (1.0f + 3.0f * MG_GELU_C * xi * xi);
         out[i] = dout[i] * grad;
     }
 #endif
@@ -874,23 +876,6 @@ static void cpu_update(void *impl, int step, float lr, float grad_mult) {
     }
 }
 
-int main(int argc, char **argv) {
-    static Cpu cpu;
-    static MgEngine eng;
-    cpu.eng = &eng;
-    eng.name = "cpu";
-    eng.precision = "fp32";
-    eng.impl = &cpu;
-    eng.configure = cpu_configure;
-    eng.init = cpu_init;
-    eng.set_state = cpu_set_state;
-    eng.get_state = cpu_get_state;
-    eng.zero_grads = cpu_zero_grads;
-    eng.forward_backward = cpu_forward_backward;
-    eng.forward_loss = cpu_forward_loss;
-    eng.grad_norm = cpu_grad_norm;
-    eng.update = cpu_update;
-    eng.get_grads = cpu_get_grads;
-    eng.last_logits = cpu_last_logits;
-    return mg_main(argc, argv, &eng);
-}
+// main(): binds the cpu_* functions above into the engine table and runs the
+// shared driver (train.h).
+MG_ENGINE_MAIN(Cpu, cpu, "cpu")

@@ -2,9 +2,11 @@
 //
 // The model of DESIGN.md on one NVIDIA GPU, in the manner of llm.c's
 // train_gpt2.cu: one readable file, each forward kernel next to its backward
-// twin, every CUDA and cuBLASLt call checked. The driver (flags, frames,
-// events, checkpoints, signals) lives in microgpt.h; this file only computes,
-// exactly as microgpt_cpu.c does, and is tested against it (tests/gpu/).
+// twin, every CUDA and cuBLASLt call checked. This file only computes,
+// exactly as microgpt_cpu.c does, and is tested against it (tests/gpu/): it
+// fills in the engine table (engine.h); the driver (flags, frames, events,
+// checkpoints, signals, the training loop) is shared, in train.h and the
+// headers it includes.
 //
 // Precision (--precision):
 //   fp32  every activation, matmul (CUBLAS_COMPUTE_32F: true fp32, never TF32)
@@ -28,7 +30,9 @@
 // Memory: everything is allocated in init (gpu_init); the step loop allocates
 // nothing. init also runs one warm-up forward+backward so that every cuBLASLt
 // plan exists and every fused/unfused decision is taken before `ready`.
-#include "microgpt.h"
+#include "engine.h"
+#include "model.h"
+#include "train.h"
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -134,7 +138,7 @@ __global__ void wpe_backward_kernel(float *dwpe, const Tx *dx, int B, int T, int
 }
 
 // ----------------------------------------------------------------------------
-// LayerNorm, eps 1e-5, one warp per row; mean and 1/std saved (fp32) for the
+// LayerNorm (eps MG_LN_EPS), one warp per row; mean and 1/std saved (fp32) for the
 // backward. Two-pass variance, as the CPU engine computes it. The residual
 // add that precedes each LayerNorm is fused into the previous matmul instead
 // (cuBLASLt's beta=1 with C = the residual), which saves a whole pass.
@@ -152,7 +156,7 @@ __global__ void layernorm_forward_kernel(Tx *out, float *mean, float *rstd, cons
     float var = 0.0f;
     for (int c = lane; c < C; c += 32) { float d = to_f(xr[c]) - mu; var += d * d; }
     var = warp_sum(var);
-    float rs = 1.0f / sqrtf(var / C + 1e-5f);
+    float rs = 1.0f / sqrtf(var / C + MG_LN_EPS);
     Tx *orow = out + (size_t)row * C;
     for (int c = lane; c < C; c += 32) orow[c] = from_f<Tx>((to_f(xr[c]) - mu) * rs * w[c] + b[c]);
     if (lane == 0) { mean[row] = mu; rstd[row] = rs; }
@@ -247,14 +251,12 @@ __global__ void bias_residual_kernel(Tx *out, const Tx *residual, const float *b
     out[idx] = from_f<Tx>(v);
 }
 
-#define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
-
 template <typename Tx>
 __global__ void gelu_forward_kernel(Tx *out, const Tx *in, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float x = to_f(in[i]);
-    out[i] = from_f<Tx>(0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x))));
+    out[i] = from_f<Tx>(0.5f * x * (1.0f + tanhf(MG_GELU_SCALE * (x + MG_GELU_C * x * x * x))));
 }
 
 // d = d * gelu'(x), in place.
@@ -262,9 +264,9 @@ template <typename Tx>
 __global__ void gelu_backward_kernel(Tx *d, const Tx *pre, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = to_f(pre[i]), u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    float x = to_f(pre[i]), u = MG_GELU_SCALE * (x + MG_GELU_C * x * x * x);
     float th = tanhf(u), sech2 = 1.0f - th * th;
-    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * MG_GELU_SCALE * (1.0f + 3.0f * MG_GELU_C * x * x);
     d[i] = from_f<Tx>(to_f(d[i]) * grad);
 }
 
@@ -1226,6 +1228,7 @@ static void gpu_update(void *impl, int step, float lr, float grad_mult) {
 static const char *gpu_configure(void *impl, MgConfig *cfg) {
     Gpu *e = (Gpu *)impl;
     static char msg[512];
+    e->eng->threads = 1;
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
@@ -1351,25 +1354,6 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     return e->bytes;
 }
 
-int main(int argc, char **argv) {
-    static Gpu gpu;
-    static MgEngine eng;
-    eng.name = "cuda";
-    eng.precision = "bf16";
-    eng.threads = 1;
-    snprintf(eng.device, sizeof eng.device, "cuda");
-    eng.impl = &gpu;
-    gpu.eng = &eng;
-    eng.configure = gpu_configure;
-    eng.init = gpu_init;
-    eng.set_state = gpu_set_state;
-    eng.get_state = gpu_get_state;
-    eng.zero_grads = gpu_zero_grads;
-    eng.forward_backward = gpu_forward_backward;
-    eng.forward_loss = gpu_forward_loss;
-    eng.grad_norm = gpu_grad_norm;
-    eng.update = gpu_update;
-    eng.get_grads = gpu_get_grads;
-    eng.last_logits = gpu_last_logits;
-    return mg_main(argc, argv, &eng);
-}
+// main(): binds the gpu_* functions above into the engine table and runs the
+// shared driver (train.h).
+MG_ENGINE_MAIN(Gpu, gpu, "cuda")

@@ -1,0 +1,415 @@
+// checkpoint.h: the checkpoint file (docs/FORMATS.md): CRC-32, the trailer
+// and footer, the atomic durable write, the verifying read, listing, pruning
+// and stale-temp cleanup of a checkpoint directory, and on resume choosing
+// the file and reconciling its settings with the command line.
+#ifndef MICROGPT_CHECKPOINT_H
+#define MICROGPT_CHECKPOINT_H
+
+#include "config.h"
+#include "model.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// CRC-32 (IEEE 802.3, as zlib.crc32), slicing by 8: fast enough to checksum a
+// 1.5 GB checkpoint in well under a second.
+
+static uint32_t mg_crc_table[8][256];
+
+static void mg_crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        mg_crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            mg_crc_table[t][i] = (mg_crc_table[t - 1][i] >> 8) ^ mg_crc_table[0][mg_crc_table[t - 1][i] & 0xFF];
+}
+
+// crc: 0 to start; feed the previous return value to continue.
+static uint32_t mg_crc32(uint32_t crc, const void *data, size_t len) {
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+    while (len >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= crc;
+        crc = mg_crc_table[7][lo & 0xFF] ^ mg_crc_table[6][(lo >> 8) & 0xFF] ^
+              mg_crc_table[5][(lo >> 16) & 0xFF] ^ mg_crc_table[4][lo >> 24] ^
+              mg_crc_table[3][hi & 0xFF] ^ mg_crc_table[2][(hi >> 8) & 0xFF] ^
+              mg_crc_table[1][(hi >> 16) & 0xFF] ^ mg_crc_table[0][hi >> 24];
+        p += 8;
+        len -= 8;
+    }
+    while (len--) crc = mg_crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+// ----------------------------------------------------------------------------
+// Checkpoint file (docs/FORMATS.md). Little-endian hosts only (x86-64, aarch64).
+
+#define MG_TRAILER_MAGIC "MGPTTRLR"
+#define MG_END_MAGIC "MGPTEND1"
+#define MG_TRAILER_FIXED 128
+#define MG_FOOTER 24
+
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    uint32_t meta_bytes;
+    int32_t vocab, ctx, dim, layers, heads, batch, grad_accum, warmup, max_steps;
+    float lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
+    uint64_t seed;
+    uint64_t tokens_seen;
+    unsigned char reserved[32];
+} MgTrailer;
+
+typedef struct {
+    uint64_t trailer_bytes;
+    uint32_t crc;
+    uint32_t reserved;
+    char end_magic[8];
+} MgFooter;
+
+#ifdef __cplusplus
+static_assert(sizeof(MgTrailer) == MG_TRAILER_FIXED, "trailer layout");
+static_assert(sizeof(MgFooter) == MG_FOOTER, "footer layout");
+#else
+_Static_assert(sizeof(MgTrailer) == MG_TRAILER_FIXED, "trailer layout");
+_Static_assert(sizeof(MgFooter) == MG_FOOTER, "footer layout");
+#endif
+
+// The state a checkpoint holds, in host memory.
+typedef struct {
+    int step;
+    size_t n;
+    float *weights, *m, *v;  // n each
+    uint64_t tokens_seen;
+    int has_trailer;
+    MgTrailer trailer;
+} MgState;
+
+static void mg_ckpt_name(char *out, size_t cap, const char *dir, int step, int temp) {
+    snprintf(out, cap, temp ? "%s/.step_%06d.bin.tmp" : "%s/step_%06d.bin", dir, step);
+}
+
+// Writes everything or fails; returns 0 or an errno value.
+static int mg_write_all(int fd, const void *buf, size_t len, uint32_t *crc) {
+    const char *p = (const char *)buf;
+    if (crc) *crc = mg_crc32(*crc, buf, len);
+    while (len > 0) {
+        size_t chunk = len < (1u << 26) ? len : (1u << 26);
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (w == 0) return EIO;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+static int mg_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return errno;
+    int rc = fsync(fd) ? errno : 0;
+    close(fd);
+    return rc;
+}
+
+static void mg_mkdirs(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0755) && errno != EEXIST) mg_fail(MG_EXIT_IO, "cannot create directory %s: %s", path, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(path, 0755) && errno != EEXIST) mg_fail(MG_EXIT_IO, "cannot create directory %s: %s", path, strerror(errno));
+}
+
+// The metadata JSON is deterministic: the same state gives the same bytes.
+// --meta was validated as JSON when parsed, so it is embedded verbatim.
+static size_t mg_meta_json(char *out, size_t cap, const char *engine, const char *meta) {
+    return (size_t)snprintf(out, cap, "{\"engine\":\"%s\",\"meta\":%s}", engine, meta ? meta : "null");
+}
+
+// Atomic, durable write of a checkpoint. On failure removes the temp file,
+// leaves every existing checkpoint untouched, and returns an errno value with
+// `what` naming the failed operation.
+static int mg_write_checkpoint(const MgConfig *cfg, const char *engine, const MgState *st,
+                               char *path_out, size_t path_cap, size_t *bytes_out, const char **what) {
+    char tmp[4096];
+    mg_ckpt_name(tmp, sizeof tmp, cfg->ckpt_dir, st->step, 1);
+    mg_ckpt_name(path_out, path_cap, cfg->ckpt_dir, st->step, 0);
+    static char meta[8192];
+    size_t meta_bytes = mg_meta_json(meta, sizeof meta, engine, cfg->meta);
+
+    MgTrailer tr;
+    memset(&tr, 0, sizeof tr);
+    memcpy(tr.magic, MG_TRAILER_MAGIC, 8);
+    tr.version = 1;
+    tr.meta_bytes = (uint32_t)meta_bytes;
+    tr.vocab = cfg->vocab; tr.ctx = cfg->ctx; tr.dim = cfg->dim; tr.layers = cfg->layers; tr.heads = cfg->heads;
+    tr.batch = cfg->batch; tr.grad_accum = cfg->grad_accum; tr.warmup = cfg->warmup; tr.max_steps = cfg->steps;
+    tr.lr = cfg->lr; tr.min_lr = cfg->min_lr; tr.beta1 = cfg->beta1; tr.beta2 = cfg->beta2;
+    tr.eps = cfg->eps; tr.weight_decay = cfg->weight_decay; tr.grad_clip = cfg->grad_clip;
+    tr.seed = cfg->seed;
+    tr.tokens_seen = st->tokens_seen;
+
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { *what = "create"; return errno; }
+    int32_t head[2] = {st->step, (int32_t)st->n};
+    uint32_t crc = 0;
+    int rc = 0;
+    *what = "write";
+    if (!rc) rc = mg_write_all(fd, head, sizeof head, &crc);
+    if (!rc) rc = mg_write_all(fd, st->weights, st->n * sizeof(float), &crc);
+    if (!rc) rc = mg_write_all(fd, st->m, st->n * sizeof(float), &crc);
+    if (!rc) rc = mg_write_all(fd, st->v, st->n * sizeof(float), &crc);
+    if (!rc) rc = mg_write_all(fd, &tr, sizeof tr, &crc);
+    if (!rc) rc = mg_write_all(fd, meta, meta_bytes, &crc);
+    MgFooter foot;
+    memset(&foot, 0, sizeof foot);
+    foot.trailer_bytes = MG_TRAILER_FIXED + meta_bytes + MG_FOOTER;
+    memcpy(foot.end_magic, MG_END_MAGIC, 8);
+    if (!rc) rc = mg_write_all(fd, &foot.trailer_bytes, 8, &crc);
+    foot.crc = crc;
+    if (!rc) rc = mg_write_all(fd, &foot.crc, 16, NULL);
+    if (!rc && fsync(fd)) { rc = errno; *what = "fsync"; }
+    if (close(fd) && !rc) { rc = errno; *what = "close"; }
+    if (!rc && rename(tmp, path_out)) { rc = errno; *what = "rename"; }
+    if (rc) { unlink(tmp); return rc; }
+    if ((rc = mg_fsync_dir(cfg->ckpt_dir))) { *what = "fsync directory"; return rc; }
+    *bytes_out = 8 + 12 * st->n + (size_t)foot.trailer_bytes;
+    return 0;
+}
+
+// Reads and verifies a checkpoint into st (allocating its arrays). On failure
+// returns -1 with the reason in err; never modifies the file.
+static int mg_read_checkpoint(const char *path, MgState *st, char *err, size_t errcap) {
+    memset(st, 0, sizeof *st);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) { snprintf(err, errcap, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    struct stat sb;
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) { snprintf(err, errcap, "%s: not a regular file", path); close(fd); return -1; }
+    size_t size = (size_t)sb.st_size;
+    unsigned char *raw = (unsigned char *)malloc(size ? size : 1);
+    if (!raw) { snprintf(err, errcap, "%s: out of memory reading %zu bytes", path, size); close(fd); return -1; }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, raw + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    int ok = -1;
+    if (got != size) { snprintf(err, errcap, "%s: read failed", path); goto done; }
+    if (size < 8) { snprintf(err, errcap, "%s: truncated (%zu bytes)", path, size); goto done; }
+    int32_t head[2];
+    memcpy(head, raw, 8);
+    if (head[0] < 0 || head[1] <= 0) {
+        snprintf(err, errcap, "%s: not a microgpt checkpoint (step %d, n_params %d)", path, head[0], head[1]);
+        goto done;
+    }
+    st->step = head[0];
+    st->n = (size_t)head[1];
+    size_t body;  // assigned, not initialized: C++ (nvcc) forbids a goto past an initialization
+    body = 8 + 12 * st->n;
+    if (size == body) {
+        st->has_trailer = 0;
+    } else if (size < body + MG_TRAILER_FIXED + MG_FOOTER) {
+        snprintf(err, errcap, size < body ? "%s: truncated (%zu bytes, n_params %zu needs %zu)" : "%s: trailer truncated or missing (%zu bytes, n_params %zu, body %zu)",
+                 path, size, st->n, body);
+        goto done;
+    } else {
+        MgFooter foot;
+        memcpy(&foot, raw + size - MG_FOOTER, MG_FOOTER);
+        if (memcmp(foot.end_magic, MG_END_MAGIC, 8)) { snprintf(err, errcap, "%s: no end magic (truncated or not a microgpt checkpoint)", path); goto done; }
+        if (body + foot.trailer_bytes != size) { snprintf(err, errcap, "%s: size %zu does not match n_params %zu and its trailer", path, size, st->n); goto done; }
+        if (mg_crc32(0, raw, size - 16) != foot.crc) { snprintf(err, errcap, "%s: checksum mismatch", path); goto done; }
+        memcpy(&st->trailer, raw + body, MG_TRAILER_FIXED);
+        if (memcmp(st->trailer.magic, MG_TRAILER_MAGIC, 8)) { snprintf(err, errcap, "%s: bad trailer magic", path); goto done; }
+        if (st->trailer.version != 1) { snprintf(err, errcap, "%s: unsupported trailer version %u", path, st->trailer.version); goto done; }
+        if ((uint64_t)MG_TRAILER_FIXED + st->trailer.meta_bytes + MG_FOOTER != foot.trailer_bytes) { snprintf(err, errcap, "%s: trailer sizes disagree", path); goto done; }
+        MgLayout lay = mg_layout(st->trailer.vocab, st->trailer.ctx, st->trailer.dim, st->trailer.layers);
+        if (st->trailer.vocab <= 0 || st->trailer.ctx <= 0 || st->trailer.dim <= 0 || st->trailer.layers <= 0 || lay.n != st->n) {
+            snprintf(err, errcap, "%s: n_params %zu does not match the shape in its trailer", path, st->n);
+            goto done;
+        }
+        st->has_trailer = 1;
+        st->tokens_seen = st->trailer.tokens_seen;
+    }
+    st->weights = (float *)mg_malloc(st->n * sizeof(float));
+    st->m = (float *)mg_malloc(st->n * sizeof(float));
+    st->v = (float *)mg_malloc(st->n * sizeof(float));
+    memcpy(st->weights, raw + 8, st->n * 4);
+    memcpy(st->m, raw + 8 + 4 * st->n, st->n * 4);
+    memcpy(st->v, raw + 8 + 8 * st->n, st->n * 4);
+    ok = 0;
+done:
+    free(raw);
+    return ok;
+}
+
+static void mg_free_state(MgState *st) {
+    free(st->weights); free(st->m); free(st->v);
+    st->weights = st->m = st->v = NULL;
+}
+
+// Step numbers of step_NNNNNN.bin files in dir, newest first. Returns count.
+static int mg_parse_ckpt_name(const char *name) {
+    if (strncmp(name, "step_", 5)) return -1;
+    const char *p = name + 5;
+    int digits = 0;
+    long step = 0;
+    while (*p >= '0' && *p <= '9') { step = step * 10 + (*p - '0'); p++; digits++; if (step > 0x7fffffff) return -1; }
+    if (digits < 6 || strcmp(p, ".bin")) return -1;
+    return (int)step;
+}
+
+static int mg_cmp_desc(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x < y) - (x > y);
+}
+
+static int mg_list_checkpoints(const char *dir, int **steps_out) {
+    DIR *d = opendir(dir);
+    int cap = 64, n = 0;
+    int *steps = (int *)mg_malloc(cap * sizeof(int));
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            int s = mg_parse_ckpt_name(e->d_name);
+            if (s < 0) continue;
+            if (n == cap) {
+                cap *= 2;
+                int *grown = (int *)realloc(steps, cap * sizeof(int));
+                if (!grown) mg_fail(MG_EXIT_IO, "out of memory listing %s", dir);
+                steps = grown;
+            }
+            steps[n++] = s;
+        }
+        closedir(d);
+    }
+    qsort(steps, n, sizeof(int), mg_cmp_desc);
+    *steps_out = steps;
+    return n;
+}
+
+// Removes temp files a killed writer left behind. Only names this engine
+// writes (.step_*.bin.tmp) are touched.
+static void mg_remove_stale_temps(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, ".step_", 6) || len < 14 || strcmp(e->d_name + len - 8, ".bin.tmp")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0) mg_warn("removed stale temp file %s", path);
+    }
+    closedir(d);
+}
+
+// Deletes all but the newest `keep` checkpoints (standalone --keep-last).
+static void mg_prune_checkpoints(const char *dir, int keep) {
+    if (keep <= 0) return;
+    int *steps;
+    int n = mg_list_checkpoints(dir, &steps);
+    char path[4096];
+    for (int i = keep; i < n; i++) {
+        mg_ckpt_name(path, sizeof path, dir, steps[i], 0);
+        if (unlink(path)) mg_warn("cannot remove %s: %s", path, strerror(errno));
+    }
+    free(steps);
+}
+
+// ----------------------------------------------------------------------------
+// Resuming: find the file, verify it, reconcile its shape and settings with
+// the command line. Flags the user gave must agree; the rest are adopted.
+
+static int mg_find_resume(const MgConfig *cfg, MgState *st, char *path, size_t cap) {
+    char err[1024];
+    if (strcmp(cfg->resume, "latest")) {
+        snprintf(path, cap, "%s", cfg->resume);
+        if (mg_read_checkpoint(path, st, err, sizeof err)) mg_fail(MG_EXIT_CKPT, "cannot resume: %s", err);
+        return 1;
+    }
+    int *steps;
+    int n = mg_list_checkpoints(cfg->ckpt_dir, &steps), rejected = 0;
+    for (int i = 0; i < n; i++) {
+        mg_ckpt_name(path, cap, cfg->ckpt_dir, steps[i], 0);
+        if (mg_read_checkpoint(path, st, err, sizeof err) == 0) { free(steps); return 1; }
+        mg_warn("skipping %s", err);
+        rejected++;
+    }
+    free(steps);
+    if (rejected) mg_fail(MG_EXIT_CKPT, "no valid checkpoint in %s (%d rejected)", cfg->ckpt_dir, rejected);
+    return 0;  // nothing there: start fresh
+}
+
+static void mg_reconcile_int(MgConfig *cfg, const char *flag, int *value, int in_file, int is_shape, const char *path) {
+    if (*value == in_file) return;
+    if (!mg_given(cfg, flag)) { *value = in_file; return; }
+    if (is_shape) mg_fail(MG_EXIT_CKPT, "shape mismatch with %s: --%s %d in file, %d requested", path, flag, in_file, *value);
+    if (!cfg->allow_hparam_change)
+        mg_fail(MG_EXIT_CKPT, "--%s %d differs from %d in %s (pass --allow-hparam-change to accept)", flag, *value, in_file, path);
+    mg_warn("--%s changed from %d to %d on resume", flag, in_file, *value);
+}
+
+static void mg_reconcile_float(MgConfig *cfg, const char *flag, float *value, float in_file, const char *path) {
+    if (memcmp(value, &in_file, sizeof(float)) == 0) return;
+    if (!mg_given(cfg, flag)) { *value = in_file; return; }
+    if (!cfg->allow_hparam_change)
+        mg_fail(MG_EXIT_CKPT, "--%s %g differs from %g in %s (pass --allow-hparam-change to accept)", flag, *value, in_file, path);
+    mg_warn("--%s changed from %g to %g on resume", flag, in_file, *value);
+}
+
+static void mg_reconcile(MgConfig *cfg, const MgState *st, const char *path) {
+    if (!st->has_trailer) {
+        MgLayout lay = mg_layout(cfg->vocab, cfg->ctx, cfg->dim, cfg->layers);
+        if (lay.n != st->n)
+            mg_fail(MG_EXIT_CKPT, "shape mismatch with %s: %zu parameters in file, %zu for the requested shape", path, st->n, lay.n);
+        mg_warn("%s: no trailer: checksum and shape not verified (bare ANDREA file)", path);
+        return;
+    }
+    const MgTrailer *t = &st->trailer;
+    mg_reconcile_int(cfg, "vocab", &cfg->vocab, t->vocab, 1, path);
+    mg_reconcile_int(cfg, "ctx", &cfg->ctx, t->ctx, 1, path);
+    mg_reconcile_int(cfg, "dim", &cfg->dim, t->dim, 1, path);
+    mg_reconcile_int(cfg, "layers", &cfg->layers, t->layers, 1, path);
+    mg_reconcile_int(cfg, "heads", &cfg->heads, t->heads, 1, path);
+    mg_reconcile_int(cfg, "batch", &cfg->batch, t->batch, 0, path);
+    mg_reconcile_int(cfg, "grad-accum", &cfg->grad_accum, t->grad_accum, 0, path);
+    mg_reconcile_int(cfg, "warmup", &cfg->warmup, t->warmup, 0, path);
+    mg_reconcile_int(cfg, "steps", &cfg->steps, t->max_steps, 0, path);
+    mg_reconcile_float(cfg, "lr", &cfg->lr, t->lr, path);
+    mg_reconcile_float(cfg, "min-lr", &cfg->min_lr, t->min_lr, path);
+    mg_reconcile_float(cfg, "beta1", &cfg->beta1, t->beta1, path);
+    mg_reconcile_float(cfg, "beta2", &cfg->beta2, t->beta2, path);
+    mg_reconcile_float(cfg, "eps", &cfg->eps, t->eps, path);
+    mg_reconcile_float(cfg, "weight-decay", &cfg->weight_decay, t->weight_decay, path);
+    mg_reconcile_float(cfg, "grad-clip", &cfg->grad_clip, t->grad_clip, path);
+    if (cfg->seed != t->seed) {
+        if (!mg_given(cfg, "seed")) cfg->seed = t->seed;
+        else if (!cfg->allow_hparam_change)
+            mg_fail(MG_EXIT_CKPT, "--seed %llu differs from %llu in %s (pass --allow-hparam-change to accept)",
+                    (unsigned long long)cfg->seed, (unsigned long long)t->seed, path);
+    }
+}
+
+#endif  // MICROGPT_CHECKPOINT_H

@@ -1,0 +1,53 @@
+// engine.h: the compute an engine provides, as a table of functions. The
+// CPU engine (microgpt_cpu.c) and the CUDA engine (microgpt_cuda.cu) each
+// fill one in; everything else is shared.
+#ifndef MICROGPT_ENGINE_H
+#define MICROGPT_ENGINE_H
+
+#include "config.h"
+
+// ----------------------------------------------------------------------------
+// The compute an engine provides. All buffers are allocated in init; none of
+// these functions allocates. Tokens are [rows, len] uint16; the training rows
+// handed to forward_backward are [rows, T+1] (inputs and shifted targets).
+
+typedef struct {
+    const char *name;          // "cpu" or "cuda"
+    char device[256];          // human-readable device description
+    const char *precision;     // "fp32" or "bf16"
+    int threads;
+    size_t mem_bytes;          // bytes allocated for model, optimizer, activations
+    void *impl;
+
+    // Checks engine-specific settings right after parsing (may fill in
+    // defaults such as the precision) and fills in device, threads and
+    // precision above; returns an error message or NULL.
+    const char *(*configure)(void *impl, MgConfig *cfg);
+    // Allocates everything for cfg (batch rows of ctx tokens); returns the
+    // bytes it holds.
+    size_t (*init)(void *impl, const MgConfig *cfg);
+    // Uploads weights and Adam moments (n floats each).
+    void (*set_state)(void *impl, const float *w, const float *m, const float *v);
+    // Downloads weights and moments into host arrays.
+    void (*get_state)(void *impl, float *w, float *m, float *v);
+    // Zeroes the gradient accumulators.
+    void (*zero_grads)(void *impl);
+    // Forward + backward of rows (<= batch) rows of T+1 tokens, adding
+    // grad_scale * d(sum of token losses) into the gradients; writes each
+    // row's mean token loss into row_loss.
+    void (*forward_backward)(void *impl, const uint16_t *rows_tokens, int rows, float grad_scale, float *row_loss);
+    // Forward only, same rows, row_loss out.
+    void (*forward_loss)(void *impl, const uint16_t *rows_tokens, int rows, float *row_loss);
+    // Global L2 norm of the gradients, computed in a fixed order.
+    double (*grad_norm)(void *impl);
+    // AdamW update for step `step` (1-based) with learning rate lr; grads are
+    // multiplied by grad_mult first (the clip factor).
+    void (*update)(void *impl, int step, float lr, float grad_mult);
+    // Copies the gradients (n floats) to host memory.
+    void (*get_grads)(void *impl, float *out);
+    // Logits at the last position of each of rows rows of len tokens:
+    // out is [rows, vocab].
+    void (*last_logits)(void *impl, const uint16_t *tokens, int rows, int len, float *out);
+} MgEngine;
+
+#endif  // MICROGPT_ENGINE_H

@@ -1,0 +1,360 @@
+// train.h: the training driver both engines share. One train step (forward,
+// backward, clip, AdamW through the engine table), evals, checkpoint
+// emission, the proxy-mode frame loop, the standalone loop over a token
+// shard, and mg_main, the entry point an engine's main() calls.
+#ifndef MICROGPT_TRAIN_H
+#define MICROGPT_TRAIN_H
+
+#include "checkpoint.h"
+#include "common.h"
+#include "config.h"
+#include "engine.h"
+#include "model.h"
+#include "protocol.h"
+#include "sampler.h"
+
+#include <string.h>
+
+// ----------------------------------------------------------------------------
+// The driver: the training loop both engines share.
+
+typedef struct {
+    MgConfig cfg;
+    MgEngine *eng;
+    MgLayout lay;
+    MgState st;          // host copy used for checkpoints (weights, m, v)
+    int step;
+    int saved_step;      // step of the last checkpoint written or loaded, -1 if none
+    uint64_t tokens_seen;
+    float *row_loss;     // [batch * grad_accum] or eval rows chunk
+    uint16_t *rows_buf;  // [batch * grad_accum * (T+1)] tokens
+    uint16_t *groups_buf;
+    uint32_t rows_cap;
+} MgDriver;
+
+static void mg_emit_ckpt(MgDriver *d, const char *reason) {
+    double t0 = mg_now_ms();
+    d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
+    d->st.step = d->step;
+    d->st.tokens_seen = d->tokens_seen;
+    char path[4096];
+    size_t bytes = 0;
+    const char *what = "";
+    mg_mkdirs(d->cfg.ckpt_dir);
+    int rc = mg_write_checkpoint(&d->cfg, d->eng->name, &d->st, path, sizeof path, &bytes, &what);
+    if (rc) mg_fail(MG_EXIT_IO, "checkpoint at step %d failed (%s %s: %s); previous checkpoints are intact", d->step, what, path, strerror(rc));
+    d->saved_step = d->step;
+    printf("{\"event\":\"ckpt\",\"step\":%d,\"path\":", d->step);
+    mg_json_string(stdout, path);
+    printf(",\"bytes\":%zu,\"ms\":%.3f,\"reason\":\"%s\"}\n", bytes, mg_now_ms() - t0, reason);
+    fflush(stdout);
+    if (strcmp(d->cfg.data, "-") != 0) mg_prune_checkpoints(d->cfg.ckpt_dir, d->cfg.keep_last);
+}
+
+static void mg_emit_exit(MgDriver *d, const char *reason) {
+    printf("{\"event\":\"exit\",\"step\":%d,\"reason\":\"%s\"}\n", d->step, reason);
+    fflush(stdout);
+}
+
+// Checkpoint unless this exact step is already on disk, then exit 0.
+static void mg_finish(MgDriver *d, const char *ckpt_reason, const char *exit_reason) {
+    if (d->saved_step != d->step) mg_emit_ckpt(d, ckpt_reason);
+    mg_emit_exit(d, exit_reason);
+    exit(0);
+}
+
+// Per-group mean of row losses, groups in ascending id order, printed as a
+// JSON object. Sums run in row order in double: deterministic.
+static void mg_print_groups(const float *row_loss, const uint16_t *groups, int rows, int T, int with_tokens) {
+    static double sum[65536];
+    static int count[65536];
+    for (int r = 0; r < rows; r++) { sum[groups[r]] = 0; count[groups[r]] = 0; }
+    for (int r = 0; r < rows; r++) { sum[groups[r]] += row_loss[r]; count[groups[r]]++; }
+    fputs(",\"group_loss\":{", stdout);
+    int first = 1;
+    for (int g = 0; g < 65536; g++) {
+        if (!count[g]) continue;
+        printf(first ? "\"%d\":" : ",\"%d\":", g);
+        mg_json_float(stdout, (float)(sum[g] / count[g]));
+        first = 0;
+    }
+    fputc('}', stdout);
+    if (with_tokens) {
+        fputs(",\"group_tokens\":{", stdout);
+        first = 1;
+        for (int g = 0; g < 65536; g++) {
+            if (!count[g]) continue;
+            printf(first ? "\"%d\":%lld" : ",\"%d\":%lld", g, (long long)count[g] * T);
+            first = 0;
+        }
+        fputc('}', stdout);
+    }
+    for (int r = 0; r < rows; r++) count[groups[r]] = 0;
+}
+
+static void mg_write_grads_file(MgDriver *d, float loss) {
+    float *grads = (float *)mg_malloc(d->lay.n * sizeof(float));
+    d->eng->get_grads(d->eng->impl, grads);
+    FILE *f = fopen(d->cfg.dump_grads, "wb");
+    if (!f || fwrite(grads, sizeof(float), d->lay.n, f) != d->lay.n || fclose(f))
+        mg_fail(MG_EXIT_IO, "cannot write gradients to %s: %s", d->cfg.dump_grads, strerror(errno));
+    free(grads);
+    printf("{\"event\":\"grads\",\"step\":%d,\"loss\":", d->step + 1);
+    mg_json_float(stdout, loss);
+    fputs(",\"path\":", stdout);
+    mg_json_string(stdout, d->cfg.dump_grads);
+    puts("}");
+    mg_emit_exit(d, "grads");
+    exit(0);
+}
+
+// One optimizer update from rows = batch * grad_accum rows of T+1 tokens.
+static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *groups) {
+    const MgConfig *c = &d->cfg;
+    int B = c->batch, K = c->grad_accum, T = c->ctx, rows = B * K;
+    double t0 = mg_now_ms();
+    d->eng->zero_grads(d->eng->impl);
+    float grad_scale = 1.0f / ((float)rows * (float)T);
+    for (int k = 0; k < K; k++)
+        d->eng->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale, d->row_loss + (size_t)k * B);
+    double loss_sum = 0;
+    for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
+    float loss = (float)(loss_sum / rows);
+    if (c->dump_grads) mg_write_grads_file(d, loss);
+    double norm = d->eng->grad_norm(d->eng->impl);
+    if (!isfinite(loss) || !isfinite(norm))
+    {
+        char last[64];
+        if (d->saved_step >= 0) snprintf(last, sizeof last, "last checkpoint: step %d", d->saved_step);
+        else snprintf(last, sizeof last, "no checkpoint yet");
+        mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (%s)",
+                isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
+    }
+    float mult = 1.0f;
+    if (c->grad_clip > 0 && norm > c->grad_clip) mult = (float)(c->grad_clip / (norm + 1e-6));
+    int s = d->step + 1;
+    float lr = mg_lr_at(c, s);
+    d->eng->update(d->eng->impl, s, lr, mult);
+    d->step = s;
+    d->tokens_seen += (uint64_t)rows * T;
+    printf("{\"event\":\"step\",\"step\":%d,\"loss\":", s);
+    mg_json_float(stdout, loss);
+    mg_print_groups(d->row_loss, groups, rows, T, 0);
+    fputs(",\"lr\":", stdout);
+    mg_json_float(stdout, lr);
+    fputs(",\"grad_norm\":", stdout);
+    mg_json_float(stdout, (float)norm);
+    printf(",\"ms\":%.3f,\"tokens\":%d}\n", mg_now_ms() - t0, rows * T);
+    fflush(stdout);
+}
+
+// Periodic checkpoint after a training step.
+static void mg_periodic_checkpoint(MgDriver *d) {
+    if (d->cfg.ckpt_every > 0 && d->step % d->cfg.ckpt_every == 0 && d->saved_step != d->step) mg_emit_ckpt(d, "periodic");
+}
+
+// Acts on signal flags; called between steps and while idle.
+static void mg_handle_signals(MgDriver *d) {
+    if (mg_ckpt_requested) {
+        mg_ckpt_requested = 0;
+        if (d->saved_step != d->step) mg_emit_ckpt(d, "sigusr1");
+    }
+    if (mg_stop_requested) mg_finish(d, "signal", "signal");
+}
+
+static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint16_t *groups, int rows) {
+    int B = d->cfg.batch, T = d->cfg.ctx;
+    double t0 = mg_now_ms();
+    double loss_sum = 0;
+    for (int r0 = 0; r0 < rows; r0 += B) {
+        int n = rows - r0 < B ? rows - r0 : B;
+        d->eng->forward_loss(d->eng->impl, tokens + (size_t)r0 * (T + 1), n, d->row_loss + r0);
+    }
+    for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
+    printf("{\"event\":\"eval\",\"id\":%llu,\"step\":%d,\"loss\":", (unsigned long long)id, d->step);
+    mg_json_float(stdout, (float)(loss_sum / rows));
+    mg_print_groups(d->row_loss, groups, rows, T, 1);
+    printf(",\"ms\":%.3f}\n", mg_now_ms() - t0);
+    fflush(stdout);
+}
+
+// Reads and executes frames until EOF, STOP or a signal.
+static void mg_proxy_loop(MgDriver *d) {
+    const MgConfig *c = &d->cfg;
+    int rowlen = c->ctx + 1;
+    for (;;) {
+        mg_handle_signals(d);  // signals that arrived while idle or during the last frame
+        if (!mg_wait_for_input(0)) continue;
+        MgFrameHeader h;
+        if (mg_read_exact(0, &h, sizeof h, 1) == 0) mg_finish(d, "eof", "eof");
+        if (memcmp(h.magic, "MGF1", 4)) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: bad magic");
+        if (h.flags || h.reserved) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: nonzero flags or reserved field");
+        switch (h.type) {
+        case MG_FRAME_TRAIN:
+        case MG_FRAME_EVAL: {
+            const char *kind = h.type == MG_FRAME_TRAIN ? "TRAIN" : "EVAL";
+            if (h.row_len != (uint32_t)rowlen)
+                mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: row_len %u, expected ctx+1 = %d", kind, h.row_len, rowlen);
+            if (h.type == MG_FRAME_TRAIN && h.rows != (uint32_t)(c->batch * c->grad_accum))
+                mg_fail(MG_EXIT_PROTOCOL, "malformed TRAIN frame: %u rows, expected batch*grad_accum = %d", h.rows, c->batch * c->grad_accum);
+            if (h.rows == 0 || h.rows > (1u << 20)) mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: %u rows", kind, h.rows);
+            uint64_t expect = (uint64_t)h.rows * rowlen * 2 + (uint64_t)h.rows * 2;
+            if (h.payload_bytes != expect)
+                mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: payload %u bytes, expected %llu", kind, h.payload_bytes, (unsigned long long)expect);
+            if (h.type == MG_FRAME_TRAIN && h.id != (uint64_t)d->step + 1)
+                mg_fail(MG_EXIT_PROTOCOL, "TRAIN frame for step %llu, but the engine is at step %d (expects %d)",
+                        (unsigned long long)h.id, d->step, d->step + 1);
+            if (h.rows > d->rows_cap) {
+                d->rows_cap = h.rows;
+                d->rows_buf = (uint16_t *)realloc(d->rows_buf, (size_t)h.rows * rowlen * 2);
+                d->groups_buf = (uint16_t *)realloc(d->groups_buf, (size_t)h.rows * 2);
+                d->row_loss = (float *)realloc(d->row_loss, (size_t)h.rows * sizeof(float));
+                if (!d->rows_buf || !d->groups_buf || !d->row_loss) mg_fail(MG_EXIT_IO, "out of memory for a %u-row frame", h.rows);
+            }
+            mg_read_exact(0, d->rows_buf, (size_t)h.rows * rowlen * 2, 0);
+            mg_read_exact(0, d->groups_buf, (size_t)h.rows * 2, 0);
+            mg_check_tokens(d->rows_buf, (size_t)h.rows * rowlen, c->vocab);
+            if (h.type == MG_FRAME_TRAIN) {
+                mg_train_step(d, d->rows_buf, d->groups_buf);
+                mg_periodic_checkpoint(d);
+            } else mg_eval(d, h.id, d->rows_buf, d->groups_buf, (int)h.rows);
+            break;
+        }
+        case MG_FRAME_SAMPLE: {
+            MgSampleParams p;
+            if (h.payload_bytes < sizeof p) mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: payload %u bytes", h.payload_bytes);
+            mg_read_exact(0, &p, sizeof p, 0);
+            if (p.reserved || p.n_prompt == 0 || p.count == 0 || p.count > 4096 || p.max_new > (1u << 20) ||
+                h.payload_bytes != sizeof p + 2ull * p.n_prompt || !isfinite(p.temperature) || p.temperature < 0)
+                mg_fail(MG_EXIT_PROTOCOL, "malformed SAMPLE frame: bad parameters or payload size");
+            uint16_t *prompt = (uint16_t *)mg_malloc((size_t)p.n_prompt * 2);
+            mg_read_exact(0, prompt, (size_t)p.n_prompt * 2, 0);
+            mg_check_tokens(prompt, p.n_prompt, c->vocab);
+            mg_sample(d->eng, c, d->step, h.id, &p, prompt);
+            free(prompt);
+            break;
+        }
+        case MG_FRAME_CHECKPOINT:
+        case MG_FRAME_STOP:
+            if (h.payload_bytes || h.rows || h.row_len)
+                mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: it carries no payload", h.type == MG_FRAME_STOP ? "STOP" : "CHECKPOINT");
+            if (h.type == MG_FRAME_STOP) mg_finish(d, "stop", "stop");
+            if (d->saved_step != d->step) mg_emit_ckpt(d, "frame");
+            break;
+        default:
+            mg_fail(MG_EXIT_PROTOCOL, "malformed frame: unknown type %u", h.type);
+        }
+    }
+}
+
+static void mg_standalone_loop(MgDriver *d, const MgShard *sh) {
+    const MgConfig *c = &d->cfg;
+    int rows = c->batch * c->grad_accum;
+    uint16_t *groups = (uint16_t *)mg_calloc((size_t)rows, sizeof(uint16_t));
+    while (d->step < c->steps) {
+        mg_shard_batch(sh, c->seed, d->step + 1, rows, c->ctx + 1, d->rows_buf);
+        mg_train_step(d, d->rows_buf, groups);
+        mg_periodic_checkpoint(d);
+        mg_handle_signals(d);
+    }
+    free(groups);
+    mg_finish(d, "done", "done");
+}
+
+// The driver's entry point: parse, load or initialise, `ready`, then the
+// standalone or the proxy loop (neither returns). MG_ENGINE_MAIN calls it.
+static int mg_main(int argc, char **argv, MgEngine *eng) {
+    setvbuf(stdout, NULL, _IOFBF, 1 << 16);
+    mg_crc_init();
+    MgDriver d;
+    memset(&d, 0, sizeof d);
+    d.eng = eng;
+    mg_parse_args(&d.cfg, argc, argv);
+    const char *bad = eng->configure(eng->impl, &d.cfg);
+    if (bad) mg_fail(MG_EXIT_USAGE, "%s", bad);
+    mg_install_signals();
+
+    // Load before allocating: an unspecified shape comes from the checkpoint.
+    char resumed_from[4096] = "";
+    MgState loaded;
+    memset(&loaded, 0, sizeof loaded);
+    mg_remove_stale_temps(d.cfg.ckpt_dir);
+    if (d.cfg.resume && mg_find_resume(&d.cfg, &loaded, resumed_from, sizeof resumed_from))
+        mg_reconcile(&d.cfg, &loaded, resumed_from);
+    else
+        resumed_from[0] = 0;
+    mg_validate(&d.cfg);
+
+    const MgConfig *c = &d.cfg;
+    MgShard shard = {NULL, 0};
+    int standalone = strcmp(c->data, "-") != 0;
+    if (standalone) shard = mg_load_shard(c->data, c->vocab, c->ctx + 1);
+
+    d.lay = mg_layout(c->vocab, c->ctx, c->dim, c->layers);
+    d.st.n = d.lay.n;
+    d.st.weights = (float *)mg_malloc(d.lay.n * sizeof(float));
+    d.st.m = (float *)mg_malloc(d.lay.n * sizeof(float));
+    d.st.v = (float *)mg_malloc(d.lay.n * sizeof(float));
+    d.rows_cap = (uint32_t)(c->batch * c->grad_accum);
+    d.rows_buf = (uint16_t *)mg_malloc((size_t)d.rows_cap * (c->ctx + 1) * sizeof(uint16_t));
+    d.groups_buf = (uint16_t *)mg_calloc(d.rows_cap, sizeof(uint16_t));
+    d.row_loss = (float *)mg_malloc((size_t)d.rows_cap * sizeof(float));
+    d.saved_step = -1;
+
+    eng->mem_bytes = eng->init(eng->impl, c);
+    if (resumed_from[0]) {
+        eng->set_state(eng->impl, loaded.weights, loaded.m, loaded.v);
+        d.step = loaded.step;
+        d.tokens_seen = loaded.has_trailer ? loaded.tokens_seen : (uint64_t)loaded.step * c->batch * c->grad_accum * c->ctx;
+        d.saved_step = loaded.step;
+        mg_free_state(&loaded);
+    } else {
+        mg_init_params(d.st.weights, c);
+        memset(d.st.m, 0, d.lay.n * sizeof(float));
+        memset(d.st.v, 0, d.lay.n * sizeof(float));
+        eng->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
+    }
+
+    printf("{\"event\":\"ready\",\"step\":%d,\"n_params\":%zu,\"engine\":\"%s\",\"device\":", d.step, d.lay.n, eng->name);
+    mg_json_string(stdout, eng->device);
+    printf(",\"threads\":%d,\"precision\":\"%s\",\"resumed_from\":", eng->threads, eng->precision);
+    if (resumed_from[0]) mg_json_string(stdout, resumed_from);
+    else fputs("null", stdout);
+    printf(",\"mem_bytes\":%zu,\"version\":\"%s\",", eng->mem_bytes, MG_VERSION);
+    mg_print_config(c);
+    puts("}");
+    fflush(stdout);
+
+    if (standalone) mg_standalone_loop(&d, &shard);
+    else mg_proxy_loop(&d);
+    return 0;
+}
+
+// The main() of an engine binary. An engine names its compute functions
+// <prefix>_<slot> for the slots of MgEngine (cpu_init, gpu_init, ...), keeps
+// a back-pointer `MgEngine *eng` in its state struct Impl (configure fills
+// in the device, threads and precision through it), and ends with
+//     MG_ENGINE_MAIN(Cpu, cpu, "cpu")
+// so both engines bind their tables the same way, by name.
+#define MG_ENGINE_MAIN(Impl, prefix, engine_name)      \
+    int main(int argc, char **argv) {                  \
+        static Impl impl;                              \
+        static MgEngine eng;                           \
+        impl.eng = &eng;                               \
+        eng.name = engine_name;                        \
+        eng.impl = &impl;                              \
+        eng.configure = prefix##_configure;            \
+        eng.init = prefix##_init;                      \
+        eng.set_state = prefix##_set_state;            \
+        eng.get_state = prefix##_get_state;            \
+        eng.zero_grads = prefix##_zero_grads;          \
+        eng.forward_backward = prefix##_forward_backward; \
+        eng.forward_loss = prefix##_forward_loss;      \
+        eng.grad_norm = prefix##_grad_norm;            \
+        eng.update = prefix##_update;                  \
+        eng.get_grads = prefix##_get_grads;            \
+        eng.last_logits = prefix##_last_logits;        \
+        return mg_main(argc, argv, &eng);              \
+    }
+
+#endif  // MICROGPT_TRAIN_H

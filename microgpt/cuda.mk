@@ -55,7 +55,7 @@ ifneq ($(and $(CUBLAS_INC),$(CUBLAS_SO)),)
 
 cuda: $(BUILD)/microgpt_cuda
 
-$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu microgpt/microgpt.h | $(BUILD)
+$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu microgpt/cuda_flash_attention.cuh microgpt/microgpt.h | $(BUILD)
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB)"
 	$(NVCC) $(NVCCFLAGS) -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
 		-Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread

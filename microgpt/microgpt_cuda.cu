@@ -34,6 +34,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <float.h>
+#include <type_traits>
+
+#include "cuda_flash_attention.cuh"  // --attention flash: bf16 tensor-core kernels
 
 // ----------------------------------------------------------------------------
 // Error checking: any failed CUDA or cuBLASLt call is fatal, reported through
@@ -283,8 +286,10 @@ __global__ void gelu_backward_kernel(Tx *d, const Tx *pre, size_t n) {
 // of each summing its terms sequentially in key (or query) order.
 //
 // These kernels use CUDA cores (fp32 FMA), not tensor cores: they are the
-// simple, exact version. docs/CUDA.md says what a tensor-core (mma.sync)
-// version would gain and why it is not here yet.
+// simple, exact version, the only one in fp32 and for any head dim up to 128,
+// and the default (--attention naive). `--attention flash` runs the bf16
+// tensor-core kernels of cuda_flash_attention.cuh instead (see
+// attention_forward below).
 
 #define ATT_THREADS 128
 template <int HD> struct AttShape {
@@ -656,6 +661,7 @@ typedef struct {
     MgLayout lay;
     int B, T, C, L, H, V, hd, hd_bucket, BT;
     int bf16;             // activations and matmuls in bf16 (else fp32)
+    int flash;            // attention on tensor cores (cuda_flash_attention.cuh)
     size_t xs;            // sizeof the activation type
     int fuse;             // try cuBLASLt epilogues (bf16 only)
     int warned_unfused;
@@ -944,9 +950,17 @@ static void attention_backward_hd(Gpu *e, Tx *dqkv, const Tx *dy, const Tx *y, c
 }
 
 // The head dim is a template parameter (register arrays need constant
-// sizes): the smallest bucket that holds it, the rest zero-padded.
+// sizes): the smallest bucket that holds it, the rest zero-padded. With
+// e->flash (bf16 only, head dims 32/64/128: gpu_init decides) the tensor-core
+// kernels run instead; both write the same y, lse and dqkv.
 template <typename Tx>
 static void attention_forward(Gpu *e, Tx *y, float *lse, const Tx *qkv) {
+    if constexpr (std::is_same<Tx, bf16>::value) {
+        if (e->flash) {
+            CUDA_CHECK(flash_attention_forward(e->stream, y, lse, qkv, e->B, e->T, e->C, e->H, e->hd));
+            return;
+        }
+    }
     switch (e->hd_bucket) {
     case 8: attention_forward_hd<Tx, 8>(e, y, lse, qkv); break;
     case 16: attention_forward_hd<Tx, 16>(e, y, lse, qkv); break;
@@ -958,6 +972,12 @@ static void attention_forward(Gpu *e, Tx *y, float *lse, const Tx *qkv) {
 
 template <typename Tx>
 static void attention_backward(Gpu *e, Tx *dqkv, const Tx *dy, const Tx *y, const Tx *qkv, const float *lse) {
+    if constexpr (std::is_same<Tx, bf16>::value) {
+        if (e->flash) {
+            CUDA_CHECK(flash_attention_backward(e->stream, dqkv, e->att_D, dy, y, qkv, lse, e->B, e->T, e->C, e->H, e->hd));
+            return;
+        }
+    }
     switch (e->hd_bucket) {
     case 8: attention_backward_hd<Tx, 8>(e, dqkv, dy, y, qkv, lse); break;
     case 16: attention_backward_hd<Tx, 16>(e, dqkv, dy, y, qkv, lse); break;
@@ -1253,6 +1273,30 @@ static const char *gpu_configure(void *impl, MgConfig *cfg) {
     return NULL;
 }
 
+// --attention flash takes the tensor-core kernels where they apply (bf16, head
+// dim 32, 64 or 128, enough shared memory); anywhere else it falls back to
+// the naive kernels with one warning, never an error. The choice is appended
+// to the device string of the ready event, so every run says which it used.
+static void choose_attention(Gpu *e, const char *requested) {
+    e->flash = 0;
+    if (requested && strcmp(requested, "flash") == 0) {
+        size_t need = flash_attention_smem(e->hd);
+        if (!e->bf16)
+            mg_warn("--attention flash needs --precision bf16; using the naive attention kernels (fp32)");
+        else if (!flash_attention_supported(e->hd))
+            mg_warn("--attention flash supports head dims 32, 64 and 128, not %d (--dim %d / --heads %d); "
+                    "using the naive attention kernels", e->hd, e->C, e->H);
+        else if (need > e->prop.sharedMemPerBlockOptin)
+            mg_warn("--attention flash needs %zu bytes of shared memory per block, %s allows %zu; "
+                    "using the naive attention kernels", need, e->prop.name, e->prop.sharedMemPerBlockOptin);
+        else
+            e->flash = 1;
+    }
+    if (e->flash) CUDA_CHECK(flash_attention_setup(e->hd));
+    size_t len = strlen(e->eng->device);
+    snprintf(e->eng->device + len, sizeof e->eng->device - len, ", attention %s", e->flash ? "flash" : "naive");
+}
+
 static size_t gpu_init(void *impl, const MgConfig *cfg) {
     Gpu *e = (Gpu *)impl;
     e->cfg = *cfg;
@@ -1264,6 +1308,7 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->hd_bucket = e->hd <= 8 ? 8 : e->hd <= 16 ? 16 : e->hd <= 32 ? 32 : e->hd <= 64 ? 64 : 128;
     e->xs = e->bf16 ? sizeof(bf16) : sizeof(float);
     e->lay = mg_layout(e->V, e->T, e->C, e->L);
+    choose_attention(e, cfg->attention);
 
     // The decay map must agree with mg_decay_ranges, the definition.
     DecayMap *dm = &e->dm;

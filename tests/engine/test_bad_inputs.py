@@ -86,6 +86,7 @@ USAGE_CASES = {
     "lr-abc": (flags(lr="abc"), []),
     "vocab-over-uint16": (flags(vocab=70000), []),
     "precision-unknown": (flags(), ["--precision", "fp8"]),
+    "attention-unknown": (flags(), ["--attention", "fast"]),
     "meta-not-json": (flags(), ["--meta", "{not json"]),
     "missing-value": (flags(), ["--dim"]),
 }
@@ -115,7 +116,7 @@ def test_help_lists_every_flag(engine_bin, tmp_path):
     missing = [f for f in ("--data", "--ckpt-dir", "--resume", "--ckpt-every", "--keep-last", "--vocab", "--ctx",
                            "--dim", "--layers", "--heads", "--batch", "--grad-accum", "--steps", "--lr",
                            "--min-lr", "--warmup", "--beta1", "--beta2", "--eps", "--weight-decay",
-                           "--grad-clip", "--seed", "--threads", "--precision", "--meta", "--dump-grads",
+                           "--grad-clip", "--seed", "--threads", "--precision", "--attention", "--meta", "--dump-grads",
                            "--allow-hparam-change", "--help") if f not in out]
     assert not missing, f"--help does not list {missing}"
 

@@ -51,7 +51,14 @@
 
 // ----------------------------------------------------------------------------
 // PTX wrappers. Each carries a "memory" clobber so that the compiler never
-// moves ordinary shared-memory accesses across it.
+// moves ordinary shared-memory accesses across it. cp.async and bf16 mma need
+// sm_80; a build for an older target still compiles (microgpt_cuda.cu never
+// selects these kernels there: bf16 itself needs sm_80) and traps if reached.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define FLASH_SM80(code) __trap()
+#else
+#define FLASH_SM80(code) code
+#endif
 
 __device__ __forceinline__ uint32_t flash_smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -60,38 +67,40 @@ __device__ __forceinline__ uint32_t flash_smem_addr(const void *p) {
 // 16 bytes global -> shared, asynchronously; zero-fills when !valid (nothing
 // is read then, but the address must still be a legal one).
 __device__ __forceinline__ void flash_cp_async16(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(flash_smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
+    FLASH_SM80(asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(flash_smem_addr(dst)), "l"(src),
+                            "r"(valid ? 16 : 0)
+                            : "memory"));
 }
-__device__ __forceinline__ void flash_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void flash_cp_async_commit() {
+    FLASH_SM80(asm volatile("cp.async.commit_group;\n" ::: "memory"));
+}
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N> __device__ __forceinline__ void flash_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+    FLASH_SM80(asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"));
 }
 
 // Four 8x8 bf16 matrices; lanes 8m..8m+7 give the row addresses of matrix m,
 // and register m of lane l receives (row l/4, cols 2(l%4), 2(l%4)+1) of matrix
 // m; with .trans, (rows 2(l%4), 2(l%4)+1, col l/4) instead.
 __device__ __forceinline__ void flash_ldmatrix_x4(uint32_t r[4], const __nv_bfloat16 *row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(flash_smem_addr(row))
-                 : "memory");
+    FLASH_SM80(asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                            : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                            : "r"(flash_smem_addr(row))
+                            : "memory"));
 }
 __device__ __forceinline__ void flash_ldmatrix_x4_trans(uint32_t r[4], const __nv_bfloat16 *row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(flash_smem_addr(row))
-                 : "memory");
+    FLASH_SM80(asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                            : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                            : "r"(flash_smem_addr(row))
+                            : "memory"));
 }
 
 // c += a b: one 16x8x16 product, bf16 in, fp32 accumulate.
 __device__ __forceinline__ void flash_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    FLASH_SM80(asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)));
 }
 
 // Two fp32 values as one register of two bf16 (lo in the low half: the

@@ -360,22 +360,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def print_run(run: Run) -> None:
-    for s in run.sides:
-        name = s.label
-        if s.skipped:
-            print(f"  {name}: skipped: {s.skipped}")
-            continue
-        print(f"  {name}: {s.tokens_per_s:,.0f} tok/s, {s.step_ms:.2f} ms/step"
-              + (f", MFU {s.mfu:.1%}" if s.mfu is not None else "")
-              + (f", {s.ratio:.2f}x the fastest PyTorch" if s.ratio is not None else "")
-              + (f", GPU memory {s.gpu_mem_mib:,.0f} MiB" if s.gpu_mem_mib else "")
-              + (f", engine buffers {s.extra['mem_bytes'] / 2**20:,.0f} MiB" if "mem_bytes" in s.extra else ""))
-        if s.extra.get("ckpt_ms") is not None:
-            print(f"    checkpoint: {s.extra['ckpt_ms']:.0f} ms per write; training stalled "
-                  f"{s.extra['ckpt_stall_ms']:.0f} ms")
-        if s.kind == "engine" and not s.extra.get("device", "").endswith(f"attention {s.variant}"):
-            print(f"    note: the engine ran '{s.extra.get('device')}' (asked for --attention {s.variant})")
+def print_side(s: Side) -> None:
+    if s.skipped:
+        print(f"  {s.label}: skipped: {s.skipped}", flush=True)
+        return
+    # The ratio is printed once the run is complete (a later PyTorch mode may be faster).
+    print(f"  {s.label}: {s.tokens_per_s:,.0f} tok/s, {s.step_ms:.2f} ms/step"
+          + (f", MFU {s.mfu:.1%}" if s.mfu is not None else "")
+          + (f", GPU memory {s.gpu_mem_mib:,.0f} MiB" if s.gpu_mem_mib else "")
+          + (f", engine buffers {s.extra['mem_bytes'] / 2**20:,.0f} MiB" if "mem_bytes" in s.extra else ""),
+          flush=True)
+    if s.extra.get("ckpt_ms") is not None:
+        print(f"    checkpoint: {s.extra['ckpt_ms']:.0f} ms per write; training stalled {s.extra['ckpt_stall_ms']:.0f} ms")
+    if s.kind == "engine" and not s.extra.get("device", "").endswith(f"attention {s.variant}"):
+        print(f"    note: the engine ran '{s.extra.get('device')}' (asked for --attention {s.variant})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,25 +401,31 @@ def main(argv: list[str] | None = None) -> int:
             n = n_params_for(s["vocab"], s["ctx"], s["dim"], s["layers"])
             print(f"== {key}: C={s['dim']} L={s['layers']} H={s['heads']} V={s['vocab']} T={s['ctx']} B={batch}, "
                   f"{n / 1e6:.1f}M params, {fpt / 1e6:.0f} MFLOP/token", flush=True)
-            sides: list[Side] = []
+            run = Run(shape=key, batch=batch, ctx=s["ctx"], n_params=n, flops_per_token=fpt, sides=[])
+            report.runs.append(run)
+            jobs = []
             if not args.no_engine:
                 for attention in args.attention:
                     ckpts = args.ckpts if attention == args.attention[-1] else 0
-                    sides.append(bench_engine(args.engine, s, batch, args.steps, args.warmup, ckpts, args.precision,
-                                              attention))
+                    jobs.append(lambda a=attention, c=ckpts: bench_engine(args.engine, s, batch, args.steps,
+                                                                         args.warmup, c, args.precision, a))
             if args.llmc is not None:
-                sides.append(bench_llmc(args.llmc, key, s, batch, args.steps, args.warmup))
+                jobs.append(lambda: bench_llmc(args.llmc, key, s, batch, args.steps, args.warmup))
             for mode in [] if args.no_torch else args.torch_modes:
-                sides.append(bench_torch(s, batch, args.steps, args.warmup, mode))
-            run = Run(shape=key, batch=batch, ctx=s["ctx"], n_params=n, flops_per_token=fpt, sides=sides)
-            for side in sides:
+                jobs.append(lambda m=mode: bench_torch(s, batch, args.steps, args.warmup, m))
+            for job in jobs:
+                side = job()
                 if side.tokens_per_s and peak:
                     side.mfu = side.tokens_per_s * fpt / (peak * 1e12)
-            run.fill_ratios()
-            print_run(run)
-            report.runs.append(run)
-            if args.json:  # after every run: a later failure keeps what was measured
-                report.save(args.json)
+                run.sides.append(side)
+                run.fill_ratios()
+                print_side(side)
+                if args.json:  # after every side: a run cut short keeps what it measured
+                    report.save(args.json)
+            best = run.fastest_torch()
+            for side in run.sides:
+                if side.kind != "torch" and side.ratio is not None:
+                    print(f"  {side.label}: {side.ratio:.2f}x the fastest PyTorch mode ({best:,.0f} tok/s)")
     print(f"GPU: {facts['gpu']}, driver {facts['driver']}, CUDA {facts['cuda']}; MFU against "
           f"{peak if peak else 'unknown (pass --peak-tflops)'} TFLOP/s dense bf16")
     if args.json:

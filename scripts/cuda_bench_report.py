@@ -4,10 +4,12 @@
 scripts/bench_cuda.py --json FILE writes a BenchReport (below) as JSON; the
 H100 figures are committed as docs/bench/cuda-h100.json. This script turns
 such a file into the markdown table between the markers in PERFORMANCE.md
-(rewritten atomically; everything outside the markers is kept):
+(rewritten atomically; everything outside the markers is kept), and merges
+the files of several benchmark runs on one GPU into one:
 
-    python scripts/cuda_bench_report.py docs/bench/cuda-h100.json --doc docs/PERFORMANCE.md
-    python scripts/cuda_bench_report.py docs/bench/cuda-h100.json          # print the table
+    python scripts/cuda_bench_report.py render docs/bench/cuda-h100.json --doc docs/PERFORMANCE.md
+    python scripts/cuda_bench_report.py render docs/bench/cuda-h100.json     # print the table
+    python scripts/cuda_bench_report.py merge a.json b.json -o docs/bench/cuda-h100.json
 
 Every bad input (unreadable or malformed JSON, missing markers) is one line
 on stderr and exit 2; the document is then left as it was.
@@ -91,6 +93,19 @@ class BenchReport:
     def save(self, path: Path) -> None:
         atomic_write_json(path, asdict(self))
 
+    def merge(self, other: "BenchReport") -> None:
+        """Adds other's runs; a run of the same shape and batch replaces the earlier one."""
+        if other.gpu != self.gpu:
+            raise ReportError(f"cannot merge results from different GPUs: {self.gpu!r} and {other.gpu!r}")
+        keys = {(r.shape, r.batch) for r in other.runs}
+        self.runs = [r for r in self.runs if (r.shape, r.batch) not in keys] + other.runs
+        if other.command not in self.command.split("; "):
+            self.command = f"{self.command}; {other.command}"
+        self.date = max(self.date, other.date)
+        for name in ("driver", "cuda", "nvcc", "torch", "torch_cuda", "peak_tflops"):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(other, name))
+
     @staticmethod
     def from_dict(doc: dict) -> "BenchReport":
         try:
@@ -126,7 +141,7 @@ def render_table(report: BenchReport) -> str:
     lines = [f"{report.gpu}, driver {report.driver or '?'} (CUDA {report.cuda or '?'}), nvcc {report.nvcc or '?'}, "
              f"PyTorch {report.torch or '-'} (CUDA {report.torch_cuda or '-'}); {report.date}. "
              f"MFU against {_num(report.peak_tflops, '.0f')} TFLOP/s dense bf16.", "",
-             f"`{report.command}`", "",
+             *[f"`{c}`" for c in report.command.split("; ")], "",
              "| shape | B | trainer | tokens/s | vs fastest PyTorch | MFU | peak GPU memory |",
              "|---|---:|---|---:|---:|---:|---:|"]
     for run in report.runs:
@@ -156,11 +171,31 @@ def rewrite_between_markers(doc: str, table: str, source: str) -> str:
     return doc[:begin_at] + BEGIN.format(source=source) + "\n" + table + "\n" + doc[end_at:]
 
 
+def merge_files(paths: list[Path], out: Path) -> None:
+    merged = BenchReport.load(paths[0])
+    for p in paths[1:]:
+        merged.merge(BenchReport.load(p))
+    merged.save(out)
+    print(f"cuda_bench_report: wrote {out}: {len(merged.runs)} runs from {len(paths)} files")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", type=Path, help="a bench_cuda.py --json file")
-    ap.add_argument("--doc", type=Path, help="rewrite the table between the markers of this markdown file")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("render", help="print the table, or rewrite it in --doc")
+    r.add_argument("results", type=Path, help="a bench_cuda.py --json file")
+    r.add_argument("--doc", type=Path, help="rewrite the table between the markers of this markdown file")
+    m = sub.add_parser("merge", help="several results files of one GPU into one")
+    m.add_argument("results", type=Path, nargs="+")
+    m.add_argument("-o", "--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.cmd == "merge":
+        try:
+            merge_files(args.results, args.out)
+        except ReportError as exc:
+            print(f"cuda_bench_report: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         table = render_table(BenchReport.load(args.results))
         if args.doc is None:

@@ -18,7 +18,7 @@ import bench_cuda  # noqa: E402
 import cuda_bench_report as report  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cuda_bench.json"
-GEN = [sys.executable, str(REPO / "scripts" / "cuda_bench_report.py")]
+GEN = [sys.executable, str(REPO / "scripts" / "cuda_bench_report.py"), "render"]
 
 
 def test_table_from_fixture():
@@ -89,6 +89,32 @@ def test_generator_refuses_bad_results(tmp_path, content, says):
     bad.write_text(content)
     out = subprocess.run([*GEN, str(bad)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_merge_replaces_runs_of_the_same_shape_and_batch(tmp_path):
+    base = report.BenchReport.load(FIXTURE)
+    later = report.BenchReport.load(FIXTURE)
+    later.command, later.date = "python scripts/bench_cuda.py --batch 8 32", "2026-11-24 11:00 UTC"
+    later.runs[0].sides = later.runs[0].sides[:1]
+    big = report.BenchReport.load(FIXTURE).runs[0]
+    big.batch = 32
+    later.runs.append(big)
+    base.save(tmp_path / "a.json")
+    later.save(tmp_path / "b.json")
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "cuda_bench_report.py"), "merge",
+                          str(tmp_path / "a.json"), str(tmp_path / "b.json"), "-o", str(tmp_path / "m.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    merged = report.BenchReport.load(tmp_path / "m.json")
+    assert [(r.batch, len(r.sides)) for r in merged.runs] == [(8, 1), (32, 6)]
+    assert merged.command == "python scripts/bench_cuda.py --shape gpt2-124m --batch 8; " + later.command
+    assert merged.date == "2026-11-24 11:00 UTC"
+    table = report.render_table(merged).splitlines()
+    assert "`python scripts/bench_cuda.py --batch 8 32`" in table
+    other = report.BenchReport.load(FIXTURE)
+    other.gpu = "NVIDIA A100"
+    with pytest.raises(report.ReportError, match="different GPUs"):
+        merged.merge(other)
 
 
 def test_report_round_trips_through_json(tmp_path):

@@ -10,6 +10,9 @@
 //   flash_attention_check --time     forward and backward times (CUDA events,
 //                                    median of 20) at the ANDREA-12M and GPT-2
 //                                    124M attention shapes, B = 8
+//   flash_attention_check --quick    small cases only (T = 100, 200; one head):
+//                                    for compute-sanitizer (memcheck, racecheck,
+//                                    synccheck), which runs kernels far slower
 //
 // Every output (y, lse, dqkv) is poisoned with NaN before each launch, so an
 // element no kernel writes is counted; inputs are random bf16 (never zeros).
@@ -276,8 +279,13 @@ int main(int argc, char **argv) {
         time_case("hd128", {8, 1024, 6, 128});
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--quick") == 0) {
+        for (int hd : {32, 64, 128})
+            for (int T : {100, 200}) check_case({1, T, 1, hd});
+        return 0;
+    }
     if (argc > 1) {
-        fprintf(stderr, "usage: flash_attention_check [--time]\n");
+        fprintf(stderr, "usage: flash_attention_check [--time | --quick]\n");
         return 2;
     }
     for (int hd : {32, 64, 128})

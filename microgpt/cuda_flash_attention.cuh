@@ -140,6 +140,24 @@ __device__ __forceinline__ void flash_load_vec(float *dst, const float *src, int
     for (int r = threadIdx.x; r < ROWS; r += FLASH_THREADS) dst[r] = r0 + r < T ? src[r0 + r] : 0.0f;
 }
 
+// Key-streaming loop step of the forward and dQ kernels: at iteration j of
+// n, start loading K/V tile j + 1 into the other buffer, then wait until tile
+// j (and everything committed before it) has landed in this thread; the
+// caller's __syncthreads makes every thread's copies visible.
+template <int BN, int HD>
+__device__ __forceinline__ void flash_next_kv(__nv_bfloat16 *ks, __nv_bfloat16 *vs, const __nv_bfloat16 *kg,
+                                              const __nv_bfloat16 *vg, size_t ld, int j, int n, int T) {
+    const int LD = FlashTile<HD>::LD;
+    if (j + 1 < n) {
+        flash_load_tile<BN, HD>(ks + ((j + 1) & 1) * BN * LD, kg, ld, (j + 1) * BN, T);
+        flash_load_tile<BN, HD>(vs + ((j + 1) & 1) * BN * LD, vg, ld, (j + 1) * BN, T);
+        flash_cp_async_commit();
+        flash_cp_async_wait<1>();  // tile j has landed; j + 1 may still be in flight
+    } else {
+        flash_cp_async_wait<0>();
+    }
+}
+
 // The three operand patterns. `tile` is a [*][LD] tile; `row0` the first of
 // the 16 rows (queries or keys) this fragment covers; `col0` the first of its
 // 16 columns.
@@ -311,14 +329,7 @@ flash_attention_forward_kernel(__nv_bfloat16 *y, float *lse, const __nv_bfloat16
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     for (int j = 0; j < n_tiles; j++) {
-        if (j + 1 < n_tiles) {
-            flash_load_tile<BN, HD>(ks + ((j + 1) & 1) * BN * LD, kg, ld, (j + 1) * BN, T);
-            flash_load_tile<BN, HD>(vs + ((j + 1) & 1) * BN * LD, vg, ld, (j + 1) * BN, T);
-            flash_cp_async_commit();
-            flash_cp_async_wait<1>();  // tile j (and Q) have landed; j + 1 may still be in flight
-        } else {
-            flash_cp_async_wait<0>();
-        }
+        flash_next_kv<BN, HD>(ks, vs, kg, vg, ld, j, n_tiles, T);
         __syncthreads();
         const __nv_bfloat16 *kt = ks + (j & 1) * BN * LD, *vt = vs + (j & 1) * BN * LD;
 
@@ -561,14 +572,7 @@ flash_attention_backward_dq_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy,
     for (int dn = 0; dn < HD / 8; dn++) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.0f;
 
     for (int j = 0; j < n_tiles; j++) {
-        if (j + 1 < n_tiles) {
-            flash_load_tile<BN, HD>(ks + ((j + 1) & 1) * BN * LD, kg, ld, (j + 1) * BN, T);
-            flash_load_tile<BN, HD>(vs + ((j + 1) & 1) * BN * LD, vg, ld, (j + 1) * BN, T);
-            flash_cp_async_commit();
-            flash_cp_async_wait<1>();
-        } else {
-            flash_cp_async_wait<0>();
-        }
+        flash_next_kv<BN, HD>(ks, vs, kg, vg, ld, j, n_tiles, T);
         __syncthreads();
         const __nv_bfloat16 *kt = ks + (j & 1) * BN * LD, *vt = vs + (j & 1) * BN * LD;
 

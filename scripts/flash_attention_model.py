@@ -156,6 +156,14 @@ def load_vec(vec: np.ndarray, dst_off: int, src: np.ndarray, src_base: int, r0: 
         vec[dst_off + r] = src[src_base + r0 + r] if r0 + r < T else 0.0
 
 
+def next_kv(sm: Smem, ks: int, vs: int, qkv, kg: int, vg: int, ld: int, j: int, n: int, T: int, BN: int, hd: int):
+    """flash_next_kv: tile j + 1 into the other K/V buffer (copied at once: see the module doc)."""
+    LD = hd + 8
+    if j + 1 < n:
+        load_tile(sm, ks + ((j + 1) & 1) * BN * LD, qkv, kg, ld, (j + 1) * BN, T, BN, hd)
+        load_tile(sm, vs + ((j + 1) & 1) * BN * LD, qkv, vg, ld, (j + 1) * BN, T, BN, hd)
+
+
 def load_a(sm: Smem, tile: int, row0: int, col0: int, LD: int):
     return ldmatrix_x4(sm, tile + (row0 + LANE % 16) * LD + col0 + (LANE // 16) * 8, False)
 
@@ -229,9 +237,7 @@ def forward(mode: Mode, y, lse, qkv, B, T, C, H, hd):
             m = np.full((4, 2, 32), -np.inf, np.float32)
             l = np.zeros((4, 2, 32), np.float32)
             for j in range(n_tiles):
-                if j + 1 < n_tiles:
-                    load_tile(sm, ks + ((j + 1) & 1) * BN * LD, qkv, kg, ld, (j + 1) * BN, T, BN, hd)
-                    load_tile(sm, vs + ((j + 1) & 1) * BN * LD, qkv, vg, ld, (j + 1) * BN, T, BN, hd)
+                next_kv(sm, ks, vs, qkv, kg, vg, ld, j, n_tiles, T, BN, hd)
                 kt, vt = ks + (j & 1) * BN * LD, vs + (j & 1) * BN * LD
                 for warp in range(4):
                     row_a = q0 + warp * 16 + G
@@ -394,9 +400,7 @@ def backward_dq(mode: Mode, dqkv, dy, qkv, lse, Dvec, T, C, H, hd, B):
                     drow[warp, r] = np.where(ok, Dvec[bh * T + np.where(ok, row, 0)], 0)
             dq = np.zeros((4, hd // 8, 32, 4), np.float32)
             for j in range(n_tiles):
-                if j + 1 < n_tiles:
-                    load_tile(sm, ks + ((j + 1) & 1) * BN * LD, qkv, kg, ld, (j + 1) * BN, T, BN, hd)
-                    load_tile(sm, vs + ((j + 1) & 1) * BN * LD, qkv, vg, ld, (j + 1) * BN, T, BN, hd)
+                next_kv(sm, ks, vs, qkv, kg, vg, ld, j, n_tiles, T, BN, hd)
                 kt, vt = ks + (j & 1) * BN * LD, vs + (j & 1) * BN * LD
                 for warp in range(4):
                     row_a = q0 + warp * 16 + G

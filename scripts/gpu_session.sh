@@ -36,7 +36,7 @@ while [[ $# -gt 0 ]]; do
         --out) [[ $# -ge 2 ]] || { echo "gpu_session: --out needs a value" >&2; exit 2; }; out=$2; shift 2 ;;
         --budget) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "gpu_session: --budget needs seconds" >&2; exit 2; }
                   budget=$2; shift 2 ;;
-        -h|--help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         build|check|sanitize|sass|test|profile|bench-small|bench-large) phases+=("$1"); shift ;;
         *) echo "gpu_session: unknown phase or argument '$1' (see --help)" >&2; exit 2 ;;
     esac

@@ -36,7 +36,7 @@ while [[ $# -gt 0 ]]; do
         --tool) need "$@"; tool=$2; shift 2 ;;
         --step) need "$@"; step=$2; shift 2 ;;
         --out) need "$@"; out=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done

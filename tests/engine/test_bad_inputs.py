@@ -89,6 +89,7 @@ USAGE_CASES = {
     "min-lr-negative": (flags(min_lr=-1e-5), []),
     "vocab-over-uint16": (flags(vocab=70000), []),
     "precision-unknown": (flags(), ["--precision", "fp8"]),
+    "attention-unknown": (flags(), ["--attention", "fast"]),
     "meta-not-json": (flags(), ["--meta", "{not json"]),
     "missing-value": (flags(), ["--dim"]),
 }
@@ -118,7 +119,7 @@ def test_help_lists_every_flag(engine_bin, tmp_path):
     missing = [f for f in ("--data", "--ckpt-dir", "--resume", "--ckpt-every", "--keep-last", "--vocab", "--ctx",
                            "--dim", "--layers", "--heads", "--batch", "--grad-accum", "--steps", "--lr",
                            "--min-lr", "--warmup", "--beta1", "--beta2", "--eps", "--weight-decay",
-                           "--grad-clip", "--seed", "--threads", "--precision", "--meta", "--dump-grads",
+                           "--grad-clip", "--seed", "--threads", "--precision", "--attention", "--meta", "--dump-grads",
                            "--allow-hparam-change", "--help") if f not in out]
     assert not missing, f"--help does not list {missing}"
 

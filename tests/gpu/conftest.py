@@ -32,6 +32,8 @@ from proxy.formats.parameters import n_params, param_layout
 REPO = Path(__file__).resolve().parents[2]
 CUDA_ENGINE = Path(os.environ.get("MICROGPT_CUDA_ENGINE", REPO / "build" / "microgpt_cuda")).resolve()
 CPU_ENGINE = Path(os.environ.get("MICROGPT_CPU_ENGINE", REPO / "build" / "microgpt_cpu")).resolve()
+# The flash attention kernels alone (tests/gpu/flash_attention_check.cu, built by `make cuda`).
+FLASH_CHECK = Path(os.environ.get("MICROGPT_FLASH_CHECK", REPO / "build" / "flash_attention_check")).resolve()
 TIMEOUT = 300.0
 
 
@@ -70,6 +72,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def cuda_bin() -> Path:
     return CUDA_ENGINE
+
+
+@pytest.fixture(scope="session")
+def flash_check_bin() -> Path:
+    if not (FLASH_CHECK.is_file() and os.access(FLASH_CHECK, os.X_OK)):
+        pytest.fail(f"{FLASH_CHECK} is missing: build it with `make cuda`", pytrace=False)
+    return FLASH_CHECK
 
 
 @pytest.fixture(scope="session")
@@ -140,6 +149,12 @@ def markov_rows(shape: Shape, n_rows: int, seed: int) -> np.ndarray:
     return rows
 
 
+def smooth(losses: dict[int, float], window: int = 10) -> np.ndarray:
+    """Moving averages of a loss curve, in step order."""
+    x = np.array([losses[s] for s in sorted(losses)])
+    return np.convolve(x, np.ones(window) / window, mode="valid")
+
+
 def train_frames(shape: Shape, first: int, last: int, seed: int = 7) -> dict[int, bytes]:
     """TRAIN frames for steps first..last; the data of a step depends on the step only."""
     out = {}
@@ -176,7 +191,8 @@ class Engine:
         self._q.put(None)
 
     def stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:  # finish() closes it; the file stays readable
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")[-4000:]
 
     def send(self, data: bytes) -> None:
@@ -256,9 +272,21 @@ def initial_checkpoint(cpu_bin: Path, shape: Shape, ckpt_dir: Path) -> Path:
     return Path(ev["path"]) if Path(ev["path"]).is_absolute() else ckpt_dir.parent / ev["path"]
 
 
-def dump_grads(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
-               env: dict | None = None) -> tuple[float, np.ndarray]:
-    """(loss, gradients) of the first forward+backward from `resume` on `frame`."""
+@dataclass
+class GradDump:
+    """The first forward+backward of a run: its loss, raw gradients, and the
+    engine (ready event, stderr) that computed them."""
+    loss: float
+    grads: np.ndarray
+    engine: Engine
+
+    @property
+    def device(self) -> str:
+        return self.engine.of("ready")[0]["device"]
+
+
+def dump_grads_run(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
+                   env: dict | None = None) -> GradDump:
     out = workdir / f"grads.{binary.name}.{time.monotonic_ns()}.bin"
     eng = Engine(binary, proxy_args(shape, workdir / "ckpt-unused", "--resume", str(resume), "--dump-grads", str(out),
                                     *extra), workdir, env)
@@ -268,4 +296,11 @@ def dump_grads(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: b
     assert rc == 0, f"{binary.name} exited {rc}; stderr: {eng.stderr()}"
     grads = np.fromfile(out, dtype="<f4")
     assert grads.size == shape.n_params
-    return ev["loss"], grads
+    return GradDump(ev["loss"], grads, eng)
+
+
+def dump_grads(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
+               env: dict | None = None) -> tuple[float, np.ndarray]:
+    """(loss, gradients) of the first forward+backward from `resume` on `frame`."""
+    run = dump_grads_run(binary, shape, workdir, resume, frame, *extra, env=env)
+    return run.loss, run.grads

@@ -31,9 +31,7 @@ float64 attention forward and backward:
 What it cannot show: that the PTX semantics above are the hardware's (they
 are the ISA's, as read), races between warps (warps run one after another
 here), or anything about speed. Those need the GPU (tests/gpu/test_flash.py).
-
-    python scripts/flash_attention_model.py            # every head dim, several T
-    python scripts/flash_attention_model.py --exact
+    python scripts/flash_attention_model.py [--exact]   # every head dim, several T
 """
 from __future__ import annotations
 
@@ -106,10 +104,8 @@ def mma(c: np.ndarray, a: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> None:
         B[2 * TQ + h, G] = b0[:, h]
         B[2 * TQ + 8 + h, G] = b1[:, h]
     D = A @ B
-    c[:, 0] += D[G, 2 * TQ].astype(np.float32)
-    c[:, 1] += D[G, 2 * TQ + 1].astype(np.float32)
-    c[:, 2] += D[G + 8, 2 * TQ].astype(np.float32)
-    c[:, 3] += D[G + 8, 2 * TQ + 1].astype(np.float32)
+    for reg, (r_off, h) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+        c[:, reg] += D[G + r_off, 2 * TQ + h].astype(np.float32)
 
 
 def pack(mode: Mode, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -117,8 +113,7 @@ def pack(mode: Mode, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def quad_max(v: np.ndarray) -> np.ndarray:
-    v = np.maximum(v, v[LANE ^ 1])
-    return np.maximum(v, v[LANE ^ 2])
+    return np.maximum(np.maximum(v, v[LANE ^ 1]), np.maximum(v, v[LANE ^ 1])[LANE ^ 2])
 
 
 def quad_sum(v: np.ndarray) -> np.ndarray:
@@ -131,10 +126,8 @@ def quad_sum(v: np.ndarray) -> np.ndarray:
 
 
 def shape_of(hd: int) -> dict:
-    LD = hd + 8
-    s = dict(LD=LD, FWD_BM=64, FWD_BN=64, DQ_BM=64, DQ_BN=32 if hd == 128 else 64, KV_BN=64,
-             KV_BM=32 if hd == 128 else 64)
-    return s
+    return dict(LD=hd + 8, FWD_BM=64, FWD_BN=64, DQ_BM=64, DQ_BN=32 if hd == 128 else 64, KV_BN=64,
+                KV_BM=32 if hd == 128 else 64)
 
 
 def load_tile(sm: Smem, tile: int, gmem: np.ndarray, base: int, ld: int, r0: int, T: int, rows: int, hd: int):

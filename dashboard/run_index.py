@@ -10,13 +10,14 @@ import threading
 import time
 from pathlib import Path
 
+from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
+
 from . import payload, sidecars
 from .entries import EvalFields, eval_fields
 from .log_follower import LogFollower, read_range
 from .safe_fs import stat_sig
 from .step_store import StepStore
 
-LOG = ".loss.json"
 MAX_EVALS_SENT = 20000
 # A view of at most max(RAW_PER_BUCKET * width, RAW_MIN) rows (and never more than
 # RAW_MAX) is read back from the log at full resolution; a wider one is summarized
@@ -26,8 +27,7 @@ RAW_MIN = 6000
 RAW_MAX = 12000
 
 SIDECAR_KINDS = ("state", "phases", "samples", "experiment", "checkpoints")
-_FILES = {"state": sidecars.STATE, "phases": sidecars.PHASES, "samples": sidecars.SAMPLES,
-          "experiment": sidecars.EXPERIMENT}
+_FILES = {"state": STATE, "phases": PHASES, "samples": SAMPLES, "experiment": EXPERIMENT}
 _READERS = {"state": sidecars.read_state, "phases": sidecars.read_phases, "samples": sidecars.read_samples,
             "experiment": sidecars.read_experiment}
 
@@ -38,8 +38,8 @@ class RunIndex:
         self.name = name
         self.root = Path(root)
         self.lock = threading.Lock()
-        self.follower = LogFollower(self.root, LOG)
-        self.store = StepStore(self._read)
+        self.follower = LogFollower(self.root, LOSS_LOG)
+        self.store = StepStore(self.read_log)
         self.evals: dict[int, EvalFields] = {}
         self.generation = 1
         self.lines = 0  # usable entries ingested
@@ -51,13 +51,14 @@ class RunIndex:
         self.sigs: dict = {}
         self.versions = {k: 0 for k in SIDECAR_KINDS}
 
-    def _read(self, start: int, end: int) -> bytes:
-        return read_range(self.root, LOG, start, end)
+    def read_log(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the run's log."""
+        return read_range(self.root, LOSS_LOG, start, end)
 
     # ---------------------------------------------------------------- refresh
 
     def _reset(self) -> None:
-        self.store = StepStore(self._read)
+        self.store = StepStore(self.read_log)
         self.evals = {}
         self.lines = 0
         self.generation += 1

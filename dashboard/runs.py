@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, STATE
+
 from .run_index import RunIndex
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
-RUN_MARKERS = ("experiment.json", ".loss.json", ".state.json")
+RUN_MARKERS = (EXPERIMENT, LOSS_LOG, STATE)  # any of these makes a directory a run the page can show
 
 
 def is_run_dir(path: Path) -> bool:

@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from .runs import expand, is_run_dir
+from proxy.rundir.layout import RUNS_ROOT, RunDirError, most_recent_run
 
-RUNS_ROOT = Path("runs")
+from .runs import RUN_MARKERS, expand
 
 
 class DashboardError(Exception):
@@ -59,29 +59,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def most_recent_run(root: Path = RUNS_ROOT) -> Path:
-    """The run directory under `root` whose files changed last."""
-    best = None
-    if root.is_dir():
-        for child in root.iterdir():
-            if not child.is_dir() or not is_run_dir(child):
-                continue
-            times = []
-            for name in (".loss.json", ".state.json", ".lock", "experiment.json"):
-                try:
-                    times.append((child / name).stat().st_mtime)
-                except OSError:
-                    pass
-            if times and (best is None or max(times) > best[0]):
-                best = (max(times), child)
-    if best is None:
-        raise DashboardError(f"no run directory found under {root}/ (pass --run-dir DIR)")
-    return best[1]
-
-
 def resolve_run_dirs(given: list[str] | None) -> list[Path]:
     if not given:
-        return [most_recent_run().resolve()]
+        try:
+            return [most_recent_run(RUNS_ROOT, RUN_MARKERS).resolve()]
+        except RunDirError as exc:
+            raise DashboardError(str(exc)) from None
     for d in given:
         if not Path(d).is_dir():
             raise DashboardError(f"run directory not found: {d}")

@@ -5,16 +5,12 @@ malformed content reads as None (the page shows "unknown"), never an error.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-from .safe_fs import read_small, scan_dir
+from proxy.formats.checkpoint import checkpoint_step
+from proxy.rundir.layout import BEST, CHECKPOINTS, EXPERIMENT, PHASES, SAMPLES, STATE
 
-STATE = ".state.json"
-PHASES = "phases.json"
-SAMPLES = ".samples.json"
-EXPERIMENT = "experiment.json"
-CHECKPOINTS = "checkpoints"
+from .safe_fs import read_small, scan_dir
 
 LIMITS = {STATE: 4 << 20, PHASES: 4 << 20, SAMPLES: 32 << 20, EXPERIMENT: 1 << 20}
 MAX_AUDITS = 20  # newest sample audits kept
@@ -22,9 +18,6 @@ MAX_SAMPLES_PER_AUDIT = 16
 MAX_TEXT = 4000  # characters of a prompt or completion
 MAX_PHASES = 1000
 MAX_CHECKPOINTS = 2000
-
-_CKPT = re.compile(r"^step_(\d+)\.bin$")
-
 
 def _reject_constant(name: str):
     raise ValueError(name)
@@ -85,8 +78,8 @@ def list_checkpoints(root: Path) -> list[dict]:
     """Checkpoint files (step_NNNNNN.bin, best.bin), newest step first. Temp files are not listed."""
     out = []
     for e in scan_dir(root, CHECKPOINTS):
-        m = _CKPT.match(e.name)
-        if not m and e.name != "best.bin":
+        step = checkpoint_step(e.name)
+        if step is None and e.name != BEST:
             continue
         try:
             st = e.stat(follow_symlinks=False)
@@ -94,11 +87,7 @@ def list_checkpoints(root: Path) -> list[dict]:
             continue
         if not e.is_file(follow_symlinks=False):
             continue
-        out.append({"name": e.name, "step": int(m.group(1)) if m else None,
+        out.append({"name": e.name, "step": step,
                     "bytes": st.st_size, "mtime": st.st_mtime})
     out.sort(key=lambda c: (c["step"] is None, c["step"] or 0), reverse=True)  # best.bin, then newest
     return out[:MAX_CHECKPOINTS]
-
-
-def checkpoints_sig(root: Path) -> tuple:
-    return tuple(sorted((c["name"], c["bytes"], c["mtime"]) for c in list_checkpoints(root)))

@@ -17,8 +17,8 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from . import payload
 from .entries import eval_fields, step_fields
-from .log_follower import parse_lines, read_range
-from .run_index import LOG, SIDECAR_KINDS, RunIndex
+from .log_follower import parse_lines
+from .run_index import SIDECAR_KINDS, RunIndex
 
 MAX_GAP = 2 << 20  # bytes of log one push may carry
 PING_S = 15.0
@@ -114,7 +114,7 @@ async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None]
                           id=encode_positions(pos))
                 sent = True
             elif off < committed:
-                data = await asyncio.to_thread(read_range, run.root, LOG, off, committed)
+                data = await asyncio.to_thread(run.read_log, off, committed)
                 steps, evals, used, prev[j] = await asyncio.to_thread(_entries, data, off, prev[j])
                 if used == 0:  # the file changed under us; the watcher will notice and reset
                     pos[j] = (gen, committed)

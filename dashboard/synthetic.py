@@ -6,27 +6,26 @@ without training anything:
     python -m dashboard.synthetic runs/demo --steps 20000 --live
     python -m dashboard --run-dir runs/demo
 
-Writers follow docs/FORMATS.md: `.loss.json` gets whole `\\n`-terminated lines
-appended; `.state.json`, `.samples.json` and `phases.json` are replaced
-atomically (temp file in the same directory, then rename).
+Writers follow docs/FORMATS.md, through the proxy's own encoders: `.loss.json`
+gets whole `\\n`-terminated lines appended; `.state.json`, `.samples.json`
+and `phases.json` are replaced atomically.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
 import time
 from pathlib import Path
 
+from proxy.atomic import atomic_write_bytes, atomic_write_json
+from proxy.formats.checkpoint import checkpoint_path
+from proxy.formats.loss_log import encode_line
+from proxy.formats.state import ArmStatus, EngineStatus, RunState, write_state
+from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, relative_checkpoint
+
 ARMS = ("stdlib_code", "stdlib_docs", "web_text")
-
-
-def _atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 class SyntheticRun:
@@ -43,7 +42,7 @@ class SyntheticRun:
         self.phase = 0
         self.phases: list[dict] = []
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "checkpoints").mkdir(exist_ok=True)
+        (self.root / CHECKPOINTS).mkdir(exist_ok=True)
 
     # ------------------------------------------------------------ files
 
@@ -51,7 +50,7 @@ class SyntheticRun:
         exp = {"name": self.name, "model": {"dim": 64, "layers": 2, "heads": 2, "ctx": 64, "vocab": 512},
                "train": {"max_steps": max_steps, "batch": 8, "lr": 6e-4},
                "arms": [{"name": a, "cap": 1.0, "floor": 0.05} for a in self.arms]}
-        _atomic(self.root / "experiment.json", exp)
+        atomic_write_json(self.root / EXPERIMENT, exp)
 
     def weights(self, step: int) -> dict[str, float]:
         n = len(self.arms)
@@ -75,17 +74,17 @@ class SyntheticRun:
                  "arms": {a: round(loss + 0.1 * i, 6) for i, a in enumerate(self.arms)},
                  "mixture": self.weights(step), "phase": self.phase, "segment": 1}
         entry.update(extra)
-        return json.dumps(entry, separators=(", ", ": ")) + "\n"
+        return encode_line(entry).decode()
 
     def eval_line(self, step: int) -> str:
         loss = self.loss(step) + 0.05
         entry = {"type": "eval", "step": step, "loss": round(loss, 6),
                  "arms": {a: round(loss + 0.07 * i, 6) for i, a in enumerate(self.arms)},
                  "time": round(self.t0 + step * self.ms / 1000.0 + 0.5, 3), "phase": self.phase, "segment": 1}
-        return json.dumps(entry, separators=(", ", ": ")) + "\n"
+        return encode_line(entry).decode()
 
     def append_text(self, text: str) -> None:
-        with open(self.root / ".loss.json", "a") as f:
+        with open(self.root / LOSS_LOG, "a") as f:
             f.write(text)
 
     def append_steps(self, n: int, eval_every: int = 0) -> int:
@@ -101,15 +100,15 @@ class SyntheticRun:
 
     def write_state(self, status: str = "running", max_steps: int = 200000) -> None:
         remaining = max(0, max_steps - self.step)
-        _atomic(self.root / ".state.json", {
-            "step": self.step, "phase": self.phase, "policy": "ucb1", "status": status,
-            "arms": {a: {"pulls": self.step, "ema": 2.0, "reward": 0.01, "weight": w, "cap": 1.0, "floor": 0.05}
-                     for a, w in self.weights(self.step).items()},
-            "tokens": self.step * self.tokens_per_step, "tokens_per_s": self.tokens_per_step / (self.ms / 1000.0),
-            "eta_s": remaining * self.ms / 1000.0, "last_checkpoint": f"checkpoints/step_{self.step:06d}.bin",
-            "engine": {"kind": "cpu", "device": "synthetic CPU", "pid": os.getpid(), "alive": status == "running",
-                       "rss_bytes": 123 << 20, "cpu_percent": 95.0, "mem_bytes": 45 << 20},
-            "updated": time.time(), "experiment": self.name, "max_steps": max_steps})
+        write_state(self.root / STATE, RunState(
+            step=self.step, phase=self.phase, policy="ucb1", status=status,
+            arms={a: ArmStatus(pulls=self.step, ema=2.0, reward=0.01, weight=w, cap=1.0, floor=0.05)
+                  for a, w in self.weights(self.step).items()},
+            tokens=self.step * self.tokens_per_step, tokens_per_s=self.tokens_per_step / (self.ms / 1000.0),
+            eta_s=remaining * self.ms / 1000.0, last_checkpoint=relative_checkpoint(self.step),
+            engine=EngineStatus(kind="cpu", device="synthetic CPU", pid=os.getpid(), alive=status == "running",
+                                rss_bytes=123 << 20, cpu_percent=95.0, mem_bytes=45 << 20),
+            experiment=self.name, max_steps=max_steps))
 
     def add_phase(self, start_step: int, policy: str = "ucb1", caps: dict | None = None) -> None:
         if not self.phases:
@@ -120,8 +119,8 @@ class SyntheticRun:
             self.phase = len(self.phases)
             self.phases.append({"phase": self.phase, "start_step": start_step, "policy": policy,
                                 "caps": caps or {self.arms[0]: 0.5}, "floors": {},
-                                "time": time.time(), "checkpoint": f"checkpoints/step_{start_step:06d}.bin"})
-        _atomic(self.root / "phases.json", self.phases)
+                                "time": time.time(), "checkpoint": relative_checkpoint(start_step)})
+        atomic_write_json(self.root / PHASES, self.phases)
 
     def write_samples(self, steps: list[int]) -> None:
         audits = [{"step": s, "time": self.t0 + s, "samples": [
@@ -129,13 +128,11 @@ class SyntheticRun:
              "tokens": [1, 2, 3]},
             {"prompt": "<b>not html</b>", "completion": "<script>alert(1)</script> stays text", "tokens": [4]}]}
             for s in steps]
-        _atomic(self.root / ".samples.json", audits)
+        atomic_write_json(self.root / SAMPLES, audits)
 
     def write_checkpoint(self, step: int, size: int = 4096) -> None:
-        d = self.root / "checkpoints"
-        tmp = d / f".step_{step:06d}.bin.tmp"
-        tmp.write_bytes(b"\0" * size)
-        os.replace(tmp, d / f"step_{step:06d}.bin")
+        """A stand-in file under a checkpoint's name (the dashboard lists checkpoints, never reads them)."""
+        atomic_write_bytes(checkpoint_path(self.root / CHECKPOINTS, step), b"\0" * size)
 
 
 def build(root: Path, steps: int, eval_every: int = 500, pivots=(), seed: int = 0) -> SyntheticRun:

@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
+
 from .run_index import RunIndex
 
 log = logging.getLogger("dashboard")
 
-LOG_NAME = ".loss.json"
-SIDE_NAMES = {".state.json", "phases.json", ".samples.json", "experiment.json"}
+SIDE_NAMES = {STATE, PHASES, SAMPLES, EXPERIMENT}
 
 try:
     from watchdog.events import FileSystemEventHandler
@@ -37,12 +38,12 @@ def classify(root: str, path: str) -> str | None:
     if not path:
         return None
     rel = os.path.relpath(path, root)
-    if rel == LOG_NAME:
+    if rel == LOSS_LOG:
         return "log"
-    if rel in SIDE_NAMES or rel == "checkpoints":
+    if rel in SIDE_NAMES or rel == CHECKPOINTS:
         return "side"
     parts = rel.split(os.sep)
-    if len(parts) == 2 and parts[0] == "checkpoints" and not parts[1].endswith(".tmp"):
+    if len(parts) == 2 and parts[0] == CHECKPOINTS and not parts[1].endswith(".tmp"):
         return "side"
     return None
 

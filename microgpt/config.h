@@ -27,6 +27,7 @@ typedef struct {
     uint64_t seed;
     int threads;
     const char *precision;
+    const char *attention;  // CUDA engine: "naive" or "flash"; NULL = naive
     const char *meta;
     const char *dump_grads;
     int allow_hparam_change;
@@ -72,6 +73,7 @@ static const MgFlag MG_FLAGS[] = {
     {"seed", MG_U64, MG_OFF(seed), 0, 0, "initialisation and standalone sampling seed (default 1337)"},
     {"threads", MG_INT, MG_OFF(threads), 0, 4096, "CPU threads, 0 = all cores (default 0)"},
     {"precision", MG_STR, MG_OFF(precision), 0, 0, "fp32 or bf16 (CUDA engine; default fp32 on CPU)"},
+    {"attention", MG_STR, MG_OFF(attention), 0, 0, "naive or flash: CUDA attention kernels (default naive; flash is bf16, head dim 32/64/128)"},
     {"meta", MG_STR, MG_OFF(meta), 0, 0, "JSON value (up to 4096 bytes) stored in checkpoint trailers"},
     {"dump-grads", MG_STR, MG_OFF(dump_grads), 0, 0, "write the first step's raw gradients (f32[n_params]) here and exit"},
     {"allow-hparam-change", MG_BOOL, MG_OFF(allow_hparam_change), 0, 0, "on resume, accept optimizer flags that differ from the checkpoint"},
@@ -236,6 +238,8 @@ static void mg_validate(const MgConfig *cfg) {
     if (cfg->ckpt_every_seconds < 0) mg_fail(MG_EXIT_USAGE, "--ckpt-every-seconds must be >= 0");
     if (cfg->precision && strcmp(cfg->precision, "fp32") && strcmp(cfg->precision, "bf16"))
         mg_fail(MG_EXIT_USAGE, "--precision: '%s' is not fp32 or bf16", cfg->precision);
+    if (cfg->attention && strcmp(cfg->attention, "naive") && strcmp(cfg->attention, "flash"))
+        mg_fail(MG_EXIT_USAGE, "--attention: '%s' is not naive or flash", cfg->attention);
     double n = (double)cfg->vocab * cfg->dim + (double)cfg->ctx * cfg->dim +
                (double)cfg->layers * (12.0 * cfg->dim * cfg->dim + 13.0 * cfg->dim) + 2.0 * cfg->dim;
     if (n > 2147483647.0) mg_fail(MG_EXIT_USAGE, "model too large: %.0f parameters do not fit the int32 n_params field", n);

@@ -53,12 +53,16 @@ CUBLAS_SO := $(if $(CUBLAS_LIB),$(firstword $(wildcard $(CUBLAS_LIB)/libcublasLt
 
 ifneq ($(and $(CUBLAS_INC),$(CUBLAS_SO)),)
 
-cuda: $(BUILD)/microgpt_cuda
+cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check
 
-$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(ENGINE_HEADERS) | $(BUILD)
+$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu microgpt/cuda_flash_attention.cuh $(ENGINE_HEADERS) | $(BUILD)
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB)"
 	$(NVCC) $(NVCCFLAGS) -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
 		-Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
+
+# The flash attention kernels alone against a float64 reference (tests/gpu/).
+$(BUILD)/flash_attention_check: tests/gpu/flash_attention_check.cu microgpt/cuda_flash_attention.cuh | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) -o $@ tests/gpu/flash_attention_check.cu
 
 else
 

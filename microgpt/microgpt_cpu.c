@@ -1,6 +1,6 @@
 // microgpt_cpu.c: the CPU reference engine (C11 + OpenMP).
 //
-// The model of DESIGN.md, forward and backward, AdamW, all in fp32. It is the
+// The model of docs/ARCHITECTURE.md, forward and backward, AdamW, all in fp32. It is the
 // engine for machines without a GPU, the one CI runs, and the reference the
 // CUDA engine is tested against. This file only computes: it fills in the
 // engine table (engine.h); the driver (flags, frames, events, checkpoints,

@@ -1,6 +1,6 @@
 // microgpt_cuda.cu: the GPU engine (CUDA + cuBLASLt).
 //
-// The model of DESIGN.md on one NVIDIA GPU, in the manner of llm.c's
+// The model of docs/ARCHITECTURE.md on one NVIDIA GPU, in the manner of llm.c's
 // train_gpt2.cu: one readable file, each forward kernel next to its backward
 // twin, every CUDA and cuBLASLt call checked. This file only computes,
 // exactly as microgpt_cpu.c does, and is tested against it (tests/gpu/): it
@@ -36,8 +36,13 @@
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <float.h>
+#include <limits.h>
+#include <type_traits>
+
+#include "cuda_flash_attention.cuh"  // --attention flash: bf16 tensor-core kernels
 
 // ----------------------------------------------------------------------------
 // Error checking: any failed CUDA or cuBLASLt call is fatal, reported through
@@ -285,8 +290,10 @@ __global__ void gelu_backward_kernel(Tx *d, const Tx *pre, size_t n) {
 // of each summing its terms sequentially in key (or query) order.
 //
 // These kernels use CUDA cores (fp32 FMA), not tensor cores: they are the
-// simple, exact version. docs/CUDA.md says what a tensor-core (mma.sync)
-// version would gain and why it is not here yet.
+// simple, exact version, the only one in fp32 and for any head dim up to 128,
+// and the default (--attention naive). `--attention flash` runs the bf16
+// tensor-core kernels of cuda_flash_attention.cuh instead (see
+// attention_forward below).
 
 #define ATT_THREADS 128
 template <int HD> struct AttShape {
@@ -652,12 +659,28 @@ typedef struct {
     int ok;  // 0: cuBLASLt refused this form (only fused forms may be refused)
 } GemmPlan;
 
+// MICROGPT_CUDA_PROFILE_STEP=n (scripts/profile_cuda.sh): the n-th training
+// step of the process runs between cudaProfilerStart and cudaProfilerStop
+// (so `ncu --profile-from-start off` sees exactly one step) and is timed with
+// CUDA events, the whole step and every attention forward and backward call;
+// one `microgpt: profile {...}` JSON line on stderr follows it. Off: no cost.
+typedef struct {
+    int step;               // the step to profile (1-based), 0 = off
+    int seen;               // training steps started so far
+    int active;             // inside the profiled step
+    int cap;                // attention calls of each kind per step: layers * grad_accum
+    int n[2];               // calls recorded: [0] attention forward, [1] attention backward
+    cudaEvent_t begin, end;
+    cudaEvent_t *ev[2];     // per kind, [2 * cap] start/stop pairs
+} Profile;
+
 typedef struct {
     MgEngine *eng;
     MgConfig cfg;
     MgLayout lay;
     int B, T, C, L, H, V, hd, hd_bucket, BT;
     int bf16;             // activations and matmuls in bf16 (else fp32)
+    int flash;            // attention on tensor cores (cuda_flash_attention.cuh)
     size_t xs;            // sizeof the activation type
     int fuse;             // try cuBLASLt epilogues (bf16 only)
     int warned_unfused;
@@ -670,7 +693,7 @@ typedef struct {
     int n_plans;
     DecayMap dm;
 
-    // Parameters (flat, DESIGN.md order), fp32 master, gradients, moments;
+    // Parameters (flat, docs/ARCHITECTURE.md order), fp32 master, gradients, moments;
     // wx is the compute copy in the activation type (== params in fp32).
     float *params, *grads, *m, *v;
     void *wx;
@@ -693,6 +716,7 @@ typedef struct {
     int *bucket_tok, *bucket_start, *positions; // embedding backward buckets
     float *logits_out;                          // [B, V] fp32, sampling
     double *norm_partial, *norm_out;
+    Profile prof;
 
     // Pinned host staging.
     int *h_inputs, *h_targets, *h_bucket_tok, *h_bucket_start, *h_positions, *h_cursor;
@@ -946,27 +970,49 @@ static void attention_backward_hd(Gpu *e, Tx *dqkv, const Tx *dy, const Tx *y, c
 }
 
 // The head dim is a template parameter (register arrays need constant
-// sizes): the smallest bucket that holds it, the rest zero-padded.
+// sizes): the smallest bucket that holds it, the rest zero-padded. With
+// e->flash (bf16 only, head dims 32/64/128: gpu_init decides) the tensor-core
+// kernels run instead; both write the same y, lse and dqkv.
+static void profile_mark(Gpu *e, int kind, int stop);
+
 template <typename Tx>
 static void attention_forward(Gpu *e, Tx *y, float *lse, const Tx *qkv) {
-    switch (e->hd_bucket) {
+    profile_mark(e, 0, 0);
+    bool done = false;
+    if constexpr (std::is_same<Tx, bf16>::value) {
+        if (e->flash) {
+            CUDA_CHECK(flash_attention_forward(e->stream, y, lse, qkv, e->B, e->T, e->C, e->H, e->hd));
+            done = true;
+        }
+    }
+    if (!done) switch (e->hd_bucket) {
     case 8: attention_forward_hd<Tx, 8>(e, y, lse, qkv); break;
     case 16: attention_forward_hd<Tx, 16>(e, y, lse, qkv); break;
     case 32: attention_forward_hd<Tx, 32>(e, y, lse, qkv); break;
     case 64: attention_forward_hd<Tx, 64>(e, y, lse, qkv); break;
     default: attention_forward_hd<Tx, 128>(e, y, lse, qkv); break;
     }
+    profile_mark(e, 0, 1);
 }
 
 template <typename Tx>
 static void attention_backward(Gpu *e, Tx *dqkv, const Tx *dy, const Tx *y, const Tx *qkv, const float *lse) {
-    switch (e->hd_bucket) {
+    profile_mark(e, 1, 0);
+    bool done = false;
+    if constexpr (std::is_same<Tx, bf16>::value) {
+        if (e->flash) {
+            CUDA_CHECK(flash_attention_backward(e->stream, dqkv, e->att_D, dy, y, qkv, lse, e->B, e->T, e->C, e->H, e->hd));
+            done = true;
+        }
+    }
+    if (!done) switch (e->hd_bucket) {
     case 8: attention_backward_hd<Tx, 8>(e, dqkv, dy, y, qkv, lse); break;
     case 16: attention_backward_hd<Tx, 16>(e, dqkv, dy, y, qkv, lse); break;
     case 32: attention_backward_hd<Tx, 32>(e, dqkv, dy, y, qkv, lse); break;
     case 64: attention_backward_hd<Tx, 64>(e, dqkv, dy, y, qkv, lse); break;
     default: attention_backward_hd<Tx, 128>(e, dqkv, dy, y, qkv, lse); break;
     }
+    profile_mark(e, 1, 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -1184,8 +1230,69 @@ static void gpu_get_state(void *impl, float *w, float *m, float *v) {
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
 }
 
+// ----------------------------------------------------------------------------
+// Profiling one step (MICROGPT_CUDA_PROFILE_STEP, see Profile).
+
+static void profile_setup(Gpu *e) {
+    const char *env = getenv("MICROGPT_CUDA_PROFILE_STEP");
+    Profile *p = &e->prof;
+    memset(p, 0, sizeof *p);
+    if (!env || !*env) return;
+    char *end = NULL;
+    long step = strtol(env, &end, 10);
+    if (*end || step < 1 || step > INT_MAX)
+        mg_fail(MG_EXIT_USAGE, "MICROGPT_CUDA_PROFILE_STEP: '%s' is not a step number >= 1", env);
+    p->step = (int)step;
+    p->cap = e->L * e->cfg.grad_accum;
+    CUDA_CHECK(cudaEventCreate(&p->begin));
+    CUDA_CHECK(cudaEventCreate(&p->end));
+    for (int k = 0; k < 2; k++) {
+        p->ev[k] = (cudaEvent_t *)mg_calloc(2 * (size_t)p->cap, sizeof(cudaEvent_t));
+        for (int i = 0; i < 2 * p->cap; i++) CUDA_CHECK(cudaEventCreate(&p->ev[k][i]));
+    }
+}
+
+static void profile_mark(Gpu *e, int kind, int stop) {
+    Profile *p = &e->prof;
+    if (!p->active || p->n[kind] >= p->cap) return;
+    CUDA_CHECK(cudaEventRecord(p->ev[kind][2 * p->n[kind] + stop], e->stream));
+    if (stop) p->n[kind]++;
+}
+
+static void profile_begin_step(Gpu *e) {
+    Profile *p = &e->prof;
+    if (!p->step || ++p->seen != p->step) return;
+    CUDA_CHECK(cudaStreamSynchronize(e->stream));
+    CUDA_CHECK(cudaProfilerStart());
+    CUDA_CHECK(cudaEventRecord(p->begin, e->stream));
+    p->active = 1;
+    p->n[0] = p->n[1] = 0;
+}
+
+static void profile_end_step(Gpu *e) {
+    Profile *p = &e->prof;
+    if (!p->active) return;
+    p->active = 0;
+    CUDA_CHECK(cudaEventRecord(p->end, e->stream));
+    CUDA_CHECK(cudaEventSynchronize(p->end));
+    CUDA_CHECK(cudaProfilerStop());
+    float step_ms = 0, ms[2] = {0, 0};
+    CUDA_CHECK(cudaEventElapsedTime(&step_ms, p->begin, p->end));
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < p->n[k]; i++) {
+            float t = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&t, p->ev[k][2 * i], p->ev[k][2 * i + 1]));
+            ms[k] += t;
+        }
+    fprintf(stderr, "microgpt: profile {\"step\":%d,\"step_ms\":%.4f,\"attention_forward_ms\":%.4f,"
+            "\"attention_backward_ms\":%.4f,\"attention_calls\":[%d,%d],\"attention\":\"%s\",\"precision\":\"%s\"}\n",
+            p->step, step_ms, ms[0], ms[1], p->n[0], p->n[1], e->flash ? "flash" : "naive", e->bf16 ? "bf16" : "fp32");
+    fflush(stderr);
+}
+
 static void gpu_zero_grads(void *impl) {
     Gpu *e = (Gpu *)impl;
+    profile_begin_step(e);
     CUDA_CHECK(cudaMemsetAsync(e->grads, 0, e->lay.n * sizeof(float), e->stream));
 }
 
@@ -1220,6 +1327,7 @@ static void gpu_update(void *impl, int step, float lr, float grad_mult) {
         adamw_kernel<float><<<blocks, 256, 0, e->stream>>>(e->params, (float *)e->wx, e->grads, e->m, e->v, e->lay.n, e->dm,
             grad_mult, lr, c->beta1, c->beta2, c->eps, c->weight_decay, step_size, bc2_sqrt, 0);
     LAUNCH_CHECK();
+    profile_end_step(e);
 }
 
 // ----------------------------------------------------------------------------
@@ -1256,6 +1364,30 @@ static const char *gpu_configure(void *impl, MgConfig *cfg) {
     return NULL;
 }
 
+// --attention flash takes the tensor-core kernels where they apply (bf16, head
+// dim 32, 64 or 128, enough shared memory); anywhere else it falls back to
+// the naive kernels with one warning, never an error. The choice is appended
+// to the device string of the ready event, so every run says which it used.
+static void choose_attention(Gpu *e, const char *requested) {
+    e->flash = 0;
+    if (requested && strcmp(requested, "flash") == 0) {
+        size_t need = flash_attention_smem(e->hd);
+        if (!e->bf16)
+            mg_warn("--attention flash needs --precision bf16; using the naive attention kernels (fp32)");
+        else if (!flash_attention_supported(e->hd))
+            mg_warn("--attention flash supports head dims 32, 64 and 128, not %d (--dim %d / --heads %d); "
+                    "using the naive attention kernels", e->hd, e->C, e->H);
+        else if (need > e->prop.sharedMemPerBlockOptin)
+            mg_warn("--attention flash needs %zu bytes of shared memory per block, %s allows %zu; "
+                    "using the naive attention kernels", need, e->prop.name, e->prop.sharedMemPerBlockOptin);
+        else
+            e->flash = 1;
+    }
+    if (e->flash) CUDA_CHECK(flash_attention_setup(e->hd));
+    size_t len = strlen(e->eng->device);
+    snprintf(e->eng->device + len, sizeof e->eng->device - len, ", attention %s", e->flash ? "flash" : "naive");
+}
+
 static size_t gpu_init(void *impl, const MgConfig *cfg) {
     Gpu *e = (Gpu *)impl;
     e->cfg = *cfg;
@@ -1267,6 +1399,8 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->hd_bucket = e->hd <= 8 ? 8 : e->hd <= 16 ? 16 : e->hd <= 32 ? 32 : e->hd <= 64 ? 64 : 128;
     e->xs = e->bf16 ? sizeof(bf16) : sizeof(float);
     e->lay = mg_layout(e->V, e->T, e->C, e->L);
+    choose_attention(e, cfg->attention);
+    profile_setup(e);
 
     // The decay map must agree with mg_decay_ranges, the definition.
     DecayMap *dm = &e->dm;

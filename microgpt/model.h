@@ -1,4 +1,4 @@
-// model.h: the model both engines compute (DESIGN.md): the flat parameter
+// model.h: the model both engines compute (docs/ARCHITECTURE.md): the flat parameter
 // layout, which tensors take weight decay, the counter-based RNG, GPT-2
 // initialisation, the learning-rate schedule, and the numeric constants both
 // engines must share (LayerNorm epsilon, the GELU tanh approximation).
@@ -23,7 +23,7 @@
 #define MG_GELU_C 0.044715f
 
 // ----------------------------------------------------------------------------
-// The model's parameter layout (DESIGN.md): one flat fp32 array.
+// The model's parameter layout (docs/ARCHITECTURE.md): one flat fp32 array.
 
 enum { MG_LN1W, MG_LN1B, MG_QKVW, MG_QKVB, MG_PROJW, MG_PROJB, MG_LN2W, MG_LN2B,
        MG_FCW, MG_FCB, MG_FCPROJW, MG_FCPROJB, MG_PER_LAYER };

@@ -1,28 +1,43 @@
 #!/usr/bin/env python3
-"""Benchmark build/microgpt_cuda against PyTorch on one GPU.
+"""Benchmark build/microgpt_cuda against PyTorch (and llm.c) on one GPU.
 
-Trains the same model (DESIGN.md's GPT: tied head, GELU tanh, no dropout),
-batch and sequence length with the CUDA engine (proxy mode, random tokens fed
-as TRAIN frames) and with PyTorch (bf16 autocast, torch.compile, fused AdamW,
-scaled_dot_product_attention), one after the other in one run, and prints for
-each: tokens/s, their ratio, MFU (6N + 6LCT flops per token against the GPU's
-dense bf16 peak), peak GPU memory, and, for the engine, the training stall per
-checkpoint write.
+Trains the same model (docs/ARCHITECTURE.md's GPT: tied head, GELU tanh, no dropout),
+batch and sequence length, one trainer after the other in one run:
 
-    python scripts/bench_cuda.py                       # both shapes
-    python scripts/bench_cuda.py --shape andrea-12m --steps 50
-    python scripts/bench_cuda.py --no-torch            # engine only
+- the engine (proxy mode, random tokens fed as TRAIN frames), once per
+  attention path (`--attention naive flash`);
+- PyTorch (bf16 autocast, fused AdamW, scaled_dot_product_attention) under
+  torch.compile in each requested mode: `default` and `reduce-overhead`
+  (CUDA graphs), plus `max-autotune` with --max-autotune;
+- optionally llm.c's train_gpt2cu (`--llmc PATH`, GPT-2 124M only: llm.c has
+  no ANDREA-12M model), on random-token shards in its own format.
+
+For each it reports tokens/s (median step), the ratio against the fastest
+PyTorch mode, MFU (6N + 6LCT flops per token against the GPU's dense bf16
+peak), peak GPU memory, and for the engine the stall per checkpoint write.
+`--json FILE` writes every figure as a BenchReport (scripts/cuda_bench_report.py,
+which also renders the table in docs/PERFORMANCE.md from it).
+
+    python scripts/bench_cuda.py                                 # both shapes, B=8
+    python scripts/bench_cuda.py --shape gpt2-124m --batch 8 32 64 --json out.json
+    python scripts/bench_cuda.py --shape andrea-12m --no-torch --attention flash
+    python scripts/bench_cuda.py --shape gpt2-124m --llmc /path/to/train_gpt2cu
 
 Shapes: ANDREA-12M (C=384, L=6, H=12, V=4608, T=1024) and GPT-2 124M
-(C=768, L=12, H=12, V=50304, T=1024). Needs an NVIDIA GPU; the PyTorch side
-needs a CUDA build of torch and says so plainly when torch has no CUDA.
+(C=768, L=12, H=12, V=50304, T=1024). Needs an NVIDIA GPU for numbers; a
+side that cannot run (no GPU, a CPU-only torch, out of memory) is recorded as
+skipped with the reason, never silently dropped.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import gc
 import json
 import os
 import queue
+import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -35,22 +50,28 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from proxy import frames  # noqa: E402
-from proxy.checkpoint_file import n_params_for  # noqa: E402
+from proxy.formats import frames  # noqa: E402
+from proxy.formats.engine_cli import engine_args, setting_flags  # noqa: E402
+from proxy.formats.parameters import n_params  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_engine import build_torch_model  # noqa: E402  (one peer model for both benchmarks)
+from cuda_bench_report import BenchReport, Run, Side  # noqa: E402  (the results file's format)
 
 SHAPES = {
     "andrea-12m": dict(dim=384, layers=6, heads=12, vocab=4608, ctx=1024),
     "gpt2-124m": dict(dim=768, layers=12, heads=12, vocab=50304, ctx=1024),
 }
+ATTENTION = ("naive", "flash")
+TORCH_MODES = ("default", "reduce-overhead", "max-autotune")
 # Dense bf16 tensor-core peaks (datasheet, SXM parts), TFLOP/s.
 PEAKS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "4090": 165.0}
+# llm.c's model descriptor for a shape (its -e flag), where it has one.
+LLMC_MODELS = {"gpt2-124m": "d12"}
 
 
 def flops_per_token(s: dict) -> float:
-    n = n_params_for(s["vocab"], s["ctx"], s["dim"], s["layers"])
+    n = n_params(s["vocab"], s["ctx"], s["dim"], s["layers"])
     return 6.0 * n + 6.0 * s["layers"] * s["dim"] * s["ctx"]
 
 
@@ -63,23 +84,33 @@ def gpu_peak(name: str, override: float | None) -> float | None:
     return None
 
 
-def gpu_name() -> str:
+def run_text(cmd: list[str]) -> str | None:
+    """stdout of a short command, or None when it cannot run."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown GPU"
-    except (OSError, subprocess.TimeoutExpired, IndexError):
-        return "unknown GPU"
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def gpu_facts() -> dict:
+    """GPU name, driver and CUDA version (nvidia-smi), nvcc release: None where unknown."""
+    query = run_text(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    name, driver = "unknown GPU", None
+    if query and query.strip():
+        parts = [p.strip() for p in query.strip().splitlines()[0].split(",")]
+        name, driver = parts[0], parts[1] if len(parts) > 1 else None
+    banner = run_text(["nvidia-smi"]) or ""
+    cuda = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
+    nvcc = re.search(r"release ([0-9.]+), V([0-9.]+)", run_text(["nvcc", "--version"]) or "")
+    return {"gpu": name, "driver": driver, "cuda": cuda.group(1) if cuda else None,
+            "nvcc": nvcc.group(2) if nvcc else None}
 
 
 def process_gpu_mib(pid: int) -> float | None:
     """GPU memory nvidia-smi attributes to pid (MiB), or None."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.stdout.splitlines():
+    out = run_text(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+    for line in (out or "").splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 2 and parts[0] == str(pid):
             try:
@@ -94,95 +125,106 @@ def process_gpu_mib(pid: int) -> float | None:
 
 
 def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int, ckpts: int, precision: str,
-                 env_extra: dict) -> dict:
+                 attention: str) -> Side:
     T, V = shape["ctx"], shape["vocab"]
     rng = np.random.default_rng(0)
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="bench_cuda_") as tmp:
-        args = [str(engine), "--data", "-", "--ckpt-dir", str(Path(tmp) / "ckpt"), "--ckpt-every", "0",
-                "--vocab", str(V), "--ctx", str(T), "--dim", str(shape["dim"]), "--layers", str(shape["layers"]),
-                "--heads", str(shape["heads"]), "--batch", str(batch), "--steps", "100000", "--warmup", "100",
-                "--precision", precision]
-        env = dict(os.environ, **env_extra)
-        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        settings = setting_flags(**shape, batch=batch, steps=100000, warmup=100)
+        args = [str(engine), *engine_args(Path(tmp) / "ckpt", ckpt_every=0, settings=settings,
+                                          extra=["--precision", precision, "--attention", attention])]
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
         err_lines: list[bytes] = []
         threading.Thread(target=lambda: [err_lines.append(l) for l in proc.stderr], daemon=True).start()
 
-        def event(kind: str, timeout: float = 600.0):
+        def event(kind: str | tuple[str, ...], timeout: float = 600.0):
             deadline = time.monotonic() + timeout
             while True:
                 line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
                 if line is None:
-                    raise RuntimeError(f"engine ended early (rc {proc.wait()}): {b''.join(err_lines[-20:]).decode(errors='replace')}")
+                    raise RuntimeError(f"engine ended early (rc {proc.wait()}): "
+                                       f"{b''.join(err_lines[-20:]).decode(errors='replace')}")
                 ev = json.loads(line)
                 if ev.get("event") == "error":
-                    raise RuntimeError(f"engine error: {ev}")
-                if ev.get("event") == kind:
+                    raise RuntimeError(f"engine error: {ev.get('message')}")
+                if ev.get("event") in ((kind,) if isinstance(kind, str) else kind):
                     return ev, time.monotonic()
 
         def frame(step: int) -> bytes:
             rows = rng.integers(0, V, size=(batch, T + 1), dtype=np.uint16)
             return frames.train_frame(step, rows, np.zeros(batch, np.uint16))
 
-        ready, _ = event("ready")
-        step = 0
-        ms, stamps, mem_mib = [], [], None
-        for _ in range(total):
-            step += 1
-            proc.stdin.write(frame(step))
+        try:
+            ready, _ = event("ready")
+            step = 0
+            ms, stamps, mem_mib = [], [], None
+            for _ in range(total):
+                step += 1
+                proc.stdin.write(frame(step))
+                proc.stdin.flush()
+                ev, t = event("step")
+                stamps.append(t)
+                if step > warmup:
+                    ms.append(ev["ms"])
+                if step == total:
+                    mem_mib = process_gpu_mib(proc.pid)
+            # Checkpoint stall: a CHECKPOINT frame between two steps. The driver
+            # writes in the background, so the step loop pays the ckpt event's
+            # snapshot_ms + wait_ms (its ms is the write); the wall-clock gap
+            # between the surrounding step events says what training lost. The
+            # ckpt event may come before or after the next step's.
+            ckpt_ms, gaps = [], []
+            for _ in range(ckpts):
+                proc.stdin.write(frames.checkpoint_frame())
+                step += 1
+                proc.stdin.write(frame(step))
+                proc.stdin.flush()
+                ck, ev, t = None, None, None
+                while ck is None or ev is None:
+                    got, when = event(("ckpt", "step"))
+                    if got["event"] == "ckpt":
+                        ck = got
+                    else:
+                        ev, t = got, when
+                ckpt_ms.append(ck["ms"])
+                gaps.append((t - stamps[-1]) * 1e3)
+                stamps.append(t)
+                step += 1
+                proc.stdin.write(frame(step))
+                proc.stdin.flush()
+                _, t = event("step")
+                stamps.append(t)
+            proc.stdin.write(frames.stop_frame())
             proc.stdin.flush()
-            ev, t = event("step")
-            stamps.append(t)
-            if step > warmup:
-                ms.append(ev["ms"])
-            if step == total:
-                mem_mib = process_gpu_mib(proc.pid)
-        # Checkpoint stall: a CHECKPOINT frame between two steps. The driver
-        # writes synchronously today, so the stall is the ckpt event's ms; the
-        # wall-clock gap between the surrounding step events says the same.
-        ckpt_ms, gaps = [], []
-        for _ in range(ckpts):
-            proc.stdin.write(frames.checkpoint_frame())
-            step += 1
-            proc.stdin.write(frame(step))
-            proc.stdin.flush()
-            ck, _ = event("ckpt")
-            ev, t = event("step")
-            ckpt_ms.append(ck["ms"])
-            gaps.append((t - stamps[-1]) * 1e3)
-            stamps.append(t)
-            step += 1
-            proc.stdin.write(frame(step))
-            proc.stdin.flush()
-            _, t = event("step")
-            stamps.append(t)
-        proc.stdin.write(frames.stop_frame())
-        proc.stdin.flush()
-        proc.stdin.close()
-        proc.wait(600)
+            proc.stdin.close()
+            proc.wait(600)
+        except (RuntimeError, queue.Empty, BrokenPipeError) as exc:
+            proc.kill()
+            proc.wait()
+            return Side("engine", attention, skipped=f"engine failed: {exc}"[:300])
     med = statistics.median(ms)
-    return {
-        "device": ready["device"], "precision": ready["precision"], "mem_bytes": ready["mem_bytes"],
-        "step_ms": med, "tokens_per_s": batch * T / (med / 1e3), "gpu_mem_mib": mem_mib,
-        "ckpt_ms": statistics.median(ckpt_ms) if ckpt_ms else None,
-        "ckpt_stall_ms": (statistics.median(gaps) - med) if gaps else None,
-    }
+    return Side("engine", attention, tokens_per_s=batch * T / (med / 1e3), step_ms=med, gpu_mem_mib=mem_mib,
+                extra={"device": ready["device"], "precision": ready["precision"], "mem_bytes": ready["mem_bytes"],
+                       "ckpt_ms": statistics.median(ckpt_ms) if ckpt_ms else None,
+                       "ckpt_stall_ms": (statistics.median(gaps) - med) if gaps else None})
 
 
 # ---------------------------------------------------------------------------
 # PyTorch
 
 
-def bench_torch(shape: dict, batch: int, steps: int, warmup: int, compile_model: bool) -> dict:
+def torch_versions() -> tuple[str | None, str | None]:
     try:
         import torch
-    except ImportError as exc:
-        return {"skipped": f"torch is not installed ({exc})"}
-    if not torch.cuda.is_available():
-        return {"skipped": f"torch {torch.__version__} has no CUDA (a CPU-only build, or no GPU visible): "
-                           "install a CUDA build of torch for the baseline"}
+    except ImportError:
+        return None, None
+    return torch.__version__, torch.version.cuda
+
+
+def torch_step_times(torch, shape: dict, batch: int, steps: int, warmup: int, mode: str) -> tuple[list[float], float]:
+    """(ms of each timed step, peak allocated MiB); the model dies with this frame."""
     V, T = shape["vocab"], shape["ctx"]
     dev = torch.device("cuda")
     model = build_torch_model(shape, "cuda")  # the same peer model as the CPU benchmark
@@ -190,7 +232,7 @@ def bench_torch(shape: dict, batch: int, steps: int, warmup: int, compile_model:
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    fwd = torch.compile(model) if compile_model else model
+    fwd = torch.compile(model) if mode == "default" else torch.compile(model, mode=mode)
     gen = torch.Generator(device=dev).manual_seed(0)
 
     def step():
@@ -216,67 +258,185 @@ def bench_torch(shape: dict, batch: int, steps: int, warmup: int, compile_model:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+    return times, torch.cuda.max_memory_allocated() / 2**20
+
+
+def bench_torch(shape: dict, batch: int, steps: int, warmup: int, mode: str) -> Side:
+    try:
+        import torch
+    except ImportError as exc:
+        return Side("torch", mode, skipped=f"torch is not installed ({exc})")
+    if not torch.cuda.is_available():
+        return Side("torch", mode, skipped=f"torch {torch.__version__} has no CUDA (a CPU-only build, or no GPU "
+                                           "visible)")
+    torch._dynamo.reset()  # each mode compiles from scratch and drops the last mode's graphs
+    gc.collect()
+    torch.cuda.empty_cache()
+    try:
+        times, peak = torch_step_times(torch, shape, batch, steps, warmup, mode)
+    except Exception as exc:  # out of memory, a compile failure: recorded, and the benchmark goes on
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return Side("torch", mode, skipped=f"{type(exc).__name__}: {first}"[:300])
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
     med = statistics.median(times)
-    return {"device": torch.cuda.get_device_name(), "step_ms": med, "tokens_per_s": batch * T / (med / 1e3),
-            "gpu_mem_mib": torch.cuda.max_memory_allocated() / 2**20, "torch": torch.__version__,
-            "compiled": compile_model}
+    return Side("torch", mode, tokens_per_s=batch * shape["ctx"] / (med / 1e3), step_ms=med, gpu_mem_mib=peak,
+                extra={"device": torch.cuda.get_device_name()})
+
+
+# ---------------------------------------------------------------------------
+# llm.c
+
+
+LLMC_STEP = re.compile(r"^step\s+(\d+)/\d+ \|.*\|\s*([0-9.]+) ms \|")
+
+
+def write_llmc_shard(path: Path, n_tokens: int, vocab: int, seed: int) -> None:
+    """Random tokens in llm.c's shard format: 256 int32 of header (magic 20240520, version 1, count), uint16."""
+    header = np.zeros(256, np.int32)
+    header[:3] = (20240520, 1, n_tokens)
+    tokens = np.random.default_rng(seed).integers(0, vocab, n_tokens, dtype=np.uint16)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+
+def bench_llmc(binary: Path, shape_name: str, shape: dict, batch: int, steps: int, warmup: int) -> Side:
+    model = LLMC_MODELS.get(shape_name)
+    if model is None:
+        return Side("llmc", "", skipped=f"llm.c has no {shape_name} model")
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        return Side("llmc", "", skipped=f"{binary} is not an executable")
+    T, total = shape["ctx"], warmup + steps
+    with tempfile.TemporaryDirectory(prefix="bench_llmc_") as tmp:
+        train, val = Path(tmp) / "train.bin", Path(tmp) / "val.bin"
+        write_llmc_shard(train, batch * T * (total + 2) + 1, 50257, 0)  # llm.c's GPT-2 vocabulary
+        write_llmc_shard(val, batch * T + 1, 50257, 1)
+        cmd = [str(binary), "-i", str(train), "-j", str(val), "-e", model, "-b", str(batch), "-t", str(T),
+               "-d", str(batch * T), "-x", str(total), "-v", "1000000", "-m", "1", "-s", "0", "-u", "100",
+               "-l", "6e-4"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
+        ms, mem_mib, tail = [], None, []
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-20:]
+            m = LLMC_STEP.match(line)
+            if not m:
+                continue
+            step = int(m.group(1))
+            if step > warmup:
+                ms.append(float(m.group(2)))
+            if step == total - 1:
+                mem_mib = process_gpu_mib(proc.pid)
+        rc = proc.wait()
+    if rc != 0 or not ms:
+        return Side("llmc", "", skipped=f"train_gpt2cu exited {rc}: {' / '.join(tail[-3:])}"[:300])
+    med = statistics.median(ms)
+    return Side("llmc", "", tokens_per_s=batch * T / (med / 1e3), step_ms=med, gpu_mem_mib=mem_mib,
+                extra={"command": shlex.join(cmd[:1] + ["..."] + cmd[5:])})
 
 
 # ---------------------------------------------------------------------------
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=[*SHAPES, "all"], default="all")
-    ap.add_argument("--batch", type=int, default=8, help="rows per step (default 8)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[8], help="rows per step, one run each (default 8)")
     ap.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    ap.add_argument("--ckpts", type=int, default=3, help="checkpoint writes to time (default 3)")
+    ap.add_argument("--ckpts", type=int, default=3,
+                    help="checkpoint writes to time, with the last --attention path (default 3)")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--engine", type=Path, default=REPO / "build" / "microgpt_cuda")
+    ap.add_argument("--attention", nargs="+", choices=ATTENTION, default=list(ATTENTION),
+                    help="engine attention paths to run (default: naive flash)")
+    ap.add_argument("--no-engine", action="store_true", help="skip the engine")
+    ap.add_argument("--torch-modes", nargs="+", choices=TORCH_MODES[:2], default=list(TORCH_MODES[:2]),
+                    help="torch.compile modes (default: default reduce-overhead)")
+    ap.add_argument("--max-autotune", action="store_true", help="also torch.compile mode max-autotune (slow compile)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
-    ap.add_argument("--no-compile", action="store_true", help="PyTorch without torch.compile")
+    ap.add_argument("--llmc", type=Path, default=None, help="a built llm.c train_gpt2cu to run beside (GPT-2 only)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="GPU peak for MFU (default: from the GPU name)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = ap.parse_args()
+    ap.add_argument("--json", type=Path, default=None, help="write every figure here (a BenchReport)")
+    args = ap.parse_args(argv)
+    if min(args.batch) < 1 or args.steps < 1 or args.warmup < 0 or args.ckpts < 0:
+        ap.error("--batch and --steps must be >= 1, --warmup and --ckpts >= 0")
+    if args.max_autotune:
+        args.torch_modes = [*args.torch_modes, "max-autotune"]
+    return args
 
-    if not args.engine.is_file():
-        print(f"bench_cuda: {args.engine} not found: build it with `make cuda`", file=sys.stderr)
+
+def print_side(s: Side) -> None:
+    if s.skipped:
+        print(f"  {s.label}: skipped: {s.skipped}", flush=True)
+        return
+    # The ratio is printed once the run is complete (a later PyTorch mode may be faster).
+    print(f"  {s.label}: {s.tokens_per_s:,.0f} tok/s, {s.step_ms:.2f} ms/step"
+          + (f", MFU {s.mfu:.1%}" if s.mfu is not None else "")
+          + (f", GPU memory {s.gpu_mem_mib:,.0f} MiB" if s.gpu_mem_mib else "")
+          + (f", engine buffers {s.extra['mem_bytes'] / 2**20:,.0f} MiB" if "mem_bytes" in s.extra else ""),
+          flush=True)
+    if s.extra.get("ckpt_ms") is not None:
+        print(f"    checkpoint: {s.extra['ckpt_ms']:.0f} ms per write; training stalled {s.extra['ckpt_stall_ms']:.0f} ms")
+    if s.kind == "engine" and not s.extra.get("device", "").endswith(f"attention {s.variant}"):
+        print(f"    note: the engine ran '{s.extra.get('device')}' (asked for --attention {s.variant})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.no_engine and not args.engine.is_file():
+        print(f"bench_cuda: {args.engine} not found: build it with `make cuda` (or pass --no-engine)",
+              file=sys.stderr)
         return 2
-    name = gpu_name()
-    peak = gpu_peak(name, args.peak_tflops)
+    if args.llmc is not None and not args.llmc.is_file():
+        print(f"bench_cuda: --llmc {args.llmc}: no such file", file=sys.stderr)
+        return 2
+    facts = gpu_facts()
+    peak = gpu_peak(facts["gpu"], args.peak_tflops)
+    torch_version, torch_cuda = (None, None) if args.no_torch else torch_versions()
+    report = BenchReport(gpu=facts["gpu"], peak_tflops=peak, driver=facts["driver"], cuda=facts["cuda"],
+                         nvcc=facts["nvcc"], torch=torch_version, torch_cuda=torch_cuda,
+                         command=shlex.join(["python", "scripts/bench_cuda.py", *(argv if argv is not None
+                                                                                   else sys.argv[1:])]),
+                         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), runs=[])
     shapes = list(SHAPES) if args.shape == "all" else [args.shape]
-    results = {}
     for key in shapes:
         s = SHAPES[key]
         fpt = flops_per_token(s)
-        print(f"== {key}: C={s['dim']} L={s['layers']} H={s['heads']} V={s['vocab']} T={s['ctx']} B={args.batch}, "
-              f"{n_params_for(s['vocab'], s['ctx'], s['dim'], s['layers']) / 1e6:.1f}M params, "
-              f"{fpt / 1e6:.0f} MFLOP/token", flush=True)
-        eng = bench_engine(args.engine, s, args.batch, args.steps, args.warmup, args.ckpts, args.precision, {})
-        ref = {"skipped": "--no-torch"} if args.no_torch else bench_torch(s, args.batch, args.steps, args.warmup,
-                                                                          not args.no_compile)
-        for r in (eng, ref):
-            if "tokens_per_s" in r and peak:
-                r["mfu"] = r["tokens_per_s"] * fpt / (peak * 1e12)
-        results[key] = {"engine": eng, "torch": ref}
-        print(f"  microgpt_cuda ({eng['precision']}): {eng['tokens_per_s']:,.0f} tok/s, {eng['step_ms']:.2f} ms/step"
-              + (f", MFU {eng['mfu']:.1%}" if "mfu" in eng else "")
-              + f", engine buffers {eng['mem_bytes'] / 2**20:,.0f} MiB"
-              + (f", GPU memory {eng['gpu_mem_mib']:,.0f} MiB" if eng["gpu_mem_mib"] else ""))
-        if eng["ckpt_ms"] is not None:
-            print(f"  checkpoint: {eng['ckpt_ms']:.0f} ms per write; training stalled {eng['ckpt_stall_ms']:.0f} ms")
-        if "skipped" in ref:
-            print(f"  pytorch: skipped: {ref['skipped']}")
-        else:
-            print(f"  pytorch {ref['torch']} (bf16 autocast{', compiled' if ref['compiled'] else ''}, fused AdamW, SDPA): "
-                  f"{ref['tokens_per_s']:,.0f} tok/s, {ref['step_ms']:.2f} ms/step"
-                  + (f", MFU {ref['mfu']:.1%}" if "mfu" in ref else "")
-                  + f", peak allocated {ref['gpu_mem_mib']:,.0f} MiB")
-            print(f"  ratio microgpt_cuda / pytorch: {eng['tokens_per_s'] / ref['tokens_per_s']:.2f}x")
-    print(f"GPU: {name}; MFU against {peak if peak else 'unknown (pass --peak-tflops)'} TFLOP/s dense bf16")
+        for batch in args.batch:
+            n = n_params(s["vocab"], s["ctx"], s["dim"], s["layers"])
+            print(f"== {key}: C={s['dim']} L={s['layers']} H={s['heads']} V={s['vocab']} T={s['ctx']} B={batch}, "
+                  f"{n / 1e6:.1f}M params, {fpt / 1e6:.0f} MFLOP/token", flush=True)
+            run = Run(shape=key, batch=batch, ctx=s["ctx"], n_params=n, flops_per_token=fpt, sides=[])
+            report.runs.append(run)
+            jobs = []
+            if not args.no_engine:
+                for attention in args.attention:
+                    ckpts = args.ckpts if attention == args.attention[-1] else 0
+                    jobs.append(lambda a=attention, c=ckpts: bench_engine(args.engine, s, batch, args.steps,
+                                                                         args.warmup, c, args.precision, a))
+            if args.llmc is not None:
+                jobs.append(lambda: bench_llmc(args.llmc, key, s, batch, args.steps, args.warmup))
+            for mode in [] if args.no_torch else args.torch_modes:
+                jobs.append(lambda m=mode: bench_torch(s, batch, args.steps, args.warmup, m))
+            for job in jobs:
+                side = job()
+                if side.tokens_per_s and peak:
+                    side.mfu = side.tokens_per_s * fpt / (peak * 1e12)
+                run.sides.append(side)
+                run.fill_ratios()
+                print_side(side)
+                if args.json:  # after every side: a run cut short keeps what it measured
+                    report.save(args.json)
+            best = run.fastest_torch()
+            for side in run.sides:
+                if side.kind != "torch" and side.ratio is not None:
+                    print(f"  {side.label}: {side.ratio:.2f}x the fastest PyTorch mode ({best:,.0f} tok/s)")
+    print(f"GPU: {facts['gpu']}, driver {facts['driver']}, CUDA {facts['cuda']}; MFU against "
+          f"{peak if peak else 'unknown (pass --peak-tflops)'} TFLOP/s dense bf16")
     if args.json:
-        args.json.write_text(json.dumps({"gpu": name, "peak_tflops": peak, "results": results}, indent=1))
+        print(f"bench_cuda: wrote {args.json}")
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training throughput: the microgpt engine against PyTorch on the same model.
 
-Both sides train DESIGN.md's GPT-2 (tied embeddings, pre-LN, GELU tanh, AdamW
+Both sides train ARCHITECTURE.md's GPT-2 (tied embeddings, pre-LN, GELU tanh, AdamW
 with decay on 2-D tensors, global-norm clip 1.0) with the same shape, batch,
 context and thread count, each in its own subprocess, one after the other:
 
@@ -35,6 +35,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from proxy.formats.engine_cli import engine_args, setting_flags  # noqa: E402
+from proxy.formats.frames import parse_event  # noqa: E402
+from proxy.formats.parameters import n_params as count_params  # noqa: E402
+from proxy.formats.shard import write_shard  # noqa: E402
 
 SHAPES = {
     # name: vocab, dim, layers, heads, ctx
@@ -45,8 +49,7 @@ OPTIM = dict(lr=6e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_cl
 
 
 def n_params(s: dict) -> int:
-    V, T, C, L = s["vocab"], s["ctx"], s["dim"], s["layers"]
-    return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    return count_params(s["vocab"], s["ctx"], s["dim"], s["layers"])
 
 
 def steady_rate(steps: list[dict], skip: int) -> dict:
@@ -87,8 +90,6 @@ def run_child(name: str, cmd: list[str], cwd: Path, on_line, timeout: float = 36
 
 def bench_engine(args, shape: dict, work: Path) -> dict:
     import numpy as np
-    from proxy.frames import parse_event
-    from proxy.token_shard import write_shard
 
     engine = Path(args.engine or REPO / "build" / ("microgpt_cuda" if args.device == "cuda" else "microgpt_cpu"))
     if not engine.is_file():
@@ -96,14 +97,9 @@ def bench_engine(args, shape: dict, work: Path) -> dict:
     shard = work / "bench.tok"
     n_tok = max(200_000, 4 * args.batch * (shape["ctx"] + 1))
     write_shard(shard, np.random.default_rng(0).integers(0, shape["vocab"], n_tok, dtype=np.uint16), shape["vocab"])
-    cmd = [str(engine), "--data", str(shard), "--ckpt-dir", str(work / "ck"), "--ckpt-every", "0",
-           "--steps", str(args.steps), "--warmup", "1", "--batch", str(args.batch), "--seed", "1"]
-    for k in ("vocab", "ctx", "dim", "layers", "heads"):
-        cmd += [f"--{k}", str(shape[k])]
-    for k, v in OPTIM.items():
-        cmd += ["--" + k.replace("_", "-"), repr(v)]
-    if args.device == "cpu":
-        cmd += ["--threads", str(args.threads)]
+    settings = setting_flags(**shape, **OPTIM, steps=args.steps, warmup=1, batch=args.batch, seed=1,
+                             threads=args.threads if args.device == "cpu" else None)
+    cmd = [str(engine), *engine_args(work / "ck", data=shard, ckpt_every=0, settings=settings)]
     steps, ready = [], {}
 
     def on_line(line: str) -> None:

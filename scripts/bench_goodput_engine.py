@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from proxy import frames  # noqa: E402
+from proxy.formats import frames  # noqa: E402
 
 SHAPE = {"vocab": 4608, "ctx": 256, "dim": 128, "layers": 4, "heads": 4, "batch": 8}
 PROMPT_LENGTHS = (2, 1, 3, 2)  # "def ", "import ", "class ", "The " are a few tokens each

@@ -25,9 +25,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.batches import BatchSampler  # noqa: E402
-from proxy.frames import train_frame  # noqa: E402
-from proxy.token_shard import write_shard  # noqa: E402
+from proxy.config.experiment import load_experiment  # noqa: E402
+from proxy.data.batches import BatchSampler  # noqa: E402
+from proxy.data.prepare import default_cache_dir, prepare_data  # noqa: E402
+from proxy.formats.frames import train_frame  # noqa: E402
+from proxy.formats.shard import write_shard  # noqa: E402
 
 GOAL = 10e6
 
@@ -77,8 +79,6 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmpdir:
         if args.experiment:
-            from proxy.data import default_cache_dir, prepare_data
-            from proxy.experiment import load_experiment
             exp = load_experiment(args.experiment)
             data = prepare_data(exp, Path(args.experiment).parent, args.cache_dir or default_cache_dir())
             names, ctx = exp.arm_names, exp.model.ctx

@@ -294,26 +294,28 @@
       lr: pick(P.lr), tps: pick(P.tps), mix, arms: P.arms };
   }
 
+  // the value in `to` where `from` (ascending) reaches v, clamped at the ends; between two
+  // points: interpolated, or the lower point's
+  function lookup(from, to, v, interpolate) {
+    const last = from.length - 1;
+    if (v <= from[0]) return to[0];
+    if (v >= from[last]) return to[last];
+    let lo = 0, hi = last;
+    while (hi - lo > 1) { const m = (lo + hi) >> 1; if (from[m] <= v) lo = m; else hi = m; }
+    if (!interpolate) return to[lo];
+    const f = (v - from[lo]) / (from[hi] - from[lo] || 1);
+    return to[lo] + f * (to[hi] - to[lo]);
+  }
+
   // x of a step in the current x mode, from a run's points (for evals and pivot markers)
   function stepToX(P, step) {
     if (S.xmode === "step") return step;
-    if (!P || !P.step.length) return null;
-    let lo = 0, hi = P.step.length - 1;
-    if (step <= P.step[0]) return P.x[0];
-    if (step >= P.step[hi]) return P.x[hi];
-    while (hi - lo > 1) { const m = (lo + hi) >> 1; if (P.step[m] <= step) lo = m; else hi = m; }
-    const f = (step - P.step[lo]) / (P.step[hi] - P.step[lo] || 1);
-    return P.x[lo] + f * (P.x[hi] - P.x[lo]);
+    return P && P.step.length ? lookup(P.step, P.x, step, true) : null;
   }
 
   function xToStep(P, x) {
     if (S.xmode === "step") return x;
-    if (!P || !P.x.length) return null;
-    let lo = 0, hi = P.x.length - 1;
-    if (x <= P.x[0]) return P.step[0];
-    if (x >= P.x[hi]) return P.step[hi];
-    while (hi - lo > 1) { const m = (lo + hi) >> 1; if (P.x[m] <= x) lo = m; else hi = m; }
-    return P.step[lo];
+    return P && P.x.length ? lookup(P.x, P.step, x, false) : null;
   }
 
   // ------------------------------------------------------------------ charts

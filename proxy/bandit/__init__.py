@@ -1,6 +1,7 @@
 """Bandits over data arms: the mixture each batch is drawn from.
 
-`make_bandit(config, arm_names, caps, floors)` builds the configured policy.
+`make_bandit(config, arm_names, caps, floors)` builds the configured policy;
+`bandit_for_phase(experiment, phase)` a fresh one for a phase of a run.
 Protocol: observe(step, arm_losses) once per step in step order; weights()
 gives the mixture (arm_names order, within caps and floors, sum 1); state()
 is JSON-able. A bandit is a pure function of its observe() calls.
@@ -9,21 +10,44 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..experiment import BanditConfig
+from ..config.caps import phase_bounds
+from ..config.experiment import BanditConfig, Experiment
 from .base import Bandit
 from .exp3 import EXP3
 from .simplex import project_capped_simplex
 from .ucb1 import UCB1
 
 
+def _ucb1(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, float],
+          floors: Mapping[str, float]) -> Bandit:
+    return UCB1(arm_names, caps, floors, c=config.c, ema_alpha=config.ema_alpha,
+                reward_scale=config.reward_scale, temperature=config.temperature)
+
+
+def _exp3(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, float],
+          floors: Mapping[str, float]) -> Bandit:
+    return EXP3(arm_names, caps, floors, smoothing=config.smoothing, ema_alpha=config.ema_alpha)
+
+
+# One builder per policy in config/policies.py.
+_BUILDERS = {"ucb1": _ucb1, "exp3": _exp3}
+
+
 def make_bandit(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, float],
                 floors: Mapping[str, float]) -> Bandit:
-    if config.policy == "ucb1":
-        return UCB1(arm_names, caps, floors, c=config.c, ema_alpha=config.ema_alpha,
-                    reward_scale=config.reward_scale, temperature=config.temperature)
-    if config.policy == "exp3":
-        return EXP3(arm_names, caps, floors, smoothing=config.smoothing, ema_alpha=config.ema_alpha)
-    raise ValueError(f"unknown bandit policy {config.policy!r}")
+    build = _BUILDERS.get(config.policy)
+    if build is None:
+        raise ValueError(f"unknown bandit policy {config.policy!r}")
+    return build(config, arm_names, caps, floors)
 
 
-__all__ = ["Bandit", "UCB1", "EXP3", "make_bandit", "project_capped_simplex"]
+def bandit_for_phase(experiment: Experiment, phase) -> tuple[Bandit, dict[str, float], dict[str, float]]:
+    """A new bandit for `phase` (its policy, the caps and floors in force) and those caps and floors."""
+    caps, floors = phase_bounds(experiment, phase)
+    config = experiment.bandit
+    if config.policy != phase.policy:
+        config = config.model_copy(update={"policy": phase.policy})
+    return make_bandit(config, experiment.arm_names, caps, floors), caps, floors
+
+
+__all__ = ["Bandit", "UCB1", "EXP3", "make_bandit", "bandit_for_phase", "project_capped_simplex"]

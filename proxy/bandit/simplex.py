@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-TOL = 1e-9
+from ..config.bounds import TOLERANCE as TOL, check_caps_floors
 
 
 def check_bounds(floors: np.ndarray, caps: np.ndarray) -> None:
+    """ValueError unless {floor <= w <= cap, sum w = 1} is a non-empty set (config/bounds.py's rules)."""
     if floors.shape != caps.shape:
         raise ValueError(f"floors {floors.shape} and caps {caps.shape} differ in shape")
-    if not (np.all(np.isfinite(floors)) and np.all(np.isfinite(caps))):
-        raise ValueError("floors and caps must be finite")
-    if np.any(floors < 0) or np.any(caps > 1) or np.any(caps < floors):
-        raise ValueError("need 0 <= floor <= cap <= 1 for every arm")
-    if floors.sum() > 1 + TOL:
-        raise ValueError(f"floors sum to {floors.sum():g}, above 1")
-    if caps.sum() < 1 - TOL:
-        raise ValueError(f"caps sum to {caps.sum():g}, below 1")
+    problems = check_caps_floors(dict(enumerate(caps.tolist())), dict(enumerate(floors.tolist())))
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def project_capped_simplex(v, floors, caps, iters: int = 200) -> np.ndarray:

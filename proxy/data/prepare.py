@@ -28,8 +28,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..experiment import Experiment
-from ..token_shard import read_shard, write_shard
+from ..atomic import fsync_dir
+from ..config.experiment import Experiment
+from ..formats.shard import read_shard, write_shard
 from .progress import Progress
 from .sources import SourceError, hash_file, load_documents, source_bytes, source_fingerprint
 from .tokenizer import TOKENIZER_SETTINGS, Tokenizer, train_tokenizer
@@ -153,14 +154,6 @@ def _encode(tok: Tokenizer, docs: list[str], task) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.uint16)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _load(entry: Path, key: str, vocab: int) -> Optional[PreparedData]:
     """The cache entry at `entry`, or None when absent or incomplete."""
     try:
@@ -230,7 +223,7 @@ def _build(experiment: Experiment, experiment_dir: Path, key: str, tmp: Path, pr
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
 
 
 def check_lengths(data: PreparedData, experiment: Experiment) -> None:
@@ -277,7 +270,7 @@ def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cach
             except OSError:
                 if _load(entry, key, experiment.model.vocab) is None:
                     raise
-            _fsync_dir(cache_dir)
+            fsync_dir(cache_dir)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

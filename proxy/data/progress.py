@@ -1,78 +1,57 @@
-"""A plain-text progress bar on stderr (no ANSI codes, no dependencies).
+"""Progress of data preparation on stderr, drawn by tqdm.
 
-On a terminal one line is redrawn with a carriage return; anywhere else (a
-log file, a pipe) a task prints its bar every 2 seconds while it runs and once
-when it ends, so logs stay short and readable.
+On a terminal each task is a tqdm bar. Anywhere else (a log file, a pipe) a
+task prints tqdm's line, in plain ASCII, every 2 seconds while it runs and
+once when it ends, so logs stay short and readable.
 """
 from __future__ import annotations
 
+import io
 import sys
 import time
 from typing import Optional, TextIO
 
-WIDTH = 24
+from tqdm import tqdm
 
-
-def _human(n: float, unit: str) -> str:
-    if unit == "B":
-        for scale, suffix in ((1 << 30, "GB"), (1 << 20, "MB"), (1 << 10, "KB")):
-            if n >= scale:
-                return f"{n / scale:.1f} {suffix}"
-        return f"{int(n)} B"
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.2f}{suffix}{(' ' + unit) if unit else ''}"
-    return f"{int(n)}{(' ' + unit) if unit else ''}"
+LOG_EVERY_S = 2.0  # not a terminal: at most one line per task this often while it runs
 
 
 class Task:
+    """One step of the preparation: `advance(n)` as work is done, `done(note)` at the end."""
+
     def __init__(self, progress: "Progress", label: str, total: Optional[float], unit: str):
-        self.p, self.label, self.total, self.unit = progress, label, total, unit
-        self.done_n = 0.0
-        self.t0 = time.monotonic()
-        self._last_draw = self.t0 if not progress.tty else 0.0
-        self._closed = False
-        self._draw(force=True)
+        self.p = progress
+        self.live = progress.enabled and progress.tty
+        options = dict(total=total, desc=label, unit=unit or "it", unit_scale=bool(unit),
+                       unit_divisor=1024 if unit == "B" else 1000, leave=True)
+        if total is None:  # no amount to show: the label, the time taken and the note
+            options["bar_format"] = "{desc}  {elapsed}{postfix}"
+        # off a terminal tqdm draws into nothing; the lines are printed here
+        self.bar = tqdm(file=progress.stream if self.live else io.StringIO(), ascii=not self.live,
+                        disable=not progress.enabled, **options)
+        self.last_line = time.monotonic()
+        self.closed = False
+
+    def _line(self) -> None:
+        self.last_line = time.monotonic()
+        self.p.write(str(self.bar) + "\n")
 
     def advance(self, n: float = 1) -> None:
-        self.done_n += n
-        self._draw()
-
-    def _line(self, final: bool = False, note: str = "") -> str:
-        elapsed = time.monotonic() - self.t0
-        if self.total:
-            frac = min(1.0, self.done_n / self.total) if self.total else 1.0
-            fill = int(round(frac * WIDTH))
-            bar = "[" + "#" * fill + "." * (WIDTH - fill) + "]"
-            amount = f"{_human(self.done_n, self.unit)}/{_human(self.total, self.unit)}"
-            text = f"{self.label:<34} {bar} {frac * 100:3.0f}%  {amount}  {elapsed:.1f}s"
-        else:
-            text = f"{self.label:<34} {'[' + ('#' * WIDTH if final else '.' * WIDTH) + ']'}  {elapsed:.1f}s"
-        if note:
-            text += f"  {note}"
-        return text
-
-    def _draw(self, force: bool = False) -> None:
-        if not self.p.enabled or self._closed:
-            return
-        now = time.monotonic()
-        if self.p.tty:
-            if force or now - self._last_draw >= 0.1:
-                self._last_draw = now
-                self.p.write("\r" + self._line())
-        elif not force and now - self._last_draw >= 2.0:  # a log: a line every 2 s at most, none at start
-            self._last_draw = now
-            self.p.write(self._line() + "\n")
+        self.bar.update(n)
+        if self.p.enabled and not self.live and time.monotonic() - self.last_line >= LOG_EVERY_S:
+            self._line()
 
     def done(self, note: str = "") -> None:
-        if self._closed:
+        if self.closed:
             return
-        if self.total:
-            self.done_n = max(self.done_n, self.total)
-        if self.p.enabled:
-            line = self._line(final=True, note=note)
-            self.p.write(("\r" + line + "\n") if self.p.tty else line + "\n")
-        self._closed = True
+        self.closed = True
+        if self.bar.total:
+            self.bar.update(max(0, self.bar.total - self.bar.n))
+        if note:
+            self.bar.set_postfix_str(note, refresh=False)
+        if self.p.enabled and not self.live:
+            self._line()
+        self.bar.close()
 
     def __enter__(self) -> "Task":
         return self
@@ -80,9 +59,11 @@ class Task:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.done()
-        elif self.p.enabled and not self._closed:
-            self._closed = True
-            self.p.write(("\n" if self.p.tty else "") + f"{self.label}: failed\n")
+        elif not self.closed:
+            self.closed = True
+            self.bar.close()
+            if self.p.enabled:
+                self.p.write(f"{self.bar.desc}: failed\n")
 
 
 class Progress:

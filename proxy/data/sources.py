@@ -29,7 +29,7 @@ import sysconfig
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..experiment import SourceConfig
+from ..config.experiment import SourceConfig
 
 # Bump when what a builtin source extracts changes (part of the cache key).
 EXTRACTOR_VERSION = 1

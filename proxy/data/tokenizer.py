@@ -7,11 +7,12 @@ vocabulary), so any text round-trips: `decode(encode(s)) == s`.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from ..atomic import atomic_write_text
 
 EOT = "<|endoftext|>"
 # Everything that changes what training produces (part of the data cache key).
@@ -55,14 +56,8 @@ class Tokenizer:
         return self.hf.to_str()
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the HF tokenizer JSON atomically."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self.to_str())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        """Write the HF tokenizer JSON atomically and durably."""
+        atomic_write_text(path, self.to_str())
 
     @classmethod
     def load(cls, path: str | os.PathLike, vocab_size: Optional[int] = None) -> "Tokenizer":

@@ -5,8 +5,9 @@ same suite can later drive build/microgpt_cuda). A missing binary is a test
 failure with a clear message, never a skip: CI must not go green without an
 engine.
 
-Everything speaks the wire formats through proxy/ (frames.py, token_shard.py,
-checkpoint_file.py), so this suite never re-implements a format.
+Everything speaks the wire formats through proxy/formats/ (frames, shards,
+checkpoints, the engine's command line), so this suite never re-implements a
+format.
 """
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ import queue
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import n_params_for
-from proxy.token_shard import write_shard
+from proxy.formats import frames
+from proxy.formats.engine_cli import engine_args, setting_flags
+from proxy.formats.parameters import n_params
+from proxy.formats.shard import write_shard
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(os.environ.get("MICROGPT_ENGINE", REPO / "build" / "microgpt_cpu"))
@@ -57,7 +59,7 @@ class Cfg:
 
     @property
     def n_params(self) -> int:
-        return n_params_for(self.vocab, self.ctx, self.dim, self.layers)
+        return n_params(self.vocab, self.ctx, self.dim, self.layers)
 
     @property
     def rows(self) -> int:
@@ -67,12 +69,7 @@ class Cfg:
         return replace(self, **kw)
 
     def flags(self) -> list[str]:
-        out = []
-        for name in ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum", "steps",
-                     "lr", "min_lr", "warmup", "beta1", "beta2", "eps", "weight_decay",
-                     "grad_clip", "seed"):
-            out += ["--" + name.replace("_", "-"), repr(getattr(self, name))]
-        return out
+        return setting_flags(**asdict(self))
 
     def lr_at(self, s: int) -> float:
         """ENGINE.md's schedule for the update producing step s (1-based)."""
@@ -110,7 +107,7 @@ def random_groups(n_rows: int, seed: int, n_groups: int = 3) -> np.ndarray:
 
 
 def make_shard(path: Path, cfg: Cfg, n_tokens: int = 20_000, seed: int = 0) -> Path:
-    """A random token shard for `cfg.vocab` (written by proxy.token_shard)."""
+    """A random token shard for `cfg.vocab` (written by proxy.formats.shard)."""
     tokens = np.random.default_rng(seed).integers(0, cfg.vocab, size=n_tokens, dtype=np.uint16)
     write_shard(path, tokens, cfg.vocab)
     return path
@@ -303,7 +300,7 @@ def parse_events(stdout: bytes) -> list:
 
 
 def proxy_args(cfg: Cfg, ckpt_dir: Path, *extra) -> list[str]:
-    return ["--data", "-", "--ckpt-dir", str(ckpt_dir), "--ckpt-every", "0", *cfg.flags(), *map(str, extra)]
+    return engine_args(ckpt_dir, ckpt_every=0, settings=cfg.flags(), extra=extra)
 
 
 def initial_checkpoint(run_engine, cfg: Cfg, ckpt_dir: Path) -> Path:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import signal
 import time
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
 
 from .conftest import (TINY, Cfg, event_path, initial_checkpoint, make_shard, parse_events, proxy_args, run_once,
                        shim_env, train_frames)

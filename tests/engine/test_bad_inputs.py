@@ -12,9 +12,9 @@ import struct
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import read_checkpoint
-from proxy.token_shard import HEADER as SHARD_HEADER, SHARD_MAGIC
+from proxy.formats import frames
+from proxy.formats.checkpoint import read_checkpoint
+from proxy.formats.shard import HEADER as SHARD_HEADER, SHARD_MAGIC
 
 from .conftest import (TINY, Cfg, dir_snapshot, make_shard, parse_events, proxy_args, random_groups,
                        random_rows, run_once, train_frames)
@@ -91,6 +91,7 @@ USAGE_CASES = {
     "min-lr-negative": (flags(min_lr=-1e-5), []),
     "vocab-over-uint16": (flags(vocab=70000), []),
     "precision-unknown": (flags(), ["--precision", "fp8"]),
+    "attention-unknown": (flags(), ["--attention", "fast"]),
     "meta-not-json": (flags(), ["--meta", "{not json"]),
     "missing-value": (flags(), ["--dim"]),
 }
@@ -120,7 +121,7 @@ def test_help_lists_every_flag(engine_bin, tmp_path):
     missing = [f for f in ("--data", "--ckpt-dir", "--resume", "--ckpt-every", "--keep-last", "--vocab", "--ctx",
                            "--dim", "--layers", "--heads", "--batch", "--grad-accum", "--steps", "--lr",
                            "--min-lr", "--warmup", "--beta1", "--beta2", "--eps", "--weight-decay",
-                           "--grad-clip", "--seed", "--threads", "--precision", "--meta", "--dump-grads",
+                           "--grad-clip", "--seed", "--threads", "--precision", "--attention", "--meta", "--dump-grads",
                            "--allow-hparam-change", "--help") if f not in out]
     assert not missing, f"--help does not list {missing}"
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, verify_checkpoint
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, verify_checkpoint
 
 from .conftest import TINY, proxy_args, train_frames
 

@@ -12,8 +12,8 @@ import zlib
 
 import numpy as np
 
-from proxy import frames
-from proxy.checkpoint_file import read_checkpoint
+from proxy.formats import frames
+from proxy.formats.checkpoint import read_checkpoint
 
 from .conftest import TINY, proxy_args, train_frames
 

@@ -13,9 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, read_checkpoint
-from proxy.token_shard import write_shard
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, read_checkpoint
+from proxy.formats.engine_cli import engine_args
+from proxy.formats.shard import write_shard
 
 from .conftest import TINY, Cfg, event_path, initial_checkpoint, proxy_args, random_rows, train_frames
 from .torch_reference import Reference, Shape, Trainer, decays, param_slices
@@ -99,8 +100,8 @@ def test_dump_grads_standalone_single_window(engine_bin, run_engine, tmp_path):
     ckpt_dir = tmp_path / "ck"
     init = initial_checkpoint(run_engine, cfg, ckpt_dir)
     grads_path = tmp_path / "g.f32"
-    eng = run_engine(["--data", shard, "--ckpt-dir", ckpt_dir, "--resume", init, "--dump-grads", grads_path,
-                      *cfg.flags()])
+    eng = run_engine(engine_args(ckpt_dir, data=shard, resume=init, settings=cfg.flags(),
+                                 extra=["--dump-grads", grads_path]))
     ev = eng.wait_for("grads")
     assert eng.finish() == 0, eng.stderr()
     rows = np.tile(tokens, (cfg.batch, 1))

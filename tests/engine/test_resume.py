@@ -1,4 +1,4 @@
-"""Bit-exact resume (DESIGN.md, "Determinism"): an interrupted run, resumed from
+"""Bit-exact resume (ARCHITECTURE.md, "Determinism of the whole run"): an interrupted run, resumed from
 its checkpoint, produces bitwise the same later losses and the same final
 checkpoint bytes as the run that was never interrupted; and results do not
 depend on --threads.
@@ -14,8 +14,9 @@ import signal
 
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats.engine_cli import engine_args
 
 from .conftest import TINY, Cfg, event_path, make_shard, parse_events, proxy_args, run_once, train_frames
 
@@ -30,8 +31,7 @@ def outcome(events) -> dict[int, tuple[float, float]]:
 
 
 def standalone_args(cfg: Cfg, shard, ckpt_dir, *extra) -> list[str]:
-    return ["--data", str(shard), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(EVERY), *cfg.flags(),
-            *map(str, extra)]
+    return engine_args(ckpt_dir, data=shard, ckpt_every=EVERY, settings=cfg.flags(), extra=extra)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import itertools
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.frames import SamplePrompt
+from proxy.formats import frames
+from proxy.formats.frames import SamplePrompt
 
 from .conftest import TINY, Cfg, proxy_args, train_frames
 

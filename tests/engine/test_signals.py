@@ -1,4 +1,4 @@
-"""Signals, EOF and the CHECKPOINT/STOP frames (DESIGN.md "Signals", FORMATS.md "Engine frames"),
+"""Signals, EOF and the CHECKPOINT/STOP frames (ARCHITECTURE.md "Signals", FORMATS.md "Engine frames"),
 and crash safety of checkpoint writes (FORMATS.md "Writing")."""
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import subprocess
 import time
 
 
-from proxy import frames
-from proxy.checkpoint_file import list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats import frames
+from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats.engine_cli import engine_args
 
 from .conftest import TINY, Cfg, event_path, initial_checkpoint, make_shard, parse_events, proxy_args, train_frames
 
@@ -30,7 +31,7 @@ def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     cfg = TINY.but(steps=1_000_000)
     shard = make_shard(tmp_path / "d.tok", cfg)
     ck = tmp_path / "ck"
-    eng = run_engine(["--data", shard, "--ckpt-dir", ck, "--ckpt-every", 0, *cfg.flags()])
+    eng = run_engine(engine_args(ck, data=shard, ckpt_every=0, settings=cfg.flags()))
     before = eng.wait_for("step")["step"]
     eng.signal(signal.SIGUSR1)
     c = eng.wait_for("ckpt")

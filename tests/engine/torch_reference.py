@@ -1,9 +1,10 @@
 """A PyTorch twin of the engine's model and optimizer, for the reference tests.
 
-The model is DESIGN.md's GPT-2: learned token + position embeddings, pre-LN
-blocks (causal self-attention with `heads` heads, GELU tanh MLP of width 4C),
-final LayerNorm, logits tied to wte, mean cross-entropy. Parameters come from
-and go back to one flat float32 array in DESIGN.md's exact order, so weights,
+The model is docs/ARCHITECTURE.md's GPT-2: learned token + position embeddings,
+pre-LN blocks (causal self-attention with `heads` heads, GELU tanh MLP of width
+4C), final LayerNorm, logits tied to wte, mean cross-entropy. Parameters come
+from and go back to one flat float32 array in the engine's exact order
+(proxy/formats/parameters.py), so weights,
 gradients and Adam moments compare element by element with the engine's
 checkpoint and `--dump-grads` file.
 
@@ -14,40 +15,14 @@ is far below the tolerances the tests allow the float32 engine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from proxy.formats.parameters import ModelShape as Shape
+
 LN_EPS = 1e-5
-
-
-@dataclass(frozen=True)
-class Shape:
-    vocab: int
-    ctx: int
-    dim: int
-    layers: int
-    heads: int
-
-
-def param_layout(s: Shape) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every parameter tensor, in DESIGN.md's flat order."""
-    V, T, C = s.vocab, s.ctx, s.dim
-    out = [("wte", (V, C)), ("wpe", (T, C))]
-    for l in range(s.layers):
-        p = f"h{l}."
-        out += [(p + "ln1.w", (C,)), (p + "ln1.b", (C,)), (p + "qkv.w", (3 * C, C)), (p + "qkv.b", (3 * C,)),
-                (p + "proj.w", (C, C)), (p + "proj.b", (C,)), (p + "ln2.w", (C,)), (p + "ln2.b", (C,)),
-                (p + "fc.w", (4 * C, C)), (p + "fc.b", (4 * C,)), (p + "fcproj.w", (C, 4 * C)),
-                (p + "fcproj.b", (C,))]
-    out += [("lnf.w", (C,)), ("lnf.b", (C,))]
-    return out
-
-
-def n_params(s: Shape) -> int:
-    return sum(math.prod(shape) for _, shape in param_layout(s))
 
 
 def decays(name: str) -> bool:
@@ -57,7 +32,7 @@ def decays(name: str) -> bool:
 
 def param_slices(s: Shape) -> list[tuple[str, slice, tuple[int, ...]]]:
     out, off = [], 0
-    for name, shape in param_layout(s):
+    for name, shape in s.layout():
         n = math.prod(shape)
         out.append((name, slice(off, off + n), shape))
         off += n
@@ -69,8 +44,8 @@ class Reference:
 
     def __init__(self, shape: Shape, flat: np.ndarray, dtype: torch.dtype = torch.float64):
         flat = np.asarray(flat)
-        if flat.shape != (n_params(shape),):
-            raise ValueError(f"flat array has {flat.shape}, model needs {n_params(shape)}")
+        if flat.shape != (shape.n_params,):
+            raise ValueError(f"flat array has {flat.shape}, model needs {shape.n_params}")
         self.shape = shape
         self.dtype = dtype
         self.names, self.params = [], []

@@ -14,8 +14,8 @@ FAULT_SEED (default DEFAULT_SEED), so a run is reproducible by seed as far as
 the choices go (which step to kill at, which offset, which bit to flip). The
 exact instant a SIGKILL lands still depends on the machine's timing.
 
-Formats are never re-implemented here: frames, shards and checkpoint
-verification come from proxy/ (frames.py, token_shard.py, checkpoint_file.py).
+Formats are never re-implemented here: frames, shards, checkpoint verification
+and engine command lines come from proxy/formats/.
 """
 from __future__ import annotations
 
@@ -37,9 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from proxy import frames
-from proxy.checkpoint_file import checkpoint_step, list_checkpoints, n_params_for, verify_checkpoint
-from proxy.token_shard import write_shard
+from proxy.formats import frames
+from proxy.formats.checkpoint import (FOOTER_BYTES as FOOTER, TRAILER_FIXED_BYTES as TRAILER_FIXED, body_bytes,
+                                     checkpoint_step, list_checkpoints, verify_checkpoint)
+from proxy.formats.engine_cli import engine_args, setting_flags
+from proxy.formats.parameters import ModelShape
+from proxy.formats.shard import write_shard
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(os.environ.get("MICROGPT_ENGINE", REPO / "build" / "microgpt_cpu"))
@@ -337,13 +340,8 @@ def fsize_limit(limit: int):
 
 
 @dataclass(frozen=True)
-class Model:
+class Model(ModelShape):
     """An engine configuration; every setting is passed explicitly."""
-    vocab: int
-    ctx: int
-    dim: int
-    layers: int
-    heads: int
     batch: int
     steps: int
     warmup: int = 4
@@ -351,18 +349,11 @@ class Model:
     min_lr: float = 3e-4
     seed: int = 1337
 
-    @property
-    def n_params(self) -> int:
-        return n_params_for(self.vocab, self.ctx, self.dim, self.layers)
-
     def but(self, **kw) -> "Model":
         return replace(self, **kw)
 
     def flags(self) -> list[str]:
-        out = []
-        for name in ("vocab", "ctx", "dim", "layers", "heads", "batch", "steps", "warmup", "lr", "min_lr", "seed"):
-            out += ["--" + name.replace("_", "-"), repr(getattr(self, name))]
-        return out + ["--threads", "1"]
+        return setting_flags(**asdict(self), threads=1)
 
 
 # Tiny: a checkpoint of ~180 KB, a step in about a millisecond: many kills are cheap.
@@ -380,11 +371,8 @@ def make_shard(path: Path, vocab: int, n_tokens: int = 20_000, seed: int = 0) ->
 
 def standalone_argv(model: Model, shard: Path, ckpt_dir: Path, ckpt_every: int, resume: str | Path | None = "latest",
                     extra=()) -> list[str]:
-    argv = [str(ENGINE), "--data", str(shard), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(ckpt_every),
-            *model.flags()]
-    if resume is not None:
-        argv += ["--resume", str(resume)]
-    return argv + [str(a) for a in extra]
+    return [str(ENGINE), *engine_args(ckpt_dir, data=shard, resume=resume, ckpt_every=ckpt_every,
+                                      settings=model.flags(), extra=extra)]
 
 
 def start_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None) -> Proc:
@@ -611,14 +599,10 @@ def _check_steps(p: Proc, ref_steps: dict, out: Outcome, where: str) -> None:
 # corrupted checkpoints
 
 
-FOOTER = 24
-TRAILER_FIXED = 128
-
-
 def checkpoint_regions(raw: bytes) -> dict[str, tuple[int, int]]:
     """Byte ranges [begin, end) of every region of a checkpoint with a trailer (docs/FORMATS.md)."""
     n = int(np.frombuffer(raw, "<i4", 1, 4)[0])
-    body = 8 + 12 * n
+    body = body_bytes(n)
     size = len(raw)
     return {
         "step": (0, 4), "n_params": (4, 8),
@@ -629,7 +613,7 @@ def checkpoint_regions(raw: bytes) -> dict[str, tuple[int, int]]:
     }
 
 
-# The reasons a rejection may give for each corruption (the engine's and proxy.checkpoint_file's wording).
+# The reasons a rejection may give for each corruption (the engine's and proxy.formats.checkpoint's wording).
 SIZE_REASONS = ("truncated", "does not match", "not a microgpt checkpoint", "no end magic", "trailer truncated")
 REGION_REASONS = {
     "step": ("checksum mismatch", "not a microgpt checkpoint"),  # the sign bit makes the step negative
@@ -667,7 +651,7 @@ def corruptions(valid: bytes, other_shape: bytes, rng: random.Random, flips_per_
     """Every corruption of `valid` (a step-4 checkpoint of TINY) the scenario tries."""
     regions = checkpoint_regions(valid)
     n = int(np.frombuffer(valid, "<i4", 1, 4)[0])
-    body = 8 + 12 * n
+    body = body_bytes(n)
     cases = []
     for region, (begin, end) in regions.items():
         for _ in range(flips_per_region):
@@ -694,8 +678,8 @@ def corruptions(valid: bytes, other_shape: bytes, rng: random.Random, flips_per_
                             ("does not match the shape",)))
     cases.append(Corruption("a checkpoint of another model shape (dim 16)", other_shape, ("shape mismatch",),
                             latest_fallback=False))
-    cases.append(Corruption("bare ANDREA file of another model shape", other_shape[:8 + 12 * int(
-        np.frombuffer(other_shape, "<i4", 1, 4)[0])], ("shape mismatch",), latest_fallback=False))
+    cases.append(Corruption("bare ANDREA file of another model shape", other_shape[:body_bytes(int(
+        np.frombuffer(other_shape, "<i4", 1, 4)[0]))], ("shape mismatch",), latest_fallback=False))
     foreign_rng = np.random.default_rng(rng.randrange(2**32))
     cases.append(Corruption("foreign file: empty", b"", SIZE_REASONS))
     cases.append(Corruption("foreign file: text", b"this is not a checkpoint\n" * 20, SIZE_REASONS))
@@ -746,7 +730,7 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
         reason = verify_checkpoint(_plant(d / "ck", ref_dir, case.data))
         if case.reasons and (reason is None or not any(r in reason for r in case.reasons)) \
                 and case.latest_fallback:
-            out.fail(f"{where} proxy.checkpoint_file.verify_checkpoint said {reason!r}, expected one of {case.reasons}")
+            out.fail(f"{where} proxy.formats.checkpoint.verify_checkpoint said {reason!r}, expected one of {case.reasons}")
         # explicit --resume FILE
         target = d / "ck" / "step_000004.bin"
         rc, p = run_standalone(model, shard, d / "ck", 2, resume=target)
@@ -1071,7 +1055,7 @@ FUZZ_MODEL = Model(vocab=64, ctx=8, dim=16, layers=1, heads=2, batch=2, steps=10
 
 
 def proxy_mode_argv(model: Model, ckpt_dir: Path) -> list[str]:
-    return [str(ENGINE), "--data", "-", "--ckpt-dir", str(ckpt_dir), "--ckpt-every", "0", *model.flags()]
+    return [str(ENGINE), *engine_args(ckpt_dir, ckpt_every=0, settings=model.flags())]
 
 
 def feed_engine(workdir: Path, data: bytes, timeout: float = 20.0) -> tuple[int | None, list[str]]:
@@ -1354,7 +1338,7 @@ def wait_engine_gone(rec, timeout: float = 90.0) -> bool:
 
 
 def expected_resume(run_dir: Path, max_segment: int | None = None, phase: int = 0) -> int:
-    """DESIGN.md/supervisor: the newest checkpoint that verifies and whose steps are all in the log."""
+    """ARCHITECTURE.md: the newest checkpoint that verifies and whose steps are all in the log."""
     log = read_log(run_dir / ".loss.json", max_segment)
     for p in list_checkpoints(run_dir / "checkpoints"):
         s = checkpoint_step(p)

@@ -17,8 +17,12 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from proxy import frames
-from proxy.experiment import ExperimentError, load_caps, load_experiment
+from proxy.formats import frames
+from proxy.config.caps import load_caps, load_pivot_caps
+from proxy.config.errors import ExperimentError
+from proxy.config.experiment import load_experiment
+from proxy.rundir.layout import RunDir
+from proxy.rundir.phases import read_phases
 
 from . import scenarios
 from .scenarios import FUZZ_MODEL, Outcome
@@ -324,11 +328,8 @@ def _tree(root) -> dict:
 
 def test_fuzzed_caps_files_pivot_cli(proxy_env, stopped_run, tmp_path, record):
     """`python -m proxy pivot --caps BAD.json` on a stopped run: exit 2, one line naming the file, no
-    traceback, and not one byte of the run directory changed (DESIGN.md: a bad caps file changes
-    nothing and says why)."""
-    from proxy.pivot import load_pivot_caps
-    from proxy.run_dir import RunDir, read_phases
-
+    traceback, and not one byte of the run directory changed (docs/ARCHITECTURE.md: a bad caps file
+    changes nothing and says why)."""
     run = scenarios.copy_run(stopped_run, tmp_path / "run")
     experiment = load_experiment(run / "experiment.json", check_sources=False)
     phase = read_phases(RunDir(run))[-1]

@@ -1,5 +1,5 @@
 """Torn or garbage lines in .loss.json; missing or corrupt .state.json, .samples.json, phases.json:
-handled as documented (DESIGN.md "Run directory", FORMATS.md "Run directory sidecars"), nothing lost."""
+handled as documented (ARCHITECTURE.md "The run directory", FORMATS.md "Run directory sidecars"), nothing lost."""
 from __future__ import annotations
 
 from . import scenarios

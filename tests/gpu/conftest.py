@@ -5,8 +5,9 @@ NVIDIA GPU is visible (`nvidia-smi -L` fails and there is no /dev/nvidia0)
 or build/microgpt_cuda has not been built (`make cuda`). Where a GPU is
 visible, a missing CPU engine is a failure, not a skip.
 
-The engines are driven through the wire formats in proxy/ (frames.py,
-token_shard.py, checkpoint_file.py); nothing here re-implements a format.
+The engines are driven through the wire formats in proxy/formats/ (frames,
+shards, checkpoints, the engine's command line); nothing here re-implements a
+format.
 MICROGPT_CUDA_ENGINE / MICROGPT_CPU_ENGINE override the binaries, and
 MICROGPT_GPU_SUITE=force runs the suite without the GPU check (to exercise
 the harness itself with, say, MICROGPT_CUDA_ENGINE=build/microgpt_cpu).
@@ -18,18 +19,21 @@ import queue
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from proxy import frames
-from proxy.checkpoint_file import n_params_for
+from proxy.formats import frames
+from proxy.formats.engine_cli import engine_args, setting_flags
+from proxy.formats.parameters import n_params, param_layout
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA_ENGINE = Path(os.environ.get("MICROGPT_CUDA_ENGINE", REPO / "build" / "microgpt_cuda")).resolve()
 CPU_ENGINE = Path(os.environ.get("MICROGPT_CPU_ENGINE", REPO / "build" / "microgpt_cpu")).resolve()
+# The flash attention kernels alone (tests/gpu/flash_attention_check.cu, built by `make cuda`).
+FLASH_CHECK = Path(os.environ.get("MICROGPT_FLASH_CHECK", REPO / "build" / "flash_attention_check")).resolve()
 TIMEOUT = 300.0
 
 
@@ -71,6 +75,13 @@ def cuda_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def flash_check_bin() -> Path:
+    if not (FLASH_CHECK.is_file() and os.access(FLASH_CHECK, os.X_OK)):
+        pytest.fail(f"{FLASH_CHECK} is missing: build it with `make cuda`", pytrace=False)
+    return FLASH_CHECK
+
+
+@pytest.fixture(scope="session")
 def cpu_bin() -> Path:
     if not (CPU_ENGINE.is_file() and os.access(CPU_ENGINE, os.X_OK)):
         pytest.fail(f"{CPU_ENGINE} is missing: build it with `make cpu`", pytrace=False)
@@ -106,27 +117,16 @@ class Shape:
 
     @property
     def n_params(self) -> int:
-        return n_params_for(self.vocab, self.ctx, self.dim, self.layers)
+        return n_params(self.vocab, self.ctx, self.dim, self.layers)
 
     def flags(self) -> list[str]:
-        out = []
-        for name in ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum", "steps", "lr", "min_lr",
-                     "warmup", "seed"):
-            out += ["--" + name.replace("_", "-"), repr(getattr(self, name))]
-        return out
+        return setting_flags(**asdict(self))
 
     def tensors(self) -> list[tuple[str, int, int]]:
-        """(name, begin, end) of every parameter tensor, in DESIGN.md's order."""
-        V, T, C, L = self.vocab, self.ctx, self.dim, self.layers
-        sizes = [("wte", V * C), ("wpe", T * C)]
-        for l in range(L):
-            for name, size in (("ln1.w", C), ("ln1.b", C), ("qkv.w", 3 * C * C), ("qkv.b", 3 * C),
-                               ("proj.w", C * C), ("proj.b", C), ("ln2.w", C), ("ln2.b", C),
-                               ("fc.w", 4 * C * C), ("fc.b", 4 * C), ("fcproj.w", 4 * C * C), ("fcproj.b", C)):
-                sizes.append((f"h{l}.{name}", size))
-        sizes += [("lnf.w", C), ("lnf.b", C)]
+        """(name, begin, end) of every parameter tensor, in the flat order (proxy/formats/parameters.py)."""
         out, at = [], 0
-        for name, size in sizes:
+        for name, shape in param_layout(self.vocab, self.ctx, self.dim, self.layers):
+            size = int(np.prod(shape))
             out.append((name, at, at + size))
             at += size
         assert at == self.n_params
@@ -147,6 +147,12 @@ def markov_rows(shape: Shape, n_rows: int, seed: int) -> np.ndarray:
         noise = rng.random(n_rows) < 0.1
         tok = np.where(noise, rng.integers(0, shape.vocab, size=n_rows), succ[tok, pick])
     return rows
+
+
+def smooth(losses: dict[int, float], window: int = 10) -> np.ndarray:
+    """Moving averages of a loss curve, in step order."""
+    x = np.array([losses[s] for s in sorted(losses)])
+    return np.convolve(x, np.ones(window) / window, mode="valid")
 
 
 def train_frames(shape: Shape, first: int, last: int, seed: int = 7) -> dict[int, bytes]:
@@ -185,7 +191,8 @@ class Engine:
         self._q.put(None)
 
     def stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:  # finish() closes it; the file stays readable
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")[-4000:]
 
     def send(self, data: bytes) -> None:
@@ -241,7 +248,7 @@ class Engine:
 
 
 def proxy_args(shape: Shape, ckpt_dir: Path, *extra: str) -> list[str]:
-    return ["--data", "-", "--ckpt-dir", str(ckpt_dir), "--ckpt-every", "0", *shape.flags(), *extra]
+    return engine_args(ckpt_dir, ckpt_every=0, settings=shape.flags(), extra=extra)
 
 
 def train(binary: Path, shape: Shape, workdir: Path, ckpt_dir: Path, steps: dict[int, bytes], *extra: str,
@@ -265,9 +272,21 @@ def initial_checkpoint(cpu_bin: Path, shape: Shape, ckpt_dir: Path) -> Path:
     return Path(ev["path"]) if Path(ev["path"]).is_absolute() else ckpt_dir.parent / ev["path"]
 
 
-def dump_grads(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
-               env: dict | None = None) -> tuple[float, np.ndarray]:
-    """(loss, gradients) of the first forward+backward from `resume` on `frame`."""
+@dataclass
+class GradDump:
+    """The first forward+backward of a run: its loss, raw gradients, and the
+    engine (ready event, stderr) that computed them."""
+    loss: float
+    grads: np.ndarray
+    engine: Engine
+
+    @property
+    def device(self) -> str:
+        return self.engine.of("ready")[0]["device"]
+
+
+def dump_grads_run(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
+                   env: dict | None = None) -> GradDump:
     out = workdir / f"grads.{binary.name}.{time.monotonic_ns()}.bin"
     eng = Engine(binary, proxy_args(shape, workdir / "ckpt-unused", "--resume", str(resume), "--dump-grads", str(out),
                                     *extra), workdir, env)
@@ -277,4 +296,11 @@ def dump_grads(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: b
     assert rc == 0, f"{binary.name} exited {rc}; stderr: {eng.stderr()}"
     grads = np.fromfile(out, dtype="<f4")
     assert grads.size == shape.n_params
-    return ev["loss"], grads
+    return GradDump(ev["loss"], grads, eng)
+
+
+def dump_grads(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
+               env: dict | None = None) -> tuple[float, np.ndarray]:
+    """(loss, gradients) of the first forward+backward from `resume` on `frame`."""
+    run = dump_grads_run(binary, shape, workdir, resume, frame, *extra, env=env)
+    return run.loss, run.grads

@@ -1,38 +1,45 @@
 """bf16 (the default on sm_80+) against fp32 on the GPU: the first loss
 within 2e-2, 200-step loss curves within 2% of each other; the fused
-cuBLASLt epilogues against the unfused kernels; bf16 run-to-run determinism."""
+cuBLASLt epilogues against the unfused kernels; bf16 run-to-run determinism.
+The bf16 side runs with each attention path (--attention naive and flash);
+fp32 always runs the naive kernels, the reference."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from .conftest import Shape, dump_grads, initial_checkpoint, train, train_frames
+from .conftest import Shape, dump_grads, initial_checkpoint, smooth, train, train_frames
 
 SHAPE = Shape(batch=8, steps=200, lr=2e-3, min_lr=2e-4, warmup=20)
 
 
-def smooth(losses: dict[int, float], window: int = 10) -> np.ndarray:
-    x = np.array([losses[s] for s in sorted(losses)])
-    return np.convolve(x, np.ones(window) / window, mode="valid")
+ATTENTION = ["naive", "flash"]
 
 
-def test_bf16_first_loss_close_to_fp32(cpu_bin, cuda_bin, tmp_path):
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_bf16_first_loss_close_to_fp32(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
     frame = train_frames(SHAPE, 1, 1)[1]
     l32, g32 = dump_grads(cuda_bin, SHAPE, tmp_path / "fp32", init, frame, "--precision", "fp32")
-    l16, g16 = dump_grads(cuda_bin, SHAPE, tmp_path / "bf16", init, frame, "--precision", "bf16")
+    l16, g16 = dump_grads(cuda_bin, SHAPE, tmp_path / "bf16", init, frame, "--precision", "bf16",
+                          "--attention", attention)
     assert abs(l16 - l32) <= 2e-2, (l16, l32)
     cos = float(np.dot(g16, g32) / (np.linalg.norm(g16) * np.linalg.norm(g32)))
     assert cos > 0.99, f"bf16 gradient direction cosine {cos}"
 
 
-def test_bf16_curve_tracks_fp32_for_200_steps(cpu_bin, cuda_bin, tmp_path):
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_bf16_curve_tracks_fp32_for_200_steps(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
     steps = train_frames(SHAPE, 1, 200)
     runs = {}
     for prec in ("fp32", "bf16"):
         eng = train(cuda_bin, SHAPE, tmp_path / prec, tmp_path / prec / "ckpt", steps, "--resume", str(init),
-                    "--precision", prec)
-        assert eng.of("ready")[0]["precision"] == prec
+                    "--precision", prec, *(["--attention", attention] if prec == "bf16" else []))
+        ready = eng.of("ready")[0]
+        assert ready["precision"] == prec
+        if prec == "bf16":
+            assert ready["device"].endswith(f"attention {attention}"), ready["device"]
         runs[prec] = eng.losses()
     a, b = smooth(runs["fp32"]), smooth(runs["bf16"])
     rel = np.abs(b - a) / a
@@ -53,11 +60,14 @@ def test_fused_epilogues_match_unfused(cpu_bin, cuda_bin, tmp_path):
     assert all(abs(lf[s] - lp[s]) <= 0.01 * lp[s] for s in lp), (lf, lp)
 
 
-def test_bf16_is_deterministic(cpu_bin, cuda_bin, tmp_path):
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_bf16_is_deterministic(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
     steps = train_frames(SHAPE, 1, 10)
-    a = train(cuda_bin, SHAPE, tmp_path / "a", tmp_path / "a" / "ckpt", steps, "--resume", str(init))
-    b = train(cuda_bin, SHAPE, tmp_path / "b", tmp_path / "b" / "ckpt", steps, "--resume", str(init))
+    a = train(cuda_bin, SHAPE, tmp_path / "a", tmp_path / "a" / "ckpt", steps, "--resume", str(init),
+              "--attention", attention)
+    b = train(cuda_bin, SHAPE, tmp_path / "b", tmp_path / "b" / "ckpt", steps, "--resume", str(init),
+              "--attention", attention)
     assert a.losses() == b.losses()
     assert [e["grad_norm"] for e in a.of("step")] == [e["grad_norm"] for e in b.of("step")]
     # ...and the checkpoints they wrote at EOF are byte-identical.

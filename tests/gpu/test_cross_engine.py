@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from proxy.checkpoint_file import read_checkpoint
+from proxy.formats.checkpoint import read_checkpoint
 
 from .conftest import Shape, initial_checkpoint, train, train_frames
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .conftest import Shape, dump_grads, initial_checkpoint, train, train_frames
+from proxy.formats import frames
+
+from .conftest import Engine, Shape, dump_grads, initial_checkpoint, markov_rows, proxy_args, train, train_frames
 
 SHAPES = {
     # head dim 32, everything a multiple of 8
@@ -69,9 +71,6 @@ def test_ten_steps_match_cpu(name, cpu_bin, cuda_bin, tmp_path):
 
 def test_eval_and_greedy_sample_match_cpu(cpu_bin, cuda_bin, tmp_path):
     """EVAL losses (fewer rows than a batch: padding) and a greedy SAMPLE."""
-    from proxy import frames
-    from .conftest import Engine, markov_rows, proxy_args
-
     shape = SHAPES["hd32"]
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
     rows = markov_rows(shape, shape.batch + 1, seed=99)  # one full batch plus one padded row

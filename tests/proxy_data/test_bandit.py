@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from proxy.bandit import EXP3, UCB1, make_bandit, project_capped_simplex
 from proxy.bandit.exp3 import exploration
-from proxy.experiment import BanditConfig
+from proxy.config.experiment import BanditConfig
 
 TOL = 1e-9
 

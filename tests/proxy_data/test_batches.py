@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from proxy.batches import BatchError, BatchSampler
-from proxy.frames import HEADER, train_frame
-from proxy.token_shard import write_shard
+from proxy.data.batches import BatchError, BatchSampler
+from proxy.formats.frames import HEADER, train_frame
+from proxy.formats.shard import write_shard
 
 ROW = 33
 

@@ -10,8 +10,8 @@ import pytest
 from proxy.data import (DataError, SourceError, Tokenizer, data_key, load_documents, prepare_data,
                         source_files, split_documents, train_tokenizer)
 from proxy.data.progress import Progress
-from proxy.experiment import SourceConfig, load_experiment, parse_experiment
-from proxy.token_shard import read_shard
+from proxy.config.experiment import SourceConfig, load_experiment, parse_experiment
+from proxy.formats.shard import read_shard
 
 ROOT = Path(__file__).resolve().parents[2]
 

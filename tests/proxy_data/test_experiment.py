@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.experiment import (CapsFile, Experiment, ExperimentError, load_caps, load_experiment,
-                              parse_experiment)
+from proxy.config.caps import CapsFile, load_caps
+from proxy.config.errors import ExperimentError
+from proxy.config.experiment import Experiment, load_experiment, parse_experiment
+from proxy.formats.engine_cli import engine_args
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
@@ -91,15 +93,12 @@ def test_engine_flags(tmp_path):
 
 def test_ckpt_every_seconds_reaches_the_engine_argv(tmp_path):
     """train.ckpt_every_seconds (default 0: off) becomes the engine's --ckpt-every-seconds."""
-    from proxy.engine_process import EngineChoice, engine_argv
-
     assert load_experiment(write(tmp_path, BASE)).train.ckpt_every_seconds == 0
     data = copy.deepcopy(BASE)
     data["train"]["ckpt_every_seconds"] = 90
     train = load_experiment(write(tmp_path, data)).train
-    argv = engine_argv(EngineChoice(Path("/bin/engine"), "custom"), tmp_path / "ck", None, int(train.ckpt_every),
-                       {}, [], float(train.ckpt_every_seconds))
-    assert argv[argv.index("--ckpt-every-seconds") + 1] == "90.0"
+    args = engine_args(tmp_path / "ck", ckpt_every=int(train.ckpt_every), ckpt_every_seconds=train.ckpt_every_seconds)
+    assert args[args.index("--ckpt-every-seconds") + 1] == "90.0"
     for bad, why in ((-1, "greater than or equal to 0"), (float("inf"), "finite")):
         data["train"]["ckpt_every_seconds"] = bad
         assert why in error_of(tmp_path, data)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from proxy.checkpoint_file import checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
 
 from .conftest import TINY, Proxy, make_experiment, read_entries, run_cmd
 

@@ -15,7 +15,7 @@ import signal
 import numpy as np
 import pytest
 
-from proxy.checkpoint_file import checkpoint_step, list_checkpoints, read_checkpoint
+from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint
 
 from .conftest import (Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive, run_cmd,
                        state, wait_for)

@@ -8,11 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from proxy.atomic import atomic_copy, atomic_write_json
-from proxy.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
-from proxy.retention import RetentionPolicy, plan_retention
-from proxy.run_dir import RunDir, RunDirError, RunLock, append_phase, ensure_phases, lock_owner, read_phases
-from proxy.sidecars import RunState, SampleAudit, Sample, SamplesFile, read_state, write_state
-from proxy.supervisor import sample_seed
+from proxy.formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
+from proxy.rundir.retention import RetentionPolicy, plan_retention
+from proxy.rundir.layout import RunDir, RunDirError
+from proxy.rundir.lock import RunLock, lock_owner
+from proxy.rundir.phases import append_phase, ensure_phases, read_phases
+from proxy.formats.samples import Sample, SampleAudit, SamplesFile
+from proxy.formats.state import RunState, read_state, write_state
+from proxy.supervision.segment import sample_seed
 
 
 def step(n: int, loss: float = 4.0, segment: int = 1, phase: int = 0) -> StepEntry:

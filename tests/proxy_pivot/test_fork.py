@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from proxy.checkpoint_file import checkpoint_step, list_checkpoints, read_checkpoint
+from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint
 
 from .conftest import (COMPARED, Proxy, check_new_phase_steps, last_steps, make_experiment, one_line_error,
                        phases, read_entries, rows_per_batch, run_cmd, state, tree_hashes, write_caps)

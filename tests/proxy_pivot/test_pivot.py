@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from proxy.checkpoint_file import read_checkpoint
+from proxy.formats.checkpoint import read_checkpoint
 
 from .conftest import (ARMS, COMPARED, Proxy, check_new_phase_steps, last_steps, make_experiment,
                        max_logged_step, one_line_error, phases, read_entries, rows_per_batch, run_cmd, state,

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import psutil
 
-from .atomic import atomic_write_json
-from .frames import parse_event
+from ..atomic import atomic_write_json
+from ..formats.frames import parse_event
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
 _F_SETPIPE_SZ = 1031
 
@@ -71,16 +71,6 @@ def choose_engine(choice: str | None, build_dir: Path = BUILD_DIR) -> EngineChoi
     if not path.is_file() or not os.access(path, os.X_OK):
         raise EngineError(f"--engine {choice}: not cpu, cuda or an executable file")
     return EngineChoice(path.resolve(), "custom")
-
-
-def engine_argv(engine: EngineChoice, checkpoint_dir: Path, resume: Path | None, ckpt_every: int,
-                meta: dict, flags: list[str], ckpt_every_seconds: float = 0.0) -> list[str]:
-    argv = [str(engine.path), "--data", "-", "--ckpt-dir", str(checkpoint_dir)]
-    if resume is not None:
-        argv += ["--resume", str(resume)]
-    argv += ["--ckpt-every", str(ckpt_every), "--ckpt-every-seconds", repr(float(ckpt_every_seconds)),
-             "--meta", json.dumps(meta, sort_keys=True, separators=(",", ":"))]
-    return argv + [str(f) for f in flags]
 
 
 # Items on the event queue: (kind, payload)
@@ -214,19 +204,6 @@ def kill_group(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def exit_description(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    meaning = {0: "normal exit", 2: "usage error", 3: "checkpoint error", 4: "protocol error",
-               5: "I/O error", 6: "non-finite loss or gradient"}.get(code, "failure")
-    return f"exit {code} ({meaning})"
 
 
 # ------------------------------------------------- the engine left behind by a killed proxy

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_writer
+
 SHARD_MAGIC = b"MGPTTOKS"
 SHARD_VERSION = 1
 HEADER = struct.Struct("<8sIIQ8s")
@@ -23,18 +25,9 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray, vocab: int) -> None
     tokens = np.ascontiguousarray(tokens, dtype="<u2")
     if tokens.size and int(tokens.max()) >= vocab:
         raise ShardError(f"{path}: token id {int(tokens.max())} >= vocab {vocab}")
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_writer(path) as f:
         f.write(HEADER.pack(SHARD_MAGIC, SHARD_VERSION, vocab, tokens.size, b"\0" * 8))
         f.write(tokens.data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def read_shard(path: str | os.PathLike) -> tuple[np.ndarray, int]:

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .token_shard import read_shard
+from ..formats.shard import read_shard
 
 
 class BatchError(ValueError):

@@ -96,6 +96,11 @@ def parse_line(line: bytes | str) -> StepEntry | EvalEntry | None:
 
 # ---------------------------------------------------------------- writing
 
+def encode_line(obj: dict) -> bytes:
+    """One entry as a whole line of the log."""
+    return (json.dumps(obj, separators=(", ", ": "), allow_nan=False) + "\n").encode("utf-8")
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -121,8 +126,7 @@ class LossLogWriter:
                     self.dirty = True
 
     def append(self, entry: StepEntry | EvalEntry) -> None:
-        line = json.dumps(entry.to_dict(), separators=(", ", ": "), allow_nan=False) + "\n"
-        _write_all(self.fd, line.encode("utf-8"))
+        _write_all(self.fd, encode_line(entry.to_dict()))
         self.dirty = True
 
     def fsync(self) -> None:

@@ -1,4 +1,4 @@
-"""Experiment files: schema, loading with one-line errors, caps files, engine flags.
+"""Experiment files: the schema, and loading one with one-line errors (docs/EXPERIMENTS.md).
 
 An experiment file is JSON (docs/EXPERIMENTS.md describes every field). It is
 validated strictly: an unknown key, a value of the wrong type, a cap below its
@@ -10,32 +10,45 @@ problem found is reported on one line that names the file, e.g.
 from __future__ import annotations
 
 import glob as _glob
-import json
-import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .frames import SAMPLE_MAX_COMPLETIONS
+from ..formats.engine_cli import setting_flags
+from ..formats.frames import SAMPLE_MAX_COMPLETIONS
+from ..formats.parameters import n_params
+from .bounds import cap_below_floor, check_caps_floors
+from .errors import ExperimentError, config_error, format_validation_error, read_json
+from .policies import POLICIES, POLICY_PARAMS
 
 BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics")
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
 
 
-class ExperimentError(ValueError):
-    """A bad experiment or caps file. The message is one line naming the file and each problem."""
+def _name_check(what: str, why: str) -> AfterValidator:
+    """Arm and experiment names: letters, digits, '_', '.', '-', not starting with '.' or '-'."""
+    def check(value: str) -> str:
+        if not ARM_NAME.match(value):
+            raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.', '-' ({why})")
+        return value
+    return AfterValidator(check)
 
 
-class _Strict(BaseModel):
+ArmName = Annotated[str, _name_check("arm name", "not starting with '.' or '-'")]
+RunName = Annotated[str, _name_check("name", "it names the run directory")]  # the run directory's default name
+
+
+class StrictModel(BaseModel):
+    """Unknown keys and values of the wrong type are errors, never coerced."""
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ModelConfig(_Strict):
-    """The network's shape: GPT-2 style, weights tied (DESIGN.md, "The model")."""
+class ModelConfig(StrictModel):
+    """The network's shape: GPT-2 style, weights tied (docs/ARCHITECTURE.md, "The model and its parameters")."""
     vocab: int = Field(ge=258, le=MAX_TOKEN_ID)
     ctx: int = Field(ge=1)
     dim: int = Field(ge=1)
@@ -50,11 +63,10 @@ class ModelConfig(_Strict):
 
     @property
     def n_params(self) -> int:
-        v, t, c, l = self.vocab, self.ctx, self.dim, self.layers
-        return v * c + t * c + l * (12 * c * c + 13 * c) + 2 * c
+        return n_params(self.vocab, self.ctx, self.dim, self.layers)
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     """Optimizer, schedule and the proxy's cadence (checkpoints, evals, samples)."""
     batch: int = Field(ge=1)
     grad_accum: int = Field(default=1, ge=1)
@@ -90,17 +102,9 @@ class TrainConfig(_Strict):
         return self.batch * self.grad_accum
 
 
-# Which bandit parameters belong to which policy; setting one that the chosen
-# policy does not use is an error (it would silently do nothing).
-_POLICY_PARAMS = {
-    "ucb1": {"c", "ema_alpha", "reward_scale", "temperature"},
-    "exp3": {"ema_alpha", "smoothing"},
-}
-
-
-class BanditConfig(_Strict):
+class BanditConfig(StrictModel):
     """The mixture policy (docs/EXPERIMENTS.md, "Bandit policies")."""
-    policy: Literal["ucb1", "exp3"] = "ucb1"
+    policy: Literal[POLICIES] = "ucb1"
     # ucb1
     c: float = Field(default=1.0, ge=0)
     reward_scale: float = Field(default=1000.0, gt=0)
@@ -114,20 +118,20 @@ class BanditConfig(_Strict):
     def _params_match_policy(self):
         # A parameter of another policy left at its default is accepted, so a
         # dump of a validated config (which writes every field) loads again.
-        stray = sorted(k for k in self.model_fields_set - {"policy"} - _POLICY_PARAMS[self.policy]
+        stray = sorted(k for k in self.model_fields_set - {"policy"} - POLICY_PARAMS[self.policy]
                        if getattr(self, k) != type(self).model_fields[k].default)
         if stray:
             raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to policy {self.policy!r}")
         return self
 
 
-class SourceConfig(_Strict):
+class SourceConfig(StrictModel):
     """One data source: exactly one of file, glob, dir, jsonl, builtin."""
     file: Optional[str] = None
     glob: Optional[str] = None
     dir: Optional[str] = None
     jsonl: Optional[str] = None
-    builtin: Optional[Literal["stdlib_code", "stdlib_docstrings", "pydoc_topics"]] = None
+    builtin: Optional[Literal[BUILTIN_SOURCES]] = None
     suffix: Optional[str] = None          # dir: only files whose name ends with this
     field: Optional[str] = None           # jsonl: the text field (default "text")
     modules: Optional[list[str]] = None   # builtin stdlib_code / stdlib_docstrings: only these modules/packages
@@ -165,19 +169,12 @@ class SourceConfig(_Strict):
         return getattr(self, self.kind)
 
 
-class ArmConfig(_Strict):
+class ArmConfig(StrictModel):
     """A bandit arm: a named data source (one or more sources, concatenated)."""
-    name: str
+    name: ArmName
     sources: list[SourceConfig]
     cap: float = Field(default=1.0, ge=0, le=1)
     floor: float = Field(default=0.0, ge=0, le=1)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not ARM_NAME.match(v):
-            raise ValueError(f"arm name {v!r} must be letters, digits, '_', '.', '-' (not starting with '.' or '-')")
-        return v
 
     @field_validator("sources")
     @classmethod
@@ -188,12 +185,13 @@ class ArmConfig(_Strict):
 
     @model_validator(mode="after")
     def _cap_floor(self):
-        if self.cap < self.floor:
-            raise ValueError(f"cap {self.cap:g} is below floor {self.floor:g}")
+        problem = cap_below_floor(self.cap, self.floor)
+        if problem:
+            raise ValueError(problem)
         return self
 
 
-class SampleConfig(_Strict):
+class SampleConfig(StrictModel):
     """What the periodic sample audits generate (every train.sample_every steps)."""
     prompts: list[str] = Field(default_factory=lambda: ["def ", "import ", "The "])
     max_new: int = Field(default=64, ge=1)
@@ -218,20 +216,13 @@ class SampleConfig(_Strict):
         return self
 
 
-class Experiment(_Strict):
-    name: str
+class Experiment(StrictModel):
+    name: RunName
     model: ModelConfig
     train: TrainConfig
     bandit: BanditConfig = Field(default_factory=BanditConfig)
     arms: list[ArmConfig]
     samples: SampleConfig = Field(default_factory=SampleConfig)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not ARM_NAME.match(v):
-            raise ValueError(f"name {v!r} must be letters, digits, '_', '.', '-' (it names the run directory)")
-        return v
 
     @field_validator("arms")
     @classmethod
@@ -264,112 +255,10 @@ class Experiment(_Strict):
     def engine_flags(self) -> list[str]:
         """The engine's command-line flags for this experiment's model and optimizer (docs/ENGINE.md)."""
         m, t = self.model, self.train
-        flags = [
-            ("--vocab", m.vocab), ("--ctx", m.ctx), ("--dim", m.dim), ("--layers", m.layers), ("--heads", m.heads),
-            ("--batch", t.batch), ("--grad-accum", t.grad_accum), ("--steps", t.max_steps),
-            ("--lr", t.lr), ("--min-lr", t.min_lr), ("--warmup", t.warmup),
-            ("--beta1", t.beta1), ("--beta2", t.beta2), ("--eps", t.eps),
-            ("--weight-decay", t.weight_decay), ("--grad-clip", t.grad_clip), ("--seed", t.seed),
-        ]
-        if t.threads is not None:
-            flags.append(("--threads", t.threads))
-        out: list[str] = []
-        for flag, value in flags:
-            out += [flag, repr(float(value)) if isinstance(value, float) else str(int(value))]
-        return out
-
-
-def check_caps_floors(caps: dict[str, float], floors: dict[str, float]) -> list[str]:
-    """Problems that make the capped simplex empty (per arm, then in total)."""
-    problems = [f"{n}: cap {caps[n]:g} is below floor {floors[n]:g}" for n in caps if caps[n] < floors[n]]
-    total_floor = math.fsum(floors.values())
-    if total_floor > 1 + 1e-9:
-        problems.append(f"floors sum to {total_floor:g}, above 1")
-    total_cap = math.fsum(caps.values())
-    if total_cap < 1 - 1e-9:
-        problems.append(f"caps sum to {total_cap:g}, below 1 (no mixture fits)")
-    return problems
-
-
-# ---------------------------------------------------------------------------
-# Error formatting: pydantic errors -> "path: problem" phrases, one line.
-
-_TYPE_WORDS = {
-    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
-    "float_type": "a number", "float_parsing": "a number",
-    "string_type": "a string", "bool_type": "true or false",
-    "list_type": "a list", "dict_type": "an object", "model_type": "an object",
-    "model_attributes_type": "an object",
-}
-
-
-def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _short(value: Any) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _phrase(err: dict) -> str:
-    loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-")))
-    kind = err.get("type", "")
-    where = _loc(loc)
-    if kind == "extra_forbidden":
-        parent, key = _loc(loc[:-1]), loc[-1] if loc else "?"
-        return f"{parent + ': ' if parent else ''}unknown key {key!r}"
-    if kind == "missing":
-        return f"{where}: missing (required)"
-    if kind in _TYPE_WORDS:
-        return f"{where}: expected {_TYPE_WORDS[kind]}, got {_short(err.get('input'))}"
-    msg = err.get("msg", "invalid")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    elif msg.startswith("Assertion failed, "):
-        msg = msg[len("Assertion failed, "):]
-    else:
-        msg = msg[0].lower() + msg[1:] if msg else msg
-        if "input" in err and kind not in ("literal_error",):
-            msg += f", got {_short(err['input'])}"
-        elif kind == "literal_error":
-            msg += f", got {_short(err.get('input'))}"
-    return f"{where}: {msg}" if where else msg
-
-
-def format_validation_error(err: ValidationError) -> list[str]:
-    seen: list[str] = []
-    for e in err.errors(include_url=False):
-        p = _phrase(e)
-        if p not in seen:
-            seen.append(p)
-    return seen
-
-
-def _fail(path: Path | str, problems: list[str]) -> ExperimentError:
-    return ExperimentError(f"{path}: " + "; ".join(p.replace("\n", " ") for p in problems))
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise _fail(path, ["no such file"]) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise _fail(path, [f"cannot read: {e}"]) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _fail(path, [f"not JSON: {e.msg} at line {e.lineno} column {e.colno}"]) from None
+        return setting_flags(vocab=m.vocab, ctx=m.ctx, dim=m.dim, layers=m.layers, heads=m.heads, batch=t.batch,
+                             grad_accum=t.grad_accum, steps=t.max_steps, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup,
+                             beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
+                             grad_clip=t.grad_clip, seed=t.seed, threads=t.threads)
 
 
 def source_problems(experiment: Experiment, experiment_dir: Path | str) -> list[str]:
@@ -397,11 +286,11 @@ def source_problems(experiment: Experiment, experiment_dir: Path | str) -> list[
 def parse_experiment(data: Any, path: Path | str = "<experiment>") -> Experiment:
     """Validate already-parsed JSON; raise ExperimentError (one line) on any problem."""
     if not isinstance(data, dict):
-        raise _fail(path, [f"expected a JSON object at the top level, got {type(data).__name__}"])
+        raise config_error(path, [f"expected a JSON object at the top level, got {type(data).__name__}"])
     try:
         return Experiment.model_validate(data)
     except ValidationError as e:
-        raise _fail(path, format_validation_error(e)) from None
+        raise config_error(path, format_validation_error(e)) from None
 
 
 def load_experiment(path: str | os.PathLike, check_sources: bool = True) -> Experiment:
@@ -409,63 +298,9 @@ def load_experiment(path: str | os.PathLike, check_sources: bool = True) -> Expe
     against the file's directory; with `check_sources`, a missing file or
     directory or a glob that matches nothing is an error too."""
     path = Path(path)
-    exp = parse_experiment(_read_json(path), path)
+    exp = parse_experiment(read_json(path), path)
     if check_sources:
         problems = source_problems(exp, path.parent)
         if problems:
-            raise _fail(path, problems)
+            raise config_error(path, problems)
     return exp
-
-
-# ---------------------------------------------------------------------------
-# Caps files: {"caps": {"arm": 0.5}, "floors": {"arm": 0.05}}, either map partial.
-
-class CapsFile(_Strict):
-    caps: dict[str, float] = Field(default_factory=dict)
-    floors: dict[str, float] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _ranges(self):
-        bad = [f"{kind}.{arm}: {v:g} is outside [0, 1]"
-               for kind, m in (("caps", self.caps), ("floors", self.floors))
-               for arm, v in m.items() if not (0.0 <= v <= 1.0)]
-        if bad:
-            raise ValueError("; ".join(bad))
-        return self
-
-
-def apply_caps(caps_file: CapsFile, experiment: Experiment, path: Path | str = "<caps>",
-               base: tuple[dict, dict] | None = None) -> tuple[dict[str, float], dict[str, float]]:
-    """Merge a caps file over `base` (default: the experiment's caps and floors) and check the result."""
-    names = experiment.arm_names
-    caps, floors = (dict(base[0]), dict(base[1])) if base else (experiment.caps, experiment.floors)
-    problems = [f"{kind}: unknown arm {arm!r} (arms: {', '.join(names)})"
-                for kind, m in (("caps", caps_file.caps), ("floors", caps_file.floors))
-                for arm in m if arm not in names]
-    if problems:
-        raise _fail(path, problems)
-    caps.update(caps_file.caps)
-    floors.update(caps_file.floors)
-    problems = check_caps_floors(caps, floors)
-    if problems:
-        raise _fail(path, problems)
-    return caps, floors
-
-
-def load_caps(path: str | os.PathLike, experiment: Experiment,
-              base: tuple[dict, dict] | None = None) -> tuple[dict[str, float], dict[str, float]]:
-    """Read a caps file; return the full (caps, floors) maps for every arm.
-
-    Arms the file does not name keep the values in `base` (default: the
-    experiment's). Unknown arm, cap below floor, floors above 1, caps below 1,
-    a value outside [0, 1] or a file that is not JSON raise ExperimentError.
-    """
-    path = Path(path)
-    data = _read_json(path)
-    if not isinstance(data, dict):
-        raise _fail(path, [f"expected a JSON object, got {type(data).__name__}"])
-    try:
-        cf = CapsFile.model_validate(data)
-    except ValidationError as e:
-        raise _fail(path, format_validation_error(e)) from None
-    return apply_caps(cf, experiment, path, base)

@@ -9,12 +9,11 @@ best.bin is a copy, written atomically; it is never a resume candidate
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_copy, fsync_dir
-from .checkpoint_file import checkpoint_step, list_checkpoints
+from ..atomic import atomic_copy, fsync_dir
+from ..formats.checkpoint import checkpoint_step, list_checkpoints
 
 
 @dataclass(frozen=True)
@@ -67,16 +66,6 @@ def protected_by_phases(phases) -> set[int]:
     return out
 
 
-def header_step(path: str | os.PathLike) -> int | None:
-    """The step in a checkpoint's first 4 bytes (best.bin has no step in its name)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError:
-        return None
-    return struct.unpack("<i", head)[0] if len(head) == 4 else None
-
-
 def copy_best(checkpoint: str | os.PathLike, best: str | os.PathLike) -> None:
     """Make `best` an atomic copy of `checkpoint`."""
     atomic_copy(checkpoint, best)
@@ -84,7 +73,3 @@ def copy_best(checkpoint: str | os.PathLike, best: str | os.PathLike) -> None:
 
 def best_is_better(loss: float, best_loss: float | None) -> bool:
     return best_loss is None or loss < best_loss
-
-
-def step_path(checkpoint_dir: str | os.PathLike, step: int) -> Path:
-    return Path(checkpoint_dir) / f"step_{step:06d}.bin"

@@ -1,20 +1,28 @@
-"""`.state.json` and `.samples.json`: atomic rewrites (docs/FORMATS.md).
+"""`.state.json`: the run's snapshot, an atomic rewrite (docs/FORMATS.md).
 
 `.state.json` is a snapshot for people and the dashboard; the proxy never
 trusts it over `.loss.json` (the bandit is rebuilt from the log). It is read
-back only to carry reports forward (replay mismatches, dropped arms).
+back only to carry reports forward (replay mismatches, restarts, dropped
+arms) and to update it where no proxy runs (a finished run, an offline
+pivot). Every writer writes a RunState, so every `.state.json` has one shape.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .atomic import atomic_write_json
+from ..atomic import atomic_write_json
 
 STATUSES = ("running", "stopped", "finished", "crashloop")
+
+
+def _known(cls, obj: dict) -> dict:
+    """The entries of `obj` that are fields of the dataclass `cls`."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in obj.items() if k in names}
 
 
 @dataclass
@@ -69,9 +77,26 @@ class RunState:
     replay_mismatches: list[dict] = field(default_factory=list)  # newest last, at most 50
     dropped_arms: list[str] = field(default_factory=list)
     bandit: dict = field(default_factory=dict)  # the bandit's own state()
+    extra: dict = field(default_factory=dict)  # fields written beside these (a fork's `fork`), kept as read
 
     def to_dict(self) -> dict:
-        return _finite(asdict(self))
+        out = asdict(self)
+        extra = out.pop("extra")
+        out.update({k: v for k, v in extra.items() if k not in out})
+        return _finite(out)
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "RunState":
+        """A snapshot as read back: known fields as written (not validated: it is never trusted), arms and
+        engine as their dataclasses, anything else in `extra`."""
+        values = _known(cls, obj)
+        values.pop("extra", None)
+        arms = values.get("arms")
+        values["arms"] = ({str(n): ArmStatus(**_known(ArmStatus, a)) for n, a in arms.items() if isinstance(a, dict)}
+                          if isinstance(arms, dict) else {})
+        engine = values.get("engine")
+        values["engine"] = EngineStatus(**_known(EngineStatus, engine)) if isinstance(engine, dict) else EngineStatus()
+        return cls(**values, extra={k: v for k, v in obj.items() if k not in values})
 
 
 def _finite(obj):
@@ -90,6 +115,7 @@ def _finite(obj):
 
 
 def write_state(path: str | os.PathLike, state: RunState) -> None:
+    """Stamp `updated` and replace `path` atomically."""
     state.updated = time.time()
     atomic_write_json(path, state.to_dict())
 
@@ -103,47 +129,7 @@ def read_state(path: str | os.PathLike) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-# ---------------------------------------------------------------- samples
-
-@dataclass
-class Sample:
-    prompt: str
-    completion: str
-    tokens: list[int]
-
-
-@dataclass
-class SampleAudit:
-    step: int
-    time: float
-    samples: list[Sample]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "SampleAudit":
-        return cls(step=int(obj["step"]), time=float(obj.get("time", 0.0)),
-                   samples=[Sample(str(s.get("prompt", "")), str(s.get("completion", "")),
-                                   [int(t) for t in s.get("tokens", [])]) for s in obj.get("samples", [])])
-
-
-class SamplesFile:
-    """`.samples.json`: a JSON array of audits, newest last, at most `keep` of them."""
-
-    def __init__(self, path: str | os.PathLike, keep: int = 50):
-        self.path = Path(path)
-        self.keep = keep
-        self.audits: list[SampleAudit] = []
-        try:
-            raw = json.loads(self.path.read_text())
-            self.audits = [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            self.audits = []
-
-    def add(self, audit: SampleAudit) -> None:
-        """Add an audit; one for the same step (a replay) is replaced."""
-        self.audits = [a for a in self.audits if a.step != audit.step] + [audit]
-        self.audits.sort(key=lambda a: a.step)
-        self.audits = self.audits[-self.keep:]
-        atomic_write_json(self.path, [a.to_dict() for a in self.audits])
+def load_state(path: str | os.PathLike) -> RunState | None:
+    """The last snapshot as a RunState, or None if absent or unreadable."""
+    obj = read_state(path)
+    return RunState.from_dict(obj) if obj is not None else None

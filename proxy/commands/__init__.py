@@ -1,0 +1,1 @@
+"""The `proxy` subcommands other than `run`: status, checkpoint, stop, pivot, fork."""

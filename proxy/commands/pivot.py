@@ -1,0 +1,191 @@
+"""`proxy pivot --caps NEW.json [--run-dir DIR] [--at STEP]` (docs/OPERATIONS.md, "Pivot").
+
+A pivot ends the current phase at a checkpoint and starts a new one with new
+caps and floors (and optionally another bandit policy); rundir/pivot.py
+applies it. The caps file is validated completely before anything is
+written, then, under RUN/.pivot.lock (one `proxy pivot` at a time):
+
+- **stopped run** (no proxy holds RUN/.lock): this process takes the lock,
+  picks the newest valid checkpoint the log covers (rundir/resume.py; with
+  `--at STEP`, the newest such one at or before STEP) and applies the pivot
+  there. Steps after it already in `.loss.json` belong to the old phase; the
+  next `proxy run` trains them again under the new phase.
+- **live run**: it leaves a request for the running proxy
+  (rundir/pivot_request.py), sends SIGUSR2, and waits for the answer; the
+  proxy's side is supervision/pivot_desk.py.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..bandit import bandit_for_phase
+from ..config.caps import load_pivot_caps
+from ..config.errors import ExperimentError
+from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
+from ..formats.loss_log import LossLogIndex
+from ..formats.state import ArmStatus, RunState, load_state, write_state
+from ..rundir.layout import RunDir, RunDirError, relative_checkpoint
+from ..rundir.lock import LockBusy, PidLock, RunLock, lock_owner
+from ..rundir.phases import read_phases
+from ..rundir.pivot import PivotResult, apply_pivot
+from ..rundir.pivot_request import read_response, withdraw_request, write_request
+from ..rundir.resume import choose_resume
+from ..supervision.engine_process import reap_orphan
+from .which_run import resolve_run, started_run
+
+
+def main(args) -> int:
+    run = resolve_run(args.run_dir)
+    try:
+        return pivot(run, Path(args.caps), at=args.at, timeout=args.timeout)
+    except OSError as exc:
+        raise ProxyError(f"pivot of {run.root}: {exc}") from None
+
+
+def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 600.0, out=None) -> int:
+    """`proxy pivot`: validate everything first, then pivot the live or the stopped run."""
+    out = out or sys.stdout
+    experiment, phases = started_run(run, "no phases yet (the run was never started); nothing to pivot")
+    try:
+        caps, floors, policy = load_pivot_caps(caps_path, experiment, phases[-1])
+    except ExperimentError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
+    if at is not None and at < 0:
+        raise ProxyError("--at must be a step >= 0", EXIT_USAGE)
+
+    try:
+        lock = PidLock(run.pivot_lock).acquire()
+    except LockBusy as busy:
+        who = f"pid {busy.pid}" if busy.pid else "another process"
+        raise ProxyError(f"another pivot of {run.root} is in flight ({who}); "
+                         "wait for it to finish, then try again") from None
+    try:
+        owner = lock_owner(run)
+        if owner is None:
+            return _offline(run, experiment, caps, floors, policy, caps_path, at, out)
+        if at is not None:
+            raise ProxyError(f"--at applies to a stopped run only; {run.root} is running (proxy pid {owner}); "
+                             "a live pivot lands at the step the run has reached")
+        return _live(run, owner, caps, floors, policy, caps_path, timeout, out)
+    finally:
+        lock.release()
+
+
+def _live(run: RunDir, pid: int, caps: dict, floors: dict, policy: str, caps_path: Path,
+          timeout: float, out) -> int:
+    """Ask the running proxy to pivot at the step it has reached; wait for its answer."""
+    if pid <= 0:
+        raise ProxyError(f"{run.lock_file} is locked but holds no pid")
+    phases_before = len(read_phases(run))
+    request_id = write_request(run, caps, floors, policy, str(caps_path))
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        withdraw_request(run)
+        raise ProxyError(f"proxy pid {pid} for {run.root} is gone; nothing changed") from None
+    print(f"asked proxy pid {pid} to pivot {run.root}: waiting for the checkpoint...", file=out, flush=True)
+    end = time.monotonic() + timeout
+    while True:
+        answer = read_response(run, request_id)
+        if answer is not None:
+            break
+        if lock_owner(run) is None:  # the proxy ended; did it answer on its way out?
+            answer = read_response(run, request_id)
+            if answer is not None:
+                break
+            withdrawn = withdraw_request(run)
+            phases = read_phases(run)
+            if len(phases) > phases_before:
+                p = phases[-1]
+                print(f"proxy pid {pid} exited, but the pivot was applied: phase {p.phase} from step "
+                      f"{p.start_step}; relaunch the run command to continue", file=out, flush=True)
+                return EXIT_OK
+            raise ProxyError(f"proxy pid {pid} exited before the pivot landed; nothing changed"
+                             + ("" if withdrawn else " (it had taken the request)")
+                             + f"; `proxy pivot --run-dir {run.root}` again pivots the stopped run")
+        if time.monotonic() >= end:
+            if withdraw_request(run):
+                raise ProxyError(f"proxy pid {pid} did not take the pivot request within {timeout:.0f}s; "
+                                 "request withdrawn, nothing changed")
+            raise ProxyError(f"proxy pid {pid} took the pivot request but did not answer within {timeout:.0f}s; "
+                             f"it may still apply it: see `proxy status --run-dir {run.root}`")
+        time.sleep(0.05)
+    if not answer.get("ok"):
+        raise ProxyError(f"pivot refused by proxy pid {pid}: {answer.get('message')}")
+    print(answer.get("message"), file=out, flush=True)
+    return EXIT_OK
+
+
+def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, caps_path: Path,
+             at: int | None, out) -> int:
+    """Pivot a stopped run: under its lock, at the newest valid checkpoint the log covers."""
+    try:
+        run_lock = RunLock(run).acquire()
+    except RunDirError as exc:
+        raise ProxyError(f"{exc}; try again") from None
+    # `proxy checkpoint` (SIGUSR1) and a pivot request (SIGUSR2) mean nothing to this process
+    old_handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        reaped = reap_orphan(run.engine_record, 60.0)
+        if reaped:
+            print(f"proxy: {reaped}", file=sys.stderr, flush=True)
+        phases = read_phases(run)
+        index = LossLogIndex.load(run.loss_log)
+        try:
+            resume = choose_resume(run.checkpoints, index, phases, set(), at_most=at)
+        except ProxyError as exc:
+            raise ProxyError(f"cannot pivot {run.root}: {exc}") from None
+        step = resume.step
+        max_steps = int(experiment.train.max_steps)
+        if step >= max_steps:
+            raise ProxyError(f"{run.root} finished at step {step} (max_steps {max_steps}); a pivot there would "
+                             "train nothing" + ("" if at is not None else " (--at STEP pivots from an earlier "
+                                                "checkpoint)"))
+        for reason in resume.skipped:
+            print(f"proxy: not pivoting at {reason}", file=sys.stderr, flush=True)
+        checkpoint = relative_checkpoint(step) if resume.path is not None else None
+        # `proxy stop` finds our pid in .lock: a stop request waits until the pivot is whole
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            result = apply_pivot(run, step, caps, floors, policy, checkpoint)
+            _offline_state(run, experiment, result, caps_path)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        logged = index.max_step()
+        print(result.message(run), file=out, flush=True)
+        if logged > step:
+            print(f"steps {step + 1}..{logged} in .loss.json belong to phase {result.phase.phase - 1}; the next "
+                  f"`proxy run` resumes from step {step} and trains them again under phase {result.phase.phase}",
+                  file=out, flush=True)
+        print(f"continue with: proxy run --run-dir {run.root}", file=out, flush=True)
+        return EXIT_OK
+    finally:
+        run_lock.release()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+
+
+def _offline_state(run: RunDir, experiment, result: PivotResult, caps_path: Path) -> None:
+    """.state.json for the new phase (the old one is in the archive): shown by `proxy status`."""
+    state = load_state(run.state) or RunState()
+    state.experiment = state.experiment or experiment.name
+    state.max_steps = state.max_steps or int(experiment.train.max_steps)
+    p = result.phase
+    names = experiment.arm_names
+    try:
+        bandit, caps, floors = bandit_for_phase(experiment, p)
+        weights = [float(w) for w in bandit.weights()]
+        bandit_state = bandit.state()
+    except (ValueError, TypeError):
+        caps, floors, weights, bandit_state = p.caps, p.floors, [0.0] * len(names), {}
+    state.step, state.phase, state.policy, state.status = p.start_step, p.phase, p.policy, "stopped"
+    state.arms = {n: ArmStatus(pulls=0, weight=weights[i], cap=caps[n], floor=floors[n]) for i, n in enumerate(names)}
+    state.last_checkpoint = str(run.root / p.checkpoint) if p.checkpoint else None
+    state.message = f"pivoted to phase {p.phase} at step {p.start_step} ({caps_path}); relaunch the run to continue"
+    state.bandit, state.eta_s = bandit_state, None
+    state.engine.alive = False
+    write_state(run.state, state)

@@ -1,0 +1,85 @@
+"""`proxy run`'s command-line side: options to a RunRequest, and the dashboard as a child process."""
+from __future__ import annotations
+
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import EXIT_USAGE, ProxyError
+from ..rundir.layout import EXPERIMENT
+from ..supervision.context import SupervisorOptions
+from ..supervision.setup import RunRequest, start_run
+
+
+def main(args) -> int:
+    if args.max_failures < 1:
+        raise ProxyError("--max-failures must be at least 1", EXIT_USAGE)
+    options = SupervisorOptions(hang_timeout=args.hang_timeout, max_failures=args.max_failures,
+                                backoff_s=args.restart_backoff)
+    if args.experiment is None:  # `proxy run --run-dir DIR`: the experiment frozen there (a fork, a pivot)
+        if not args.run_dir:
+            raise ProxyError("proxy run: give EXPERIMENT.json, or --run-dir DIR of an existing run "
+                             "(see proxy run --help)", EXIT_USAGE)
+        frozen = Path(args.run_dir) / EXPERIMENT
+        if not frozen.is_file():
+            raise ProxyError(f"{args.run_dir}: not a run directory (no experiment.json); give "
+                             "EXPERIMENT.json to start a new run", EXIT_USAGE)
+        args.experiment = str(frozen)
+    request = RunRequest(experiment_path=Path(args.experiment), run_dir=Path(args.run_dir) if args.run_dir else None,
+                         engine=args.engine, allow_experiment_change=args.allow_experiment_change,
+                         cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options)
+    dashboard: list[subprocess.Popen] = []
+
+    def on_started(run) -> None:
+        if not args.no_dashboard:
+            proc = start_dashboard(run.root, args.host, args.port, run.dashboard_log)
+            if proc is not None:
+                dashboard.append(proc)
+
+    try:
+        return start_run(request, on_started=on_started)
+    finally:
+        for proc in dashboard:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _die_with_parent() -> None:
+    """In the dashboard child: SIGTERM when the proxy dies, however it dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _free_port(host: str, start: int, tries: int = 20) -> int | None:
+    for port in range(start, min(start + tries, 65536)):
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    return None
+
+
+def start_dashboard(run_root: Path, host: str, port: int, log_path: Path) -> subprocess.Popen | None:
+    """The dashboard as a child process (a crash there never touches training); prints its URL."""
+    free = _free_port(host, port)
+    if free is None:
+        print(f"proxy: no free port from {port} on {host}; training without the dashboard", file=sys.stderr,
+              flush=True)
+        return None
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "dashboard", "--run-dir", str(run_root),
+                                 "--host", host, "--port", str(free)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"dashboard: http://{shown}:{free}/ (log {log_path})", flush=True)
+    return proc

@@ -1,0 +1,131 @@
+"""`proxy status`: step, loss, speed, ETA, mixture, checkpoints, phases, alive or not (docs/CLI.md).
+
+Alive or not comes from the run's lock, not from `.state.json`; step, loss,
+speed and mixture from the tail of `.loss.json` (last entry per step); the
+phase from `phases.json`.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from ..errors import EXIT_OK
+from ..formats.checkpoint import list_checkpoints
+from ..formats.loss_log import EvalEntry, StepEntry, read_tail
+from ..formats.state import read_state
+from ..rundir.layout import RunDir, RunDirError
+from ..rundir.lock import lock_owner
+from ..rundir.phases import read_phases
+from ..supervision.progress import Progress, fmt_duration, fmt_rate
+from .which_run import resolve_run
+
+SMOOTHED_OVER = 200  # the last steps the smoothed loss is taken over
+
+
+def status_report(run: RunDir) -> dict:
+    """Everything `proxy status` shows, as a dict (also `--json`)."""
+    state = read_state(run.state) or {}
+    try:
+        experiment = json.loads(run.experiment.read_text())
+    except (OSError, ValueError):
+        experiment = {}
+    max_steps = int((experiment.get("train") or {}).get("max_steps") or state.get("max_steps") or 0)
+    tail = read_tail(run.loss_log)
+    steps = {}
+    for e in tail:
+        if isinstance(e, StepEntry):
+            steps[e.step] = e  # last entry per step wins
+    ordered = [steps[s] for s in sorted(steps)]
+    evals = [e for e in tail if isinstance(e, EvalEntry)]
+    progress = Progress()
+    for e in ordered[-SMOOTHED_OVER:]:
+        progress.observe(e.time, e.tokens, e.step, e.loss)
+    rate, eta = progress.rates(max_steps)
+    last = ordered[-1] if ordered else None
+    try:
+        phases = read_phases(run)
+    except RunDirError:
+        phases = []
+    current = phases[-1] if phases else None
+    owner = lock_owner(run)
+    ckpts = list_checkpoints(run.checkpoints)
+    newest = ckpts[0] if ckpts else None
+    status = state.get("status") or ("running" if owner else "not started")
+    if owner is None and status == "running":
+        status = "not running (the proxy ended without finishing; relaunch the run command to resume)"
+    engine = state.get("engine") or {}
+    return {
+        "run_dir": str(run.root), "experiment": experiment.get("name"), "alive": owner is not None,
+        "proxy_pid": owner if owner and owner > 0 else None, "status": status,
+        "step": last.step if last else int(state.get("step") or 0), "max_steps": max_steps,
+        "loss": last.loss if last else None, "loss_smoothed": progress.smoothed,
+        "val_loss": evals[-1].loss if evals else None, "val_step": evals[-1].step if evals else None,
+        "tokens": last.tokens if last else int(state.get("tokens") or 0),
+        "tokens_per_s": rate, "eta_s": eta if owner else None,
+        "mixture": last.mixture if last else {},
+        "last_checkpoint": str(newest) if newest else None,
+        "last_checkpoint_age_s": time.time() - newest.stat().st_mtime if newest else None,
+        "best": state.get("best"), "phase": current.phase if current else state.get("phase", 0),
+        "phase_start_step": current.start_step if current else 0,
+        "policy": current.policy if current else state.get("policy"),
+        "caps": current.caps if current else None, "floors": current.floors if current else None,
+        "phases": [{"phase": p.phase, "start_step": p.start_step, "policy": p.policy} for p in phases],
+        "segment": state.get("segment"),
+        "restarts": state.get("restarts", 0),
+        "engine": {k: engine.get(k) for k in ("kind", "device", "pid", "alive", "rss_bytes", "cpu_percent")}
+        if owner else None,
+        "replay_mismatches": int(state.get("replay_mismatch_count") or 0),
+        "message": state.get("message"),
+    }
+
+
+def format_status(r: dict) -> str:
+    """The report as the lines `proxy status` prints."""
+    lines = [f"run:         {r['run_dir']} (experiment {r['experiment']})"]
+    alive = f"proxy pid {r['proxy_pid']}" if r["alive"] else "no proxy running"
+    eng = r.get("engine") or {}
+    if eng.get("pid"):
+        alive += f", engine pid {eng['pid']} {'alive' if eng.get('alive') else 'not running'}"
+        if eng.get("cpu_percent") is not None:
+            alive += f", cpu {eng['cpu_percent']:.0f}%"
+        if eng.get("rss_bytes"):
+            alive += f", rss {eng['rss_bytes'] / 2**20:.0f} MiB"
+    lines.append(f"status:      {r['status']} ({alive})")
+    pct = f" ({100 * r['step'] / r['max_steps']:.1f}%)" if r["max_steps"] else ""
+    lines.append(f"step:        {r['step']} / {r['max_steps']}{pct}")
+    if r["loss"] is not None:
+        val = f"; val {r['val_loss']:.4f} at step {r['val_step']}" if r["val_loss"] is not None else ""
+        lines.append(f"loss:        {r['loss']:.4f} (smoothed {r['loss_smoothed']:.4f}){val}")
+    lines.append(f"tokens:      {r['tokens']:,} at {fmt_rate(r['tokens_per_s'])} tok/s; "
+                 f"ETA {fmt_duration(r['eta_s']) if r['eta_s'] is not None else '-'}")
+    if r["mixture"]:
+        lines.append("mixture:     " + ", ".join(f"{k} {v:.3f}" for k, v in r["mixture"].items()))
+    if r["last_checkpoint"]:
+        lines.append(f"checkpoint:  {r['last_checkpoint']} ({fmt_duration(r['last_checkpoint_age_s'])} ago)")
+    else:
+        lines.append("checkpoint:  none yet")
+    if r.get("best") and r["best"].get("step") is not None:
+        loss = r["best"].get("loss")
+        lines.append(f"best:        step {r['best']['step']}" + (f", val loss {loss:.4f}" if loss is not None else ""))
+    about = [r["policy"]] if r.get("policy") else []
+    if r.get("phase"):
+        about.append(f"pivot at step {r['phase_start_step']}")
+    about = f" ({', '.join(about)})" if about else ""
+    lines.append(f"phase:       {r['phase']}{about}, segment {r['segment']}, engine restarts {r['restarts']}")
+    if r.get("caps"):
+        lines.append("caps:        " + ", ".join(f"{k} {r['floors'].get(k, 0):g}..{v:g}" for k, v in r["caps"].items()))
+    if len(r.get("phases") or []) > 1:
+        lines.append("pivots:      " + ", ".join(f"phase {p['phase']} at step {p['start_step']} ({p['policy']})"
+                                                 for p in r["phases"][1:]))
+    if r["replay_mismatches"]:
+        lines.append(f"WARNING:     {r['replay_mismatches']} replayed step(s) differed from the first run "
+                     "(a determinism bug; see replay_mismatches in .state.json)")
+    if r.get("message"):
+        lines.append(f"note:        {r['message']}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    report = status_report(resolve_run(args.run_dir))
+    print(json.dumps(report, indent=1) if args.json else format_status(report))
+    return EXIT_OK

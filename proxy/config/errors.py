@@ -1,0 +1,93 @@
+"""One line per bad config file: `path: problem; problem` (pydantic's errors turned into phrases)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class ExperimentError(ValueError):
+    """A bad experiment or caps file. The message is one line naming the file and each problem."""
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
+    "float_type": "a number", "float_parsing": "a number",
+    "string_type": "a string", "bool_type": "true or false",
+    "list_type": "a list", "dict_type": "an object", "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _short(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _phrase(err: dict) -> str:
+    loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-")))
+    kind = err.get("type", "")
+    where = _loc(loc)
+    if kind == "extra_forbidden":
+        parent, key = _loc(loc[:-1]), loc[-1] if loc else "?"
+        return f"{parent + ': ' if parent else ''}unknown key {key!r}"
+    if kind == "missing":
+        return f"{where}: missing (required)"
+    if kind in _TYPE_WORDS:
+        return f"{where}: expected {_TYPE_WORDS[kind]}, got {_short(err.get('input'))}"
+    msg = err.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    elif msg.startswith("Assertion failed, "):
+        msg = msg[len("Assertion failed, "):]
+    else:
+        msg = msg[0].lower() + msg[1:] if msg else msg
+        if "input" in err and kind not in ("literal_error",):
+            msg += f", got {_short(err['input'])}"
+        elif kind == "literal_error":
+            msg += f", got {_short(err.get('input'))}"
+    return f"{where}: {msg}" if where else msg
+
+
+def format_validation_error(err: ValidationError) -> list[str]:
+    """Each problem pydantic found, as `where: what`, in order, without repeats."""
+    seen: list[str] = []
+    for e in err.errors(include_url=False):
+        p = _phrase(e)
+        if p not in seen:
+            seen.append(p)
+    return seen
+
+
+def config_error(path: Path | str, problems: list[str]) -> ExperimentError:
+    """The error for `path` naming every problem, on one line."""
+    return ExperimentError(f"{path}: " + "; ".join(p.replace("\n", " ") for p in problems))
+
+
+def read_json(path: Path) -> Any:
+    """The parsed JSON of a config file; ExperimentError when it is missing, unreadable or not JSON."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise config_error(path, ["no such file"]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise config_error(path, [f"cannot read: {e}"]) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise config_error(path, [f"not JSON: {e.msg} at line {e.lineno} column {e.colno}"]) from None

@@ -1,0 +1,13 @@
+"""The bandit policies an experiment or a pivot may name, and the parameters each one uses.
+
+A parameter of a policy other than the chosen one is an error in an
+experiment file (it would silently do nothing). docs/EXPERIMENTS.md,
+"Bandit policies", describes each.
+"""
+from __future__ import annotations
+
+POLICY_PARAMS = {
+    "ucb1": frozenset({"c", "ema_alpha", "reward_scale", "temperature"}),
+    "exp3": frozenset({"ema_alpha", "smoothing"}),
+}
+POLICIES = tuple(POLICY_PARAMS)

@@ -1,0 +1,191 @@
+"""Checkpoint files: their names, and reading and verifying them (docs/FORMATS.md, "Checkpoint file").
+
+The Python twin of the engine's loader: the proxy uses it to pick the newest
+valid checkpoint after a crash, tests use it to read weights and moments,
+the dashboard to list checkpoints. Only numpy and zlib; never writes.
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .parameters import ModelShape
+
+TRAILER_MAGIC = b"MGPTTRLR"
+END_MAGIC = b"MGPTEND1"
+TRAILER_FIXED_BYTES = 128
+FOOTER_BYTES = 24
+NAME_PATTERN = re.compile(r"^step_(\d{6,})\.bin$")  # temp files (.step_NNNNNN.bin.tmp) never match
+
+_FIXED = struct.Struct("<8sII9i7fQQ32s")
+assert _FIXED.size == TRAILER_FIXED_BYTES
+_FOOTER = struct.Struct("<QII8s")
+assert _FOOTER.size == FOOTER_BYTES
+
+
+class CheckpointError(ValueError):
+    """A file that is not a loadable checkpoint; the message says why."""
+
+
+def checkpoint_name(step: int) -> str:
+    """`step_NNNNNN.bin`: the step zero-padded to six digits (more past 999,999)."""
+    return f"step_{step:06d}.bin"
+
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+    return Path(directory) / checkpoint_name(step)
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The step in a checkpoint's file name, or None if the name is not step_NNNNNN.bin."""
+    match = NAME_PATTERN.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """step_*.bin files in a directory, newest step first (temp files never match)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(checkpoint_step(p), p) for p in directory.iterdir()]
+    return [p for step, p in sorted((s, p) for s, p in found if s is not None)[::-1]]
+
+
+def body_bytes(n_params: int) -> int:
+    """Bytes of the ANDREA regions: step, n_params, weights, adam_m, adam_v."""
+    return 8 + 12 * n_params
+
+
+@dataclass(frozen=True)
+class Trailer:
+    shape: ModelShape
+    batch: int
+    grad_accum: int
+    warmup: int
+    max_steps: int
+    lr: float
+    min_lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip: float
+    seed: int
+    tokens_seen: int
+    meta: str
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    n_params: int
+    weights: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    trailer: Trailer | None  # None for a bare ANDREA file
+    warnings: list[str] = field(default_factory=list)
+
+
+def _decode_trailer(buf: bytes | memoryview, trailer_bytes: int, path: Path) -> Trailer:
+    """The trailer whose fixed part starts `buf` (its metadata follows); CheckpointError if malformed."""
+    fields = _FIXED.unpack_from(buf, 0)
+    magic, version, meta_bytes = fields[0], fields[1], fields[2]
+    if magic != TRAILER_MAGIC:
+        raise CheckpointError(f"{path}: bad trailer magic")
+    if version != 1:
+        raise CheckpointError(f"{path}: unsupported trailer version {version}")
+    if TRAILER_FIXED_BYTES + meta_bytes + FOOTER_BYTES != trailer_bytes:
+        raise CheckpointError(f"{path}: trailer sizes disagree")
+    ints, floats = fields[3:12], fields[12:19]
+    seed, tokens_seen = fields[19], fields[20]
+    meta = bytes(buf[TRAILER_FIXED_BYTES: TRAILER_FIXED_BYTES + meta_bytes]).decode("utf-8", errors="replace")
+    return Trailer(ModelShape(*ints[:5]), *ints[5:], *floats, seed, tokens_seen, meta)
+
+
+def _parse(raw: bytes, path: Path, verify_crc: bool) -> tuple[int, int, Trailer | None]:
+    size = len(raw)
+    if size < 8:
+        raise CheckpointError(f"{path}: truncated ({size} bytes)")
+    step, n = struct.unpack_from("<ii", raw, 0)
+    if n <= 0 or step < 0:
+        raise CheckpointError(f"{path}: not a microgpt checkpoint (step {step}, n_params {n})")
+    body = body_bytes(n)
+    if size == body:
+        return step, n, None
+    if size < body + TRAILER_FIXED_BYTES + FOOTER_BYTES:
+        if size < body:
+            raise CheckpointError(f"{path}: truncated ({size} bytes, {body} needed for n_params {n})")
+        raise CheckpointError(f"{path}: trailer truncated or missing")
+    trailer_bytes, crc, _reserved, end = _FOOTER.unpack_from(raw, size - FOOTER_BYTES)
+    if end != END_MAGIC:
+        raise CheckpointError(f"{path}: no end magic (truncated or not a microgpt checkpoint)")
+    if body + trailer_bytes != size:
+        raise CheckpointError(f"{path}: size {size} does not match n_params {n} and trailer of {trailer_bytes} bytes")
+    if verify_crc and zlib.crc32(memoryview(raw)[: size - 16]) != crc:
+        raise CheckpointError(f"{path}: checksum mismatch")
+    trailer = _decode_trailer(memoryview(raw)[body:], trailer_bytes, path)
+    if trailer.shape.n_params != n:
+        raise CheckpointError(f"{path}: n_params {n} does not match the shape in its trailer "
+                              f"({trailer.shape.n_params})")
+    return step, n, trailer
+
+
+def read_checkpoint(path: str | os.PathLike, verify_crc: bool = True) -> Checkpoint:
+    """Read and verify a checkpoint; raise CheckpointError saying why it is rejected."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
+    step, n, trailer = _parse(raw, path, verify_crc)
+    floats = np.frombuffer(raw, dtype="<f4", count=3 * n, offset=8)
+    warnings = [] if trailer else [f"{path}: no trailer: checksum and shape not verified"]
+    return Checkpoint(path, step, n, floats[:n].copy(), floats[n : 2 * n].copy(), floats[2 * n :].copy(), trailer, warnings)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> str | None:
+    """None if the file is a valid checkpoint with a verified trailer, else the reason."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        _step, _n, trailer = _parse(raw, path, verify_crc=True)
+    except OSError as exc:
+        return f"{path}: cannot read: {exc.strerror}"
+    except CheckpointError as exc:
+        return str(exc)
+    if trailer is None:
+        return f"{path}: bare ANDREA file without a checksum"
+    return None
+
+
+def header_step(path: str | os.PathLike) -> int | None:
+    """The step in a checkpoint's first 4 bytes (best.bin has no step in its name)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    return struct.unpack("<i", head)[0] if len(head) == 4 else None
+
+
+def read_trailer(path: str | os.PathLike) -> Trailer | None:
+    """The trailer of a checkpoint already verified, reading only the file's tail; None without one."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(size - FOOTER_BYTES)
+            trailer_bytes, _crc, _reserved, end = _FOOTER.unpack(f.read(FOOTER_BYTES))
+            if end != END_MAGIC or not TRAILER_FIXED_BYTES + FOOTER_BYTES <= trailer_bytes <= size:
+                return None
+            f.seek(size - trailer_bytes)
+            return _decode_trailer(f.read(trailer_bytes - FOOTER_BYTES), trailer_bytes, path)
+    except (OSError, struct.error, CheckpointError):
+        return None

@@ -1,0 +1,75 @@
+"""The engine's command line and exit codes (docs/ENGINE.md, docs/FORMATS.md "Engine exit codes").
+
+Every argv that starts an engine is built here: the proxy's, the tests' and
+the benchmarks'. A setting is a long flag named after it (`grad_accum` ->
+`--grad-accum`); floats are written with `repr`, which round-trips exactly,
+so the engine parses the very float the experiment holds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+# Model and optimizer settings, in the order they are written.
+SETTINGS = ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum", "steps", "lr", "min_lr", "warmup",
+            "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed", "threads")
+STDIN = "-"  # `--data -`: proxy mode, frames on stdin and events on stdout
+
+# Exit codes: why an engine ended.
+EXIT_OK, EXIT_USAGE, EXIT_CHECKPOINT, EXIT_PROTOCOL, EXIT_IO, EXIT_NUMERICS = 0, 2, 3, 4, 5, 6
+EXIT_MEANINGS = {EXIT_OK: "normal exit", EXIT_USAGE: "usage error", EXIT_CHECKPOINT: "checkpoint error",
+                 EXIT_PROTOCOL: "protocol error", EXIT_IO: "I/O error", EXIT_NUMERICS: "non-finite loss or gradient"}
+
+
+def flag(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
+
+
+def _value(value) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(int(value))
+
+
+def setting_flags(**settings) -> list[str]:
+    """`--flag value` for every setting given that is not None, in SETTINGS order."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"not engine settings: {', '.join(unknown)}")
+    out: list[str] = []
+    for name in SETTINGS:
+        if settings.get(name) is not None:
+            out += [flag(name), _value(settings[name])]
+    return out
+
+
+def meta_text(meta) -> str:
+    """The `--meta` JSON (embedded in every checkpoint): compact, keys sorted, so it is deterministic."""
+    return json.dumps(meta, sort_keys=True, separators=(",", ":"))
+
+
+def engine_args(ckpt_dir: str | os.PathLike, *, data: str | os.PathLike = STDIN,
+                resume: str | os.PathLike | None = None, ckpt_every: int | None = None,
+                ckpt_every_seconds: float | None = None, meta=None, settings: list[str] = (), extra=()) -> list[str]:
+    """The arguments after the binary: data, checkpoint directory, resume, cadences, metadata, settings, extra."""
+    args = ["--data", str(data), "--ckpt-dir", str(ckpt_dir)]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+    if ckpt_every is not None:
+        args += ["--ckpt-every", str(int(ckpt_every))]
+    if ckpt_every_seconds is not None:
+        args += ["--ckpt-every-seconds", repr(float(ckpt_every_seconds))]
+    if meta is not None:
+        args += ["--meta", meta_text(meta)]
+    return args + list(settings) + [str(a) for a in extra]
+
+
+def exit_description(code: int | None) -> str:
+    """How an engine ended, for a person: `exit 4 (protocol error)`, `killed by SIGKILL`."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code} ({EXIT_MEANINGS.get(code, 'failure')})"

@@ -1,0 +1,94 @@
+"""Applying a pivot to a run directory: archive the phase's sidecars, set aside newer checkpoints, append the phase.
+
+Both ways in use this: the running proxy (supervision/pivot_desk.py) and
+`proxy pivot` on a stopped run (commands/pivot.py); `proxy fork --caps` names
+its archive the same way. docs/OPERATIONS.md, "Pivot".
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import atomic_write_json, copy_synced, fsync_dir
+from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from .layout import CHECKPOINTS, RunDir
+from .phases import Phase, append_phase, read_phases
+
+
+def archive_name(phases: list[Phase], step: int, phase_number: int) -> str:
+    """`pivot_<step>`; a second pivot at the same step gets `pivot_<step>_phase<N>`."""
+    same = [p for p in phases if p.phase > 0 and p.phase < phase_number and p.start_step == step]
+    return f"pivot_{step}" if not same else f"pivot_{step}_phase{phase_number}"
+
+
+def archive_dir_for(run: RunDir, phases: list[Phase], phase_number: int) -> Path:
+    """Where the pivot that started `phase_number` (>= 1) archived the previous phase's sidecars."""
+    p = phases[phase_number]
+    return run.archive / archive_name(phases, p.start_step, phase_number)
+
+
+@dataclass
+class PivotResult:
+    phase: Phase
+    archive: Path
+    moved: list[str]  # checkpoints newer than the pivot step, moved into the archive
+
+    def response(self, run: RunDir, request_id: str | None) -> dict:
+        return {"id": request_id, "ok": True, "phase": self.phase.phase, "start_step": self.phase.start_step,
+                "policy": self.phase.policy, "caps": self.phase.caps, "floors": self.phase.floors,
+                "checkpoint": self.phase.checkpoint, "archive": str(self.archive.relative_to(run.root)),
+                "moved": self.moved, "message": self.message(run)}
+
+    def message(self, run: RunDir) -> str:
+        p = self.phase
+        moved = (f"; {len(self.moved)} newer checkpoint(s) of the old phase moved there" if self.moved else "")
+        return (f"pivoted {run.root} at step {p.start_step}: phase {p.phase} ({p.policy}; caps "
+                + ", ".join(f"{k} {v:g}" for k, v in p.caps.items()) + "; floors "
+                + ", ".join(f"{k} {v:g}" for k, v in p.floors.items())
+                + f") starts at step {p.start_step + 1} from {p.checkpoint or 'scratch'}; "
+                f".samples.json and .state.json archived in {self.archive.relative_to(run.root)}{moved}")
+
+
+def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
+                checkpoint: str | None) -> PivotResult:
+    """Archive the sidecars, set aside newer checkpoints, append the phase. The caller holds the run
+    (the live proxy, or the lock) and has made sure `checkpoint` (at `step`) is valid and covered.
+
+    Order, for crash safety: the archive is built in a temp directory and renamed into place; the
+    checkpoints after `step` (an old-phase trajectory the new phase must never resume from) are
+    moved into it; then phases.json is replaced (the commit point); then `.samples.json` starts
+    empty for the new phase. A crash before the commit leaves the old phase in force.
+    """
+    phases = read_phases(run)
+    number = len(phases)
+    name = archive_name(phases, step, number)
+    run.archive.mkdir(parents=True, exist_ok=True)
+    final = run.archive / name
+    tmp = run.archive / f".{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    for src in (run.samples, run.state):
+        if src.exists():
+            copy_synced(src, tmp / src.name)
+    fsync_dir(tmp)
+    if final.exists():  # left by a pivot that was interrupted before its commit: keep it, aside
+        final.rename(run.archive / f"{name}.interrupted-{int(time.time())}")
+    os.rename(tmp, final)
+    fsync_dir(run.archive)
+    moved = []
+    newer = [p for p in list_checkpoints(run.checkpoints) if (checkpoint_step(p) or 0) > step]
+    if newer:
+        aside = final / CHECKPOINTS
+        aside.mkdir(exist_ok=True)
+        for p in sorted(newer):
+            os.rename(p, aside / p.name)
+            moved.append(p.name)
+        fsync_dir(aside)
+        fsync_dir(run.checkpoints)
+    phase = append_phase(run, step, policy, caps, floors, checkpoint)
+    atomic_write_json(run.samples, [])
+    return PivotResult(phase, final, moved)

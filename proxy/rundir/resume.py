@@ -1,0 +1,82 @@
+"""Which checkpoint a run continues from: the newest that verifies and whose steps the log covers.
+
+The rule behind bit-exact resumption (docs/ARCHITECTURE.md, "Determinism of
+the whole run"): the bandit is rebuilt from `.loss.json`, so a checkpoint is
+usable only when every step it holds that the rebuild needs has its last
+entry in the log, logged under the phase that owns the step. A proxy killed
+between the engine's checkpoint and the log append thus falls back to an
+older checkpoint rather than guessing. `proxy run`, `proxy pivot` on a
+stopped run and `proxy fork` all choose by this rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import EXIT_FAILURE, ProxyError
+from ..formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+from ..formats.loss_log import LossLogIndex
+from .phases import Phase, owned_steps
+
+
+@dataclass
+class ResumePoint:
+    path: Path | None  # None: start fresh
+    step: int
+    skipped: list[str] = field(default_factory=list)  # why newer checkpoints were passed over
+
+
+def uncovered(index: LossLogIndex, phases: list[Phase], through: int, after: int = 0) -> list[int]:
+    """Steps in (after, through] whose last log entry is absent or logged under another phase than its owner."""
+    return [s for phase, first, last in owned_steps(phases, through)
+            for s in index.missing(phase.phase, max(first - 1, after), last)]
+
+
+def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], *, since: Phase | None = None,
+                   at_most: int | None = None, rejected: set[str] = frozenset()) -> ResumePoint:
+    """The newest checkpoint (at or before `at_most`) that verifies and whose steps the log covers.
+
+    With `since` (a phase): only checkpoints from its start step on count, and only its own steps must be
+    in the log (the earlier phases' steps are history). Without: every step from 1. `rejected` names
+    checkpoints the engine refused. ResumePoint(None, 0, skipped) when none qualifies.
+    """
+    after = since.start_step if since is not None else 0
+    skipped = []
+    for path in list_checkpoints(checkpoint_dir):
+        step = checkpoint_step(path)
+        if at_most is not None and step > at_most:
+            continue
+        if str(path) in rejected:
+            skipped.append(f"{path.name}: rejected by the engine earlier")
+            continue
+        if since is not None and step < since.start_step:
+            skipped.append(f"{path.name}: before the start of phase {since.phase} (step {since.start_step})")
+            continue
+        reason = verify_checkpoint(path)
+        if reason is None:
+            missing = uncovered(index, phases, step, after)
+            if missing:
+                reason = f"{path.name}: .loss.json lacks {len(missing)} of its steps (first {missing[0]})"
+        if reason is None:
+            return ResumePoint(path, step, skipped)
+        skipped.append(reason)
+    return ResumePoint(None, 0, skipped)
+
+
+def choose_resume(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], rejected: set[str],
+                  at_most: int | None = None) -> ResumePoint:
+    """Where the current (last) phase continues: its newest covered checkpoint (with `at_most`: at or before
+    that step; `proxy pivot --at`), or a fresh start in phase 0. ProxyError when there is none to use."""
+    phase = phases[-1]
+    point = newest_covered(checkpoint_dir, index, phases, since=phase, at_most=at_most, rejected=rejected)
+    if point.path is not None:
+        return point
+    skipped = point.skipped
+    if rejected:
+        raise ProxyError(f"the engine rejected every checkpoint it was offered ({'; '.join(skipped)}); "
+                         f"see the engine's reason in its log", EXIT_FAILURE)
+    if phase.start_step > 0:
+        upto = f" and at or before step {at_most}" if at_most is not None else ""
+        raise ProxyError(f"no valid checkpoint at or after step {phase.start_step}, where phase "
+                         f"{phase.phase} starts{upto} ({'; '.join(skipped) or 'none found'})")
+    return point

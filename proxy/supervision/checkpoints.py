@@ -1,0 +1,50 @@
+"""The proxy's checkpoint bookkeeping: retention after every checkpoint, and best.bin by validation loss."""
+from __future__ import annotations
+
+from ..formats.checkpoint import checkpoint_path, header_step
+from ..formats.loss_log import LossLogIndex
+from ..rundir.retention import apply_retention, best_is_better, copy_best, protected_by_phases
+from .context import RunContext
+from .report import RunReport
+from .segment import Segment
+
+
+def retain(ctx: RunContext, seg: Segment | None) -> None:
+    """Apply the retention policy, never deleting what a resume or a pivot needs: the checkpoints
+    phases.json names, the newest one the log covers, the one this segment resumed from."""
+    protected = protected_by_phases(ctx.phases)
+    if ctx.report.last_ckpt_step is not None:
+        protected.add(ctx.report.last_ckpt_step)
+    if seg is not None and seg.resume.path is not None:
+        protected.add(seg.resume.step)
+    try:
+        apply_retention(ctx.run.checkpoints, ctx.retention, protected)
+    except OSError as exc:
+        ctx.warn(f"retention: {exc}")
+
+
+def maybe_best(ctx: RunContext, step: int) -> None:
+    """best.bin := the checkpoint at `step` once both it and the step's eval exist and the loss is the best."""
+    report = ctx.report
+    loss = ctx.eval_loss.get(step)
+    path = checkpoint_path(ctx.run.checkpoints, step)
+    if loss is None or not path.exists() or not best_is_better(loss, report.best_loss):
+        return
+    if report.best_step == step and report.best_loss == loss:
+        return
+    try:
+        copy_best(path, ctx.run.best)
+    except OSError as exc:
+        ctx.warn(f"cannot update {ctx.run.best}: {exc}")
+        return
+    report.best_step, report.best_loss = step, loss
+
+
+def load_best(report: RunReport, best, loss_log) -> None:
+    """The step and eval loss of an existing best.bin (its step is in its header, not its name)."""
+    if not best.exists():
+        return
+    report.best_step = header_step(best)
+    if report.best_step is not None:
+        entry = LossLogIndex.load(loss_log).eval(report.best_step)
+        report.best_loss = entry.loss if entry else None

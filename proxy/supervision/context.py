@@ -1,0 +1,110 @@
+"""What one `proxy run` shares between its parts: the run's fixed inputs and its state across engine launches.
+
+The loop (loop.py), a launch (segment.py), the event handlers (events.py),
+the pivot desk (pivot_desk.py) and the status (status.py) all take this one
+object, so every piece of state has one owner and is visible in one place.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from ..bandit import Bandit
+from ..config.experiment import Experiment, TrainConfig
+from ..data.batches import BatchSampler
+from ..data.prepare import PreparedData
+from ..formats.loss_log import LossLogWriter
+from ..formats.samples import SamplesFile
+from ..rundir.layout import RunDir
+from ..rundir.phases import Phase, read_phases
+from ..rundir.retention import RetentionPolicy
+from .engine_process import EngineChoice
+from .report import RunReport
+from .signals import SignalCounts
+
+
+@dataclass
+class SupervisorOptions:
+    hang_timeout: float | None = None  # seconds without an event before the engine counts as hung
+    max_failures: int = 5  # consecutive engine failures without progress before giving up
+    backoff_s: float = 1.0  # first restart delay; doubles per failure
+    backoff_max_s: float = 60.0
+    orphan_grace_s: float = 60.0  # how long an engine left by a killed proxy may take to exit
+    state_every_s: float = 2.0
+    fsync_every_s: float = 5.0
+    samples_kept: int = 50
+
+
+class Console:
+    """Progress on stdout; warnings on stderr, each line starting `proxy: `."""
+
+    def __init__(self, out=None, err=None):
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    def warn(self, line: str) -> None:
+        print(f"proxy: {line}", file=self.err, flush=True)
+
+
+@dataclass
+class RunContext:
+    experiment: Experiment
+    run: RunDir
+    data: PreparedData
+    engine_choice: EngineChoice
+    opts: SupervisorOptions
+    console: Console
+    signals: SignalCounts
+    sampler: BatchSampler
+    prompts: list[tuple[str, list[int]]]  # (text, token ids) of each sample prompt
+    phases: list[Phase]  # phases.json; the last is the current phase
+    writer: LossLogWriter
+    samples: SamplesFile
+    report: RunReport
+    retention: RetentionPolicy
+    bandit: Bandit | None = None  # the current phase's, rebuilt at every launch
+    caps: dict[str, float] = field(default_factory=dict)  # in force for the bandit
+    floors: dict[str, float] = field(default_factory=dict)
+    segment_number: int = 0  # engine launches of the run so far (`segment` in .loss.json)
+    rejected: set[str] = field(default_factory=set)  # checkpoints the engine refused (exit 3)
+    evals: dict[int, dict] = field(default_factory=dict)  # step -> {arm index: (loss, tokens)} as they come
+    eval_loss: dict[int, float] = field(default_factory=dict)  # step -> validation loss
+
+    @property
+    def phase(self) -> Phase:
+        return self.phases[-1]
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.experiment.train
+
+    @property
+    def arm_names(self) -> list[str]:
+        return self.experiment.arm_names
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.train.max_steps)
+
+    @property
+    def lag(self) -> int:
+        """At most `lag` TRAIN frames are in flight: the mixture for step s uses the losses up to s - lag."""
+        return int(self.train.lag)
+
+    @property
+    def rows(self) -> int:
+        return int(self.train.batch) * int(self.train.grad_accum)
+
+    def reload_phases(self) -> Phase:
+        """Re-read phases.json and make its last phase current (after a pivot)."""
+        self.phases = read_phases(self.run)
+        return self.phase
+
+    def say(self, line: str) -> None:
+        self.console.say(line)
+
+    def warn(self, line: str) -> None:
+        self.console.warn(line)

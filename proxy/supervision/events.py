@@ -1,0 +1,188 @@
+"""The engine's events (docs/FORMATS.md, "Engine events"), one handler each, dispatched by a table.
+
+A step is logged to `.loss.json` with the mixture it was drawn from and fed
+to the bandit; a step re-trained after a restart is compared with the entry
+the crashed segment left (a difference is a determinism bug, reported on
+stderr and in `.state.json`). Eval and sample results arrive one request at
+a time and are written once the last part is in.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..formats.checkpoint import checkpoint_path
+from ..formats.frames import Event
+from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed
+from ..formats.samples import Sample, SampleAudit
+from .checkpoints import maybe_best, retain
+from .context import RunContext
+from .segment import Request, Segment
+from .status import say_progress, write_run_state
+
+
+class EventHandlers:
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.table = {"ready": self.on_ready, "step": self.on_step, "eval": self.on_eval, "sample": self.on_sample,
+                      "ckpt": self.on_ckpt, "exit": self.on_exit, "error": self.on_error}
+
+    def dispatch(self, seg: Segment, ev: Event) -> None:
+        """Handle one event; a killed engine's leftovers and kinds the proxy does not use are ignored."""
+        if seg.killed:
+            return
+        handler = self.table.get(ev.kind)
+        if handler is not None:
+            handler(seg, ev)
+
+    def _refuse(self, seg: Segment, error: str) -> None:
+        """An engine that broke the protocol: say why and kill it (the segment counts as failed)."""
+        seg.last_error = error
+        self.ctx.warn(error + "; killing it")
+        seg.kill()
+
+    def on_ready(self, seg: Segment, ev: Event) -> None:
+        seg.ready = ev.fields
+        st = self.ctx.report.engine
+        st.kind = ev.get("engine", st.kind)
+        st.device, st.threads = ev.get("device"), ev.get("threads")
+        st.precision, st.mem_bytes = ev.get("precision"), ev.get("mem_bytes")
+        if int(ev.get("step", -1)) != seg.resume.step:
+            self._refuse(seg, f"engine resumed at step {ev.get('step')} (from {ev.get('resumed_from')}), "
+                              f"expected {seg.resume.step}")
+        else:
+            self.ctx.say(f"engine ready: {st.kind} on {st.device}, step {seg.resume.step}, "
+                         f"{ev.get('n_params')} parameters")
+
+    def on_step(self, seg: Segment, ev: Event) -> None:
+        ctx, report = self.ctx, self.ctx.report
+        t = int(ev["step"])
+        now = time.time()
+        if t != seg.last_step + 1:
+            self._refuse(seg, f"engine reported step {t}, expected {seg.last_step + 1}")
+            return
+        weights = seg.mixtures[t]
+        arms = {}
+        for group, loss in dict(ev.get("group_loss") or {}).items():
+            i = int(group)
+            if 0 <= i < len(ctx.arm_names):
+                arms[ctx.arm_names[i]] = float(loss)
+        values = [float(ev["loss"]), float(ev.get("grad_norm", 0.0)), *arms.values()]
+        if not all(math.isfinite(v) for v in values):
+            self._refuse(seg, f"engine reported a non-finite loss or gradient norm at step {t}")
+            return
+        seg.settle("step", t)
+        del seg.mixtures[t]
+        report.tokens += int(ev.get("tokens", 0))
+        entry = StepEntry(step=t, loss=float(ev["loss"]), lr=float(ev.get("lr", 0.0)),
+                          grad_norm=float(ev.get("grad_norm", 0.0)), tokens=report.tokens, time=now,
+                          ms=float(ev.get("ms", 0.0)), arms=arms,
+                          mixture={n: float(w) for n, w in zip(ctx.arm_names, weights)},
+                          phase=ctx.phase.phase, segment=seg.number)
+        ctx.writer.append(entry)
+        if t <= seg.replay_through:
+            self._compare(seg, entry)
+        seg.last_step = t
+        ctx.bandit.observe(t, arms, mixture=entry.mixture)  # the same floats replay reads back
+        seg.pending_weights[t + ctx.lag] = np.array(ctx.bandit.weights(), dtype=np.float64, copy=True)
+        report.progress.observe(now, report.tokens, t, entry.loss)
+        mono = time.monotonic()
+        if seg.last_step_wall is not None:
+            seg.step_walls.append(mono - seg.last_step_wall)
+        seg.last_step_wall = mono
+        every = int(ctx.train.ckpt_every)
+        if every > 0 and t % every == 0:
+            seg.ckpt_pending, seg.ckpt_pending_step = True, t
+
+    def _compare(self, seg: Segment, entry: StepEntry) -> None:
+        """A step the crashed segment logged too: the two must be bit-identical."""
+        recorded = seg.replay_index.step(entry.step)
+        if recorded is None or recorded.phase != entry.phase or recorded.segment == entry.segment:
+            return
+        mismatch = compare_replayed(recorded, entry)
+        if mismatch is None:
+            return
+        self.ctx.report.add_mismatch(mismatch.to_dict())
+        self.ctx.warn(mismatch.message())
+        write_run_state(self.ctx, seg, force=True)
+
+    @staticmethod
+    def _answered(seg: Segment, ev: Event, kind: str) -> Request | None:
+        """The request an eval or sample event answers; None when it is not one of this segment's."""
+        rid = int(ev.get("id", 0))
+        seg.settle(kind, rid)
+        request = seg.requests.pop(rid, None)
+        return request if request is not None and request.kind == kind else None
+
+    def on_eval(self, seg: Segment, ev: Event) -> None:
+        request = self._answered(seg, ev, "eval")
+        if request is not None:
+            self._eval_part(seg, ev, request.step, request.index)
+
+    def on_sample(self, seg: Segment, ev: Event) -> None:
+        request = self._answered(seg, ev, "sample")
+        if request is not None:
+            self._sample_audit(ev, request.step)
+
+    def _eval_part(self, seg: Segment, ev: Event, step: int, arm: int) -> None:
+        """One arm's validation loss; with the last arm's, the eval entry (token-weighted mean) is logged."""
+        ctx = self.ctx
+        group_loss = dict(ev.get("group_loss") or {})
+        group_tokens = dict(ev.get("group_tokens") or {})
+        loss = float(group_loss.get(str(arm), ev["loss"]))
+        tokens = float(group_tokens.get(str(arm), 1) or 1)
+        parts = ctx.evals.setdefault(step, {})
+        parts[arm] = (loss, tokens)
+        if len(parts) < len(ctx.arm_names):
+            return
+        del ctx.evals[step]
+        total = sum(t for _, t in parts.values())
+        mean = sum(l * t for l, t in parts.values()) / total
+        entry = EvalEntry(step=step, loss=mean, arms={ctx.arm_names[a]: l for a, (l, _t) in sorted(parts.items())},
+                          time=time.time(), phase=ctx.phase.phase, segment=seg.number)
+        ctx.writer.append(entry)
+        ctx.eval_loss[step] = mean
+        ctx.say(f"eval step {step}: val loss {mean:.4f} (" +
+                ", ".join(f"{n} {v:.3f}" for n, v in entry.arms.items()) + ")")
+        maybe_best(ctx, step)
+
+    def _sample_audit(self, ev: Event, step: int) -> None:
+        """The audit's completions, prompt by prompt (`count` each), written to `.samples.json`."""
+        ctx = self.ctx
+        count = int(ctx.experiment.samples.count)
+        samples = []
+        for k, ids in enumerate(list(ev.get("tokens") or [])[:count * len(ctx.prompts)]):
+            ids = [int(x) for x in ids]
+            try:
+                text = ctx.data.tokenizer.decode(ids)
+            except Exception as exc:  # a tokenizer failure must not stop training
+                text = f"<decode failed: {exc}>"
+            samples.append(Sample(prompt=ctx.prompts[k // count][0], completion=text, tokens=ids))
+        ctx.samples.add(SampleAudit(step=step, time=time.time(), samples=samples))
+
+    def on_ckpt(self, seg: Segment, ev: Event) -> None:
+        ctx, report = self.ctx, self.ctx.report
+        step = int(ev["step"])
+        if step >= seg.ckpt_pending_step:
+            seg.ckpt_pending = False
+        report.ckpt_ms = max(report.ckpt_ms, float(ev.get("ms", 0.0)))
+        path = Path(str(ev.get("path") or checkpoint_path(ctx.run.checkpoints, step)))
+        if not path.is_absolute():
+            path = checkpoint_path(ctx.run.checkpoints, step)
+        ctx.writer.fsync()  # the log now covers this checkpoint durably
+        report.checkpointed(step, str(path))
+        retain(ctx, seg)
+        maybe_best(ctx, step)
+        write_run_state(ctx, seg, force=True)
+        say_progress(ctx, seg, f"checkpoint {path.name} ({ev.get('reason')}, {float(ev.get('ms', 0)):.0f} ms)")
+
+    def on_exit(self, seg: Segment, ev: Event) -> None:
+        seg.exit_reason = ev.get("reason")
+        seg.settle("stop", 0)
+
+    def on_error(self, seg: Segment, ev: Event) -> None:
+        seg.last_error = str(ev.get("message"))
+        self.ctx.warn(f"engine error: {seg.last_error} (code {ev.get('code')})")

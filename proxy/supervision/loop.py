@@ -1,0 +1,232 @@
+"""The supervisor's loop: one engine launch (segment) after another until the run finishes, stops or gives up.
+
+Each segment is pumped here: signals turned into frames, frames fed, events
+dispatched, `.state.json` kept fresh, a hung engine killed. How a segment
+ended decides what comes next (the restart policy): finished or stopped ends
+the run with exit 0; a crash or a hang restarts the engine from the newest
+valid checkpoint after a back-off that doubles per consecutive failure, and
+--max-failures failures without progress past the highest step reached end
+the run as a crash loop (exit 3); an engine that rejects its command line
+ends it at once (exit 1).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+
+from ..errors import EXIT_CRASHLOOP, EXIT_FAILURE, EXIT_OK, ProxyError
+from ..formats import frames
+from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
+from .checkpoints import retain
+from .context import RunContext
+from .engine_process import EOF, EVENT, NOISE, WRITE_FAILED
+from .events import EventHandlers
+from .pivot_desk import PivotDesk
+from .segment import Segment, catch_up, feed, launch_segment
+from .signals import SignalCounts
+from .status import last_step, write_run_state
+from .watchdog import Watchdog
+
+POLL_S = 0.2  # how long the loop waits for an event before it looks at signals and the clock
+
+
+class Supervisor:
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.events = EventHandlers(ctx)
+        self.desk = PivotDesk(ctx)
+        self.watchdog = Watchdog(ctx.opts.hang_timeout)
+        self.segment: Segment | None = None
+        self.failures = 0  # consecutive, without progress past high_water
+        self.high_water = 0  # the highest step an engine of this process reached
+
+    def run_forever(self) -> int:
+        """Train to max_steps, restarting the engine as needed. Returns the exit code."""
+        ctx = self.ctx
+        old = ctx.signals.install()
+        try:
+            return self._loop()
+        except ProxyError as exc:
+            report = ctx.report
+            report.status = "stopped" if report.status == "running" else report.status
+            report.message = str(exc)
+            ctx.warn(str(exc))
+            return exc.code
+        finally:
+            if self.segment is not None and self.segment.engine.alive():
+                self._shutdown_engine(self.segment)
+            ctx.writer.close()
+            write_run_state(ctx, self.segment, force=True)
+            self.desk.refuse_all("the proxy is exiting")
+            SignalCounts.restore(old)
+
+    def _loop(self) -> int:
+        ctx, report = self.ctx, self.ctx.report
+        while True:
+            if ctx.signals.stop:
+                report.status = "stopped"
+                ctx.say(f"stopped at step {last_step(self.segment)} (no engine running)")
+                return EXIT_OK
+            outcome = self._run_segment()
+            if self.desk.job is not None:
+                outcome = self.desk.finish(self.segment, outcome)
+            if outcome in ("pivoted", "resume"):  # a new segment: the new phase, or the same one again
+                continue
+            if outcome == "finished":
+                report.status = "finished"
+                report.message = f"finished at step {ctx.max_steps}"
+                ctx.say(f"run {ctx.run.root} finished: step {ctx.max_steps}, "
+                        f"last checkpoint {report.last_ckpt_path}")
+                return EXIT_OK
+            if outcome == "stopped":
+                report.status = "stopped"
+                report.message = f"stopped at step {last_step(self.segment)}"
+                ctx.say(f"stopped at step {last_step(self.segment)}; checkpoint {report.last_ckpt_path}; "
+                        "relaunch the same command to resume")
+                return EXIT_OK
+            seg = self.segment
+            if outcome == "fatal":
+                report.status = "crashloop"
+                raise ProxyError(f"engine cannot run: {seg.last_error or 'see ' + str(ctx.run.engine_log)}",
+                                 EXIT_FAILURE)
+            self._restart_after_failure(seg)
+
+    def _restart_after_failure(self, seg: Segment) -> None:
+        """A crash or a hang: count it, give up on a crash loop, else wait the back-off (refusing pivots)."""
+        ctx, opts, report = self.ctx, self.ctx.opts, self.ctx.report
+        if seg.last_step > self.high_water:
+            self.high_water = seg.last_step
+            self.failures = 1
+        else:
+            self.failures += 1
+        what = "hung (no event in time; killed)" if seg.hung else exit_description(seg.engine.poll())
+        detail = f": {seg.last_error}" if seg.last_error else ""
+        if self.failures >= opts.max_failures:
+            report.status = "crashloop"
+            report.message = (f"engine failed {self.failures} times without progress past step "
+                              f"{self.high_water} (last: {what}{detail}); see {ctx.run.engine_log}")
+            raise ProxyError(f"crash loop: {report.message}; stopping", EXIT_CRASHLOOP)
+        delay = min(opts.backoff_max_s, opts.backoff_s * 2 ** (self.failures - 1))
+        report.restarts += 1
+        ctx.warn(f"engine {what}{detail} at step {seg.last_step}; restarting from the newest valid "
+                 f"checkpoint in {delay:.1f}s (failure {self.failures} of {opts.max_failures})")
+        write_run_state(ctx, seg, force=True)
+        end = time.monotonic() + delay
+        while time.monotonic() < end and not ctx.signals.stop:
+            if ctx.signals.pivot:
+                self.desk.take(refuse=f"the engine is restarting after a failure (failure "
+                                      f"{self.failures} of {opts.max_failures}); try again once it is training")
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+    # ------------------------------------------------------------ one engine launch
+    def _run_segment(self) -> str:
+        ctx = self.ctx
+        first = ctx.segment_number == 0
+        seg = self.segment = launch_segment(ctx)
+        if first:
+            self.high_water = seg.resume.step
+        catch_up(ctx, seg)
+        write_run_state(ctx, seg, force=True)
+        engine = seg.engine
+        while True:
+            self._handle_signals(seg)
+            feed(ctx, seg)
+            try:
+                kind, payload = engine.events.get(timeout=POLL_S)
+            except queue.Empty:
+                kind, payload = None, None
+            if kind == EVENT:
+                seg.last_activity = time.monotonic()
+                self.events.dispatch(seg, payload)
+            elif kind == NOISE:
+                ctx.warn(f"engine stdout: {payload[:300]}")
+            elif kind == WRITE_FAILED:
+                pass  # the engine is gone or going; EOF follows
+            elif kind == EOF:
+                break
+            ctx.writer.maybe_fsync()
+            write_run_state(ctx, seg)
+            if self.watchdog.hung(seg, ctx.report.ckpt_ms):
+                seg.hung = True
+                ctx.warn(f"engine pid {engine.pid} sent nothing for {time.monotonic() - seg.last_activity:.0f}s "
+                         f"(limit {self.watchdog.allowance(seg, ctx.report.ckpt_ms):.0f}s); killing its process group")
+                seg.kill()
+        code = engine.wait(30)
+        if code is None:
+            engine.kill_group()
+            code = engine.wait(30)
+        engine.finish()
+        ctx.report.engine.alive = False
+        ctx.writer.fsync()
+        retain(ctx, seg)
+        if seg.last_error is None and code not in (0, None):
+            seg.last_error = self._engine_log_tail()
+        return self._classify(seg, code)
+
+    def _handle_signals(self, seg: Segment) -> None:
+        """Stop requests (the second SIGTERMs the engine, the third kills it), pivot requests, checkpoints."""
+        ctx, signals = self.ctx, self.ctx.signals
+        if signals.stop and not seg.stop_sent:
+            seg.send_stop()
+            ctx.say("stop requested: the engine finishes the steps in flight, checkpoints and exits")
+        elif signals.stop >= 2 + seg.signals_forwarded and seg.signals_forwarded < 2:
+            seg.signals_forwarded += 1
+            if seg.signals_forwarded == 1:
+                ctx.warn("second stop request: sending SIGTERM to the engine")
+                seg.engine.signal(signal.SIGTERM)
+            else:
+                ctx.warn("third stop request: killing the engine")
+                seg.kill()
+        if signals.pivot and self.desk.take():
+            self.desk.start(seg)
+        while signals.checkpoint:
+            signals.checkpoint -= 1
+            if not seg.stop_sent:
+                seg.engine.send(frames.checkpoint_frame())
+                seg.ckpt_pending, seg.ckpt_pending_step = True, seg.next_step - 1
+
+    def _classify(self, seg: Segment, code: int | None) -> str:
+        """How the segment ended: finished, stopped, hung, failed, or fatal (the engine cannot run at all)."""
+        ctx = self.ctx
+        if seg.hung:
+            return "hung"
+        if code == 0:
+            if seg.last_step >= ctx.max_steps:
+                return "finished"
+            if ctx.signals.stop or seg.stop_sent:
+                return "stopped"
+            if seg.exit_reason == "signal":
+                ctx.warn("the engine was stopped by a signal sent to it directly; stopping the run")
+                return "stopped"
+            seg.last_error = f"engine exited with reason {seg.exit_reason!r} before step {ctx.max_steps}"
+            return "failed"
+        if ctx.signals.stop:
+            ctx.warn(f"engine {exit_description(code)} while stopping")
+            return "stopped"
+        if code == ENGINE_EXIT_USAGE:
+            return "fatal"
+        if code == EXIT_CHECKPOINT and seg.resume.path is not None:
+            ctx.rejected.add(str(seg.resume.path))
+        return "failed"
+
+    def _engine_log_tail(self) -> str | None:
+        """The engine's last words in engine.log (a crash's reason)."""
+        try:
+            with open(self.ctx.run.engine_log, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines()
+                         if ln.strip() and not ln.startswith("===")]
+        except OSError:
+            return None
+        return lines[-1].strip()[:300] if lines else None
+
+    def _shutdown_engine(self, seg: Segment) -> None:
+        """On an unexpected error in the proxy: EOF makes the engine checkpoint and exit."""
+        seg.engine.close_input()
+        if seg.engine.wait(60) is None:
+            seg.kill()
+            seg.engine.wait(10)
+        seg.engine.finish()
+        self.ctx.report.engine.alive = False

@@ -1,0 +1,142 @@
+"""The running proxy's side of a live pivot (docs/OPERATIONS.md, "Pivot"; `proxy pivot` is commands/pivot.py).
+
+SIGUSR2 says a request waits in the run directory. The desk claims it,
+checks it again (a request file is input too), and refuses it (an answer
+with `ok: false`, nothing changed) while the engine is restarting after a
+failure, while another pivot is under way, or while the run is stopping or
+finishing. Otherwise it sends STOP: the engine trains what is in flight,
+checkpoints its last step k and exits; the pivot is applied at k
+(rundir/pivot.py), the next segment starts the new phase from that
+checkpoint with a fresh bandit, and the desk answers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..bandit import bandit_for_phase
+from ..config.caps import check_request
+from ..config.errors import ExperimentError
+from ..formats.checkpoint import checkpoint_path, verify_checkpoint
+from ..formats.samples import SamplesFile
+from ..rundir.layout import relative_checkpoint
+from ..rundir.phases import read_phases
+from ..rundir.pivot import apply_pivot
+from ..rundir.pivot_request import answer_request, claim_request
+from .checkpoints import retain
+from .context import RunContext
+from .segment import Segment
+from .status import write_run_state
+
+
+@dataclass
+class PivotJob:
+    """An accepted request, until its segment has stopped and it is applied or refused."""
+    request: dict
+    caps: dict[str, float]
+    floors: dict[str, float]
+    policy: str
+
+
+class PivotDesk:
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.job: PivotJob | None = None
+
+    def _refuse(self, request: dict | None, why: str) -> None:
+        self.ctx.warn(f"pivot refused: {why}")
+        answer_request(self.ctx.run, request, False, f"{why}; nothing changed")
+
+    def take(self, refuse: str | None = None) -> bool:
+        """Claim the requests SIGUSR2 announced; accept one (True) or refuse them (`refuse`: why)."""
+        ctx = self.ctx
+        accepted = False
+        while ctx.signals.pivot:
+            ctx.signals.pivot -= 1
+            request = claim_request(ctx.run)
+            if request is None:
+                ctx.warn("SIGUSR2 but no pivot request in the run directory; ignored")
+                continue
+            why = refuse
+            if why is None and self.job is not None:
+                why = f"another pivot (request {self.job.request.get('id')}) is being applied"
+            if why is None:
+                try:
+                    caps, floors, policy = check_request(request, ctx.experiment)
+                except ExperimentError as exc:
+                    why = str(exc)
+            if why is not None:
+                self._refuse(request, why)
+                continue
+            self.job = PivotJob(request, caps, floors, policy)
+            accepted = True
+        return accepted
+
+    def refuse_all(self, why: str) -> None:
+        """The proxy is exiting: refuse the job under way and every request still waiting."""
+        if self.job is not None:
+            answer_request(self.ctx.run, self.job.request, False, f"{why}; nothing changed")
+            self.job = None
+        if self.ctx.signals.pivot:
+            self.take(refuse=why)
+
+    def start(self, seg: Segment) -> None:
+        """Stop feeding; STOP makes the engine train what is in flight, checkpoint and exit."""
+        ctx = self.ctx
+        if seg.stop_sent or ctx.signals.stop:
+            request = self.job.request
+            self.job = None
+            why = ("the run is finishing (its last step is in flight)" if seg.next_step > ctx.max_steps
+                   else "the run is stopping")
+            self._refuse(request, why)
+            return
+        seg.send_stop()
+        ctx.say(f"pivot requested: the engine finishes step {seg.next_step - 1}, checkpoints and exits; "
+                "the new phase starts from that checkpoint")
+
+    def _same_phase(self) -> str:
+        """A pivot not applied: the run goes on in its phase, unless it was asked to stop meanwhile."""
+        return "stopped" if self.ctx.signals.stop else "resume"
+
+    def finish(self, seg: Segment, outcome: str) -> str:
+        """After the segment the pivot stopped: apply it at the engine's last checkpoint. Returns the
+        segment's outcome as the loop sees it: "pivoted" (a new phase), "resume", or the outcome given."""
+        ctx = self.ctx
+        job, self.job = self.job, None
+        if outcome != "stopped":  # a clean exit checkpoints its last step, whatever asked for it
+            why = {"finished": "the run reached max_steps first"}.get(
+                outcome, f"the engine failed before its pivot checkpoint ({seg.last_error or outcome})")
+            ctx.warn(f"pivot not applied: {why}")
+            answer_request(ctx.run, job.request, False, f"{why}; nothing changed")
+            return outcome
+        k = seg.last_step
+        path = checkpoint_path(ctx.run.checkpoints, k)
+        reason = verify_checkpoint(path) if path.exists() else f"{path.name}: missing"
+        if reason is not None:
+            ctx.warn(f"pivot not applied: the checkpoint at step {k} does not verify ({reason})")
+            answer_request(ctx.run, job.request, False, f"the checkpoint at step {k} does not verify ({reason}); "
+                           "nothing changed")
+            return self._same_phase()
+        ctx.report.checkpointed(k, str(path))
+        write_run_state(ctx, seg, force=True)  # the state archived is the old phase's, at the pivot step
+        before = len(ctx.phases)
+        try:
+            result = apply_pivot(ctx.run, k, job.caps, job.floors, job.policy, relative_checkpoint(k))
+        except OSError as exc:
+            applied = len(read_phases(ctx.run)) > before
+            ctx.warn(f"pivot at step {k}: {exc}" + ("" if applied else "; not applied"))
+            answer_request(ctx.run, job.request, applied, f"pivot at step {k}: {exc}"
+                           + ("" if applied else "; nothing changed"))
+            if applied:
+                ctx.reload_phases()
+            return self._same_phase()
+        ctx.reload_phases()
+        ctx.samples = SamplesFile(ctx.run.samples, ctx.opts.samples_kept)
+        ctx.bandit, ctx.caps, ctx.floors = bandit_for_phase(ctx.experiment, ctx.phase)
+        ctx.report.message = None
+        write_run_state(ctx, seg, force=True)
+        retain(ctx, seg)
+        response = result.response(ctx.run, job.request.get("id"))
+        answer_request(ctx.run, job.request, True, result.message(ctx.run),
+                       **{k2: v for k2, v in response.items() if k2 not in ("id", "ok", "message")})
+        ctx.say(result.message(ctx.run))
+        return "stopped" if ctx.signals.stop else "pivoted"

@@ -1,0 +1,241 @@
+"""One engine launch (a segment): where it resumes, the bandit rebuilt from the log, and feeding it frames.
+
+Determinism of the whole run (docs/ARCHITECTURE.md): the batch for step s is
+a pure function of (seed, s, W(s)), and W(s), the mixture, is the bandit
+after observing the per-arm losses of steps <= s - lag of the current phase.
+So at most `lag` TRAIN frames are in flight, W(s) is taken right after
+observing step s - lag whatever the timing, and at every launch the bandit
+is rebuilt from `.loss.json` (the phase's steps up to the checkpoint the
+engine resumes from), never from `.state.json`.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from ..bandit import bandit_for_phase
+from ..formats import frames
+from ..formats.checkpoint import read_trailer
+from ..formats.engine_cli import engine_args
+from ..formats.loss_log import LossLogIndex
+from ..formats.state import EngineStatus
+from ..rundir.frozen import experiment_changed
+from ..rundir.resume import ResumePoint, choose_resume
+from .context import RunContext
+from .engine_process import EngineProcess, record_engine
+
+
+class Outstanding(NamedTuple):
+    """Something sent to the engine whose event has not come back."""
+    kind: str  # "step", "eval", "sample", "stop"
+    key: int  # the step, or the request id
+    work: float = 1.0  # relative cost, in train steps (the watchdog's allowance)
+
+
+class Request(NamedTuple):
+    """What an EVAL or SAMPLE request id stands for."""
+    kind: str  # "eval" or "sample"
+    step: int
+    index: int  # the arm evaluated (a sample audit is one request: 0)
+
+
+@dataclass
+class Segment:
+    number: int
+    engine: EngineProcess
+    resume: ResumePoint
+    next_step: int  # the next TRAIN frame to send
+    last_step: int  # the last step the engine reported
+    pending_weights: dict[int, np.ndarray]  # step -> the mixture it will be drawn from, once known
+    replay_index: LossLogIndex  # the log as it was at launch: steps re-trained are compared with it
+    replay_through: int  # the last step of the phase the log held at launch
+    mixtures: dict[int, np.ndarray] = field(default_factory=dict)  # sent, not yet logged
+    outstanding: deque = field(default_factory=deque)
+    requests: dict[int, Request] = field(default_factory=dict)  # request id -> what it asked
+    next_request: int = 1
+    last_activity: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)
+    step_walls: deque = field(default_factory=lambda: deque(maxlen=64))  # seconds between step events
+    last_step_wall: float | None = None
+    ckpt_pending: bool = False
+    ckpt_pending_step: int = 0  # the step it is pending for: an older step's ckpt event (they come late) leaves it
+    stop_sent: bool = False
+    signals_forwarded: int = 0
+    exit_reason: str | None = None
+    last_error: str | None = None
+    hung: bool = False
+    killed: bool = False
+    ready: dict | None = None
+
+    def send_stop(self) -> None:
+        """STOP: the engine trains what is in flight, checkpoints and exits; nothing more is fed."""
+        self.stop_sent = True
+        self.outstanding.append(Outstanding("stop", 0))
+        self.engine.send(frames.stop_frame())
+
+    def kill(self) -> None:
+        """SIGKILL the engine's group; its remaining events are ignored."""
+        self.killed = True
+        self.engine.kill_group()
+
+    def settle(self, kind: str, key: int) -> None:
+        """The event for (kind, key) came back."""
+        for i, item in enumerate(self.outstanding):
+            if item.kind == kind and item.key == key:
+                del self.outstanding[i]
+                return
+
+    def add_request(self, request: Request) -> int:
+        rid = self.next_request
+        self.next_request += 1
+        self.requests[rid] = request
+        return rid
+
+
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """The SAMPLE seed for prompt `index` at `step`: a pure function of (seed, step, index)."""
+    digest = hashlib.sha256(f"microgpt-sample:{seed}:{step}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def due(every: int, step: int, max_steps: int) -> bool:
+    """An eval or a sample audit every `every` steps (0: never) and at the last step."""
+    return bool(every) and (step == max_steps or step % every == 0)
+
+
+# ------------------------------------------------------------ launching
+
+def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, np.ndarray]:
+    """A fresh bandit for the phase, fed the phase's logged steps up to `c`; the mixtures of the steps
+    c+1..c+lag, which depend only on those (the earliest on none: the initial weights)."""
+    phase = ctx.phase
+    bandit, ctx.caps, ctx.floors = bandit_for_phase(ctx.experiment, phase)
+    init = np.array(bandit.weights(), dtype=np.float64, copy=True)
+    pending = {s: init for s in range(c + 1, c + ctx.lag + 1) if s - ctx.lag <= phase.start_step}
+    known = set(ctx.arm_names)
+    dropped = ctx.report.dropped_arms
+    for t, entry in index.iter_steps(phase.start_step + 1, c):
+        arms = {a: v for a, v in entry.arms.items() if a in known}
+        extra = set(entry.arms) - known
+        if extra - dropped:
+            ctx.warn(f".loss.json names arm(s) {', '.join(sorted(extra))} that the experiment does not "
+                     "define; dropped from the bandit's replay")
+            dropped |= extra
+        # the mixture step t was drawn from (exp3 weights its rewards by it), as logged
+        bandit.observe(t, arms, mixture=entry.mixture)
+        if t + ctx.lag > c:
+            pending[t + ctx.lag] = np.array(bandit.weights(), dtype=np.float64, copy=True)
+    ctx.bandit = bandit
+    return pending
+
+
+def launch_segment(ctx: RunContext) -> Segment:
+    """Choose where to resume, rebuild the bandit, start the engine."""
+    ctx.writer.fsync()
+    index = LossLogIndex.load(ctx.run.loss_log)
+    phase = ctx.phase
+    resume = choose_resume(ctx.run.checkpoints, index, ctx.phases, ctx.rejected)
+    for reason in resume.skipped:
+        ctx.warn(f"not resuming from {reason}")
+    c = resume.step
+    if ctx.segment_number == 0:
+        ctx.segment_number = index.max_segment
+    ctx.segment_number += 1
+    pending = _rebuild_bandit(ctx, index, c)
+
+    report = ctx.report
+    if c > 0:
+        entry = index.step(c)
+        trailer = read_trailer(resume.path) if entry is None else None
+        tokens = entry.tokens if entry is not None else trailer.tokens_seen if trailer else None
+        report.tokens = int(tokens or 0)
+        report.progress.restart(entry.loss if entry is not None else None)
+    else:
+        report.tokens = 0
+        report.progress.restart(None)
+    if resume.path is not None:
+        report.checkpointed(c, str(resume.path))
+    replay_through = max((s for s, (_o, p) in index.steps.items() if s > c and p == phase.phase), default=c)
+
+    meta = {"experiment": ctx.experiment.name, "phase": phase.phase}
+    settings = list(ctx.experiment.engine_flags())
+    if experiment_changed(ctx.run):
+        # the run went on under a changed experiment: its older checkpoints carry the old
+        # optimizer settings, and the frozen experiment (not the checkpoint) is the truth
+        settings.append("--allow-hparam-change")
+    choice = ctx.engine_choice
+    args = engine_args(ctx.run.checkpoints, resume=resume.path, ckpt_every=int(ctx.train.ckpt_every),
+                       ckpt_every_seconds=float(ctx.train.ckpt_every_seconds), meta=meta, settings=settings)
+    argv = [str(choice.path), *args]
+    where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
+    engine = EngineProcess(argv, ctx.run.engine_log, header=f"segment {ctx.segment_number}, {where}")
+    record_engine(ctx.run.engine_record, engine)
+    ctx.say(f"segment {ctx.segment_number}: engine pid {engine.pid} ({choice.kind}) starting {where}"
+            + (f"; steps {c + 1}..{replay_through} will be replayed and compared" if replay_through > c else ""))
+    report.engine = EngineStatus(kind=choice.kind, pid=engine.pid, alive=True, path=str(choice.path))
+    return Segment(number=ctx.segment_number, engine=engine, resume=resume, next_step=c + 1, last_step=c,
+                   pending_weights=pending, replay_index=index, replay_through=replay_through)
+
+
+# ------------------------------------------------------------ feeding
+
+def send_evals(ctx: RunContext, seg: Segment, step: int) -> None:
+    """One EVAL frame per arm over its fixed validation rows; the eval entry is logged when all are back."""
+    rows = int(ctx.train.eval_rows)
+    if rows <= 0:
+        return
+    ctx.evals[step] = {}
+    for arm in range(len(ctx.arm_names)):
+        tokens, groups = ctx.sampler.eval_batch(arm, rows)
+        rid = seg.add_request(Request("eval", step, arm))
+        seg.engine.send(frames.eval_frame(rid, tokens, groups))
+        seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.rows)))
+
+
+def send_samples(ctx: RunContext, seg: Segment, step: int) -> None:
+    """The audit: every prompt in one SAMPLE frame, each with its own seed (one batch in the engine)."""
+    cfg = ctx.experiment.samples
+    rid = seg.add_request(Request("sample", step, 0))
+    prompts = [frames.SamplePrompt(ids, int(cfg.count), sample_seed(int(ctx.train.seed), step, i))
+               for i, (_prompt, ids) in enumerate(ctx.prompts)]
+    seg.engine.send(frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature),
+                                              int(cfg.top_k or 0)))
+    work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / ctx.rows)
+    seg.outstanding.append(Outstanding("sample", rid, work))
+
+
+def catch_up(ctx: RunContext, seg: Segment) -> None:
+    """An eval or a sample audit due at the resume step that a crash lost: do it now (the
+    engine holds exactly that step's weights, so the result is the one the crash lost)."""
+    c = seg.resume.step
+    if c <= 0 or c > ctx.max_steps:
+        return
+    if due(int(ctx.train.eval_every), c, ctx.max_steps) and seg.replay_index.eval(c) is None:
+        send_evals(ctx, seg, c)
+    pivot_point = ctx.phase.phase > 0 and c == ctx.phase.start_step  # audits there were archived
+    if ctx.prompts and due(int(ctx.train.sample_every), c, ctx.max_steps) and not pivot_point \
+            and all(a.step != c for a in ctx.samples.audits):
+        send_samples(ctx, seg, c)
+
+
+def feed(ctx: RunContext, seg: Segment) -> None:
+    """Send every TRAIN frame whose mixture is known (at most `lag` ahead), with the evals and samples due."""
+    while not seg.stop_sent and seg.next_step <= ctx.max_steps and seg.next_step in seg.pending_weights:
+        s = seg.next_step
+        weights = seg.pending_weights.pop(s)
+        tokens, groups = ctx.sampler.train_batch(s, weights, ctx.rows)
+        seg.engine.send(frames.train_frame(s, tokens, groups))
+        seg.outstanding.append(Outstanding("step", s))
+        seg.mixtures[s] = weights  # kept until the step's event is logged
+        if due(int(ctx.train.eval_every), s, ctx.max_steps):
+            send_evals(ctx, seg, s)
+        if ctx.prompts and due(int(ctx.train.sample_every), s, ctx.max_steps):
+            send_samples(ctx, seg, s)
+        seg.next_step += 1
+        if s == ctx.max_steps:
+            seg.send_stop()

@@ -1,0 +1,153 @@
+"""`proxy run`: everything from the experiment file to the exit code (docs/CLI.md, "proxy run").
+
+Load the experiment, choose the engine, create and lock the run directory,
+freeze the experiment, write phase 0, reap an engine a killed proxy left
+behind, stop at once if the run already finished, prepare the data, build
+the run's context and hand it to the supervisor's loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config.errors import ExperimentError
+from ..config.experiment import Experiment, load_experiment
+from ..data.batches import BatchError, BatchSampler
+from ..data.prepare import DataError, PreparedData, default_cache_dir, prepare_data
+from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError
+from ..formats.loss_log import LossLogIndex, LossLogWriter
+from ..formats.samples import SamplesFile
+from ..formats.state import EngineStatus, load_state, read_state, write_state
+from ..rundir.frozen import freeze_experiment
+from ..rundir.layout import RunDir, RunDirError, default_run_dir
+from ..rundir.lock import RunLock
+from ..rundir.phases import ensure_phases, read_phases
+from ..rundir.resume import choose_resume
+from ..rundir.retention import RetentionPolicy
+from .checkpoints import load_best
+from .context import Console, RunContext, SupervisorOptions
+from .engine_process import EngineChoice, EngineError, choose_engine, reap_orphan
+from .loop import Supervisor
+from .report import RunReport, carry_forward
+from .signals import EARLY, SignalCounts
+
+
+@dataclass
+class RunRequest:
+    experiment_path: Path
+    run_dir: Path | None = None
+    engine: str | None = None
+    allow_experiment_change: bool = False
+    cache_dir: Path | None = None
+    options: SupervisorOptions = field(default_factory=SupervisorOptions)
+
+
+def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
+    """`proxy run`. SIGUSR1 and SIGUSR2 (`proxy checkpoint`, `proxy pivot`) may come as soon as the lock
+    names this process: until the supervisor acts on them they are counted, never fatal (their default
+    action would end the process). A pivot request left unclaimed is withdrawn by `proxy pivot` when it
+    sees the lock go."""
+    signals = SignalCounts()
+    old = signals.install(EARLY)
+    try:
+        return _start_run(request, signals, on_started, Console(out, err))
+    finally:
+        SignalCounts.restore(old)
+
+
+def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: Console) -> int:
+    """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
+    starts the dashboard there). Raises ProxyError for anything the user must fix; returns the exit code
+    otherwise."""
+    try:
+        experiment = load_experiment(request.experiment_path)
+    except ExperimentError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
+    try:
+        engine = choose_engine(request.engine)
+    except EngineError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
+    run = RunDir(Path(request.run_dir) if request.run_dir else default_run_dir(experiment.name))
+    try:
+        run.create()
+    except RunDirError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
+    try:
+        lock = RunLock(run).acquire()
+    except RunDirError as exc:
+        raise ProxyError(str(exc), EXIT_FAILURE) from None
+    try:
+        try:
+            changed = freeze_experiment(run, Path(request.experiment_path), experiment,
+                                        request.allow_experiment_change)
+            phases = ensure_phases(run, experiment)
+        except RunDirError as exc:
+            raise ProxyError(str(exc), EXIT_USAGE) from None
+        if changed:
+            console.warn(f"experiment changed ({', '.join(changed)}); continuing with the new one "
+                         "(--allow-experiment-change)")
+        reaped = reap_orphan(run.engine_record, request.options.orphan_grace_s)
+        if reaped:
+            console.warn(reaped)
+
+        resume = choose_resume(run.checkpoints, LossLogIndex.load(run.loss_log), phases, set())
+        if resume.step >= experiment.train.max_steps:
+            console.say(f"run {run.root} already finished at step {resume.step} (max_steps "
+                        f"{experiment.train.max_steps}); nothing to do")
+            _mark_finished(run)
+            return EXIT_OK
+        try:
+            data = prepare_data(experiment, Path(request.experiment_path).parent,
+                                request.cache_dir or default_cache_dir())
+        except (DataError, ExperimentError) as exc:
+            raise ProxyError(str(exc), EXIT_USAGE) from None
+        try:
+            ctx = build_context(experiment, run, data, engine, request.options, console, signals)
+        except BatchError as exc:
+            raise ProxyError(str(exc), EXIT_USAGE) from None
+        if on_started is not None:
+            on_started(run)
+        return Supervisor(ctx).run_forever()
+    finally:
+        lock.release()
+
+
+def _encode_prompts(experiment: Experiment, data: PreparedData, console: Console) -> list[tuple[str, list[int]]]:
+    """The sample prompts as token ids (the last ctx of them); a prompt that encodes to nothing is skipped."""
+    out = []
+    ctx = int(experiment.model.ctx)
+    for prompt in experiment.samples.prompts:
+        ids = list(data.tokenizer.encode(prompt))
+        if not ids:
+            console.warn(f"sample prompt {prompt!r} encodes to no tokens; skipped")
+            continue
+        out.append((prompt, ids[-ctx:]))
+    return out
+
+
+def build_context(experiment: Experiment, run: RunDir, data: PreparedData, engine: EngineChoice,
+                  options: SupervisorOptions, console: Console, signals: SignalCounts) -> RunContext:
+    """The run's context: batches, prompts, phases, the open log, the sample audits, the carried-over report."""
+    train = experiment.train
+    sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(train.seed),
+                           int(experiment.model.ctx) + 1)
+    prompts = _encode_prompts(experiment, data, console)
+    phases = read_phases(run)
+    writer = LossLogWriter(run.loss_log, options.fsync_every_s)
+    samples = SamplesFile(run.samples, options.samples_kept)
+    report = RunReport(engine=EngineStatus(kind=engine.kind, path=str(engine.path)))
+    carry_forward(report, read_state(run.state) or {}, experiment.arm_names, phases[-1], console.warn)
+    load_best(report, run.best, run.loss_log)
+    return RunContext(experiment=experiment, run=run, data=data, engine_choice=engine, opts=options,
+                      console=console, signals=signals, sampler=sampler, prompts=prompts, phases=phases,
+                      writer=writer, samples=samples, report=report,
+                      retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)))
+
+
+def _mark_finished(run: RunDir) -> None:
+    """A relaunch of a finished run: its `.state.json` says finished (and no engine alive)."""
+    state = load_state(run.state)
+    if state is not None and state.status != "finished":
+        state.status = "finished"
+        state.engine.alive = False
+        write_state(run.state, state)

@@ -1,0 +1,73 @@
+"""What `proxy run` tells people while it runs: `.state.json`, rewritten every few seconds, and progress lines."""
+from __future__ import annotations
+
+import os
+import time
+
+from ..formats.state import ArmStatus, RunState, write_state
+from .context import RunContext
+from .progress import fmt_duration, fmt_rate
+from .segment import Segment
+
+
+def last_step(seg: Segment | None) -> int:
+    return seg.last_step if seg is not None else 0
+
+
+def say_progress(ctx: RunContext, seg: Segment, what: str) -> None:
+    """`step 200/300 loss 4.2023 (smoothed 4.2741) | 31.9k tok/s | ETA 0m01s | <what>`."""
+    progress = ctx.report.progress
+    rate, eta = progress.rates(ctx.max_steps)
+    loss = (f"loss {progress.last_loss:.4f} (smoothed {progress.smoothed:.4f})"
+            if progress.smoothed is not None else "")
+    ctx.say(f"step {seg.last_step}/{ctx.max_steps} {loss} | {fmt_rate(rate)} tok/s | "
+            f"ETA {fmt_duration(eta)} | {what}")
+
+
+def _arm_status(ctx: RunContext) -> dict[str, ArmStatus]:
+    """Per-arm figures: the bandit's own (pulls, EMA, reward), the mixture weights, the caps and floors."""
+    bandit = ctx.bandit
+    weights = list(bandit.weights()) if bandit is not None else [0.0] * len(ctx.arm_names)
+    raw = bandit.state() if bandit is not None else {}
+    per_arm = raw.get("arms") if isinstance(raw, dict) and isinstance(raw.get("arms"), dict) else {}
+    out = {}
+    for i, name in enumerate(ctx.arm_names):
+        info = per_arm.get(name) if isinstance(per_arm.get(name), dict) else {}
+        out[name] = ArmStatus(pulls=int(info.get("pulls") or 0), ema=info.get("ema"), reward=info.get("reward"),
+                              weight=float(weights[i]), cap=float(ctx.caps.get(name, 1.0)),
+                              floor=float(ctx.floors.get(name, 0.0)))
+    return out
+
+
+def write_run_state(ctx: RunContext, seg: Segment | None, force: bool = False) -> None:
+    """Rewrite `.state.json` (at most every `state_every_s` unless `force`); a failure is a warning."""
+    report = ctx.report
+    now = time.monotonic()
+    if not force and now - report.last_state_write < ctx.opts.state_every_s:
+        return
+    report.last_state_write = now
+    if seg is not None:
+        alive = seg.engine.alive()
+        rss, cpu = seg.engine.usage() if alive else (None, None)
+        report.engine.alive = alive
+        report.engine.rss_bytes, report.engine.cpu_percent = rss, cpu
+    rate, eta = report.progress.rates(ctx.max_steps)
+    try:
+        bandit_state = ctx.bandit.state() if ctx.bandit is not None else {}
+    except Exception:
+        bandit_state = {}
+    best = ({"step": report.best_step, "loss": report.best_loss, "path": str(ctx.run.best)}
+            if report.best_step is not None else None)
+    state = RunState(step=last_step(seg), phase=ctx.phase.phase, policy=ctx.phase.policy, status=report.status,
+                     arms=_arm_status(ctx), tokens=report.tokens, tokens_per_s=rate,
+                     eta_s=eta if report.status == "running" else None, last_checkpoint=report.last_ckpt_path,
+                     engine=report.engine, experiment=ctx.experiment.name, max_steps=ctx.max_steps,
+                     segment=ctx.segment_number, loss=report.progress.last_loss,
+                     loss_smoothed=report.progress.smoothed, best=best, restarts=report.restarts,
+                     message=report.message, proxy_pid=os.getpid(), replay_mismatch_count=report.mismatch_count,
+                     replay_mismatches=report.mismatches, dropped_arms=sorted(report.dropped_arms),
+                     bandit=bandit_state)
+    try:
+        write_state(ctx.run.state, state)
+    except (OSError, ValueError, TypeError) as exc:
+        ctx.warn(f"cannot write {ctx.run.state}: {exc}")

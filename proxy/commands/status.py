@@ -8,18 +8,30 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from ..errors import EXIT_OK
 from ..formats.checkpoint import list_checkpoints
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
-from ..formats.state import read_state
+from ..formats.state import Goodput, read_state
 from ..rundir.layout import RunDir, RunDirError
 from ..rundir.lock import lock_owner
 from ..rundir.phases import read_phases
-from ..supervision.progress import Progress, fmt_duration, fmt_rate
+from ..supervision.goodput import overhead_summary
+from ..supervision.progress import WINDOW_STEPS, Progress, fmt_duration, fmt_rate
 from .which_run import resolve_run
 
-SMOOTHED_OVER = 200  # the last steps the smoothed loss is taken over
+
+def newest_durable_checkpoint(run: RunDir, state: dict, alive: bool) -> Path | None:
+    """While a proxy runs, the last checkpoint its engine announced (`.state.json`): a newer file on disk
+    may still be being written. Otherwise, or when that file is gone, the newest on disk."""
+    announced = state.get("last_checkpoint")
+    if alive and isinstance(announced, str) and announced:
+        path = Path(announced) if Path(announced).is_absolute() else run.root / announced
+        if path.is_file():
+            return path
+    ckpts = list_checkpoints(run.checkpoints)
+    return ckpts[0] if ckpts else None
 
 
 def status_report(run: RunDir) -> dict:
@@ -37,10 +49,10 @@ def status_report(run: RunDir) -> dict:
             steps[e.step] = e  # last entry per step wins
     ordered = [steps[s] for s in sorted(steps)]
     evals = [e for e in tail if isinstance(e, EvalEntry)]
-    progress = Progress()
-    for e in ordered[-SMOOTHED_OVER:]:
-        progress.observe(e.time, e.tokens, e.step, e.loss)
-    rate, eta = progress.rates(max_steps)
+    progress = Progress()  # the same window as the running proxy's figures
+    for e in ordered[-WINDOW_STEPS:]:
+        progress.observe(e.time, e.tokens, e.step, e.loss, e.ms)
+    rates = progress.rates(max_steps)
     last = ordered[-1] if ordered else None
     try:
         phases = read_phases(run)
@@ -48,8 +60,7 @@ def status_report(run: RunDir) -> dict:
         phases = []
     current = phases[-1] if phases else None
     owner = lock_owner(run)
-    ckpts = list_checkpoints(run.checkpoints)
-    newest = ckpts[0] if ckpts else None
+    newest = newest_durable_checkpoint(run, state, alive=owner is not None)
     status = state.get("status") or ("running" if owner else "not started")
     if owner is None and status == "running":
         status = "not running (the proxy ended without finishing; relaunch the run command to resume)"
@@ -61,7 +72,8 @@ def status_report(run: RunDir) -> dict:
         "loss": last.loss if last else None, "loss_smoothed": progress.smoothed,
         "val_loss": evals[-1].loss if evals else None, "val_step": evals[-1].step if evals else None,
         "tokens": last.tokens if last else int(state.get("tokens") or 0),
-        "tokens_per_s": rate, "eta_s": eta if owner else None,
+        "tokens_per_s": rates.tokens_per_s, "engine_tokens_per_s": rates.engine_tokens_per_s,
+        "eta_s": rates.eta_s if owner else None, "goodput": state.get("goodput"),
         "mixture": last.mixture if last else {},
         "last_checkpoint": str(newest) if newest else None,
         "last_checkpoint_age_s": time.time() - newest.stat().st_mtime if newest else None,
@@ -96,8 +108,13 @@ def format_status(r: dict) -> str:
     if r["loss"] is not None:
         val = f"; val {r['val_loss']:.4f} at step {r['val_step']}" if r["val_loss"] is not None else ""
         lines.append(f"loss:        {r['loss']:.4f} (smoothed {r['loss_smoothed']:.4f}){val}")
-    lines.append(f"tokens:      {r['tokens']:,} at {fmt_rate(r['tokens_per_s'])} tok/s; "
+    lines.append(f"tokens:      {r['tokens']:,} at {fmt_rate(r['tokens_per_s'])} tok/s (engine "
+                 f"{fmt_rate(r['engine_tokens_per_s'])}); "
                  f"ETA {fmt_duration(r['eta_s']) if r['eta_s'] is not None else '-'}")
+    goodput = Goodput.from_dict(r.get("goodput"))
+    if goodput is not None:
+        lines.append(f"goodput:     {overhead_summary(goodput)} of {fmt_duration(goodput.wall_s)} "
+                     f"since {'this' if r['alive'] else 'the last'} proxy's engine was ready")
     if r["mixture"]:
         lines.append("mixture:     " + ", ".join(f"{k} {v:.3f}" for k, v in r["mixture"].items()))
     if r["last_checkpoint"]:

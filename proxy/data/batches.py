@@ -48,6 +48,7 @@ class BatchSampler:
         self._windows = [sliding_window_view(t, self.row_len) for t in self.train]
         self._n_offsets = np.array([t.size - self.row_len + 1 for t in self.train], dtype=np.float64)
         self._eval_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._eval_all_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # rows per arm -> all arms' rows
 
     @property
     def k(self) -> int:
@@ -103,6 +104,19 @@ class BatchSampler:
             groups.setflags(write=False)
             self._eval_cache[key] = (tokens, groups)
         return self._eval_cache[key]
+
+    def eval_batch_all(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every arm's fixed val rows in one batch, arm after arm (group id = arm index): one EVAL frame
+        for the whole evaluation. Each arm's rows are the ones `eval_batch` gives it."""
+        rows = int(rows)
+        if rows not in self._eval_all_cache:
+            parts = [self.eval_batch(arm, rows) for arm in range(self.k)]
+            tokens = np.concatenate([t for t, _g in parts])
+            groups = np.concatenate([g for _t, g in parts])
+            tokens.setflags(write=False)
+            groups.setflags(write=False)
+            self._eval_all_cache[rows] = (tokens, groups)
+        return self._eval_all_cache[rows]
 
     def tokens_per_arm(self) -> dict[str, int]:
         return {n: int(t.size) for n, t in zip(self.arm_names, self.train)}

@@ -9,6 +9,7 @@ pivot). Every writer writes a RunState, so every `.state.json` has one shape.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -49,6 +50,60 @@ class EngineStatus:
     precision: str | None = None
 
 
+AUDIT_KINDS = ("sample", "eval", "checkpoint")  # what the engine does between steps, besides training
+
+
+@dataclass
+class AuditTime:
+    """One kind of audit: how many, and the seconds the engine's step loop spent on them."""
+    count: int = 0
+    s: float = 0.0
+
+
+@dataclass
+class Goodput:
+    """Where the wall-clock time of `proxy run` went, from its first engine's `ready` event on.
+
+    `step_s` is the engine's step compute (the step events' `ms`); each audit kind's
+    seconds are the engine's own timing of it (a sample or eval event's `ms`; a
+    checkpoint's `snapshot_ms + wait_ms`, the step loop's stall while the write runs in
+    the background); `other_s` is the rest: frames the engine waited for, engine
+    restarts, the last checkpoint's wait at exit. `tokens_per_s` is `tokens / wall_s`.
+    """
+    wall_s: float = 0.0
+    step_s: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    audits: dict[str, AuditTime] = field(default_factory=lambda: {k: AuditTime() for k in AUDIT_KINDS})
+    other_s: float = 0.0
+    overhead: float | None = None  # 1 - step_s / wall_s
+    tokens_per_s: float | None = None
+
+    @classmethod
+    def from_dict(cls, obj) -> "Goodput | None":
+        """The account as read back from `.state.json`, or None unless its figures are numbers (the
+        snapshot is never trusted)."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("audits"), dict):
+            return None
+        try:
+            audits = {str(k): AuditTime(count=int(_number(a["count"])), s=_number(a["s"]))
+                      for k, a in obj["audits"].items()}
+            return cls(wall_s=_number(obj["wall_s"]), step_s=_number(obj["step_s"]), steps=int(_number(obj["steps"])),
+                       tokens=int(_number(obj["tokens"])), audits=audits, other_s=_number(obj["other_s"]),
+                       overhead=_number(obj["overhead"], none=True), tokens_per_s=_number(obj["tokens_per_s"], none=True))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _number(value, none: bool = False) -> float | None:
+    """A finite JSON number (or null where `none`); anything else is a ValueError."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"not a number: {value!r}")
+    return float(value)
+
+
 @dataclass
 class RunState:
     """Every field of FORMATS.md's `.state.json`, plus the proxy's reports."""
@@ -58,12 +113,14 @@ class RunState:
     status: str = "running"
     arms: dict[str, ArmStatus] = field(default_factory=dict)
     tokens: int = 0
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # wall clock, over the last few minutes (goodput)
     eta_s: float | None = None
     last_checkpoint: str | None = None
     engine: EngineStatus = field(default_factory=EngineStatus)
     updated: float = field(default_factory=time.time)
     # beyond FORMATS.md's list
+    engine_tokens_per_s: float | None = None  # the engine's step compute alone, over the same steps
+    goodput: Goodput | None = None
     experiment: str = ""
     max_steps: int = 0
     segment: int = 0
@@ -96,6 +153,7 @@ class RunState:
                           if isinstance(arms, dict) else {})
         engine = values.get("engine")
         values["engine"] = EngineStatus(**_known(EngineStatus, engine)) if isinstance(engine, dict) else EngineStatus()
+        values["goodput"] = Goodput.from_dict(values.get("goodput"))
         return cls(**values, extra={k: v for k, v in obj.items() if k not in values})
 
 

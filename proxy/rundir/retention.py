@@ -37,10 +37,13 @@ def plan_retention(steps: list[int], policy: RetentionPolicy, protected: set[int
     return [s for s in ordered if s not in keep]
 
 
-def apply_retention(checkpoint_dir: str | os.PathLike, policy: RetentionPolicy,
-                    protected: set[int]) -> list[Path]:
-    """Delete the checkpoints plan_retention names; return the deleted paths."""
-    by_step = {checkpoint_step(p): p for p in list_checkpoints(checkpoint_dir)}
+def apply_retention(checkpoint_dir: str | os.PathLike, policy: RetentionPolicy, protected: set[int],
+                    durable_through: int) -> list[Path]:
+    """Delete the checkpoints plan_retention names among the durable ones, those of steps up to
+    `durable_through` (the newest the engine announced); return the deleted paths. A newer file is
+    being written or was never announced: it is neither counted among the last K nor deleted."""
+    by_step = {step: p for p in list_checkpoints(checkpoint_dir)
+               if (step := checkpoint_step(p)) is not None and step <= durable_through}
     deleted = []
     for step in plan_retention(list(by_step), policy, protected):
         try:

@@ -9,26 +9,35 @@ from .report import RunReport
 from .segment import Segment
 
 
+def durable(report: RunReport, step: int) -> bool:
+    """Whether the checkpoint of `step` is known to be complete and durable: the engine announced it (its
+    ckpt event comes once the write's directory fsync is done, possibly steps later) or an older one, or
+    the run resumed from it. A file on disk past that may still be being written."""
+    return report.last_ckpt_step is not None and step <= report.last_ckpt_step
+
+
 def retain(ctx: RunContext, seg: Segment | None) -> None:
-    """Apply the retention policy, never deleting what a resume or a pivot needs: the checkpoints
-    phases.json names, the newest one the log covers, the one this segment resumed from."""
-    protected = protected_by_phases(ctx.phases)
-    if ctx.report.last_ckpt_step is not None:
-        protected.add(ctx.report.last_ckpt_step)
+    """Apply the retention policy to the durable checkpoints, never deleting what a resume or a pivot
+    needs: the checkpoints phases.json names, the newest one announced, the one this segment resumed from."""
+    report = ctx.report
+    if report.last_ckpt_step is None:
+        return  # nothing announced yet: no file is known to be complete
+    protected = protected_by_phases(ctx.phases) | {report.last_ckpt_step}
     if seg is not None and seg.resume.path is not None:
         protected.add(seg.resume.step)
     try:
-        apply_retention(ctx.run.checkpoints, ctx.retention, protected)
+        apply_retention(ctx.run.checkpoints, ctx.retention, protected, report.last_ckpt_step)
     except OSError as exc:
         ctx.warn(f"retention: {exc}")
 
 
 def maybe_best(ctx: RunContext, step: int) -> None:
-    """best.bin := the checkpoint at `step` once both it and the step's eval exist and the loss is the best."""
+    """best.bin := the checkpoint at `step` once its eval is in, the engine announced the file (it is
+    durable) and the loss is the best; called at both events, whichever comes last acts."""
     report = ctx.report
     loss = ctx.eval_loss.get(step)
     path = checkpoint_path(ctx.run.checkpoints, step)
-    if loss is None or not path.exists() or not best_is_better(loss, report.best_loss):
+    if loss is None or not durable(report, step) or not path.exists() or not best_is_better(loss, report.best_loss):
         return
     if report.best_step == step and report.best_loss == loss:
         return

@@ -70,7 +70,6 @@ class RunContext:
     floors: dict[str, float] = field(default_factory=dict)
     segment_number: int = 0  # engine launches of the run so far (`segment` in .loss.json)
     rejected: set[str] = field(default_factory=set)  # checkpoints the engine refused (exit 3)
-    evals: dict[int, dict] = field(default_factory=dict)  # step -> {arm index: (loss, tokens)} as they come
     eval_loss: dict[int, float] = field(default_factory=dict)  # step -> validation loss
 
     @property

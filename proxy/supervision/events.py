@@ -3,8 +3,8 @@
 A step is logged to `.loss.json` with the mixture it was drawn from and fed
 to the bandit; a step re-trained after a restart is compared with the entry
 the crashed segment left (a difference is a determinism bug, reported on
-stderr and in `.state.json`). Eval and sample results arrive one request at
-a time and are written once the last part is in.
+stderr and in `.state.json`). An evaluation (all arms in one EVAL frame) and a
+sample audit (all prompts in one SAMPLE frame) each come back as one event.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed
 from ..formats.samples import Sample, SampleAudit
 from .checkpoints import maybe_best, retain
 from .context import RunContext
+from .goodput import checkpoint_stall_ms
 from .segment import Request, Segment
 from .status import say_progress, write_run_state
 
@@ -46,6 +47,7 @@ class EventHandlers:
 
     def on_ready(self, seg: Segment, ev: Event) -> None:
         seg.ready = ev.fields
+        self.ctx.report.goodput.ready(time.monotonic())
         st = self.ctx.report.engine
         st.kind = ev.get("engine", st.kind)
         st.device, st.threads = ev.get("device"), ev.get("threads")
@@ -77,6 +79,7 @@ class EventHandlers:
         seg.settle("step", t)
         del seg.mixtures[t]
         report.tokens += int(ev.get("tokens", 0))
+        report.goodput.step(float(ev.get("ms", 0.0)), int(ev.get("tokens", 0)))
         entry = StepEntry(step=t, loss=float(ev["loss"]), lr=float(ev.get("lr", 0.0)),
                           grad_norm=float(ev.get("grad_norm", 0.0)), tokens=report.tokens, time=now,
                           ms=float(ev.get("ms", 0.0)), arms=arms,
@@ -88,7 +91,7 @@ class EventHandlers:
         seg.last_step = t
         ctx.bandit.observe(t, arms, mixture=entry.mixture)  # the same floats replay reads back
         seg.pending_weights[t + ctx.lag] = np.array(ctx.bandit.weights(), dtype=np.float64, copy=True)
-        report.progress.observe(now, report.tokens, t, entry.loss)
+        report.progress.observe(now, report.tokens, t, entry.loss, entry.ms)
         mono = time.monotonic()
         if seg.last_step_wall is not None:
             seg.step_walls.append(mono - seg.last_step_wall)
@@ -118,30 +121,33 @@ class EventHandlers:
         return request if request is not None and request.kind == kind else None
 
     def on_eval(self, seg: Segment, ev: Event) -> None:
+        self.ctx.report.goodput.audit("eval", float(ev.get("ms", 0.0)))
         request = self._answered(seg, ev, "eval")
         if request is not None:
-            self._eval_part(seg, ev, request.step, request.index)
+            self._eval_entry(seg, ev, request.step)
 
     def on_sample(self, seg: Segment, ev: Event) -> None:
+        self.ctx.report.goodput.audit("sample", float(ev.get("ms", 0.0)))
         request = self._answered(seg, ev, "sample")
         if request is not None:
             self._sample_audit(ev, request.step)
 
-    def _eval_part(self, seg: Segment, ev: Event, step: int, arm: int) -> None:
-        """One arm's validation loss; with the last arm's, the eval entry (token-weighted mean) is logged."""
+    def _eval_entry(self, seg: Segment, ev: Event, step: int) -> None:
+        """Every arm's validation loss from one eval event (group id = arm); the entry's loss is their
+        token-weighted mean, summed in arm order."""
         ctx = self.ctx
         group_loss = dict(ev.get("group_loss") or {})
         group_tokens = dict(ev.get("group_tokens") or {})
-        loss = float(group_loss.get(str(arm), ev["loss"]))
-        tokens = float(group_tokens.get(str(arm), 1) or 1)
-        parts = ctx.evals.setdefault(step, {})
-        parts[arm] = (loss, tokens)
-        if len(parts) < len(ctx.arm_names):
-            return
-        del ctx.evals[step]
+        parts = {}
+        for arm, name in enumerate(ctx.arm_names):
+            loss, tokens = group_loss.get(str(arm)), group_tokens.get(str(arm))
+            if loss is None or not math.isfinite(float(loss)) or not tokens:
+                ctx.warn(f"eval at step {step}: no finite loss for arm {name} in the engine's event; not logged")
+                return
+            parts[arm] = (float(loss), float(tokens))
         total = sum(t for _, t in parts.values())
         mean = sum(l * t for l, t in parts.values()) / total
-        entry = EvalEntry(step=step, loss=mean, arms={ctx.arm_names[a]: l for a, (l, _t) in sorted(parts.items())},
+        entry = EvalEntry(step=step, loss=mean, arms={ctx.arm_names[a]: l for a, (l, _t) in parts.items()},
                           time=time.time(), phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)
         ctx.eval_loss[step] = mean
@@ -169,6 +175,8 @@ class EventHandlers:
         if step >= seg.ckpt_pending_step:
             seg.ckpt_pending = False
         report.ckpt_ms = max(report.ckpt_ms, float(ev.get("ms", 0.0)))
+        stall_ms = checkpoint_stall_ms(ev.fields)
+        report.goodput.audit("checkpoint", stall_ms)
         path = Path(str(ev.get("path") or checkpoint_path(ctx.run.checkpoints, step)))
         if not path.is_absolute():
             path = checkpoint_path(ctx.run.checkpoints, step)
@@ -177,7 +185,8 @@ class EventHandlers:
         retain(ctx, seg)
         maybe_best(ctx, step)
         write_run_state(ctx, seg, force=True)
-        say_progress(ctx, seg, f"checkpoint {path.name} ({ev.get('reason')}, {float(ev.get('ms', 0)):.0f} ms)")
+        say_progress(ctx, seg, f"checkpoint {path.name} ({ev.get('reason')}, write {float(ev.get('ms', 0)):.0f} ms, "
+                               f"stall {stall_ms:.0f} ms)")
 
     def on_exit(self, seg: Segment, ev: Event) -> None:
         seg.exit_reason = ev.get("reason")

@@ -3,38 +3,67 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import NamedTuple
 
-WINDOW = 50  # steps the throughput is measured over
+WINDOW_S = 300.0  # the throughput is measured over the steps of the last five minutes...
+WINDOW_STEPS = 5000  # ...but at most this many steps
+
+
+class Rates(NamedTuple):
+    """Tokens per second of wall-clock time (what the run gets: audits and waits included), of the
+    engine's step compute alone (the step events' `ms`), and the seconds to max_steps at the first."""
+    tokens_per_s: float | None
+    engine_tokens_per_s: float | None
+    eta_s: float | None
 
 
 class Progress:
-    """Fed (wall time, cumulative tokens, step, loss) once per step, in step order."""
+    """Fed (wall time, cumulative tokens, step, loss, step ms) once per step, in step order.
 
-    def __init__(self, window: int = WINDOW):
-        self.window: deque = deque(maxlen=window)  # (wall time, tokens, step)
+    The window spans the steps of the last WINDOW_S seconds, so it holds many
+    audit intervals (evals, samples, checkpoints every N steps) and the
+    wall-clock rate counts them at their true share, not 0% or 100% of it.
+    """
+
+    def __init__(self, window_s: float = WINDOW_S, window_steps: int = WINDOW_STEPS):
+        self.window_s = window_s
+        self.window: deque = deque(maxlen=window_steps)  # (wall time, tokens, step, ms)
+        self.window_ms = 0.0  # the ms of every entry but the oldest (whose tokens are the baseline)
         self.last_loss: float | None = None
         self.smoothed: float | None = None
 
-    def observe(self, time: float, tokens: int, step: int, loss: float) -> None:
+    def observe(self, time: float, tokens: int, step: int, loss: float, ms: float = 0.0) -> None:
         self.last_loss = loss
         # an exponential moving average, 0.9 of the old value
         self.smoothed = loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * loss
-        self.window.append((time, tokens, step))
+        if len(self.window) == self.window.maxlen:
+            self._drop_oldest()
+        self.window.append((time, tokens, step, ms))
+        if len(self.window) > 1:
+            self.window_ms += ms
+        while len(self.window) > 2 and self.window[1][0] <= time - self.window_s:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        self.window.popleft()
+        self.window_ms -= self.window[0][3]  # the new oldest becomes the baseline
 
     def restart(self, last_loss: float | None) -> None:
         """A new engine: the throughput starts over; the loss it resumes from is the last one."""
         self.window.clear()
+        self.window_ms = 0.0
         if last_loss is not None:
             self.last_loss = last_loss
 
-    def rates(self, max_steps: int) -> tuple[float | None, float | None]:
-        """(tokens per second, seconds to max_steps) over the window, or Nones before two steps."""
+    def rates(self, max_steps: int) -> Rates:
+        """The rates over the window and the ETA at the wall-clock rate; Nones before two steps."""
         if len(self.window) < 2:
-            return None, None
-        (t0, k0, s0), (t1, k1, s1) = self.window[0], self.window[-1]
+            return Rates(None, None, None)
+        (t0, k0, s0, _), (t1, k1, s1, _) = self.window[0], self.window[-1]
         if t1 <= t0 or s1 <= s0:
-            return None, None
-        return (k1 - k0) / (t1 - t0), max(0, max_steps - s1) * (t1 - t0) / (s1 - s0)
+            return Rates(None, None, None)
+        engine = (k1 - k0) / (self.window_ms / 1000.0) if self.window_ms > 0 else None
+        return Rates((k1 - k0) / (t1 - t0), engine, max(0, max_steps - s1) * (t1 - t0) / (s1 - s0))
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -11,6 +11,7 @@ from typing import Callable
 
 from ..formats.state import EngineStatus
 from ..rundir.phases import Phase
+from .goodput import GoodputMeter
 from .progress import Progress
 
 MISMATCHES_KEPT = 50  # replay mismatches kept in .state.json, newest last
@@ -23,6 +24,7 @@ class RunReport:
     message: str | None = None  # why the run stopped
     tokens: int = 0  # cumulative, as logged
     progress: Progress = field(default_factory=Progress)
+    goodput: GoodputMeter = field(default_factory=GoodputMeter)
     last_ckpt_step: int | None = None
     last_ckpt_path: str | None = None
     ckpt_ms: float = 0.0  # the slowest checkpoint write seen (the watchdog allows for it)

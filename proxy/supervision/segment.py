@@ -38,10 +38,9 @@ class Outstanding(NamedTuple):
 
 
 class Request(NamedTuple):
-    """What an EVAL or SAMPLE request id stands for."""
+    """What an EVAL or SAMPLE request id stands for: the evaluation or the sample audit of `step`."""
     kind: str  # "eval" or "sample"
     step: int
-    index: int  # the arm evaluated (a sample audit is one request: 0)
 
 
 @dataclass
@@ -160,6 +159,8 @@ def launch_segment(ctx: RunContext) -> Segment:
         report.progress.restart(None)
     if resume.path is not None:
         report.checkpointed(c, str(resume.path))
+    else:  # from scratch: no checkpoint on disk is known to be valid and covered by the log
+        report.last_ckpt_step = report.last_ckpt_path = None
     replay_through = max((s for s, (_o, p) in index.steps.items() if s > c and p == phase.phase), default=c)
 
     meta = {"experiment": ctx.experiment.name, "phase": phase.phase}
@@ -185,22 +186,21 @@ def launch_segment(ctx: RunContext) -> Segment:
 # ------------------------------------------------------------ feeding
 
 def send_evals(ctx: RunContext, seg: Segment, step: int) -> None:
-    """One EVAL frame per arm over its fixed validation rows; the eval entry is logged when all are back."""
+    """One EVAL frame holding every arm's fixed validation rows (group id = arm), so the engine runs them
+    in the fewest forward passes; its event carries each arm's mean loss."""
     rows = int(ctx.train.eval_rows)
     if rows <= 0:
         return
-    ctx.evals[step] = {}
-    for arm in range(len(ctx.arm_names)):
-        tokens, groups = ctx.sampler.eval_batch(arm, rows)
-        rid = seg.add_request(Request("eval", step, arm))
-        seg.engine.send(frames.eval_frame(rid, tokens, groups))
-        seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.rows)))
+    tokens, groups = ctx.sampler.eval_batch_all(rows)
+    rid = seg.add_request(Request("eval", step))
+    seg.engine.send(frames.eval_frame(rid, tokens, groups))
+    seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.rows)))
 
 
 def send_samples(ctx: RunContext, seg: Segment, step: int) -> None:
     """The audit: every prompt in one SAMPLE frame, each with its own seed (one batch in the engine)."""
     cfg = ctx.experiment.samples
-    rid = seg.add_request(Request("sample", step, 0))
+    rid = seg.add_request(Request("sample", step))
     prompts = [frames.SamplePrompt(ids, int(cfg.count), sample_seed(int(ctx.train.seed), step, i))
                for i, (_prompt, ids) in enumerate(ctx.prompts)]
     seg.engine.send(frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature),

@@ -3,12 +3,20 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import numpy as np
+import pytest
 
-from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.config.experiment import load_experiment
+from proxy.data.batches import BatchSampler
+from proxy.data.prepare import prepare_data
+from proxy.formats import frames
+from proxy.formats.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats.engine_cli import engine_args
+from proxy.formats.state import AUDIT_KINDS
 
-from .conftest import TINY, Proxy, make_experiment, read_entries, run_cmd
+from .conftest import ENGINE, TINY, Proxy, make_experiment, read_entries, run_cmd
 
 STATE_FIELDS = {"step", "phase", "policy", "status", "arms", "tokens", "tokens_per_s", "eta_s",
                 "last_checkpoint", "engine", "updated"}
@@ -55,6 +63,7 @@ def check_sidecars(run_dir, exp: dict) -> None:
         assert ARM_FIELDS <= set(arm)
     assert state["tokens"] == steps[-1]["tokens"]
     assert state["replay_mismatch_count"] == 0
+    check_goodput(state, exp, steps)
 
     # .samples.json: one audit per sample_every steps, every prompt decoded
     samples = json.loads((run_dir / ".samples.json").read_text())
@@ -88,6 +97,53 @@ def check_sidecars(run_dir, exp: dict) -> None:
     assert not list((run_dir / "checkpoints").glob(".*tmp"))
 
 
+def check_goodput(state: dict, exp: dict, steps: list[dict]) -> None:
+    """.state.json's goodput account: the steps' compute and the audits, each counted once, within the
+    wall time; the wall-clock rate below the engine's."""
+    train, max_steps = exp["train"], exp["train"]["max_steps"]
+    g = state["goodput"]
+    assert g["steps"] == max_steps and g["tokens"] == steps[-1]["tokens"]
+    assert g["step_s"] == pytest.approx(sum(e["ms"] for e in steps) / 1000.0)
+    assert set(g["audits"]) == set(AUDIT_KINDS)
+    assert g["audits"]["eval"]["count"] == max_steps // train["eval_every"]
+    assert g["audits"]["sample"]["count"] == max_steps // train["sample_every"]
+    assert g["audits"]["checkpoint"]["count"] == max_steps // train["ckpt_every"]
+    assert all(a["s"] > 0 for a in g["audits"].values())
+    audits_s = sum(a["s"] for a in g["audits"].values())
+    assert g["wall_s"] > g["step_s"] + audits_s and g["other_s"] == pytest.approx(g["wall_s"] - g["step_s"] - audits_s)
+    assert g["overhead"] == pytest.approx(1 - g["step_s"] / g["wall_s"])
+    assert g["tokens_per_s"] == pytest.approx(g["tokens"] / g["wall_s"])
+    assert 0 < state["tokens_per_s"] < state["engine_tokens_per_s"]
+
+
+def check_evals_against_per_arm_frames(run_dir, path, data_cache, tmp_path) -> None:
+    """An evaluation is one EVAL frame holding every arm's rows; each logged eval must equal, bit for
+    bit, what one EVAL frame per arm (the proxy's frames before) gives on the same checkpoint, and its
+    loss their token-weighted mean."""
+    experiment = load_experiment(path)
+    data = prepare_data(experiment, path.parent, data_cache, progress=False)
+    sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(experiment.train.seed),
+                           int(experiment.model.ctx) + 1)
+    evals = {e["step"]: e for e in read_entries(run_dir) if e["type"] == "eval"}
+    compared = 0
+    for step, logged in sorted(evals.items()):
+        ckpt = checkpoint_path(run_dir / "checkpoints", step)
+        if not ckpt.exists():
+            continue
+        arms = experiment.arm_names
+        feed = b"".join(frames.eval_frame(arm + 1, *sampler.eval_batch(arm, int(experiment.train.eval_rows)))
+                        for arm in range(len(arms)))
+        argv = [str(ENGINE), *engine_args(tmp_path / f"scratch-{step}", resume=ckpt, ckpt_every=0,
+                                          settings=experiment.engine_flags())]
+        out = subprocess.run(argv, input=feed, capture_output=True, timeout=120, check=True).stdout
+        events = {e["id"]: e for e in map(json.loads, out.splitlines()) if e["event"] == "eval"}
+        parts = [(events[a + 1]["group_loss"][str(a)], events[a + 1]["group_tokens"][str(a)]) for a in range(len(arms))]
+        assert logged["arms"] == {name: loss for name, (loss, _t) in zip(arms, parts)}, step
+        assert logged["loss"] == sum(l * t for l, t in parts) / sum(t for _l, t in parts), step
+        compared += 1
+    assert compared >= 2, f"only {compared} evals had a checkpoint to compare on"
+
+
 def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
     # TINY-TRAIN as shipped, but on one engine thread: results do not depend on the thread count,
     # and OpenMP threads fighting over a small shared box make the run many times slower
@@ -99,9 +155,12 @@ def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
     proxy = Proxy(["run", str(path), "--run-dir", str(run_dir), "--no-dashboard"], data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
     assert "finished" in proxy.stdout()
+    progress = [ln for ln in proxy.stdout().splitlines() if "| checkpoint step_" in ln]
+    assert len(progress) == 3 and all(" tok/s (engine " in ln and "| overhead " in ln for ln in progress), progress
     assert "Traceback" not in proxy.stderr()
 
     check_sidecars(run_dir, exp)
+    check_evals_against_per_arm_frames(run_dir, path, data_cache, tmp_path)
     steps = [e for e in read_entries(run_dir) if e["type"] == "step"]
     first = np.mean([e["loss"] for e in steps[:10]])
     last = np.mean([e["loss"] for e in steps[-10:]])
@@ -119,6 +178,7 @@ def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
     assert status.returncode == 0, status.stderr
     assert f"{exp['train']['max_steps']} / {exp['train']['max_steps']}" in status.stdout
     assert "finished" in status.stdout and "mixture:" in status.stdout
+    assert "tok/s (engine " in status.stdout and "goodput:     overhead " in status.stdout
     report = json.loads(run_cmd(["status", "--run-dir", str(run_dir), "--json"], data_cache).stdout)
     assert report["alive"] is False and report["step"] == exp["train"]["max_steps"]
     assert report["last_checkpoint"].endswith(f"step_{exp['train']['max_steps']:06d}.bin")

@@ -9,12 +9,14 @@ import pytest
 
 from proxy.atomic import atomic_copy, atomic_write_json
 from proxy.formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
-from proxy.rundir.retention import RetentionPolicy, plan_retention
+from proxy.rundir.retention import RetentionPolicy, apply_retention, plan_retention
 from proxy.rundir.layout import RunDir, RunDirError
 from proxy.rundir.lock import RunLock, lock_owner
 from proxy.rundir.phases import append_phase, ensure_phases, read_phases
 from proxy.formats.samples import Sample, SampleAudit, SamplesFile
-from proxy.formats.state import RunState, read_state, write_state
+from proxy.formats.state import AuditTime, Goodput, RunState, read_state, write_state
+from proxy.supervision.goodput import GoodputMeter, checkpoint_stall_ms, overhead_summary
+from proxy.supervision.progress import Progress
 from proxy.supervision.segment import sample_seed
 
 
@@ -145,3 +147,66 @@ def test_sample_seeds_are_pure_and_distinct():
     assert sample_seed(1337, 100, 0) == sample_seed(1337, 100, 0)
     seeds = {sample_seed(1337, s, i) for s in range(0, 1000, 100) for i in range(3)}
     assert len(seeds) == 30 and all(0 <= x < 2**64 for x in seeds)
+
+
+def test_rates_count_the_wall_clock_and_the_engine_apart():
+    """10 steps of 1000 tokens, 0.5 s of compute each, 1 s apart, and a 5 s audit after step 5: the wall
+    clock sees 14 s for the 9 intervals, the engine 4.5 s."""
+    p = Progress()
+    t = 100.0
+    for s in range(1, 11):
+        t += 1.0 + (5.0 if s == 6 else 0.0)
+        p.observe(t, 1000 * s, s, 4.0, ms=500.0)
+    rates = p.rates(max_steps=20)
+    assert rates.tokens_per_s == pytest.approx(9000 / 14.0)
+    assert rates.engine_tokens_per_s == pytest.approx(9000 / 4.5)
+    assert rates.eta_s == pytest.approx(10 * 14.0 / 9)  # the ETA runs at the wall-clock rate
+
+
+def test_rates_window_spans_the_last_minutes():
+    p = Progress(window_s=60.0, window_steps=1000)
+    for s in range(1, 301):  # a step a second, 100 ms of compute; a 20 s stall every 50 steps
+        p.observe(s + 20.0 * (s // 50), 10 * s, s, 4.0, ms=100.0)
+    (t0, _k, s0, _ms), (t1, _k1, s1, _ms1) = p.window[0], p.window[-1]
+    assert t1 - t0 >= 60.0 and p.window[1][0] > t1 - 60.0  # just over a minute, no more
+    assert p.window_ms == pytest.approx(100.0 * (len(p.window) - 1))
+    short = Progress(window_s=1e9, window_steps=5)
+    for s in range(1, 12):
+        short.observe(float(s), 10 * s, s, 4.0, ms=float(s))
+    assert [e[2] for e in short.window] == [7, 8, 9, 10, 11] and short.window_ms == pytest.approx(8 + 9 + 10 + 11)
+    assert Progress().rates(10) == (None, None, None)
+
+
+def test_goodput_meter_splits_the_wall_time():
+    m = GoodputMeter()
+    assert m.status(5.0) is None  # no engine ready yet
+    m.ready(10.0)
+    m.ready(20.0)  # a restarted engine: the clock keeps running from the first
+    for _ in range(4):
+        m.step(1500.0, 2048)
+    m.audit("eval", 2000.0)
+    m.audit("sample", 1000.0)
+    m.audit("checkpoint", checkpoint_stall_ms({"ms": 300.0, "snapshot_ms": 10.0, "wait_ms": 5.0}))
+    m.audit("checkpoint", checkpoint_stall_ms({"ms": 120.0}))  # a synchronous write: all of it stalled
+    g = m.status(20.0)
+    assert (g.wall_s, g.step_s, g.steps, g.tokens) == (10.0, 6.0, 4, 8192)
+    assert g.audits["eval"] == AuditTime(1, 2.0) and g.audits["sample"] == AuditTime(1, 1.0)
+    assert g.audits["checkpoint"].count == 2 and g.audits["checkpoint"].s == pytest.approx(0.135)
+    assert g.other_s == pytest.approx(10.0 - 6.0 - 3.135) and g.overhead == pytest.approx(0.4)
+    assert overhead_summary(g) == "overhead 40.0% (sample 10.0%, eval 20.0%, checkpoint 1.4%, other 8.7%)"
+    back = Goodput.from_dict(json.loads(json.dumps(RunState(goodput=g).to_dict()))["goodput"])
+    assert back == g
+    assert RunState.from_dict(RunState(goodput=g).to_dict()).goodput == g
+    for bad in ({}, {"audits": []}, dict(RunState(goodput=g).to_dict()["goodput"], wall_s="long"),
+                dict(RunState(goodput=g).to_dict()["goodput"], steps=None)):
+        assert Goodput.from_dict(bad) is None  # a hand-edited snapshot is never trusted
+
+
+def test_retention_leaves_files_past_the_newest_announced(tmp_path):
+    """A step_*.bin newer than the newest ckpt event may still be being written (the event comes once the
+    file is durable): retention neither counts it among the last K nor deletes it."""
+    for s in (10, 20, 30, 40, 50):
+        (tmp_path / f"step_{s:06d}.bin").write_bytes(b"x")
+    deleted = apply_retention(tmp_path, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
+    assert sorted(p.name for p in deleted) == ["step_000010.bin", "step_000020.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000030.bin", "step_000040.bin", "step_000050.bin"]

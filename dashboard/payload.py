@@ -16,6 +16,7 @@ from .entries import EvalFields, StepFields, tokens_per_s
 
 ENVELOPE_COLS = ("loss", "grad_norm")  # sent as min/max/mean so spikes survive
 MEAN_COLS = ("lr", "ms", "tok_s")
+WALL_COL = "wall_tok_s"  # from the x fields (tokens and time), not a column of the store
 
 
 def round_sig(a, digits: int = 6) -> list:
@@ -47,6 +48,23 @@ def ints(a) -> list:
     return np.asarray(a, dtype=np.int64).tolist()
 
 
+def wall_tokens_per_s(tok0, tok1, time0, time1, before: tuple[float, float] | None = None) -> np.ndarray:
+    """Wall-clock tokens/s of each bucket: the tokens its steps added over the wall time since the
+    previous bucket's last step (the first bucket: since `before`, the (tokens, time) of the step
+    before it, else since its own first step). Everything between steps counts (evals, samples,
+    checkpoint stalls, restarts), which the engine's tok_s leaves out; NaN where no time passed."""
+    tok1 = np.asarray(tok1, dtype=np.float64)
+    time1 = np.asarray(time1, dtype=np.float64)
+    if not tok1.size:
+        return np.zeros(0)
+    start_tok = np.concatenate(([before[0] if before else tok0[0]], tok1[:-1]))
+    start_time = np.concatenate(([before[1] if before else time0[0]], time1[:-1]))
+    dt = time1 - start_time
+    dk = tok1 - start_tok
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((dt > 0) & (dk >= 0), dk / dt, np.nan)
+
+
 def agg_payload(agg: Agg, cols: list[str], raw: bool) -> dict:
     """Columns of `agg` as {"step": [...], "loss": {"min","max","mean"}, "lr": [...], "mix": {...}}.
 
@@ -73,12 +91,16 @@ def agg_payload(agg: Agg, cols: list[str], raw: bool) -> dict:
             out[c] = col_mean
     for c in ENVELOPE_COLS + MEAN_COLS:  # always present, even before the first entry
         out.setdefault(c, {"mean": []} if c in ENVELOPE_COLS else [])
+    out[WALL_COL] = round_sig(wall_tokens_per_s(agg.tok0, agg.tok1, agg.time0, agg.time1))
     out["mix"] = mix
     return out
 
 
-def rows_payload(rows: list[StepFields], prev: tuple[int, float] | None) -> tuple[dict, tuple[int, float] | None]:
-    """Raw payload of freshly read step entries (a live push); returns the new `prev` for tok_s."""
+def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None
+                 ) -> tuple[dict, tuple[int, float, float] | None]:
+    """Raw payload of freshly read step entries (a live push). `prev` is the (step, tokens, time) of the
+    entry before them, for tok_s and wall_tok_s; returns the new one."""
+    before = (prev[1], prev[2]) if prev else None
     steps, tokens, times = [], [], []
     loss, gn, lr, ms, tps = [], [], [], [], []
     mix: dict[str, list] = {}
@@ -96,10 +118,11 @@ def rows_payload(rows: list[StepFields], prev: tuple[int, float] | None) -> tupl
         for arm, col in mix.items():
             if len(col) < k + 1:
                 col.append(float("nan"))
-        prev = (f.step, f.tokens)
+        prev = (f.step, f.tokens, f.time)
     out = {"n": len(steps), "raw": True, "step": steps, "tokens": round_sig(tokens, 12),
            "time": round_dec(times, 3), "loss": {"mean": round_sig(loss)}, "grad_norm": {"mean": round_sig(gn)},
            "lr": round_sig(lr), "ms": round_sig(ms), "tok_s": round_sig(tps),
+           WALL_COL: round_sig(wall_tokens_per_s(tokens, tokens, times, times, before)),
            "mix": {arm: round_sig(col) for arm, col in mix.items()}}
     return out, prev
 

@@ -22,21 +22,27 @@ from pathlib import Path
 from proxy.atomic import atomic_write_bytes, atomic_write_json
 from proxy.formats.checkpoint import checkpoint_path
 from proxy.formats.loss_log import encode_line
-from proxy.formats.state import ArmStatus, EngineStatus, RunState, write_state
+from proxy.formats.state import AUDIT_KINDS, ArmStatus, AuditTime, EngineStatus, Goodput, RunState, write_state
 from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, relative_checkpoint
 
 ARMS = ("stdlib_code", "stdlib_docs", "web_text")
 
 
 class SyntheticRun:
+    """`ms` per step of engine compute; with `audit_every`, an audit (an eval, a sample) of `audit_ms`
+    after every `audit_every` steps, which the wall clock (`time`) sees and the steps' `ms` do not."""
+
     def __init__(self, root: Path, arms=ARMS, seed: int = 0, tokens_per_step: int = 16384,
-                 t0: float | None = None, ms: float = 250.0, name: str | None = None):
+                 t0: float | None = None, ms: float = 250.0, name: str | None = None,
+                 audit_every: int = 0, audit_ms: float = 0.0):
         self.root = Path(root)
         self.arms = tuple(arms)
         self.rng = random.Random(seed)
         self.tokens_per_step = tokens_per_step
         self.t0 = time.time() if t0 is None else t0
         self.ms = ms
+        self.audit_every = audit_every
+        self.audit_ms = audit_ms
         self.name = name or self.root.name
         self.step = 0  # last step written
         self.phase = 0
@@ -63,13 +69,20 @@ class SyntheticRun:
         spike = 2.5 if step % 9973 == 0 and step else 0.0
         return round(base + 0.08 * (self.rng.random() - 0.5) + spike, 6)
 
+    def audits_before(self, step: int) -> int:
+        return (step - 1) // self.audit_every if self.audit_every and step > 0 else 0
+
+    def wall_time(self, step: int) -> float:
+        """When step `step` was logged: its steps' compute and the audits before it."""
+        return self.t0 + (step * self.ms + self.audits_before(step) * self.audit_ms) / 1000.0
+
     def step_line(self, step: int, **extra) -> str:
         loss = self.loss(step)
         entry = {"type": "step", "step": step, "loss": loss,
                  "lr": round(6e-4 * min(1.0, step / 100.0) * (0.55 + 0.45 * math.cos(step / 50000.0)), 9),
                  "grad_norm": round(0.5 + 0.5 * math.exp(-step / 3000.0) + 0.2 * self.rng.random()
                                     + (5.0 if step % 9973 == 0 and step else 0.0), 6),
-                 "tokens": step * self.tokens_per_step, "time": round(self.t0 + step * self.ms / 1000.0, 3),
+                 "tokens": step * self.tokens_per_step, "time": round(self.wall_time(step), 3),
                  "ms": round(self.ms * (0.9 + 0.2 * self.rng.random()), 3),
                  "arms": {a: round(loss + 0.1 * i, 6) for i, a in enumerate(self.arms)},
                  "mixture": self.weights(step), "phase": self.phase, "segment": 1}
@@ -80,7 +93,7 @@ class SyntheticRun:
         loss = self.loss(step) + 0.05
         entry = {"type": "eval", "step": step, "loss": round(loss, 6),
                  "arms": {a: round(loss + 0.07 * i, 6) for i, a in enumerate(self.arms)},
-                 "time": round(self.t0 + step * self.ms / 1000.0 + 0.5, 3), "phase": self.phase, "segment": 1}
+                 "time": round(self.wall_time(step) + 0.5, 3), "phase": self.phase, "segment": 1}
         return encode_line(entry).decode()
 
     def append_text(self, text: str) -> None:
@@ -100,15 +113,23 @@ class SyntheticRun:
 
     def write_state(self, status: str = "running", max_steps: int = 200000) -> None:
         remaining = max(0, max_steps - self.step)
+        wall_s = self.wall_time(self.step) - self.t0
+        step_s = self.step * self.ms / 1000.0
+        audits = {k: AuditTime() for k in AUDIT_KINDS}
+        audits["eval"] = AuditTime(count=self.audits_before(self.step), s=wall_s - step_s)
+        goodput = Goodput(wall_s=wall_s, step_s=step_s, steps=self.step, tokens=self.step * self.tokens_per_step,
+                          audits=audits, other_s=0.0, overhead=1.0 - step_s / wall_s if wall_s > 0 else None,
+                          tokens_per_s=self.step * self.tokens_per_step / wall_s if wall_s > 0 else None)
         write_state(self.root / STATE, RunState(
             step=self.step, phase=self.phase, policy="ucb1", status=status,
             arms={a: ArmStatus(pulls=self.step, ema=2.0, reward=0.01, weight=w, cap=1.0, floor=0.05)
                   for a, w in self.weights(self.step).items()},
-            tokens=self.step * self.tokens_per_step, tokens_per_s=self.tokens_per_step / (self.ms / 1000.0),
+            tokens=self.step * self.tokens_per_step, tokens_per_s=goodput.tokens_per_s,
+            engine_tokens_per_s=self.tokens_per_step / (self.ms / 1000.0),
             eta_s=remaining * self.ms / 1000.0, last_checkpoint=relative_checkpoint(self.step),
             engine=EngineStatus(kind="cpu", device="synthetic CPU", pid=os.getpid(), alive=status == "running",
                                 rss_bytes=123 << 20, cpu_percent=95.0, mem_bytes=45 << 20),
-            experiment=self.name, max_steps=max_steps))
+            experiment=self.name, max_steps=max_steps, goodput=goodput))
 
     def add_phase(self, start_step: int, policy: str = "ucb1", caps: dict | None = None) -> None:
         if not self.phases:

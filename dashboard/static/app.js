@@ -117,7 +117,7 @@
       rows: raw ? null : p.rows,
       lossMin: p.loss.min || p.loss.mean, lossMax: p.loss.max || p.loss.mean, lossMean: p.loss.mean,
       gnMin: p.grad_norm.min || p.grad_norm.mean, gnMax: p.grad_norm.max || p.grad_norm.mean,
-      lr: p.lr, tps: p.tok_s, mix: p.mix || {},
+      lr: p.lr, tps: p.tok_s, wtps: p.wall_tok_s || [], mix: p.mix || {},
     };
   }
 
@@ -135,7 +135,7 @@
       for (const a in p.mix) mix[a] = p.mix[a][i];
       const row = {
         step, tok: p.tokens[i], time: p.time[i], loss: p.loss.mean[i], gn: p.grad_norm.mean[i],
-        lr: p.lr[i], tps: p.tok_s[i], mix,
+        lr: p.lr[i], tps: p.tok_s[i], wtps: p.wall_tok_s ? p.wall_tok_s[i] : null, mix,
       };
       const t = r.tail;
       if (t.length && t[t.length - 1].step >= step) {
@@ -231,7 +231,7 @@
   // carrying its min and max in alternating order, so the line covers the envelope).
   function runPoints(r) {
     const base = r.zoom || r.overview;
-    const xs = [], steps = [], loss = [], lossS = [], gn = [], lr = [], tps = [];
+    const xs = [], steps = [], loss = [], lossS = [], gn = [], lr = [], tps = [], wtps = [];
     const arms = Object.keys(base ? base.mix : {});
     for (const t of r.tail) for (const a in t.mix) if (!arms.includes(a)) arms.push(a);
     const mix = {};
@@ -248,9 +248,10 @@
       norm = b * norm + (1 - b);
       return ema / norm;
     };
-    const push = (x, step, l, s, g, lrv, tp, mixv) => {
+    const push = (x, step, l, s, g, lrv, tp, wtp, mixv) => {
       if (x == null) return;
       xs.push(x); steps.push(step); loss.push(l); lossS.push(s); gn.push(g); lr.push(lrv); tps.push(tp);
+      wtps.push(wtp == null ? null : wtp);
       for (const a of arms) mix[a].push(mixv(a));
     };
     if (base) {
@@ -261,25 +262,27 @@
         if (n > 1 && base.step1[i] !== base.step0[i]) {
           const flip = i % 2 === 1;
           push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            flip ? base.lossMax[i] : base.lossMin[i], s, flip ? base.gnMax[i] : base.gnMin[i], base.lr[i], base.tps[i], mv);
+            flip ? base.lossMax[i] : base.lossMin[i], s, flip ? base.gnMax[i] : base.gnMin[i], base.lr[i], base.tps[i],
+            base.wtps[i], mv);
           push(xOf(base.step1[i], base.tok1[i], base.time1[i]), base.step1[i],
-            flip ? base.lossMin[i] : base.lossMax[i], s, flip ? base.gnMin[i] : base.gnMax[i], base.lr[i], base.tps[i], mv);
+            flip ? base.lossMin[i] : base.lossMax[i], s, flip ? base.gnMin[i] : base.gnMax[i], base.lr[i], base.tps[i],
+            base.wtps[i], mv);
         } else {
           push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            base.lossMean[i], s, base.gnMax[i], base.lr[i], base.tps[i], mv);
+            base.lossMean[i], s, base.gnMax[i], base.lr[i], base.tps[i], base.wtps[i], mv);
         }
       }
     }
     const last = lastStepOf(base);
     for (const t of r.tail) {
       if (t.step <= last || (S.view && t.step > S.view.to)) continue;
-      push(xOf(t.step, t.tok, t.time), t.step, t.loss, smooth(t.loss, 1), t.gn, t.lr, t.tps,
+      push(xOf(t.step, t.tok, t.time), t.step, t.loss, smooth(t.loss, 1), t.gn, t.lr, t.tps, t.wtps,
         (a) => (t.mix[a] == null ? null : t.mix[a]));
     }
     // x must increase for the chart: drop anything out of order (clock steps back, replays)
     let ok = true;
     for (let i = 1; i < xs.length; i++) if (!(xs[i] > xs[i - 1])) { ok = false; break; }
-    const P = { x: xs, step: steps, loss, lossS, gn, lr, tps, mix, arms };
+    const P = { x: xs, step: steps, loss, lossS, gn, lr, tps, wtps, mix, arms };
     return ok ? P : monotone(P);
   }
 
@@ -291,7 +294,7 @@
     const mix = {};
     for (const a in P.mix) mix[a] = pick(P.mix[a]);
     return { x: pick(P.x), step: pick(P.step), loss: pick(P.loss), lossS: pick(P.lossS), gn: pick(P.gn),
-      lr: pick(P.lr), tps: pick(P.tps), mix, arms: P.arms };
+      lr: pick(P.lr), tps: pick(P.tps), wtps: pick(P.wtps), mix, arms: P.arms };
   }
 
   // the value in `to` where `from` (ascending) reaches v, clamped at the ends; between two
@@ -502,7 +505,17 @@
     };
     simple("chart-lr", "lr", 180, (v) => fmtNum(v, 3));
     simple("chart-gn", "gn", 180, (v) => fmtNum(v, 3));
-    simple("chart-tps", "tps", 180, (v) => fmtSI(v, 3));
+    // tokens/s: the engine's step compute (solid) and the wall clock's, audits and waits included (dashed)
+    const tpsTables = shown.map((i) => [S.pts[i].x, S.pts[i].tps, S.pts[i].wtps]);
+    setChart("chart-tps", keyBase, (h) => {
+      const fmt = (v) => fmtSI(v, 3);
+      const o = baseOpts(h, 180, shown.flatMap((i) => [
+        lineSeries(runName(i) + " engine", runColor(i), 1.25, { value: (u, v) => fmt(v) }),
+        lineSeries(runName(i) + " wall clock", runColor(i), 1.25, { dash: [5, 3], value: (u, v) => fmt(v) }),
+      ]));
+      o.axes[1].values = (u, sp) => sp.map(fmt);
+      return o;
+    }, joinTables(tpsTables.length ? tpsTables : [[[], [], []]]));
 
     // mixture weights of the focus run, stacked
     const f = S.pts[S.focus] ? S.focus : shown[0];
@@ -615,7 +628,8 @@
         ["phase", st ? `${st.phase} (${st.policy || "?"})` : "–"],
         ["engine", [eng.kind, eng.device].filter(Boolean).join(" · ") || "–"],
         ["memory", `engine ${fmtBytes(eng.mem_bytes)} · rss ${fmtBytes(eng.rss_bytes)}`],
-        ["tokens/s", st ? fmtSI(st.tokens_per_s) : "–"],
+        ["tokens/s", st ? `${fmtSI(st.tokens_per_s)} wall clock · ${fmtSI(st.engine_tokens_per_s)} engine` : "–"],
+        ["overhead", overheadOf(st)],
         ["checkpoint", st && st.last_checkpoint ? String(st.last_checkpoint).split("/").pop() : "–"],
         ["updated", st && st.updated ? fmtDur(Date.now() / 1000 - st.updated) + " ago" : "–"],
       ];
@@ -624,6 +638,16 @@
       box.append(el("div", { class: "card", style: `--c:${runColor(idx)}`, "data-run": idx },
         el("h3", null, info.name || String(idx), el("span", { class: "pill " + label, title: why }, label)), dl));
     }
+  }
+
+  // the share of wall time that did not go to steps, and its split (.state.json's goodput)
+  function overheadOf(st) {
+    const g = st && st.goodput;
+    if (!g || typeof g.overhead !== "number" || !(g.wall_s > 0)) return "–";
+    const pct = (v) => (typeof v === "number" ? (100 * v).toFixed(1) + "%" : "–");
+    const parts = Object.entries(g.audits || {}).map(([k, a]) => `${k} ${pct(a && a.s / g.wall_s)}`);
+    parts.push(`other ${pct(g.other_s / g.wall_s)}`);
+    return `${pct(g.overhead)} (${parts.join(", ")})`;
   }
 
   function lastLogged(r) {
@@ -795,6 +819,11 @@
   }
 
   // for tests and the curious: the current zoom
+  // what one chart draws: its series' labels and its data columns (x first)
+  window.__dashboardChart = (id) => {
+    const u = S.charts[id];
+    return u ? { labels: u.series.map((s) => s.label), data: u.data.map((col) => Array.from(col)) } : null;
+  };
   window.__dashboardZoom = () => ({
     zoomed: !!S.view, from: S.view ? S.view.from : null, to: S.view ? S.view.to : null,
     raw: !!S.view && S.shown.every((i) => S.R[i] && S.R[i].zoom && S.R[i].zoom.raw),

@@ -41,8 +41,9 @@ def port() -> int:
 
 
 def make_run(root: Path, steps: int = 300, pivot: int | None = None, seed: int = 0) -> SyntheticRun:
-    """A run directory as the proxy leaves it: experiment, phases, some steps and evals, state, samples."""
-    run = SyntheticRun(root, seed=seed, t0=time.time() - steps * 0.25)
+    """A run directory as the proxy leaves it: experiment, phases, some steps and evals (each a 5 s stall
+    the wall clock sees), state, samples."""
+    run = SyntheticRun(root, seed=seed, t0=time.time() - steps * 0.35, audit_every=50, audit_ms=5000.0)
     run.write_experiment(max_steps=100000)
     run.add_phase(0)
     run.append_steps(steps, eval_every=50)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from dashboard import downsample
-from dashboard.payload import round_sig
+from dashboard.entries import step_fields
+from dashboard.payload import round_sig, rows_payload
 from dashboard.run_index import RunIndex
 from dashboard.step_store import K
 
@@ -110,3 +112,35 @@ def test_garbage_types_and_values_are_skipped(tmp_path):
     assert p["step"] == [1, 2, 4]
     assert p["loss"]["mean"][1] is None
     json.dumps(p, allow_nan=False)
+
+
+def test_wall_clock_tokens_per_s(tmp_path):
+    """wall_tok_s: the tokens a bucket's steps added over the wall time since the previous bucket's last
+    step, so a stall between steps (an eval, a sample) counts; tok_s is the engine's compute alone."""
+    with open(tmp_path / ".loss.json", "w") as f:  # 100 tokens and 10 ms per step, 1 s apart, a 50 s stall at 501
+        for s in range(1, 1001):
+            f.write(line(s, 2.0, time=1000.0 + s + (50.0 if s > 500 else 0.0)))
+    run = RunIndex(0, "r", tmp_path)
+    run.refresh_log()
+    p = run.series(None, None, 16)
+    assert not p["raw"]
+    w, tok1, time1 = p["wall_tok_s"], p["tokens_end"], p["time_end"]
+    assert w[0] == pytest.approx((tok1[0] - p["tokens"][0]) / (time1[0] - p["time"][0]))
+    stalled = [i for i in range(len(w)) if p["step"][i] <= 501 <= p["step_end"][i]]
+    for i in range(1, len(w)):
+        rows = p["step_end"][i] - p["step_end"][i - 1]
+        expected = 100 * rows / (rows + (50.0 if i in stalled else 0.0))
+        assert w[i] == pytest.approx(expected), i
+    assert all(v == pytest.approx(100 / 0.010) for v in p["tok_s"])
+    raw = run.series(499, 503, 100)  # full resolution: the step after the stall took 51 s
+    assert raw["raw"] and raw["wall_tok_s"][0] is None  # nothing before the first step of a view
+    assert raw["wall_tok_s"][1:] == [100.0, round_sig([100 / 51])[0], 100.0, 100.0]  # 6 significant digits
+
+
+def test_live_rows_carry_the_wall_clock_rate():
+    rows = [step_fields(json.loads(line(s, 2.0, time=t))) for s, t in ((401, 1402.0), (402, 1404.0), (403, 1404.0))]
+    out, prev = rows_payload(rows, (400, 40000.0, 1400.0))
+    assert out["wall_tok_s"] == [50.0, 50.0, None]  # no time passed before step 403: no rate
+    assert prev == (403, 40300.0, 1404.0)
+    out, _ = rows_payload(rows[:1], None)
+    assert out["wall_tok_s"] == [None] and out["tok_s"] == [pytest.approx(100 / 0.010)]

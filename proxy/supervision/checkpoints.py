@@ -1,9 +1,13 @@
-"""The proxy's checkpoint bookkeeping: retention after every checkpoint, and best.bin by validation loss."""
+"""The proxy's checkpoint bookkeeping: retention after every checkpoint, and best.bin by validation loss.
+
+Both act only on durable checkpoints: those the engine announced (its ckpt
+event comes once the file and its directory entry are fsynced), or older.
+"""
 from __future__ import annotations
 
 from ..formats.checkpoint import checkpoint_path, header_step
 from ..formats.loss_log import LossLogIndex
-from ..rundir.retention import apply_retention, best_is_better, copy_best, protected_by_phases
+from ..rundir.retention import apply_retention, best_is_better, protected_by_phases
 from .context import RunContext
 from .report import RunReport
 from .segment import Segment
@@ -25,6 +29,8 @@ def retain(ctx: RunContext, seg: Segment | None) -> None:
     protected = protected_by_phases(ctx.phases) | {report.last_ckpt_step}
     if seg is not None and seg.resume.path is not None:
         protected.add(seg.resume.step)
+    if ctx.best_copier.busy_step is not None:
+        protected.add(ctx.best_copier.busy_step)
     try:
         apply_retention(ctx.run.checkpoints, ctx.retention, protected, report.last_ckpt_step)
     except OSError as exc:
@@ -33,20 +39,18 @@ def retain(ctx: RunContext, seg: Segment | None) -> None:
 
 def maybe_best(ctx: RunContext, step: int) -> None:
     """best.bin := the checkpoint at `step` once its eval is in, the engine announced the file (it is
-    durable) and the loss is the best; called at both events, whichever comes last acts."""
-    report = ctx.report
+    durable) and the loss is the best so far (the copy in flight counts); called at both events, whichever
+    comes last acts. The copy runs in the background (BestCopier); one still in flight is waited for."""
+    report, copier = ctx.report, ctx.best_copier
     loss = ctx.eval_loss.get(step)
     path = checkpoint_path(ctx.run.checkpoints, step)
-    if loss is None or not durable(report, step) or not path.exists() or not best_is_better(loss, report.best_loss):
+    best_loss = copier.job[1] if copier.job is not None else report.best_loss
+    if loss is None or not durable(report, step) or not path.exists() or not best_is_better(loss, best_loss):
         return
     if report.best_step == step and report.best_loss == loss:
         return
-    try:
-        copy_best(path, ctx.run.best)
-    except OSError as exc:
-        ctx.warn(f"cannot update {ctx.run.best}: {exc}")
-        return
-    report.best_step, report.best_loss = step, loss
+    copier.wait(report, ctx.warn)
+    copier.start(step, loss, path, ctx.run.best)
 
 
 def load_best(report: RunReport, best, loss_log) -> None:

@@ -18,6 +18,7 @@ from ..formats.samples import SamplesFile
 from ..rundir.layout import RunDir
 from ..rundir.phases import Phase, read_phases
 from ..rundir.retention import RetentionPolicy
+from .best_copier import BestCopier
 from .engine_process import EngineChoice
 from .report import RunReport
 from .signals import SignalCounts
@@ -71,6 +72,7 @@ class RunContext:
     segment_number: int = 0  # engine launches of the run so far (`segment` in .loss.json)
     rejected: set[str] = field(default_factory=set)  # checkpoints the engine refused (exit 3)
     eval_loss: dict[int, float] = field(default_factory=dict)  # step -> validation loss
+    best_copier: BestCopier = field(default_factory=BestCopier)  # best.bin, written off the event loop
 
     @property
     def phase(self) -> Phase:

@@ -57,6 +57,7 @@ class Supervisor:
         finally:
             if self.segment is not None and self.segment.engine.alive():
                 self._shutdown_engine(self.segment)
+            ctx.best_copier.wait(ctx.report, ctx.warn)
             ctx.writer.close()
             write_run_state(ctx, self.segment, force=True)
             self.desk.refuse_all("the proxy is exiting")
@@ -146,6 +147,7 @@ class Supervisor:
                 pass  # the engine is gone or going; EOF follows
             elif kind == EOF:
                 break
+            ctx.best_copier.collect(ctx.report, ctx.warn)
             ctx.writer.maybe_fsync()
             write_run_state(ctx, seg)
             if self.watchdog.hung(seg, ctx.report.ckpt_ms):
@@ -159,6 +161,7 @@ class Supervisor:
             code = engine.wait(30)
         engine.finish()
         ctx.report.engine.alive = False
+        ctx.best_copier.wait(ctx.report, ctx.warn)  # a new phase, a restart or the exit starts from here
         ctx.writer.fsync()
         retain(ctx, seg)
         if seg.last_error is None and code not in (0, None):

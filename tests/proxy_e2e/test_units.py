@@ -14,9 +14,12 @@ from proxy.rundir.layout import RunDir, RunDirError
 from proxy.rundir.lock import RunLock, lock_owner
 from proxy.rundir.phases import append_phase, ensure_phases, read_phases
 from proxy.formats.samples import Sample, SampleAudit, SamplesFile
-from proxy.formats.state import AuditTime, Goodput, RunState, read_state, write_state
+from proxy.formats.state import AuditTime, EngineStatus, Goodput, RunState, read_state, write_state
+from proxy.supervision.best_copier import BestCopier
+from proxy.supervision.checkpoints import maybe_best
 from proxy.supervision.goodput import GoodputMeter, checkpoint_stall_ms, overhead_summary
 from proxy.supervision.progress import Progress
+from proxy.supervision.report import RunReport
 from proxy.supervision.segment import sample_seed
 
 
@@ -210,3 +213,33 @@ def test_retention_leaves_files_past_the_newest_announced(tmp_path):
     deleted = apply_retention(tmp_path, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
     assert sorted(p.name for p in deleted) == ["step_000010.bin", "step_000020.bin"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000030.bin", "step_000040.bin", "step_000050.bin"]
+
+
+def test_best_bin_only_from_announced_checkpoints_copied_in_the_background(tmp_path):
+    ck = tmp_path / "checkpoints"
+    ck.mkdir()
+    for s in (100, 200):
+        (ck / f"step_{s:06d}.bin").write_bytes(bytes([s % 251]) * 4096)
+    report, warnings = RunReport(engine=EngineStatus()), []
+    ctx = SimpleNamespace(report=report, best_copier=BestCopier(), eval_loss={100: 3.0, 200: 2.5, 300: 1.0},
+                          run=SimpleNamespace(checkpoints=ck, best=ck / "best.bin"), warn=warnings.append)
+    report.checkpointed(100, str(ck / "step_000100.bin"))
+    maybe_best(ctx, 200)  # on disk, but its ckpt event has not come: it may still be being written
+    assert ctx.best_copier.job is None and not ctx.run.best.exists()
+    maybe_best(ctx, 100)
+    assert ctx.best_copier.busy_step == 100 and report.best_step is None  # recorded once the copy is durable
+    ctx.best_copier.wait(report, warnings.append)
+    assert (report.best_step, report.best_loss) == (100, 3.0)
+    assert ctx.run.best.read_bytes() == (ck / "step_000100.bin").read_bytes()
+    report.checkpointed(200, str(ck / "step_000200.bin"))
+    maybe_best(ctx, 200)
+    maybe_best(ctx, 100)  # not better than the copy in flight: nothing
+    assert ctx.best_copier.busy_step == 200
+    ctx.best_copier.wait(report, warnings.append)
+    assert report.best_step == 200 and ctx.run.best.read_bytes() == (ck / "step_000200.bin").read_bytes()
+    (ck / "step_000300.bin").mkdir()  # a copy that fails: one warning, best.bin and the report unchanged
+    report.checkpointed(300, str(ck / "step_000300.bin"))
+    maybe_best(ctx, 300)
+    ctx.best_copier.wait(report, warnings.append)
+    assert report.best_step == 200 and len(warnings) == 1 and "best.bin" in warnings[0]
+    assert ctx.run.best.read_bytes() == (ck / "step_000200.bin").read_bytes()

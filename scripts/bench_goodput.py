@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Goodput of a whole `proxy run` (issue 12): wall time against the engine's step compute, and where the rest goes.
 
-    python scripts/bench_goodput.py run [EXPERIMENT.json] [--steps N] [--threads N] [--engine cpu|cuda]
-                                        [--repo DIR] [--label NAME] [--json FILE]
+    python scripts/bench_goodput.py run [EXPERIMENT.json] [--steps N] [--threads N] [--train KEY=VALUE]
+                                        [--engine cpu|cuda] [--repo DIR] [--label NAME] [--json FILE]
     python scripts/bench_goodput.py render docs/bench/goodput-cpu.json [--doc docs/PERFORMANCE.md]
 
 `run` trains the experiment for --steps steps through the real proxy (`python -m proxy run`
@@ -47,8 +47,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from cuda_bench_report import Markers, ReportError, rewrite_between_markers  # noqa: E402
-from proxy.atomic import atomic_write_json, atomic_write_text  # noqa: E402
+from cuda_bench_report import Markers, ReportError, render_into_doc  # noqa: E402
+from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.supervision.goodput import checkpoint_stall_ms  # noqa: E402
 
 AUDIT_KINDS = ("sample", "eval", "checkpoint")
@@ -307,23 +307,10 @@ def render_table(runs: list[GoodputRun]) -> str:
 def render(args) -> int:
     try:
         table = render_table(load_runs(args.results))
-        if args.doc is None:
-            print(table)
-            return 0
-        try:
-            old = args.doc.read_text()
-        except OSError as exc:
-            raise ReportError(f"cannot read {args.doc}: {exc.strerror}") from None
-        source = args.results.resolve()
-        name = str(source.relative_to(REPO)) if source.is_relative_to(REPO) else str(args.results)
-        new = rewrite_between_markers(old, table, name, MARKERS)
     except ReportError as exc:
         print(f"bench_goodput: {exc}", file=sys.stderr)
         return 2
-    if new != old:
-        atomic_write_text(args.doc, new)
-    print(f"bench_goodput: {args.doc}: table {'rewritten' if new != old else 'unchanged'}")
-    return 0
+    return render_into_doc(args.doc, table, args.results, MARKERS, "bench_goodput")
 
 
 def run(args) -> int:
@@ -344,6 +331,13 @@ def run(args) -> int:
             if args.threads is not None:
                 exp["train"]["threads"] = args.threads
         exp["train"]["max_steps"] = args.steps
+        for setting in args.train:
+            key, _, value = setting.partition("=")
+            try:
+                exp["train"][key] = json.loads(value)
+            except ValueError:
+                print(f"bench_goodput: --train {setting}: expected KEY=JSON_VALUE", file=sys.stderr)
+                return 2
         experiment = work / "experiment.json"
         experiment.write_text(json.dumps(exp, indent=1))
         try:
@@ -369,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("experiment", nargs="?", help="an experiment file (default: the CPU probe)")
     r.add_argument("--steps", type=int, default=100, help="max_steps for this run (default 100)")
     r.add_argument("--threads", type=int, help="train.threads (default: the experiment's)")
+    r.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
+                   help="override train.KEY (a JSON value), e.g. --train eval_rows=4; repeatable")
     r.add_argument("--engine", choices=("cpu", "cuda"), default="cpu")
     r.add_argument("--repo", default=str(REPO), help="the checkout whose proxy and engine run (default: this one)")
     r.add_argument("--label", default="now", help="the row's name in the results file")

@@ -220,22 +220,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         table = render_table(BenchReport.load(args.results))
-        if args.doc is None:
-            print(table)
-            return 0
-        try:
-            old = args.doc.read_text()
-        except OSError as exc:
-            raise ReportError(f"cannot read {args.doc}: {exc.strerror}") from None
-        source = args.results.resolve()
-        source_name = str(source.relative_to(REPO)) if source.is_relative_to(REPO) else str(args.results)
-        new = rewrite_between_markers(old, table, source_name)
     except ReportError as exc:
         print(f"cuda_bench_report: {exc}", file=sys.stderr)
         return 2
+    return render_into_doc(args.doc, table, args.results, CUDA_MARKERS, "cuda_bench_report")
+
+
+def render_into_doc(doc: Path | None, table: str, results: Path, markers: Markers, prog: str) -> int:
+    """Print `table` (no `doc`), or put it between the markers of `doc`, rewritten atomically when it
+    changes. Returns the exit status: 0, or 2 after one line on stderr (the document left as it was)."""
+    if doc is None:
+        print(table)
+        return 0
+    try:
+        try:
+            old = doc.read_text()
+        except OSError as exc:
+            raise ReportError(f"cannot read {doc}: {exc.strerror}") from None
+        source = results.resolve()
+        source_name = str(source.relative_to(REPO)) if source.is_relative_to(REPO) else str(results)
+        new = rewrite_between_markers(old, table, source_name, markers)
+    except ReportError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     if new != old:
-        atomic_write_text(args.doc, new)
-    print(f"cuda_bench_report: {args.doc}: table {'rewritten' if new != old else 'unchanged'}")
+        atomic_write_text(doc, new)
+    print(f"{prog}: {doc}: table {'rewritten' if new != old else 'unchanged'}")
     return 0
 
 

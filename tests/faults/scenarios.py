@@ -1433,19 +1433,60 @@ PROXY_KILL_KINDS = {
 }
 
 
-def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int) -> Outcome:
+SHIM_SOURCE = REPO / "tests" / "engine" / "fsync_shim.c"
+
+
+def build_fsync_shim(directory: Path) -> Path:
+    """tests/engine/fsync_shim.c as an LD_PRELOAD library: each fsync of a process that preloads it first
+    sleeps MG_TEST_FSYNC_DELAY_MS milliseconds."""
+    out = Path(directory) / "fsync_shim.so"
+    res = subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(out), str(SHIM_SOURCE),
+                          "-ldl"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise AssertionError(f"cannot build {SHIM_SOURCE}: {res.stderr}")
+    return out
+
+
+def slow_write_engine(directory: Path, shim: Path, delay_ms: int) -> Path:
+    """An executable the proxy can run as its engine (`--engine PATH`): the engine, exec'd (so its pid is
+    the one the proxy records and kills) with every fsync delayed, so that a checkpoint's background write
+    lasts at least 2 x delay_ms (the file's fsync, then its directory's) while training goes on."""
+    path = Path(directory) / "engine-slow-writes.sh"
+    path.write_text(f"#!/bin/sh\nexport LD_PRELOAD='{shim}' MG_TEST_FSYNC_DELAY_MS={int(delay_ms)}\n"
+                    f"exec '{ENGINE}' \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def unannounced_checkpoint(run: Path) -> bool:
+    """A step_*.bin newer than the last checkpoint .state.json names (the proxy writes it at every ckpt
+    event): a write between its rename and its ckpt event, or an event the proxy never handled."""
+    newest = list_checkpoints(run / "checkpoints")
+    try:
+        announced = checkpoint_step(json.loads((run / ".state.json").read_text()).get("last_checkpoint") or "")
+    except (OSError, ValueError, AttributeError):
+        announced = None
+    return bool(newest) and (checkpoint_step(newest[0]) or 0) > (announced or 0)
+
+
+def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engine: str | None = None,
+                     write_s: float | None = None, name: str | None = None, fault_class: str | None = None) -> Outcome:
     """SIGKILL the proxy (its process group), the engine, or both, at seeded random moments (40% of
     them right after a checkpointing step, in or around the write); relaunch the same command when the
     proxy died. Every relaunch resumes from the newest valid checkpoint whose steps are all in
-    .loss.json; no valid checkpoint is ever lost; the finished run equals the uninterrupted one."""
-    name = f"proxy-kill-{kind}"
-    out = Outcome(PROXY_KILL_KINDS[kind], name)
+    .loss.json; no valid checkpoint is ever lost; the finished run equals the uninterrupted one.
+
+    With `write_s` (an engine whose checkpoint writes take about that long, e.g. slow_write_engine),
+    every kill lands at a random moment within write_s after a checkpointing step was logged: inside
+    the background write, while the engine trains on and before its ckpt event."""
+    name = name or f"proxy-kill-{kind}"
+    out = Outcome(fault_class or PROXY_KILL_KINDS[kind], name)
     rng = rng_for(name)
     run = workdir / "run"
     watch = CkptWatch(run / "checkpoints")
     tail = LogTail(run / ".loss.json")
     extra = ("--max-failures", "50")  # kills of the engine are not a crash loop here
-    p = env.start(run, *extra)
+    p = env.start(run, *extra, engine=engine)
     procs = [p]
     seen, expected, lost_from, kills = 0, 0, 0, 0
     while True:
@@ -1468,7 +1509,9 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int) -> O
         ce = env.ckpt_every
         # Delays are a few steps' worth at most: a step of this model takes about a
         # millisecond, so a longer sleep could outlast the rest of the run.
-        if rng.random() < 0.4:
+        if write_s is not None:
+            target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, write_s)
+        elif rng.random() < 0.4:
             target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, 0.003)
         else:
             target, delay = resume + rng.randint(1, 2 * ce), rng.uniform(0.0, 0.006)
@@ -1494,17 +1537,21 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int) -> O
                 out.fail(f"kill {kills}: the orphaned engine pid {rec[0]} did not exit within 90s")
             if temps_in(run / "checkpoints"):
                 out.bump("kills that left a checkpoint temp file (inside a write)")
+            elif unannounced_checkpoint(run):
+                out.bump("kills that left a checkpoint the proxy had not seen announced")
             watch.check(out, f"after kill {kills}")
             no_traceback(p, out, f"killed proxy {kills}")
             lost_from = read_log(run / ".loss.json").max_step
             expected = expected_resume(run)
-            p = env.start(run, *extra)
+            p = env.start(run, *extra, engine=engine)
             procs.append(p)
         else:
             kill_engine(rec)
             time.sleep(0.01)
             if temps_in(run / "checkpoints"):
                 out.bump("kills that left a checkpoint temp file (inside a write)")
+            elif unannounced_checkpoint(run):
+                out.bump("kills that left a checkpoint the proxy had not seen announced")
             watch.check(out, f"after kill {kills}")
     try:
         rc = p.finish(300)

@@ -1,6 +1,7 @@
 """kill -9 of the engine, of the proxy, of both, at seeded random moments, including inside
-checkpoint writes: no valid checkpoint is ever lost, every resume starts from the newest valid one,
-and the finished run is bit-identical to an uninterrupted one."""
+checkpoint writes (which run in the background while the engine trains on): no valid checkpoint is
+ever lost, every resume starts from the newest valid one, and the finished run is bit-identical to
+an uninterrupted one."""
 from __future__ import annotations
 
 import shutil
@@ -44,3 +45,24 @@ def test_proxy_level_kills(proxy_env, tmp_path, record, kind, n_kills):
     the same command: identical per-step losses, mixtures, evals, samples and final weights."""
     out = record(scenarios.proxy_kill_storm(proxy_env, tmp_path, kind, n_kills))
     out.check()
+
+
+WRITE_DELAY_MS = 40  # per fsync: a checkpoint's background write takes at least 80 ms
+
+
+@pytest.mark.parametrize("kind,n_kills", [("proxy", 4), ("engine", 6), ("both", 4)])
+def test_proxy_level_kills_inside_background_writes(proxy_env, tmp_path, record, kind, n_kills):
+    """Checkpoint writes slowed to at least 80 ms (every fsync of the engine sleeps 40 ms) while the
+    engine trains on, and every kill aimed inside one: with a temp file half written, or a file renamed
+    but not yet announced by its ckpt event (the engine may have logged later steps). Relaunches resume
+    from the newest valid checkpoint the log covers, no valid checkpoint is lost, and the finished run
+    equals the uninterrupted one."""
+    engine = scenarios.slow_write_engine(tmp_path, scenarios.build_fsync_shim(tmp_path), WRITE_DELAY_MS)
+    out = record(scenarios.proxy_kill_storm(
+        proxy_env, tmp_path, kind, n_kills, engine=str(engine), write_s=2.5 * WRITE_DELAY_MS / 1000.0,
+        name=f"proxy-kill-{kind}-in-write",
+        fault_class=scenarios.PROXY_KILL_KINDS[kind] + " inside background checkpoint writes"))
+    out.check()
+    hits = (out.notes.get("kills that left a checkpoint temp file (inside a write)", 0)
+            + out.notes.get("kills that left a checkpoint the proxy had not seen announced", 0))
+    assert hits >= n_kills // 2, f"only {hits} of {out.injected} kills landed inside a write: {out.notes}"

@@ -52,6 +52,15 @@ static int mg_pick_token(const float *logits, int V, const MgSampleParams *p, ui
     return best;
 }
 
+// --dump-logits: appends one SAMPLE frame's logits, f32[count, max_new, V],
+// to the file (created empty at start-up), before the `sample` event is
+// printed, so a reader that saw the event sees the whole frame's logits.
+static void mg_append_logits(const char *path, const float *logits, size_t n) {
+    FILE *f = fopen(path, "ab");
+    if (!f || fwrite(logits, sizeof(float), n, f) != n || fclose(f))
+        mg_fail(MG_EXIT_IO, "cannot write logits to %s: %s", path, strerror(errno));
+}
+
 // Samples p->count completions of prompt, B (= --batch) at a time, and
 // prints the `sample` event; step is the engine's step, echoed in the event.
 static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id, const MgSampleParams *p,
@@ -64,6 +73,7 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
     float *logits = (float *)mg_malloc((size_t)B * V * sizeof(float));
     double *probs = (double *)mg_malloc((size_t)V * sizeof(double));
     float *scratch = (float *)mg_malloc((size_t)V * sizeof(float));
+    float *dump = cfg->dump_logits ? (float *)mg_malloc((size_t)p->count * p->max_new * V * sizeof(float)) : NULL;
     for (uint32_t s = 0; s < p->count; s++) memcpy(seqs + s * cap, prompt, p->n_prompt * sizeof(uint16_t));
     for (uint32_t s0 = 0; s0 < p->count; s0 += (uint32_t)B) {
         int rows = (int)(p->count - s0 < (uint32_t)B ? p->count - s0 : (uint32_t)B);
@@ -73,10 +83,13 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
             for (int r = 0; r < rows; r++)
                 memcpy(window + (size_t)r * win, seqs + (s0 + r) * cap + len - win, win * sizeof(uint16_t));
             eng->last_logits(eng->impl, window, rows, win, logits);
+            for (int r = 0; dump && r < rows; r++)
+                memcpy(dump + ((size_t)(s0 + r) * p->max_new + j) * V, logits + (size_t)r * V, (size_t)V * sizeof(float));
             for (int r = 0; r < rows; r++)
                 seqs[(s0 + r) * cap + len] = (uint16_t)mg_pick_token(logits + (size_t)r * V, V, p, s0 + r, j, probs, scratch);
         }
     }
+    if (dump) mg_append_logits(cfg->dump_logits, dump, (size_t)p->count * p->max_new * V);
     printf("{\"event\":\"sample\",\"id\":%llu,\"step\":%d,\"tokens\":[", (unsigned long long)id, step);
     for (uint32_t s = 0; s < p->count; s++) {
         fputs(s ? ",[" : "[", stdout);
@@ -85,7 +98,7 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
     }
     printf("],\"ms\":%.3f}\n", mg_now_ms() - t0);
     fflush(stdout);
-    free(seqs); free(window); free(logits); free(probs); free(scratch);
+    free(seqs); free(window); free(logits); free(probs); free(scratch); free(dump);
 }
 
 #endif  // MICROGPT_SAMPLER_H

@@ -41,7 +41,7 @@ class Verdict:
 
 def check_file(path: Path, shape: ModelShape) -> Verdict:
     """One checkpoint's verdict against the run's model shape."""
-    name = f"{path.parent.name}/{path.name}"
+    name = _name(path)
     reason = verify_checkpoint(path)
     if reason is not None and not path.exists():
         return Verdict(name, GONE, None, "deleted while verifying (the live run's retention)")
@@ -50,7 +50,7 @@ def check_file(path: Path, shape: ModelShape) -> Verdict:
         try:
             ckpt = read_checkpoint(path)
         except CheckpointError as exc:
-            return Verdict(name, CORRUPT, None, _short(str(exc), path))
+            return Verdict(name, CORRUPT, step, _short(str(exc), path))
         if ckpt.trailer is not None:  # it changed between the two reads
             return Verdict(name, CORRUPT, step, _short(reason, path))
         if ckpt.n_params != shape.n_params:
@@ -75,31 +75,50 @@ def _shape_text(s: ModelShape) -> str:
     return f"vocab {s.vocab} ctx {s.ctx} dim {s.dim} layers {s.layers} heads {s.heads}"
 
 
-def resume_point(run: RunDir) -> dict:
-    """Where the next `proxy run` would resume, by the one resume rule, and why newer files were passed over."""
+def resume_point(run: RunDir, corrupt: dict[str, str]) -> dict:
+    """Where the next `proxy run` would resume, by the one resume rule, and why newer files were passed over.
+
+    The rule checks a file's checksum and the log's coverage, not its shape: a foreign checkpoint it picks
+    is refused by the engine at launch, and the proxy falls back to the next older one. So does this,
+    for every file found corrupt (`corrupt`: name -> reason)."""
     try:
         phases = read_phases(run)
     except RunDirError as exc:
         return {"checkpoint": None, "step": None, "reason": str(exc), "skipped": []}
     if not phases:
         return {"checkpoint": None, "step": 0, "reason": "never started: the next launch starts fresh", "skipped": []}
-    try:
-        point = choose_resume(run.checkpoints, LossLogIndex.load(run.loss_log), phases, set())
-    except ProxyError as exc:
-        return {"checkpoint": None, "step": None, "reason": f"the next launch would stop: {exc}", "skipped": []}
+    index = LossLogIndex.load(run.loss_log)
+    skipped, at_most = [], None
+    while True:
+        try:
+            point = choose_resume(run.checkpoints, index, phases, set(), at_most=at_most)
+        except ProxyError as exc:
+            return {"checkpoint": None, "step": None, "reason": f"the next launch would stop: {exc}",
+                    "skipped": skipped}
+        skipped += [why.removeprefix(f"{run.checkpoints}/") for why in point.skipped]
+        name = _name(point.path) if point.path is not None else None
+        if name not in corrupt:
+            break
+        skipped.append(f"{point.path.name}: the engine would refuse it ({corrupt[name]})")
+        at_most = point.step - 1
     if point.path is None:
         return {"checkpoint": None, "step": 0, "reason": "no usable checkpoint: the next launch starts fresh",
-                "skipped": point.skipped}
-    return {"checkpoint": f"{point.path.parent.name}/{point.path.name}", "step": point.step, "reason": None,
-            "skipped": point.skipped}
+                "skipped": skipped}
+    return {"checkpoint": name, "step": point.step, "reason": None, "skipped": skipped}
+
+
+def _name(path: Path) -> str:
+    """How the report names a checkpoint: relative to the run directory."""
+    return f"{path.parent.name}/{path.name}"
 
 
 def verify_run(run: RunDir) -> dict:
     shape = experiment_shape(load_frozen_experiment(run))
     files = list_checkpoints(run.checkpoints) + ([run.best] if run.best.is_file() else [])
     verdicts = [check_file(p, shape) for p in files]
-    return {"run_dir": str(run.root), "checkpoints": [asdict(v) for v in verdicts],
-            "corrupt": sum(v.verdict == CORRUPT for v in verdicts), "resume": resume_point(run)}
+    corrupt = {v.name: v.reason for v in verdicts if v.verdict == CORRUPT}
+    return {"run_dir": str(run.root), "checkpoints": [asdict(v) for v in verdicts], "corrupt": len(corrupt),
+            "resume": resume_point(run, corrupt)}
 
 
 def format_report(report: dict) -> str:

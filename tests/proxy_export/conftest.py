@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy_e2e.conftest import ENGINE, Proxy, _reap_proxies, data_cache, engine, make_experiment, run_cmd  # noqa: F401
+from proxy_e2e.conftest import (REPO, Proxy, _reap_proxies, data_cache, engine, make_experiment,  # noqa: F401
+                                proxy_env, run_cmd)
 from proxy_pivot.conftest import one_line_error, tree_hashes  # noqa: F401
 
 MAX_STEPS = 60

@@ -26,47 +26,26 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"port out of range: {text!r}")
-    return value
-
-
-def _int_in(low: int, high: int):
-    """An argparse type: an integer in [low, high]."""
-    def parse(text: str) -> int:
+def _checked(convert, what: str, ok, why: str):
+    """An argparse type: `convert(text)` ("not <what>" if it fails), refused with "<why>" unless `ok(value)`."""
+    def parse(text: str):
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}]: {text!r}")
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{why}: {text!r}")
         return value
     return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
+_positive_float = _checked(float, "a number", lambda v: v > 0, "must be positive")
+_non_negative_float = _checked(float, "a number", lambda v: 0 <= v < float("inf"), "must be a finite number >= 0")
+_port = _checked(int, "a port number", lambda v: 0 < v < 65536, "port out of range")
+
+
+def _int_in(low: int, high: int):
+    return _checked(int, "an integer", lambda v: low <= v <= high, f"must be in [{low}, {high}]")
 
 
 def _add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:

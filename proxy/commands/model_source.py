@@ -60,8 +60,7 @@ class ModelSource:
     shape: ModelShape
     run: RunDir | None
     experiment: Experiment | None
-    trailer: Trailer | None  # None: a bare ANDREA file (shape from the run's experiment)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # a bare ANDREA file's: nothing was verified
 
     def require_run(self, what: str) -> tuple[RunDir, Experiment]:
         """The run, for what needs its tokenizer or data; ProxyError naming `what` when there is none."""
@@ -129,20 +128,30 @@ def _shape_of(path: Path, trailer: Trailer | None, n_params: int, experiment: Ex
             raise ProxyError(f"{path}: a bare ANDREA file holds no model shape; pass --run-dir DIR of its run",
                              EXIT_USAGE)
         return trailer.shape
+    reason = foreign_reason(run, experiment, trailer, n_params)
+    if reason is not None:
+        raise ProxyError(f"{path}: foreign checkpoint: {reason}", EXIT_USAGE)
+    return experiment_shape(experiment)
+
+
+def foreign_reason(run: RunDir, experiment: Experiment, trailer: Trailer | None, n_params: int) -> str | None:
+    """Why a checkpoint that reads is not the model of `run` (another shape, or a trailer naming another
+    experiment), or None. A bare file (no trailer) can only be checked by its parameter count."""
     expected = experiment_shape(experiment)
     if trailer is None:
         if n_params != expected.n_params:
-            raise ProxyError(f"{path}: foreign checkpoint: {n_params} parameters, the model of {run.root} has "
-                             f"{expected.n_params}", EXIT_USAGE)
-        return expected
+            return f"{n_params} parameters, the model of {run.root} has {expected.n_params}"
+        return None
     if trailer.shape != expected:
-        raise ProxyError(f"{path}: foreign checkpoint: its model is {_describe(trailer.shape)}, the model of "
-                         f"{run.root} is {_describe(expected)}", EXIT_USAGE)
+        return f"its model is {describe_shape(trailer.shape)}, the model of {run.root} is {describe_shape(expected)}"
     named = _meta_experiment(trailer)
     if named is not None and named not in _experiment_names(run, experiment):
-        raise ProxyError(f"{path}: foreign checkpoint: written by experiment {named!r}, {run.root} is "
-                         f"{experiment.name!r}", EXIT_USAGE)
-    return trailer.shape
+        return f"written by experiment {named!r}, {run.root} is {experiment.name!r}"
+    return None
+
+
+def describe_shape(s: ModelShape) -> str:
+    return f"vocab {s.vocab}, ctx {s.ctx}, dim {s.dim}, layers {s.layers}, heads {s.heads}"
 
 
 def _experiment_names(run: RunDir, experiment: Experiment) -> set[str]:
@@ -154,10 +163,6 @@ def _experiment_names(run: RunDir, experiment: Experiment) -> set[str]:
         except (OSError, ValueError, AttributeError):
             pass
     return names
-
-
-def _describe(s: ModelShape) -> str:
-    return f"vocab {s.vocab}, ctx {s.ctx}, dim {s.dim}, layers {s.layers}, heads {s.heads}"
 
 
 def _meta_experiment(trailer: Trailer) -> str | None:
@@ -188,7 +193,7 @@ def resolve_source(run_dir: str | None, step_text: str | None, checkpoint: str |
     shape = _shape_of(path, trailer, n_params, experiment, run)
     step_in_file = header_step(path)
     return ModelSource(path=path, step=int(step_in_file or 0), shape=shape, run=run, experiment=experiment,
-                       trailer=trailer, warnings=warnings)
+                       warnings=warnings)
 
 
 def run_data(source: ModelSource, cache_dir: str | None, what: str) -> PreparedData:

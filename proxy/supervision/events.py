@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..formats.checkpoint import checkpoint_path
-from ..formats.frames import Event
-from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed
+from ..formats.frames import Event, group_result
+from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
 from ..formats.samples import Sample, SampleAudit
 from .checkpoints import maybe_best, retain
 from .context import RunContext
@@ -130,17 +130,12 @@ class EventHandlers:
     def _eval_part(self, seg: Segment, ev: Event, step: int, arm: int) -> None:
         """One arm's validation loss; with the last arm's, the eval entry (token-weighted mean) is logged."""
         ctx = self.ctx
-        group_loss = dict(ev.get("group_loss") or {})
-        group_tokens = dict(ev.get("group_tokens") or {})
-        loss = float(group_loss.get(str(arm), ev["loss"]))
-        tokens = float(group_tokens.get(str(arm), 1) or 1)
         parts = ctx.evals.setdefault(step, {})
-        parts[arm] = (loss, tokens)
+        parts[arm] = group_result(ev, arm)
         if len(parts) < len(ctx.arm_names):
             return
         del ctx.evals[step]
-        total = sum(t for _, t in parts.values())
-        mean = sum(l * t for l, t in parts.values()) / total
+        mean = eval_loss(parts.values())
         entry = EvalEntry(step=step, loss=mean, arms={ctx.arm_names[a]: l for a, (l, _t) in sorted(parts.items())},
                           time=time.time(), phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)

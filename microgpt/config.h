@@ -30,6 +30,7 @@ typedef struct {
     const char *attention;  // CUDA engine: "naive" or "flash"; NULL = naive
     const char *meta;
     const char *dump_grads;
+    const char *dump_logits;  // SAMPLE frames append the logits they picked from here
     int allow_hparam_change;
     int sample_recompute;
     uint64_t given;  // bit i set: flag i of MG_FLAGS was on the command line
@@ -76,6 +77,7 @@ static const MgFlag MG_FLAGS[] = {
     {"attention", MG_STR, MG_OFF(attention), 0, 0, "naive or flash: CUDA attention kernels (default naive; flash is bf16, head dim 32/64/128)"},
     {"meta", MG_STR, MG_OFF(meta), 0, 0, "JSON value (up to 4096 bytes) stored in checkpoint trailers"},
     {"dump-grads", MG_STR, MG_OFF(dump_grads), 0, 0, "write the first step's raw gradients (f32[n_params]) here and exit"},
+    {"dump-logits", MG_STR, MG_OFF(dump_logits), 0, 0, "each SAMPLE frame appends the logits it picked from (f32[count, max_new, vocab]) here"},
     {"allow-hparam-change", MG_BOOL, MG_OFF(allow_hparam_change), 0, 0, "on resume, accept optimizer flags that differ from the checkpoint"},
     {"sample-recompute", MG_BOOL, MG_OFF(sample_recompute), 0, 0, "sample without the KV cache, recomputing the window per token (tests, benchmarks)"},
 };

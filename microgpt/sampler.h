@@ -53,6 +53,16 @@ static int mg_pick_token(const float *logits, int V, const MgSampleParams *p, ui
     return best;
 }
 
+// --dump-logits: appends one SAMPLE frame's logits, f32[completions, max_new, V]
+// (completions: every prompt's count, prompt after prompt),
+// to the file (created empty at start-up), before the `sample` event is
+// printed, so a reader that saw the event sees the whole frame's logits.
+static void mg_append_logits(const char *path, const float *logits, size_t n) {
+    FILE *f = fopen(path, "ab");
+    if (!f || fwrite(logits, sizeof(float), n, f) != n || fclose(f))
+        mg_fail(MG_EXIT_IO, "cannot write logits to %s: %s", path, strerror(errno));
+}
+
 // One completion being generated.
 typedef struct {
     uint16_t *tokens;   // its prompt, then its new tokens
@@ -158,6 +168,7 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
     s.pending = (int *)mg_malloc((size_t)B * sizeof(int));
     s.probs = (double *)mg_malloc((size_t)V * sizeof(double));
     s.scratch = (float *)mg_malloc((size_t)V * sizeof(float));
+    float *dump = cfg->dump_logits ? (float *)mg_malloc((size_t)n * p->max_new * V * sizeof(float)) : NULL;
     for (uint32_t s0 = 0; s0 < n; s0 += (uint32_t)B) {
         int rows = (int)(n - s0 < (uint32_t)B ? n - s0 : (uint32_t)B);
         MgCompletion *batch = c + s0;
@@ -166,8 +177,11 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
             for (int r = 0; r < rows; r++)
                 batch[r].tokens[batch[r].n_prompt + j] = (uint16_t)mg_pick_token(
                     s.logits[r], V, p, batch[r].seed, batch[r].index, j, s.probs, s.scratch);
+            for (int r = 0; dump && r < rows; r++)
+                memcpy(dump + ((size_t)(s0 + r) * p->max_new + j) * V, s.logits[r], (size_t)V * sizeof(float));
         }
     }
+    if (dump) mg_append_logits(cfg->dump_logits, dump, (size_t)n * p->max_new * V);
     printf("{\"event\":\"sample\",\"id\":%llu,\"step\":%d,\"tokens\":[", (unsigned long long)id, step);
     for (uint32_t k = 0; k < n; k++) {
         fputs(k ? ",[" : "[", stdout);
@@ -179,7 +193,7 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
     for (uint32_t k = 0; k < n; k++) free(c[k].tokens);
     free(c);
     free(s.slot); free(s.pos); free(s.n_new); free(s.packed); free(s.kv_logits); free(s.win_rows);
-    free(s.windows); free(s.win_logits); free(s.logits); free(s.pending); free(s.probs); free(s.scratch);
+    free(s.windows); free(s.win_logits); free(s.logits); free(s.pending); free(s.probs); free(s.scratch); free(dump);
 }
 
 #endif  // MICROGPT_SAMPLER_H

@@ -321,6 +321,10 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     const char *bad = eng->configure(eng->impl, &d.cfg);
     if (bad) mg_fail(MG_EXIT_USAGE, "%s", bad);
     mg_install_signals();
+    if (d.cfg.dump_logits) {  // start empty: every SAMPLE frame appends to it
+        FILE *f = fopen(d.cfg.dump_logits, "wb");
+        if (!f || fclose(f)) mg_fail(MG_EXIT_IO, "cannot create %s: %s", d.cfg.dump_logits, strerror(errno));
+    }
 
     // Load before allocating: an unspecified shape comes from the checkpoint.
     char resumed_from[4096] = "";

@@ -1,4 +1,5 @@
-"""`proxy` / `python -m proxy`: run, status, checkpoint, stop, pivot, fork, dashboard (docs/CLI.md).
+"""`proxy` / `python -m proxy`: run, status, checkpoint, stop, pivot, fork, export, sample, eval, verify,
+dashboard (docs/CLI.md).
 
 The arguments of every subcommand, and the dispatch to the one module that
 carries it out (proxy/commands/). Every bad input ends with one line on
@@ -25,24 +26,37 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
+def _checked(convert, what: str, ok, why: str):
+    """An argparse type: `convert(text)` ("not <what>" if it fails), refused with "<why>" unless `ok(value)`."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{why}: {text!r}")
+        return value
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"port out of range: {text!r}")
-    return value
+_positive_float = _checked(float, "a number", lambda v: v > 0, "must be positive")
+_non_negative_float = _checked(float, "a number", lambda v: 0 <= v < float("inf"), "must be a finite number >= 0")
+_port = _checked(int, "a port number", lambda v: 0 < v < 65536, "port out of range")
+
+
+def _int_in(low: int, high: int):
+    return _checked(int, "an integer", lambda v: low <= v <= high, f"must be in [{low}, {high}]")
+
+
+def _add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
+    """Which checkpoint export, sample and eval use (proxy/commands/model_source.py)."""
+    parser.add_argument("--run-dir", metavar="DIR", help="the run (default: the most recently active run under "
+                        "runs/; with --checkpoint, the run holding it)")
+    parser.add_argument("--step", metavar="N|latest|best", help="its checkpoint at step N, the one a relaunch "
+                        "would resume from (latest, the default), or best.bin")
+    parser.add_argument("--checkpoint", metavar="PATH", help="a checkpoint file instead of --step")
+    parser.add_argument("--cache-dir", metavar="DIR", help="prepared-data cache, where the run's tokenizer is "
+                        "(default $MICROGPT_CACHE or ~/.cache/microgpt)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +118,40 @@ def build_parser() -> argparse.ArgumentParser:
                       "or be empty)")
     fork.add_argument("--caps", metavar="NEW.json", help="start the fork with a new phase from this caps file")
 
+    export = sub.add_parser("export", help="a checkpoint as a Hugging Face GPT-2 directory or plain safetensors")
+    _add_checkpoint_choice(export)
+    export.add_argument("--out", metavar="DIR", required=True, help="the directory to write (must not exist)")
+    export.add_argument("--format", choices=("hf", "safetensors"), default="hf",
+                        help="hf: GPT2LMHeadModel's files and the tokenizer (default); safetensors: the tensors "
+                        "alone, under our own names")
+
+    sample = sub.add_parser("sample", help="text from a checkpoint (the engine's SAMPLE path)")
+    _add_checkpoint_choice(sample)
+    sample.add_argument("--prompt", metavar="TEXT", required=True, help="the text to continue")
+    sample.add_argument("--max-new", type=_int_in(1, 1 << 20), metavar="N",
+                        help="new tokens per sample (default: the run's samples.max_new)")
+    sample.add_argument("--temperature", type=_non_negative_float, metavar="T",
+                        help="0 = greedy (default: the run's samples.temperature)")
+    sample.add_argument("--top-k", type=_int_in(0, 1 << 16), metavar="K",
+                        help="sample among the K likeliest tokens, 0 = all (default: the run's samples.top_k)")
+    sample.add_argument("--seed", type=_int_in(0, 2**64 - 1), default=0, metavar="S",
+                        help="the same seed prints the same text (default 0)")
+    sample.add_argument("--count", type=_int_in(1, 4096), default=1, metavar="N", help="samples (default 1)")
+    sample.add_argument("--engine", metavar="cpu|cuda|PATH", help="engine binary (default: cuda when a GPU is "
+                        "visible and built, else cpu)")
+
+    evaluate = sub.add_parser("eval", help="a checkpoint's validation loss per arm, or per text file")
+    _add_checkpoint_choice(evaluate)
+    evaluate.add_argument("--data", metavar="FILE", nargs="+", help="text files to evaluate instead of the "
+                          "run's validation rows")
+    evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
+    evaluate.add_argument("--engine", metavar="cpu|cuda|PATH", help="engine binary (default: cuda when a GPU is "
+                          "visible and built, else cpu)")
+
+    verify = sub.add_parser("verify", help="check every checkpoint of a run; exit 1 if any is corrupt")
+    verify.add_argument("--run-dir", metavar="DIR", help="default: the most recently active run under runs/")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+
     sub.add_parser("dashboard", help="serve the read-only dashboard (proxy dashboard --help)", add_help=False)
     return parser
 
@@ -112,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
 # `proxy status`, `checkpoint` and `stop` start at once instead of loading what training needs
 # (numpy, pydantic, the tokenizer, the dashboard).
 COMMANDS = {"run": "proxy.commands.run", "status": "proxy.commands.status", "checkpoint": "proxy.commands.checkpoint",
-            "stop": "proxy.commands.stop", "pivot": "proxy.commands.pivot", "fork": "proxy.commands.fork"}
+            "stop": "proxy.commands.stop", "pivot": "proxy.commands.pivot", "fork": "proxy.commands.fork",
+            "export": "proxy.commands.export", "sample": "proxy.commands.sample", "eval": "proxy.commands.evaluate",
+            "verify": "proxy.commands.verify"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,12 @@ class BatchError(ValueError):
     """Shards that cannot give rows of the requested length; the message says which."""
 
 
+def evenly_spaced_starts(n_tokens: int, row_len: int, rows: int) -> np.ndarray:
+    """`rows` row starts evenly spaced over `n_tokens` tokens, the first at 0 and the last ending at the end
+    (overlapping only when the tokens are too few): the rule of the eval rows."""
+    return np.linspace(0, n_tokens - row_len, rows).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
+
+
 class BatchSampler:
     def __init__(self, train_shards: Mapping[str, str | os.PathLike], val_shards: Mapping[str, str | os.PathLike],
                  arm_names: Sequence[str], seed: int, row_len: int):
@@ -87,8 +93,7 @@ class BatchSampler:
 
     def eval_offsets(self, arm_index: int, rows: int) -> np.ndarray:
         """Evenly spaced row starts over the arm's val shard (overlapping only when it is short)."""
-        n = self.val[arm_index].size
-        return np.linspace(0, n - self.row_len, rows).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
+        return evenly_spaced_starts(self.val[arm_index].size, self.row_len, rows)
 
     def eval_batch(self, arm_index: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """The fixed val rows of one arm: the same every call, whatever the step."""

@@ -70,6 +70,17 @@ class Tokenizer:
         return f"Tokenizer(vocab_size={self.vocab_size}, trained={self.trained_size})"
 
 
+def prompt_ids(tokenizer: Tokenizer, text: str, ctx: int) -> list[int]:
+    """A sample prompt as the engine is given it: its tokens, the last `ctx` of them (the model's window).
+    Empty when the text encodes to nothing; ValueError for text that is not Unicode (a command-line
+    argument with bytes that are not UTF-8 arrives with lone surrogates)."""
+    try:
+        ids = tokenizer.encode(text)
+    except TypeError:
+        raise ValueError("is not valid Unicode text (not UTF-8?)") from None
+    return list(ids)[-ctx:]
+
+
 def _empty(vocab_size: int) -> tuple[_HFTokenizer, trainers.BpeTrainer]:
     s = TOKENIZER_SETTINGS
     hf = _HFTokenizer(models.BPE())

@@ -92,6 +92,14 @@ class Event:
         return self.fields.get(key, default)
 
 
+def group_result(event: Event, group: int) -> tuple[float, float]:
+    """(mean loss, tokens) of one group id in an `eval` event; the event's own loss (and 1) when the event
+    does not name that group."""
+    loss = float(dict(event.get("group_loss") or {}).get(str(group), event["loss"]))
+    tokens = float(dict(event.get("group_tokens") or {}).get(str(group), 1) or 1)
+    return loss, tokens
+
+
 def parse_event(line: str | bytes) -> Event:
     """Parse one event line; raise ValueError on anything that is not an event object."""
     obj = json.loads(line)

@@ -81,6 +81,13 @@ class EvalEntry:
                    segment=int(obj.get("segment", 0)), inherited=bool(obj.get("inherited", False)))
 
 
+def eval_loss(parts) -> float:
+    """An eval entry's `loss`: the (loss, tokens) of each arm, weighted by tokens, summed in the order given."""
+    parts = list(parts)
+    total = sum(t for _, t in parts)
+    return sum(l * t for l, t in parts) / total
+
+
 _KINDS = {"step": StepEntry, "eval": EvalEntry}
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 
 def _block(c: int) -> list[tuple[str, tuple[int, ...]]]:
     """One transformer block of width C, in order."""
@@ -46,3 +48,16 @@ class ModelShape:
 
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         return param_layout(self.vocab, self.ctx, self.dim, self.layers)
+
+
+def unflatten(weights: np.ndarray, shape: ModelShape) -> dict[str, np.ndarray]:
+    """The flat array as named tensors in flat order (`wte`, `h0.qkv.w`, ...): views, no copies."""
+    if weights.shape != (shape.n_params,):
+        raise ValueError(f"{weights.shape[0] if weights.ndim == 1 else weights.shape} weights for a model of "
+                         f"{shape.n_params} parameters")
+    out, offset = {}, 0
+    for name, dims in shape.layout():
+        size = math.prod(dims)
+        out[name] = weights[offset: offset + size].reshape(dims)
+        offset += size
+    return out

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..formats.checkpoint import checkpoint_path
-from ..formats.frames import Event
-from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed
+from ..formats.frames import Event, group_result
+from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
 from ..formats.samples import Sample, SampleAudit
 from .checkpoints import maybe_best, retain
 from .context import RunContext
@@ -136,18 +136,16 @@ class EventHandlers:
         """Every arm's validation loss from one eval event (group id = arm); the entry's loss is their
         token-weighted mean, summed in arm order."""
         ctx = self.ctx
-        group_loss = dict(ev.get("group_loss") or {})
-        group_tokens = dict(ev.get("group_tokens") or {})
-        parts = {}
-        for arm, name in enumerate(ctx.arm_names):
-            loss, tokens = group_loss.get(str(arm)), group_tokens.get(str(arm))
-            if loss is None or not math.isfinite(float(loss)) or not tokens:
-                ctx.warn(f"eval at step {step}: no finite loss for arm {name} in the engine's event; not logged")
-                return
-            parts[arm] = (float(loss), float(tokens))
-        total = sum(t for _, t in parts.values())
-        mean = sum(l * t for l, t in parts.values()) / total
-        entry = EvalEntry(step=step, loss=mean, arms={ctx.arm_names[a]: l for a, (l, _t) in parts.items()},
+        named = dict(ev.get("group_loss") or {})
+        parts = [group_result(ev, arm) for arm in range(len(ctx.arm_names))]
+        bad = [name for arm, name in enumerate(ctx.arm_names)
+               if str(arm) not in named or not math.isfinite(parts[arm][0])]
+        if bad:
+            ctx.warn(f"eval at step {step}: no finite loss for arm(s) {', '.join(bad)} in the engine's event; "
+                     "not logged")
+            return
+        mean = eval_loss(parts)
+        entry = EvalEntry(step=step, loss=mean, arms={name: l for name, (l, _t) in zip(ctx.arm_names, parts)},
                           time=time.time(), phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)
         ctx.eval_loss[step] = mean

@@ -14,6 +14,7 @@ from ..config.errors import ExperimentError
 from ..config.experiment import Experiment, load_experiment
 from ..data.batches import BatchError, BatchSampler
 from ..data.prepare import DataError, PreparedData, default_cache_dir, prepare_data
+from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex, LossLogWriter
 from ..formats.samples import SamplesFile
@@ -117,11 +118,15 @@ def _encode_prompts(experiment: Experiment, data: PreparedData, console: Console
     out = []
     ctx = int(experiment.model.ctx)
     for prompt in experiment.samples.prompts:
-        ids = list(data.tokenizer.encode(prompt))
+        try:
+            ids = prompt_ids(data.tokenizer, prompt, ctx)
+        except ValueError as exc:
+            console.warn(f"sample prompt {prompt!r} {exc}; skipped")
+            continue
         if not ids:
             console.warn(f"sample prompt {prompt!r} encodes to no tokens; skipped")
             continue
-        out.append((prompt, ids[-ctx:]))
+        out.append((prompt, ids))
     return out
 
 

@@ -1,0 +1,98 @@
+"""`proxy export`: a checkpoint as a Hugging Face GPT-2 directory, or as plain safetensors (docs/CLI.md).
+
+`--format hf` (the default) writes what `GPT2LMHeadModel.from_pretrained`
+and `AutoTokenizer.from_pretrained` load: `model.safetensors` under
+transformers' names and layouts, `config.json`, `generation_config.json`,
+the run's tokenizer as `tokenizer.json`, and `tokenizer_config.json`
+(formats/hf_gpt2.py). `--format safetensors` writes `model.safetensors`
+alone, under our own tensor names and layouts (docs/ARCHITECTURE.md).
+
+The directory is built next to `--out` under a temporary name, every file
+fsynced, and renamed into place: it appears whole or not at all. `--out`
+must not exist. The run is only read.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from safetensors.numpy import save as safetensors_bytes
+
+from ..atomic import fsync_dir, json_bytes, write_synced
+from ..data.tokenizer import EOT
+from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
+from ..formats.checkpoint import CheckpointError, read_checkpoint
+from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
+                               TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig, hf_tensors,
+                               own_tensors, safetensors_metadata)
+from .model_source import ModelSource, resolve_source, run_data, say_warnings
+
+FORMATS = ("hf", "safetensors")
+
+
+def check_out(out: Path) -> None:
+    """`--out` must be a new path in an existing directory."""
+    if out.exists() or out.is_symlink():
+        raise ProxyError(f"--out {out} already exists; give a new path (nothing was written)", EXIT_USAGE)
+    if not out.parent.is_dir():
+        raise ProxyError(f"--out {out}: no such directory {out.parent}", EXIT_USAGE)
+
+
+def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[str, bytes]:
+    """The exported directory's files, by name."""
+    try:
+        weights = read_checkpoint(source.path).weights
+    except CheckpointError as exc:  # it verified a moment ago: the file changed since
+        raise ProxyError(f"corrupt checkpoint: {exc}", EXIT_USAGE) from None
+    metadata = safetensors_metadata(source.step, source.shape, source.path.name)
+    if fmt == "safetensors":
+        return {MODEL_FILE: safetensors_bytes(own_tensors(weights, source.shape), metadata)}
+    _run, experiment = source.require_run("the tokenizer")
+    data = run_data(source, cache_dir, "the tokenizer")
+    eot, audits = data.tokenizer.eot_id, experiment.samples
+    return {
+        MODEL_FILE: safetensors_bytes(hf_tensors(weights, source.shape), metadata),
+        CONFIG_FILE: json_bytes(HFConfig(source.shape, eot).to_dict()),
+        GENERATION_CONFIG_FILE: json_bytes(HFGenerationConfig(eot, int(audits.max_new), float(audits.temperature),
+                                                              int(audits.top_k or 0)).to_dict()),
+        TOKENIZER_FILE: data.tokenizer_path.read_bytes(),
+        TOKENIZER_CONFIG_FILE: json_bytes(HFTokenizerConfig(EOT, source.shape.ctx).to_dict()),
+    }
+
+
+def write_directory(out: Path, files: dict[str, bytes]) -> None:
+    """`out` with `files`, whole or not at all: a temp directory beside it, fsynced, renamed into place."""
+    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        for name, data in files.items():
+            write_synced(tmp / name, data)
+        fsync_dir(tmp)
+        if out.exists() or out.is_symlink():  # made by someone else while we wrote
+            raise ProxyError(f"--out {out} appeared while exporting; nothing was written", EXIT_USAGE)
+        os.rename(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as exc:
+        raise ProxyError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(args, out=None) -> int:
+    out = out or sys.stdout
+    target = Path(args.out)
+    check_out(target)
+    source = resolve_source(args.run_dir, args.step, args.checkpoint)
+    say_warnings(source)
+    files = export_files(source, args.format, args.cache_dir)
+    write_directory(target, files)
+    where = f" of {source.run.root}" if source.run is not None else ""
+    print(f"exported step {source.step}{where} ({source.path}) to {target}: " +
+          ", ".join(f"{name} ({len(data):,} bytes)" for name, data in files.items()), file=out, flush=True)
+    if args.format == "hf":
+        print(f"load with: GPT2LMHeadModel.from_pretrained({str(target)!r}), "
+              f"AutoTokenizer.from_pretrained({str(target)!r})", file=out, flush=True)
+    return EXIT_OK

@@ -1,0 +1,212 @@
+"""Which checkpoint `proxy export | sample | eval` work on, and the run it belongs to (docs/CLI.md).
+
+`--run-dir DIR [--step N|latest|best]` names a checkpoint of a run: `latest`
+(the default) is the one the next `proxy run` would resume from (the proxy's
+one resume rule, rundir/resume.py), `best` is `checkpoints/best.bin`, `N` is
+`checkpoints/step_N.bin`. `--checkpoint PATH` names a file; its run is
+`--run-dir` when given, else the run directory that holds it
+(`RUN/checkpoints/PATH`), else none (then only the weights can be used).
+
+Every checkpoint is verified here (size, trailer, checksum) and must match
+its run's model shape: a missing, corrupt or foreign file ends the command
+with one line, before any engine starts or anything is written.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config.errors import ExperimentError
+from ..config.experiment import Experiment
+from ..data.prepare import DataError, PreparedData, default_cache_dir, prepare_data
+from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError
+from ..formats.checkpoint import (CheckpointError, Trailer, checkpoint_path, header_step, read_checkpoint,
+                                  read_trailer, verify_checkpoint)
+from ..formats.loss_log import LossLogIndex
+from ..formats.parameters import ModelShape
+from ..rundir.frozen import replaced_experiments
+from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir
+from ..rundir.resume import choose_resume
+from .which_run import resolve_run, started_run
+
+LATEST, BEST = "latest", "best"
+
+
+def step_choice(text: str | None) -> str | int | None:
+    """`--step`: a step number, `latest` or `best` (None: not given)."""
+    if text is None or text in (LATEST, BEST):
+        return text
+    try:
+        step = int(text)
+    except ValueError:
+        raise ProxyError(f"--step: not a step number, {LATEST} or {BEST}: {text!r}", EXIT_USAGE) from None
+    if step < 0:
+        raise ProxyError(f"--step: a step is >= 0, not {step}", EXIT_USAGE)
+    return step
+
+
+def experiment_shape(experiment: Experiment) -> ModelShape:
+    m = experiment.model
+    return ModelShape(m.vocab, m.ctx, m.dim, m.layers, m.heads)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A verified checkpoint, its model shape, and its run (None: a checkpoint outside any run)."""
+    path: Path
+    step: int
+    shape: ModelShape
+    run: RunDir | None
+    experiment: Experiment | None
+    warnings: list[str] = field(default_factory=list)  # a bare ANDREA file's: nothing was verified
+
+    def require_run(self, what: str) -> tuple[RunDir, Experiment]:
+        """The run, for what needs its tokenizer or data; ProxyError naming `what` when there is none."""
+        if self.run is None or self.experiment is None:
+            raise ProxyError(f"{self.path} is not in a run directory, and {what} comes from the run: "
+                             "pass --run-dir DIR of the run it came from", EXIT_USAGE)
+        return self.run, self.experiment
+
+    def engine_settings(self) -> dict:
+        """The engine settings for this checkpoint: its own shape, and the run's thread count."""
+        s = self.shape
+        threads = self.experiment.train.threads if self.experiment is not None else None
+        return dict(vocab=s.vocab, ctx=s.ctx, dim=s.dim, layers=s.layers, heads=s.heads, threads=threads)
+
+
+def _run_holding(path: Path) -> RunDir | None:
+    """The run directory whose checkpoints/ holds `path`, if any."""
+    folder = path.resolve().parent
+    if folder.name == CHECKPOINTS and (folder.parent / EXPERIMENT).is_file():
+        return RunDir(folder.parent)
+    return None
+
+
+def _chosen(run: RunDir, step: str | int) -> Path:
+    """The checkpoint `--step` names in `run`."""
+    if step == BEST:
+        if not run.best.is_file():
+            raise ProxyError(f"{run.best}: no best checkpoint yet (it is written at the first eval that has a "
+                             "checkpoint)", EXIT_FAILURE)
+        return run.best
+    if step == LATEST:
+        _experiment, phases = started_run(run, "no phases (the run was never started); no checkpoint")
+        point = choose_resume(run.checkpoints, LossLogIndex.load(run.loss_log), phases, set())
+        if point.path is None:
+            skipped = f" ({'; '.join(point.skipped)})" if point.skipped else ""
+            raise ProxyError(f"{run.checkpoints}: no valid checkpoint to use{skipped}", EXIT_FAILURE)
+        return point.path
+    path = checkpoint_path(run.checkpoints, step)
+    if not path.is_file():
+        raise ProxyError(f"{path}: no checkpoint at step {step} in {run.root}", EXIT_USAGE)
+    return path
+
+
+def _verified(path: Path) -> tuple[Trailer | None, int, list[str]]:
+    """(trailer, n_params, warnings) of a checkpoint that verifies, or of a bare ANDREA file (no trailer: it
+    loads with a warning, as the engine loads it); ProxyError saying why for anything else."""
+    reason = verify_checkpoint(path)
+    if reason is None:
+        trailer = read_trailer(path)
+        return trailer, trailer.shape.n_params, []
+    try:
+        ckpt = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise ProxyError(f"corrupt checkpoint: {exc}", EXIT_USAGE) from None
+    if ckpt.trailer is not None:  # it reads, but did not verify (a file that changed in between)
+        raise ProxyError(f"corrupt checkpoint: {reason}", EXIT_USAGE)
+    return None, ckpt.n_params, ckpt.warnings
+
+
+def _shape_of(path: Path, trailer: Trailer | None, n_params: int, experiment: Experiment | None,
+              run: RunDir | None) -> ModelShape:
+    """The checkpoint's model shape; ProxyError when it is not the run's model (a foreign checkpoint)."""
+    if experiment is None:
+        if trailer is None:
+            raise ProxyError(f"{path}: a bare ANDREA file holds no model shape; pass --run-dir DIR of its run",
+                             EXIT_USAGE)
+        return trailer.shape
+    reason = foreign_reason(run, experiment, trailer, n_params)
+    if reason is not None:
+        raise ProxyError(f"{path}: foreign checkpoint: {reason}", EXIT_USAGE)
+    return experiment_shape(experiment)
+
+
+def foreign_reason(run: RunDir, experiment: Experiment, trailer: Trailer | None, n_params: int) -> str | None:
+    """Why a checkpoint that reads is not the model of `run` (another shape, or a trailer naming another
+    experiment), or None. A bare file (no trailer) can only be checked by its parameter count."""
+    expected = experiment_shape(experiment)
+    if trailer is None:
+        if n_params != expected.n_params:
+            return f"{n_params} parameters, the model of {run.root} has {expected.n_params}"
+        return None
+    if trailer.shape != expected:
+        return f"its model is {describe_shape(trailer.shape)}, the model of {run.root} is {describe_shape(expected)}"
+    named = _meta_experiment(trailer)
+    if named is not None and named not in _experiment_names(run, experiment):
+        return f"written by experiment {named!r}, {run.root} is {experiment.name!r}"
+    return None
+
+
+def describe_shape(s: ModelShape) -> str:
+    return f"vocab {s.vocab}, ctx {s.ctx}, dim {s.dim}, layers {s.layers}, heads {s.heads}"
+
+
+def _experiment_names(run: RunDir, experiment: Experiment) -> set[str]:
+    """The names the run's experiment has had: now, and before each --allow-experiment-change."""
+    names = {experiment.name}
+    for replaced in replaced_experiments(run):
+        try:
+            names.add(str(json.loads(replaced.read_text()).get("name")))
+        except (OSError, ValueError, AttributeError):
+            pass
+    return names
+
+
+def _meta_experiment(trailer: Trailer) -> str | None:
+    """The experiment name the proxy wrote into the checkpoint's metadata (engine_args' --meta), if any."""
+    try:
+        meta = json.loads(trailer.meta).get("meta")
+    except (ValueError, AttributeError):
+        return None
+    name = meta.get("experiment") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def resolve_source(run_dir: str | None, step_text: str | None, checkpoint: str | None) -> ModelSource:
+    """The checkpoint `--run-dir`, `--step` and `--checkpoint` name, verified, with its shape and run."""
+    step = step_choice(step_text)
+    if checkpoint is not None and step is not None:
+        raise ProxyError("give --step or --checkpoint, not both", EXIT_USAGE)
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise ProxyError(f"{path}: no such checkpoint file", EXIT_USAGE)
+        run = resolve_run(run_dir) if run_dir else _run_holding(path)
+    else:
+        run = resolve_run(run_dir)
+        path = _chosen(run, step if step is not None else LATEST)
+    trailer, n_params, warnings = _verified(path)
+    experiment = started_run(run, "no phases (the run was never started)")[0] if run is not None else None
+    shape = _shape_of(path, trailer, n_params, experiment, run)
+    step_in_file = header_step(path)
+    return ModelSource(path=path, step=int(step_in_file or 0), shape=shape, run=run, experiment=experiment,
+                       warnings=warnings)
+
+
+def run_data(source: ModelSource, cache_dir: str | None, what: str) -> PreparedData:
+    """The run's prepared data (tokenizer, shards), from the cache or built as `proxy run` builds them.
+    The experiment's relative source paths resolve against the run directory (as for `proxy run --run-dir`)."""
+    run, experiment = source.require_run(what)
+    try:
+        return prepare_data(experiment, run.root, Path(cache_dir) if cache_dir else default_cache_dir())
+    except (DataError, ExperimentError) as exc:
+        raise ProxyError(f"the data of {run.root}: {exc}", EXIT_USAGE) from None
+
+
+def say_warnings(source: ModelSource, err=None) -> None:
+    for line in source.warnings:
+        print(f"proxy: warning: {line}", file=err or sys.stderr, flush=True)
+

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from ..atomic import atomic_write_json, copy_synced, fsync_dir
 from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from .history import write_receipt
 from .layout import CHECKPOINTS, RunDir
-from .phases import Phase, append_phase, read_phases
+from .phases import Phase, encode_phases, next_phase, read_phases, write_phases
 
 
 def archive_name(phases: list[Phase], step: int, phase_number: int) -> str:
@@ -64,6 +65,8 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
     """
     phases = read_phases(run)
     number = len(phases)
+    phase = next_phase(phases, step, policy, caps, floors, checkpoint)
+    encode_phases(run, phases + [phase])  # a phases.json too large is refused before anything moves
     name = archive_name(phases, step, number)
     run.archive.mkdir(parents=True, exist_ok=True)
     final = run.archive / name
@@ -71,10 +74,14 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    for src in (run.samples, run.state):
-        if src.exists():
-            copy_synced(src, tmp / src.name)
-    fsync_dir(tmp)
+    try:
+        for src in (run.samples, run.state):
+            if src.exists():
+                copy_synced(src, tmp / src.name)
+        fsync_dir(tmp)
+    except BaseException:  # a full disk, a sidecar that is not a regular file: nothing is left half-made
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # left by a pivot that was interrupted before its commit: keep it, aside
         final.rename(run.archive / f"{name}.interrupted-{int(time.time())}")
     os.rename(tmp, final)
@@ -89,6 +96,8 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
             moved.append(p.name)
         fsync_dir(aside)
         fsync_dir(run.checkpoints)
-    phase = append_phase(run, step, policy, caps, floors, checkpoint)
+    write_phases(run, phases + [phase])
+    write_receipt(final, phase)
+    fsync_dir(final)
     atomic_write_json(run.samples, [])
     return PivotResult(phase, final, moved)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_copy, fsync_dir
-from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from ..formats.checkpoint import checkpoint_files, checkpoint_step
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,9 @@ def plan_retention(steps: list[int], policy: RetentionPolicy, protected: set[int
 
 def apply_retention(checkpoint_dir: str | os.PathLike, policy: RetentionPolicy,
                     protected: set[int]) -> list[Path]:
-    """Delete the checkpoints plan_retention names; return the deleted paths."""
-    by_step = {checkpoint_step(p): p for p in list_checkpoints(checkpoint_dir)}
+    """Delete the checkpoints plan_retention names; return the deleted paths. Files under a checkpoint's
+    name that are not shaped like one (a 0-byte file, a directory) are neither counted nor deleted."""
+    by_step = {checkpoint_step(p): p for p in checkpoint_files(checkpoint_dir)}
     deleted = []
     for step in plan_retention(list(by_step), policy, protected):
         try:

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..atomic import copy_synced, fsync_dir, json_bytes, write_synced
+from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
 from ..config.errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
@@ -106,7 +106,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     tmp = to.parent / f".{to.name}.fork-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        (tmp / CHECKPOINTS).mkdir(parents=True)
+        make_dirs(tmp / CHECKPOINTS)
         try:
             copy_synced(chosen, tmp / CHECKPOINTS / chosen.name)
         except FileNotFoundError:
@@ -123,12 +123,12 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
 
         # sidecar archives of the inherited pivots and of experiment changes
         for changed in replaced_experiments(run):
-            (tmp / ARCHIVE).mkdir(exist_ok=True)
+            make_dirs(tmp / ARCHIVE)
             copy_synced(changed, tmp / ARCHIVE / changed.name)
         for p in inherited[1:]:
             src = archive_dir_for(run, phases, p.phase)
             if src.is_dir() and not src.is_symlink():
-                (tmp / ARCHIVE / src.name).mkdir(parents=True)
+                make_dirs(tmp / ARCHIVE / src.name)
                 for name in (SAMPLES, STATE, PIVOT_RECEIPT):  # the sidecars a pivot archives, and its receipt
                     if (src / name).exists():
                         copy_synced(src / name, tmp / ARCHIVE / src.name / name)
@@ -141,7 +141,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         state = _fork_state(run, experiment, index, new_phases, c, to)
         if caps_path is not None:
             arch = tmp / ARCHIVE / archive_name(new_phases, c, new_phases[-1].phase)
-            arch.mkdir(parents=True)
+            make_dirs(arch)
             write_synced(arch / SAMPLES, json_bytes(audits))
             write_synced(arch / STATE, json_bytes(dict(state.to_dict(), phase=last.phase, policy=last.policy)))
             write_receipt(arch, new_phases[-1])
@@ -151,7 +151,8 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         for d in [tmp / CHECKPOINTS, tmp / ARCHIVE, tmp]:
             if d.is_dir():
                 fsync_dir(d)
-        os.rename(tmp, to)  # over an empty NEW_DIR too
+        with storage_guard(to, "rename the fork into"):
+            os.rename(tmp, to)  # over an empty NEW_DIR too
         fsync_dir(to.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from ..atomic import atomic_write_bytes, json_bytes
+from ..atomic import atomic_write_bytes, json_bytes, make_dirs
 from ..config.errors import CONFIG_FILE_LIMIT, ExperimentError
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
@@ -115,7 +115,7 @@ def check_seal(run: RunDir, allow_change: bool) -> None:
 
 
 def _archive(run: RunDir, frozen_raw: bytes) -> None:
-    run.archive.mkdir(exist_ok=True)
+    make_dirs(run.archive)
     atomic_write_bytes(run.archive / f"experiment_{time.time():.0f}.json", frozen_raw)
 
 

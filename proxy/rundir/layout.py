@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import make_dirs
 from ..formats.checkpoint import checkpoint_name
 from ..safe_fs import UnsafeFileError, read_regular
 
@@ -139,7 +140,7 @@ class RunDir:
 
     def create(self) -> None:
         try:
-            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.checkpoints)  # a full or read-only disk: StorageError
         except OSError as exc:
             raise RunDirError(f"cannot create run directory {self.root}: {exc.strerror}") from None
 

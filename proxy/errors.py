@@ -25,6 +25,7 @@ class ProxyError(Exception):
 STORAGE_ERRNOS = {errno.ENOSPC: "free space", errno.EDQUOT: "free space or raise the disk quota",
                   errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EIO: "check the disk",
                   errno.EROFS: "make the file system writable"}
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no new block can be had (but the blocks a file holds can be rewritten)
 
 
 class StorageError(ProxyError):
@@ -33,6 +34,7 @@ class StorageError(ProxyError):
 
     def __init__(self, path: str | os.PathLike, exc: OSError, action: str = "write"):
         self.path = str(path)
+        self.errno = exc.errno
         self.errno_name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.strerror = exc.strerror or os.strerror(exc.errno or 0)
         super().__init__(f"cannot {action} {path}: {self.strerror} ({self.errno_name}); "

@@ -5,7 +5,8 @@
     FAULT_SEED=7 python scripts/reliability_report.py    # another seed
     python scripts/reliability_report.py --results test-artifacts/faults/results.json   # no run, just render
 
-The scenarios live in tests/faults/scenarios.py; the tests in tests/faults/
+The scenarios live in tests/faults/scenarios.py, run_dir_scenarios.py and
+dashboard_scenarios.py; the tests in tests/faults/
 record every scenario's outcome (faults injected, survived, steps lost, data
 lost) to a JSON file, which this script turns into the table. Nothing in the
 table is typed by hand.
@@ -227,7 +228,9 @@ def render(doc: dict, suite_rc: int | None, suite_seconds: float | None, command
            "corrupted checkpoints and sidecars, run-directory files that are devices, FIFOs or symlinks, a "
            "rewritten phase history, hung and crash-looping engines, signal storms, fuzzed and oversized "
            "inputs, and a dashboard indexing a large log. The suite is "
-           "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/scenarios.py`.", "",
+           "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/scenarios.py`, "
+           "`run_dir_scenarios.py` (the proxy's own files, signals before training) and "
+           "`dashboard_scenarios.py`.", "",
            f"Generated {when:%Y-%m-%d %H:%M} UTC by `{command}` with `FAULT_SEED={doc.get('seed')}` on "
            f"{machine.get('platform', platform.platform())}, {machine.get('cpus')} CPUs, Python "
            f"{machine.get('python')}, engine `{Path(str(machine.get('engine', '?'))).name}`.", ""]

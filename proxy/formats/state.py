@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
-from ..errors import StorageError
+from ..errors import FULL_DISK, StorageError
 from ..rundir.layout import READ_LIMITS, STATE
 from ..safe_fs import UnsafeFileError, read_regular
 
@@ -118,9 +118,6 @@ def finite_json(obj):
     return obj
 
 
-FULL_DISK = ("ENOSPC", "EDQUOT")
-
-
 def write_state(path: str | os.PathLike, state: RunState) -> None:
     """Stamp `updated` and replace `path` atomically. On a full disk, where no temp file can be made, the
     snapshot is written over the old one in place if it fits in its blocks (so that a run stopped by the
@@ -130,7 +127,7 @@ def write_state(path: str | os.PathLike, state: RunState) -> None:
     try:
         atomic_write_bytes(path, data)
     except StorageError as exc:
-        if exc.errno_name not in FULL_DISK or not overwrite_in_place(path, data):
+        if exc.errno not in FULL_DISK or not overwrite_in_place(path, data):
             raise
 
 

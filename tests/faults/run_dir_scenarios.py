@@ -130,14 +130,14 @@ def checkpoints_kept(run: Path, before: dict, out: Outcome, where: str) -> None:
             out.fail(f"{where}: {p.name} does not verify ({reason}): a partial file a loader could take")
 
 
-def one_line_exit(p: Proc, rc: int, code: int, needle: str, out: Outcome, where: str, last: bool = True) -> str | None:
-    """Exit `code`, no traceback, exactly one stderr line containing `needle` (the last one, if `last`)."""
+def one_line_exit(p: Proc, rc: int, code: int, needle: str, out: Outcome, where: str) -> str | None:
+    """Exit `code`, no traceback, exactly one stderr line containing `needle`, and it is the last."""
     no_traceback(p, out, where)
     lines = p.stderr_lines()
     hits = [ln for ln in lines if needle in ln]
-    if rc != code or len(hits) != 1 or (last and lines[-1] != hits[0]):
-        out.fail(f"{where}: expected exit {code} and one{' last' if last else ''} stderr line with {needle!r}; "
-                 f"exit {rc}, stderr {lines[-4:]}")
+    if rc != code or len(hits) != 1 or lines[-1] != hits[0]:
+        out.fail(f"{where}: expected exit {code} and one last stderr line with {needle!r}; exit {rc}, "
+                 f"stderr {lines[-4:]}")
         return None
     return hits[0]
 
@@ -172,7 +172,7 @@ def fill_disk(directory: Path) -> int:
 
 
 def _check_storage_stop(p: Proc, rc: int, run: Path, log: bytes, ckpts: dict, errno_name: str, out: Outcome,
-                        where: str, state_writable: bool = True) -> None:
+                        where: str) -> None:
     """docs/OPERATIONS.md, "A full disk": exit 5, one last line naming the file and the errno, no torn
     line, every line and checkpoint kept, nothing half-written, `.state.json` stopped with the cause."""
     line = one_line_exit(p, rc, 5, f"({errno_name})", out, where)
@@ -182,12 +182,11 @@ def _check_storage_stop(p: Proc, rc: int, run: Path, log: bytes, ckpts: dict, er
     checkpoints_kept(run, ckpts, out, where)
     if temp_files(run):
         out.fail(f"{where}: temp files left behind: {temp_files(run)}")
-    if state_writable:
-        state = run_state(run)
-        failure = state.get("write_failure") or {}
-        if state.get("status") != "stopped" or failure.get("errno") != errno_name:
-            out.fail(f"{where}: .state.json status {state.get('status')!r}, write_failure {failure}; expected "
-                     f"'stopped' and {errno_name}")
+    state = run_state(run)
+    failure = state.get("write_failure") or {}
+    if state.get("status") != "stopped" or failure.get("errno") != errno_name:
+        out.fail(f"{where}: .state.json status {state.get('status')!r}, write_failure {failure}; expected "
+                 f"'stopped' and {errno_name}")
 
 
 def proxy_append_efbig(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-append-efbig",

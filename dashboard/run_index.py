@@ -114,7 +114,7 @@ class RunIndex:
                 if chunk.end != chunk.start:
                     changed = True
                 self._position = (self.generation, self.follower.offset)
-                done = chunk.end == chunk.start or self.follower.caught_up()
+                done = (chunk.end == chunk.start and not chunk.scanned) or self.follower.caught_up()
                 if done and not self.indexed:
                     self.indexed = True
                     self.index_seconds = time.monotonic() - self._index_started

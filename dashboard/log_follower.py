@@ -4,7 +4,10 @@ Only complete lines (ending in "\\n") are consumed: a torn last line stays
 unread until its newline arrives, and the offset only ever points just past a
 newline. A line that is not a complete JSON object (garbage, a torn fragment
 left by a crash, a bare number) is skipped, never glued onto its neighbour.
-A line longer than MAX_LINE is skipped once its newline arrives.
+A line longer than MAX_LINE is skipped once its newline arrives; it is scanned
+for that newline one chunk per poll, like any other bytes, so that a huge
+region without a newline (a broken writer, a 1 GB line) never holds the
+index's lock for longer than one chunk.
 
 If the file is replaced (another inode) or shrinks below the offset, the
 follower starts over from byte 0 and says so (`Chunk.reset`).
@@ -88,6 +91,7 @@ class Chunk:
     start: int = 0
     end: int = 0
     reset: bool = False
+    scanned: int = 0  # bytes of an overlong line scanned for its newline (the offset stays at its start)
 
 
 class LogFollower:
@@ -99,6 +103,7 @@ class LogFollower:
         self.offset = 0
         self.ident: tuple[int, int] | None = None
         self.size = 0
+        self.scan: int | None = None  # inside an overlong line: how far it was scanned for its newline
 
     def poll(self, max_bytes: int = CHUNK) -> Chunk:
         chunk = Chunk(start=self.offset, end=self.offset)
@@ -111,36 +116,45 @@ class LogFollower:
             self.size = st.st_size
             if self.ident is not None and (ident != self.ident or st.st_size < self.offset):
                 self.offset = 0
+                self.scan = None
                 chunk.reset = True
                 chunk.start = chunk.end = 0
             self.ident = ident
+            if self.scan is not None:
+                return self._scan_overlong(f, st.st_size, max_bytes, chunk)
             if st.st_size <= self.offset:
                 return chunk
             f.seek(self.offset)
             data = f.read(min(max_bytes, st.st_size - self.offset))
             entries, used = parse_lines(data, self.offset)
-            if used == 0 and len(data) >= MAX_LINE:
-                used = _skip_overlong(f, self.offset, self.offset + len(data)) - self.offset
+            if used == 0 and len(data) >= MAX_LINE:  # no newline in a whole chunk: an overlong line
+                self.scan = self.offset + len(data)
+                chunk.scanned = len(data)
             self.offset += used
             chunk.entries = entries
             chunk.end = self.offset
             return chunk
 
+    def _scan_overlong(self, f, size: int, max_bytes: int, chunk: Chunk) -> Chunk:
+        """One chunk more of the overlong line's scan; past its newline once found."""
+        f.seek(self.scan)
+        data = f.read(min(max_bytes, size - self.scan))
+        i = data.find(b"\n")
+        if i < 0:
+            self.scan += len(data)
+            chunk.scanned = len(data)
+        else:
+            self.offset = self.scan + i + 1
+            self.scan = None
+            chunk.end = self.offset
+        return chunk
+
+    def position(self) -> int:
+        """How far the log has been read: the offset, or inside an overlong line, how far it was scanned."""
+        return self.scan if self.scan is not None else self.offset
+
     def caught_up(self) -> bool:
-        return self.offset >= self.size
-
-
-def _skip_overlong(f, line_start: int, pos: int) -> int:
-    """Offset just past the next newline at or after `pos`; `line_start` if none yet."""
-    f.seek(pos)
-    while True:
-        block = f.read(1 << 20)
-        if not block:
-            return line_start  # the overlong line is still being written
-        i = block.find(b"\n")
-        if i >= 0:
-            return pos + i + 1
-        pos += len(block)
+        return self.position() >= self.size
 
 
 def read_range(root: Path, name: str, start: int, end: int) -> bytes:

@@ -2,13 +2,18 @@
 
 refresh() is called from the watcher thread (dashboard.watch); queries come
 from request threads. One lock serializes them; the log is ingested a chunk
-at a time so a query waits at most one chunk while a long history is indexed.
+at a time, and between chunks the refresher steps aside for every query
+already waiting (a lock alone is not fair: the refresher would take it back at
+once), so a query waits at most one chunk while a long history is indexed,
+and answers with what is indexed so far (`indexed` false until caught up).
 """
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
 
@@ -38,6 +43,8 @@ class RunIndex:
         self.name = name
         self.root = Path(root)
         self.lock = threading.Lock()
+        self._waiting = 0  # queries waiting for the lock; the refresher lets them go first
+        self._waiting_lock = threading.Lock()
         self.follower = LogFollower(self.root, LOSS_LOG)
         self.store = StepStore(self.read_log)
         self.evals: dict[int, EvalFields] = {}
@@ -50,6 +57,29 @@ class RunIndex:
         self.side["checkpoints"] = []
         self.sigs: dict = {}
         self.versions = {k: 0 for k in SIDECAR_KINDS}
+        # what position() and sidecar() return: replaced whole (one assignment) under the lock, read without it
+        self._position = (self.generation, 0)
+        self._published = {k: (self.side[k], 0) for k in SIDECAR_KINDS}
+
+    @contextmanager
+    def _query(self) -> Iterator[None]:
+        """The lock, for a query: counted as waiting, so that refresh_log lets it in after the chunk in hand."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            self.lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def _let_queries_in(self) -> None:
+        """Between two chunks: wait until every query that waits for the lock has taken it."""
+        while self._waiting:
+            time.sleep(0.0005)
 
     def read_log(self, start: int, end: int) -> bytes:
         """Bytes [start, end) of the run's log."""
@@ -83,12 +113,14 @@ class RunIndex:
                             self.lines += 1
                 if chunk.end != chunk.start:
                     changed = True
-                done = chunk.end == chunk.start or self.follower.caught_up()
+                self._position = (self.generation, self.follower.offset)
+                done = (chunk.end == chunk.start and not chunk.scanned) or self.follower.caught_up()
                 if done and not self.indexed:
                     self.indexed = True
                     self.index_seconds = time.monotonic() - self._index_started
             if done:
                 return changed
+            self._let_queries_in()
 
     def refresh_sidecars(self) -> set[str]:
         """Re-read the small files whose inode, size or mtime changed; the kinds that changed."""
@@ -104,6 +136,7 @@ class RunIndex:
                 self.sigs[kind] = sig
                 self.side[kind] = payload.sanitize(value)
                 self.versions[kind] += 1
+                self._published[kind] = (self.side[kind], self.versions[kind])
             changed.add(kind)
         ck = sidecars.list_checkpoints(self.root)
         sig = tuple((c["name"], c["bytes"], c["mtime"]) for c in ck)
@@ -112,17 +145,18 @@ class RunIndex:
                 self.sigs["checkpoints"] = sig
                 self.side["checkpoints"] = ck
                 self.versions["checkpoints"] += 1
+                self._published["checkpoints"] = (ck, self.versions["checkpoints"])
             changed.add("checkpoints")
         return changed
 
     # ---------------------------------------------------------------- queries
 
     def position(self) -> tuple[int, int]:
-        with self.lock:
-            return self.generation, self.follower.offset
+        """(generation, committed offset), without waiting for the lock: the event loop asks for it."""
+        return self._position
 
     def info(self) -> dict:
-        with self.lock:
+        with self._query():
             st = self.store
             exp = self.side["experiment"] or {}
             arms = [c[4:] for c in st.cols if c.startswith("mix:")]
@@ -143,7 +177,7 @@ class RunIndex:
             }
 
     def series(self, first: int | None, last: int | None, width: int) -> dict:
-        with self.lock:
+        with self._query():
             st = self.store
             lo = st.first_step()
             hi = st.max_step
@@ -160,7 +194,7 @@ class RunIndex:
             return out
 
     def evals_payload(self) -> dict:
-        with self.lock:
+        with self._query():
             evals = [self.evals[s] for s in sorted(self.evals)]
             gen, off = self.generation, self.follower.offset
         if len(evals) > MAX_EVALS_SENT:
@@ -171,8 +205,8 @@ class RunIndex:
         return out
 
     def sidecar(self, kind: str):
-        with self.lock:
-            return self.side[kind], self.versions[kind]
+        """(value, version) of a sidecar, without waiting for the lock: the event loop asks for it."""
+        return self._published[kind]
 
 
 def _max_steps(exp: dict):

@@ -1,9 +1,11 @@
 """The only way the dashboard touches the file system: fixed names inside a run directory.
 
 Names come from this package's code, never from a URL. Even so, every open
-refuses a name with a path separator or a dot-dot, a symlink (O_NOFOLLOW), and
-anything that is not a regular file (a FIFO would block the server), so no
-request can make the server read outside the run directories it was given.
+refuses a name with a path separator or a dot-dot, a symlink (O_NOFOLLOW: the
+dashboard is stricter than the proxy, which follows a symlink that stays in
+the run), and anything that is not a regular file (a FIFO would block the
+server): the checks are proxy/safe_fs.py's, shared with the proxy. No request
+can make the server read outside the run directories it was given.
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import os
 import stat
 from pathlib import Path
 
-_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+from proxy.safe_fs import NO_FOLLOW, READ_FLAGS, UnsafeFileError, open_fd
+
+_FLAGS = READ_FLAGS | NO_FOLLOW
 
 
 def _check_name(name: str) -> None:
@@ -32,16 +36,8 @@ def open_in_root(root: Path, name: str):
             st = os.lstat(os.path.join(root, *parts[:i]))
             if not stat.S_ISDIR(st.st_mode):
                 return None
-        fd = os.open(os.path.join(root, name), _FLAGS)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        return os.fdopen(fd, "rb")
-    except OSError:
-        os.close(fd)
+        return open_fd(os.path.join(root, name), _FLAGS, None)
+    except (OSError, UnsafeFileError):
         return None
 
 

@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 from proxy.formats.checkpoint import checkpoint_step
-from proxy.rundir.layout import BEST, CHECKPOINTS, EXPERIMENT, PHASES, SAMPLES, STATE
+from proxy.formats.samples import MAX_TEXT
+from proxy.rundir.layout import BEST, CHECKPOINTS, EXPERIMENT, PHASES, READ_LIMITS, SAMPLES, STATE
 
 from .safe_fs import read_small, scan_dir
 
-LIMITS = {STATE: 4 << 20, PHASES: 4 << 20, SAMPLES: 32 << 20, EXPERIMENT: 1 << 20}
+LIMITS = {name: READ_LIMITS[name] for name in (STATE, PHASES, SAMPLES, EXPERIMENT)}  # the proxy's own caps
 MAX_AUDITS = 20  # newest sample audits kept
 MAX_SAMPLES_PER_AUDIT = 16
-MAX_TEXT = 4000  # characters of a prompt or completion
 MAX_PHASES = 1000
 MAX_CHECKPOINTS = 2000
 

@@ -1,31 +1,68 @@
-"""Atomic, durable file replacement: the helpers every writer in the proxy uses.
+"""Every write the proxy makes: atomic, durable replacement, whole-line appends, and what a failure becomes.
 
 A reader of `path` sees either the old complete file or the new complete
 file, never a mix, and after return the new file survives a power cut:
 temp file in the same directory, write, fsync, rename over `path`, fsync the
-directory.
+directory. An append (`.loss.json`, engine.log) lands whole or not at all: a
+write that fails partway is cut back off, so no torn line is left.
+
+A write that fails because of the storage (disk full, file too large, I/O
+error, read-only file system: errors.STORAGE_ERRNOS) raises StorageError,
+one line naming the file; no temp file is left behind.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from .errors import STORAGE_ERRNOS, StorageError
+from .safe_fs import NO_FOLLOW, open_own, open_regular
+
+APPEND_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0)
+                | getattr(os, "O_CLOEXEC", 0))
+
+
+@contextmanager
+def storage_guard(path: str | os.PathLike, action: str = "write") -> Iterator[None]:
+    """Turn an OSError the storage caused (errors.STORAGE_ERRNOS) into StorageError naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in STORAGE_ERRNOS:
+            raise StorageError(path, exc, action) from None
+        raise
+
 
 def fsync_dir(directory: str | os.PathLike) -> None:
     """fsync a directory so that a rename or a new name in it is durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with storage_guard(directory, "sync"):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def make_dirs(directory: str | os.PathLike) -> None:
+    """mkdir -p, with a full or read-only disk reported as StorageError."""
+    with storage_guard(directory, "create"):
+        Path(directory).mkdir(parents=True, exist_ok=True)
 
 
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # a read-only file system: nothing was written there either
+        pass
 
 
 @contextmanager
@@ -34,13 +71,14 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path = Path(path)
     tmp = _temp_name(path)
     try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with storage_guard(path):
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
     fsync_dir(path.parent)
 
@@ -65,23 +103,83 @@ def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> N
     atomic_write_bytes(path, json_bytes(obj, indent))
 
 
+def _source(src: str | os.PathLike) -> BinaryIO:
+    """A file to copy: regular, reached through no symlink out of its own directory (safe_fs.py)."""
+    return open_regular(src, None, within=Path(src).parent)
+
+
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Copy `src` over `dst` atomically and durably (dst appears whole or not at all)."""
-    with open(src, "rb") as fin, atomic_writer(dst) as fout:
+    with _source(src) as fin, atomic_writer(dst) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
 
 
 def write_synced(path: str | os.PathLike, data: bytes) -> None:
     """Write a new file and fsync it: for files inside a temp directory that is renamed into place whole."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    with storage_guard(path):
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def copy_synced(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Copy `src` to a new file `dst` and fsync it (see write_synced)."""
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
+    with _source(src) as fin, storage_guard(dst), open(dst, "wb") as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
         fout.flush()
         os.fsync(fout.fileno())
+
+
+def open_append(path: str | os.PathLike) -> int:
+    """A log file's descriptor for appending (created if absent): a regular file only, never a symlink,
+    a FIFO or a device (UnsafeFileError), and opening it never blocks."""
+    with storage_guard(path, "open"):
+        return open_own(path, APPEND_FLAGS, "a log")
+
+
+def append_whole(fd: int, data: bytes, path: str | os.PathLike) -> None:
+    """Append `data` (whole lines) to the file open on `fd` (O_APPEND), whole or not at all: a write
+    that fails partway is cut back off before StorageError (or the OSError) is raised."""
+    start = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass
+        if exc.errno in STORAGE_ERRNOS:
+            raise StorageError(path, exc, "append to") from None
+        raise
+
+
+def overwrite_in_place(path: str | os.PathLike, data: bytes) -> bool:
+    """Write `data` over `path` in place, only when it fits in the blocks the file already holds (on a
+    full disk no new block can be had). Not atomic: for a snapshot its readers never trust (.state.json),
+    and only when an atomic replace cannot be made. Returns whether it was written."""
+    try:
+        fd = os.open(path, os.O_WRONLY | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or len(data) > st.st_blocks * 512:
+            return False
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sync_fd(fd: int, path: str | os.PathLike) -> None:
+    """fsync an open file (an append-only log), a storage failure reported as StorageError."""
+    with storage_guard(path, "sync"):
+        os.fsync(fd)

@@ -13,6 +13,8 @@ import os
 import sys
 
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ProxyError
+from .safe_fs import UnsafeFileError
+from .supervision.signals import install_interrupt
 
 
 class _UsageError(Exception):
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
+        if args.command == "run":  # from here a stop signal ends the setup with one line (supervision/signals.py)
+            install_interrupt()
         return importlib.import_module(COMMANDS[args.command]).main(args)
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
@@ -182,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     except ProxyError as exc:
         print(f"proxy: {exc}", file=sys.stderr, flush=True)
         return exc.code
+    except UnsafeFileError as exc:  # a run-directory file that is a FIFO, a device, too large: never read
+        print(f"proxy: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     except KeyboardInterrupt:
+        print("proxy: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `proxy status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,10 +1,14 @@
-"""Exit codes of the `proxy` command, and the one error that carries one (docs/CLI.md, "Exit status")."""
+"""Exit codes of the `proxy` command, and the errors that carry one (docs/CLI.md, "Exit status")."""
 from __future__ import annotations
+
+import errno
+import os
 
 EXIT_OK = 0  # finished, stopped on request, already finished
 EXIT_FAILURE = 1  # runtime failure: run in use, no proxy to signal, engine cannot run, pivot refused, ...
 EXIT_USAGE = 2  # bad input: arguments, experiment or caps file, run directory, engine binary
 EXIT_CRASHLOOP = 3  # the engine failed --max-failures times in a row without progress
+EXIT_STORAGE = 5  # a write of the proxy's failed: disk full, file too large, I/O error, read-only (as the engine's 5)
 EXIT_INTERRUPTED = 130  # Ctrl-C before training started
 
 
@@ -14,3 +18,24 @@ class ProxyError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILURE):
         super().__init__(message)
         self.code = code
+
+
+# The write failures that say the storage, not the proxy, is at fault, and what the user can do about
+# each; every one stops a command with StorageError. Any other OSError keeps its own handling.
+STORAGE_ERRNOS = {errno.ENOSPC: "free space", errno.EDQUOT: "free space or raise the disk quota",
+                  errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EIO: "check the disk",
+                  errno.EROFS: "make the file system writable"}
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no new block can be had (but the blocks a file holds can be rewritten)
+
+
+class StorageError(ProxyError):
+    """A write the proxy made failed for a reason in STORAGE_ERRNOS: one line naming the file, the errno
+    and the remedy."""
+
+    def __init__(self, path: str | os.PathLike, exc: OSError, action: str = "write"):
+        self.path = str(path)
+        self.errno = exc.errno
+        self.errno_name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        self.strerror = exc.strerror or os.strerror(exc.errno or 0)
+        super().__init__(f"cannot {action} {path}: {self.strerror} ({self.errno_name}); "
+                         f"{STORAGE_ERRNOS[exc.errno]}", EXIT_STORAGE)

@@ -5,7 +5,8 @@
     FAULT_SEED=7 python scripts/reliability_report.py    # another seed
     python scripts/reliability_report.py --results test-artifacts/faults/results.json   # no run, just render
 
-The scenarios live in tests/faults/scenarios.py; the tests in tests/faults/
+The scenarios live in tests/faults/scenarios.py, run_dir_scenarios.py and
+dashboard_scenarios.py; the tests in tests/faults/
 record every scenario's outcome (faults injected, survived, steps lost, data
 lost) to a JSON file, which this script turns into the table. Nothing in the
 table is typed by hand.
@@ -89,6 +90,64 @@ WHAT = OrderedDict([
     ("fuzzed caps files (loader)", "load_caps: full maps with a non-empty capped simplex, or one error line"),
     ("fuzzed caps files (`proxy pivot --caps BAD.json`)",
      "on a stopped run: exit 2, one line naming the file, no traceback, not one byte of the run directory changed"),
+    ("write error in the proxy's own files (proxy run, EFBIG)",
+     "RLIMIT_FSIZE only `.loss.json` reaches: the partial line is cut off, the engine is stopped cleanly (it "
+     "checkpoints), `.state.json` says stopped with EFBIG, exit 5 with one last line; every complete line and "
+     "checkpoint kept; relaunched without the limit it finishes identical"),
+    ("full disk while the proxy runs (tmpfs, ENOSPC)",
+     "a real tmpfs filled to the last byte while training: whichever write fails first, exit 5 with one last line "
+     "naming the file and ENOSPC, no torn line, no temp file, every line and valid checkpoint kept, `.state.json` "
+     "stopped with ENOSPC (written over itself); after freeing space the relaunch finishes identical"),
+    ("full disk at a run's first launch (tmpfs, ENOSPC)",
+     "a new run on a full tmpfs: exit 5, one line, no traceback, no temp file; after freeing space the same "
+     "command trains the whole run identical"),
+    ("read-only run directory at launch (EROFS)",
+     "a stopped run through a read-only bind mount: exit 5, one line, nothing changed; through a writable path "
+     "the relaunch finishes identical"),
+    ("I/O error appending to .loss.json (EIO, injected in-process)",
+     "EIO after half a line: the half is cut off, one line naming the file and EIO; the next append is whole "
+     "(no device here fails on demand, so EIO is injected into the write)"),
+    ("run-directory files that are devices, FIFOs, huge or symlinks out",
+     "`.loss.json`, `.state.json`, phases.json, experiment.json, `.samples.json` as /dev/zero, a FIFO, 8 GiB or "
+     "a symlink out of the run, under RLIMIT_AS 8 GiB: exit 2 at once with one line naming the file, not one "
+     "byte changed; a checkpoint symlinked to /dev/zero is skipped with one line; restored, the run finishes "
+     "identical"),
+    ("command-line files that are devices or FIFOs",
+     "`proxy run /dev/zero|FIFO`, `proxy pivot --caps /dev/zero|FIFO`, `proxy status` over a /dev/zero "
+     "`.state.json`: exit 2 at once with one line naming the file, the run unchanged"),
+    ("phase history lost or rewritten after a pivot",
+     "phases.json deleted, restored from before the pivot, or edited (start step, caps, policy) after training "
+     "in the new phase: `proxy run`, `pivot`, `fork` refuse with one line naming the contradiction with the log, "
+     "the pivot's receipt or a checkpoint; nothing changed, no fork made; restored, the run finishes identical to "
+     "the pivoted run trained uninterrupted"),
+    ("names and strings beyond their bounds",
+     "an arm name of 250 characters, 65 arms, long prompts, paths and keys, counts past the engine's: exit 2, "
+     "one short line naming the field, no run directory; a caps file with a 100000-character arm: exit 2, one "
+     "short line; 64-character names (the bound) train and show on the dashboard"),
+    ("frozen experiment.json edited by hand",
+     "a proxy-side field, an engine flag or a floor edited in RUN/experiment.json: `proxy run --run-dir` refuses "
+     "at once with one line naming the field, no engine started; with the edit undone the run finishes identical"),
+    ("bogus step_NNNNNN.bin files (status, resume, retention)",
+     "a 0-byte file and a directory under checkpoint names: status names the real newest checkpoint, the "
+     "relaunch skips each with one line, retention (keep_last 2) neither counts nor deletes them; identical end"),
+    ("NaN and Infinity in .loss.json (proxy status --json)",
+     "`proxy status --json` prints strict JSON (null for them), exit 0, no traceback"),
+    ("SIGTERM, SIGHUP, SIGINT before training starts",
+     "during data preparation: exit 130 with one last line, no traceback, no temp directory left in the cache; a "
+     "dead preparation's temp directory is removed at the next start, a live one's kept; the next launch trains "
+     "identical"),
+    ("SIGHUP while training (proxy run)",
+     "handled as SIGTERM: the engine checkpoints, exit 0, `.state.json` stopped; the relaunch finishes identical"),
+    ("queries while the dashboard indexes a large log",
+     "a ~40 MB log with a 64 MB garbage line in its middle, served by a real uvicorn server: while it indexes, "
+     "every query answers within three times the mean time of a chunk (+1 s), between chunks, with what is "
+     "indexed so far (the old, unfair lock failed this only on a busy machine)"),
+    ("a 64 MB line without a newline while the dashboard indexes",
+     "the index in-process: every poll of the log (each under the index's lock) reads at most one 4 MiB chunk; "
+     "all the valid lines around the garbage are indexed (the old skip read the whole line under the lock)"),
+    ("mixtures within caps and floors (weights and rows, property test)",
+     "hypothesis: projections onto random caps and floors (sums on and within tolerance of 1) and the rows of "
+     "random batches never pass a cap or a floor: weights exactly, rows by at most the ceiling of cap x rows"),
 ])
 
 NOTES = """\
@@ -114,8 +173,9 @@ write are measured, not chosen.
 - The footer's 4 reserved bytes (between the CRC and the end magic) are covered neither by the CRC nor
   by a check that they are zero, so a flipped bit there is not detected; they carry no data, and the
   bit-flip cases skip them.
-- The tmpfs case needs root (`mount -t tmpfs`); where it cannot mount, it is skipped and the
-  RLIMIT_FSIZE cases (which need no privilege) still cover failed checkpoint writes.
+- The tmpfs and read-only cases need root (`mount -t tmpfs`, `mount --bind`); where they cannot mount,
+  they are skipped and the RLIMIT_FSIZE cases (which need no privilege) still cover failed writes.
+- EIO cannot be caused on demand by any device here; it is injected into the log's `write(2)` in-process.
 """
 
 
@@ -168,9 +228,13 @@ def render(doc: dict, suite_rc: int | None, suite_seconds: float | None, command
            "<!-- Generated by scripts/reliability_report.py from the fault-injection suite (tests/faults/). "
            "Do not edit by hand: rerun the script. -->", "",
            "What survives when microgpt is attacked with real faults: `kill -9` of the engine, the proxy or "
-           "both (inside checkpoint writes too), full disks and write errors, corrupted checkpoints and "
-           "sidecars, hung and crash-looping engines, signal storms, and fuzzed inputs. The suite is "
-           "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/scenarios.py`.", "",
+           "both (inside checkpoint writes too), full disks and write errors (the engine's and the proxy's), "
+           "corrupted checkpoints and sidecars, run-directory files that are devices, FIFOs or symlinks, a "
+           "rewritten phase history, hung and crash-looping engines, signal storms, fuzzed and oversized "
+           "inputs, and a dashboard indexing a large log. The suite is "
+           "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/scenarios.py`, "
+           "`run_dir_scenarios.py` (the proxy's own files, signals before training) and "
+           "`dashboard_scenarios.py`.", "",
            f"Generated {when:%Y-%m-%d %H:%M} UTC by `{command}` with `FAULT_SEED={doc.get('seed')}` on "
            f"{machine.get('platform', platform.platform())}, {machine.get('cpus')} CPUs, Python "
            f"{machine.get('python')}, engine `{Path(str(machine.get('engine', '?'))).name}`.", ""]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config.bounds import TOLERANCE as TOL, check_caps_floors
+from ..config.bounds import check_caps_floors
 
 
 def check_bounds(floors: np.ndarray, caps: np.ndarray) -> None:
@@ -23,7 +23,8 @@ def check_bounds(floors: np.ndarray, caps: np.ndarray) -> None:
 
 
 def project_capped_simplex(v, floors, caps, iters: int = 200) -> np.ndarray:
-    """The point of {floor <= w <= cap, sum w = 1} nearest to `v` (float64)."""
+    """The point of {floor <= w <= cap, sum w = 1} nearest to `v` (float64). Every w_i is within
+    [floor_i, cap_i] exactly; the sum is 1 up to rounding (up to config/bounds.py's TOLERANCE where the bounds allow one point)."""
     v = np.asarray(v, dtype=np.float64).reshape(-1)
     lo_b = np.asarray(floors, dtype=np.float64).reshape(-1)
     hi_b = np.asarray(caps, dtype=np.float64).reshape(-1)
@@ -32,10 +33,13 @@ def project_capped_simplex(v, floors, caps, iters: int = 200) -> np.ndarray:
     if not np.all(np.isfinite(v)):
         raise ValueError("v must be finite")
     check_bounds(lo_b, hi_b)
-    if lo_b.sum() >= 1 - TOL:          # the set is (numerically) the single point `floors`
-        return lo_b / lo_b.sum() if lo_b.sum() > 0 else lo_b.copy()
-    if hi_b.sum() <= 1 + TOL:          # ... or the single point `caps`
-        return hi_b / hi_b.sum()
+    # Floors summing to 1 (or, within the tolerance, above), or caps summing to 1 (or, within it, below):
+    # the set is that one point. It is returned as it is: scaling it to sum exactly 1 would lift an arm
+    # above its cap (or drop one below its floor) by the rounding; the sum is 1 within the tolerance.
+    if lo_b.sum() >= 1.0:
+        return lo_b.copy()
+    if hi_b.sum() <= 1.0:
+        return hi_b.copy()
 
     def g(tau: float) -> float:
         return float(np.clip(v - tau, lo_b, hi_b).sum())

@@ -35,17 +35,18 @@ import sys
 import time
 from pathlib import Path
 
-from ..atomic import copy_synced, fsync_dir, json_bytes, write_synced
+from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
 from ..config.errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import verify_checkpoint
-from ..formats.loss_log import LossLogIndex, encode_line
+from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
 from ..formats.samples import read_audits
 from ..formats.state import ArmStatus, RunState
 from ..rundir.frozen import replaced_experiments
-from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, RunDir,
-                             relative_checkpoint)
+from ..rundir.history import check_history, write_receipt
+from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, LOSS_LOG, PHASES, PIVOT_RECEIPT,
+                             SAMPLES, STATE, RunDir, RunDirError, relative_checkpoint)
 from ..rundir.phases import Phase
 from ..rundir.pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
@@ -82,6 +83,10 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
 
     # the checkpoint: the newest at or before `at` that verifies and whose whole history the log holds
     index = LossLogIndex.load(run.loss_log)
+    try:
+        check_history(run, phases, index)
+    except RunDirError as exc:
+        raise ProxyError(f"cannot fork: {exc}", EXIT_USAGE) from None
     point = newest_covered(run.checkpoints, index, phases, at_most=at)
     skipped, chosen, c = point.skipped, point.path, point.step
     if chosen is None:
@@ -101,7 +106,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     tmp = to.parent / f".{to.name}.fork-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        (tmp / CHECKPOINTS).mkdir(parents=True)
+        make_dirs(tmp / CHECKPOINTS)
         try:
             copy_synced(chosen, tmp / CHECKPOINTS / chosen.name)
         except FileNotFoundError:
@@ -111,18 +116,22 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         if reason is not None:
             raise ProxyError(f"the copy of {chosen} does not verify ({reason}); try again")
         copy_synced(run.experiment, tmp / EXPERIMENT)
+        if run.experiment_seal.exists():  # checked against the frozen copy by started_run
+            copy_synced(run.experiment_seal, tmp / EXPERIMENT_SEAL)
         n_steps, n_evals = _copy_log(index, c, tmp / LOSS_LOG)
         write_synced(tmp / PHASES, json_bytes([p.to_dict() for p in new_phases]))
 
         # sidecar archives of the inherited pivots and of experiment changes
         for changed in replaced_experiments(run):
-            (tmp / ARCHIVE).mkdir(exist_ok=True)
+            make_dirs(tmp / ARCHIVE)
             copy_synced(changed, tmp / ARCHIVE / changed.name)
         for p in inherited[1:]:
             src = archive_dir_for(run, phases, p.phase)
-            if src.is_dir():
-                (tmp / ARCHIVE).mkdir(exist_ok=True)
-                shutil.copytree(src, tmp / ARCHIVE / src.name, ignore=shutil.ignore_patterns(CHECKPOINTS))
+            if src.is_dir() and not src.is_symlink():
+                make_dirs(tmp / ARCHIVE / src.name)
+                for name in (SAMPLES, STATE, PIVOT_RECEIPT):  # the sidecars a pivot archives, and its receipt
+                    if (src / name).exists():
+                        copy_synced(src / name, tmp / ARCHIVE / src.name / name)
 
         # the current phase's sample audits up to c
         last = inherited[-1]
@@ -132,16 +141,18 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         state = _fork_state(run, experiment, index, new_phases, c, to)
         if caps_path is not None:
             arch = tmp / ARCHIVE / archive_name(new_phases, c, new_phases[-1].phase)
-            arch.mkdir(parents=True)
+            make_dirs(arch)
             write_synced(arch / SAMPLES, json_bytes(audits))
             write_synced(arch / STATE, json_bytes(dict(state.to_dict(), phase=last.phase, policy=last.policy)))
+            write_receipt(arch, new_phases[-1])
             audits = []
         write_synced(tmp / SAMPLES, json_bytes(audits))
         write_synced(tmp / STATE, json_bytes(state.to_dict()))
         for d in [tmp / CHECKPOINTS, tmp / ARCHIVE, tmp]:
             if d.is_dir():
                 fsync_dir(d)
-        os.rename(tmp, to)  # over an empty NEW_DIR too
+        with storage_guard(to, "rename the fork into"):
+            os.rename(tmp, to)  # over an empty NEW_DIR too
         fsync_dir(to.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -164,10 +175,9 @@ def _copy_log(index: LossLogIndex, c: int, dst: Path) -> tuple[int, int]:
     lines = []
     n_steps = n_evals = 0
     if index.path.exists():
-        with open(index.path, "rb") as f:
+        with open_log(index.path) as f:
             def read(offset: int) -> bytes:
-                f.seek(offset)
-                obj = json.loads(f.readline())
+                obj = json.loads(read_raw_line(f, offset))  # the whole line: fields this version does not know too
                 obj["inherited"] = True
                 return encode_line(obj)
 

@@ -28,6 +28,7 @@ from ..config.errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
+from ..rundir.history import check_history
 from ..rundir.layout import RunDir, RunDirError, relative_checkpoint
 from ..rundir.lock import LockBusy, PidLock, RunLock, lock_owner
 from ..rundir.phases import read_phases
@@ -35,6 +36,7 @@ from ..rundir.pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
 from ..supervision.engine_process import reap_orphan
+from ..supervision.signals import STOPS
 from .which_run import resolve_run, started_run
 
 
@@ -133,8 +135,12 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         reaped = reap_orphan(run.engine_record, 60.0)
         if reaped:
             print(f"proxy: {reaped}", file=sys.stderr, flush=True)
-        phases = read_phases(run)
         index = LossLogIndex.load(run.loss_log)
+        try:
+            phases = read_phases(run)
+            check_history(run, phases, index)
+        except RunDirError as exc:
+            raise ProxyError(f"cannot pivot: {exc}", EXIT_USAGE) from None
         try:
             resume = choose_resume(run.checkpoints, index, phases, set(), at_most=at)
         except ProxyError as exc:
@@ -149,9 +155,12 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
             print(f"proxy: not pivoting at {reason}", file=sys.stderr, flush=True)
         checkpoint = relative_checkpoint(step) if resume.path is not None else None
         # `proxy stop` finds our pid in .lock: a stop request waits until the pivot is whole
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPS))
         try:
-            result = apply_pivot(run, step, caps, floors, policy, checkpoint)
+            try:
+                result = apply_pivot(run, step, caps, floors, policy, checkpoint)
+            except RunDirError as exc:  # refused before anything changed (phases.json would be too large)
+                raise ProxyError(f"cannot pivot: {exc}") from None
             _offline_state(run, experiment, result, caps_path)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

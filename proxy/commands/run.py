@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from ..atomic import open_append
 from ..errors import EXIT_USAGE, ProxyError
 from ..rundir.layout import EXPERIMENT
 from ..supervision.context import SupervisorOptions
 from ..supervision.setup import RunRequest, start_run
+from ..supervision.signals import default_stops
 
 
 def main(args) -> int:
@@ -42,6 +45,7 @@ def main(args) -> int:
     try:
         return start_run(request, on_started=on_started)
     finally:
+        default_stops()  # training is over: a stop signal now is no interrupted setup
         for proc in dashboard:
             proc.terminate()
             try:
@@ -76,10 +80,13 @@ def start_dashboard(run_root: Path, host: str, port: int, log_path: Path) -> sub
         print(f"proxy: no free port from {port} on {host}; training without the dashboard", file=sys.stderr,
               flush=True)
         return None
-    with open(log_path, "ab") as log:
+    log = open_append(log_path)
+    try:
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "dashboard", "--run-dir", str(run_root),
                                  "--host", host, "--port", str(free)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+    finally:
+        os.close(log)
     shown = f"[{host}]" if ":" in host else host
     print(f"dashboard: http://{shown}:{free}/ (log {log_path})", flush=True)
     return proc

@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 
 from ..errors import EXIT_OK
-from ..formats.checkpoint import list_checkpoints
+from ..formats.checkpoint import checkpoint_files
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
-from ..formats.state import Goodput, read_state
+from ..formats.state import Goodput, finite_json, read_state
 from ..rundir.layout import RunDir, RunDirError
 from ..rundir.lock import lock_owner
 from ..rundir.phases import read_phases
+from ..safe_fs import UnsafeFileError
 from ..supervision.goodput import overhead_summary
 from ..supervision.progress import WINDOW_STEPS, Progress, fmt_duration, fmt_rate
 from .which_run import resolve_run
@@ -30,7 +31,7 @@ def newest_durable_checkpoint(run: RunDir, state: dict, alive: bool) -> Path | N
         path = Path(announced) if Path(announced).is_absolute() else run.root / announced
         if path.is_file():
             return path
-    ckpts = list_checkpoints(run.checkpoints)
+    ckpts = checkpoint_files(run.checkpoints)  # a 0-byte file or a directory under a checkpoint's name is not one
     return ckpts[0] if ckpts else None
 
 
@@ -38,10 +39,18 @@ def status_report(run: RunDir) -> dict:
     """Everything `proxy status` shows, as a dict (also `--json`)."""
     state = read_state(run.state) or {}
     try:
-        experiment = json.loads(run.experiment.read_text())
-    except (OSError, ValueError):
+        experiment = json.loads(run.read_small(run.experiment))
+    except UnsafeFileError:
+        raise
+    except (OSError, ValueError, RecursionError):
         experiment = {}
-    max_steps = int((experiment.get("train") or {}).get("max_steps") or state.get("max_steps") or 0)
+    if not isinstance(experiment, dict):
+        experiment = {}
+    train = experiment.get("train") if isinstance(experiment.get("train"), dict) else {}
+    try:
+        max_steps = int(train.get("max_steps") or state.get("max_steps") or 0)
+    except (TypeError, ValueError):  # a hand-edited file: shown as unknown
+        max_steps = 0
     tail = read_tail(run.loss_log)
     steps = {}
     for e in tail:
@@ -144,5 +153,6 @@ def format_status(r: dict) -> str:
 
 def main(args) -> int:
     report = status_report(resolve_run(args.run_dir))
-    print(json.dumps(report, indent=1) if args.json else format_status(report))
+    # strict JSON: a NaN or an infinity read from the log is null
+    print(json.dumps(finite_json(report), indent=1, allow_nan=False) if args.json else format_status(report))
     return EXIT_OK

@@ -5,7 +5,7 @@ import signal
 import time
 
 from ..errors import EXIT_OK, ProxyError
-from ..formats.checkpoint import list_checkpoints
+from ..formats.checkpoint import checkpoint_files
 from ..rundir.lock import lock_owner, signal_proxy
 from .which_run import resolve_run
 
@@ -22,7 +22,7 @@ def main(args) -> int:
     end = time.monotonic() + args.timeout
     while time.monotonic() < end:
         if lock_owner(run) is None:
-            newest = list_checkpoints(run.checkpoints)
+            newest = checkpoint_files(run.checkpoints)
             print(f"stopped; newest checkpoint {newest[0] if newest else 'none'}")
             return EXIT_OK
         time.sleep(POLL_S)

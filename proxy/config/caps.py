@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, model_validator
 
 from .bounds import check_caps_floors, range_problems
-from .errors import ExperimentError, config_error, format_validation_error, read_json
+from .errors import ExperimentError, config_error, format_validation_error, quoted, read_json, short
 from .experiment import Experiment, StrictModel
 from .policies import POLICIES
 
@@ -45,7 +45,7 @@ def apply_caps(caps_file: CapsFile, experiment: Experiment, path: Path | str = "
     """Merge a caps file over `base` (default: the experiment's caps and floors) and check the result."""
     names = experiment.arm_names
     caps, floors = (dict(base[0]), dict(base[1])) if base else (experiment.caps, experiment.floors)
-    problems = [f"{kind}: unknown arm {arm!r} (arms: {', '.join(names)})"
+    problems = [f"{kind}: unknown arm {quoted(arm)} (arms: {', '.join(names)})"
                 for kind, m in (("caps", caps_file.caps), ("floors", caps_file.floors))
                 for arm in m if arm not in names]
     if problems:
@@ -97,7 +97,7 @@ def load_pivot_caps(path: str | os.PathLike, experiment: Experiment, phase
     current = phase.policy if phase is not None else experiment.bandit.policy
     policy = data.pop("policy", current)
     if policy not in POLICIES:
-        raise config_error(path, [f"policy: expected one of {', '.join(map(repr, POLICIES))}, got {policy!r}"])
+        raise config_error(path, [f"policy: expected one of {', '.join(map(repr, POLICIES))}, got {short(policy)}"])
     caps, floors = apply_caps(_validate(path, data), experiment, path, phase_bounds(experiment, phase))
     return caps, floors, str(policy)
 
@@ -113,11 +113,11 @@ def check_request(request: dict, experiment: Experiment) -> tuple[dict, dict, st
     except (KeyError, TypeError, ValueError) as exc:
         raise ExperimentError(f"malformed pivot request ({exc})") from None
     if set(caps) != set(names) or set(floors) != set(names):
-        raise ExperimentError(f"pivot request names arms {sorted(set(caps) | set(floors))}, the experiment "
-                              f"{sorted(names)}")
+        raise ExperimentError(f"pivot request names arms {short(sorted(set(caps) | set(floors)))}, the "
+                              f"experiment {sorted(names)}")
     problems = check_caps_floors(caps, floors)
     if policy not in POLICIES:
-        problems.append(f"unknown policy {policy!r}")
+        problems.append(f"unknown policy {quoted(policy)}")
     if problems:
         raise ExperimentError("bad pivot request: " + "; ".join(problems))
     return caps, floors, policy

@@ -7,6 +7,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..safe_fs import UnsafeFileError, read_regular
+
+CONFIG_FILE_LIMIT = 1 << 20  # the largest experiment or caps file read (and the frozen copy in a run)
+
 
 class ExperimentError(ValueError):
     """A bad experiment or caps file. The message is one line naming the file and each problem."""
@@ -31,7 +35,14 @@ def _loc(loc: tuple) -> str:
     return out
 
 
-def _short(value: Any) -> str:
+def quoted(name: Any) -> str:
+    """A name (a key, an arm) quoted for a message as repr() does, cut to 40 characters."""
+    text = str(name)
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def short(value: Any) -> str:
+    """A value as JSON for a message, cut to 40 characters (a message is one readable line whatever the input)."""
     try:
         text = json.dumps(value)
     except (TypeError, ValueError):
@@ -45,11 +56,11 @@ def _phrase(err: dict) -> str:
     where = _loc(loc)
     if kind == "extra_forbidden":
         parent, key = _loc(loc[:-1]), loc[-1] if loc else "?"
-        return f"{parent + ': ' if parent else ''}unknown key {key!r}"
+        return f"{parent + ': ' if parent else ''}unknown key {quoted(key)}"
     if kind == "missing":
         return f"{where}: missing (required)"
     if kind in _TYPE_WORDS:
-        return f"{where}: expected {_TYPE_WORDS[kind]}, got {_short(err.get('input'))}"
+        return f"{where}: expected {_TYPE_WORDS[kind]}, got {short(err.get('input'))}"
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
@@ -58,9 +69,9 @@ def _phrase(err: dict) -> str:
     else:
         msg = msg[0].lower() + msg[1:] if msg else msg
         if "input" in err and kind not in ("literal_error",):
-            msg += f", got {_short(err['input'])}"
+            msg += f", got {short(err['input'])}"
         elif kind == "literal_error":
-            msg += f", got {_short(err.get('input'))}"
+            msg += f", got {short(err.get('input'))}"
     return f"{where}: {msg}" if where else msg
 
 
@@ -74,20 +85,29 @@ def format_validation_error(err: ValidationError) -> list[str]:
     return seen
 
 
+MAX_PROBLEMS = 10  # problems named in one message; the rest are counted
+
+
 def config_error(path: Path | str, problems: list[str]) -> ExperimentError:
-    """The error for `path` naming every problem, on one line."""
-    return ExperimentError(f"{path}: " + "; ".join(p.replace("\n", " ") for p in problems))
+    """The error for `path` naming its problems (the first MAX_PROBLEMS), on one line."""
+    shown = "; ".join(p.replace("\n", " ") for p in problems[:MAX_PROBLEMS])
+    more = f"; and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+    return ExperimentError(f"{path}: {shown}{more}")
 
 
 def read_json(path: Path) -> Any:
     """The parsed JSON of a config file; ExperimentError when it is missing, unreadable or not JSON."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, CONFIG_FILE_LIMIT).decode("utf-8")
     except FileNotFoundError:
         raise config_error(path, ["no such file"]) from None
+    except UnsafeFileError as e:
+        raise config_error(path, [e.reason]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise config_error(path, [f"cannot read: {e}"]) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise config_error(path, [f"not JSON: {e.msg} at line {e.lineno} column {e.colno}"]) from None
+    except RecursionError:
+        raise config_error(path, ["not JSON this reader takes: nested too deeply"]) from None

@@ -28,6 +28,22 @@ BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics")
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
 
+# Bounds on every name, string and list a user writes, so that every later use holds: a name in a file
+# name (`<arm>.train.tok`, `runs/<name>`), in every `.loss.json` line (arms x (name + two floats) stays
+# far below the 1 MiB a reader takes), in `.state.json` and phases.json, and on the dashboard; a sample
+# audit of the most prompts x count x max_new fits in `.samples.json`'s cap (tests/faults check it).
+MAX_NAME = 64  # characters of an arm or experiment name (ASCII, by ARM_NAME)
+MAX_ARMS = 64
+MAX_PATH = 4096  # characters of a source path or pattern (PATH_MAX)
+MAX_WORD = 255  # characters of a suffix, a JSON Lines field, a module name
+MAX_MODULES = 1000
+MAX_PROMPTS = 16
+MAX_PROMPT_CHARS = 1000
+MAX_SAMPLE_COUNT = 16
+MAX_SAMPLE_TOKENS = 4096
+# an audit (every prompt x count) is one SAMPLE frame: the bounds keep it within the engine's limit
+assert MAX_PROMPTS * MAX_SAMPLE_COUNT <= SAMPLE_MAX_COMPLETIONS
+
 
 def _name_check(what: str, why: str) -> AfterValidator:
     """Arm and experiment names: letters, digits, '_', '.', '-', not starting with '.' or '-'."""
@@ -38,8 +54,12 @@ def _name_check(what: str, why: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-ArmName = Annotated[str, _name_check("arm name", "not starting with '.' or '-'")]
-RunName = Annotated[str, _name_check("name", "it names the run directory")]  # the run directory's default name
+ArmName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
+                    _name_check("arm name", "not starting with '.' or '-'")]
+RunName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
+                    _name_check("name", "it names the run directory")]  # the run directory's default name
+PathText = Annotated[str, Field(max_length=MAX_PATH)]
+Word = Annotated[str, Field(max_length=MAX_WORD)]
 
 
 class StrictModel(BaseModel):
@@ -127,14 +147,15 @@ class BanditConfig(StrictModel):
 
 class SourceConfig(StrictModel):
     """One data source: exactly one of file, glob, dir, jsonl, builtin."""
-    file: Optional[str] = None
-    glob: Optional[str] = None
-    dir: Optional[str] = None
-    jsonl: Optional[str] = None
+    file: Optional[PathText] = None
+    glob: Optional[PathText] = None
+    dir: Optional[PathText] = None
+    jsonl: Optional[PathText] = None
     builtin: Optional[Literal[BUILTIN_SOURCES]] = None
-    suffix: Optional[str] = None          # dir: only files whose name ends with this
-    field: Optional[str] = None           # jsonl: the text field (default "text")
-    modules: Optional[list[str]] = None   # builtin stdlib_code / stdlib_docstrings: only these modules/packages
+    suffix: Optional[Word] = None          # dir: only files whose name ends with this
+    field: Optional[Word] = None           # jsonl: the text field (default "text")
+    modules: Optional[list[Word]] = Field(default=None, max_length=MAX_MODULES)  # builtin stdlib_code /
+    # stdlib_docstrings: only these modules/packages
     max_chars: Optional[int] = Field(default=None, ge=1)  # any: keep documents until this many characters
 
     @model_validator(mode="after")
@@ -193,11 +214,12 @@ class ArmConfig(StrictModel):
 
 class SampleConfig(StrictModel):
     """What the periodic sample audits generate (every train.sample_every steps)."""
-    prompts: list[str] = Field(default_factory=lambda: ["def ", "import ", "The "])
-    max_new: int = Field(default=64, ge=1)
+    prompts: list[Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]] = Field(
+        default_factory=lambda: ["def ", "import ", "The "], max_length=MAX_PROMPTS)
+    max_new: int = Field(default=64, ge=1, le=MAX_SAMPLE_TOKENS)
     temperature: float = Field(default=0.8, ge=0)
     top_k: int = Field(default=40, ge=0)
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_SAMPLE_COUNT)
 
     @field_validator("prompts")
     @classmethod
@@ -208,20 +230,12 @@ class SampleConfig(StrictModel):
             raise ValueError("a prompt must not be empty")
         return v
 
-    @model_validator(mode="after")
-    def _one_frame(self):
-        if len(self.prompts) * self.count > SAMPLE_MAX_COMPLETIONS:  # an audit is one SAMPLE frame
-            raise ValueError(f"{len(self.prompts)} prompts x count {self.count} is more than the "
-                             f"{SAMPLE_MAX_COMPLETIONS} completions one audit can hold")
-        return self
-
-
 class Experiment(StrictModel):
     name: RunName
     model: ModelConfig
     train: TrainConfig
     bandit: BanditConfig = Field(default_factory=BanditConfig)
-    arms: list[ArmConfig]
+    arms: list[ArmConfig] = Field(max_length=MAX_ARMS)
     samples: SampleConfig = Field(default_factory=SampleConfig)
 
     @field_validator("arms")
@@ -229,8 +243,6 @@ class Experiment(StrictModel):
     def _arms(cls, arms: list[ArmConfig]) -> list[ArmConfig]:
         if not arms:
             raise ValueError("at least one arm is required")
-        if len(arms) > MAX_TOKEN_ID:
-            raise ValueError(f"at most {MAX_TOKEN_ID} arms (group ids are uint16)")
         names = [a.name for a in arms]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

@@ -7,9 +7,10 @@ replays step s gets the same rows, whatever happened before.
 
 Per step: one uniform u places `rows` evenly spaced points (u + i) / rows on
 the cumulative mixture (systematic sampling), which gives each arm
-floor(w * rows) or ceil(w * rows) rows, and each row marginally the arm
-distribution `weights`; the rows are then shuffled, and each row's start is
-uniform over its arm's shard. Group id = arm index.
+floor(w * rows) or ceil(w * rows) rows (row_counts: never one past its share,
+so never past its cap, whatever the float rounding), and each row marginally
+the arm distribution `weights`; the rows are then shuffled, and each row's
+start is uniform over its arm's shard. Group id = arm index.
 """
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ from typing import Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..config.bounds import TOLERANCE
 from ..formats.shard import read_shard
+
+# A share of rows within this fraction of the rows of a whole number counts as that number (row_counts):
+# above the rounding of a float sum, and above the tolerance caps and floors may sum to 1 with.
+SHARE_TOLERANCE = 4 * TOLERANCE
 
 
 class BatchError(ValueError):
@@ -31,6 +37,47 @@ def evenly_spaced_starts(n_tokens: int, row_len: int, rows: int) -> np.ndarray:
     """`rows` row starts evenly spaced over `n_tokens` tokens, the first at 0 and the last ending at the end
     (overlapping only when the tokens are too few): the rule of the eval rows."""
     return np.linspace(0, n_tokens - row_len, rows).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
+
+
+def row_counts(weights: np.ndarray, rows: int, u: float) -> np.ndarray:
+    """How many of `rows` rows each arm gets: systematic sampling, `rows` points (u + i) / rows on the
+    cumulative mixture, which gives arm i floor or ceil of its share weights_i / sum * rows.
+
+    The rounding rule, exactly: a share within SHARE_TOLERANCE * rows of a whole number is that number.
+    Float rounding in the cumulative sum (or weights summing to 1 only within the bounds' tolerance) can
+    otherwise move a point across a boundary and give an arm one row past its share, so past its cap
+    when the cap is a whole number of rows; the counts are held to [floor, ceil] of the shares as the
+    rule reads them, a row moving to the arm furthest below its share (or from the one furthest above).
+    """
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+        raise ValueError(f"weights must be finite, non-negative and not all zero: {weights}")
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    points = (u + np.arange(rows)) / rows
+    arms = np.searchsorted(cdf, points, side="right")
+    np.minimum(arms, int(np.flatnonzero(weights > 0)[-1]), out=arms)
+    counts = np.bincount(arms, minlength=weights.size)
+    share = weights / weights.sum() * rows
+    tol = SHARE_TOLERANCE * rows
+    low, high = np.floor(share + tol).astype(np.int64), np.ceil(share - tol).astype(np.int64)
+    while True:
+        gap = share - counts  # > 0: the arm has fewer rows than its share
+        over, under = np.flatnonzero(counts > high), np.flatnonzero(counts < low)
+        if over.size:
+            takers = np.flatnonzero(counts < high)
+            if not takers.size:
+                break
+            counts[over[0]] -= 1
+            counts[takers[np.argmax(gap[takers])]] += 1
+        elif under.size:
+            givers = np.flatnonzero(counts > low)
+            if not givers.size:
+                break
+            counts[under[0]] += 1
+            counts[givers[np.argmin(gap[givers])]] -= 1
+        else:
+            break
+    return counts
 
 
 class BatchSampler:
@@ -65,19 +112,12 @@ class BatchSampler:
         return np.random.Generator(np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, int(step) & 0xFFFFFFFFFFFFFFFF]))
 
     def assign_arms(self, weights, rows: int, gen: np.random.Generator) -> np.ndarray:
-        """Systematic sampling of `rows` arm indices from `weights`, shuffled."""
+        """Systematic sampling of `rows` arm indices from `weights` (row_counts), shuffled."""
         w = np.asarray(weights, dtype=np.float64).reshape(-1)
         if w.size != self.k:
             raise ValueError(f"weights has {w.size} entries for {self.k} arms")
-        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-            raise ValueError(f"weights must be finite, non-negative and not all zero: {w}")
-        cdf = np.cumsum(w)
-        cdf /= cdf[-1]
-        points = (gen.random() + np.arange(rows)) / rows
-        arms = np.searchsorted(cdf, points, side="right")
-        last = int(np.flatnonzero(w > 0)[-1])
-        np.minimum(arms, last, out=arms)
-        return gen.permutation(arms)
+        counts = row_counts(w, rows, gen.random())
+        return gen.permutation(np.repeat(np.arange(self.k), counts))
 
     def train_batch(self, step: int, weights, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens uint16 [rows, row_len], groups uint16 [rows]) for `step`."""

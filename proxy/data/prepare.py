@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..atomic import fsync_dir
+from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
 from ..config.experiment import Experiment
 from ..formats.shard import read_shard, write_shard
 from .progress import Progress
@@ -43,6 +43,7 @@ SPLIT_SETTINGS = {"fraction": VAL_FRACTION, "min_chars": VAL_MIN_CHARS, "max_fra
                   "method": "sha256-docs-v1"}
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
+TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under way (renamed into place when whole)
 
 
 class DataError(ValueError):
@@ -219,11 +220,32 @@ def _build(experiment: Experiment, experiment_dir: Path, key: str, tmp: Path, pr
     manifest = {"format": FORMAT_VERSION, "key": key, "vocab": vocab, "tokenizer": TOKENIZER_FILE,
                 "tokenizer_trained": tok.trained_size, "python": sys.version.split()[0],
                 "created": time.time(), "arms": arms_info}
-    with open(tmp / MANIFEST, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     fsync_dir(tmp)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temps(cache_dir: Path) -> list[Path]:
+    """Remove the temp directories of preparations whose process is gone (killed, or stopped by a signal
+    in a version that did not clean up); a live one's (another proxy preparing now) is left alone."""
+    removed = []
+    for tmp in cache_dir.glob(TEMP_PREFIX + "*"):
+        parts = tmp.name[len(TEMP_PREFIX):].split("-")
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+        if pid is None or pid == os.getpid() or _pid_alive(pid) or not tmp.is_dir() or tmp.is_symlink():
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
 
 
 def check_lengths(data: PreparedData, experiment: Experiment) -> None:
@@ -253,20 +275,24 @@ def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cach
     cache_dir = Path(cache_dir)
     key = data_key(experiment, experiment_dir)
     entry = cache_dir / f"data-{key[:24]}"
+    if cache_dir.is_dir():
+        remove_stale_temps(cache_dir)
     data = _load(entry, key, experiment.model.vocab)
     if data is None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(cache_dir)
         prog.note(f"preparing data for {experiment.name} (first use) into {entry}")
         t0 = time.monotonic()
-        tmp = cache_dir / f".tmp-{key[:24]}-{os.getpid()}-{time.monotonic_ns()}"
-        tmp.mkdir()
-        try:
+        tmp = cache_dir / f"{TEMP_PREFIX}{key[:24]}-{os.getpid()}-{time.monotonic_ns()}"
+        try:  # made inside the try: a stop signal landing just after mkdir still removes it
+            with storage_guard(tmp, "create"):
+                tmp.mkdir()
             _build(experiment, experiment_dir, key, tmp, prog)
             if entry.exists():  # damaged entry, or another process finished first
                 if _load(entry, key, experiment.model.vocab) is None:
                     shutil.rmtree(entry)
             try:
-                os.rename(tmp, entry)
+                with storage_guard(entry, "rename into"):
+                    os.rename(tmp, entry)
             except OSError:
                 if _load(entry, key, experiment.model.vocab) is None:
                     raise

@@ -109,7 +109,8 @@ def source_files(src: SourceConfig, base_dir: Path | str) -> list[Path]:
                 if fn.startswith(".") or (src.suffix is not None and not fn.endswith(src.suffix)):
                     continue
                 p = Path(dirpath) / fn
-                found.append((p.relative_to(root).as_posix(), p))
+                if p.is_file():  # a FIFO or a device would block or never end
+                    found.append((p.relative_to(root).as_posix(), p))
         found.sort()
         if not found:
             what = f"files ending with {src.suffix!r}" if src.suffix else "files"

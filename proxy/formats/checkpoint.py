@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..safe_fs import UnsafeFileError, open_regular
 from .parameters import ModelShape
 
 TRAILER_MAGIC = b"MGPTTRLR"
 END_MAGIC = b"MGPTEND1"
 TRAILER_FIXED_BYTES = 128
 FOOTER_BYTES = 24
+MAX_META_BYTES = 8192  # the engine's metadata buffer (microgpt/checkpoint.h): no trailer holds more
 NAME_PATTERN = re.compile(r"^step_(\d{6,})\.bin$")  # temp files (.step_NNNNNN.bin.tmp) never match
 
 _FIXED = struct.Struct("<8sII9i7fQQ32s")
@@ -60,6 +62,32 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 def body_bytes(n_params: int) -> int:
     """Bytes of the ANDREA regions: step, n_params, weights, adam_m, adam_v."""
     return 8 + 12 * n_params
+
+
+def max_file_bytes(n_params: int) -> int:
+    """The largest checkpoint of `n_params` parameters: the body and the largest trailer."""
+    return body_bytes(n_params) + TRAILER_FIXED_BYTES + MAX_META_BYTES + FOOTER_BYTES
+
+
+def _open(path: Path):
+    """A checkpoint opened by safe_fs's rules: a regular file, no symlink out of its directory."""
+    try:
+        return open_regular(path, None, within=path.parent)
+    except UnsafeFileError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def _read_file(path: Path) -> bytes:
+    """A whole checkpoint file; one larger than any checkpoint of the n_params in its header is refused
+    before it is read (a huge or endless file never fills memory)."""
+    with _open(path) as f:
+        head = f.read(8)
+        size = os.fstat(f.fileno()).st_size
+        if len(head) == 8:
+            n = struct.unpack("<ii", head)[1]
+            if n > 0 and size > max_file_bytes(n):
+                raise CheckpointError(f"{path}: {size} bytes, more than a checkpoint of n_params {n} can have")
+        return head + f.read(max(0, size - len(head)))
 
 
 @dataclass(frozen=True)
@@ -141,7 +169,7 @@ def read_checkpoint(path: str | os.PathLike, verify_crc: bool = True) -> Checkpo
     """Read and verify a checkpoint; raise CheckpointError saying why it is rejected."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = _read_file(path)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
     step, n, trailer = _parse(raw, path, verify_crc)
@@ -154,7 +182,7 @@ def verify_checkpoint(path: str | os.PathLike) -> str | None:
     """None if the file is a valid checkpoint with a verified trailer, else the reason."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = _read_file(path)
         _step, _n, trailer = _parse(raw, path, verify_crc=True)
     except OSError as exc:
         return f"{path}: cannot read: {exc.strerror}"
@@ -165,12 +193,39 @@ def verify_checkpoint(path: str | os.PathLike) -> str | None:
     return None
 
 
+def shaped_like_checkpoint(path: str | os.PathLike) -> bool:
+    """Cheaply (16 bytes read, no checksum): a regular file whose size fits the n_params in its header
+    and that is either a bare ANDREA body or ends in the end magic. A 0-byte file, a directory or a
+    stray file under a checkpoint's name is not; status and retention ignore those."""
+    path = Path(path)
+    try:
+        with _open(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            step, n = struct.unpack("<ii", head)
+            if step < 0 or n <= 0 or not body_bytes(n) <= size <= max_file_bytes(n):
+                return False
+            if size == body_bytes(n):
+                return True
+            f.seek(size - len(END_MAGIC))
+            return f.read(len(END_MAGIC)) == END_MAGIC
+    except (OSError, CheckpointError):
+        return False
+
+
+def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
+    """list_checkpoints, without the files that are not even shaped like one (shaped_like_checkpoint)."""
+    return [p for p in list_checkpoints(directory) if shaped_like_checkpoint(p)]
+
+
 def header_step(path: str | os.PathLike) -> int | None:
     """The step in a checkpoint's first 4 bytes (best.bin has no step in its name)."""
     try:
-        with open(path, "rb") as f:
+        with _open(Path(path)) as f:
             head = f.read(4)
-    except OSError:
+    except (OSError, CheckpointError):
         return None
     return struct.unpack("<i", head)[0] if len(head) == 4 else None
 
@@ -179,11 +234,12 @@ def read_trailer(path: str | os.PathLike) -> Trailer | None:
     """The trailer of a checkpoint already verified, reading only the file's tail; None without one."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with _open(path) as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(size - FOOTER_BYTES)
             trailer_bytes, _crc, _reserved, end = _FOOTER.unpack(f.read(FOOTER_BYTES))
-            if end != END_MAGIC or not TRAILER_FIXED_BYTES + FOOTER_BYTES <= trailer_bytes <= size:
+            largest = TRAILER_FIXED_BYTES + MAX_META_BYTES + FOOTER_BYTES
+            if end != END_MAGIC or not TRAILER_FIXED_BYTES + FOOTER_BYTES <= trailer_bytes <= min(size, largest):
                 return None
             f.seek(size - trailer_bytes)
             return _decode_trailer(f.read(trailer_bytes - FOOTER_BYTES), trailer_bytes, path)

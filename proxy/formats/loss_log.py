@@ -20,6 +20,11 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
+
+from ..atomic import append_whole, open_append, sync_fd
+from ..rundir.layout import LOSS_LINE_LIMIT
+from ..safe_fs import capped_lines, open_regular
 
 
 @dataclass
@@ -108,37 +113,28 @@ def encode_line(obj: dict) -> bytes:
     return (json.dumps(obj, separators=(", ", ": "), allow_nan=False) + "\n").encode("utf-8")
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
 class LossLogWriter:
-    """Appends whole lines; fsyncs on demand and at most `fsync_every` seconds apart."""
+    """Appends whole lines (atomic.py: a failed append leaves no torn line and raises StorageError);
+    fsyncs on demand and at most `fsync_every` seconds apart."""
 
     def __init__(self, path: str | os.PathLike, fsync_every: float = 5.0):
         self.path = Path(path)
         self.fsync_every = fsync_every
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = open_append(self.path)
         self.dirty = False
         self.last_fsync = time.monotonic()
         size = os.fstat(self.fd).st_size
-        if size:
-            with open(self.path, "rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":  # a torn last line: never glue the next entry onto it
-                    _write_all(self.fd, b"\n")
-                    self.dirty = True
+        if size and os.pread(self.fd, 1, size - 1) != b"\n":  # a torn last line: never glue the next entry onto it
+            append_whole(self.fd, b"\n", self.path)
+            self.dirty = True
 
     def append(self, entry: StepEntry | EvalEntry) -> None:
-        _write_all(self.fd, encode_line(entry.to_dict()))
+        append_whole(self.fd, encode_line(entry.to_dict()), self.path)
         self.dirty = True
 
     def fsync(self) -> None:
         if self.dirty:
-            os.fsync(self.fd)
+            sync_fd(self.fd, self.path)
             self.dirty = False
         self.last_fsync = time.monotonic()
 
@@ -147,22 +143,44 @@ class LossLogWriter:
             self.fsync()
 
     def close(self) -> None:
+        """fsync and close; the descriptor is closed even when the fsync fails (and that is raised)."""
         if self.fd >= 0:
-            self.fsync()
-            os.close(self.fd)
-            self.fd = -1
+            try:
+                self.fsync()
+            finally:
+                os.close(self.fd)
+                self.fd = -1
 
 
 # ---------------------------------------------------------------- reading
 
+def open_log(path: str | os.PathLike) -> BinaryIO:
+    """The log opened for reading by safe_fs's rules (a regular file, no symlink out of its directory)."""
+    return open_regular(path, None, within=Path(path).parent)
+
+
+def read_raw_line(f: BinaryIO, offset: int) -> bytes:
+    """The line at byte `offset`; b"" past the end, or when it is longer than LOSS_LINE_LIMIT."""
+    f.seek(offset)
+    line = f.readline(LOSS_LINE_LIMIT + 1)
+    return line if len(line) <= LOSS_LINE_LIMIT else b""
+
+
+def read_line(f: BinaryIO, offset: int) -> StepEntry | EvalEntry | None:
+    """The entry on the line at byte `offset` (None if it is not one, or is longer than LOSS_LINE_LIMIT)."""
+    return parse_line(read_raw_line(f, offset))
+
+
 def iter_lines(path: str | os.PathLike, start: int = 0):
-    """(offset, line bytes) for every line from byte `start` (the last may be unterminated)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        offset = start
-        for line in f:
-            yield offset, line
-            offset += len(line)
+    """(offset, line bytes) for every line from byte `start` (the last may be unterminated); a line
+    longer than LOSS_LINE_LIMIT is skipped, as no entry is ever that long."""
+    with open_log(path) as f:
+        yield from capped_lines(f, LOSS_LINE_LIMIT, start)
+
+
+def _lowest(table: dict[int, int], key: int, value: int) -> None:
+    if key not in table or value < table[key]:
+        table[key] = value
 
 
 @dataclass
@@ -171,6 +189,8 @@ class LossLogIndex:
     path: Path
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # step -> (offset, phase)
     evals: dict[int, int] = field(default_factory=dict)  # step -> offset
+    phase_first: dict[int, int] = field(default_factory=dict)  # phase -> the lowest step of any entry in it
+    phase_first_step: dict[int, int] = field(default_factory=dict)  # phase -> the lowest step entry's step
     max_segment: int = 0
     skipped: int = 0
 
@@ -187,16 +207,17 @@ class LossLogIndex:
                 index.skipped += 1
                 continue
             index.max_segment = max(index.max_segment, entry.segment)
+            _lowest(index.phase_first, entry.phase, entry.step)
             if isinstance(entry, StepEntry):
+                _lowest(index.phase_first_step, entry.phase, entry.step)
                 index.steps[entry.step] = (offset, entry.phase)
             else:
                 index.evals[entry.step] = offset
         return index
 
     def _read(self, offset: int):
-        with open(self.path, "rb") as f:
-            f.seek(offset)
-            return parse_line(f.readline())
+        with open_log(self.path) as f:
+            return read_line(f, offset)
 
     def step(self, step: int) -> StepEntry | None:
         where = self.steps.get(step)
@@ -208,14 +229,10 @@ class LossLogIndex:
 
     def iter_steps(self, first: int, last: int):
         """Last entries of steps first..last in step order (a missing step yields None)."""
-        with open(self.path, "rb") as f:
+        with open_log(self.path) as f:
             for s in range(first, last + 1):
                 where = self.steps.get(s)
-                if where is None:
-                    yield s, None
-                    continue
-                f.seek(where[0])
-                yield s, parse_line(f.readline())
+                yield s, read_line(f, where[0]) if where is not None else None
 
     def missing(self, phase: int, after: int, through: int) -> list[int]:
         """Steps in (after, through] whose last entry is absent or belongs to another phase."""

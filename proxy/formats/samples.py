@@ -6,7 +6,12 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..atomic import atomic_write_json
+from ..atomic import atomic_write_bytes, json_bytes
+from ..rundir.layout import READ_LIMITS, SAMPLES
+from ..safe_fs import UnsafeFileError, read_regular
+
+
+MAX_TEXT = 4000  # characters of a completion kept in an audit (the dashboard shows as many)
 
 
 @dataclass
@@ -33,11 +38,15 @@ class SampleAudit:
 
 
 def read_audits(path: str | os.PathLike) -> list[SampleAudit]:
-    """The audits in a `.samples.json`; [] when it is absent or not a list of audits."""
+    """The audits in a `.samples.json`; [] when it is absent or not a list of audits. A name that is not
+    a regular file within its size cap raises UnsafeFileError."""
+    path = Path(path)
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = json.loads(read_regular(path, READ_LIMITS[SAMPLES], within=path.parent))
         return [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except UnsafeFileError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return []
 
 
@@ -50,8 +59,16 @@ class SamplesFile:
         self.audits: list[SampleAudit] = read_audits(self.path)
 
     def add(self, audit: SampleAudit) -> None:
-        """Add an audit; one for the same step (a replay) is replaced."""
+        """Add an audit; one for the same step (a replay) is replaced. The oldest are dropped while the
+        file would exceed what its readers take (READ_LIMITS): the newest always fits, as the schema
+        bounds prompts, counts and lengths (config/experiment.py) and completions are cut to MAX_TEXT."""
+        for sample in audit.samples:
+            sample.completion = sample.completion[:MAX_TEXT]
         self.audits = [a for a in self.audits if a.step != audit.step] + [audit]
         self.audits.sort(key=lambda a: a.step)
         self.audits = self.audits[-self.keep:]
-        atomic_write_json(self.path, [a.to_dict() for a in self.audits])
+        data = json_bytes([a.to_dict() for a in self.audits])
+        while len(data) > READ_LIMITS[SAMPLES] and len(self.audits) > 1:
+            self.audits = self.audits[1:]
+            data = json_bytes([a.to_dict() for a in self.audits])
+        atomic_write_bytes(self.path, data)

@@ -15,7 +15,10 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..atomic import atomic_write_json
+from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
+from ..errors import FULL_DISK, StorageError
+from ..rundir.layout import READ_LIMITS, STATE
+from ..safe_fs import UnsafeFileError, read_regular
 
 STATUSES = ("running", "stopped", "finished", "crashloop")
 
@@ -129,6 +132,7 @@ class RunState:
     best: dict | None = None  # {"step", "loss", "path"}
     restarts: int = 0
     message: str | None = None
+    write_failure: dict | None = None  # {"path", "errno", "error"}: the write whose failure stopped the run
     proxy_pid: int | None = None
     replay_mismatch_count: int = 0
     replay_mismatches: list[dict] = field(default_factory=list)  # newest last, at most 50
@@ -140,7 +144,7 @@ class RunState:
         out = asdict(self)
         extra = out.pop("extra")
         out.update({k: v for k, v in extra.items() if k not in out})
-        return _finite(out)
+        return finite_json(out)
 
     @classmethod
     def from_dict(cls, obj: dict) -> "RunState":
@@ -157,32 +161,43 @@ class RunState:
         return cls(**values, extra={k: v for k, v in obj.items() if k not in values})
 
 
-def _finite(obj):
-    """JSON has no NaN/inf: write them as null."""
+def finite_json(obj):
+    """`obj` with every NaN and infinity as None (null): JSON has neither, so strict readers refuse them."""
     if isinstance(obj, float):
         return obj if obj == obj and abs(obj) != float("inf") else None
     if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
+        return {str(k): finite_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [finite_json(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
-        return _finite(obj.item())
+        return finite_json(obj.item())
     if hasattr(obj, "tolist"):  # numpy array
-        return _finite(obj.tolist())
+        return finite_json(obj.tolist())
     return obj
 
 
 def write_state(path: str | os.PathLike, state: RunState) -> None:
-    """Stamp `updated` and replace `path` atomically."""
+    """Stamp `updated` and replace `path` atomically. On a full disk, where no temp file can be made, the
+    snapshot is written over the old one in place if it fits in its blocks (so that a run stopped by the
+    full disk says so); StorageError otherwise."""
     state.updated = time.time()
-    atomic_write_json(path, state.to_dict())
+    data = json_bytes(state.to_dict())
+    try:
+        atomic_write_bytes(path, data)
+    except StorageError as exc:
+        if exc.errno not in FULL_DISK or not overwrite_in_place(path, data):
+            raise
 
 
 def read_state(path: str | os.PathLike) -> dict | None:
-    """The last snapshot as a plain dict, or None if absent or unreadable."""
+    """The last snapshot as a plain dict, or None if absent or unreadable. A name that is not a regular
+    file within its size cap (a FIFO, a device, a symlink out of the run) raises UnsafeFileError."""
+    path = Path(path)
     try:
-        obj = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        obj = json.loads(read_regular(path, READ_LIMITS[STATE], within=path.parent))
+    except UnsafeFileError:
+        raise
+    except (OSError, ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 

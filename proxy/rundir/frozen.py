@@ -4,20 +4,31 @@ A launch with a changed experiment stops with the changed fields named,
 unless --allow-experiment-change: then the old frozen copy is kept as
 RUN/archive/experiment_<time>.json (an audit trail, and the mark that the
 run's older checkpoints carry other optimizer settings) and replaced.
+
+The frozen copy is sealed: RUN/.experiment.seal.json holds the SHA-256 of the
+bytes the proxy froze and their content as the schema reads it. A frozen copy
+edited by hand (its bytes no longer match the seal) would resume the run under
+settings it was not trained with, and every replayed step would then differ;
+it is refused with one line naming the edited fields, unless
+--allow-experiment-change, which archives the sealed version as above. A run
+frozen before seals existed is sealed as it is found.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
 
-from ..atomic import atomic_write_bytes
-from ..config.errors import ExperimentError
+from ..atomic import atomic_write_bytes, json_bytes, make_dirs
+from ..config.errors import CONFIG_FILE_LIMIT, ExperimentError
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
+from ..safe_fs import UnsafeFileError, read_regular
 from .layout import RunDir, RunDirError
 
 REPLACED_PATTERN = "experiment_*.json"  # in RUN/archive/
+SHOWN_FIELDS = 6  # changed fields named in a message; the rest are counted
 
 
 def _diff(a, b, prefix: str = "") -> list[str]:
@@ -29,7 +40,12 @@ def _diff(a, b, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix or "(whole file)"]
 
 
-def _normalized(obj: dict) -> dict:
+def _shown(fields: list[str]) -> str:
+    more = len(fields) - SHOWN_FIELDS
+    return ", ".join(fields[:SHOWN_FIELDS]) + (f" and {more} more" if more > 0 else "")
+
+
+def _normalized(obj) -> dict:
     """The frozen JSON as the schema reads it (defaults filled in), or as it is when it no longer validates."""
     try:
         return Experiment.model_validate(obj).model_dump(mode="json")
@@ -37,31 +53,97 @@ def _normalized(obj: dict) -> dict:
         return obj
 
 
+def _parse(raw: bytes, path: Path):
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise RunDirError(f"{path}: frozen experiment unreadable ({exc}); fix or delete it to start again") from None
+
+
+def _read_frozen(run: RunDir) -> bytes:
+    try:
+        return run.read_small(run.experiment)
+    except UnsafeFileError as exc:
+        raise RunDirError(str(exc)) from None
+    except OSError as exc:
+        raise RunDirError(f"{run.experiment}: frozen experiment unreadable ({exc.strerror})") from None
+
+
+def _write_seal(run: RunDir, raw: bytes) -> None:
+    seal = {"sha256": hashlib.sha256(raw).hexdigest(), "experiment": _normalized(_parse(raw, run.experiment))}
+    atomic_write_bytes(run.experiment_seal, json_bytes(seal))
+
+
+def _read_seal(run: RunDir) -> dict | None:
+    """The seal, or None when there is none (a run frozen before seals) or it is damaged (resealed)."""
+    try:
+        seal = json.loads(run.read_small(run.experiment_seal))
+    except FileNotFoundError:
+        return None
+    except UnsafeFileError as exc:
+        raise RunDirError(str(exc)) from None
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = isinstance(seal, dict) and isinstance(seal.get("sha256"), str) and "experiment" in seal
+    return seal if ok else None
+
+
+def edited_fields(run: RunDir, frozen_raw: bytes) -> tuple[list[str], dict | None]:
+    """(the fields of the frozen experiment edited since the proxy sealed it, the seal). The fields are
+    [] when the bytes match the seal or there is no usable seal (None)."""
+    seal = _read_seal(run)
+    if seal is None or seal["sha256"] == hashlib.sha256(frozen_raw).hexdigest():
+        return [], seal
+    return _diff(seal["experiment"], _normalized(_parse(frozen_raw, run.experiment))), seal
+
+
+def check_seal(run: RunDir, allow_change: bool) -> None:
+    """Refuse (RunDirError, one line naming the fields) a frozen experiment edited since it was sealed;
+    with `allow_change`, archive the sealed version and seal the edited one. A formatting-only edit is
+    resealed; a missing or damaged seal is written from the frozen copy."""
+    raw = _read_frozen(run)
+    fields, seal = edited_fields(run, raw)
+    if seal is not None and seal["sha256"] == hashlib.sha256(raw).hexdigest():
+        return
+    if fields and not allow_change:
+        raise RunDirError(f"{run.experiment} was edited after the run froze it ({_shown(fields)}); restore it "
+                          f"(the frozen values are in {run.experiment_seal}), or pass --allow-experiment-change "
+                          "to continue with the edited one")
+    if fields:
+        _archive(run, json_bytes(seal["experiment"]))
+    _write_seal(run, raw)
+
+
+def _archive(run: RunDir, frozen_raw: bytes) -> None:
+    make_dirs(run.archive)
+    atomic_write_bytes(run.archive / f"experiment_{time.time():.0f}.json", frozen_raw)
+
+
 def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_change: bool) -> list[str]:
-    """Write the frozen copy on the first run; on later runs compare with it.
+    """Write the frozen copy (and its seal) on the first run; on later runs check the seal and compare.
 
     Returns the dotted names of the fields that changed (empty when none).
     A changed experiment without `allow_change` raises RunDirError; with it, the
     frozen copy is replaced by the new experiment.
     """
-    raw = source.read_bytes()
+    try:
+        raw = read_regular(source, CONFIG_FILE_LIMIT)
+    except (OSError, UnsafeFileError) as exc:  # it was just read and validated; it changed meanwhile
+        raise RunDirError(f"{source}: cannot read it again ({exc})") from None
     if not run.experiment.exists():
         atomic_write_bytes(run.experiment, raw)
+        _write_seal(run, raw)
         return []
-    try:
-        frozen = json.loads(run.experiment.read_text())
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"{run.experiment}: frozen experiment unreadable ({exc}); "
-                          "fix or delete it to start again") from None
-    changed = _diff(_normalized(frozen), experiment.model_dump(mode="json"))
+    check_seal(run, allow_change)
+    frozen_raw = _read_frozen(run)
+    changed = _diff(_normalized(_parse(frozen_raw, run.experiment)), experiment.model_dump(mode="json"))
     if changed and not allow_change:
-        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-        raise RunDirError(f"{source} differs from the experiment frozen in {run.experiment} ({shown}); "
+        raise RunDirError(f"{source} differs from the experiment frozen in {run.experiment} ({_shown(changed)}); "
                           "pass --allow-experiment-change to continue with the new one")
     if changed:  # keep the old frozen copy: an audit trail, and the mark that the run changed
-        run.archive.mkdir(exist_ok=True)
-        atomic_write_bytes(run.archive / f"experiment_{time.time():.0f}.json", run.experiment.read_bytes())
+        _archive(run, frozen_raw)
         atomic_write_bytes(run.experiment, raw)
+        _write_seal(run, raw)
     return changed
 
 
@@ -76,7 +158,15 @@ def experiment_changed(run: RunDir) -> bool:
 
 
 def load_frozen_experiment(run: RunDir) -> Experiment:
-    """The experiment frozen in the run (its sources are not checked: a stopped run may have moved)."""
+    """The experiment frozen in the run (its sources are not checked: a stopped run may have moved).
+    A frozen copy edited since it was sealed is refused (nothing is written: the run may be live)."""
+    try:
+        fields, _seal = edited_fields(run, _read_frozen(run))
+    except RunDirError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
+    if fields:
+        raise ProxyError(f"{run.experiment} was edited after the run froze it ({_shown(fields)}); restore it "
+                         f"(the frozen values are in {run.experiment_seal})", EXIT_USAGE)
     try:
         return load_experiment(run.experiment, check_sources=False)
     except ExperimentError as exc:

@@ -1,6 +1,7 @@
 """The run directory's layout: every file name in it, written once (docs/FORMATS.md, docs/OPERATIONS.md).
 
     RUN/experiment.json        frozen copy of the experiment (rundir/frozen.py)
+    RUN/.experiment.seal.json  its SHA-256 and content as the proxy froze it, to catch edits (rundir/frozen.py)
     RUN/checkpoints/           step_NNNNNN.bin (formats/checkpoint.py), best.bin (rundir/retention.py)
     RUN/.loss.json             JSON Lines, append-only (formats/loss_log.py)
     RUN/.samples.json          sample audits (formats/samples.py)
@@ -11,6 +12,7 @@
     RUN/dashboard.log          the dashboard's output when `proxy run` started it
     RUN/.lock                  flock'ed by the running proxy; holds its pid (rundir/lock.py)
     RUN/.engine.json           pid of the engine the proxy launched last (supervision/engine_process.py)
+    RUN/archive/pivot_<k>/phase.json   a committed pivot's receipt (rundir/history.py)
     RUN/.pivot.lock            one `proxy pivot` at a time (rundir/lock.py)
     RUN/.pivot_request.json    a live pivot's request, .pivot_claimed.json once taken, and the answer in
     RUN/.pivot_response.json   (formats/pivot_request.py)
@@ -19,14 +21,18 @@ The proxy and the dashboard both name files through this module.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import make_dirs
 from ..formats.checkpoint import checkpoint_name
+from ..safe_fs import UnsafeFileError, read_regular
 
 RUNS_ROOT = Path("runs")
 
 EXPERIMENT = "experiment.json"
+EXPERIMENT_SEAL = ".experiment.seal.json"
 CHECKPOINTS = "checkpoints"
 BEST = "best.bin"
 LOSS_LOG = ".loss.json"
@@ -42,9 +48,18 @@ PIVOT_LOCK = ".pivot.lock"
 PIVOT_REQUEST = ".pivot_request.json"
 PIVOT_CLAIMED = ".pivot_claimed.json"
 PIVOT_RESPONSE = ".pivot_response.json"
+PIVOT_RECEIPT = "phase.json"  # in a pivot's archive directory: the phase it committed (rundir/history.py)
 
 # Files whose modification time says when a run was last active.
 ACTIVITY_FILES = (LOSS_LOG, STATE, LOCK, EXPERIMENT)
+
+# The most bytes a reader takes from each small file of a run directory (proxy/safe_fs.py refuses a
+# larger one, with one line). The writers stay far below: samples.py trims `.samples.json` to its cap.
+READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
+               ENGINE_RECORD: 64 << 10, LOCK: 4 << 10, PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
+               PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20}
+LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is skipped like a torn one
+ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason
 
 
 class RunDirError(Exception):
@@ -58,6 +73,10 @@ class RunDir:
     @property
     def experiment(self) -> Path:
         return self.root / EXPERIMENT
+
+    @property
+    def experiment_seal(self) -> Path:
+        return self.root / EXPERIMENT_SEAL
 
     @property
     def checkpoints(self) -> Path:
@@ -121,12 +140,30 @@ class RunDir:
 
     def create(self) -> None:
         try:
-            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.checkpoints)  # a full or read-only disk: StorageError
         except OSError as exc:
             raise RunDirError(f"cannot create run directory {self.root}: {exc.strerror}") from None
 
     def exists(self) -> bool:
         return self.experiment.is_file()
+
+    def read_small(self, path: Path) -> bytes:
+        """One of this run's small files (`path.name` in READ_LIMITS), by safe_fs's rules: FileNotFoundError
+        when absent; UnsafeFileError (one line) for anything but a regular file within its cap, reached
+        through no symlink out of the run directory."""
+        return read_regular(path, READ_LIMITS[path.name], within=self.root)
+
+    def read_json(self, path: Path):
+        """One of this run's small JSON files, parsed: FileNotFoundError when absent; RunDirError (one line)
+        when it is not a regular file within its cap (read_small), or not JSON."""
+        try:
+            return json.loads(self.read_small(path))
+        except FileNotFoundError:
+            raise
+        except UnsafeFileError as exc:
+            raise RunDirError(str(exc)) from None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise RunDirError(f"{path}: unreadable ({exc})") from None
 
 
 def relative_checkpoint(step: int) -> str:

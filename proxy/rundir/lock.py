@@ -13,8 +13,13 @@ import fcntl
 import os
 from pathlib import Path
 
+from ..atomic import storage_guard
 from ..errors import ProxyError
-from .layout import RunDir, RunDirError
+from ..safe_fs import NO_FOLLOW, READ_FLAGS, UnsafeFileError, open_own, read_regular
+from .layout import LOCK, READ_LIMITS, RunDir, RunDirError
+
+# A lock file is ours: never a symlink, and opening it never blocks (a FIFO there is refused).
+LOCK_FLAGS = os.O_RDWR | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class LockBusy(Exception):
@@ -27,9 +32,9 @@ class LockBusy(Exception):
 
 def read_pid(path: Path) -> int | None:
     try:
-        text = path.read_text().strip()
+        text = read_regular(path, READ_LIMITS[LOCK]).decode("ascii").strip()
         return int(text) if text else None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # UnsafeFileError and UnicodeDecodeError are ValueErrors
         return None
 
 
@@ -41,7 +46,8 @@ class PidLock:
         self.fd: int | None = None
 
     def acquire(self) -> "PidLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with storage_guard(self.path, "open"):
+            fd = open_own(self.path, LOCK_FLAGS, "a lock file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -49,9 +55,14 @@ class PidLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise LockBusy(read_pid(self.path)) from None
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        os.fsync(fd)
+        try:
+            with storage_guard(self.path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         self.fd = fd
         return self
 
@@ -85,6 +96,8 @@ class RunLock(PidLock):
             who = f"proxy pid {busy.pid}" if busy.pid else "another proxy"
             raise RunDirError(f"run directory {self.run.root} is in use by {who} "
                               f"(one proxy per run; `proxy stop --run-dir {self.run.root}` stops it)") from None
+        except UnsafeFileError as exc:
+            raise RunDirError(str(exc)) from None
         except OSError as exc:
             raise RunDirError(f"cannot open {self.path}: {exc.strerror}") from None
         return self
@@ -93,8 +106,8 @@ class RunLock(PidLock):
 def lock_owner(run: RunDir) -> int | None:
     """The pid of the proxy holding the run's lock (-1 if it wrote none), or None when no proxy holds it."""
     try:
-        fd = os.open(run.lock_file, os.O_RDONLY)
-    except OSError:
+        fd = open_own(run.lock_file, READ_FLAGS | NO_FOLLOW, "a lock file")
+    except (OSError, UnsafeFileError):  # no lock file, or not one: no proxy can hold it
         return None
     try:
         try:

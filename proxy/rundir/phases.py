@@ -5,12 +5,11 @@ Phase 0 is written when the run is created; each pivot appends one. Steps
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..atomic import atomic_write_json
-from .layout import RunDir, RunDirError
+from ..atomic import atomic_write_bytes, json_bytes
+from .layout import PHASES, READ_LIMITS, RunDir, RunDirError
 
 
 @dataclass
@@ -44,11 +43,9 @@ class Phase:
 
 def read_phases(run: RunDir) -> list[Phase]:
     try:
-        obj = json.loads(run.phases.read_text())
+        obj = run.read_json(run.phases)
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"{run.phases}: unreadable ({exc})") from None
     if not isinstance(obj, list):
         raise RunDirError(f"{run.phases}: not a JSON list")
     phases = [Phase.from_dict(p) for p in obj]
@@ -58,8 +55,17 @@ def read_phases(run: RunDir) -> list[Phase]:
     return phases
 
 
+def encode_phases(run: RunDir, phases: list[Phase]) -> bytes:
+    """phases.json's bytes; RunDirError when they would outgrow what its readers take (READ_LIMITS)."""
+    data = json_bytes([p.to_dict() for p in phases])
+    if len(data) > READ_LIMITS[PHASES]:
+        raise RunDirError(f"{run.phases}: {len(phases)} phases would take {len(data)} bytes, more than the "
+                          f"{READ_LIMITS[PHASES]} it may have; no more pivots fit")
+    return data
+
+
 def write_phases(run: RunDir, phases: list[Phase]) -> None:
-    atomic_write_json(run.phases, [p.to_dict() for p in phases])
+    atomic_write_bytes(run.phases, encode_phases(run, phases))
 
 
 def first_phase(experiment) -> Phase:
@@ -91,11 +97,17 @@ def ensure_phases(run: RunDir, experiment) -> list[Phase]:
     return phases
 
 
+def next_phase(phases: list[Phase], start_step: int, policy: str, caps: dict, floors: dict,
+               checkpoint: str | None) -> Phase:
+    """The phase a pivot appends to `phases`."""
+    return Phase(phase=len(phases), start_step=start_step, policy=policy, caps=dict(caps),
+                 floors=dict(floors), checkpoint=checkpoint)
+
+
 def append_phase(run: RunDir, start_step: int, policy: str, caps: dict, floors: dict,
                  checkpoint: str | None) -> Phase:
     """The seam for `proxy pivot`: append a new phase (the list is only ever appended to)."""
     phases = read_phases(run)
-    phase = Phase(phase=len(phases), start_step=start_step, policy=policy, caps=dict(caps),
-                  floors=dict(floors), checkpoint=checkpoint)
+    phase = next_phase(phases, start_step, policy, caps, floors, checkpoint)
     write_phases(run, phases + [phase])
     return phase

@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_write_json, copy_synced, fsync_dir
+from ..atomic import atomic_write_json, copy_synced, fsync_dir, make_dirs, storage_guard
 from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from .history import write_receipt
 from .layout import CHECKPOINTS, RunDir
-from .phases import Phase, append_phase, read_phases
+from .phases import Phase, encode_phases, next_phase, read_phases, write_phases
 
 
 def archive_name(phases: list[Phase], step: int, phase_number: int) -> str:
@@ -64,31 +65,41 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
     """
     phases = read_phases(run)
     number = len(phases)
+    phase = next_phase(phases, step, policy, caps, floors, checkpoint)
+    encode_phases(run, phases + [phase])  # a phases.json too large is refused before anything moves
     name = archive_name(phases, step, number)
-    run.archive.mkdir(parents=True, exist_ok=True)
+    make_dirs(run.archive)
     final = run.archive / name
     tmp = run.archive / f".{name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    for src in (run.samples, run.state):
-        if src.exists():
-            copy_synced(src, tmp / src.name)
-    fsync_dir(tmp)
-    if final.exists():  # left by a pivot that was interrupted before its commit: keep it, aside
-        final.rename(run.archive / f"{name}.interrupted-{int(time.time())}")
-    os.rename(tmp, final)
+    try:
+        make_dirs(tmp)
+        for src in (run.samples, run.state):
+            if src.exists():
+                copy_synced(src, tmp / src.name)
+        fsync_dir(tmp)
+    except BaseException:  # a full disk, a sidecar that is not a regular file: nothing is left half-made
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with storage_guard(final, "rename into"):  # a rename may need a directory block: a full disk is one line
+        if final.exists():  # left by a pivot that was interrupted before its commit: keep it, aside
+            final.rename(run.archive / f"{name}.interrupted-{int(time.time())}")
+        os.rename(tmp, final)
     fsync_dir(run.archive)
     moved = []
     newer = [p for p in list_checkpoints(run.checkpoints) if (checkpoint_step(p) or 0) > step]
     if newer:
         aside = final / CHECKPOINTS
-        aside.mkdir(exist_ok=True)
-        for p in sorted(newer):
-            os.rename(p, aside / p.name)
-            moved.append(p.name)
+        make_dirs(aside)
+        with storage_guard(aside, "move checkpoints into"):
+            for p in sorted(newer):
+                os.rename(p, aside / p.name)
+                moved.append(p.name)
         fsync_dir(aside)
         fsync_dir(run.checkpoints)
-    phase = append_phase(run, step, policy, caps, floors, checkpoint)
+    write_phases(run, phases + [phase])
+    write_receipt(final, phase)
+    fsync_dir(final)
     atomic_write_json(run.samples, [])
     return PivotResult(phase, final, moved)

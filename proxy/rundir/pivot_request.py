@@ -36,8 +36,8 @@ def withdraw_request(run: RunDir) -> bool:
 def read_response(run: RunDir, request_id: str) -> dict | None:
     """`proxy pivot`'s side: the answer to our request, or None while there is none."""
     try:
-        obj = json.loads(run.pivot_response.read_text())
-    except (OSError, ValueError):
+        obj = json.loads(run.read_small(run.pivot_response))
+    except (OSError, ValueError, RecursionError):  # UnsafeFileError is a ValueError: no answer there
         return None
     return obj if isinstance(obj, dict) and obj.get("id") == request_id else None
 
@@ -49,8 +49,8 @@ def claim_request(run: RunDir) -> dict | None:
     except FileNotFoundError:
         return None
     try:
-        obj = json.loads(run.pivot_claimed.read_text())
-    except (OSError, ValueError):
+        obj = json.loads(run.read_small(run.pivot_claimed))
+    except (OSError, ValueError, RecursionError):  # UnsafeFileError is a ValueError: a malformed request
         obj = None
     return obj if isinstance(obj, dict) else {"id": None, "malformed": True}
 

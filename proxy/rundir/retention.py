@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_copy, fsync_dir
-from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from ..formats.checkpoint import checkpoint_files, checkpoint_step
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,10 @@ def apply_retention(checkpoint_dir: str | os.PathLike, policy: RetentionPolicy, 
                     durable_through: int) -> list[Path]:
     """Delete the checkpoints plan_retention names among the durable ones, those of steps up to
     `durable_through` (the newest the engine announced); return the deleted paths. A newer file is
-    being written or was never announced: it is neither counted among the last K nor deleted."""
-    by_step = {step: p for p in list_checkpoints(checkpoint_dir)
+    being written or was never announced: it is neither counted among the last K nor deleted. Files
+    under a checkpoint's name that are not shaped like one (a 0-byte file, a directory) are neither
+    counted nor deleted."""
+    by_step = {step: p for p in checkpoint_files(checkpoint_dir)
                if (step := checkpoint_step(p)) is not None and step <= durable_through}
     deleted = []
     for step in plan_retention(list(by_step), policy, protected):

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import psutil
 
-from ..atomic import atomic_write_json
+from ..atomic import append_whole, atomic_write_json, open_append
 from ..formats.frames import parse_event
+from ..rundir.layout import ENGINE_RECORD, READ_LIMITS
+from ..safe_fs import read_regular
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
@@ -84,15 +86,17 @@ class EngineProcess:
         self.argv = argv
         self.events: queue.Queue = queue.Queue()
         self._frames: queue.Queue = queue.Queue()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n=== {shlex.join(argv)}\n".encode())
-            log.flush()
+        log = open_append(log_path)  # the engine's stderr: a regular file, never a FIFO or a symlink
+        try:
+            append_whole(log, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n=== {shlex.join(argv)}\n"
+                         .encode(), log_path)
             try:
                 self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                              start_new_session=True, bufsize=0, close_fds=True)
             except OSError as exc:
                 raise EngineError(f"cannot start engine {argv[0]}: {exc.strerror}") from None
+        finally:
+            os.close(log)
         self.pid = self.proc.pid
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
@@ -217,10 +221,10 @@ def reap_orphan(path: Path, grace_s: float) -> str | None:
 
     Returns a line describing what was done, or None if there was no such engine.
     """
-    try:
-        rec = json.loads(path.read_text())
+    try:  # not a regular file within its cap (UnsafeFileError, a ValueError): no record to act on
+        rec = json.loads(read_regular(path, READ_LIMITS[ENGINE_RECORD], within=path.parent))
         pid, created = int(rec["pid"]), rec.get("create_time")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     try:
         proc = psutil.Process(pid)

@@ -16,9 +16,11 @@ import queue
 import signal
 import time
 
-from ..errors import EXIT_CRASHLOOP, EXIT_FAILURE, EXIT_OK, ProxyError
+from ..errors import EXIT_CRASHLOOP, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError, StorageError
 from ..formats import frames
 from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
+from ..rundir.layout import ENGINE_LOG_TAIL
+from ..safe_fs import UnsafeFileError, open_regular
 from .checkpoints import retain
 from .context import RunContext
 from .engine_process import EOF, EVENT, NOISE, WRITE_FAILED
@@ -43,25 +45,65 @@ class Supervisor:
         self.high_water = 0  # the highest step an engine of this process reached
 
     def run_forever(self) -> int:
-        """Train to max_steps, restarting the engine as needed. Returns the exit code."""
+        """Train to max_steps, restarting the engine as needed. Returns the exit code.
+
+        A ProxyError (a crash loop, an engine that cannot run, a write that failed for lack of space or
+        an I/O error, a run-directory file that is not a regular file) ends the run cleanly: the engine
+        gets EOF (it checkpoints and exits), the log is synced, `.state.json` says why, and the one
+        line for the user comes last."""
         ctx = self.ctx
         old = ctx.signals.install()
+        failure: ProxyError | None = None
         try:
-            return self._loop()
+            try:
+                return self._loop()
+            except UnsafeFileError as exc:
+                raise ProxyError(str(exc), EXIT_USAGE) from None
         except ProxyError as exc:
-            report = ctx.report
-            report.status = "stopped" if report.status == "running" else report.status
-            report.message = str(exc)
-            ctx.warn(str(exc))
+            failure = exc
+            self._record_failure(exc)
             return exc.code
         finally:
-            if self.segment is not None and self.segment.engine.alive():
-                self._shutdown_engine(self.segment)
-            ctx.best_copier.wait(ctx.report, ctx.warn)
-            ctx.writer.close()
-            write_run_state(ctx, self.segment, force=True)
-            self.desk.refuse_all("the proxy is exiting")
+            unwritten = self._wind_down()
             SignalCounts.restore(old)
+            if failure is not None:
+                ctx.warn(self._failure_line(failure, unwritten))
+
+    def _record_failure(self, exc: ProxyError) -> None:
+        report = self.ctx.report
+        report.status = "stopped" if report.status == "running" else report.status
+        report.message = str(exc)
+        if isinstance(exc, StorageError):
+            report.write_failure = {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
+
+    def _wind_down(self) -> list[str]:
+        """Stop the engine (EOF: it checkpoints), close the log, write `.state.json`, refuse pending pivots.
+        Returns the files that could not be written meanwhile (a full disk stays full)."""
+        ctx = self.ctx
+        if self.segment is not None and self.segment.engine.alive():
+            self._shutdown_engine(self.segment)
+        ctx.best_copier.wait(ctx.report, ctx.warn)
+        unwritten: list[str] = []
+        for finish in (ctx.writer.close, lambda: write_run_state(ctx, self.segment, force=True),
+                       lambda: self.desk.refuse_all("the proxy is exiting")):
+            try:
+                finish()
+            except StorageError as exc:
+                unwritten.append(exc.path)
+        return unwritten
+
+    def _failure_line(self, exc: ProxyError, unwritten: list[str]) -> str:
+        """The one line that ends a failed run; for a failed write, what became of the engine's checkpoint."""
+        if not isinstance(exc, StorageError):
+            return str(exc)
+        seg = self.segment
+        engine = ("" if seg is None else
+                  "; the engine stopped and wrote its checkpoint" if seg.engine.poll() == 0 else
+                  "; the engine's own checkpoint failed too (earlier checkpoints are intact)")
+        also = f"; could not update {', '.join(sorted(set(unwritten) - {exc.path}))} either" \
+            if set(unwritten) - {exc.path} else ""
+        return (f"stopped at step {last_step(seg)}: {exc}{engine}{also}; every complete line of .loss.json "
+                "is kept; then relaunch the same command to resume")
 
     def _loop(self) -> int:
         ctx, report = self.ctx, self.ctx.report
@@ -216,12 +258,13 @@ class Supervisor:
 
     def _engine_log_tail(self) -> str | None:
         """The engine's last words in engine.log (a crash's reason)."""
+        run = self.ctx.run
         try:
-            with open(self.ctx.run.engine_log, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines()
+            with open_regular(run.engine_log, None, within=run.root) as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - ENGINE_LOG_TAIL))
+                lines = [ln for ln in f.read(ENGINE_LOG_TAIL).decode("utf-8", "replace").splitlines()
                          if ln.strip() and not ln.startswith("===")]
-        except OSError:
+        except (OSError, UnsafeFileError):
             return None
         return lines[-1].strip()[:300] if lines else None
 

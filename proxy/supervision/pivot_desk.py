@@ -18,7 +18,9 @@ from ..config.caps import check_request
 from ..config.errors import ExperimentError
 from ..formats.checkpoint import checkpoint_path, verify_checkpoint
 from ..formats.samples import SamplesFile
-from ..rundir.layout import relative_checkpoint
+from ..formats.loss_log import LossLogIndex
+from ..rundir.history import check_history
+from ..rundir.layout import RunDirError, relative_checkpoint
 from ..rundir.phases import read_phases
 from ..rundir.pivot import apply_pivot
 from ..rundir.pivot_request import answer_request, claim_request
@@ -97,6 +99,19 @@ class PivotDesk:
         """A pivot not applied: the run goes on in its phase, unless it was asked to stop meanwhile."""
         return "stopped" if self.ctx.signals.stop else "resume"
 
+    def _history_problem(self) -> str | None:
+        """Why the pivot must not be applied: phases.json changed on disk under the live run, or the
+        history contradicts the run's records (rundir/history.py); None when all agree."""
+        ctx = self.ctx
+        try:
+            on_disk = read_phases(ctx.run)
+            if [p.to_dict() for p in on_disk] != [p.to_dict() for p in ctx.phases]:
+                return f"{ctx.run.phases} changed on disk while the run was live; restore it"
+            check_history(ctx.run, ctx.phases, LossLogIndex.load(ctx.run.loss_log))
+        except RunDirError as exc:
+            return str(exc)
+        return None
+
     def finish(self, seg: Segment, outcome: str) -> str:
         """After the segment the pivot stopped: apply it at the engine's last checkpoint. Returns the
         segment's outcome as the loop sees it: "pivoted" (a new phase), "resume", or the outcome given."""
@@ -116,12 +131,17 @@ class PivotDesk:
             answer_request(ctx.run, job.request, False, f"the checkpoint at step {k} does not verify ({reason}); "
                            "nothing changed")
             return self._same_phase()
+        contradiction = self._history_problem()
+        if contradiction is not None:
+            ctx.warn(f"pivot not applied: {contradiction}")
+            answer_request(ctx.run, job.request, False, f"{contradiction}; nothing changed")
+            return self._same_phase()
         ctx.report.checkpointed(k, str(path))
         write_run_state(ctx, seg, force=True)  # the state archived is the old phase's, at the pivot step
         before = len(ctx.phases)
         try:
             result = apply_pivot(ctx.run, k, job.caps, job.floors, job.policy, relative_checkpoint(k))
-        except OSError as exc:
+        except (OSError, RunDirError) as exc:
             applied = len(read_phases(ctx.run)) > before
             ctx.warn(f"pivot at step {k}: {exc}" + ("" if applied else "; not applied"))
             answer_request(ctx.run, job.request, applied, f"pivot at step {k}: {exc}"

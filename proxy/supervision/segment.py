@@ -175,7 +175,14 @@ def launch_segment(ctx: RunContext) -> Segment:
     argv = [str(choice.path), *args]
     where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
     engine = EngineProcess(argv, ctx.run.engine_log, header=f"segment {ctx.segment_number}, {where}")
-    record_engine(ctx.run.engine_record, engine)
+    try:
+        record_engine(ctx.run.engine_record, engine)
+    except BaseException:  # a full disk: the engine is not yet the loop's to stop; EOF stops it before any step
+        engine.close_input()
+        if engine.wait(60) is None:
+            engine.kill_group()
+        engine.finish()
+        raise
     ctx.say(f"segment {ctx.segment_number}: engine pid {engine.pid} ({choice.kind}) starting {where}"
             + (f"; steps {c + 1}..{replay_through} will be replayed and compared" if replay_through > c else ""))
     report.engine = EngineStatus(kind=choice.kind, pid=engine.pid, alive=True, path=str(choice.path))

@@ -1,9 +1,13 @@
 """`proxy run`: everything from the experiment file to the exit code (docs/CLI.md, "proxy run").
 
 Load the experiment, choose the engine, create and lock the run directory,
-freeze the experiment, write phase 0, reap an engine a killed proxy left
-behind, stop at once if the run already finished, prepare the data, build
-the run's context and hand it to the supervisor's loop.
+check the phase history against the run's records (rundir/history.py),
+freeze the experiment (or check the frozen one), write phase 0, reap an
+engine a killed proxy left behind, stop at once if the run already
+finished, prepare the data, build the run's context and hand it to the
+supervisor's loop. A file of the run that is not a regular file within its
+size cap (safe_fs.py) ends the command with one line and exit 2; a stop
+signal before training starts, with one line and exit 130.
 """
 from __future__ import annotations
 
@@ -20,17 +24,19 @@ from ..formats.loss_log import LossLogIndex, LossLogWriter
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
 from ..rundir.frozen import freeze_experiment
+from ..rundir.history import check_history
 from ..rundir.layout import RunDir, RunDirError, default_run_dir
 from ..rundir.lock import RunLock
-from ..rundir.phases import ensure_phases, read_phases
+from ..rundir.phases import ensure_phases, first_phase, read_phases
 from ..rundir.resume import choose_resume
 from ..rundir.retention import RetentionPolicy
+from ..safe_fs import UnsafeFileError
 from .checkpoints import load_best
 from .context import Console, RunContext, SupervisorOptions
 from .engine_process import EngineChoice, EngineError, choose_engine, reap_orphan
 from .loop import Supervisor
 from .report import RunReport, carry_forward
-from .signals import EARLY, SignalCounts
+from .signals import EARLY, SignalCounts, install_interrupt
 
 
 @dataclass
@@ -50,8 +56,11 @@ def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
     sees the lock go."""
     signals = SignalCounts()
     old = signals.install(EARLY)
+    old.update(install_interrupt())
     try:
         return _start_run(request, signals, on_started, Console(out, err))
+    except UnsafeFileError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
     finally:
         SignalCounts.restore(old)
 
@@ -79,6 +88,8 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         raise ProxyError(str(exc), EXIT_FAILURE) from None
     try:
         try:
+            index = LossLogIndex.load(run.loss_log)
+            check_history(run, read_phases(run) or [first_phase(experiment)], index)
             changed = freeze_experiment(run, Path(request.experiment_path), experiment,
                                         request.allow_experiment_change)
             phases = ensure_phases(run, experiment)
@@ -91,7 +102,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         if reaped:
             console.warn(reaped)
 
-        resume = choose_resume(run.checkpoints, LossLogIndex.load(run.loss_log), phases, set())
+        resume = choose_resume(run.checkpoints, index, phases, set())
         if resume.step >= experiment.train.max_steps:
             console.say(f"run {run.root} already finished at step {resume.step} (max_steps "
                         f"{experiment.train.max_steps}); nothing to do")

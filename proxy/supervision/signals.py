@@ -1,18 +1,41 @@
 """Signals to `proxy run`, counted: the handlers only count, the loop acts (docs/CLI.md, "Signals").
 
-SIGTERM/SIGINT ask the run to stop (a second sends SIGTERM to the engine,
-a third kills it), SIGUSR1 asks for a checkpoint, SIGUSR2 says `proxy pivot`
-left a request. SIGUSR1 and SIGUSR2 are counted from the moment the process
-holds the run's lock (their default action would end it); the rest once
-the supervisor runs.
+SIGTERM/SIGINT/SIGHUP ask the run to stop (a second sends SIGTERM to the
+engine, a third kills it), SIGUSR1 asks for a checkpoint, SIGUSR2 says `proxy
+pivot` left a request. SIGUSR1 and SIGUSR2 are counted from the moment the
+process holds the run's lock (their default action would end it); the stop
+signals once the supervisor runs. Before that (loading, preparing data) a stop
+signal interrupts the setup: `interrupt` raises a ProxyError where the signal
+lands, so every `finally` on the way out runs (the data cache's temp
+directory is removed) and the command ends with one line and exit 130.
 """
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
 
+from ..errors import EXIT_INTERRUPTED, ProxyError
+
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EARLY = (signal.SIGUSR1, signal.SIGUSR2)
-ALL = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+ALL = STOPS + EARLY
+
+
+def interrupt(signum, _frame) -> None:
+    """The stop signals' handler until training starts: end the setup where it is, with one line."""
+    raise ProxyError(f"interrupted by {signal.Signals(signum).name} before training started; nothing was "
+                     "trained in this launch (relaunch the same command to start again)", EXIT_INTERRUPTED)
+
+
+def install_interrupt() -> dict:
+    """Stop signals interrupt the setup from now on; returns the handlers they replace (for restore)."""
+    return {sig: signal.signal(sig, interrupt) for sig in STOPS}
+
+
+def default_stops() -> None:
+    """Stop signals act as by default again (the run is over; nothing is left to interrupt cleanly)."""
+    for sig in STOPS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @dataclass

@@ -46,7 +46,8 @@ def _arm_status(ctx: RunContext) -> dict[str, ArmStatus]:
 
 
 def write_run_state(ctx: RunContext, seg: Segment | None, force: bool = False) -> None:
-    """Rewrite `.state.json` (at most every `state_every_s` unless `force`); a failure is a warning."""
+    """Rewrite `.state.json` (at most every `state_every_s` unless `force`). StorageError (disk full, I/O
+    error) is raised, as for every write; any other failure is a warning."""
     report = ctx.report
     now = time.monotonic()
     if not force and now - report.last_state_write < ctx.opts.state_every_s:
@@ -71,11 +72,12 @@ def write_run_state(ctx: RunContext, seg: Segment | None, force: bool = False) -
                      engine=report.engine, experiment=ctx.experiment.name, max_steps=ctx.max_steps,
                      segment=ctx.segment_number, loss=report.progress.last_loss,
                      loss_smoothed=report.progress.smoothed, best=best, restarts=report.restarts,
-                     message=report.message, proxy_pid=os.getpid(), replay_mismatch_count=report.mismatch_count,
+                     message=report.message, write_failure=report.write_failure, proxy_pid=os.getpid(),
+                     replay_mismatch_count=report.mismatch_count,
                      replay_mismatches=report.mismatches, dropped_arms=sorted(report.dropped_arms),
                      bandit=bandit_state, engine_tokens_per_s=rates.engine_tokens_per_s,
                      goodput=report.goodput.status(now))
     try:
         write_state(ctx.run.state, state)
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # not StorageError (a full disk): that stops the run
         ctx.warn(f"cannot write {ctx.run.state}: {exc}")

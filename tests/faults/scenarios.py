@@ -39,7 +39,7 @@ import numpy as np
 
 from proxy.formats import frames
 from proxy.formats.checkpoint import (FOOTER_BYTES as FOOTER, TRAILER_FIXED_BYTES as TRAILER_FIXED, body_bytes,
-                                     checkpoint_step, list_checkpoints, verify_checkpoint)
+                                     checkpoint_files, checkpoint_step, list_checkpoints, verify_checkpoint)
 from proxy.formats.engine_cli import engine_args, setting_flags
 from proxy.formats.parameters import ModelShape
 from proxy.formats.shard import write_shard
@@ -1604,7 +1604,7 @@ def relaunch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str, sam
     """Relaunch the same command on `run`; it must resume where documented, finish with exit 0, keep
     every byte `.loss.json` had (append-only), and equal the uninterrupted run."""
     before_log = (run / ".loss.json").read_bytes() if (run / ".loss.json").exists() else b""
-    newest = max((checkpoint_step(p) for p in list_checkpoints(run / "checkpoints")), default=0)
+    newest = max((checkpoint_step(p) for p in checkpoint_files(run / "checkpoints")), default=0)
     expected = expected_resume(run) if expect_resume is None else expect_resume
     old_segments = max((int(e.get("segment", 0)) for e in read_log(run / ".loss.json").steps.values()), default=0)
     try:

@@ -1,10 +1,10 @@
 """Signals and misbehaving engines: SIGTERM inside a checkpoint write, SIGUSR1 storms, a hung
-(SIGSTOPped) engine, an engine in a crash loop."""
+(SIGSTOPped) engine, an engine in a crash loop, a stop signal before training starts, SIGHUP."""
 from __future__ import annotations
 
 import shutil
 
-from . import scenarios
+from . import run_dir_scenarios, scenarios
 
 
 def test_engine_sigterm_inside_checkpoint_write(engine_bin, tmp_path, record):
@@ -35,4 +35,14 @@ def test_proxy_kills_and_restarts_a_hung_engine(proxy_env, stopped_run, tmp_path
 
 def test_proxy_stops_a_crash_loop(proxy_env, stopped_run, tmp_path, record):
     out = record(scenarios.proxy_crash_loop(proxy_env, stopped_run, tmp_path))
+    out.check()
+
+
+def test_proxy_stop_before_training(proxy_env, tmp_path, record):
+    out = record(run_dir_scenarios.stop_before_training(proxy_env, tmp_path))
+    out.check()
+
+
+def test_proxy_sighup_while_training(proxy_env, stopped_run, tmp_path, record):
+    out = record(run_dir_scenarios.sighup_while_training(proxy_env, stopped_run, tmp_path))
     out.check()

@@ -9,8 +9,9 @@ import pytest
 
 from proxy.config.caps import CapsFile, load_caps
 from proxy.config.errors import ExperimentError
-from proxy.config.experiment import Experiment, load_experiment, parse_experiment
+from proxy.config.experiment import MAX_PROMPTS, MAX_SAMPLE_COUNT, Experiment, load_experiment, parse_experiment
 from proxy.formats.engine_cli import engine_args
+from proxy.formats.frames import SAMPLE_MAX_COMPLETIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
@@ -104,12 +105,15 @@ def test_ckpt_every_seconds_reaches_the_engine_argv(tmp_path):
         assert why in error_of(tmp_path, data)
 
 
-def test_an_audit_must_fit_one_sample_frame(tmp_path):
+def test_the_largest_audit_fits_one_sample_frame(tmp_path):
     data = copy.deepcopy(BASE)
-    data["samples"] = {"prompts": ["a", "b"], "count": 2048}
-    assert load_experiment(write(tmp_path, data)).samples.count == 2048
-    data["samples"]["count"] = 2049
-    assert "2 prompts x count 2049 is more than the 4096 completions" in error_of(tmp_path, data)
+    data["samples"] = {"prompts": [f"p{i}" for i in range(MAX_PROMPTS)], "count": MAX_SAMPLE_COUNT}
+    samples = load_experiment(write(tmp_path, data)).samples
+    assert len(samples.prompts) * samples.count <= SAMPLE_MAX_COMPLETIONS
+    data["samples"]["count"] = MAX_SAMPLE_COUNT + 1
+    assert "samples.count" in error_of(tmp_path, data)
+    data["samples"] = {"prompts": [f"p{i}" for i in range(MAX_PROMPTS + 1)]}
+    assert "samples.prompts" in error_of(tmp_path, data)
 
 
 def test_unknown_key(tmp_path):

@@ -4,8 +4,8 @@
   with every failure, so a failing run can be repeated with the same choices.
 - `record(outcome)`: every scenario's outcome is kept and, at the end of the
   session, written as JSON to $FAULT_RESULTS (default
-  test-artifacts/faults/results.json); scripts/reliability_report.py turns it
-  into the table of docs/RELIABILITY.md.
+  test-artifacts/faults/results.json, results-cuda.json for the CUDA engine);
+  scripts/reliability_report.py turns it into the tables of docs/RELIABILITY.md.
 - `proxy_env`: the tiny fault experiment, its data, and one uninterrupted run
   of it (the reference every proxy-level scenario is compared with).
 - `stopped_run`: a copy-on-use template of that experiment stopped halfway by
@@ -54,7 +54,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     if not _OUTCOMES and not _TEST_RESULTS:
         return
-    path = Path(os.environ.get(scenarios.RESULTS_ENV) or scenarios.DEFAULT_RESULTS)
+    path = scenarios.results_path()
     for o in _OUTCOMES:
         o["test_outcome"] = _TEST_RESULTS.get(o["test"], "unknown")
     engine = scenarios.ENGINE

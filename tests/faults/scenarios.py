@@ -72,6 +72,15 @@ def fault_seed() -> int:
         raise ValueError(f"FAULT_SEED={text!r} is not an integer") from None
 
 
+def results_path() -> Path:
+    """$FAULT_RESULTS, else test-artifacts/faults/results.json, or results-<kind>.json when the engine
+    under test is not the CPU one (`make test-gpu` leaves results-cuda.json beside the CPU results)."""
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV])
+    kind = ENGINE.kind
+    return DEFAULT_RESULTS if kind == "cpu" else DEFAULT_RESULTS.with_name(f"results-{kind}.json")
+
+
 def rng_for(name: str) -> random.Random:
     """The random stream of one scenario: independent of test order and of other scenarios."""
     return random.Random(f"{fault_seed()}:{name}")

@@ -403,7 +403,7 @@ def make_shard(path: Path, vocab: int, n_tokens: int = 20_000, seed: int = 0) ->
 def standalone_argv(model: Model, shard: Path, ckpt_dir: Path, ckpt_every: int, resume: str | Path | None = "latest",
                     extra=()) -> list[str]:
     return [str(ENGINE.path), *engine_args(ckpt_dir, data=shard, resume=resume, ckpt_every=ckpt_every,
-                                      settings=model.flags(), extra=extra)]
+                                           settings=model.flags(), extra=extra)]
 
 
 def start_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None) -> Proc:

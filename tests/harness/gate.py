@@ -86,10 +86,10 @@ class Gate:
     def received(self, kind: int) -> list[Received]:
         """What the relays recorded of `kind`, in order of arrival (for TRAIN: one per launch)."""
         try:
-            lines = self.record_path.read_text().splitlines()
+            whole = self.record_path.read_text().split("\n")[:-1]  # a line still being written is not read
         except FileNotFoundError:
             return []
-        records = [Received(*map(int, line.split())) for line in lines if line.strip()]
+        records = [Received(*map(int, line.split())) for line in whole if line.strip()]
         return [r for r in records if r.kind == kind]
 
     def launches(self) -> list[Received]:

@@ -122,3 +122,24 @@ def test_relay_ends_with_a_killed_engine_and_launches_are_recorded(engine_path, 
     assert second.finish() == 0, second.stderr()
     assert [e["step"] for e in second.of("step")] == [1, 2, 3, 4]
     assert [(ln.pid, ln.first_step) for ln in gate.launches()] == [(first.proc.pid, 1), (second.proc.pid, 1)]
+
+
+def test_a_checkpoint_request_waits_behind_held_steps_and_is_seen_arriving(engine_path, tmp_path):
+    cfg = TINY.but(steps=5)
+    gate = Gate(tmp_path / "gate", engine_path)
+    gate.hold_after(2)
+    eng = start(engine_path, gate, cfg, tmp_path)  # steps 1..5 sent, 3..5 held
+    try:
+        eng.wait_for("step", step=2)
+        eng.send(frames.checkpoint_frame())  # behind the held steps: it must not overtake them
+        got = gate.wait_frame(frames.CHECKPOINT, 0, lambda: eng.proc.poll() is None, 60)
+        assert got is not None and got.pid == eng.proc.pid
+        assert_held(eng)
+        gate.hold_after(5)
+        ck = eng.wait_for("ckpt")
+        eng.send(frames.stop_frame())
+        assert eng.finish() == 0, eng.stderr()
+    finally:
+        eng.kill()
+    assert (ck["step"], ck["reason"]) == (5, "frame")
+    assert [e["step"] for e in eng.of("step")] == [1, 2, 3, 4, 5]

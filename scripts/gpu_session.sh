@@ -14,6 +14,10 @@
 #   sass         cuobjdump: HMMA (tensor core), LDSM (ldmatrix), LDGSTS (cp.async) and LDL/STL (local
 #                memory) instructions in each flash kernel
 #   test         python3 -m pytest -q tests/gpu
+#   test-e2e     the frame gate, end-to-end, pivot and kill-storm suites against the CUDA engine
+#                (MICROGPT_TEST_ENGINE=cuda: `make test-gpu` less tests/gpu); the kill storms' results
+#                go to faults-cuda.json (for docs/reliability-cuda.json). Needs the proxy's Python
+#                packages the image lacks, carried as wheels in .whl (docs/CUDA.md, "Next GPU session")
 #   profile      scripts/profile_cuda.sh at andrea-12m and gpt2-124m B=8, naive and flash (ncu when
 #                present), and gpt2-124m B=32 naive and flash (the engine's CUDA events)
 #   bench-small  scripts/bench_cuda.py --batch 8, both shapes (llm.c beside GPT-2 where built)
@@ -23,7 +27,7 @@
 #
 # Output in DIR (default $OUT where the device tool sets it, else ./gpu-out), at most 8 files:
 # session.log (everything printed), summary.txt, check.jsonl, profiles.tgz, bench-small.json,
-# bench-large.json, llmc-build.log. Exit status: 0 when every phase ran and passed, else 1.
+# bench-large.json, llmc-build.log, faults-cuda.json. Exit status: 0 when every phase ran and passed, else 1.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,7 +41,7 @@ while [[ $# -gt 0 ]]; do
         --budget) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "gpu_session: --budget needs seconds" >&2; exit 2; }
                   budget=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
-        build|check|sanitize|sass|test|profile|bench-small|bench-large) phases+=("$1"); shift ;;
+        build|check|sanitize|sass|test|test-e2e|profile|bench-small|bench-large) phases+=("$1"); shift ;;
         *) echo "gpu_session: unknown phase or argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -104,6 +108,16 @@ phase_test() {
     "$PY" -m pytest -q -rfE -p no:cacheprovider tests/gpu
 }
 
+phase_test_e2e() {
+    if [[ -d .whl ]]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STATE/site" \
+            .whl/*.whl || return 1
+        export PYTHONPATH="$PYTHONPATH:$STATE/site"
+    fi
+    FAULT_RESULTS="$OUT_DIR/faults-cuda.json" MICROGPT_TEST_ENGINE=cuda "$PY" -m pytest -q -rfE -p no:cacheprovider \
+        tests/harness tests/proxy_e2e tests/proxy_pivot tests/faults/test_kills.py
+}
+
 phase_profile() {
     local cfg rc=0 dir=$STATE/profile
     mkdir -p "$dir"
@@ -147,14 +161,14 @@ phase_bench_large() {
         ${llmc:+--llmc "$llmc"} --json "$OUT_DIR/bench-large.json"
 }
 
-export -f phase_build phase_check phase_sanitize phase_sass phase_test phase_profile wait_llmc \
+export -f phase_build phase_check phase_sanitize phase_sass phase_test phase_test_e2e phase_profile wait_llmc \
     phase_bench_small phase_bench_large
 
 # ---------------------------------------------------------------------------
 # the runner
 
-declare -A limit=([build]=300 [check]=150 [sanitize]=180 [sass]=60 [test]=420 [profile]=420 [bench-small]=420
-                  [bench-large]=480)
+declare -A limit=([build]=300 [check]=150 [sanitize]=180 [sass]=60 [test]=420 [test-e2e]=480 [profile]=420
+                  [bench-small]=420 [bench-large]=480)
 results=()
 failed=0
 for phase in "${phases[@]}"; do

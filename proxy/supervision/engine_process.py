@@ -57,15 +57,20 @@ class EngineChoice:
     kind: str  # "cpu", "cuda" or "custom" (an explicit path)
 
 
+def engine_binary(choice: str, build_dir: Path = BUILD_DIR) -> Path:
+    """The binary `--engine cpu|cuda|PATH` names, whether or not it exists."""
+    return build_dir / f"microgpt_{choice}" if choice in ("cpu", "cuda") else Path(choice)
+
+
 def choose_engine(choice: str | None, build_dir: Path = BUILD_DIR) -> EngineChoice:
     """`--engine cpu|cuda|PATH`, or None: CUDA when a GPU is visible and built, else CPU."""
     if choice in (None, "", "auto"):
-        cuda = build_dir / "microgpt_cuda"
+        cuda = engine_binary("cuda", build_dir)
         if cuda.is_file() and gpu_visible():
             return EngineChoice(cuda, "cuda")
         choice = "cpu"
     if choice in ("cpu", "cuda"):
-        path = build_dir / f"microgpt_{choice}"
+        path = engine_binary(choice, build_dir)
         if not path.is_file():
             raise EngineError(f"engine {path} not found; build it with `make {choice}`")
         return EngineChoice(path, choice)

@@ -1,4 +1,5 @@
-"""The dashboard on a run the real training proxy is writing (TINY-TRAIN on the CPU engine)."""
+"""The dashboard on a run the real training proxy is writing (TINY-TRAIN on the engine under test: the
+CPU engine unless MICROGPT_TEST_ENGINE names another)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,11 @@ import time
 import pytest
 from conftest import ARTIFACTS, REPO
 
+from harness.engines import engine_under_test
+from harness.gate import Gate
+
+ENGINE = engine_under_test()
+
 READY = "() => window.__dashboard && window.__dashboard.ready"
 
 
@@ -18,8 +24,8 @@ def _skip_reason() -> str | None:
         return "proxy/cli.py does not exist yet (the training proxy is not built)"
     if not (REPO / "experiments" / "TINY-TRAIN.json").is_file():
         return "experiments/TINY-TRAIN.json is missing"
-    if not (REPO / "build" / "microgpt_cpu").is_file() and not os.environ.get("MICROGPT_ENGINE"):
-        return "build/microgpt_cpu is not built (run `make`)"
+    if ENGINE.problem:
+        return ENGINE.problem
     return None
 
 
@@ -27,9 +33,13 @@ def _skip_reason() -> str | None:
 @pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 def test_dashboard_follows_a_real_training_run(tmp_path, server_factory, page):
     run_dir = tmp_path / "tiny"
+    # the engine waits at step 20 (a frame gate) until the page is up, so that new steps are still to
+    # come when the page looks for them, however fast the engine is
+    gate = Gate(tmp_path / "gate", ENGINE.path)
+    gate.hold_after(20)
     log = open(tmp_path / "proxy.log", "wb")
     proxy = subprocess.Popen([sys.executable, "-m", "proxy", "run", "experiments/TINY-TRAIN.json",
-                              "--run-dir", str(run_dir), "--no-dashboard"],
+                              "--run-dir", str(run_dir), "--engine", gate.engine_flag, "--no-dashboard"],
                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     try:
@@ -44,8 +54,9 @@ def test_dashboard_follows_a_real_training_run(tmp_path, server_factory, page):
         page.wait_for_function(READY, timeout=10000)
         page.wait_for_function("() => window.__dashboard.points > 0", timeout=10000)
         first = page.evaluate("() => window.__dashboard.lastStep")
-        if proxy.poll() is None:  # still training: new steps arrive without a reload
-            page.wait_for_function(f"() => window.__dashboard.lastStep > {first}", timeout=60000)
+        assert first <= 20 and proxy.poll() is None
+        gate.open()  # new steps arrive without a reload
+        page.wait_for_function(f"() => window.__dashboard.lastStep > {first}", timeout=60000)
         page.wait_for_function("() => document.querySelector('#status .pill') !== null", timeout=5000)
         info = srv.get("/api/runs/0").json()
         assert info["steps"] > 0 and info["experiment"] == "TINY-TRAIN"

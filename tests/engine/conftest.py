@@ -1,9 +1,10 @@
 """Shared fixtures for the engine suite (tests/engine/).
 
-The engine is `build/microgpt_cpu` (or whatever MICROGPT_ENGINE names, so the
-same suite can later drive build/microgpt_cuda). A missing binary is a test
-failure with a clear message, never a skip: CI must not go green without an
-engine.
+The engine is `build/microgpt_cpu`, or what MICROGPT_TEST_ENGINE names
+(tests/harness/engines.py; `make test-gpu` does not run this suite: the CUDA
+engine is checked against the CPU one in tests/gpu). A missing binary is a
+test failure with a clear message, never a skip: CI must not go green without
+an engine.
 
 Everything speaks the wire formats through proxy/formats/ (frames, shards,
 checkpoints, the engine's command line), so this suite never re-implements a
@@ -11,7 +12,6 @@ format.
 """
 from __future__ import annotations
 
-import os
 import queue
 import subprocess
 import threading
@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.engines import engine_under_test
 from proxy.formats import frames
 from proxy.formats.engine_cli import engine_args, setting_flags
 from proxy.formats.parameters import n_params
 from proxy.formats.shard import write_shard
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINE = Path(os.environ.get("MICROGPT_ENGINE", REPO / "build" / "microgpt_cpu"))
+ENGINE = engine_under_test()
 TIMEOUT = 60.0  # seconds any single engine interaction may take on a busy 2-core box
 
 
@@ -82,10 +82,9 @@ TINY = Cfg()
 
 @pytest.fixture(scope="session")
 def engine_bin() -> Path:
-    if not ENGINE.is_file() or not os.access(ENGINE, os.X_OK):
-        pytest.fail(f"engine binary {ENGINE} not found or not executable: build it with `make cpu` "
-                    f"(or point MICROGPT_ENGINE at an engine)", pytrace=False)
-    return ENGINE
+    if ENGINE.problem:
+        pytest.fail(f"{ENGINE.problem} (tests/engine needs an engine: `make cpu`)", pytrace=False)
+    return ENGINE.path
 
 
 @pytest.fixture

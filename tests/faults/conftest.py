@@ -4,12 +4,15 @@
   with every failure, so a failing run can be repeated with the same choices.
 - `record(outcome)`: every scenario's outcome is kept and, at the end of the
   session, written as JSON to $FAULT_RESULTS (default
-  test-artifacts/faults/results.json); scripts/reliability_report.py turns it
-  into the table of docs/RELIABILITY.md.
+  test-artifacts/faults/results.json, results-cuda.json for the CUDA engine);
+  scripts/reliability_report.py turns it into the tables of docs/RELIABILITY.md.
 - `proxy_env`: the tiny fault experiment, its data, and one uninterrupted run
   of it (the reference every proxy-level scenario is compared with).
 - `stopped_run`: a copy-on-use template of that experiment stopped halfway by
   SIGTERM, for the scenarios that damage a run directory and relaunch.
+- The kill count: at the end of the session, one line per kill storm and the
+  total of `kill -9` faults injected and survived, on the engine under test
+  (MICROGPT_TEST_ENGINE; `make test-gpu` shows it for the CUDA engine).
 
 A missing engine binary is a failure with a clear message, never a skip.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -50,17 +54,19 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     if not _OUTCOMES and not _TEST_RESULTS:
         return
-    path = Path(os.environ.get(scenarios.RESULTS_ENV) or scenarios.DEFAULT_RESULTS)
+    path = scenarios.results_path()
     for o in _OUTCOMES:
         o["test_outcome"] = _TEST_RESULTS.get(o["test"], "unknown")
+    engine = scenarios.ENGINE
     doc = {
         "seed": scenarios.fault_seed(),
         "started": _STARTED,
         "seconds": round(time.time() - _STARTED, 1),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "engine": str(scenarios.ENGINE)},
+                    "engine": str(engine.path), "engine_kind": engine.kind, "gpu": gpu_name(engine)},
         "tests": _TEST_RESULTS,
         "outcomes": _OUTCOMES,
+        "kills": scenarios.kill_counts(_OUTCOMES),
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,13 +77,39 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nfaults: cannot write {path}: {exc}")
 
 
+def pytest_terminal_summary(terminalreporter):
+    storms = [o for o in _OUTCOMES if scenarios.is_kill(o)]
+    if not storms:
+        return
+    engine = scenarios.ENGINE
+    on = f"{engine.kind} engine {engine.path}" + (f" on {gpu_name(engine)}" if engine.kind == "cuda" else "")
+    terminalreporter.write_sep("-", f"kill storms ({on})")
+    for o in storms:
+        terminalreporter.write_line(f"{o['scenario']}: {o['injected']} kills, {o['survived']} survived, "
+                                    f"data lost {o['data_lost']}")
+    kills = scenarios.kill_counts(_OUTCOMES)
+    terminalreporter.write_line(f"kill -9 faults: {kills['injected']} injected, {kills['survived']} survived")
+
+
+def gpu_name(engine) -> str | None:
+    """The GPU's name (nvidia-smi) where the engine under test is the CUDA one, else None."""
+    if engine.kind != "cuda":
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return ", ".join(names) if out.returncode == 0 and names else None
+
+
 @pytest.fixture(scope="session")
 def engine_bin() -> Path:
     engine = scenarios.ENGINE
-    if not engine.is_file() or not os.access(engine, os.X_OK):
-        pytest.fail(f"engine binary {engine} not found or not executable: build it with `make cpu` "
-                    f"(or point MICROGPT_ENGINE at an engine)", pytrace=False)
-    return engine
+    if engine.problem:
+        pytest.fail(f"{engine.problem} (tests/faults needs an engine: `make cpu`)", pytrace=False)
+    return engine.path
 
 
 @pytest.fixture

@@ -16,6 +16,12 @@ exact instant a SIGKILL lands still depends on the machine's timing.
 
 Formats are never re-implemented here: frames, shards, checkpoint verification
 and engine command lines come from proxy/formats/.
+
+The engine is the CPU one unless MICROGPT_TEST_ENGINE names another
+(harness/engines.py). The proxy-level scenarios that act mid-run (kill
+storms, hangs, the SIGUSR1 storm, the stopped template) drive it through a
+frame gate (harness/gate.py) that holds it at the step the scenario aims
+at, so a fast engine can neither finish first nor outrun the scenario.
 """
 from __future__ import annotations
 
@@ -37,6 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.engines import engine_under_test
+from harness.gate import KILL_SLACK, Gate
+from harness.reaction import react
 from proxy.formats import frames
 from proxy.formats.checkpoint import (FOOTER_BYTES as FOOTER, TRAILER_FIXED_BYTES as TRAILER_FIXED, body_bytes,
                                      checkpoint_files, checkpoint_step, list_checkpoints, verify_checkpoint)
@@ -45,7 +54,7 @@ from proxy.formats.parameters import ModelShape
 from proxy.formats.shard import write_shard
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE = Path(os.environ.get("MICROGPT_ENGINE", REPO / "build" / "microgpt_cpu"))
+ENGINE = engine_under_test()
 DEFAULT_SEED = 20251122
 RESULTS_ENV = "FAULT_RESULTS"
 DEFAULT_RESULTS = REPO / "test-artifacts" / "faults" / "results.json"
@@ -61,6 +70,15 @@ def fault_seed() -> int:
         return int(text, 0)
     except ValueError:
         raise ValueError(f"FAULT_SEED={text!r} is not an integer") from None
+
+
+def results_path() -> Path:
+    """$FAULT_RESULTS, else test-artifacts/faults/results.json, or results-<kind>.json when the engine
+    under test is not the CPU one (`make test-gpu` leaves results-cuda.json beside the CPU results)."""
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV])
+    kind = ENGINE.kind
+    return DEFAULT_RESULTS if kind == "cpu" else DEFAULT_RESULTS.with_name(f"results-{kind}.json")
 
 
 def rng_for(name: str) -> random.Random:
@@ -134,6 +152,19 @@ class Outcome:
         self.close()
         assert self.injected > 0, f"{self.scenario}: no fault was injected (FAULT_SEED={self.seed})"
         assert not self.failures and self.survived == self.injected and self.data_lost == 0, self.summary()
+
+
+KILL_CLASS = "kill -9"  # the fault classes of the kill storms start with it
+
+
+def is_kill(outcome: dict) -> bool:
+    return outcome["fault_class"].startswith(KILL_CLASS)
+
+
+def kill_counts(outcomes: list[dict]) -> dict:
+    """`kill -9` faults injected and survived over recorded outcomes (Outcome.to_dict())."""
+    kills = [o for o in outcomes if is_kill(o)]
+    return {"injected": sum(o["injected"] for o in kills), "survived": sum(o["survived"] for o in kills)}
 
 
 # ---------------------------------------------------------------------------
@@ -371,8 +402,8 @@ def make_shard(path: Path, vocab: int, n_tokens: int = 20_000, seed: int = 0) ->
 
 def standalone_argv(model: Model, shard: Path, ckpt_dir: Path, ckpt_every: int, resume: str | Path | None = "latest",
                     extra=()) -> list[str]:
-    return [str(ENGINE), *engine_args(ckpt_dir, data=shard, resume=resume, ckpt_every=ckpt_every,
-                                      settings=model.flags(), extra=extra)]
+    return [str(ENGINE.path), *engine_args(ckpt_dir, data=shard, resume=resume, ckpt_every=ckpt_every,
+                                           settings=model.flags(), extra=extra)]
 
 
 def start_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None) -> Proc:
@@ -1055,7 +1086,7 @@ FUZZ_MODEL = Model(vocab=64, ctx=8, dim=16, layers=1, heads=2, batch=2, steps=10
 
 
 def proxy_mode_argv(model: Model, ckpt_dir: Path) -> list[str]:
-    return [str(ENGINE), *engine_args(ckpt_dir, ckpt_every=0, settings=model.flags())]
+    return [str(ENGINE.path), *engine_args(ckpt_dir, ckpt_every=0, settings=model.flags())]
 
 
 def feed_engine(workdir: Path, data: bytes, timeout: float = 20.0) -> tuple[int | None, list[str]]:
@@ -1147,11 +1178,6 @@ def write_fault_experiment(directory: Path, **train_overrides) -> Path:
     return path
 
 
-def engine_choice() -> str:
-    """--engine for the proxy: MICROGPT_ENGINE if set, else the CPU engine (bit-identity needs one engine)."""
-    return str(ENGINE) if "MICROGPT_ENGINE" in os.environ else "cpu"
-
-
 @dataclass
 class ProxyEnv:
     root: Path
@@ -1164,7 +1190,7 @@ class ProxyEnv:
 
     def argv(self, run_dir: Path, *extra, experiment: Path | None = None, engine: str | None = None) -> list[str]:
         return [sys.executable, "-m", "proxy", "run", str(experiment or self.experiment), "--run-dir", str(run_dir),
-                "--no-dashboard", "--cache-dir", str(self.cache), "--engine", engine or engine_choice(),
+                "--no-dashboard", "--cache-dir", str(self.cache), "--engine", engine or ENGINE.flag,
                 "--restart-backoff", "0.05", *map(str, extra)]
 
     def start(self, run_dir: Path, *extra, preexec_fn=None, **kw) -> Proc:
@@ -1272,6 +1298,7 @@ class LogTail:
             self.poll()
             new = sorted(seg for seg in self.first if seg > after)
             if new:
+                react()
                 return new[0], self.first[new[0]] - 1
             if not proc.alive():
                 self.poll()
@@ -1281,14 +1308,16 @@ class LogTail:
         raise Hang(f"no new engine segment in the log within {timeout:.0f}s")
 
     def wait_step(self, target: int, proc: Proc, segment: int | None = None, timeout: float = TIMEOUT) -> bool:
-        """Until a step entry >= target (of `segment`, if given) is in the log; False if the proxy exits."""
+        """Until a step entry >= target (of `segment`, if given) is in the log; False if the proxy exits first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            exited = not proc.alive()  # looked at before the log, so that what it logged before exiting counts
             self.poll()
             got = self.by_segment.get(segment, 0) if segment is not None else self.max_step
             if got >= target:
+                react()
                 return True
-            if not proc.alive():
+            if exited:
                 return False
             time.sleep(0.004)
         raise Hang(f"the log did not reach step {target} within {timeout:.0f}s")
@@ -1458,7 +1487,7 @@ def slow_write_engine(directory: Path, shim: Path, delay_ms: int) -> Path:
     lasts at least 2 x delay_ms (the file's fsync, then its directory's) while training goes on."""
     path = Path(directory) / "engine-slow-writes.sh"
     path.write_text(f"#!/bin/sh\nexport LD_PRELOAD='{shim}' MG_TEST_FSYNC_DELAY_MS={int(delay_ms)}\n"
-                    f"exec '{ENGINE}' \"$@\"\n")
+                    f"exec '{ENGINE.path}' \"$@\"\n")
     path.chmod(0o755)
     return path
 
@@ -1481,6 +1510,11 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
     proxy died. Every relaunch resumes from the newest valid checkpoint whose steps are all in
     .loss.json; no valid checkpoint is ever lost; the finished run equals the uninterrupted one.
 
+    The engine runs behind a frame gate: every launch waits at its first step until the storm has
+    aimed the next kill (its target depends on where the launch resumed), then trains to at most
+    KILL_SLACK steps past the target. However fast the engine, each kill lands at its target or a
+    little after, and the run cannot finish before the storm has landed its kills.
+
     With `write_s` (an engine whose checkpoint writes take about that long, e.g. slow_write_engine),
     every kill lands at a random moment within write_s after a checkpointing step was logged: inside
     the background write, while the engine trains on and before its ckpt event."""
@@ -1490,17 +1524,45 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
     run = workdir / "run"
     watch = CkptWatch(run / "checkpoints")
     tail = LogTail(run / ".loss.json")
+    gate = Gate(workdir / "gate", engine or ENGINE.path)
+    gate.hold_after(0)
     extra = ("--max-failures", "50")  # kills of the engine are not a crash loop here
-    p = env.start(run, *extra, engine=engine)
+    p = env.start(run, *extra, engine=gate.engine_flag)
     procs = [p]
-    seen, expected, lost_from, kills = 0, 0, 0, 0
+    seen, expected, lost_from, kills, launches = 0, 0, 0, 0, 0
     on_disk: set[str] | None = None  # checkpoints left by the engine just killed (the proxy chooses among them)
     while True:
+        launch = gate.wait_launch(launches, p.alive, TIMEOUT)
+        if launch is None:
+            out.fail(f"the proxy exited {p.wait()} without launching an engine: {tail_lines(p.stderr)}")
+            return out.close()
+        launches += 1
+        target = None
+        if kills < n_kills:
+            resume, ce = launch.first_step - 1, env.ckpt_every
+            # Delays are a few steps' worth at most: a step of this model takes about a
+            # millisecond, and the gate holds the engine KILL_SLACK steps past the target.
+            if write_s is not None:
+                target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, write_s)
+            elif rng.random() < 0.4:
+                target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, 0.003)
+            else:
+                target, delay = resume + rng.randint(1, 2 * ce), rng.uniform(0.0, 0.006)
+            if target >= env.max_steps - 1:
+                out.bump("kills skipped: too close to the end")
+                target = None
+        if target is None:
+            gate.open()
+        else:
+            gate.hold_after(target + KILL_SLACK)
         got = tail.wait_new_segment(seen, p)
         if got is None:
             out.fail(f"the proxy exited {p.wait()} without training a new segment: {tail_lines(p.stderr)}")
             return out.close()
         seg, resume = got
+        if resume != launch.first_step - 1:
+            out.fail(f"segment {seg} logged step {resume + 1} first; its engine's first frame was step "
+                     f"{launch.first_step}")
         if kind == "engine" and kills:
             expected = expected_resume(run, max_segment=seen, among=on_disk)
             lost_from = read_log(run / ".loss.json", max_segment=seen).max_step
@@ -1510,19 +1572,7 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
         out.steps_lost += max(0, lost_from - resume)
         out.end_fault()
         seen = seg
-        if kills >= n_kills:
-            break
-        ce = env.ckpt_every
-        # Delays are a few steps' worth at most: a step of this model takes about a
-        # millisecond, so a longer sleep could outlast the rest of the run.
-        if write_s is not None:
-            target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, write_s)
-        elif rng.random() < 0.4:
-            target, delay = (resume // ce + rng.randint(1, 2)) * ce, rng.uniform(0.0, 0.003)
-        else:
-            target, delay = resume + rng.randint(1, 2 * ce), rng.uniform(0.0, 0.006)
-        if target >= env.max_steps - 1:
-            out.bump("kills skipped: too close to the end")
+        if target is None:
             break
         if not tail.wait_step(target, p, segment=seg):
             out.fail(f"the proxy exited {p.wait()} before step {target}: {tail_lines(p.stderr)}")
@@ -1532,6 +1582,7 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
         if not engine_alive(rec):
             out.fail(f".engine.json names {rec}, not a running engine")
             return out.close()
+        gate.hold_after(0)  # the next launch waits at its first step for its own target
         kills += 1
         out.begin_fault()
         if kind in ("proxy", "both"):
@@ -1549,7 +1600,7 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
             no_traceback(p, out, f"killed proxy {kills}")
             lost_from = read_log(run / ".loss.json").max_step
             expected = expected_resume(run)
-            p = env.start(run, *extra, engine=engine)
+            p = env.start(run, *extra, engine=gate.engine_flag)
             procs.append(p)
         else:
             kill_engine(rec)
@@ -1576,8 +1627,11 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
 
 
 def make_partial_run(env: ProxyEnv, dest: Path, stop_at: int = 20) -> Path:
-    """A run stopped halfway with SIGTERM to the proxy (the documented stop): the sidecar template."""
-    p = env.start(dest)
+    """A run stopped halfway with SIGTERM to the proxy (the documented stop): the sidecar template.
+    The engine is held at `stop_at` by a frame gate until the stop (whose STOP frame passes it)."""
+    gate = Gate(dest.parent / "gate", ENGINE.path)
+    gate.hold_after(stop_at)
+    p = env.start(dest, engine=gate.engine_flag)
     if not LogTail(dest / ".loss.json").wait_step(stop_at, p):
         raise AssertionError(f"proxy exited early: {tail_lines(p.stderr)}")
     p.send_signal(signal.SIGTERM)
@@ -1832,17 +1886,29 @@ def proxy_hung_engine(env: ProxyEnv, template: Path, workdir: Path, n_hangs: int
                       name: str = "proxy-hung-engine", fault_class: str = "hung engine (SIGSTOP)") -> Outcome:
     """SIGSTOP the engine at seeded moments under `--hang-timeout 2`: the proxy notices, kills its
     process group, restarts from the newest valid checkpoint; the run finishes equal to the
-    uninterrupted one."""
+    uninterrupted one. A frame gate holds each launch at its first step until its target is set,
+    then at the target, so the SIGSTOP finds the engine there however fast it is."""
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     run = copy_run(template, workdir / "run")
     tail = LogTail(run / ".loss.json")
-    p = env.start(run, "--hang-timeout", hang_timeout)
+    gate = Gate(workdir / "gate", ENGINE.path)
+    gate.hold_after(0)
+    p = env.start(run, "--hang-timeout", hang_timeout, engine=gate.engine_flag)
     seen = max((int(e.get("segment", 0)) for e in read_log(run / ".loss.json").steps.values()), default=0)
     expected = expected_resume(run)
     detect = []
     stopped_at = None
     for i in range(n_hangs + 1):
+        launch = gate.wait_launch(i, p.alive, TIMEOUT)
+        if launch is None:
+            out.fail(f"the proxy exited {p.wait()} instead of launching an engine: {tail_lines(p.stderr)}")
+            return out.close()
+        target = None if i == n_hangs else min(env.max_steps - 2, launch.first_step - 1 + rng.randint(1, 6))
+        if target is None:
+            gate.open()
+        else:
+            gate.hold_after(target)
         got = tail.wait_new_segment(seen, p)
         if got is None:
             out.fail(f"the proxy exited {p.wait()} instead of restarting the hung engine: {tail_lines(p.stderr)}")
@@ -1856,13 +1922,13 @@ def proxy_hung_engine(env: ProxyEnv, template: Path, workdir: Path, n_hangs: int
             out.fail(f"segment {seg} resumed from {resume}, expected {expected}")
         out.end_fault()
         seen = seg
-        if i == n_hangs:
+        if target is None:
             break
-        target = min(env.max_steps - 2, resume + rng.randint(1, 6))
         if not tail.wait_step(target, p, segment=seg):
             out.fail(f"the proxy exited early: {tail_lines(p.stderr)}")
             return out.close()
         rec = engine_record(run)
+        gate.hold_after(0)  # the restarted engine waits at its first step for its own target
         out.begin_fault()
         os.kill(rec[0], signal.SIGSTOP)
         stopped_at = time.monotonic()
@@ -1927,24 +1993,33 @@ def proxy_crash_loop(env: ProxyEnv, template: Path, workdir: Path, name: str = "
 def proxy_sigusr1_storm(env: ProxyEnv, workdir: Path, n_signals: int = 200, name: str = "proxy-sigusr1-storm",
                         fault_class: str = "SIGUSR1 storm (proxy)") -> Outcome:
     """200 SIGUSR1 to the proxy while it trains (each asks for a checkpoint): training goes on, every
-    checkpoint verifies, and the finished run equals the uninterrupted one."""
+    checkpoint verifies, and the finished run equals the uninterrupted one. A frame gate paces the
+    engine by the storm (one more step every few signals, up to `last`), so the storm and training
+    interleave whatever the engine's speed, and the storm ends before the last steps (where the proxy
+    restores the default handlers)."""
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     run = workdir / "run"
     tail = LogTail(run / ".loss.json")
-    p = env.start(run)
+    gate = Gate(workdir / "gate", ENGINE.path)
+    last = env.max_steps - 7
+    limit = 1
+    gate.hold_after(limit)
+    p = env.start(run, engine=gate.engine_flag)
     if not tail.wait_step(1, p):
         out.fail(f"the proxy exited early: {tail_lines(p.stderr)}")
         return out.close()
     sent = 0
     while sent < n_signals and p.alive():
-        tail.poll()
-        if tail.max_step >= env.max_steps - 6:  # the proxy restores default handlers at the end
-            break
+        paced = 1 + sent * (last - 1) // n_signals
+        if paced != limit:
+            limit = paced
+            gate.hold_after(limit)
         p.send_signal(signal.SIGUSR1)
         sent += 1
         out.begin_fault()
         time.sleep(rng.uniform(0.0, 0.0008))
+    gate.open()
     rc = p.finish(300)
     no_traceback(p, out, "storm")
     if rc != 0:

@@ -1,4 +1,4 @@
-"""Shared helpers for the proxy's end-to-end suite: real proxies, the real CPU engine.
+"""Shared helpers for the proxy's end-to-end suite: real proxies, the real engine.
 
 Every test runs `python -m proxy ...` as a child process in its own session
 (so a test can SIGKILL the proxy's whole process group, as a crash would),
@@ -6,6 +6,12 @@ against experiments derived from experiments/TINY-TRAIN.json: the same model
 and data, fewer steps, frequent checkpoints, one engine thread (the box is
 small and shared). A missing engine is a failure with a clear message, never
 a skip: CI must not go green without one.
+
+The engine is the CPU one unless MICROGPT_TEST_ENGINE names another
+(harness/engines.py), and every `proxy run` names it (`run_args`): a run
+that does not is refused before it starts. A test that acts mid-run holds
+the engine at a step with a frame gate (harness/gate.py, the `gate`
+fixture) instead of racing it.
 """
 from __future__ import annotations
 
@@ -21,17 +27,42 @@ from pathlib import Path
 
 import pytest
 
+from harness.engines import EngineUnderTest, engine_under_test
+from harness.gate import Gate
+from harness.reaction import react
+
 REPO = Path(__file__).resolve().parents[2]
-ENGINE = REPO / "build" / "microgpt_cpu"
+ENGINE = engine_under_test()
 TINY = REPO / "experiments" / "TINY-TRAIN.json"
 RUN_TIMEOUT = 300.0  # seconds one proxy run may take on a busy 2-core box
 
 
 @pytest.fixture(scope="session")
-def engine() -> Path:
-    if not ENGINE.is_file():
-        pytest.fail(f"{ENGINE} is missing: build it with `make cpu` before running tests/proxy_e2e")
+def engine() -> EngineUnderTest:
+    if ENGINE.problem:
+        pytest.fail(f"{ENGINE.problem} (tests/proxy_e2e needs an engine: `make cpu`)", pytrace=False)
     return ENGINE
+
+
+@pytest.fixture
+def gate(engine, tmp_path) -> Gate:
+    """A frame gate in front of the engine under test, open until the test sets a hold."""
+    return Gate(tmp_path / "gate", engine.path)
+
+
+def run_args(experiment: Path | None, run_dir: Path, *extra, engine: str | None = None,
+             dashboard: bool = False) -> list[str]:
+    """`proxy run` arguments naming the engine: the engine under test, or `engine` (a gate's flag)."""
+    args = ["run"] + ([str(experiment)] if experiment is not None else [])
+    args += ["--run-dir", str(run_dir), "--engine", engine or ENGINE.flag]
+    return args + ([] if dashboard else ["--no-dashboard"]) + [str(a) for a in extra]
+
+
+def require_engine_flag(args: list[str]) -> None:
+    """Every proxy run in the tests says which engine it drives, never what the machine has."""
+    if args and args[0] == "run" and "--engine" not in args:
+        pytest.fail(f"`proxy {' '.join(args)}` names no engine: build its arguments with run_args()",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +103,7 @@ class Proxy:
     started: ClassVar[list] = []
 
     def start(self) -> "Proxy":
+        require_engine_flag(self.args)
         Proxy.started.append(self)
         self._n[0] += 1
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -139,6 +171,7 @@ def _reap_proxies():
 
 def run_cmd(args: list[str], cache: Path, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
     """A proxy command run to completion (status, stop, a whole run, ...)."""
+    require_engine_flag(args)
     return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=REPO, env=proxy_env(cache),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
 
@@ -177,6 +210,7 @@ def wait_for(predicate, timeout: float, what: str, proxy: Proxy | None = None, p
     while time.monotonic() < end:
         value = predicate()
         if value:
+            react()
             return value
         if proxy is not None and not proxy.running():
             pytest.fail(f"proxy exited (rc {proxy.proc.returncode}) while waiting for {what}\n{proxy.output()}")

@@ -16,7 +16,7 @@ from proxy.formats.checkpoint import checkpoint_path, checkpoint_step, list_chec
 from proxy.formats.engine_cli import engine_args
 from proxy.formats.state import AUDIT_KINDS
 
-from .conftest import ENGINE, TINY, Proxy, make_experiment, read_entries, run_cmd
+from .conftest import ENGINE, TINY, Proxy, make_experiment, read_entries, run_args, run_cmd
 
 STATE_FIELDS = {"step", "phase", "policy", "status", "arms", "tokens", "tokens_per_s", "eta_s",
                 "last_checkpoint", "engine", "updated"}
@@ -57,7 +57,7 @@ def check_sidecars(run_dir, exp: dict) -> None:
     assert STATE_FIELDS <= set(state)
     assert ENGINE_FIELDS <= set(state["engine"])
     assert state["status"] == "finished" and state["step"] == max_steps
-    assert state["engine"]["alive"] is False and state["engine"]["kind"] == "cpu"
+    assert state["engine"]["alive"] is False and state["engine"]["kind"] == ENGINE.kind
     assert list(state["arms"]) == arms
     for arm in state["arms"].values():
         assert ARM_FIELDS <= set(arm)
@@ -133,7 +133,7 @@ def check_evals_against_per_arm_frames(run_dir, path, data_cache, tmp_path) -> N
         arms = experiment.arm_names
         feed = b"".join(frames.eval_frame(arm + 1, *sampler.eval_batch(arm, int(experiment.train.eval_rows)))
                         for arm in range(len(arms)))
-        argv = [str(ENGINE), *engine_args(tmp_path / f"scratch-{step}", resume=ckpt, ckpt_every=0,
+        argv = [str(ENGINE.path), *engine_args(tmp_path / f"scratch-{step}", resume=ckpt, ckpt_every=0,
                                           settings=experiment.engine_flags())]
         out = subprocess.run(argv, input=feed, capture_output=True, timeout=120, check=True).stdout
         events = {e["id"]: e for e in map(json.loads, out.splitlines()) if e["event"] == "eval"}
@@ -152,7 +152,7 @@ def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
     shipped = json.loads(TINY.read_text())["train"]
     assert {k: v for k, v in exp["train"].items() if k != "threads"} == {k: v for k, v in shipped.items() if k != "threads"}
     run_dir = tmp_path / "run"
-    proxy = Proxy(["run", str(path), "--run-dir", str(run_dir), "--no-dashboard"], data_cache, tmp_path).start()
+    proxy = Proxy(run_args(path, run_dir), data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
     assert "finished" in proxy.stdout()
     progress = [ln for ln in proxy.stdout().splitlines() if "| checkpoint step_" in ln]
@@ -169,7 +169,7 @@ def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
 
     # relaunching a finished run says so and exits 0, changing nothing
     before = (run_dir / ".loss.json").read_bytes()
-    again = run_cmd(["run", str(path), "--run-dir", str(run_dir), "--no-dashboard"], data_cache)
+    again = run_cmd(run_args(path, run_dir), data_cache)
     assert again.returncode == 0, again.stderr
     assert "already finished" in again.stdout
     assert (run_dir / ".loss.json").read_bytes() == before

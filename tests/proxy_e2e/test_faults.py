@@ -5,8 +5,10 @@ import json
 import os
 import signal
 
-from .conftest import (Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive, run_cmd,
-                       state, wait_for)
+from proxy.formats import frames
+
+from .conftest import (ENGINE, Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive, run_args,
+                       run_cmd, state, wait_for)
 
 TRAIN = dict(max_steps=200, ckpt_every=20, eval_every=50, sample_every=50, keep_last=2, milestone_every=0)
 
@@ -47,14 +49,16 @@ def test_engine_that_rejects_its_flags_is_fatal_at_once(engine, data_cache, tmp_
     assert "engine cannot run: error: unknown flag --whatever" in result.stderr
 
 
-def test_hung_engine_is_killed_and_replaced(engine, data_cache, tmp_path):
+def test_hung_engine_is_killed_and_replaced(engine, gate, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "HANG", **TRAIN)
     run_dir = tmp_path / "run"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard", "--hang-timeout", "5"],
-                  data_cache, tmp_path).start()
+    gate.hold_after(30)  # the engine waits at step 30 for its SIGSTOP, however fast it is
+    proxy = Proxy(run_args(exp, run_dir, "--hang-timeout", "5", engine=gate.engine_flag), data_cache,
+                  tmp_path).start()
     wait_for(lambda: max_logged_step(run_dir) >= 30, 240, "step 30", proxy)
     hung = engine_pid(run_dir)
     os.kill(hung, signal.SIGSTOP)
+    gate.open()
     wait_for(lambda: engine_pid(run_dir) != hung, 60, "the hung engine's replacement", proxy)
     assert not pid_alive(hung)
     assert proxy.wait() == 0, proxy.output()
@@ -64,13 +68,16 @@ def test_hung_engine_is_killed_and_replaced(engine, data_cache, tmp_path):
     assert st["status"] == "finished" and st["restarts"] >= 1 and st["replay_mismatch_count"] == 0
 
 
-def test_checkpoint_stop_signals_lock_and_relaunch(engine, data_cache, tmp_path):
+def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp_path):
     # long enough never to finish while the test talks to it (it is stopped, never finished); no
-    # periodic checkpoints, which could make the requested one a no-op (the step already saved)
+    # periodic checkpoints, which could make the requested one a no-op (the step already saved).
+    # The gate holds the engine a few steps past each point the test waits for: whatever its speed,
+    # it is where the test expects when the test acts.
     exp = make_experiment(tmp_path, "SIGNALS", **{**TRAIN, "max_steps": 20000, "ckpt_every": 0,
                                                   "eval_every": 100, "sample_every": 100})
     run_dir = tmp_path / "run"
-    args = ["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"]
+    args = run_args(exp, run_dir, engine=gate.engine_flag)
+    gate.hold_after(25)
     proxy = Proxy(args, data_cache, tmp_path).start()
     wait_for(lambda: max_logged_step(run_dir) >= 25, 240, "step 25", proxy)
 
@@ -84,9 +91,12 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, data_cache, tmp_path)
     assert report["alive"] and report["proxy_pid"] == proxy.proc.pid and report["status"] == "running"
     assert report["engine"]["alive"] and report["mixture"]
 
-    # `proxy checkpoint`: a checkpoint now, training continues
+    # `proxy checkpoint`: a checkpoint now, training continues (the CHECKPOINT frame waits at the gate
+    # behind the steps in flight; ten more steps let it through)
     result = run_cmd(["checkpoint", "--run-dir", str(run_dir)], data_cache)
     assert result.returncode == 0, result.stderr
+    gate.wait_frame(frames.CHECKPOINT, 0, proxy.running, 60)
+    gate.hold_after(max_logged_step(run_dir) + 10)
     wait_for(lambda: "(frame," in proxy.stdout(), 60, "the requested checkpoint", proxy)
 
     # `proxy stop`: checkpoint, flush, exit 0
@@ -103,8 +113,9 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, data_cache, tmp_path)
 
     # SIGTERM and SIGINT to the proxy do the same
     for sig in (signal.SIGTERM, signal.SIGINT):
-        proxy = Proxy(args, data_cache, tmp_path).start()
         before = max_logged_step(run_dir)
+        gate.hold_after(before + 5)
+        proxy = Proxy(args, data_cache, tmp_path).start()
         wait_for(lambda: max_logged_step(run_dir) >= before + 5, 240, "progress", proxy)
         os.kill(proxy.proc.pid, sig)
         assert proxy.wait(60) == 0, proxy.output()
@@ -120,6 +131,7 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, data_cache, tmp_path)
     line = one_line_error(result, 2)
     assert "train.lr" in line and "--allow-experiment-change" in line
     before = max_logged_step(run_dir)
+    gate.hold_after(before + 5)
     proxy = Proxy(args + ["--allow-experiment-change"], data_cache, tmp_path).start()
     wait_for(lambda: max_logged_step(run_dir) >= before + 5, 240, "progress after the change", proxy)
     assert f"starting from step_{before:06d}.bin" in proxy.stdout()  # resumed, not restarted from scratch
@@ -130,6 +142,7 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, data_cache, tmp_path)
     assert proxy.wait(60) == 0, proxy.output()
     # the next plain relaunch accepts the older checkpoints' optimizer settings too
     before = max_logged_step(run_dir)
+    gate.hold_after(before + 3)
     proxy = Proxy(args, data_cache, tmp_path).start()
     wait_for(lambda: max_logged_step(run_dir) >= before + 3, 240, "progress", proxy)
     assert f"starting from step_{before:06d}.bin" in proxy.stdout()
@@ -145,13 +158,14 @@ def test_bad_input_is_one_line_and_no_traceback(engine, data_cache, tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     wrong = make_experiment(tmp_path, "WRONG", lr="fast")
+    engine = ["--engine", ENGINE.flag]
     cases = [
-        (["run", str(tmp_path / "missing.json")], 2, "no such file"),
-        (["run", str(broken)], 2, "not JSON"),
-        (["run", str(wrong)], 2, "train.lr"),
+        (["run", str(tmp_path / "missing.json"), *engine], 2, "no such file"),
+        (["run", str(broken), *engine], 2, "not JSON"),
+        (["run", str(wrong), *engine], 2, "train.lr"),
         (["run", str(exp), "--run-dir", str(tmp_path / "r"), "--engine", str(tmp_path / "nope")], 2, "--engine"),
-        (["run", str(exp), "--hang-timeout", "-1"], 2, "--hang-timeout"),
-        (["run"], 2, "EXPERIMENT.json"),
+        (["run", str(exp), "--hang-timeout", "-1", *engine], 2, "--hang-timeout"),
+        (["run", *engine], 2, "EXPERIMENT.json"),
         (["frobnicate"], 2, "invalid choice"),
         (["status", "--run-dir", str(tmp_path / "none")], 2, "no such run directory"),
         (["status", "--run-dir", str(tmp_path)], 2, "not a run directory"),
@@ -170,7 +184,7 @@ def test_bad_input_is_one_line_and_no_traceback(engine, data_cache, tmp_path):
         assert "no proxy is running" in line
 
 
-def test_run_starts_the_dashboard_and_it_dies_with_the_proxy(engine, data_cache, tmp_path):
+def test_run_starts_the_dashboard_and_it_dies_with_the_proxy(engine, gate, data_cache, tmp_path):
     import re
     import socket
     import urllib.request
@@ -180,7 +194,9 @@ def test_run_starts_the_dashboard_and_it_dies_with_the_proxy(engine, data_cache,
         port = s.getsockname()[1]
     exp = make_experiment(tmp_path, "DASH", **{**TRAIN, "max_steps": 20000, "ckpt_every": 100})
     run_dir = tmp_path / "run"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(run_dir), "--port", str(port)], data_cache, tmp_path).start()
+    gate.hold_after(5)  # still training (held at step 5) when the proxy is killed, however fast the engine is
+    proxy = Proxy(run_args(exp, run_dir, "--port", port, engine=gate.engine_flag, dashboard=True), data_cache,
+                  tmp_path).start()
     url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", proxy.stdout()), 120, "the dashboard URL", proxy)[1]
     assert url == f"http://127.0.0.1:{port}/"
     wait_for(lambda: max_logged_step(run_dir) >= 5, 240, "step 5", proxy)

@@ -15,10 +15,11 @@ import signal
 import numpy as np
 import pytest
 
+from harness.gate import KILL_SLACK
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint
 
-from .conftest import (Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive, run_cmd,
-                       state, wait_for)
+from .conftest import (Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive,
+                       run_args, run_cmd, state, wait_for)
 
 MAX_STEPS = 160
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=40, keep_last=2,
@@ -31,7 +32,7 @@ def straight(engine, data_cache, tmp_path_factory):
     """The reference: the resume experiment run once, uninterrupted."""
     base = tmp_path_factory.mktemp("straight")
     exp = make_experiment(base, "RESUME", **TRAIN)
-    proxy = Proxy(["run", str(exp), "--run-dir", str(base / "run"), "--no-dashboard"], data_cache, base).start()
+    proxy = Proxy(run_args(exp, base / "run"), data_cache, base).start()
     assert proxy.wait() == 0, proxy.output()
     return base / "run"
 
@@ -48,15 +49,17 @@ def assert_same_run(a, b) -> None:
         assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), f"{region} differ"
 
 
-def test_bit_exact_resume_after_random_kills(straight, data_cache, tmp_path):
+def test_bit_exact_resume_after_random_kills(straight, gate, data_cache, tmp_path):
     rng = random.Random(20251122)
     exp = make_experiment(tmp_path, "RESUME", **TRAIN)
     run_dir = tmp_path / "run"
-    args = ["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"]
+    args = run_args(exp, run_dir, engine=gate.engine_flag)
     targets = sorted(rng.sample(range(8, MAX_STEPS - 15), 3))
     modes = [rng.choice(["proxy-group", "engine", "both"]) for _ in targets]
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = None
     for target, mode in zip(targets, modes):
+        gate.hold_after(target + KILL_SLACK)  # the kill lands at most KILL_SLACK steps past its target
+        proxy = proxy or Proxy(args, data_cache, tmp_path).start()
         wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)
         pid = engine_pid(run_dir)
         if mode in ("engine", "both"):
@@ -64,9 +67,11 @@ def test_bit_exact_resume_after_random_kills(straight, data_cache, tmp_path):
         if mode in ("proxy-group", "both"):
             proxy.kill_group()
             proxy.proc.wait(30)
-            proxy = Proxy(args, data_cache, tmp_path).start()  # the same command, relaunched
+            proxy = None  # the same command is relaunched once the gate is set for the next target
         else:  # the proxy restarts the engine by itself
             wait_for(lambda: engine_pid(run_dir) != pid, 60, "the engine's restart", proxy)
+    gate.open()
+    proxy = proxy or Proxy(args, data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
 
     assert_same_run(straight, run_dir)
@@ -80,16 +85,21 @@ def test_bit_exact_resume_after_random_kills(straight, data_cache, tmp_path):
     assert {80, MAX_STEPS - 20, MAX_STEPS} <= set(steps) and len(steps) <= 4, steps
 
 
-def test_wall_clock_checkpoints_change_nothing_but_where_checkpoints_land(straight, data_cache, tmp_path):
+def test_wall_clock_checkpoints_change_nothing_but_where_checkpoints_land(straight, gate, data_cache, tmp_path):
     """train.ckpt_every_seconds instead of ckpt_every: checkpoints land on timing-dependent steps,
     engine kills resume from whichever is newest, and the run still equals the straight one."""
     exp = make_experiment(tmp_path, "RESUME", **{**TRAIN, "ckpt_every": 0, "ckpt_every_seconds": 0.2})
     run_dir = tmp_path / "run"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"], data_cache, tmp_path).start()
-    for target in (40, 110):
+    gate.hold_after(40 + KILL_SLACK)
+    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache, tmp_path).start()
+    for target, then in ((40, 110 + KILL_SLACK), (110, None)):
         wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)
         pid = engine_pid(run_dir)
         os.kill(pid, signal.SIGKILL)
+        if then is None:
+            gate.open()
+        else:
+            gate.hold_after(then)
         wait_for(lambda: engine_pid(run_dir) != pid, 60, "the engine's restart", proxy)
     assert proxy.wait() == 0, proxy.output()
     assert "(timed, " in proxy.stdout(), "no checkpoint came from the clock"
@@ -98,13 +108,15 @@ def test_wall_clock_checkpoints_change_nothing_but_where_checkpoints_land(straig
     assert st["restarts"] == 2 and st["replay_mismatch_count"] == 0, st
 
 
-def test_engine_crash_restarts_and_stays_exact(straight, data_cache, tmp_path):
+def test_engine_crash_restarts_and_stays_exact(straight, gate, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "RESUME", **TRAIN)
     run_dir = tmp_path / "run"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"], data_cache, tmp_path).start()
+    gate.hold_after(50 + KILL_SLACK)
+    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache, tmp_path).start()
     wait_for(lambda: max_logged_step(run_dir) >= 50, 240, "step 50", proxy)
     first = engine_pid(run_dir)
     os.kill(first, signal.SIGKILL)
+    gate.open()
     wait_for(lambda: engine_pid(run_dir) != first, 60, "a new engine", proxy)
     assert proxy.wait() == 0, proxy.output()
     assert "killed by SIGKILL" in proxy.stderr() and "restarting" in proxy.stderr()
@@ -113,10 +125,11 @@ def test_engine_crash_restarts_and_stays_exact(straight, data_cache, tmp_path):
     assert st["restarts"] == 1 and st["replay_mismatch_count"] == 0
 
 
-def test_replayed_step_mismatch_is_reported(engine, data_cache, tmp_path):
+def test_replayed_step_mismatch_is_reported(engine, gate, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "PLANT", **TRAIN)
     run_dir = tmp_path / "run"
-    args = ["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"]
+    args = run_args(exp, run_dir, engine=gate.engine_flag)
+    gate.hold_after(45)  # logged past the checkpoint of step 40, and nowhere near the end
     proxy = Proxy(args, data_cache, tmp_path).start()
     wait_for(lambda: max_logged_step(run_dir) >= 45, 240, "step 45", proxy)
     # freeze the proxy, kill the engine (no EOF checkpoint), then the proxy: a crash
@@ -145,6 +158,7 @@ def test_replayed_step_mismatch_is_reported(engine, data_cache, tmp_path):
             break
     path.write_bytes(b"\n".join(lines))
 
+    gate.open()
     proxy = Proxy(args, data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
     assert f"determinism: step {planted} " in proxy.stderr()

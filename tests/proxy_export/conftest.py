@@ -26,7 +26,7 @@ def trained_run(engine, data_cache, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("trained")
     exp = make_experiment(root, "EXPORTED", **TRAIN)
     run = root / "run"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(run), "--no-dashboard", "--engine", str(engine)],
+    proxy = Proxy(["run", str(exp), "--run-dir", str(run), "--no-dashboard", "--engine", engine.flag],
                   data_cache, root / "logs").start()
     assert proxy.wait() == 0, proxy.output()
     return run

@@ -45,7 +45,7 @@ def engine_logits(run, engine, prompt: list[int], count: int, max_new: int, temp
                   dump) -> tuple[np.ndarray, list[list[int]]]:
     """The logits the engine's SAMPLE path picked each new token from (--dump-logits), and the tokens."""
     source = resolve_source(str(run), str(STEP), None)
-    with CheckpointEngine(EngineChoice(engine, "cpu"), source, extra=["--dump-logits", str(dump)]) as eng:
+    with CheckpointEngine(EngineChoice(engine.path, engine.kind), source, extra=["--dump-logits", str(dump)]) as eng:
         event = eng.ask(frames.sample_frame(1, prompt, count, max_new, temperature, 40, seed), "sample")
     logits = np.fromfile(dump, dtype="<f4")
     return logits.reshape(count, max_new, source.shape.vocab), event["tokens"]

@@ -22,7 +22,7 @@ PROMPT = "def main("
 
 
 def sample(run, engine, cache, *extra):
-    return run_cmd(["sample", "--run-dir", str(run), "--engine", str(engine), "--prompt", PROMPT, *extra], cache)
+    return run_cmd(["sample", "--run-dir", str(run), "--engine", engine.flag, "--prompt", PROMPT, *extra], cache)
 
 
 def test_sample_is_deterministic_per_seed_and_reads_only(trained_run, engine, data_cache):
@@ -40,7 +40,7 @@ def test_sample_is_deterministic_per_seed_and_reads_only(trained_run, engine, da
     assert all(t.split("\n", 1)[1].startswith(PROMPT) for t in texts)
     # the checkpoint named by path (best.bin, inside the run) gives the same text as its step's file
     by_path = run_cmd(["sample", "--checkpoint", str(trained_run / "checkpoints" / "best.bin"), "--engine",
-                       str(engine), "--prompt", PROMPT, "--seed", "11", *args], data_cache)
+                       engine.flag, "--prompt", PROMPT, "--seed", "11", *args], data_cache)
     assert by_path.returncode == 0, by_path.stderr
     assert by_path.stdout == first.stdout
     # greedy from an earlier checkpoint
@@ -53,13 +53,13 @@ def test_eval_equals_the_logged_eval_at_every_step(trained_run, engine, data_cac
     before = tree_hashes(trained_run)
     index = LossLogIndex.load(trained_run / ".loss.json")
     for step in EVAL_STEPS:
-        result = run_cmd(["eval", "--run-dir", str(trained_run), "--step", str(step), "--engine", str(engine),
+        result = run_cmd(["eval", "--run-dir", str(trained_run), "--step", str(step), "--engine", engine.flag,
                           "--json"], data_cache)
         assert result.returncode == 0, result.stdout + result.stderr
         report, logged = json.loads(result.stdout), index.eval(step)
         assert report["step"] == step
         assert report["loss"] == logged.loss and report["arms"] == logged.arms, (report, logged)
-    text = run_cmd(["eval", "--run-dir", str(trained_run), "--engine", str(engine)], data_cache)
+    text = run_cmd(["eval", "--run-dir", str(trained_run), "--engine", engine.flag], data_cache)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0].startswith("step 60 (") and f"{index.eval(60).loss:.6f}" in lines[0]
@@ -72,7 +72,7 @@ def test_eval_of_text_files_matches_a_pytorch_forward(trained_run, engine, data_
     short, long = tmp_path / "short.py", tmp_path / "long.txt"
     short.write_text((REPO / "proxy" / "errors.py").read_text())
     long.write_text((REPO / "docs" / "ARCHITECTURE.md").read_text())
-    result = run_cmd(["eval", "--run-dir", str(trained_run), "--step", "40", "--engine", str(engine), "--json",
+    result = run_cmd(["eval", "--run-dir", str(trained_run), "--step", "40", "--engine", engine.flag, "--json",
                       "--data", str(short), str(long)], data_cache)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -98,27 +98,27 @@ def test_bad_inputs_get_one_line_and_a_nonzero_exit(trained_run, engine, data_ca
     run = str(trained_run)
     before = tree_hashes(trained_run)
     assert "encodes to no tokens" in one_line_error(
-        run_cmd(["sample", "--run-dir", run, "--engine", str(engine), "--prompt", ""], data_cache), 2)
+        run_cmd(["sample", "--run-dir", run, "--engine", engine.flag, "--prompt", ""], data_cache), 2)
     # a prompt that is not text: bytes that are not UTF-8 on the command line
-    result = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", run, "--engine", str(engine),
+    result = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", run, "--engine", engine.flag,
                              "--prompt", b"def \xff"], cwd=REPO, env=proxy_env(data_cache), capture_output=True,
                             text=True, timeout=120)
     assert "not valid Unicode text" in one_line_error(result, 2)
     assert "no checkpoint at step 30" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--step", "30", "--engine", str(engine)], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--step", "30", "--engine", engine.flag], data_cache), 2)
     assert "--step: not a step number" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--step", "newest", "--engine", str(engine)], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--step", "newest", "--engine", engine.flag], data_cache), 2)
     assert "no such checkpoint file" in one_line_error(
         run_cmd(["sample", "--checkpoint", str(tmp_path / "nope.bin"), "--prompt", PROMPT], data_cache), 2)
     assert "must be in [1, 4096]" in one_line_error(
         run_cmd(["sample", "--run-dir", run, "--prompt", PROMPT, "--count", "0"], data_cache), 2)
     missing = tmp_path / "missing.txt"
     assert "cannot read" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--engine", str(engine), "--data", str(missing)], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--engine", engine.flag, "--data", str(missing)], data_cache), 2)
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("x = 1\n")
     assert "fewer than the 65 (ctx + 1)" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--engine", str(engine), "--data", str(tiny)], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--engine", engine.flag, "--data", str(tiny)], data_cache), 2)
 
     # a corrupt checkpoint (one flipped byte) and a truncated one, named by path
     good = (trained_run / "checkpoints" / "step_000040.bin").read_bytes()
@@ -127,6 +127,6 @@ def test_bad_inputs_get_one_line_and_a_nonzero_exit(trained_run, engine, data_ca
     truncated.write_bytes(good[: len(good) // 2])
     for path, why in ((flipped, "checksum mismatch"), (truncated, "truncated")):
         line = one_line_error(run_cmd(["sample", "--run-dir", run, "--checkpoint", str(path), "--engine",
-                                       str(engine), "--prompt", PROMPT], data_cache), 2)
+                                       engine.flag, "--prompt", PROMPT], data_cache), 2)
         assert line.startswith("proxy: corrupt checkpoint:") and why in line and str(path) in line, line
     assert tree_hashes(trained_run) == before

@@ -15,7 +15,7 @@ TINY_SHAPE = dict(vocab=512, ctx=64, dim=64, layers=2, heads=4)  # experiments/T
 
 def engine_checkpoint(engine, directory, meta, **shape) -> bytes:
     """A fresh step-0 checkpoint written by the engine itself (a CHECKPOINT frame, then STOP)."""
-    argv = [str(engine), *engine_args(directory, meta=meta, settings=setting_flags(threads=1, **shape))]
+    argv = [str(engine.path), *engine_args(directory, meta=meta, settings=setting_flags(threads=1, **shape))]
     done = subprocess.run(argv, input=frames.checkpoint_frame() + frames.stop_frame(), capture_output=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -70,7 +70,7 @@ def test_foreign_checkpoints_are_refused(trained_run, run_copy, engine, data_cac
     for path, why in ((other_shape, "layers 3"), (other_run, "written by experiment 'SOMEONE-ELSE'")):
         for command in (["sample", "--prompt", "def "], ["eval"], ["export", "--out", str(tmp_path / "out")]):
             line = one_line_error(run_cmd([*command, "--run-dir", str(trained_run), "--checkpoint", str(path),
-                                           "--engine", str(engine)] if command[0] != "export" else
+                                           "--engine", engine.flag] if command[0] != "export" else
                                           [*command, "--run-dir", str(trained_run), "--checkpoint", str(path)],
                                           data_cache), 2)
             assert "foreign checkpoint" in line and why in line, line

@@ -1,12 +1,14 @@
-"""Shared helpers for the pivot and fork suite: real proxies, the real CPU engine (tests/proxy_e2e's)."""
+"""Shared helpers for the pivot and fork suite: real proxies, the engine under test, the frame gate
+(tests/proxy_e2e's)."""
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
 
-from proxy_e2e.conftest import (TINY, Proxy, _reap_proxies, data_cache, engine, last_steps,  # noqa: F401
-                                make_experiment, max_logged_step, read_entries, run_cmd, state, wait_for)
+from proxy_e2e.conftest import (TINY, Proxy, _reap_proxies, data_cache, engine, gate,  # noqa: F401
+                                last_steps, make_experiment, max_logged_step, read_entries, run_args, run_cmd,
+                                state, wait_for)
 
 ARMS = ["code", "docstrings", "topics"]
 # the pivot's caps file: another policy, a cap that binds, a floor that binds (topics keeps its 0.1)

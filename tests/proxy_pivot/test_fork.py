@@ -8,7 +8,7 @@ import numpy as np
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint
 
 from .conftest import (COMPARED, Proxy, check_new_phase_steps, last_steps, make_experiment, one_line_error,
-                       phases, read_entries, rows_per_batch, run_cmd, state, tree_hashes, write_caps)
+                       phases, read_entries, rows_per_batch, run_args, run_cmd, state, tree_hashes, write_caps)
 
 MAX_STEPS = 120
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=20, keep_last=1000, milestone_every=0)
@@ -18,7 +18,7 @@ def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, dat
     exp = make_experiment(tmp_path, "FORKED", **TRAIN)
     rows = rows_per_batch(exp)
     src = tmp_path / "src"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(src), "--no-dashboard"], data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, src), data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
     original = tree_hashes(src)
     src_steps = last_steps(src)
@@ -74,8 +74,7 @@ def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, dat
 
     # both branches run forward (`proxy run --run-dir DIR`: the experiment frozen there)
     for fork_dir in (same, other):
-        p = Proxy(["run", "--run-dir", str(fork_dir), "--no-dashboard"], data_cache, tmp_path,
-                  name=fork_dir.name).start()
+        p = Proxy(run_args(None, fork_dir), data_cache, tmp_path, name=fork_dir.name).start()
         assert p.wait() == 0, p.output()
         assert "Traceback" not in p.stderr()
         steps = last_steps(fork_dir)

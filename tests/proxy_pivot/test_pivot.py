@@ -19,11 +19,12 @@ import time
 
 import numpy as np
 
+from harness.gate import KILL_SLACK
 from proxy.formats.checkpoint import read_checkpoint
 
 from .conftest import (ARMS, COMPARED, Proxy, check_new_phase_steps, last_steps, make_experiment,
-                       max_logged_step, one_line_error, phases, read_entries, rows_per_batch, run_cmd, state,
-                       tree_hashes, wait_for, write_caps)
+                       max_logged_step, one_line_error, phases, read_entries, rows_per_batch, run_args, run_cmd,
+                       state, tree_hashes, wait_for, write_caps)
 
 MAX_STEPS = 200
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=25, keep_last=2, milestone_every=0)
@@ -53,7 +54,7 @@ class Poller:
         return self.versions
 
 
-def test_live_pivot_kill_relaunch_matches_offline_reference(engine, data_cache, tmp_path):
+def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_cache, tmp_path):
     rng = random.Random(20251122)
     request_at = rng.randrange(30, 60)  # after the first sample audit (step 25)
     kill_after = rng.randrange(5, 30)
@@ -61,7 +62,10 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, data_cache, 
     exp = make_experiment(tmp_path / "live", "PIVOT", **TRAIN)
     rows = rows_per_batch(exp)
     live = tmp_path / "live" / "run"
-    args = ["run", str(exp), "--run-dir", str(live), "--no-dashboard"]
+    args = run_args(exp, live, engine=gate.engine_flag)
+    # the gate holds the engine at the step the pivot is requested at (the pivot's STOP passes it),
+    # and the new phase's engine at its first step until the test sets where it is killed
+    gate.hold_after(request_at)
     proxy = Proxy(args, data_cache, tmp_path / "live").start()
     samples = Poller(live / ".samples.json")
     try:
@@ -93,10 +97,12 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, data_cache, 
 
     # kill the proxy's process group some steps into the new phase, relaunch the same command
     target = min(k + kill_after, MAX_STEPS - 5)
+    gate.hold_after(target + KILL_SLACK)
     wait_for(lambda: max_logged_step(live) >= target, 240, f"step {target}", proxy, poll=0.005)
     killed = proxy.running()
     proxy.kill_group()
     proxy.proc.wait(30)
+    gate.open()
     proxy = Proxy(args, data_cache, tmp_path / "live").start()
     assert proxy.wait() == 0, proxy.output()
     assert "determinism" not in proxy.stderr() and "Traceback" not in proxy.stderr()
@@ -122,7 +128,8 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, data_cache, 
     # the reference: reach step k, stop, pivot offline at k (--at), continue
     ref_exp = make_experiment(tmp_path / "ref", "PIVOT", **{**TRAIN, "ckpt_every": k, "keep_last": 1000})
     ref = tmp_path / "ref" / "run"
-    ref_args = ["run", str(ref_exp), "--run-dir", str(ref), "--no-dashboard"]
+    ref_args = run_args(ref_exp, ref, engine=gate.engine_flag)
+    gate.hold_after(k + 1)  # stopped past step k, nowhere near the end
     proxy = Proxy(ref_args, data_cache, tmp_path / "ref").start()
     wait_for(lambda: max_logged_step(ref) >= k + 1, 240, f"reference step {k + 1}", proxy, poll=0.005)
     stop = run_cmd(["stop", "--run-dir", str(ref)], data_cache)
@@ -136,6 +143,7 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, data_cache, 
     assert f"steps {k + 1}..{stopped_at} in .loss.json belong to phase 0" in offline.stdout
     assert not (ref / "checkpoints" / f"step_{stopped_at:06d}.bin").exists()  # set aside in the archive
     assert (ref / "archive" / f"pivot_{k}" / "checkpoints" / f"step_{stopped_at:06d}.bin").exists()
+    gate.open()
     proxy = Proxy(ref_args, data_cache, tmp_path / "ref").start()
     assert proxy.wait() == 0, proxy.output()
 
@@ -151,11 +159,12 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, data_cache, 
     assert state(ref)["replay_mismatch_count"] == 0
 
 
-def test_offline_pivot_and_bad_caps_files(engine, data_cache, tmp_path):
+def test_offline_pivot_and_bad_caps_files(engine, gate, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "OFFLINE", **{**TRAIN, "max_steps": 90})
     rows = rows_per_batch(exp)
     run_dir = tmp_path / "run"
-    args = ["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard"]
+    args = run_args(exp, run_dir, engine=gate.engine_flag)
+    gate.hold_after(30)  # stopped near step 30, far from the end
     proxy = Proxy(args, data_cache, tmp_path).start()
     wait_for(lambda: max_logged_step(run_dir) >= 30, 240, "step 30", proxy, poll=0.005)
     assert run_cmd(["stop", "--run-dir", str(run_dir)], data_cache).returncode == 0
@@ -197,6 +206,7 @@ def test_offline_pivot_and_bad_caps_files(engine, data_cache, tmp_path):
     assert report["phase"] == 1 and report["phase_start_step"] == m and report["policy"] == "exp3"
     assert report["alive"] is False
 
+    gate.open()
     proxy = Proxy(args, data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
     assert (run_dir / ".loss.json").read_bytes().startswith(loss_before)
@@ -214,11 +224,14 @@ def test_offline_pivot_and_bad_caps_files(engine, data_cache, tmp_path):
     assert len(phases(run_dir)) == 2
 
 
-def test_concurrent_pivots_and_restarts_are_refused(engine, data_cache, tmp_path):
+def test_concurrent_pivots_and_restarts_are_refused(engine, gate, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "BUSY", **{**TRAIN, "max_steps": 400})
     run_dir = tmp_path / "run"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard", "--restart-backoff", "8"],
-                  data_cache, tmp_path).start()
+    # held at step 10 until the first pivot's STOP passes the gate; the new phase's engine then waits
+    # at its first step until the test lets it train the three steps it waits for
+    gate.hold_after(10)
+    proxy = Proxy(run_args(exp, run_dir, "--restart-backoff", "8", engine=gate.engine_flag), data_cache,
+                  tmp_path).start()
     caps = write_caps(tmp_path)
     wait_for(lambda: max_logged_step(run_dir) >= 10, 240, "step 10", proxy, poll=0.005)
 
@@ -263,6 +276,7 @@ def test_concurrent_pivots_and_restarts_are_refused(engine, data_cache, tmp_path
     assert len(ph) == 2 and ph[1]["policy"] == "exp3"
 
     # a pivot while the proxy waits to restart a failed engine: refused
+    gate.hold_after(ph[1]["start_step"] + 3)
     wait_for(lambda: max_logged_step(run_dir) >= ph[1]["start_step"] + 3, 120, "the new phase", proxy)
     os.kill(json.loads((run_dir / ".engine.json").read_text())["pid"], signal.SIGKILL)
     wait_for(lambda: "restarting from the newest valid checkpoint" in proxy.stderr(), 60, "the restart", proxy)

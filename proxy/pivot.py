@@ -58,7 +58,7 @@ REQUEST = ".pivot_request.json"
 CLAIMED = ".pivot_claimed.json"
 RESPONSE = ".pivot_response.json"
 PIVOT_LOCK = ".pivot.lock"
-POLICIES = ("ucb1", "exp3")
+POLICIES = ("ucb1", "exp3", "uniform", "progress")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -87,7 +87,7 @@ def load_pivot_caps(path: str | os.PathLike, experiment, phase: Phase | None
     """A caps file (docs/EXPERIMENTS.md, "Caps files") over the bounds of `phase`.
 
     Returns (caps, floors, policy) for every arm. Besides `caps` and `floors`
-    a pivot's caps file may name `"policy": "ucb1" | "exp3"` (default: the
+    a pivot's caps file may name `"policy"`, one of POLICIES (default: the
     current phase's). Raises ExperimentError (one line naming the file).
     """
     from .experiment import CapsFile, _fail, _read_json, apply_caps, format_validation_error

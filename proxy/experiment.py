@@ -102,7 +102,7 @@ _POLICY_PARAMS = {
 
 class BanditConfig(_Strict):
     """The mixture policy (docs/EXPERIMENTS.md, "Bandit policies")."""
-    policy: Literal["ucb1", "exp3", "uniform", "progress"] = "ucb1"
+    policy: Literal["ucb1", "exp3", "uniform", "progress"] = "progress"  # docs/DATA-MIXING.md: the one that won
     # ucb1
     c: float = Field(default=1.0, ge=0)
     reward_scale: float = Field(default=1000.0, gt=0)

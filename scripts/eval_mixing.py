@@ -4,7 +4,7 @@
     python scripts/eval_mixing.py                       # the committed evaluation (docs/DATA-MIXING.md)
     python scripts/eval_mixing.py --policies uniform progress --seeds 1 --jobs 1
     python scripts/eval_mixing.py --report-only          # summarise the runs already in --runs-dir
-    python scripts/eval_mixing.py --table-only           # the doc's tables from the committed summary
+    python scripts/eval_mixing.py --from-summary --doc docs/DATA-MIXING.md   # tables and plots from the summary
 
 Every (policy, seed) is a real `proxy run` of the experiment with only its
 name, seed and bandit policy changed (scripts/mixing/runs.py), in
@@ -15,7 +15,8 @@ against steps, the first step at which it reaches uniform's final value,
 each arm's final validation loss, and the mixture over time, with the goals
 checked. It writes the JSON summary (--summary), the PNG plots (--plots,
 when matplotlib is installed) and, with --doc, the results tables into the
-doc between its markers (scripts/mixing/report.py).
+doc between its markers (scripts/mixing/report.py). --from-summary redraws
+the plots and tables from a summary already written, touching nothing else.
 
 Exit status: 0 when the evaluation ran and was summarised (whether or not a
 policy met its goals), 1 when a run failed, 2 for bad arguments.
@@ -46,7 +47,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", type=Path, default=REPO / "experiments" / "MIXING-EVAL.json")
     ap.add_argument("--policies", nargs="+", default=["uniform", "ucb1", "exp3", "progress"], metavar="POLICY",
                     help=f"policies to compare ({', '.join(POLICIES)}); must include {BASELINE}")
@@ -62,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--default-policy", default=None, help="the policy whose goals the report leads with "
                     "(default: the experiment's bandit.policy)")
     ap.add_argument("--report-only", action="store_true", help="summarise the runs in --runs-dir; train nothing")
-    ap.add_argument("--table-only", action="store_true", help="write --doc's tables from the --summary file")
+    ap.add_argument("--from-summary", action="store_true", help="only redraw --plots and --doc's tables from the "
+                    "--summary file")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
 
@@ -79,8 +82,6 @@ def check_args(args) -> str | None:
         return "--seeds must be non-negative"
     if args.jobs < 1:
         return "--jobs must be at least 1"
-    if args.table_only and args.doc is None:
-        return "--table-only needs --doc"
     return None
 
 
@@ -96,15 +97,28 @@ def machine() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
 
-def table_only(args) -> int:
+def report(summary: dict, args) -> int:
+    """The plots and, with --doc, the tables of `summary`."""
+    plots, why_not = plot_summary(summary, args.plots)
+    print(f"eval_mixing: plots {', '.join(map(str, plots))}" if plots else f"eval_mixing: {why_not}")
+    if args.doc is not None:
+        try:
+            write_results(args.doc, results_markdown(summary))
+        except ReportError as e:
+            print(f"eval_mixing: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"eval_mixing: results tables written into {args.doc}")
+    return EXIT_OK
+
+
+def from_summary(args) -> int:
     try:
         summary = json.loads(args.summary.read_text())
-        write_results(args.doc, results_markdown(summary))
-    except (OSError, ValueError, KeyError) as e:
-        print(f"eval_mixing: {args.summary}: {e}", file=sys.stderr)
+        results_markdown(summary)  # a file that is not a summary fails here, before anything is written
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"eval_mixing: {args.summary}: not a mixing summary ({e})", file=sys.stderr)
         return EXIT_USAGE
-    print(f"eval_mixing: results tables written into {args.doc}")
-    return EXIT_OK
+    return report(summary, args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"eval_mixing: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    if args.table_only:
-        return table_only(args)
+    if args.from_summary:
+        return from_summary(args)
     try:
         experiment = load_experiment(args.experiment)
         specs = plan_runs(args.experiment, args.policies, args.seeds, args.runs_dir)
@@ -155,26 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"eval_mixing: {e}", file=sys.stderr)
         return EXIT_FAILED
     summary["how"] = {
-        "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + (argv if argv is not None else sys.argv[1:])),
+        "command": " ".join(["python", os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(), "jobs": args.jobs, "engine_threads": threads,
         "wall_s": None if args.report_only else round(wall, 1), "run_wall_s": run_walls,
         "load_average_1m": None if args.report_only else load.summary(),
     }
     args.summary.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.summary, summary)
-    markdown = results_markdown(summary)
-    print(markdown)
+    print(results_markdown(summary))
     print(f"eval_mixing: summary {args.summary}" + (f"; {wall / 60:.1f} min" if not args.report_only else ""))
-    plots, why_not = plot_summary(summary, args.plots)
-    print(f"eval_mixing: plots {', '.join(map(str, plots))}" if plots else f"eval_mixing: {why_not}")
-    if args.doc is not None:
-        try:
-            write_results(args.doc, markdown)
-        except ReportError as e:
-            print(f"eval_mixing: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        print(f"eval_mixing: results tables written into {args.doc}")
-    return EXIT_OK
+    return report(summary, args)
 
 
 if __name__ == "__main__":

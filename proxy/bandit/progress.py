@@ -3,25 +3,26 @@
 An arm's reward is its learning speed: how fast its record low falls. Per
 pull of arm k (docs/DATA-MIXING.md):
 
-    smooth_k <- a * loss_k + (1 - a) * smooth_k          a = record_alpha; the first loss sets it
-    record_k <- min(record_k, smooth_k)                   the lowest smoothed loss so far
-    speed_k   = -slope of record_k against the step        least squares over arm k's last `window`
-                                                          pulls; 0 with fewer than 3
+    smooth_k <- a * loss_k + (1 - a) * smooth_k     a = record_alpha; the first loss sets it
+    record_k <- min(record_k, smooth_k)              the lowest smoothed loss so far
+    speed_k   = -(least-squares slope of record_k against the step over arm k's last `window`
+                pulls; 0 with fewer than 3)
 
 Fitted over many pulls, not max(0, EMA - loss) per pull, so noise on a flat
 loss earns nothing (a smoothed loss that only wobbles sets no new lows), and
 only new ground counts: an unlearnable arm whose loss rises while the model
 sharpens on other data and then falls back (random tokens do this) earns
 nothing for coming back, and an arm already learned (duplicates, once
-memorised) falls to 0 once its learning leaves the window. Mixture: every arm its floor, then `explore` of the
-remaining mass evenly, then the rest in proportion to max(0, speed_k), all
-within the caps (`allocate`; evenly where no arm below its cap shows
-progress), smoothed over steps:
+memorised) falls to 0 once its learning leaves the window.
 
-    mix <- smoothing * mix + (1 - smoothing) * allocate(...)    (unchanged while no arm shows progress)
+Mixture: every arm its floor, then `explore` of the remaining mass evenly,
+then the rest in proportion to speed_k, all within the caps (`allocate`;
+evenly where no arm below its cap shows progress), smoothed over steps:
 
-It starts uniform (within the caps and floors).
-A pure function of the observe() calls, so a replay of .loss.json rebuilds it.
+    mix <- smoothing * mix + (1 - smoothing) * allocate(...)   (unchanged while no arm shows progress)
+
+It starts uniform (within the caps and floors), and is a pure function of
+the observe() calls, so a replay of .loss.json rebuilds it.
 """
 from __future__ import annotations
 
@@ -63,13 +64,13 @@ def allocate(speed: np.ndarray, floors: np.ndarray, caps: np.ndarray, explore: f
     return fill(w, np.maximum(speed, 0.0), caps, 1.0 - w.sum())
 
 
-def loss_slope(points) -> float:
-    """The least-squares slope of loss against step through (step, loss) points (0: too few)."""
+def fitted_slope(points) -> float:
+    """The least-squares slope of value against step through (step, value) points (0: too few)."""
     if len(points) < MIN_POINTS:
         return 0.0
-    t, loss = np.array(points, dtype=np.float64).T
+    t, value = np.array(points, dtype=np.float64).T
     dt = t - t.mean()
-    return float(dt @ (loss - loss.mean())) / float(dt @ dt)
+    return float(dt @ (value - value.mean())) / float(dt @ dt)
 
 
 class Progress(Bandit):
@@ -105,7 +106,7 @@ class Progress(Bandit):
 
     def speed(self) -> np.ndarray:
         """Each arm's record-low drop per step over its window (>= 0: records never rise)."""
-        return np.array([max(0.0, -loss_slope(p)) for p in self.points])
+        return np.array([max(0.0, -fitted_slope(p)) for p in self.points])
 
     def _target(self) -> np.ndarray:
         return self.mix

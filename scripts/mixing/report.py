@@ -59,16 +59,22 @@ def results_markdown(summary: dict) -> str:
         worst = p["worst_target_arm"]
         shares = " | ".join(f"{p['share_after_warmup'][a]['max']:.3f} / {p['share_after_warmup'][a]['mean']:.3f}"
                             for a in others)
-        goals = p["goals"]
-        met = all(v for v in goals.values() if v is not None)
+        met = "baseline" if name == base else _mark(all(v for v in p["goals"].values() if v is not None))
         label = f"**{name}** (default)" if name == summary["default_policy"] else name
         lines.append(f"| {label} | {p['final_target_loss']['mean']:.4f} | {per_seed} | {_pct(reach['fewer_steps'])} "
-                     f"| {worst['arm']} {_pct(worst['vs_baseline'])} | {shares} | {_mark(met)} |")
+                     f"| {worst['arm']} {_pct(worst['vs_baseline'])} | {shares} | {met} |")
     lines += ["", "Final validation loss per arm (mean over seeds; change against " + base + "):", "",
               "| policy | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
     for name, p in policies.items():
         cells = " | ".join(f"{p['final_arm_loss'][a]:.4f} ({_pct(p['final_arm_vs_baseline'][a])})" for a in arms)
         lines.append(f"| {name} | {cells} |")
+    how = summary.get("how") or {}
+    if how.get("wall_s") is not None:
+        load = how["load_average_1m"]
+        lines += ["", f"Run with `{how['command']}` on {how['machine']['cores']} cores ({how['machine']['cpu']}): "
+                  f"{how['wall_s'] / 60:.1f} min of wall time for {len(how['run_wall_s'])} runs, {how['jobs']} at a "
+                  f"time with {how['engine_threads']} engine thread(s) each; 1-minute load average "
+                  f"{load['mean']:.1f} on average, {load['max']:.1f} at most (other work shared the machine)."]
     default = policies.get(summary["default_policy"])
     if default is not None:
         g = default["goals"]
@@ -110,8 +116,10 @@ def _plot_loss(summary: dict, path: Path) -> Path:
             c = p["target_curve"]
             keep = [i for i, s in enumerate(c["steps"]) if not zoom or s >= half]
             steps = [c["steps"][i] for i in keep]
-            line, = ax.plot(steps, [c["mean"][i] for i in keep], label=name, lw=2 if name == summary["default_policy"] else 1.2)
-            ax.fill_between(steps, [c["min"][i] for i in keep], [c["max"][i] for i in keep], color=line.get_color(), alpha=0.15)
+            width = 2.0 if name == summary["default_policy"] else 1.2
+            line, = ax.plot(steps, [c["mean"][i] for i in keep], label=name, lw=width)
+            ax.fill_between(steps, [c["min"][i] for i in keep], [c["max"][i] for i in keep],
+                            color=line.get_color(), alpha=0.15)
         ax.axhline(base["final_target_loss"]["mean"], color="gray", ls="--", lw=1, label=f"{summary['baseline']} final")
         ax.set_xlabel("step")
         ax.set_ylabel("mean validation loss over target arms")
@@ -127,7 +135,7 @@ def _plot_loss(summary: dict, path: Path) -> Path:
 def _plot_mixtures(summary: dict, path: Path) -> Path:
     policies = summary["policies"]
     arms = [a["name"] for a in summary["arms"]]
-    fig, axes = plt.subplots(1, len(policies), figsize=(3.6 * len(policies), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(policies), figsize=(3.6 * len(policies), 4.0), sharey=True, squeeze=False)
     for ax, (name, p) in zip(axes[0], policies.items()):
         mix = p["mixture"]
         ax.stackplot(mix["steps"], [mix["weights"][a] for a in arms], labels=arms)
@@ -136,8 +144,8 @@ def _plot_mixtures(summary: dict, path: Path) -> Path:
         ax.set_ylim(0, 1)
         ax.set_xlim(mix["steps"][0], mix["steps"][-1])
     axes[0][0].set_ylabel("mixture (mean over seeds)")
-    axes[0][-1].legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=len(arms), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -110,17 +110,22 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "matplotlib is not installed" in again.stdout and not (tmp_path / "img2").exists()
     assert json.loads(summary.read_text())["policies"] == s["policies"]
-    assert all("nothing to do" in (runs / "logs" / f"{n}.log").read_text() for n in ("EVAL-uniform-s3", "EVAL-progress-s3"))
+    for name in ("EVAL-uniform-s3", "EVAL-progress-s3"):
+        assert "nothing to do" in (runs / "logs" / f"{name}.log").read_text()
 
-    # the doc's tables from the summary alone; bad input is one line and exit 2
+    # the plots and the doc's tables from the summary alone; bad input is one line and exit 2
     doc.write_text(f"{BEGIN}\n{END}\n")
-    assert run_script(["--table-only", "--summary", str(summary), "--doc", str(doc)], data_cache).returncode == 0
-    assert "| **progress** (default) |" in doc.read_text()
+    redraw = ["--from-summary", "--summary", str(summary), "--plots", str(tmp_path / "img3")]
+    assert run_script([*redraw, "--doc", str(doc)], data_cache).returncode == 0
+    assert "| **progress** (default) |" in doc.read_text() and len(list((tmp_path / "img3").iterdir())) == 2
+    assert json.loads(summary.read_text())["how"] == s["how"]  # the summary itself is left alone
     nomarks = tmp_path / "NOMARKS.md"
     nomarks.write_text("no markers\n")
-    bad = run_script(["--table-only", "--summary", str(summary), "--doc", str(nomarks)], data_cache)
+    bad = run_script([*redraw, "--doc", str(nomarks)], data_cache)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "markers" in bad.stderr
     assert nomarks.read_text() == "no markers\n"
+    bad = run_script(["--from-summary", "--summary", str(nomarks)], data_cache)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a mixing summary" in bad.stderr
     bad = run_script(["--policies", "progress", "--seeds", "1"], data_cache)
     assert bad.returncode == 2 and "must include uniform" in bad.stderr and bad.stderr.count("\n") == 1
 
@@ -129,7 +134,6 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     (["--policies", "uniform", "greedy"], "unknown policy greedy"),
     (["--seeds", "1", "1"], "must not repeat"),
     (["--jobs", "0"], "--jobs must be at least 1"),
-    (["--table-only"], "--table-only needs --doc"),
 ])
 def test_eval_mixing_bad_arguments(data_cache, args, message):
     bad = run_script(args, data_cache)

@@ -115,10 +115,11 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
 
     # the plots and the doc's tables from the summary alone; bad input is one line and exit 2
     doc.write_text(f"{BEGIN}\n{END}\n")
+    written = summary.read_bytes()
     redraw = ["--from-summary", "--summary", str(summary), "--plots", str(tmp_path / "img3")]
     assert run_script([*redraw, "--doc", str(doc)], data_cache).returncode == 0
     assert "| **progress** (default) |" in doc.read_text() and len(list((tmp_path / "img3").iterdir())) == 2
-    assert json.loads(summary.read_text())["how"] == s["how"]  # the summary itself is left alone
+    assert summary.read_bytes() == written  # the summary itself is left alone
     nomarks = tmp_path / "NOMARKS.md"
     nomarks.write_text("no markers\n")
     bad = run_script([*redraw, "--doc", str(nomarks)], data_cache)

@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 
+from .config.policies import POLICIES
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ProxyError
 from .safe_fs import UnsafeFileError
 from .supervision.signals import install_interrupt
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pivot = sub.add_parser("pivot", help="start a new phase with new caps and floors (a live or a stopped run)")
     pivot.add_argument("--caps", metavar="NEW.json", required=True,
-                       help="caps file: {\"caps\": {arm: x}, \"floors\": {arm: y}, \"policy\": \"ucb1\"|\"exp3\"} "
+                       help="caps file: {\"caps\": {arm: x}, \"floors\": {arm: y}, "
+                       "\"policy\": " + "|".join(f'"{p}"' for p in POLICIES) + "} "
                        "(docs/EXPERIMENTS.md, \"Caps files\")")
     pivot.add_argument("--run-dir", metavar="DIR", help="default: the most recently active run under runs/")
     pivot.add_argument("--at", type=int, metavar="STEP",

@@ -14,8 +14,10 @@ from ..config.caps import phase_bounds
 from ..config.experiment import BanditConfig, Experiment
 from .base import Bandit
 from .exp3 import EXP3
+from .progress import Progress
 from .simplex import project_capped_simplex
 from .ucb1 import UCB1
+from .uniform import Uniform
 
 
 def _ucb1(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, float],
@@ -29,8 +31,19 @@ def _exp3(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, flo
     return EXP3(arm_names, caps, floors, smoothing=config.smoothing, ema_alpha=config.ema_alpha)
 
 
+def _uniform(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, float],
+             floors: Mapping[str, float]) -> Bandit:
+    return Uniform(arm_names, caps, floors)
+
+
+def _progress(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, float],
+              floors: Mapping[str, float]) -> Bandit:
+    return Progress(arm_names, caps, floors, ema_alpha=config.ema_alpha, window=config.window,
+                    explore=config.explore, smoothing=config.smoothing, record_alpha=config.record_alpha)
+
+
 # One builder per policy in config/policies.py.
-_BUILDERS = {"ucb1": _ucb1, "exp3": _exp3}
+_BUILDERS = {"ucb1": _ucb1, "exp3": _exp3, "uniform": _uniform, "progress": _progress}
 
 
 def make_bandit(config: BanditConfig, arm_names: Sequence[str], caps: Mapping[str, float],
@@ -50,4 +63,5 @@ def bandit_for_phase(experiment: Experiment, phase) -> tuple[Bandit, dict[str, f
     return make_bandit(config, experiment.arm_names, caps, floors), caps, floors
 
 
-__all__ = ["Bandit", "UCB1", "EXP3", "make_bandit", "bandit_for_phase", "project_capped_simplex"]
+__all__ = ["Bandit", "UCB1", "EXP3", "Progress", "Uniform", "make_bandit", "bandit_for_phase",
+           "project_capped_simplex"]

@@ -22,9 +22,12 @@ from ..formats.frames import SAMPLE_MAX_COMPLETIONS
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
 from .errors import ExperimentError, config_error, format_validation_error, read_json
-from .policies import POLICIES, POLICY_PARAMS
+from .policies import DEFAULT_POLICY, POLICIES, POLICY_PARAMS
 
-BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics")
+# Built-in sources (docs/EXPERIMENTS.md, "Sources"). random_tokens is the one whose
+# documents are token ids, not text: it is made after the tokenizer and trains no part of it.
+BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics", "random_tokens", "repeated_names")
+TOKEN_SOURCES = ("random_tokens",)
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
 
@@ -124,7 +127,7 @@ class TrainConfig(StrictModel):
 
 class BanditConfig(StrictModel):
     """The mixture policy (docs/EXPERIMENTS.md, "Bandit policies")."""
-    policy: Literal[POLICIES] = "ucb1"
+    policy: Literal[POLICIES] = DEFAULT_POLICY
     # ucb1
     c: float = Field(default=1.0, ge=0)
     reward_scale: float = Field(default=1000.0, gt=0)
@@ -133,6 +136,11 @@ class BanditConfig(StrictModel):
     ema_alpha: float = Field(default=0.1, gt=0, le=1)
     # exp3: weight of the old estimate in the smoothed reward update
     smoothing: float = Field(default=0.9, ge=0, lt=1)
+    # progress: the EMA whose record lows it follows, the pulls its speed is fitted over, the spare
+    # mass spread evenly
+    record_alpha: float = Field(default=0.05, gt=0, le=1)
+    window: int = Field(default=100, ge=3)
+    explore: float = Field(default=0.05, ge=0, le=1)
 
     @model_validator(mode="after")
     def _params_match_policy(self):
@@ -173,6 +181,8 @@ class SourceConfig(StrictModel):
             raise ValueError("modules applies only to builtin stdlib_code and stdlib_docstrings")
         if self.modules is not None and (not self.modules or not all(self.modules)):
             raise ValueError("modules must be a non-empty list of module names")
+        if self.max_chars is not None and self.builtin in TOKEN_SOURCES:
+            raise ValueError(f"max_chars does not apply to builtin {self.builtin} (its documents are tokens)")
         for k in ("file", "glob", "dir", "jsonl"):
             if getattr(self, k) == "":
                 raise ValueError(f"{k} must not be empty")
@@ -196,12 +206,16 @@ class ArmConfig(StrictModel):
     sources: list[SourceConfig]
     cap: float = Field(default=1.0, ge=0, le=1)
     floor: float = Field(default=0.0, ge=0, le=1)
+    # Counted in the validation loss an evaluation targets (scripts/eval_mixing.py); no policy reads it.
+    target: bool = True
 
     @field_validator("sources")
     @classmethod
     def _sources(cls, v: list) -> list:
         if not v:
             raise ValueError("at least one source is required")
+        if len(v) > 1 and any(src.builtin in TOKEN_SOURCES for src in v):
+            raise ValueError(f"a builtin {'/'.join(TOKEN_SOURCES)} source must be its arm's only source")
         return v
 
     @model_validator(mode="after")
@@ -230,6 +244,7 @@ class SampleConfig(StrictModel):
             raise ValueError("a prompt must not be empty")
         return v
 
+
 class Experiment(StrictModel):
     name: RunName
     model: ModelConfig
@@ -248,6 +263,8 @@ class Experiment(StrictModel):
         if dup:
             raise ValueError(f"duplicate arm name {', '.join(map(repr, dup))}")
         problems = check_caps_floors({a.name: a.cap for a in arms}, {a.name: a.floor for a in arms})
+        if not any(a.target for a in arms):
+            problems.append("at least one arm must be a target")
         if problems:
             raise ValueError("; ".join(problems))
         return arms
@@ -263,6 +280,10 @@ class Experiment(StrictModel):
     @property
     def floors(self) -> dict[str, float]:
         return {a.name: a.floor for a in self.arms}
+
+    @property
+    def target_arms(self) -> list[str]:
+        return [a.name for a in self.arms if a.target]
 
     def engine_flags(self) -> list[str]:
         """The engine's command-line flags for this experiment's model and optimizer (docs/ENGINE.md)."""

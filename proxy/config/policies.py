@@ -9,5 +9,8 @@ from __future__ import annotations
 POLICY_PARAMS = {
     "ucb1": frozenset({"c", "ema_alpha", "reward_scale", "temperature"}),
     "exp3": frozenset({"ema_alpha", "smoothing"}),
+    "uniform": frozenset({"ema_alpha"}),
+    "progress": frozenset({"ema_alpha", "window", "explore", "smoothing", "record_alpha"}),
 }
+DEFAULT_POLICY = "progress"  # docs/DATA-MIXING.md: the one that beat uniform mixing
 POLICIES = tuple(POLICY_PARAMS)

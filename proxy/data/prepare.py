@@ -9,9 +9,11 @@
 3. Otherwise reads each arm's documents, splits them ~99/1 into train and val
    (whole documents chosen by content hash, so the split does not depend on
    order or on the tokenizer), trains a byte-level BPE on the train documents
-   of all arms, encodes each split as `doc EOT doc EOT ...`, writes the shards
-   and the tokenizer into a temporary directory and renames it into place, so
-   a crash or a concurrent preparation never leaves a half-written data set.
+   of all arms, encodes each split as `doc EOT doc EOT ...` (an arm of
+   random_tokens gets its ids from `random_token_documents` instead: no text,
+   no part in the tokenizer), writes the shards and the tokenizer into a
+   temporary directory and renames it into place, so a crash or a concurrent
+   preparation never leaves a half-written data set.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
 from ..config.experiment import Experiment
 from ..formats.shard import read_shard, write_shard
 from .progress import Progress
-from .sources import SourceError, hash_file, load_documents, source_bytes, source_fingerprint
+from .sources import (SourceError, hash_file, is_token_source, load_documents, random_token_documents, source_bytes,
+                      source_fingerprint)
 from .tokenizer import TOKENIZER_SETTINGS, Tokenizer, train_tokenizer
 
 FORMAT_VERSION = 1
@@ -155,6 +158,12 @@ def _encode(tok: Tokenizer, docs: list[str], task) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.uint16)
 
 
+def _join_ids(docs: list[np.ndarray], eot_id: int) -> np.ndarray:
+    """doc EOT doc EOT ... for documents that are already token ids."""
+    eot = np.array([eot_id], dtype=np.uint16)
+    return np.concatenate([part for d in docs for part in (d.astype(np.uint16), eot)])
+
+
 def _load(entry: Path, key: str, vocab: int) -> Optional[PreparedData]:
     """The cache entry at `entry`, or None when absent or incomplete."""
     try:
@@ -181,6 +190,8 @@ def _build(experiment: Experiment, experiment_dir: Path, key: str, tmp: Path, pr
     splits: dict[str, tuple[list[str], list[str]]] = {}
     docs_n: dict[str, int] = {}
     for arm in experiment.arms:
+        if is_token_source(arm.sources[0]):  # ids made below, once the tokenizer's size is known
+            continue
         docs: list[str] = []
         try:
             total = sum(source_bytes(s, experiment_dir) for s in arm.sources)
@@ -204,12 +215,17 @@ def _build(experiment: Experiment, experiment_dir: Path, key: str, tmp: Path, pr
 
     arms_info = {}
     for arm in experiment.arms:
-        tr, va = splits[arm.name]
-        total = sum(len(d) for d in tr) + sum(len(d) for d in va)
-        with progress.task(f"encoding {arm.name}", total=total, unit="chars") as t:
-            train_tokens = _encode(tok, tr, t)
-            val_tokens = _encode(tok, va, t)
-            t.done(f"{train_tokens.size:,} train + {val_tokens.size:,} val tokens")
+        if is_token_source(arm.sources[0]):
+            tr, va = (random_token_documents(split, tok.trained_size, tok.eot_id) for split in ("train", "val"))
+            train_tokens, val_tokens = _join_ids(tr, tok.eot_id), _join_ids(va, tok.eot_id)
+            docs_n[arm.name], total = len(tr) + len(va), 0
+        else:
+            tr, va = splits[arm.name]
+            total = sum(len(d) for d in tr) + sum(len(d) for d in va)
+            with progress.task(f"encoding {arm.name}", total=total, unit="chars") as t:
+                train_tokens = _encode(tok, tr, t)
+                val_tokens = _encode(tok, va, t)
+                t.done(f"{train_tokens.size:,} train + {val_tokens.size:,} val tokens")
         files = {"train": f"{arm.name}.train.tok", "val": f"{arm.name}.val.tok"}
         write_shard(tmp / files["train"], train_tokens, vocab)
         write_shard(tmp / files["val"], val_tokens, vocab)

@@ -10,6 +10,13 @@ Kinds (docs/EXPERIMENTS.md, "Sources"):
 - {"builtin": "stdlib_code" | "stdlib_docstrings" | "pydoc_topics"}: real text present on
   any machine with Python: the standard library's source, its docstrings (one document per
   module), and the language reference topics that `help()` shows (pydoc_data.topics).
+- {"builtin": "repeated_names"}: a duplicate-heavy source for curation tests: the
+  qualified name of each documented public function and class of a few modules written in C
+  (`math.isclose`), a few hundred documents of a few tokens, repeated REPEATS times in a
+  fixed shuffled order: quickly learned, then worth nothing.
+- {"builtin": "random_tokens"}: an unlearnable source for curation tests: token ids uniform
+  over the trained vocabulary, made by `random_token_documents` once the tokenizer exists
+  (they are not text, so they train no part of it).
 
 Relative paths are resolved against the experiment file's directory. The order
 of documents is deterministic (sorted paths, file order). Every kind also takes
@@ -22,6 +29,8 @@ from __future__ import annotations
 import ast
 import glob as _glob
 import hashlib
+import importlib
+import inspect
 import json
 import os
 import sys
@@ -29,12 +38,22 @@ import sysconfig
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..config.experiment import SourceConfig
+import numpy as np
+
+from ..config.experiment import TOKEN_SOURCES, SourceConfig
 
 # Bump when what a builtin source extracts changes (part of the cache key).
 EXTRACTOR_VERSION = 1
 
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data"}
+
+# repeated_names: modules implemented in C in CPython (their members are defined in no .py file).
+REPEATED_MODULES = ("builtins", "sys", "math", "cmath", "itertools", "time", "gc")
+REPEATS = 40
+
+# random_tokens: documents of DOC_TOKENS ids; the train and val splits are separate streams.
+RANDOM_DOC_TOKENS = 1024
+RANDOM_DOCS = {"train": 256, "val": 16}
 
 
 class SourceError(ValueError):
@@ -117,6 +136,8 @@ def source_files(src: SourceConfig, base_dir: Path | str) -> list[Path]:
             raise SourceError(f"dir source: no {what} under {target!r} (looked at {root})")
         return [p for _, p in found]
     if kind == "builtin":
+        if target in ("repeated_names", "random_tokens"):
+            return []  # made in memory: the Python version in the fingerprint fixes them
         if target in ("stdlib_code", "stdlib_docstrings"):
             files = stdlib_files(src.modules)
             if not files:
@@ -217,6 +238,47 @@ def _docstrings(text: str, module: str) -> str:
     return "\n\n".join(parts)
 
 
+def repeated_names() -> list[str]:
+    """The qualified names of REPEATED_MODULES' documented public functions and classes
+    (`math.isclose`: a few hundred documents of a few tokens, like a site's menu entries),
+    repeated REPEATS times: every pass in its own fixed order (sorted by a hash of pass and
+    position, so the same on every machine)."""
+    unique = []
+    for module_name in REPEATED_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise SourceError(f"builtin repeated_names: module {module_name} is not available ({e})") from None
+        for name in sorted(vars(module)):
+            obj = getattr(module, name)
+            if name.startswith("_") or not (inspect.isroutine(obj) or inspect.isclass(obj)):
+                continue
+            doc = obj.__doc__
+            if isinstance(doc, str) and doc.strip():
+                unique.append(f"{module_name}.{name}")
+    docs = []
+    for rep in range(REPEATS):
+        order = sorted(range(len(unique)), key=lambda i: hashlib.sha256(f"{rep}:{i}".encode()).digest())
+        docs.extend(unique[i] for i in order)
+    return docs
+
+
+def random_token_documents(split: str, vocab_size: int, eot_id: int) -> list[np.ndarray]:
+    """The random_tokens documents of one split: RANDOM_DOCS[split] arrays of RANDOM_DOC_TOKENS
+    ids, uniform over [0, vocab_size) without `eot_id`, from SHAKE-256 of the split's name (the
+    same bytes on every machine; the modulo bias of 32-bit draws is below 1e-6)."""
+    n = RANDOM_DOCS[split] * RANDOM_DOC_TOKENS
+    raw = hashlib.shake_256(f"microgpt-random-tokens:{split}".encode()).digest(4 * n)
+    ids = np.frombuffer(raw, dtype="<u4").astype(np.int64) % (vocab_size - 1)
+    ids += ids >= eot_id  # skip the separator
+    return list(ids.astype(np.uint16).reshape(RANDOM_DOCS[split], RANDOM_DOC_TOKENS))
+
+
+def is_token_source(src: SourceConfig) -> bool:
+    """A source whose documents are token ids made after the tokenizer (random_tokens)."""
+    return src.builtin in TOKEN_SOURCES
+
+
 def _limit(docs: list[str], max_chars: Optional[int]) -> list[str]:
     if max_chars is None:
         return docs
@@ -236,10 +298,14 @@ def load_documents(src: SourceConfig, base_dir: Path | str,
     """The documents of one source, in deterministic order (empty ones dropped).
 
     `on_file(nbytes)` is called after each file read (for progress bars)."""
+    if is_token_source(src):
+        raise SourceError(f"{describe(src)}: its documents are token ids (random_token_documents), not text")
     files = source_files(src, base_dir)
     docs: list[str] = []
     kind = src.kind
-    if kind == "builtin" and src.builtin == "pydoc_topics":
+    if kind == "builtin" and src.builtin == "repeated_names":
+        docs = repeated_names()
+    elif kind == "builtin" and src.builtin == "pydoc_topics":
         import pydoc_data.topics as topics  # noqa: PLC0415
         docs = [topics.topics[k] for k in sorted(topics.topics)]
         if on_file:

@@ -173,17 +173,19 @@ def test_replay_is_deterministic(policy):
     assert json.loads(json.dumps(live.state())) == live.state()
 
 
-def test_state_format():
-    b = make_bandit(BanditConfig(), NAMES, CAPS, FLOORS)
+@pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress"])
+def test_state_format(policy):
+    b = make_bandit(BanditConfig(policy=policy), NAMES, CAPS, FLOORS)
     st_ = b.state()
-    assert st_["policy"] == "ucb1"
+    assert st_["policy"] == policy
     assert set(st_["arms"]) == set(NAMES)
     for arm in st_["arms"].values():
         assert set(arm) == {"pulls", "ema", "reward", "weight", "cap", "floor"}
 
 
-def test_observe_checks():
-    b = make_bandit(BanditConfig(), NAMES, CAPS, FLOORS)
+@pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress"])
+def test_observe_checks(policy):
+    b = make_bandit(BanditConfig(policy=policy), NAMES, CAPS, FLOORS)
     b.observe(5, {"a": 1.0})
     with pytest.raises(ValueError, match="steps must increase"):
         b.observe(5, {"a": 1.0})

@@ -1,0 +1,33 @@
+"""Uniform: every arm the same weight, whatever the losses (the baseline a curating policy must beat).
+
+The target is 1/K for every arm, projected onto the capped simplex like any
+policy's, so caps and floors hold. The batch sampler's systematic sampling
+turns equal weights into stratified batches: each arm gets floor(rows / K) or
+ceil(rows / K) rows of every step, a pure function of (seed, step).
+Observations only keep the per-arm pull counts and loss EMAs shown in
+.state.json; they never move the mixture.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import numpy as np
+
+from .base import Bandit
+
+
+class Uniform(Bandit):
+    policy = "uniform"
+
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+        for k, loss in self._parse(step, arm_losses):
+            self._update_ema(k, loss)
+            self.pulls[k] += 1
+        self.observations += 1
+        self.last_step = int(step)
+
+    def _target(self) -> np.ndarray:
+        return np.full(self.k, 1.0 / self.k)
+
+    def _reward(self) -> np.ndarray:
+        return np.zeros(self.k)

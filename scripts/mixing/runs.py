@@ -1,0 +1,169 @@
+"""The runs of a mixing evaluation: one experiment per (policy, seed), trained by the real proxy.
+
+Each run is `python -m proxy run` on a copy of the base experiment whose only
+changes are its name, `train.seed` and `bandit.policy`, in its own run
+directory under RUNS_DIR (so `proxy dashboard --run-dir RUNS_DIR` overlays
+them all). A run that already finished is left as it is (the proxy says
+"nothing to do"), and one that was interrupted resumes: running the
+evaluation again continues where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from proxy.atomic import atomic_write_json
+from proxy.config.experiment import BanditConfig, load_experiment
+
+REPO = Path(__file__).resolve().parents[2]
+PATH_SOURCES = ("file", "glob", "dir", "jsonl")  # source kinds that name a path relative to the experiment
+POLL_S = 0.5
+
+
+@dataclass
+class RunSpec:
+    policy: str
+    seed: int
+    name: str
+    run_dir: Path
+    experiment: Path
+    log: Path
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    returncode: int
+    wall_s: float
+
+
+@dataclass
+class LaunchOptions:
+    jobs: int = 2
+    engine: str = "cpu"
+    cache_dir: Path | None = None
+    progress: bool = True
+
+
+def bandit_for(policy: str, base: dict) -> dict:
+    """The base experiment's bandit object for `policy`: its parameters where the policy is the base's own."""
+    if base.get("policy", BanditConfig().policy) == policy:
+        return dict(base)
+    return {"policy": policy}
+
+
+def absolute_sources(experiment: dict, experiment_dir: Path) -> dict:
+    """A copy whose relative source paths are absolute (the copy lives elsewhere)."""
+    out = json.loads(json.dumps(experiment))
+    for arm in out.get("arms", []):
+        for src in arm.get("sources", []):
+            for kind in PATH_SOURCES:
+                if kind in src and not os.path.isabs(src[kind]):
+                    src[kind] = str((experiment_dir / src[kind]).resolve())
+    return out
+
+
+def plan_runs(experiment_path: Path, policies: list[str], seeds: list[int], runs_dir: Path) -> list[RunSpec]:
+    """Write one experiment file per (policy, seed) under runs_dir/experiments/; return the runs."""
+    base = json.loads(experiment_path.read_text())
+    base = absolute_sources(base, experiment_path.resolve().parent)
+    (runs_dir / "experiments").mkdir(parents=True, exist_ok=True)
+    (runs_dir / "logs").mkdir(parents=True, exist_ok=True)
+    specs = []
+    for policy in policies:
+        for seed in seeds:
+            name = f"{base['name']}-{policy}-s{seed}"
+            exp = dict(base, name=name, train=dict(base["train"], seed=seed),
+                       bandit=bandit_for(policy, base.get("bandit", {})))
+            path = runs_dir / "experiments" / f"{name}.json"
+            if not path.exists() or json.loads(path.read_text()) != exp:
+                atomic_write_json(path, exp)
+            load_experiment(path)  # one clear line now rather than a failed run later
+            specs.append(RunSpec(policy, seed, name, runs_dir / name, path, runs_dir / "logs" / f"{name}.log"))
+    return specs
+
+
+def _step_of(run_dir: Path) -> int:
+    """The step a run has reached, from its .state.json (0 when there is none yet)."""
+    try:
+        return int(json.loads((run_dir / ".state.json").read_text()).get("step", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _start(spec: RunSpec, options: LaunchOptions) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "proxy", "run", str(spec.experiment), "--run-dir", str(spec.run_dir),
+            "--no-dashboard", "--engine", options.engine]
+    if options.cache_dir is not None:
+        argv += ["--cache-dir", str(options.cache_dir)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(spec.log, "ab") as log:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop_all(running: dict) -> None:
+    """SIGTERM: each proxy checkpoints and exits; the next evaluation resumes from there."""
+    for proc, _spec, _t0 in running.values():
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc, _spec, _t0 in running.values():
+        proc.wait()
+
+
+@dataclass
+class LoadSampler:
+    """The 1-minute load average, sampled while the runs train (how busy the machine was)."""
+    samples: list[float] = field(default_factory=list)
+
+    def sample(self) -> None:
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        s = self.samples or [os.getloadavg()[0]]
+        return {"mean": round(sum(s) / len(s), 2), "max": round(max(s), 2), "samples": len(s)}
+
+
+def launch(specs: list[RunSpec], max_steps: int, options: LaunchOptions, load: LoadSampler) -> list[RunResult]:
+    """Train every run, `options.jobs` at a time, with one progress bar over all their steps."""
+    pending = list(specs)
+    running: dict[int, tuple[subprocess.Popen, RunSpec, float]] = {}
+    results: list[RunResult] = []
+    bar = tqdm(total=max_steps * len(specs), unit="step", disable=not options.progress, dynamic_ncols=True,
+               desc=f"runs 0/{len(specs)}")
+    last_sample = 0.0
+    try:
+        while pending or running:
+            while pending and len(running) < options.jobs:
+                spec = pending.pop(0)
+                proc = _start(spec, options)
+                running[proc.pid] = (proc, spec, time.monotonic())
+            for pid, (proc, spec, t0) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[pid]
+                    results.append(RunResult(spec, proc.returncode, time.monotonic() - t0))
+            steps = sum(max_steps for r in results) + sum(_step_of(s.run_dir) for _p, s, _t in running.values())
+            bar.n = min(steps, bar.total)
+            bar.set_description(f"runs {len(results)}/{len(specs)}")
+            bar.refresh()
+            if time.monotonic() - last_sample >= 10.0:
+                load.sample()
+                last_sample = time.monotonic()
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        bar.close()
+        _stop_all(running)
+        raise
+    bar.close()
+    return results

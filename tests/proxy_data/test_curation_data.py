@@ -1,0 +1,139 @@
+"""Curation test data and the schema around it: target arms, random_tokens, repeated_names, new policies."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from proxy.data import prepare_data
+from proxy.data.sources import (RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, SourceError, load_documents,
+                                random_token_documents)
+from proxy.config.errors import ExperimentError
+from proxy.config.experiment import SourceConfig, load_experiment
+from proxy.formats.shard import read_shard
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {
+    "name": "t",
+    "model": {"vocab": 512, "ctx": 32, "dim": 16, "layers": 1, "heads": 2},
+    "train": {"batch": 4, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+    "arms": [
+        {"name": "real", "sources": [{"builtin": "stdlib_docstrings", "modules": ["json", "textwrap"]}]},
+        {"name": "junk", "sources": [{"builtin": "random_tokens"}], "target": False},
+        {"name": "dup", "sources": [{"builtin": "repeated_names"}], "target": False},
+    ],
+}
+
+
+def write(tmp_path: Path, data, name="e.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+def error_of(tmp_path: Path, data) -> str:
+    with pytest.raises(ExperimentError) as ei:
+        load_experiment(write(tmp_path, data))
+    msg = str(ei.value)
+    assert "\n" not in msg and "pydantic" not in msg.lower(), msg
+    return msg
+
+
+# --- schema -------------------------------------------------------------------
+
+def test_target_flag(tmp_path):
+    exp = load_experiment(write(tmp_path, BASE))
+    assert [a.target for a in exp.arms] == [True, False, False] and exp.target_arms == ["real"]
+    data = copy.deepcopy(BASE)
+    del data["arms"][1]["target"]
+    assert load_experiment(write(tmp_path, data)).arms[1].target is True  # default
+    data["arms"][0]["target"] = False
+    data["arms"][1]["target"] = False
+    assert "arms: at least one arm must be a target" in error_of(tmp_path, data)
+    data["arms"][0]["target"] = "yes"
+    assert "arms[0].target: expected true or false, got \"yes\"" in error_of(tmp_path, data)
+
+
+def test_token_source_rules(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["arms"][1]["sources"].append({"builtin": "pydoc_topics"})
+    assert "arms[1].sources: a builtin random_tokens source must be its arm's only source" in error_of(tmp_path, data)
+    data = copy.deepcopy(BASE)
+    data["arms"][1]["sources"] = [{"builtin": "random_tokens", "max_chars": 100}]
+    assert "max_chars does not apply to builtin random_tokens" in error_of(tmp_path, data)
+    data["arms"][1]["sources"] = [{"builtin": "repeated_names", "modules": ["math"]}]
+    assert "modules applies only to builtin stdlib_code and stdlib_docstrings" in error_of(tmp_path, data)
+
+
+@pytest.mark.parametrize("policy", ["uniform", "progress"])
+def test_new_policies_in_the_schema(tmp_path, policy):
+    data = copy.deepcopy(BASE)
+    data["bandit"] = {"policy": policy}
+    assert load_experiment(write(tmp_path, data)).bandit.policy == policy
+    data["bandit"] = {"policy": policy, "temperature": 2.0}
+    assert f"bandit: temperature does not apply to policy '{policy}'" in error_of(tmp_path, data)
+    data["bandit"] = {"policy": "uniform", "window": 50}
+    assert "bandit: window does not apply to policy 'uniform'" in error_of(tmp_path, data)
+    data["bandit"] = {"policy": "progress", "window": 2, "explore": 1.5}
+    msg = error_of(tmp_path, data)
+    assert "bandit.window: input should be greater than or equal to 3" in msg and "bandit.explore" in msg
+
+
+def test_mixing_eval_experiment():
+    exp = load_experiment(ROOT / "experiments" / "MIXING-EVAL.json")
+    assert exp.target_arms == ["stdlib_code", "stdlib_docstrings", "pydoc_topics"]
+    kinds = {a.name: a.sources[0].builtin for a in exp.arms}
+    assert kinds["junk"] == "random_tokens" and kinds["duplicates"] == "repeated_names"
+    assert exp.train.threads == 1  # two runs at once on a 2-core machine, no oversubscription
+
+
+# --- sources ------------------------------------------------------------------
+
+def test_random_tokens_are_uniform_and_fixed():
+    a = random_token_documents("train", 512, 0)
+    assert len(a) == RANDOM_DOCS["train"] and all(d.size == RANDOM_DOC_TOKENS for d in a)
+    ids = np.concatenate(a)
+    assert ids.min() == 1 and ids.max() == 511  # never the separator
+    counts = np.bincount(ids, minlength=512)[1:]
+    assert abs(counts.mean() - ids.size / 511) < 1e-9 and counts.std() < 4 * np.sqrt(counts.mean())
+    again = np.concatenate(random_token_documents("train", 512, 0))
+    assert np.array_equal(ids, again)
+    val = np.concatenate(random_token_documents("val", 512, 0))
+    assert not np.array_equal(val, ids[: val.size])  # its own stream
+    skip = np.concatenate(random_token_documents("val", 512, 7))
+    assert 7 not in skip and skip.max() == 511 and 0 in skip
+    with pytest.raises(SourceError, match="token ids"):
+        load_documents(SourceConfig(builtin="random_tokens"), ".")
+
+
+def test_repeated_names():
+    docs = load_documents(SourceConfig(builtin="repeated_names"), ".")
+    unique = sorted(set(docs))
+    assert 200 <= len(unique) <= 600 and len(docs) == REPEATS * len(unique)
+    assert "math.isclose" in unique and "builtins.len" in unique
+    assert max(map(len, unique)) < 40
+    first_pass, second_pass = docs[: len(unique)], docs[len(unique): 2 * len(unique)]
+    assert sorted(first_pass) == unique and first_pass != second_pass  # each pass in its own order
+    assert load_documents(SourceConfig(builtin="repeated_names"), ".") == docs
+
+
+def test_prepare_with_curation_arms(tmp_path):
+    """The junk arm's shards are random ids with EOT between documents; it trains no part of the
+    tokenizer (the same as without it); the duplicates are text like any arm."""
+    exp = load_experiment(write(tmp_path, BASE))
+    data = prepare_data(exp, tmp_path, tmp_path / "cache", progress=False)
+    train, vocab = read_shard(data.train_shards["junk"])
+    assert vocab == 512 and train.size == RANDOM_DOCS["train"] * (RANDOM_DOC_TOKENS + 1)
+    docs = train.reshape(RANDOM_DOCS["train"], RANDOM_DOC_TOKENS + 1)
+    assert np.all(docs[:, -1] == data.tokenizer.eot_id) and np.all(docs[:, :-1] != data.tokenizer.eot_id)
+    assert data.stats["junk"]["val_tokens"] == RANDOM_DOCS["val"] * (RANDOM_DOC_TOKENS + 1)
+    assert data.stats["dup"]["train_tokens"] > 0
+    without_junk = copy.deepcopy(BASE)
+    del without_junk["arms"][1]
+    other = prepare_data(load_experiment(write(tmp_path, without_junk, "b.json")), tmp_path, tmp_path / "cache",
+                         progress=False)
+    assert other.key != data.key
+    assert other.tokenizer_path.read_bytes() == data.tokenizer_path.read_bytes()

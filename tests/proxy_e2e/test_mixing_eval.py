@@ -1,0 +1,145 @@
+"""The curation experiment end to end: real proxies and engines, TINY's model with a junk and a
+duplicates arm. The progress policy resumes bit for bit after a kill, and scripts/eval_mixing.py
+runs, summarises, plots (or says why not) and writes the doc's tables."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.gate import KILL_SLACK
+
+from .conftest import REPO, TINY, Proxy, last_steps, max_logged_step, proxy_env, run_args, wait_for
+
+MAX_STEPS = 90
+CURATION_ARMS = [
+    {"name": "junk", "sources": [{"builtin": "random_tokens"}], "floor": 0.02, "target": False},
+    {"name": "dup", "sources": [{"builtin": "repeated_names"}], "floor": 0.02, "target": False},
+]
+
+
+def curation_experiment(directory: Path, name: str, policy: str, **train) -> Path:
+    """TINY-TRAIN plus a junk and a duplicates arm, one engine thread, the given policy."""
+    exp = json.loads(TINY.read_text())
+    exp["name"] = name
+    exp["arms"] += CURATION_ARMS
+    exp["bandit"] = {"policy": policy}
+    exp["train"].update({"threads": 1, "max_steps": MAX_STEPS, "ckpt_every": 20, "eval_every": 30,
+                         "sample_every": 0, "keep_last": 2, "milestone_every": 0, **train})
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(exp, indent=1))
+    return path
+
+
+def test_progress_resumes_with_the_same_mixtures(engine, gate, data_cache, tmp_path):
+    """A proxy killed mid-run (after checkpoints, with steps past the newest one logged) and
+    relaunched rebuilds the progress bandit from .loss.json: every step's mixture and loss is
+    the uninterrupted run's, bit for bit."""
+    exp = curation_experiment(tmp_path, "CURATE", "progress")
+    straight = tmp_path / "straight"
+    proxy = Proxy(run_args(exp, straight), data_cache, tmp_path).start()
+    assert proxy.wait() == 0, proxy.output()
+
+    resumed = tmp_path / "resumed"
+    args = run_args(exp, resumed, engine=gate.engine_flag)
+    gate.hold_after(52 + KILL_SLACK)  # however fast the engine, the kill lands near step 52
+    proxy = Proxy(args, data_cache, tmp_path, name="killed").start()
+    wait_for(lambda: max_logged_step(resumed) >= 52, 240, "step 52", proxy, poll=0.005)
+    proxy.kill_group()  # the engine, in its own session, is reaped by the relaunched proxy
+    proxy.proc.wait(30)
+    gate.open()
+    proxy = Proxy(args, data_cache, tmp_path, name="relaunched").start()
+    assert proxy.wait() == 0, proxy.output()
+
+    a, b = last_steps(straight), last_steps(resumed)
+    assert sorted(a) == sorted(b) == list(range(1, MAX_STEPS + 1))
+    fields = ("mixture", "arms", "loss")
+    diffs = [s for s in a if any(a[s][f] != b[s][f] for f in fields)]
+    assert not diffs, f"steps differ after the resume: {diffs[:10]}"
+    mixtures = {tuple(a[s]["mixture"].values()) for s in a}
+    assert len(mixtures) > 10  # the policy did move the mixture
+    assert min(b[s]["segment"] for s in b) == 1 and max(b[s]["segment"] for s in b) == 2
+
+
+def run_script(args: list[str], cache: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = proxy_env(cache)
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "eval_mixing.py"), *args], cwd=REPO, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+
+
+def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
+    exp = curation_experiment(tmp_path, "EVAL", "progress", max_steps=40, eval_every=10)
+    runs, summary, plots = tmp_path / "runs", tmp_path / "summary.json", tmp_path / "img"
+    doc = tmp_path / "DOC.md"
+    sys.path.insert(0, str(REPO / "scripts"))
+    from mixing.report import BEGIN, END  # noqa: PLC0415 - the script's own markers
+    doc.write_text(f"# Doc\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
+    common = ["--experiment", str(exp), "--policies", "uniform", "progress", "--seeds", "3", "--runs-dir", str(runs),
+              "--summary", str(summary), "--plots", str(plots)]
+    done = run_script([*common, "--jobs", "2", "--doc", str(doc), "--no-progress"], data_cache)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    s = json.loads(summary.read_text())
+    assert s["default_policy"] == "progress" and s["baseline"] == "uniform" and s["seeds"] == [3]
+    assert s["junk_arms"] == ["junk"] and [a["target"] for a in s["arms"]] == [True, True, True, False, False]
+    uni, prog = s["policies"]["uniform"], s["policies"]["progress"]
+    assert uni["target_curve"]["steps"] == [10, 20, 30, 40] == prog["target_curve"]["steps"]
+    reach = uni["steps_to_baseline_final"]  # uniform against itself: the same steps, none fewer
+    assert reach["per_seed"] == reach["baseline_per_seed"] and reach["fewer_steps"] == 0
+    assert reach["per_seed"]["3"] in (10, 20, 30, 40)
+    assert all(abs(w - 0.2) < 1e-9 for ws in uni["mixture"]["weights"].values() for w in ws)
+    target_mean = sum(uni["final_arm_loss"][a] for a in ("code", "docstrings", "topics")) / 3
+    assert abs(target_mean - uni["final_target_loss"]["mean"]) < 1e-4
+    assert set(prog["goals"]) == {"fewer_steps", "no_target_arm_worse", "junk_at_floor"}
+    assert s["how"]["wall_s"] > 0 and set(s["how"]["run_wall_s"]) == {"EVAL-uniform-s3", "EVAL-progress-s3"}
+    assert sorted(p.name for p in plots.iterdir()) == ["mixing-mixtures.png", "mixing-target-loss.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots.iterdir())
+    text = doc.read_text()
+    assert "old table" not in text and text.startswith("# Doc\n\nbefore\n") and text.endswith(f"{END}\nafter\n")
+    assert "| **progress** (default) |" in text and "| uniform |" in text
+    assert {p.name for p in runs.iterdir()} >= {"EVAL-uniform-s3", "EVAL-progress-s3"}  # the dashboard's runs
+
+    # again: the finished runs are not trained twice; without matplotlib, no PNG and one line why
+    hide = tmp_path / "no-matplotlib" / "matplotlib"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    env = {"PYTHONPATH": f"{hide.parent}{os.pathsep}{REPO}"}
+    again = run_script([*common, "--plots", str(tmp_path / "img2"), "--no-progress"], data_cache, env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "matplotlib is not installed" in again.stdout and not (tmp_path / "img2").exists()
+    assert json.loads(summary.read_text())["policies"] == s["policies"]
+    for name in ("EVAL-uniform-s3", "EVAL-progress-s3"):
+        assert "nothing to do" in (runs / "logs" / f"{name}.log").read_text()
+
+    # the plots and the doc's tables from the summary alone; bad input is one line and exit 2
+    doc.write_text(f"{BEGIN}\n{END}\n")
+    written = summary.read_bytes()
+    redraw = ["--from-summary", "--summary", str(summary), "--plots", str(tmp_path / "img3")]
+    assert run_script([*redraw, "--doc", str(doc)], data_cache).returncode == 0
+    assert "| **progress** (default) |" in doc.read_text() and len(list((tmp_path / "img3").iterdir())) == 2
+    assert summary.read_bytes() == written  # the summary itself is left alone
+    nomarks = tmp_path / "NOMARKS.md"
+    nomarks.write_text("no markers\n")
+    bad = run_script([*redraw, "--doc", str(nomarks)], data_cache)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "markers" in bad.stderr
+    assert nomarks.read_text() == "no markers\n"
+    bad = run_script(["--from-summary", "--summary", str(nomarks)], data_cache)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a mixing summary" in bad.stderr
+    bad = run_script(["--policies", "progress", "--seeds", "1"], data_cache)
+    assert bad.returncode == 2 and "must include uniform" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policies", "uniform", "greedy"], "unknown policy greedy"),
+    (["--seeds", "1", "1"], "must not repeat"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
+])
+def test_eval_mixing_bad_arguments(data_cache, args, message):
+    bad = run_script(args, data_cache)
+    assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr

@@ -48,6 +48,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from cuda_bench_report import Markers, ReportError, render_into_doc  # noqa: E402
+from machine_info import cpu_model  # noqa: E402
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.supervision.goodput import checkpoint_stall_ms  # noqa: E402
 
@@ -130,15 +131,7 @@ def probe_experiment(threads: int | None) -> dict:
 
 
 def machine() -> str:
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} CPUs ({model}), {platform.platform()}"
+    return f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.platform()}"
 
 
 def git_commit(repo: Path) -> str:

@@ -34,6 +34,7 @@ from typing import get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from machine_info import cpu_model  # noqa: E402
 from mixing.report import ReportError, plot_summary, results_markdown, write_results  # noqa: E402
 from mixing.runs import LaunchOptions, LoadSampler, launch, plan_runs  # noqa: E402
 from mixing.summary import BASELINE, SummaryError, read_run, summarize  # noqa: E402
@@ -87,15 +88,8 @@ def check_args(args) -> str | None:
 
 
 def machine() -> dict:
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
 
 
 def report(summary: dict, args) -> int:

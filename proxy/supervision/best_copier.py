@@ -6,6 +6,11 @@ would wait for its next frame for as long as the copy lasts. So one copy at a
 time runs in a worker thread; the event loop records the new best once the
 copy is durable (`collect`, `wait`), and retention leaves the checkpoint being
 copied alone (`busy_step`).
+
+A copy that fails for lack of space or an I/O error (StorageError) stops the
+run as any failed write of the proxy does (exit 5), raised again on the event
+loop; any other failure (an unreadable or unsafe source) leaves best.bin as it
+was, with one warning.
 """
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from ..errors import StorageError
 from ..rundir.retention import copy_best
+from ..safe_fs import UnsafeFileError
 from .report import RunReport
 
 
@@ -22,7 +29,7 @@ class BestCopier:
         self._thread: threading.Thread | None = None
         self.job: tuple[int, float] | None = None  # (step, loss) being copied
         self._best: Path | None = None
-        self._error: OSError | None = None
+        self._error: OSError | UnsafeFileError | StorageError | None = None
 
     @property
     def busy_step(self) -> int | None:
@@ -34,7 +41,7 @@ class BestCopier:
         def copy() -> None:
             try:
                 copy_best(source, best)
-            except OSError as exc:
+            except (OSError, UnsafeFileError, StorageError) as exc:
                 self._error = exc
 
         self.job, self._best, self._error = (step, loss), best, None
@@ -48,6 +55,8 @@ class BestCopier:
         self._thread.join()
         (step, loss), error, best = self.job, self._error, self._best
         self._thread, self.job, self._error = None, None, None
+        if isinstance(error, StorageError):
+            raise error
         if error is not None:
             warn(f"cannot update {best}: {error}")
         else:

@@ -77,14 +77,14 @@ class Supervisor:
             report.write_failure = {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
 
     def _wind_down(self) -> list[str]:
-        """Stop the engine (EOF: it checkpoints), close the log, write `.state.json`, refuse pending pivots.
-        Returns the files that could not be written meanwhile (a full disk stays full)."""
+        """Stop the engine (EOF: it checkpoints), finish the best.bin copy in flight, close the log, write
+        `.state.json`, refuse pending pivots. Returns the files that could not be written meanwhile (a full disk stays full)."""
         ctx = self.ctx
         if self.segment is not None and self.segment.engine.alive():
             self._shutdown_engine(self.segment)
-        ctx.best_copier.wait(ctx.report, ctx.warn)
         unwritten: list[str] = []
-        for finish in (ctx.writer.close, lambda: write_run_state(ctx, self.segment, force=True),
+        for finish in (lambda: ctx.best_copier.wait(ctx.report, ctx.warn), ctx.writer.close,
+                       lambda: write_run_state(ctx, self.segment, force=True),
                        lambda: self.desk.refuse_all("the proxy is exiting")):
             try:
                 finish()

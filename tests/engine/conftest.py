@@ -12,6 +12,7 @@ format.
 """
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import threading

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from types import SimpleNamespace
 
 import pytest
 
 from proxy.atomic import atomic_copy, atomic_write_json
+from proxy.formats.checkpoint import body_bytes
 from proxy.formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
 from proxy.rundir.retention import RetentionPolicy, apply_retention, plan_retention
 from proxy.rundir.layout import RunDir, RunDirError
@@ -208,8 +210,8 @@ def test_goodput_meter_splits_the_wall_time():
 def test_retention_leaves_files_past_the_newest_announced(tmp_path):
     """A step_*.bin newer than the newest ckpt event may still be being written (the event comes once the
     file is durable): retention neither counts it among the last K nor deletes it."""
-    for s in (10, 20, 30, 40, 50):
-        (tmp_path / f"step_{s:06d}.bin").write_bytes(b"x")
+    for s in (10, 20, 30, 40, 50):  # bare bodies of a 1-parameter model: shaped like checkpoints
+        (tmp_path / f"step_{s:06d}.bin").write_bytes(struct.pack("<ii", s, 1).ljust(body_bytes(1), b"\0"))
     deleted = apply_retention(tmp_path, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
     assert sorted(p.name for p in deleted) == ["step_000010.bin", "step_000020.bin"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000030.bin", "step_000040.bin", "step_000050.bin"]

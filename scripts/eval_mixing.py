@@ -30,7 +30,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,10 +40,10 @@ from mixing.summary import BASELINE, SummaryError, read_run, summarize  # noqa: 
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.data.prepare import DataError, default_cache_dir, prepare_data  # noqa: E402
 from proxy.config.errors import ExperimentError  # noqa: E402
-from proxy.config.experiment import BanditConfig, load_experiment  # noqa: E402
+from proxy.config.experiment import load_experiment  # noqa: E402
+from proxy.config.policies import POLICIES  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-POLICIES = get_args(BanditConfig.model_fields["policy"].annotation)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -52,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", type=Path, default=REPO / "experiments" / "MIXING-EVAL.json")
-    ap.add_argument("--policies", nargs="+", default=["uniform", "ucb1", "exp3", "progress"], metavar="POLICY",
+    ap.add_argument("--policies", nargs="+", default=[BASELINE, *(p for p in POLICIES if p != BASELINE)], metavar="POLICY",
                     help=f"policies to compare ({', '.join(POLICIES)}); must include {BASELINE}")
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="SEED")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (default 2)")

@@ -74,7 +74,8 @@ def results_markdown(summary: dict) -> str:
         lines += ["", f"Run with `{how['command']}` on {how['machine']['cores']} cores ({how['machine']['cpu']}): "
                   f"{how['wall_s'] / 60:.1f} min of wall time for {len(how['run_wall_s'])} runs, {how['jobs']} at a "
                   f"time with {how['engine_threads']} engine thread(s) each; 1-minute load average "
-                  f"{load['mean']:.1f} on average, {load['max']:.1f} at most (other work shared the machine)."]
+                  f"{load['mean']:.1f} on average, {load['max']:.1f} at most (its own runs make about "
+                  f"{how['jobs'] * how['engine_threads']})."]
     default = policies.get(summary["default_policy"])
     if default is not None:
         g = default["goals"]

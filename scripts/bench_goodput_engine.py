@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -146,8 +147,8 @@ def load_runs(path: Path) -> list[dict]:
 
 def render_table(runs: list[dict]) -> str:
     """One row per run: the audit both ways, the checkpoint stall now and (with --baseline) before."""
-    def med(values) -> str:
-        return f"{statistics.median(values):.0f}" if values else "-"
+    def med(values, digits: int = 0) -> str:
+        return f"{statistics.median(values):.{digits}f}" if values else "-"
 
     lines = ["| run | commit | threads | audit: 4 frames, recompute (ms) | audit: 1 frame, KV cache (ms) "
              "| speed-up | step (ms) | checkpoint stall (ms) | write, in the background (ms) "
@@ -158,7 +159,7 @@ def render_table(runs: list[dict]) -> str:
             a, c, b = r["audit"], r.get("checkpoints_engine") or {}, r.get("checkpoints_baseline") or {}
             cells = [r["label"], f"`{r['commit']}`", str(r["threads"]), med(a["old"]["ms"]), med(a["new"]["ms"]),
                      f"**{a['speedup']:.1f}x**", med([c["median_step_ms"]] if c else []),
-                     med(c.get("loop_stall_ms")), med(c.get("write_ms")), med(b.get("loop_stall_ms")),
+                     med(c.get("loop_stall_ms"), 1), med(c.get("write_ms")), med(b.get("loop_stall_ms"), 1),
                      f"{r['load'][0]:.1f}-{r['load'][1]:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
     except (KeyError, TypeError, IndexError, statistics.StatisticsError) as exc:
@@ -194,7 +195,7 @@ def main() -> int:
     report = {"label": args.label, "commit": git_commit(Path(args.engine).resolve().parent.parent),
               "machine": machine_line(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": "python scripts/bench_goodput_engine.py " + " ".join(sys.argv[1:]),
+              "command": "python scripts/bench_goodput_engine.py " + shlex.join(sys.argv[1:]),
               "shape": SHAPE, "threads": args.threads, "audit": audit(args.engine, args.threads, args.repeats)}
     a = report["audit"]
     print(f"audit, 4 prompts x {MAX_NEW} new tokens: old (4 frames, recompute) {a['old']['median_ms']:.0f} ms, "

@@ -60,7 +60,7 @@ def test_table_rendered_between_markers_and_bad_files_refused(tmp_path):
     assert res.returncode == 0, res.stderr
     text = doc.read_text()
     assert "old table" not in text and text.startswith("intro\n") and text.endswith("\nafter\n")
-    assert "| after | `abc1234` | 1 | 9000 | 1000 | **9.0x** | 500 | 7 | 120 | - | 0.5-0.7 |" in text
+    assert "| after | `abc1234` | 1 | 9000 | 1000 | **9.0x** | 500 | 7.0 | 120 | - | 0.5-0.7 |" in text
     for bad in ("not json", json.dumps({"label": "x"}), json.dumps([{"label": "x"}])):
         results.write_text(bad)
         res = run_script("--render", results, "--doc", doc)

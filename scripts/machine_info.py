@@ -24,11 +24,14 @@ def machine_line() -> str:
 
 
 def git_commit(repo: Path) -> str:
-    """The short commit of `repo`, with `+changes` when tracked files differ from it; '?' without git."""
+    """The short commit of `repo`, with `+changes` when tracked files outside docs/ differ from it (a
+    benchmark writes its results and tables under docs/, which changes nothing it measures); '?'
+    without git."""
     try:
         out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=30)
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)docs"],
                                capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "?"

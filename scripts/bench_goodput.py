@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import queue
 import shlex
 import subprocess
@@ -48,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from cuda_bench_report import Markers, ReportError, render_into_doc  # noqa: E402
-from machine_info import cpu_model  # noqa: E402
+from machine_info import git_commit, machine_line  # noqa: E402
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.supervision.goodput import checkpoint_stall_ms  # noqa: E402
 
@@ -128,21 +127,6 @@ def probe_experiment(threads: int | None) -> dict:
     if threads is not None:
         exp["train"]["threads"] = threads
     return exp
-
-
-def machine() -> str:
-    return f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.platform()}"
-
-
-def git_commit(repo: Path) -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=30)
-    except OSError:
-        return "?"
-    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=30).stdout.strip()
-    return (out.stdout.strip() or "?") + ("+changes" if dirty else "")
 
 
 def read_events(path: Path) -> list[dict]:
@@ -236,7 +220,7 @@ def run_once(args, experiment: Path, work: Path) -> GoodputRun:
     return GoodputRun(
         label=args.label, commit=git_commit(repo), experiment=json.loads(experiment.read_text())["name"],
         steps=args.steps, threads=args.threads, engine=args.engine, command=shlex.join(["python", *sys.argv]),
-        machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_before=load_before,
+        machine=machine_line(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_before=load_before,
         load_after=os.getloadavg()[0], startup_s=ready[0] - t_launch, wall_s=t_exit - ready[0],
         step_s=sum(float(e["ms"]) for e in steps) / 1000.0, audits=audits_from_events(read_events(events)),
         after_last_step_s=t_exit_wall - float(steps[-1]["time"]), tokens=int(steps[-1]["tokens"]),

@@ -14,17 +14,24 @@ Shape: vocab 4608, ctx 256, dim 128, layers 4, heads 4, batch 8 (proxy mode, fre
    --baseline ENGINE measures another binary the same way (e.g. one built before the background writer).
 
     python scripts/bench_goodput_engine.py --threads 2 --baseline /tmp/microgpt_cpu_old
+    python scripts/bench_goodput_engine.py --threads 1 --label NAME --json docs/bench/goodput-engine-cpu.json
+    python scripts/bench_goodput_engine.py --render docs/bench/goodput-engine-cpu.json --doc docs/PERFORMANCE.md
 
-The last line printed is one JSON object with every figure.
+The last line printed is one JSON object with every figure. --json FILE adds it to FILE (a list; an
+entry with the same label is replaced); --render puts the table of FILE's runs between the markers of
+--doc (or prints it), measuring nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +39,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from cuda_bench_report import Markers, ReportError, render_into_doc  # noqa: E402
+from machine_info import git_commit, machine_line  # noqa: E402
+from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.formats import frames  # noqa: E402
+
+MARKERS = Markers("bench_goodput_engine table", "scripts/bench_goodput_engine.py")
 
 SHAPE = {"vocab": 4608, "ctx": 256, "dim": 128, "layers": 4, "heads": 4, "batch": 8}
 PROMPT_LENGTHS = (2, 1, 3, 2)  # "def ", "import ", "class ", "The " are a few tokens each
@@ -116,7 +128,48 @@ def checkpoints(binary: str, threads: int, steps: int, every: int) -> dict:
     }
 
 
-def main() -> None:
+def add_to_file(path: Path, report: dict) -> None:
+    runs = load_runs(path) if path.exists() else []
+    atomic_write_json(path, [r for r in runs if r.get("label") != report["label"]] + [report])
+
+
+def load_runs(path: Path) -> list[dict]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ReportError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(doc, list) or not all(isinstance(r, dict) and "label" in r for r in doc):
+        raise ReportError(f"{path}: expected a list of labelled runs")
+    return doc
+
+
+def render_table(runs: list[dict]) -> str:
+    """One row per run: the audit both ways, the checkpoint stall now and (with --baseline) before."""
+    def med(values, digits: int = 0) -> str:
+        return f"{statistics.median(values):.{digits}f}" if values else "-"
+
+    lines = ["| run | commit | threads | audit: 4 frames, recompute (ms) | audit: 1 frame, KV cache (ms) "
+             "| speed-up | step (ms) | checkpoint stall (ms) | write, in the background (ms) "
+             "| baseline: stall = write (ms) | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    try:
+        for r in runs:
+            a, c, b = r["audit"], r.get("checkpoints_engine") or {}, r.get("checkpoints_baseline") or {}
+            cells = [r["label"], f"`{r['commit']}`", str(r["threads"]), med(a["old"]["ms"]), med(a["new"]["ms"]),
+                     f"**{a['speedup']:.1f}x**", med([c["median_step_ms"]] if c else []),
+                     med(c.get("loop_stall_ms"), 1), med(c.get("write_ms")), med(b.get("loop_stall_ms"), 1),
+                     f"{r['load'][0]:.1f}-{r['load'][1]:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    except (KeyError, TypeError, IndexError, statistics.StatisticsError) as exc:
+        raise ReportError(f"a run is malformed ({exc!r})") from None
+    notes = ["", "Medians of each run's repeats (audit) and checkpoints (stall, write). Machine: "
+             + "; ".join(sorted({r["machine"] for r in runs})) + ". Commands, in order:", ""]
+    return "\n".join(lines + notes + [f"- `{r['command']}`" for r in runs])
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default=str(REPO / "build" / "microgpt_cpu"))
     ap.add_argument("--baseline", help="another engine binary to measure checkpoints on (e.g. the old one)")
@@ -124,9 +177,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--ckpt-every", type=int, default=4)
+    ap.add_argument("--label", default="engine", help="the run's name in the results file and the table")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="add the result to this results file")
+    ap.add_argument("--render", type=Path, metavar="FILE", help="render FILE's table; measure nothing")
+    ap.add_argument("--doc", type=Path, help="with --render: put the table between this document's markers")
     args = ap.parse_args()
+    if args.render is not None:
+        try:
+            table = render_table(load_runs(args.render))
+        except ReportError as exc:
+            print(f"bench_goodput_engine: {exc}", file=sys.stderr)
+            return 2
+        return render_into_doc(args.doc, table, args.render, MARKERS, "bench_goodput_engine")
 
-    report = {"shape": SHAPE, "threads": args.threads, "audit": audit(args.engine, args.threads, args.repeats)}
+    load_before = os.getloadavg()[0]
+    # the commit the engine was built from: the checkout its build/ directory sits in
+    report = {"label": args.label, "commit": git_commit(Path(args.engine).resolve().parent.parent),
+              "machine": machine_line(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "command": "python scripts/bench_goodput_engine.py " + shlex.join(sys.argv[1:]),
+              "shape": SHAPE, "threads": args.threads, "audit": audit(args.engine, args.threads, args.repeats)}
     a = report["audit"]
     print(f"audit, 4 prompts x {MAX_NEW} new tokens: old (4 frames, recompute) {a['old']['median_ms']:.0f} ms, "
           f"new (1 frame, KV cache) {a['new']['median_ms']:.0f} ms: {a['speedup']:.1f}x (median of {args.repeats})")
@@ -139,8 +209,13 @@ def main() -> None:
               f"{c['checkpoint_bytes']} bytes, step {c['median_step_ms']:.0f} ms): step-loop stall median "
               f"{statistics.median(c['loop_stall_ms']):.1f} ms, write median {statistics.median(c['write_ms']):.1f} ms "
               f"({len(c['write_ms'])} checkpoints)")
+    report["load"] = [load_before, os.getloadavg()[0]]
     print(json.dumps(report))
+    if args.json is not None:
+        add_to_file(args.json, report)
+        print(f"bench_goodput_engine: added {args.label!r} to {args.json}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

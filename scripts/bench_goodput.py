@@ -55,6 +55,9 @@ AUDIT_KINDS = ("sample", "eval", "checkpoint")
 PROBE_BASE = "experiments/ANDREA-12M-TRAIN.json"
 PROBE_MODEL = {"ctx": 256, "dim": 128, "layers": 4, "heads": 4}
 PROBE_TRAIN = {"ckpt_every": 25, "eval_every": 25, "sample_every": 25, "eval_rows": 16, "milestone_every": 0}
+# A policy every version of the proxy knows, so that --repo can measure an older checkout on the same
+# probe; the policy moves the mixture, not the audits' cost.
+PROBE_BANDIT = {"policy": "ucb1"}
 MARKERS = Markers("bench_goodput table", "scripts/bench_goodput.py")
 READY_LINE = "engine ready:"
 TEE_WRAPPER = """#!/bin/bash
@@ -124,6 +127,7 @@ def probe_experiment(threads: int | None) -> dict:
     exp["name"] = "GOODPUT-PROBE-CPU"
     exp["model"].update(PROBE_MODEL)
     exp["train"].update(PROBE_TRAIN)
+    exp["bandit"] = dict(PROBE_BANDIT)
     if threads is not None:
         exp["train"]["threads"] = threads
     return exp

@@ -46,7 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from cuda_bench_report import Markers, ReportError, render_into_doc  # noqa: E402
+from cuda_bench_report import Markers, ReportError, read_results_list, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.supervision.goodput import checkpoint_stall_ms  # noqa: E402
@@ -250,14 +250,7 @@ def summary(r: GoodputRun) -> str:
 # ------------------------------------------------------------------ the table
 
 def load_runs(path: Path) -> list[GoodputRun]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ReportError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, list):
-        raise ReportError(f"{path}: expected a list of runs")
+    doc = read_results_list(path)
     try:
         return [GoodputRun.from_dict(r) for r in doc]
     except (TypeError, AttributeError) as exc:

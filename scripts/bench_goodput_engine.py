@@ -39,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_bench_report import Markers, ReportError, render_into_doc  # noqa: E402
+from cuda_bench_report import Markers, ReportError, read_results_list, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.formats import frames  # noqa: E402
@@ -134,13 +134,8 @@ def add_to_file(path: Path, report: dict) -> None:
 
 
 def load_runs(path: Path) -> list[dict]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ReportError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, list) or not all(isinstance(r, dict) and "label" in r for r in doc):
+    doc = read_results_list(path)
+    if not all(isinstance(r, dict) and "label" in r for r in doc):
         raise ReportError(f"{path}: expected a list of labelled runs")
     return doc
 

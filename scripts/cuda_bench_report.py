@@ -60,6 +60,19 @@ class ReportError(ValueError):
     """A results file or document that cannot be used; the message is one line."""
 
 
+def read_results_list(path: Path) -> list:
+    """A results file that holds a JSON list (the goodput benchmarks'); ReportError otherwise."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ReportError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(doc, list):
+        raise ReportError(f"{path}: expected a list of runs")
+    return doc
+
+
 @dataclass
 class Side:
     """One trainer measured on one shape and batch."""

@@ -279,12 +279,8 @@ def render_table(runs: list[GoodputRun]) -> str:
 
 
 def render(args) -> int:
-    try:
-        table = render_table(load_runs(args.results))
-    except ReportError as exc:
-        print(f"bench_goodput: {exc}", file=sys.stderr)
-        return 2
-    return render_into_doc(args.doc, table, args.results, MARKERS, "bench_goodput")
+    return render_into_doc(args.doc, lambda: render_table(load_runs(args.results)), args.results, MARKERS,
+                           "bench_goodput")
 
 
 def run(args) -> int:

@@ -153,15 +153,16 @@ def render_table(runs: list[dict]) -> str:
         for r in runs:
             a, c, b = r["audit"], r.get("checkpoints_engine") or {}, r.get("checkpoints_baseline") or {}
             cells = [r["label"], f"`{r['commit']}`", str(r["threads"]), med(a["old"]["ms"]), med(a["new"]["ms"]),
-                     f"**{a['speedup']:.1f}x**", med([c["median_step_ms"]] if c else []),
+                     f"**{a['speedup']:.1f}x**", f"{c['median_step_ms']:.0f}" if c else "-",
                      med(c.get("loop_stall_ms"), 1), med(c.get("write_ms")), med(b.get("loop_stall_ms"), 1),
                      f"{r['load'][0]:.1f}-{r['load'][1]:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
+        notes = ["", "Medians of each run's repeats (audit) and checkpoints (stall, write). Machine: "
+                 + "; ".join(sorted({r["machine"] for r in runs})) + ". Commands, in order:", ""]
+        commands = [f"- `{r['command']}`" for r in runs]
     except (KeyError, TypeError, IndexError, statistics.StatisticsError) as exc:
         raise ReportError(f"a run is malformed ({exc!r})") from None
-    notes = ["", "Medians of each run's repeats (audit) and checkpoints (stall, write). Machine: "
-             + "; ".join(sorted({r["machine"] for r in runs})) + ". Commands, in order:", ""]
-    return "\n".join(lines + notes + [f"- `{r['command']}`" for r in runs])
+    return "\n".join(lines + notes + commands)
 
 
 def main() -> int:
@@ -178,12 +179,8 @@ def main() -> int:
     ap.add_argument("--doc", type=Path, help="with --render: put the table between this document's markers")
     args = ap.parse_args()
     if args.render is not None:
-        try:
-            table = render_table(load_runs(args.render))
-        except ReportError as exc:
-            print(f"bench_goodput_engine: {exc}", file=sys.stderr)
-            return 2
-        return render_into_doc(args.doc, table, args.render, MARKERS, "bench_goodput_engine")
+        return render_into_doc(args.doc, lambda: render_table(load_runs(args.render)), args.render, MARKERS,
+                               "bench_goodput_engine")
 
     load_before = os.getloadavg()[0]
     # the commit the engine was built from: the checkout its build/ directory sits in

@@ -21,6 +21,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -231,21 +232,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cuda_bench_report: {exc}", file=sys.stderr)
             return 2
         return 0
-    try:
-        table = render_table(BenchReport.load(args.results))
-    except ReportError as exc:
-        print(f"cuda_bench_report: {exc}", file=sys.stderr)
-        return 2
-    return render_into_doc(args.doc, table, args.results, CUDA_MARKERS, "cuda_bench_report")
+    return render_into_doc(args.doc, lambda: render_table(BenchReport.load(args.results)), args.results,
+                           CUDA_MARKERS, "cuda_bench_report")
 
 
-def render_into_doc(doc: Path | None, table: str, results: Path, markers: Markers, prog: str) -> int:
-    """Print `table` (no `doc`), or put it between the markers of `doc`, rewritten atomically when it
-    changes. Returns the exit status: 0, or 2 after one line on stderr (the document left as it was)."""
-    if doc is None:
-        print(table)
-        return 0
+def render_into_doc(doc: Path | None, make_table: Callable[[], str], results: Path, markers: Markers,
+                    prog: str) -> int:
+    """Build the table of `results` (`make_table` may raise ReportError), then print it (no `doc`) or put
+    it between the markers of `doc`, rewritten atomically when it changes. Returns the exit status: 0,
+    or 2 after one line on stderr (the document left as it was)."""
     try:
+        table = make_table()
+        if doc is None:
+            print(table)
+            return 0
         try:
             old = doc.read_text()
         except OSError as exc:

@@ -78,7 +78,8 @@ class Supervisor:
 
     def _wind_down(self) -> list[str]:
         """Stop the engine (EOF: it checkpoints), finish the best.bin copy in flight, close the log, write
-        `.state.json`, refuse pending pivots. Returns the files that could not be written meanwhile (a full disk stays full)."""
+        `.state.json`, refuse pending pivots. Returns the files that could not be written meanwhile (a full
+        disk stays full)."""
         ctx = self.ctx
         if self.segment is not None and self.segment.engine.alive():
             self._shutdown_engine(self.segment)

@@ -55,13 +55,16 @@ ifneq ($(and $(CUBLAS_INC),$(CUBLAS_SO)),)
 
 cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check
 
-$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu microgpt/cuda_flash_attention.cuh $(ENGINE_HEADERS) | $(BUILD)
+# The op headers, one per op (docs/ENGINE.md, "Source layout").
+CUDA_OP_HEADERS := $(wildcard microgpt/cuda/*.cuh)
+
+$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) | $(BUILD)
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB)"
 	$(NVCC) $(NVCCFLAGS) -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
 		-Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
 
 # The flash attention kernels alone against a float64 reference (tests/gpu/).
-$(BUILD)/flash_attention_check: tests/gpu/flash_attention_check.cu microgpt/cuda_flash_attention.cuh | $(BUILD)
+$(BUILD)/flash_attention_check: tests/gpu/flash_attention_check.cu $(CUDA_OP_HEADERS) microgpt/common.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) -o $@ tests/gpu/flash_attention_check.cu
 
 else

@@ -226,6 +226,14 @@ typedef struct {
     float *apack;  // MC * KC
 } GemmThreadBuffers;
 
+// What the attention ops use besides their tensors: GEMM buffers per thread
+// and (backward) per-thread score gradients.
+typedef struct {
+    GemmThreadBuffers *gemm;  // [threads]
+    float *dscores;           // [threads, T, T]
+    int threads;
+} AttentionScratch;
+
 static void gemm_serial(const GemmThreadBuffers *buf, int M, int N, int K, const float *A, long as_m, long as_k,
                         const float *Bm, long bs_k, long bs_n, float *C, long ldc, int causal) {
     for (int j0 = 0; j0 < N; j0 += NC) {
@@ -280,8 +288,7 @@ typedef struct {
     float *dqkv;      // [BT, 3C]
     float *datty;     // [BT, C]
     float *dfch;      // [BT, 4C]
-    float *dscores;   // [threads, T, T] per-thread attention score gradients
-    GemmThreadBuffers *thread_gemm;  // [threads]
+    AttentionScratch att;
 } Scratch;
 
 typedef struct {
@@ -359,11 +366,12 @@ static size_t cpu_init(void *impl, const MgConfig *cfg) {
     s->dqkv = cpu_alloc(e, BT * 3 * C);
     s->datty = cpu_alloc(e, BT * C);
     s->dfch = cpu_alloc(e, BT * 4 * C);
-    s->dscores = cpu_alloc(e, (size_t)e->threads * T * T);
-    s->thread_gemm = (GemmThreadBuffers *)mg_malloc((size_t)e->threads * sizeof(GemmThreadBuffers));
+    s->att.threads = e->threads;
+    s->att.dscores = cpu_alloc(e, (size_t)e->threads * T * T);
+    s->att.gemm = (GemmThreadBuffers *)mg_malloc((size_t)e->threads * sizeof(GemmThreadBuffers));
     for (int t = 0; t < e->threads; t++) {
-        s->thread_gemm[t].bpack = cpu_alloc(e, (size_t)KC * NC);
-        s->thread_gemm[t].apack = cpu_alloc(e, (size_t)MC * KC);
+        s->att.gemm[t].bpack = cpu_alloc(e, (size_t)KC * NC);
+        s->att.gemm[t].apack = cpu_alloc(e, (size_t)MC * KC);
     }
     e->kv = cpu_alloc(e, L * B * T * 2 * C);
     e->kv_start = (int *)cpu_alloc(e, B + 1);
@@ -402,33 +410,36 @@ static void cpu_get_grads(void *impl, float *out) {
 }
 
 // ----------------------------------------------------------------------------
-// Ops, each forward with its backward twin.
+// Ops, each forward with its backward twin. Each has the name and argument
+// order of its CUDA twin in microgpt/cuda/ (docs/ENGINE.md, "Source
+// layout"); the CPU one ends with its thread count (or the scratch that
+// holds it) where the CUDA one ends with a stream.
 
-// Embedding: x0[b,t] = wte[token] + wpe[t], t the position in the row
-// (positions NULL), or positions[i] (the KV-cache forward's packed rows).
-static void embed_forward(Cpu *e, int BT, int T, const int *positions) {
-    const float *wte = e->params + e->lay.wte, *wpe = e->params + e->lay.wpe;
-    int C = e->C;
-    #pragma omp parallel for schedule(static) num_threads(e->threads)
+// Embedding: x0[i] = wte[inputs[i]] + wpe[t], t the position in the row
+// (i % T, positions NULL), or positions[i] (the KV-cache forward's packed
+// rows).
+static void embedding_forward(float *x0, const int *inputs, const float *wte, const float *wpe, int BT, int T, int C,
+                              const int *positions, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
     for (int i = 0; i < BT; i++) {
         int t = positions ? positions[i] : i % T;
-        const float *te = wte + (size_t)e->a.inputs[i] * C, *pe = wpe + (size_t)t * C;
-        float *out = e->a.x0 + (size_t)i * C;
+        const float *te = wte + (size_t)inputs[i] * C, *pe = wpe + (size_t)t * C;
+        float *out = x0 + (size_t)i * C;
         for (int c = 0; c < C; c++) out[c] = te[c] + pe[c];
     }
 }
 
-// Tokens repeat, so rows of dwte receive many contributions: threads split the
-// channels, and each walks all positions in order (no atomics, fixed order).
-static void embed_backward(Cpu *e, const float *dx, int BT, int T) {
-    float *dwte = e->grads + e->lay.wte, *dwpe = e->grads + e->lay.wpe;
-    int C = e->C;
-    #pragma omp parallel num_threads(e->threads)
+// dwte += dx by token, dwpe += dx by position. Tokens repeat, so rows of dwte
+// receive many contributions: threads split the channels, and each walks all
+// positions in order (no atomics, fixed order).
+static void embedding_backward(float *dwte, float *dwpe, const float *dx, const int *inputs, int BT, int T, int C,
+                               int threads) {
+    #pragma omp parallel num_threads(threads)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
         int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
         for (int i = 0; i < BT; i++) {
-            float *row = dwte + (size_t)e->a.inputs[i] * C;
+            float *row = dwte + (size_t)inputs[i] * C;
             const float *g = dx + (size_t)i * C;
             for (int c = c0; c < c1; c++) row[c] += g[c];
         }
@@ -440,11 +451,12 @@ static void embed_backward(Cpu *e, const float *dx, int BT, int T) {
     }
 }
 
-// LayerNorm over channels (eps MG_LN_EPS); saves mean and 1/std for the backward.
-static void layernorm_forward(Cpu *e, float *out, float *mean, float *rstd, const float *x, const float *w, const float *b, int BT) {
-    int C = e->C;
-    #pragma omp parallel for schedule(static) num_threads(e->threads)
-    for (int i = 0; i < BT; i++) {
+// LayerNorm over the C channels of each of R rows (eps MG_LN_EPS); saves
+// mean and 1/std for the backward.
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b, int R,
+                              int C, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int i = 0; i < R; i++) {
         const float *xi = x + (size_t)i * C;
         float sum = 0.0f;
         #pragma omp simd reduction(+:sum)
@@ -460,15 +472,15 @@ static void layernorm_forward(Cpu *e, float *out, float *mean, float *rstd, cons
     }
 }
 
-// dx += LN backward. Per-row input gradients split over rows; the weight and
-// bias gradients are sums over rows, so those split over channels instead.
-static void layernorm_backward(Cpu *e, float *dx, float *dw, float *db, const float *dout, const float *x,
-                               const float *w, const float *mean, const float *rstd, int BT) {
-    int C = e->C;
-    #pragma omp parallel num_threads(e->threads)
+// dx (= or, with accumulate, +=) the LN input gradient; dw += sum(dout *
+// norm); db += sum(dout). Per-row input gradients split over rows; the weight
+// and bias gradients are sums over rows, so those split over channels instead.
+static void layernorm_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                               const float *mean, const float *rstd, int R, int C, int accumulate, int threads) {
+    #pragma omp parallel num_threads(threads)
     {
         #pragma omp for schedule(static)
-        for (int i = 0; i < BT; i++) {
+        for (int i = 0; i < R; i++) {
             const float *xi = x + (size_t)i * C, *gi = dout + (size_t)i * C;
             float mu = mean[i], rs = rstd[i], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
             #pragma omp simd reduction(+:dnorm_mean, dnorm_norm_mean)
@@ -482,12 +494,12 @@ static void layernorm_backward(Cpu *e, float *dx, float *dw, float *db, const fl
             float *dxi = dx + (size_t)i * C;
             for (int c = 0; c < C; c++) {
                 float norm = (xi[c] - mu) * rs, dnorm = gi[c] * w[c];
-                dxi[c] += rs * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+                dxi[c] = (accumulate ? dxi[c] : 0.0f) + rs * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
             }
         }
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
         int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
-        for (int i = 0; i < BT; i++) {
+        for (int i = 0; i < R; i++) {
             const float *xi = x + (size_t)i * C, *gi = dout + (size_t)i * C;
             float mu = mean[i], rs = rstd[i];
             for (int c = c0; c < c1; c++) {
@@ -496,104 +508,6 @@ static void layernorm_backward(Cpu *e, float *dx, float *dw, float *db, const fl
             }
         }
     }
-}
-
-// out[BT, OC] = (residual or 0) + bias + x[BT, IC] W[OC, IC]^T. Adding the
-// residual here fuses the block's skip connection into the matmul's output.
-static void matmul_forward(Cpu *e, float *out, const float *x, const float *W, const float *bias, const float *residual, int BT, int IC, int OC) {
-    #pragma omp parallel for schedule(static) num_threads(e->threads)
-    for (int i = 0; i < BT; i++) {
-        float *oi = out + (size_t)i * OC;
-        const float *ri = residual ? residual + (size_t)i * OC : NULL;
-        for (int o = 0; o < OC; o++) oi[o] = (ri ? ri[o] : 0.0f) + bias[o];
-    }
-    gemm(&e->gs, BT, OC, IC, x, IC, 1, W, 1, IC, out, OC, 1);
-}
-
-// dx (=, or += when accumulate) dout W;  dW += dout^T x;  db += column sums.
-static void matmul_backward(Cpu *e, float *dx, float *dW, float *db, const float *dout, const float *x, const float *W,
-                            int BT, int IC, int OC, int accumulate_dx) {
-    gemm(&e->gs, BT, IC, OC, dout, OC, 1, W, IC, 1, dx, IC, accumulate_dx);
-    gemm(&e->gs, OC, IC, BT, dout, 1, OC, x, IC, 1, dW, IC, 1);
-    if (!db) return;
-    #pragma omp parallel num_threads(e->threads)
-    {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        int o0 = (int)((long)OC * id / nt), o1 = (int)((long)OC * (id + 1) / nt);
-        for (int i = 0; i < BT; i++) {
-            const float *gi = dout + (size_t)i * OC;
-            for (int o = o0; o < o1; o++) db[o] += gi[o];
-        }
-    }
-}
-
-// Causal self-attention. qkv rows are [q | k | v], each C wide, heads
-// contiguous (hd = C/H). Each (batch, head) is one thread's work, done as
-// small matmuls through gemm_serial: scores S = Q K^T (tiles above the
-// diagonal skipped), a causal softmax in place (zeros above the diagonal, so
-// the next product can run over the whole square), then Y = P V. The
-// probabilities P are saved for the backward.
-// attention_softmax_rows: rows of `keys` scores each; row i is the query at
-// position pos0 + i, which sees keys 0..pos0+i (the rest of its row is zeroed).
-static void attention_softmax_rows(float *p, int rows, int keys, int pos0, float scale) {
-    for (int i = 0; i < rows; i++) {
-        int t = pos0 + i;
-        float *row = p + (size_t)i * keys;
-        float maxv = -INFINITY;
-        for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
-        float sum = 0.0f;
-        #pragma omp simd reduction(+:sum)
-        for (int t2 = 0; t2 <= t; t2++) { row[t2] = fast_expf(row[t2] - maxv); sum += row[t2]; }
-        float inv = 1.0f / sum;
-        for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-        for (int t2 = t + 1; t2 < keys; t2++) row[t2] = 0.0f;
-    }
-}
-
-static void attention_forward(Cpu *e, float *y, float *att, const float *qkv, int B, int T) {
-    int C = e->C, H = e->H, hd = C / H, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(e->threads)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            const GemmThreadBuffers *buf = &e->s.thread_gemm[omp_get_thread_num()];
-            const float *q = qkv + (size_t)b * T * C3 + h * hd, *k = q + C, *v = q + 2 * C;
-            float *p = att + ((size_t)b * H + h) * T * T;
-            gemm_serial(buf, T, T, hd, q, C3, 1, k, 1, C3, p, T, 1);
-            attention_softmax_rows(p, T, T, 0, scale);
-            gemm_serial(buf, T, hd, T, p, T, 1, v, C3, 1, y + (size_t)b * T * C + h * hd, C, 0);
-        }
-}
-
-// The backward of the same products, per (batch, head):
-// dP = dY V^T, dV = P^T dY, dS = P * (dP - rowsum(P * dP)) * scale,
-// dQ = dS K, dK = dS^T Q. Each writes its own slice of dqkv, once.
-static void attention_backward(Cpu *e, float *dqkv, const float *dy, const float *qkv, const float *att, int B, int T) {
-    int C = e->C, H = e->H, hd = C / H, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(e->threads)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            int tid = omp_get_thread_num();
-            const GemmThreadBuffers *buf = &e->s.thread_gemm[tid];
-            float *ds = e->s.dscores + (size_t)tid * e->T * e->T;
-            const float *q = qkv + (size_t)b * T * C3 + h * hd, *k = q + C, *v = q + 2 * C;
-            const float *p = att + ((size_t)b * H + h) * T * T;
-            const float *g = dy + (size_t)b * T * C + h * hd;
-            float *dq = dqkv + (size_t)b * T * C3 + h * hd, *dk = dq + C, *dv = dq + 2 * C;
-            gemm_serial(buf, T, T, hd, g, C, 1, v, 1, C3, ds, T, 1);
-            gemm_serial(buf, T, hd, T, p, 1, T, g, C, 1, dv, C3, 0);
-            for (int t = 0; t < T; t++) {
-                const float *prow = p + (size_t)t * T;
-                float *drow = ds + (size_t)t * T, pd = 0.0f;
-                #pragma omp simd reduction(+:pd)
-                for (int t2 = 0; t2 <= t; t2++) pd += prow[t2] * drow[t2];
-                for (int t2 = 0; t2 <= t; t2++) drow[t2] = prow[t2] * (drow[t2] - pd) * scale;
-                for (int t2 = t + 1; t2 < T; t2++) drow[t2] = 0.0f;
-            }
-            gemm_serial(buf, T, hd, T, ds, T, 1, k, C3, 1, dq, C3, 0);
-            gemm_serial(buf, T, hd, T, ds, 1, T, q, C3, 1, dk, C3, 0);
-        }
 }
 
 // GELU runs 8 lanes at a time with AVX2 (GCC does not vectorise this body).
@@ -670,8 +584,8 @@ static void gelu_range(float *out, const float *x, const float *dout, size_t beg
 
 // Thread ranges start at multiples of 64 elements, so the lane groups are the
 // same whatever the thread count.
-static void gelu_parallel(Cpu *e, float *out, const float *x, const float *dout, size_t n) {
-    #pragma omp parallel num_threads(e->threads)
+static void gelu_parallel(float *out, const float *x, const float *dout, size_t n, int threads) {
+    #pragma omp parallel num_threads(threads)
     {
         size_t blocks = (n + 63) / 64, nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
         size_t begin = blocks * id / nt * 64, end = blocks * (id + 1) / nt * 64;
@@ -680,44 +594,149 @@ static void gelu_parallel(Cpu *e, float *out, const float *x, const float *dout,
     }
 }
 
-static void gelu_forward(Cpu *e, float *out, const float *x, size_t n) { gelu_parallel(e, out, x, NULL, n); }
+// out = gelu(x), elementwise (tanh approximation, MG_GELU_SCALE, MG_GELU_C).
+static void gelu_forward(float *out, const float *x, size_t n, int threads) { gelu_parallel(out, x, NULL, n, threads); }
 
 // dx = dout * d gelu(x)/dx; dx may alias dout (read before written, same index).
-static void gelu_backward(Cpu *e, float *dx, const float *x, const float *dout, size_t n) { gelu_parallel(e, dx, x, dout, n); }
+static void gelu_backward(float *dx, const float *x, const float *dout, size_t n, int threads) {
+    gelu_parallel(dx, x, dout, n, threads);
+}
 
-// Softmax cross-entropy over the vocabulary for each position; the logits
-// buffer is overwritten with probabilities, which the backward turns into
-// the logit gradient in place.
-static void crossentropy_forward(Cpu *e, int BT) {
-    int V = e->V;
-    #pragma omp parallel for schedule(static) num_threads(e->threads)
+// out[R, OC] = (residual or 0) + bias + x[R, IC] W[OC, IC]^T. Adding the
+// residual here fuses the block's skip connection into the matmul's output.
+// With gelu_pre, that goes to gelu_pre (kept for the backward) and out =
+// GELU(gelu_pre).
+static void matmul_forward(float *out, const float *x, const float *W, const float *bias, const float *residual, int R,
+                           int IC, int OC, float *gelu_pre, GemmScratch *gs) {
+    float *target = gelu_pre ? gelu_pre : out;
+    #pragma omp parallel for schedule(static) num_threads(gs->threads)
+    for (int i = 0; i < R; i++) {
+        float *oi = target + (size_t)i * OC;
+        const float *ri = residual ? residual + (size_t)i * OC : NULL;
+        for (int o = 0; o < OC; o++) oi[o] = (ri ? ri[o] : 0.0f) + bias[o];
+    }
+    gemm(gs, R, OC, IC, x, IC, 1, W, 1, IC, target, OC, 1);
+    if (gelu_pre) gelu_forward(out, gelu_pre, (size_t)R * OC, gs->threads);
+}
+
+// dx = dout W (times gelu'(gelu_pre) when given: the backward of the GELU
+// that produced x); dW += dout^T x; db += column sums of dout.
+static void matmul_backward(float *dx, float *dW, float *db, const float *dout, const float *x, const float *W, int R,
+                            int IC, int OC, const float *gelu_pre, GemmScratch *gs) {
+    gemm(gs, R, IC, OC, dout, OC, 1, W, IC, 1, dx, IC, 0);
+    gemm(gs, OC, IC, R, dout, 1, OC, x, IC, 1, dW, IC, 1);
+    if (gelu_pre) gelu_backward(dx, gelu_pre, dx, (size_t)R * IC, gs->threads);
+    if (!db) return;
+    #pragma omp parallel num_threads(gs->threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int o0 = (int)((long)OC * id / nt), o1 = (int)((long)OC * (id + 1) / nt);
+        for (int i = 0; i < R; i++) {
+            const float *gi = dout + (size_t)i * OC;
+            for (int o = o0; o < o1; o++) db[o] += gi[o];
+        }
+    }
+}
+
+// Causal self-attention. qkv rows are [q | k | v], each C wide, heads
+// contiguous (hd = C/H). Each (batch, head) is one thread's work, done as
+// small matmuls through gemm_serial: scores S = Q K^T (tiles above the
+// diagonal skipped), a causal softmax in place (zeros above the diagonal, so
+// the next product can run over the whole square), then Y = P V. The
+// probabilities P are saved for the backward.
+// attention_softmax_rows: rows of `keys` scores each; row i is the query at
+// position pos0 + i, which sees keys 0..pos0+i (the rest of its row is zeroed).
+static void attention_softmax_rows(float *p, int rows, int keys, int pos0, float scale) {
+    for (int i = 0; i < rows; i++) {
+        int t = pos0 + i;
+        float *row = p + (size_t)i * keys;
+        float maxv = -INFINITY;
+        for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
+        float sum = 0.0f;
+        #pragma omp simd reduction(+:sum)
+        for (int t2 = 0; t2 <= t; t2++) { row[t2] = fast_expf(row[t2] - maxv); sum += row[t2]; }
+        float inv = 1.0f / sum;
+        for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+        for (int t2 = t + 1; t2 < keys; t2++) row[t2] = 0.0f;
+    }
+}
+
+static void attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H,
+                              const AttentionScratch *as) {
+    int hd = C / H, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(as->threads)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const GemmThreadBuffers *buf = &as->gemm[omp_get_thread_num()];
+            const float *q = qkv + (size_t)b * T * C3 + h * hd, *k = q + C, *v = q + 2 * C;
+            float *p = att + ((size_t)b * H + h) * T * T;
+            gemm_serial(buf, T, T, hd, q, C3, 1, k, 1, C3, p, T, 1);
+            attention_softmax_rows(p, T, T, 0, scale);
+            gemm_serial(buf, T, hd, T, p, T, 1, v, C3, 1, y + (size_t)b * T * C + h * hd, C, 0);
+        }
+}
+
+// The backward of the same products, per (batch, head):
+// dP = dY V^T, dV = P^T dY, dS = P * (dP - rowsum(P * dP)) * scale,
+// dQ = dS K, dK = dS^T Q. Each writes its own slice of dqkv, once.
+static void attention_backward(float *dqkv, const float *dy, const float *qkv, const float *att, int B, int T, int C,
+                               int H, const AttentionScratch *as) {
+    int hd = C / H, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(as->threads)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            int tid = omp_get_thread_num();
+            const GemmThreadBuffers *buf = &as->gemm[tid];
+            float *ds = as->dscores + (size_t)tid * T * T;
+            const float *q = qkv + (size_t)b * T * C3 + h * hd, *k = q + C, *v = q + 2 * C;
+            const float *p = att + ((size_t)b * H + h) * T * T;
+            const float *g = dy + (size_t)b * T * C + h * hd;
+            float *dq = dqkv + (size_t)b * T * C3 + h * hd, *dk = dq + C, *dv = dq + 2 * C;
+            gemm_serial(buf, T, T, hd, g, C, 1, v, 1, C3, ds, T, 1);
+            gemm_serial(buf, T, hd, T, p, 1, T, g, C, 1, dv, C3, 0);
+            for (int t = 0; t < T; t++) {
+                const float *prow = p + (size_t)t * T;
+                float *drow = ds + (size_t)t * T, pd = 0.0f;
+                #pragma omp simd reduction(+:pd)
+                for (int t2 = 0; t2 <= t; t2++) pd += prow[t2] * drow[t2];
+                for (int t2 = 0; t2 <= t; t2++) drow[t2] = prow[t2] * (drow[t2] - pd) * scale;
+                for (int t2 = t + 1; t2 < T; t2++) drow[t2] = 0.0f;
+            }
+            gemm_serial(buf, T, hd, T, ds, T, 1, k, C3, 1, dq, C3, 0);
+            gemm_serial(buf, T, hd, T, ds, 1, T, q, C3, 1, dk, C3, 0);
+        }
+}
+
+// Softmax cross-entropy over the vocabulary for each of BT positions, its
+// forward and backward in one pass over each row: losses[i], and the logits
+// become the probabilities, then (write_grad) their gradient (softmax -
+// onehot) * grad_scale in place.
+static void fused_classifier(float *logits, float *losses, const int *targets, int BT, int V, float grad_scale,
+                             int write_grad, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
     for (int i = 0; i < BT; i++) {
-        float *row = e->a.logits + (size_t)i * V;
+        float *row = logits + (size_t)i * V;
         float maxv = -INFINITY;
         #pragma omp simd reduction(max:maxv)
         for (int j = 0; j < V; j++) maxv = row[j] > maxv ? row[j] : maxv;
-        float target_logit = row[e->a.targets[i]];
+        float target_logit = row[targets[i]];
         float sum = 0.0f;
         #pragma omp simd reduction(+:sum)
         for (int j = 0; j < V; j++) { row[j] = fast_expf(row[j] - maxv); sum += row[j]; }
         float inv = 1.0f / sum;
         for (int j = 0; j < V; j++) row[j] *= inv;
-        e->a.losses[i] = logf(sum) - (target_logit - maxv);
-    }
-}
-
-static void crossentropy_backward(Cpu *e, int BT, float grad_scale) {
-    int V = e->V;
-    #pragma omp parallel for schedule(static) num_threads(e->threads)
-    for (int i = 0; i < BT; i++) {
-        float *row = e->a.logits + (size_t)i * V;
+        losses[i] = logf(sum) - (target_logit - maxv);
+        if (!write_grad) continue;
         for (int j = 0; j < V; j++) row[j] *= grad_scale;
-        row[e->a.targets[i]] -= grad_scale;
+        row[targets[i]] -= grad_scale;
     }
 }
 
 // ----------------------------------------------------------------------------
-// The model: forward through the blocks, head, backward.
+// The model: forward through the blocks, head, backward. Line for line the
+// CUDA engine's blocks_forward, model_forward and model_backward.
 
 static float *layer_param(Cpu *e, int l, int tensor) { return e->params + mg_param(&e->lay, l, tensor); }
 static float *layer_grad(Cpu *e, int l, int tensor) { return e->grads + mg_param(&e->lay, l, tensor); }
@@ -725,33 +744,35 @@ static float *layer_grad(Cpu *e, int l, int tensor) { return e->grads + mg_param
 // Runs the blocks on rows x T tokens already in a.inputs; the final hidden
 // state (before the final LayerNorm) is res3 of the last layer.
 static void blocks_forward(Cpu *e, int B, int T) {
-    int C = e->C, BT = B * T;
+    int C = e->C, H = e->H, BT = B * T, nt = e->threads;
     size_t bt = (size_t)BT;
     Acts *a = &e->a;
-    embed_forward(e, BT, T, NULL);
+    GemmScratch *gs = &e->gs;
+    embedding_forward(a->x0, a->inputs, e->params + e->lay.wte, e->params + e->lay.wpe, BT, T, C, NULL, nt);
     for (int l = 0; l < e->L; l++) {
         const float *x = l == 0 ? a->x0 : a->res3 + (size_t)(l - 1) * bt * C;
         float *ln1 = a->ln1 + (size_t)l * bt * C, *qkv = a->qkv + (size_t)l * bt * 3 * C;
         float *att = a->att + (size_t)l * e->B * e->H * e->T * e->T;
         float *atty = a->atty + (size_t)l * bt * C, *res2 = a->res2 + (size_t)l * bt * C;
         float *ln2 = a->ln2 + (size_t)l * bt * C, *fch = a->fch + (size_t)l * bt * 4 * C;
-        float *fchg = a->fch_gelu + (size_t)l * bt * 4 * C, *res3 = a->res3 + (size_t)l * bt * C;
-        layernorm_forward(e, ln1, a->ln1_mean + (size_t)l * bt, a->ln1_rstd + (size_t)l * bt, x,
-                          layer_param(e, l, MG_LN1W), layer_param(e, l, MG_LN1B), BT);
-        matmul_forward(e, qkv, ln1, layer_param(e, l, MG_QKVW), layer_param(e, l, MG_QKVB), NULL, BT, C, 3 * C);
-        attention_forward(e, atty, att, qkv, B, T);
-        matmul_forward(e, res2, atty, layer_param(e, l, MG_PROJW), layer_param(e, l, MG_PROJB), x, BT, C, C);
-        layernorm_forward(e, ln2, a->ln2_mean + (size_t)l * bt, a->ln2_rstd + (size_t)l * bt, res2,
-                          layer_param(e, l, MG_LN2W), layer_param(e, l, MG_LN2B), BT);
-        matmul_forward(e, fch, ln2, layer_param(e, l, MG_FCW), layer_param(e, l, MG_FCB), NULL, BT, C, 4 * C);
-        gelu_forward(e, fchg, fch, bt * 4 * C);
-        matmul_forward(e, res3, fchg, layer_param(e, l, MG_FCPROJW), layer_param(e, l, MG_FCPROJB), res2, BT, 4 * C, C);
+        float *fch_gelu = a->fch_gelu + (size_t)l * bt * 4 * C, *res3 = a->res3 + (size_t)l * bt * C;
+        layernorm_forward(ln1, a->ln1_mean + (size_t)l * bt, a->ln1_rstd + (size_t)l * bt, x,
+                          layer_param(e, l, MG_LN1W), layer_param(e, l, MG_LN1B), BT, C, nt);
+        matmul_forward(qkv, ln1, layer_param(e, l, MG_QKVW), layer_param(e, l, MG_QKVB), NULL, BT, C, 3 * C, NULL, gs);
+        attention_forward(atty, att, qkv, B, T, C, H, &e->s.att);
+        matmul_forward(res2, atty, layer_param(e, l, MG_PROJW), layer_param(e, l, MG_PROJB), x, BT, C, C, NULL, gs);
+        layernorm_forward(ln2, a->ln2_mean + (size_t)l * bt, a->ln2_rstd + (size_t)l * bt, res2,
+                          layer_param(e, l, MG_LN2W), layer_param(e, l, MG_LN2B), BT, C, nt);
+        matmul_forward(fch_gelu, ln2, layer_param(e, l, MG_FCW), layer_param(e, l, MG_FCB), NULL, BT, C, 4 * C, fch, gs);
+        matmul_forward(res3, fch_gelu, layer_param(e, l, MG_FCPROJW), layer_param(e, l, MG_FCPROJB), res2, BT, 4 * C, C,
+                       NULL, gs);
     }
 }
 
 static const float *final_hidden(Cpu *e, int BT) { return e->a.res3 + (size_t)(e->L - 1) * BT * e->C; }
 
-// Full forward to per-position losses (logits buffer holds probabilities).
+// Blocks, final LayerNorm, tied head: logits = lnf wte^T, for rows rows of
+// T+1 tokens (inputs and shifted targets).
 static void model_forward(Cpu *e, const uint16_t *rows_tokens, int rows) {
     int T = e->T, C = e->C, BT = rows * T;
     for (int r = 0; r < rows; r++)
@@ -760,11 +781,9 @@ static void model_forward(Cpu *e, const uint16_t *rows_tokens, int rows) {
             e->a.targets[r * T + t] = rows_tokens[(size_t)r * (T + 1) + t + 1];
         }
     blocks_forward(e, rows, T);
-    layernorm_forward(e, e->a.lnf, e->a.lnf_mean, e->a.lnf_rstd, final_hidden(e, BT),
-                      e->params + e->lay.lnfw, e->params + e->lay.lnfb, BT);
-    // Tied head: logits = lnf wte^T.
+    layernorm_forward(e->a.lnf, e->a.lnf_mean, e->a.lnf_rstd, final_hidden(e, BT), e->params + e->lay.lnfw,
+                      e->params + e->lay.lnfb, BT, C, e->threads);
     gemm(&e->gs, BT, e->V, C, e->a.lnf, C, 1, e->params + e->lay.wte, 1, C, e->a.logits, e->V, 0);
-    crossentropy_forward(e, BT);
 }
 
 static void row_losses(Cpu *e, int rows, float *row_loss) {
@@ -776,55 +795,58 @@ static void row_losses(Cpu *e, int rows, float *row_loss) {
     }
 }
 
-static void model_backward(Cpu *e, int B, float grad_scale) {
-    int T = e->T, C = e->C, BT = B * T, V = e->V;
+// From the logits' gradient (fused_classifier wrote it) to every parameter's.
+static void model_backward(Cpu *e, int B) {
+    int T = e->T, C = e->C, H = e->H, BT = B * T, nt = e->threads;
     size_t bt = (size_t)BT;
     Acts *a = &e->a;
     Scratch *s = &e->s;
-    crossentropy_backward(e, BT, grad_scale);
-    // Head: dlnf = dlogits wte; dwte += dlogits^T lnf.
-    gemm(&e->gs, BT, C, V, a->logits, V, 1, e->params + e->lay.wte, C, 1, s->dlnf, C, 0);
-    gemm(&e->gs, V, C, BT, a->logits, 1, V, a->lnf, C, 1, e->grads + e->lay.wte, C, 1);
-    memset(s->dres, 0, bt * C * sizeof(float));
-    layernorm_backward(e, s->dres, e->grads + e->lay.lnfw, e->grads + e->lay.lnfb, s->dlnf, final_hidden(e, BT),
-                       e->params + e->lay.lnfw, a->lnf_mean, a->lnf_rstd, BT);
+    GemmScratch *gs = &e->gs;
+    // Head: dlnf = dlogits wte; dwte += dlogits^T lnf; then the final LayerNorm.
+    matmul_backward(s->dlnf, e->grads + e->lay.wte, NULL, a->logits, a->lnf, e->params + e->lay.wte, BT, C, e->V, NULL,
+                    gs);
+    layernorm_backward(s->dres, e->grads + e->lay.lnfw, e->grads + e->lay.lnfb, s->dlnf, final_hidden(e, BT),
+                       e->params + e->lay.lnfw, a->lnf_mean, a->lnf_rstd, BT, C, 0, nt);
     for (int l = e->L - 1; l >= 0; l--) {
         const float *x = l == 0 ? a->x0 : a->res3 + (size_t)(l - 1) * bt * C;
         const float *ln1 = a->ln1 + (size_t)l * bt * C, *qkv = a->qkv + (size_t)l * bt * 3 * C;
         const float *att = a->att + (size_t)l * e->B * e->H * e->T * e->T;
         const float *atty = a->atty + (size_t)l * bt * C, *res2 = a->res2 + (size_t)l * bt * C;
         const float *ln2 = a->ln2 + (size_t)l * bt * C, *fch = a->fch + (size_t)l * bt * 4 * C;
-        const float *fchg = a->fch_gelu + (size_t)l * bt * 4 * C;
+        const float *fch_gelu = a->fch_gelu + (size_t)l * bt * 4 * C;
         // MLP branch: dres is d(res3); the skip passes it to res2 unchanged.
-        matmul_backward(e, s->dfch, layer_grad(e, l, MG_FCPROJW), layer_grad(e, l, MG_FCPROJB), s->dres, fchg,
-                        layer_param(e, l, MG_FCPROJW), BT, 4 * C, C, 0);
-        gelu_backward(e, s->dfch, fch, s->dfch, bt * 4 * C);
-        matmul_backward(e, s->dln, layer_grad(e, l, MG_FCW), layer_grad(e, l, MG_FCB), s->dfch, ln2,
-                        layer_param(e, l, MG_FCW), BT, C, 4 * C, 0);
-        layernorm_backward(e, s->dres, layer_grad(e, l, MG_LN2W), layer_grad(e, l, MG_LN2B), s->dln, res2,
-                           layer_param(e, l, MG_LN2W), a->ln2_mean + (size_t)l * bt, a->ln2_rstd + (size_t)l * bt, BT);
+        matmul_backward(s->dfch, layer_grad(e, l, MG_FCPROJW), layer_grad(e, l, MG_FCPROJB), s->dres, fch_gelu,
+                        layer_param(e, l, MG_FCPROJW), BT, 4 * C, C, fch, gs);
+        matmul_backward(s->dln, layer_grad(e, l, MG_FCW), layer_grad(e, l, MG_FCB), s->dfch, ln2,
+                        layer_param(e, l, MG_FCW), BT, C, 4 * C, NULL, gs);
+        layernorm_backward(s->dres, layer_grad(e, l, MG_LN2W), layer_grad(e, l, MG_LN2B), s->dln, res2,
+                           layer_param(e, l, MG_LN2W), a->ln2_mean + (size_t)l * bt, a->ln2_rstd + (size_t)l * bt, BT,
+                           C, 1, nt);
         // Attention branch: dres is now d(res2).
-        matmul_backward(e, s->datty, layer_grad(e, l, MG_PROJW), layer_grad(e, l, MG_PROJB), s->dres, atty,
-                        layer_param(e, l, MG_PROJW), BT, C, C, 0);
-        attention_backward(e, s->dqkv, s->datty, qkv, att, B, T);
-        matmul_backward(e, s->dln, layer_grad(e, l, MG_QKVW), layer_grad(e, l, MG_QKVB), s->dqkv, ln1,
-                        layer_param(e, l, MG_QKVW), BT, C, 3 * C, 0);
-        layernorm_backward(e, s->dres, layer_grad(e, l, MG_LN1W), layer_grad(e, l, MG_LN1B), s->dln, x,
-                           layer_param(e, l, MG_LN1W), a->ln1_mean + (size_t)l * bt, a->ln1_rstd + (size_t)l * bt, BT);
+        matmul_backward(s->datty, layer_grad(e, l, MG_PROJW), layer_grad(e, l, MG_PROJB), s->dres, atty,
+                        layer_param(e, l, MG_PROJW), BT, C, C, NULL, gs);
+        attention_backward(s->dqkv, s->datty, qkv, att, B, T, C, H, &s->att);
+        matmul_backward(s->dln, layer_grad(e, l, MG_QKVW), layer_grad(e, l, MG_QKVB), s->dqkv, ln1,
+                        layer_param(e, l, MG_QKVW), BT, C, 3 * C, NULL, gs);
+        layernorm_backward(s->dres, layer_grad(e, l, MG_LN1W), layer_grad(e, l, MG_LN1B), s->dln, x,
+                           layer_param(e, l, MG_LN1W), a->ln1_mean + (size_t)l * bt, a->ln1_rstd + (size_t)l * bt, BT,
+                           C, 1, nt);
     }
-    embed_backward(e, s->dres, BT, T);
+    embedding_backward(e->grads + e->lay.wte, e->grads + e->lay.wpe, s->dres, a->inputs, BT, T, C, nt);
 }
 
 static void cpu_forward_backward(void *impl, const uint16_t *rows_tokens, int rows, float grad_scale, float *row_loss) {
     Cpu *e = (Cpu *)impl;
     model_forward(e, rows_tokens, rows);
+    fused_classifier(e->a.logits, e->a.losses, e->a.targets, rows * e->T, e->V, grad_scale, 1, e->threads);
     row_losses(e, rows, row_loss);
-    model_backward(e, rows, grad_scale);
+    model_backward(e, rows);
 }
 
 static void cpu_forward_loss(void *impl, const uint16_t *rows_tokens, int rows, float *row_loss) {
     Cpu *e = (Cpu *)impl;
     model_forward(e, rows_tokens, rows);
+    fused_classifier(e->a.logits, e->a.losses, e->a.targets, rows * e->T, e->V, 0.0f, 0, e->threads);
     row_losses(e, rows, row_loss);
 }
 
@@ -837,8 +859,8 @@ static void cpu_last_logits(void *impl, const uint16_t *tokens, int rows, int le
     const float *hidden = final_hidden(e, BT);
     for (int r = 0; r < rows; r++) {
         size_t last = (size_t)r * len + len - 1;
-        layernorm_forward(e, e->a.lnf + (size_t)r * C, e->a.lnf_mean + r, e->a.lnf_rstd + r, hidden + last * C,
-                          e->params + e->lay.lnfw, e->params + e->lay.lnfb, 1);
+        layernorm_forward(e->a.lnf + (size_t)r * C, e->a.lnf_mean + r, e->a.lnf_rstd + r, hidden + last * C,
+                          e->params + e->lay.lnfw, e->params + e->lay.lnfb, 1, C, e->threads);
     }
     gemm(&e->gs, rows, e->V, C, e->a.lnf, C, 1, e->params + e->lay.wte, 1, C, out, e->V, 0);
 }
@@ -870,12 +892,15 @@ static void cpu_kv_forward(void *impl, int rows, const int *slot, const int *pos
             a->inputs[start[i] + k] = tokens[start[i] + k];
             e->kv_positions[start[i] + k] = pos[i] + k;
         }
-    embed_forward(e, N, T, e->kv_positions);
+    embedding_forward(a->x0, a->inputs, e->params + e->lay.wte, e->params + e->lay.wpe, N, T, C, e->kv_positions,
+                      e->threads);
     float scale = 1.0f / sqrtf((float)hd);
     const float *x = a->x0;
     for (int l = 0; l < e->L; l++) {
-        layernorm_forward(e, a->ln1, a->ln1_mean, a->ln1_rstd, x, layer_param(e, l, MG_LN1W), layer_param(e, l, MG_LN1B), N);
-        matmul_forward(e, a->qkv, a->ln1, layer_param(e, l, MG_QKVW), layer_param(e, l, MG_QKVB), NULL, N, C, C3);
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, layer_param(e, l, MG_LN1W), layer_param(e, l, MG_LN1B), N,
+                          C, e->threads);
+        matmul_forward(a->qkv, a->ln1, layer_param(e, l, MG_QKVW), layer_param(e, l, MG_QKVB), NULL, N, C, C3, NULL,
+                       &e->gs);
         float *cache = e->kv + (size_t)l * e->B * T * 2 * C;
         for (int i = 0; i < rows; i++)
             for (int k = 0; k < n_new[i]; k++)
@@ -884,7 +909,7 @@ static void cpu_kv_forward(void *impl, int rows, const int *slot, const int *pos
         #pragma omp parallel for collapse(2) schedule(static) num_threads(e->threads)
         for (int i = 0; i < rows; i++)
             for (int h = 0; h < H; h++) {
-                const GemmThreadBuffers *buf = &e->s.thread_gemm[omp_get_thread_num()];
+                const GemmThreadBuffers *buf = &e->s.att.gemm[omp_get_thread_num()];
                 int n = n_new[i], keys = pos[i] + n;
                 const float *q = a->qkv + (size_t)start[i] * C3 + h * hd;
                 const float *k = cache + (size_t)slot[i] * T * 2 * C + h * hd, *v = k + C;
@@ -893,34 +918,36 @@ static void cpu_kv_forward(void *impl, int rows, const int *slot, const int *pos
                 attention_softmax_rows(p, n, keys, pos[i], scale);
                 gemm_serial(buf, n, hd, keys, p, keys, 1, v, 2 * C, 1, a->atty + (size_t)start[i] * C + h * hd, C, 0);
             }
-        matmul_forward(e, a->res2, a->atty, layer_param(e, l, MG_PROJW), layer_param(e, l, MG_PROJB), x, N, C, C);
-        layernorm_forward(e, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, layer_param(e, l, MG_LN2W), layer_param(e, l, MG_LN2B), N);
-        matmul_forward(e, a->fch, a->ln2, layer_param(e, l, MG_FCW), layer_param(e, l, MG_FCB), NULL, N, C, 4 * C);
-        gelu_forward(e, a->fch_gelu, a->fch, (size_t)N * 4 * C);
-        matmul_forward(e, a->res3, a->fch_gelu, layer_param(e, l, MG_FCPROJW), layer_param(e, l, MG_FCPROJB), a->res2, N, 4 * C, C);
+        matmul_forward(a->res2, a->atty, layer_param(e, l, MG_PROJW), layer_param(e, l, MG_PROJB), x, N, C, C, NULL,
+                       &e->gs);
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, layer_param(e, l, MG_LN2W),
+                          layer_param(e, l, MG_LN2B), N, C, e->threads);
+        matmul_forward(a->fch_gelu, a->ln2, layer_param(e, l, MG_FCW), layer_param(e, l, MG_FCB), NULL, N, C, 4 * C,
+                       a->fch, &e->gs);
+        matmul_forward(a->res3, a->fch_gelu, layer_param(e, l, MG_FCPROJW), layer_param(e, l, MG_FCPROJB), a->res2, N,
+                       4 * C, C, NULL, &e->gs);
         x = a->res3;
     }
     for (int i = 0; i < rows; i++)
-        layernorm_forward(e, a->lnf + (size_t)i * C, a->lnf_mean + i, a->lnf_rstd + i, x + (size_t)(start[i + 1] - 1) * C,
-                          e->params + e->lay.lnfw, e->params + e->lay.lnfb, 1);
+        layernorm_forward(a->lnf + (size_t)i * C, a->lnf_mean + i, a->lnf_rstd + i, x + (size_t)(start[i + 1] - 1) * C,
+                          e->params + e->lay.lnfw, e->params + e->lay.lnfb, 1, C, e->threads);
     gemm(&e->gs, rows, e->V, C, a->lnf, C, 1, e->params + e->lay.wte, 1, C, out, e->V, 0);
 }
 
 // ----------------------------------------------------------------------------
 // Optimizer.
 
-// Sum of squares in fixed 64K-element chunks, then the chunk sums in order:
-// the same bits whatever the thread count.
+// The L2 norm of g[n]: sums of squares in fixed 64K-element chunks, then the
+// chunk sums in order: the same bits whatever the thread count.
 #define NORM_CHUNK 65536
-static double cpu_grad_norm(void *impl) {
-    Cpu *e = (Cpu *)impl;
-    size_t n = e->lay.n, chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+static double global_norm(const float *g, size_t n, int threads) {
+    size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
     double *partial = (double *)mg_malloc(chunks * sizeof(double));
-    #pragma omp parallel for schedule(static) num_threads(e->threads)
+    #pragma omp parallel for schedule(static) num_threads(threads)
     for (size_t ch = 0; ch < chunks; ch++) {
         size_t i0 = ch * NORM_CHUNK, i1 = i0 + NORM_CHUNK < n ? i0 + NORM_CHUNK : n;
         double acc = 0;
-        for (size_t i = i0; i < i1; i++) acc += (double)e->grads[i] * e->grads[i];
+        for (size_t i = i0; i < i1; i++) acc += (double)g[i] * g[i];
         partial[ch] = acc;
     }
     double total = 0;
@@ -929,27 +956,40 @@ static double cpu_grad_norm(void *impl) {
     return sqrt(total);
 }
 
-// AdamW as torch.optim.AdamW computes it: decoupled decay first, then the
-// bias-corrected step.
+// One AdamW step (1-based `step`) as torch.optim.AdamW computes it:
+// decoupled decay first (on the ranges that take it), then the
+// bias-corrected step; grads are multiplied by grad_mult (the clip factor)
+// first.
+static void adamw_update(float *params, const float *grads, float *m, float *v, const MgRange *ranges, int n_ranges,
+                         float grad_mult, float lr, float beta1, float beta2, float eps, float weight_decay, int step,
+                         int threads) {
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    for (int r = 0; r < n_ranges; r++) {
+        MgRange rg = ranges[r];
+        float decay = rg.decay ? 1.0f - lr * weight_decay : 1.0f;
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (size_t i = rg.begin; i < rg.end; i++) {
+            float g = grads[i] * grad_mult;
+            float mi = beta1 * m[i] + (1.0f - beta1) * g;
+            float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            params[i] = params[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        }
+    }
+}
+
+static double cpu_grad_norm(void *impl) {
+    Cpu *e = (Cpu *)impl;
+    return global_norm(e->grads, e->lay.n, e->threads);
+}
+
 static void cpu_update(void *impl, int step, float lr, float grad_mult) {
     Cpu *e = (Cpu *)impl;
     const MgConfig *c = &e->cfg;
-    float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
-    double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
-    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    for (int r = 0; r < e->n_ranges; r++) {
-        MgRange rg = e->ranges[r];
-        float decay = rg.decay ? 1.0f - lr * c->weight_decay : 1.0f;
-        #pragma omp parallel for schedule(static) num_threads(e->threads)
-        for (size_t i = rg.begin; i < rg.end; i++) {
-            float g = e->grads[i] * grad_mult;
-            float m = b1 * e->m[i] + (1.0f - b1) * g;
-            float v = b2 * e->v[i] + (1.0f - b2) * g * g;
-            e->m[i] = m;
-            e->v[i] = v;
-            e->params[i] = e->params[i] * decay - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
-        }
-    }
+    adamw_update(e->params, e->grads, e->m, e->v, e->ranges, e->n_ranges, grad_mult, lr, c->beta1, c->beta2, c->eps,
+                 c->weight_decay, step, e->threads);
 }
 
 // main(): binds the cpu_* functions above (cpu_kv_forward included) into the

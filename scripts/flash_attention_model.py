@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A lane-exact numpy model of microgpt/cuda_flash_attention.cuh.
+"""A lane-exact numpy model of microgpt/cuda/attention_flash.cuh.
 
 NOT a test of the product: nothing here runs the CUDA code. It transcribes
 the four flash kernels (forward, backward preprocess, dK/dV, dQ) line by

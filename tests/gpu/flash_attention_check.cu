@@ -1,4 +1,4 @@
-// flash_attention_check.cu: the kernels of microgpt/cuda_flash_attention.cuh
+// flash_attention_check.cu: the kernels of microgpt/cuda/attention_flash.cuh
 // alone, on the GPU, against a float64 attention computed here on the CPU.
 // Built by `make cuda` as build/flash_attention_check; run by
 // tests/gpu/test_flash_kernels.py (which holds the bounds) and by
@@ -16,7 +16,7 @@
 //
 // Every output (y, lse, dqkv) is poisoned with NaN before each launch, so an
 // element no kernel writes is counted; inputs are random bf16 (never zeros).
-#include "../../microgpt/cuda_flash_attention.cuh"
+#include "../../microgpt/cuda/attention_flash.cuh"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,10 +1,10 @@
-// cuda_flash_attention.cuh: causal self-attention on bf16 tensor cores
+// cuda/attention_flash.cuh: causal self-attention on bf16 tensor cores
 // (`--attention flash`), the FlashAttention-2 scheme with mma.sync.
 //
-// Included by microgpt_cuda.cu, which dispatches here from attention_forward
-// and attention_backward when the run is bf16 and the head dim is 32, 64 or
-// 128; every other case runs the CUDA-core kernels there (the fp32 reference
-// path). Same tensors and contract as those kernels:
+// attention.cuh dispatches here from attention_forward and attention_backward
+// when the run is bf16 and the head dim is 32, 64 or 128; every other case
+// runs the CUDA-core kernels there (the fp32 reference path). Same tensors
+// and contract as those kernels:
 //   qkv  [B, T, 3C]  rows [q | k | v], head h at columns h*HD of each third
 //   y    [B, T, C]   the attention output (head h at columns h*HD)
 //   lse  [B*H, T]    natural-log log-sum-exp of each query row's scaled scores
@@ -38,76 +38,25 @@
 // Tiles above the causal diagonal are never loaded or computed. Rows at and
 // beyond T (the last, partial tile) are zero-filled by cp.async, so they are
 // finite and contribute exactly zero; they are never written back.
-#ifndef MICROGPT_CUDA_FLASH_ATTENTION_CUH
-#define MICROGPT_CUDA_FLASH_ATTENTION_CUH
+#ifndef MICROGPT_CUDA_ATTENTION_FLASH_CUH
+#define MICROGPT_CUDA_ATTENTION_FLASH_CUH
 
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
+#include "common.cuh"
+#include "ptx.cuh"
 
 #define FLASH_THREADS 128  // four warps per block, 16 rows each
 #define FLASH_LOG2E 1.4426950408889634f
 #define FLASH_LN2 0.6931471805599453f
 
-// ----------------------------------------------------------------------------
-// PTX wrappers. Each carries a "memory" clobber so that the compiler never
-// moves ordinary shared-memory accesses across it. cp.async and bf16 mma need
-// sm_80; a build for an older target still compiles (microgpt_cuda.cu never
-// selects these kernels there: bf16 itself needs sm_80) and traps if reached.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define FLASH_SM80(code) __trap()
-#else
-#define FLASH_SM80(code) code
-#endif
-
-__device__ __forceinline__ uint32_t flash_smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, asynchronously; zero-fills when !valid (nothing
-// is read then, but the address must still be a legal one).
-__device__ __forceinline__ void flash_cp_async16(void *dst, const void *src, bool valid) {
-    FLASH_SM80(asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(flash_smem_addr(dst)), "l"(src),
-                            "r"(valid ? 16 : 0)
-                            : "memory"));
-}
-__device__ __forceinline__ void flash_cp_async_commit() {
-    FLASH_SM80(asm volatile("cp.async.commit_group;\n" ::: "memory"));
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N> __device__ __forceinline__ void flash_cp_async_wait() {
-    FLASH_SM80(asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"));
-}
-
-// Four 8x8 bf16 matrices; lanes 8m..8m+7 give the row addresses of matrix m,
-// and register m of lane l receives (row l/4, cols 2(l%4), 2(l%4)+1) of matrix
-// m; with .trans, (rows 2(l%4), 2(l%4)+1, col l/4) instead.
-__device__ __forceinline__ void flash_ldmatrix_x4(uint32_t r[4], const __nv_bfloat16 *row) {
-    FLASH_SM80(asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                            : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                            : "r"(flash_smem_addr(row))
-                            : "memory"));
-}
-__device__ __forceinline__ void flash_ldmatrix_x4_trans(uint32_t r[4], const __nv_bfloat16 *row) {
-    FLASH_SM80(asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                            : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                            : "r"(flash_smem_addr(row))
-                            : "memory"));
-}
-
-// c += a b: one 16x8x16 product, bf16 in, fp32 accumulate.
-__device__ __forceinline__ void flash_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    FLASH_SM80(asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)));
-}
-
 // Two fp32 values as one register of two bf16 (lo in the low half: the
-// element with the smaller column index, as the fragments want it).
+// element with the smaller column index, as the fragments want it). memcpy,
+// not a pointer cast: reading a __nv_bfloat162 through a uint32_t pointer
+// breaks C++'s aliasing rules, which a compiler may exploit.
 __device__ __forceinline__ uint32_t flash_pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
 }
 
 // ----------------------------------------------------------------------------
@@ -129,7 +78,7 @@ __device__ __forceinline__ void flash_load_tile(__nv_bfloat16 *tile, const __nv_
     for (int idx = threadIdx.x; idx < ROWS * chunks; idx += FLASH_THREADS) {
         int r = idx / chunks, c = idx % chunks, row = r0 + r;
         bool valid = row < T;
-        flash_cp_async16(tile + r * FlashTile<HD>::LD + c * 8, base + (size_t)(valid ? row : 0) * ld + c * 8, valid);
+        cp_async16(tile + r * FlashTile<HD>::LD + c * 8, base + (size_t)(valid ? row : 0) * ld + c * 8, valid);
     }
 }
 
@@ -151,10 +100,10 @@ __device__ __forceinline__ void flash_next_kv(__nv_bfloat16 *ks, __nv_bfloat16 *
     if (j + 1 < n) {
         flash_load_tile<BN, HD>(ks + ((j + 1) & 1) * BN * LD, kg, ld, (j + 1) * BN, T);
         flash_load_tile<BN, HD>(vs + ((j + 1) & 1) * BN * LD, vg, ld, (j + 1) * BN, T);
-        flash_cp_async_commit();
-        flash_cp_async_wait<1>();  // tile j has landed; j + 1 may still be in flight
+        cp_async_commit();
+        cp_async_wait<1>();  // tile j has landed; j + 1 may still be in flight
     } else {
-        flash_cp_async_wait<0>();
+        cp_async_wait<0>();
     }
 }
 
@@ -168,7 +117,7 @@ __device__ __forceinline__ void flash_next_kv(__nv_bfloat16 *ks, __nv_bfloat16 *
 template <int HD>
 __device__ __forceinline__ void flash_load_a(uint32_t a[4], const __nv_bfloat16 *tile, int row0, int col0) {
     int lane = threadIdx.x % 32;
-    flash_ldmatrix_x4(a, tile + (row0 + lane % 16) * FlashTile<HD>::LD + col0 + (lane / 16) * 8);
+    ldmatrix_x4(a, tile + (row0 + lane % 16) * FlashTile<HD>::LD + col0 + (lane / 16) * 8);
 }
 
 // B operands of two adjacent n8 tiles for X Y^T, Y stored row-major with the
@@ -180,7 +129,7 @@ __device__ __forceinline__ void flash_load_a(uint32_t a[4], const __nv_bfloat16 
 template <int HD>
 __device__ __forceinline__ void flash_load_b_rows(uint32_t b[4], const __nv_bfloat16 *tile, int row0, int col0) {
     int lane = threadIdx.x % 32;
-    flash_ldmatrix_x4(b, tile + (row0 + (lane / 16) * 8 + lane % 8) * FlashTile<HD>::LD + col0 + ((lane / 8) % 2) * 8);
+    ldmatrix_x4(b, tile + (row0 + (lane / 16) * 8 + lane % 8) * FlashTile<HD>::LD + col0 + ((lane / 8) % 2) * 8);
 }
 
 // B operands of two adjacent n8 tiles for X Y, Y stored row-major with the k
@@ -192,7 +141,7 @@ __device__ __forceinline__ void flash_load_b_rows(uint32_t b[4], const __nv_bflo
 template <int HD>
 __device__ __forceinline__ void flash_load_b_cols(uint32_t b[4], const __nv_bfloat16 *tile, int row0, int col0) {
     int lane = threadIdx.x % 32;
-    flash_ldmatrix_x4_trans(b, tile + (row0 + lane % 16) * FlashTile<HD>::LD + col0 + (lane / 16) * 8);
+    ldmatrix_x4_trans(b, tile + (row0 + lane % 16) * FlashTile<HD>::LD + col0 + (lane / 16) * 8);
 }
 
 // acc[N/8][4] += X Y^T for this warp's 16 rows of X (tile xs, from row x0)
@@ -208,8 +157,8 @@ __device__ __forceinline__ void flash_mm_abt(float (*acc)[4], const __nv_bfloat1
         for (int np = 0; np < N / 16; np++) {
             uint32_t b[4];
             flash_load_b_rows<HD>(b, ys, np * 16, kb * 16);
-            flash_mma(acc[2 * np], a, b[0], b[1]);
-            flash_mma(acc[2 * np + 1], a, b[2], b[3]);
+            mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
+            mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
         }
     }
 }
@@ -228,8 +177,8 @@ __device__ __forceinline__ void flash_mm_pb(float (*acc)[4], const float (*p)[4]
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t b[4];
             flash_load_b_cols<HD>(b, ys, kk * 16, dp * 16);
-            flash_mma(acc[2 * dp], a, b[0], b[1]);
-            flash_mma(acc[2 * dp + 1], a, b[2], b[3]);
+            mma_bf16_16816(acc[2 * dp], a, b[0], b[1]);
+            mma_bf16_16816(acc[2 * dp + 1], a, b[2], b[3]);
         }
     }
 }
@@ -305,7 +254,7 @@ flash_attention_forward_kernel(__nv_bfloat16 *y, float *lse, const __nv_bfloat16
                                float scale_log2) {
     typedef FlashShape<HD> S;
     const int BM = S::FWD_BM, BN = S::FWD_BN, LD = S::LD;
-    extern __shared__ __align__(16) unsigned char flash_smem[];
+    unsigned char *flash_smem = dynamic_smem();
     __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(flash_smem);  // [BM][LD]
     __nv_bfloat16 *ks = qs + BM * LD;                                     // [2][BN][LD]
     __nv_bfloat16 *vs = ks + 2 * BN * LD;                                 // [2][BN][LD]
@@ -321,7 +270,7 @@ flash_attention_forward_kernel(__nv_bfloat16 *y, float *lse, const __nv_bfloat16
     flash_load_tile<BM, HD>(qs, qg, ld, q0, T);
     flash_load_tile<BN, HD>(ks, kg, ld, 0, T);
     flash_load_tile<BN, HD>(vs, vg, ld, 0, T);
-    flash_cp_async_commit();
+    cp_async_commit();
 
     float o[HD / 8][4];
 #pragma unroll
@@ -408,8 +357,12 @@ __global__ void flash_attention_backward_preprocess_kernel(float *Dvec, const __
         h = (int)(group % H);
         size_t at = row * C + h * HD + part * 8;
         uint4 a = *reinterpret_cast<const uint4 *>(dy + at), c = *reinterpret_cast<const uint4 *>(y + at);
-        const __nv_bfloat162 *a2 = reinterpret_cast<const __nv_bfloat162 *>(&a);
-        const __nv_bfloat162 *c2 = reinterpret_cast<const __nv_bfloat162 *>(&c);
+        // The loaded words as bf16 pairs by memcpy: reading the uint4 through
+        // a __nv_bfloat162 pointer breaks the aliasing rules (g++ -O2 then
+        // computes D = 0); nvcc turns the copy into register moves.
+        __nv_bfloat162 a2[4], c2[4];
+        memcpy(a2, &a, sizeof a);
+        memcpy(c2, &c, sizeof c);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float2 fa = __bfloat1622float2(a2[k]), fc = __bfloat1622float2(c2[k]);
@@ -444,7 +397,7 @@ flash_attention_backward_dkv_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy
                                     float scale_log2) {
     typedef FlashShape<HD> S;
     const int BN = S::KV_BN, BM = S::KV_BM, LD = S::LD;
-    extern __shared__ __align__(16) unsigned char flash_smem[];
+    unsigned char *flash_smem = dynamic_smem();
     __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(flash_smem);  // [BN][LD]
     __nv_bfloat16 *vs = ks + BN * LD;                                     // [BN][LD]
     __nv_bfloat16 *qs = vs + BN * LD;                                     // [2][BM][LD]
@@ -470,7 +423,7 @@ flash_attention_backward_dkv_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy
     flash_load_tile<BM, HD>(gs, gg, (size_t)C, k0, T);
     flash_load_vec<BM>(ls, lse_bh, k0, T);
     flash_load_vec<BM>(dsv, d_bh, k0, T);
-    flash_cp_async_commit();
+    cp_async_commit();
 
     float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
@@ -486,10 +439,10 @@ flash_attention_backward_dkv_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy
             flash_load_tile<BM, HD>(gs + nb * BM * LD, gg, (size_t)C, i0 + BM, T);
             flash_load_vec<BM>(ls + nb * BM, lse_bh, i0 + BM, T);
             flash_load_vec<BM>(dsv + nb * BM, d_bh, i0 + BM, T);
-            flash_cp_async_commit();
-            flash_cp_async_wait<1>();
+            cp_async_commit();
+            cp_async_wait<1>();
         } else {
-            flash_cp_async_wait<0>();
+            cp_async_wait<0>();
         }
         __syncthreads();  // also publishes the plain stores of lse and D
         const int cb = j & 1;
@@ -539,7 +492,7 @@ flash_attention_backward_dq_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy,
                                    float scale_log2) {
     typedef FlashShape<HD> S;
     const int BM = S::DQ_BM, BN = S::DQ_BN, LD = S::LD;
-    extern __shared__ __align__(16) unsigned char flash_smem[];
+    unsigned char *flash_smem = dynamic_smem();
     __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(flash_smem);  // [BM][LD]
     __nv_bfloat16 *gs = qs + BM * LD;                                     // [BM][LD] dY
     __nv_bfloat16 *ks = gs + BM * LD;                                     // [2][BN][LD]
@@ -558,7 +511,7 @@ flash_attention_backward_dq_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy,
     flash_load_tile<BM, HD>(gs, gg, (size_t)C, q0, T);
     flash_load_tile<BN, HD>(ks, kg, ld, 0, T);
     flash_load_tile<BN, HD>(vs, vg, ld, 0, T);
-    flash_cp_async_commit();
+    cp_async_commit();
 
     float lse2[2], drow[2];  // rows row_a and row_a + 8; rows >= T get 0 (finite, never written)
 #pragma unroll
@@ -647,7 +600,7 @@ static cudaError_t flash_attention_forward_hd(cudaStream_t stream, __nv_bfloat16
     typedef FlashShape<HD> S;
     float scale_log2 = FLASH_LOG2E / sqrtf((float)HD);
     dim3 grid(B * H, (T + S::FWD_BM - 1) / S::FWD_BM);
-    flash_attention_forward_kernel<HD><<<grid, FLASH_THREADS, S::FWD_SMEM, stream>>>(y, lse, qkv, T, C, H, scale_log2);
+    LAUNCH(grid, FLASH_THREADS, S::FWD_SMEM, stream, flash_attention_forward_kernel<HD>)(y, lse, qkv, T, C, H, scale_log2);
     return cudaGetLastError();
 }
 
@@ -658,17 +611,17 @@ static cudaError_t flash_attention_backward_hd(cudaStream_t stream, __nv_bfloat1
     typedef FlashShape<HD> S;
     float scale = 1.0f / sqrtf((float)HD), scale_log2 = scale * FLASH_LOG2E;
     size_t lanes = (size_t)B * T * H * (HD / 8);
-    flash_attention_backward_preprocess_kernel<HD><<<(unsigned)((lanes + 255) / 256), 256, 0, stream>>>(
+    LAUNCH((unsigned)((lanes + 255) / 256), 256, 0, stream, flash_attention_backward_preprocess_kernel<HD>)(
         Dvec, dy, y, B * T, T, C, H);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     dim3 grid_kv(B * H, (T + S::KV_BN - 1) / S::KV_BN);
-    flash_attention_backward_dkv_kernel<HD><<<grid_kv, FLASH_THREADS, S::KV_SMEM, stream>>>(
+    LAUNCH(grid_kv, FLASH_THREADS, S::KV_SMEM, stream, flash_attention_backward_dkv_kernel<HD>)(
         dqkv, dy, qkv, lse, Dvec, T, C, H, scale, scale_log2);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     dim3 grid_q(B * H, (T + S::DQ_BM - 1) / S::DQ_BM);
-    flash_attention_backward_dq_kernel<HD><<<grid_q, FLASH_THREADS, S::DQ_SMEM, stream>>>(
+    LAUNCH(grid_q, FLASH_THREADS, S::DQ_SMEM, stream, flash_attention_backward_dq_kernel<HD>)(
         dqkv, dy, qkv, lse, Dvec, T, C, H, scale, scale_log2);
     return cudaGetLastError();
 }
@@ -693,4 +646,4 @@ static inline cudaError_t flash_attention_backward(cudaStream_t stream, __nv_bfl
     }
 }
 
-#endif  // MICROGPT_CUDA_FLASH_ATTENTION_CUH
+#endif  // MICROGPT_CUDA_ATTENTION_FLASH_CUH

@@ -57,7 +57,7 @@ cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check
 
 $(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu microgpt/cuda_flash_attention.cuh $(ENGINE_HEADERS) | $(BUILD)
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB)"
-	$(NVCC) $(NVCCFLAGS) -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
+	$(NVCC) $(NVCCFLAGS) -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
 		-Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
 
 # The flash attention kernels alone against a float64 reference (tests/gpu/).

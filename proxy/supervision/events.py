@@ -57,8 +57,9 @@ class EventHandlers:
 
     def on_ready(self, seg: Segment, ev: Event) -> None:
         seg.ready = ev.fields
-        seg.ready_at = received_at(ev)[0]
+        seg.ready_at, ready_wall = received_at(ev)
         self.ctx.report.goodput.ready(seg.ready_at)
+        self.ctx.report.progress.start(ready_wall, self.ctx.report.tokens, seg.resume.step)
         st = self.ctx.report.engine
         st.kind = ev.get("engine", st.kind)
         st.device, st.threads = ev.get("device"), ev.get("threads")
@@ -103,14 +104,15 @@ class EventHandlers:
         ctx.bandit.observe(t, arms, mixture=entry.mixture)  # the same floats replay reads back
         seg.pending_weights[t + ctx.lag] = np.array(ctx.bandit.weights(), dtype=np.float64, copy=True)
         report.progress.observe(now, report.tokens, t, entry.loss, entry.ms, mixture=entry.mixture)
-        if seg.last_step_wall is not None:
+        first_of_launch = seg.last_step_wall is None
+        if not first_of_launch:
             seg.step_walls.append(mono - seg.last_step_wall)
         seg.last_step_wall = mono
         every = int(ctx.train.ckpt_every)
         if every > 0 and t % every == 0:
             seg.ckpt_pending, seg.ckpt_pending_step = True, t
         log_every = int(ctx.train.log_every)
-        if log_every > 0 and t % log_every == 0:
+        if first_of_launch or (log_every > 0 and t % log_every == 0):  # the first: training has started
             say_progress(ctx, seg)
 
     def _compare(self, seg: Segment, entry: StepEntry) -> None:

@@ -195,7 +195,7 @@ class Supervisor:
             ctx.writer.maybe_fsync()
             write_run_state(ctx, seg)
             if not seg.stop_sent:
-                say_progress_on_clock(ctx, seg)
+                say_progress_on_clock(ctx, seg, POLL_S)
             if self.watchdog.hung(seg, ctx.report.ckpt_ms):
                 seg.hung = True
                 ctx.warn(f"engine pid {engine.pid} sent nothing for {time.monotonic() - seg.last_activity:.0f}s "

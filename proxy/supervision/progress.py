@@ -59,8 +59,15 @@ class Progress:
         if last_loss is not None:
             self.last_loss = last_loss
 
+    def start(self, time: float, tokens: int, step: int) -> None:
+        """The engine is ready at `step`: the baseline of the window, so the first step has a rate (its
+        wall time counted from the engine being ready)."""
+        if not self.window:
+            self.window.append((time, tokens, step, 0.0))
+
     def rates(self, max_steps: int) -> Rates:
-        """The rates over the window and the ETA at the wall-clock rate; Nones before two steps."""
+        """The rates over the window and the ETA at the wall-clock rate; Nones before two points (a
+        baseline and a step, or two steps)."""
         if len(self.window) < 2:
             return Rates(None, None, None)
         (t0, k0, s0, _), (t1, k1, s1, _) = self.window[0], self.window[-1]

@@ -15,7 +15,7 @@ def last_step(seg: Segment | None) -> int:
     return seg.last_step if seg is not None else 0
 
 
-PROGRESS_EVERY_S = 30.0  # a progress line at least this often, however slow the steps (docs/CLI.md)
+PROGRESS_EVERY_S = 30.0  # the longest the terminal goes without a progress line, however slow the steps
 
 
 def say_progress(ctx: RunContext, seg: Segment, on_clock: bool = False) -> None:
@@ -49,13 +49,14 @@ def say_progress(ctx: RunContext, seg: Segment, on_clock: bool = False) -> None:
     ctx.say(" | ".join(parts))
 
 
-def say_progress_on_clock(ctx: RunContext, seg: Segment) -> None:
+def say_progress_on_clock(ctx: RunContext, seg: Segment, poll_s: float) -> None:
     """A progress line when PROGRESS_EVERY_S have passed since the last one (or since the engine was
-    ready): the terminal is never silent for longer, however slow the steps."""
+    ready), less `poll_s`, how late the caller may look next: the terminal is never silent for longer,
+    however slow the steps."""
     start = ctx.report.progress_said
     if seg.ready_at is not None and (start is None or start < seg.ready_at):
         start = seg.ready_at
-    if start is not None and time.monotonic() - start >= PROGRESS_EVERY_S:
+    if start is not None and time.monotonic() - start >= PROGRESS_EVERY_S - poll_s:
         say_progress(ctx, seg, on_clock=True)
 
 

@@ -103,7 +103,7 @@ def test_wall_clock_checkpoints_change_nothing_but_where_checkpoints_land(straig
             gate.hold_after(then)
         wait_for(lambda: engine_pid(run_dir) != pid, 60, "the engine's restart", proxy)
     assert proxy.wait() == 0, proxy.output()
-    assert "(timed, " in proxy.stdout(), "no checkpoint came from the clock"
+    assert "; timed, write " in proxy.stdout(), "no checkpoint came from the clock"
     assert_same_run(straight, run_dir)
     st = state(run_dir)
     assert st["restarts"] == 2 and st["replay_mismatch_count"] == 0, st

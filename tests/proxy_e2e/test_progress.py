@@ -69,6 +69,10 @@ def test_progress_lines_on_the_clock_when_steps_are_slow(engine, gate, data_cach
     assert PROGRESS_EVERY_S - 1 <= waited <= PROGRESS_EVERY_S + 2, waited
     assert first.startswith("step 0/20000 | first step of this launch in progress (0m29s") or \
         first.startswith("step 0/20000 | first step of this launch in progress (0m30s"), first
+    # `proxy status` meanwhile: no overhead figure before the first step (not "overhead 100%")
+    status = run_cmd(["status", "--run-dir", str(tmp_path / "run")], data_cache)
+    assert "goodput:     no figure before the first step" in status.stdout, status.stdout
+    assert "overhead" not in status.stdout
 
     gate.hold_after(3)  # three steps, then a long wait
     wait_for(lambda: max_logged_step(tmp_path / "run") >= 3, 60, "step 3", proxy)

@@ -11,6 +11,9 @@ NVCC   ?= $(shell command -v nvcc 2>/dev/null)
 CFLAGS  ?= -O3 -march=native
 CFLAGS  += -std=gnu11 -fopenmp -Wall -Wextra -Wno-unused-parameter
 LDLIBS  += -lm -lpthread
+# The source an engine is built from, for its --version (microgpt/common.h).
+MG_SOURCE := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CFLAGS  += -DMG_SOURCE='"$(MG_SOURCE)"'
 
 BUILD := build
 

@@ -17,6 +17,7 @@ from .entries import EvalFields, StepFields, tokens_per_s
 ENVELOPE_COLS = ("loss", "grad_norm")  # sent as min/max/mean so spikes survive
 MEAN_COLS = ("lr", "ms", "tok_s")
 WALL_COL = "wall_tok_s"  # from the x fields (tokens and time), not a column of the store
+WALL_WINDOW_S = 10.0  # a wall-clock rate spans at least this much wall time (docs/DASHBOARD.md)
 
 
 def round_sig(a, digits: int = 6) -> list:
@@ -48,28 +49,71 @@ def ints(a) -> list:
     return np.asarray(a, dtype=np.int64).tolist()
 
 
-def wall_tokens_per_s(tok0, tok1, time0, time1, before: tuple[float, float] | None = None) -> np.ndarray:
-    """Wall-clock tokens/s of each bucket: the tokens its steps added over the wall time since the
-    previous bucket's last step (the first bucket: since `before`, the (tokens, time) of the step
-    before it, else since its own first step). Everything between steps counts (evals, samples,
-    checkpoint stalls, restarts), which the engine's tok_s leaves out; NaN where no time passed."""
-    tok1 = np.asarray(tok1, dtype=np.float64)
-    time1 = np.asarray(time1, dtype=np.float64)
-    if not tok1.size:
-        return np.zeros(0)
-    start_tok = np.concatenate(([before[0] if before else tok0[0]], tok1[:-1]))
-    start_time = np.concatenate(([before[1] if before else time0[0]], time1[:-1]))
-    dt = time1 - start_time
-    dk = tok1 - start_tok
+def wall_tokens_per_s(tok_end, time_end, anchor_tok=(), anchor_time=(), window_s: float = WALL_WINDOW_S
+                      ) -> np.ndarray:
+    """Wall-clock tokens/s at each point (a bucket's last step, points in step order): the tokens added since
+    the latest earlier point at least `window_s` seconds before it, over the wall time between them.
+
+    The earlier points are the anchors (points before the first: block ends, a stream's recent steps, oldest
+    first) and the points before it. Everything between steps counts (evals, samples, checkpoint stalls,
+    restarts), which the engine's tok_s leaves out. A window of seconds, never a pair of log lines: steps
+    logged in a burst must not read as impossibly fast. NaN where no point lies that far back (the start of
+    a run, or of what is known)."""
+    tok_end = np.asarray(tok_end, dtype=np.float64)
+    time_end = np.asarray(time_end, dtype=np.float64)
+    n = tok_end.size
+    out = np.full(n, np.nan)
+    if not n:
+        return out
+    tok = np.concatenate([np.asarray(anchor_tok, dtype=np.float64), tok_end])
+    tim = np.concatenate([np.asarray(anchor_time, dtype=np.float64), time_end])
+    first = tok.size - n  # index of point 0 among all
+    usable = np.flatnonzero(np.isfinite(tok) & np.isfinite(tim))
+    if not usable.size:
+        return out
+    # searched over the running maximum of the times: a clock stepping back never picks a later point
+    latest = np.maximum.accumulate(tim[usable])
+    target = time_end - window_s
+    pos = np.searchsorted(latest, np.where(np.isfinite(target), target, -np.inf), side="right") - 1
+    j = usable[np.maximum(pos, 0)]
+    dk, dt = tok_end - tok[j], time_end - tim[j]
+    ok = (pos >= 0) & np.isfinite(target) & (j < first + np.arange(n)) & (dt >= window_s) & (dk >= 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where((dt > 0) & (dk >= 0), dk / dt, np.nan)
+        out[ok] = dk[ok] / dt[ok]
+    return out
 
 
-def agg_payload(agg: Agg, cols: list[str], raw: bool) -> dict:
+class WallWindow:
+    """A live stream's recent (tokens, time) points: enough history to rate each new step over
+    WALL_WINDOW_S, the newest point at least that old and everything after it."""
+
+    MAX_POINTS = 100_000  # bounds the memory of a stream of very fast steps
+
+    def __init__(self, tokens=(), times=()):
+        self.tokens = [float(x) for x in tokens]
+        self.times = [float(x) for x in times]
+
+    def rates(self, tokens: list[float], times: list[float]) -> np.ndarray:
+        out = wall_tokens_per_s(tokens, times, self.tokens, self.times)
+        self.tokens.extend(float(x) for x in tokens)
+        self.times.extend(float(x) for x in times)
+        finite = [t for t in self.times if t == t]
+        if finite:
+            newest = max(finite)
+            # later points (no older than this one) find their anchor at or after the newest old-enough point
+            keep = max((i for i, t in enumerate(self.times) if t <= newest - WALL_WINDOW_S), default=0)
+            keep = max(keep, len(self.times) - self.MAX_POINTS)
+            del self.tokens[:keep], self.times[:keep]
+        return out
+
+
+def agg_payload(agg: Agg, cols: list[str], raw: bool, before: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """Columns of `agg` as {"step": [...], "loss": {"min","max","mean"}, "lr": [...], "mix": {...}}.
 
     A raw payload (each bucket one row) leaves out the *_end fields and the
-    min/max of envelope columns: they equal the start and the mean.
+    min/max of envelope columns: they equal the start and the mean. `before`
+    is the (tokens, time) of points before the first bucket, where the
+    wall-clock rates of the first buckets may start.
     """
     n = len(agg)
     ncol = agg.vmin.shape[1] if agg.vmin.ndim == 2 else 0
@@ -91,16 +135,19 @@ def agg_payload(agg: Agg, cols: list[str], raw: bool) -> dict:
             out[c] = col_mean
     for c in ENVELOPE_COLS + MEAN_COLS:  # always present, even before the first entry
         out.setdefault(c, {"mean": []} if c in ENVELOPE_COLS else [])
-    out[WALL_COL] = round_sig(wall_tokens_per_s(agg.tok0, agg.tok1, agg.time0, agg.time1))
+    anchor_tok, anchor_time = before if before is not None else (np.zeros(0), np.zeros(0))
+    if n:  # the first bucket's own first step too
+        anchor_tok, anchor_time = np.append(anchor_tok, agg.tok0[0]), np.append(anchor_time, agg.time0[0])
+    out[WALL_COL] = round_sig(wall_tokens_per_s(agg.tok1, agg.time1, anchor_tok, anchor_time))
     out["mix"] = mix
     return out
 
 
-def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None
+def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None, window: WallWindow | None = None
                  ) -> tuple[dict, tuple[int, float, float] | None]:
     """Raw payload of freshly read step entries (a live push). `prev` is the (step, tokens, time) of the
-    entry before them, for tok_s and wall_tok_s; returns the new one."""
-    before = (prev[1], prev[2]) if prev else None
+    entry before them, for tok_s; returns the new one. `window` holds the stream's recent steps for
+    wall_tok_s and takes these rows in (without one, the rates start from these rows alone)."""
     steps, tokens, times = [], [], []
     loss, gn, lr, ms, tps = [], [], [], [], []
     mix: dict[str, list] = {}
@@ -122,7 +169,7 @@ def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None
     out = {"n": len(steps), "raw": True, "step": steps, "tokens": round_sig(tokens, 12),
            "time": round_dec(times, 3), "loss": {"mean": round_sig(loss)}, "grad_norm": {"mean": round_sig(gn)},
            "lr": round_sig(lr), "ms": round_sig(ms), "tok_s": round_sig(tps),
-           WALL_COL: round_sig(wall_tokens_per_s(tokens, tokens, times, times, before)),
+           WALL_COL: round_sig((window or WallWindow()).rates(tokens, times)),
            "mix": {arm: round_sig(col) for arm, col in mix.items()}}
     return out, prev
 

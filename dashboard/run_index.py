@@ -187,11 +187,17 @@ class RunIndex:
                 first = last = 0
             raw_limit = min(RAW_MAX, max(RAW_PER_BUCKET * width, RAW_MIN))
             agg, raw = st.query(int(first), int(last), width, raw_limit)
-            out = payload.agg_payload(agg, st.cols, raw)
+            before = st.points_before(int(agg.step0[0])) if len(agg) else None
+            out = payload.agg_payload(agg, st.cols, raw, before)
             out.update(run=self.index, generation=self.generation, offset=self.follower.offset,
                        first=first, last=last, width=width, total_steps=st.n_steps,
                        t0=st.first_time, last_step=hi if hi >= 0 else None)
             return out
+
+    def wall_window(self, step: int) -> payload.WallWindow:
+        """The history a live stream rates the wall clock of steps from `step` on with."""
+        with self._query():
+            return payload.WallWindow(*self.store.points_before(step))
 
     def evals_payload(self) -> dict:
         with self._query():

@@ -255,6 +255,16 @@ class StepStore:
     def rows_agg(self, rows: dict[int, tuple]) -> Agg:
         return self._rows_agg(rows)
 
+    def points_before(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, time) of the last step of each closed block and of each open step before `step`, in step
+        order: where the wall-clock rate of a view or a push starting at `step` may start (payload.py)."""
+        ends = self.b_x[: self.nb]
+        closed = ends[ends[:, 1] < step]
+        opened = sorted(s for s in self.open if s < step)
+        tokens = np.concatenate([closed[:, 3], np.array([self.open[s][0] for s in opened], dtype=np.float64)])
+        times = np.concatenate([closed[:, 5], np.array([self.open[s][1] for s in opened], dtype=np.float64)])
+        return tokens, times
+
     def first_step(self) -> int | None:
         if self.nb:
             return int(min(self.b_start[0], self.b_x[0, 0]))

@@ -75,7 +75,8 @@ def sse(event: str, data: dict, id: str | None = None) -> bytes:
     return head.encode() + b"data: " + payload.dumps(data) + b"\n\n"
 
 
-def _entries(data: bytes, base: int, prev):
+def _entries(run: RunIndex, data: bytes, base: int, prev, window: payload.WallWindow | None):
+    """The step and eval entries of `data` as payloads; (steps, evals, bytes used, prev, window)."""
     lines, used = parse_lines(data, base)
     steps, evals = [], []
     for _s, _e, obj in lines:
@@ -86,8 +87,10 @@ def _entries(data: bytes, base: int, prev):
         e = eval_fields(obj)
         if e is not None:
             evals.append(e)
-    steps_payload, prev = payload.rows_payload(steps, prev)
-    return steps_payload, payload.evals_payload(evals), used, prev
+    if window is None and steps:  # a new stream (or one reset): the history before its first step
+        window = run.wall_window(steps[0].step)
+    steps_payload, prev = payload.rows_payload(steps, prev, window)
+    return steps_payload, payload.evals_payload(evals), used, prev, window
 
 
 async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None], hub: Hub,
@@ -97,6 +100,7 @@ async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None]
         pos.append(p if p is not None else run.position())
     seen = [{k: -1 for k in SIDECAR_KINDS} for _ in runs]
     prev: list = [None] * len(runs)
+    windows: list = [None] * len(runs)  # payload.WallWindow per run, for the wall-clock rate
     yield b"retry: 1000\n\n"
     yield sse("hello", {"runs": [r.index for r in runs], "positions": encode_positions(pos)},
               id=encode_positions(pos))
@@ -109,13 +113,14 @@ async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None]
             if g != gen or off > committed or committed - off > MAX_GAP:
                 reason = "behind" if g == gen and off <= committed else "replaced"
                 pos[j] = (gen, committed)
-                prev[j] = None
+                prev[j] = windows[j] = None
                 yield sse("reset", {"run": run.index, "generation": gen, "offset": committed, "reason": reason},
                           id=encode_positions(pos))
                 sent = True
             elif off < committed:
                 data = await asyncio.to_thread(run.read_log, off, committed)
-                steps, evals, used, prev[j] = await asyncio.to_thread(_entries, data, off, prev[j])
+                steps, evals, used, prev[j], windows[j] = await asyncio.to_thread(_entries, run, data, off, prev[j],
+                                                                                  windows[j])
                 if used == 0:  # the file changed under us; the watcher will notice and reset
                     pos[j] = (gen, committed)
                     continue

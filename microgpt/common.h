@@ -22,6 +22,11 @@
 #include <time.h>
 
 #define MG_VERSION "0.1.0"
+// The source the binary was built from (`git describe --always --dirty` at
+// build time; the Makefile passes it), shown by --version.
+#ifndef MG_SOURCE
+#define MG_SOURCE "unknown"
+#endif
 
 // Exit codes (docs/FORMATS.md, "Engine exit codes").
 enum { MG_EXIT_OK = 0, MG_EXIT_USAGE = 2, MG_EXIT_CKPT = 3, MG_EXIT_PROTOCOL = 4, MG_EXIT_IO = 5, MG_EXIT_NUMERIC = 6 };

@@ -106,11 +106,25 @@ static void mg_defaults(MgConfig *cfg) {
     cfg->precision = NULL;  // engine default
 }
 
+// --version: the engine's version, kind, the source it was built from and
+// the compiler (`proxy --version` prints it beside the package's version).
+static void mg_print_version(FILE *f) {
+#if defined(__CUDACC__)
+    fprintf(f, "microgpt engine %s (cuda; source %s; nvcc %d.%d)\n", MG_VERSION, MG_SOURCE, __CUDACC_VER_MAJOR__,
+            __CUDACC_VER_MINOR__);
+#elif defined(__VERSION__)
+    fprintf(f, "microgpt engine %s (cpu; source %s; cc %s)\n", MG_VERSION, MG_SOURCE, __VERSION__);
+#else
+    fprintf(f, "microgpt engine %s (cpu; source %s)\n", MG_VERSION, MG_SOURCE);
+#endif
+}
+
 static void mg_usage(const char *prog, FILE *f) {
     fprintf(f, "usage: %s --data FILE|- [flags]\n\nflags:\n", prog);
     for (size_t i = 0; i < MG_NFLAGS; i++)
         fprintf(f, "  --%-20s %s\n", MG_FLAGS[i].name, MG_FLAGS[i].help);
     fprintf(f, "  --%-20s %s\n", "help", "print this and exit");
+    fprintf(f, "  --%-20s %s\n", "version", "print the engine's version and build, and exit");
 }
 
 // A minimal JSON validator (RFC 8259 grammar, no semantic checks): --meta is
@@ -252,6 +266,7 @@ static void mg_parse_args(MgConfig *cfg, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { mg_usage(argv[0], stdout); exit(0); }
+        if (strcmp(arg, "--version") == 0) { mg_print_version(stdout); exit(0); }
         if (strncmp(arg, "--", 2) != 0) mg_fail(MG_EXIT_USAGE, "unexpected argument '%s' (flags start with --; see --help)", arg);
         char name[64];
         const char *eq = strchr(arg + 2, '=');

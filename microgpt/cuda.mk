@@ -60,7 +60,7 @@ CUDA_OP_HEADERS := $(wildcard microgpt/cuda/*.cuh)
 
 $(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) | $(BUILD)
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB)"
-	$(NVCC) $(NVCCFLAGS) -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
+	$(NVCC) $(NVCCFLAGS) -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
 		-Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
 
 # The flash attention kernels alone against a float64 reference (tests/gpu/).

@@ -327,7 +327,7 @@ static const char *cpu_configure(void *impl, MgConfig *cfg) {
     e->threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
     e->eng->threads = e->threads;
     e->eng->precision = "fp32";
-    snprintf(e->eng->device, sizeof e->eng->device, "cpu (%d threads)", e->threads);
+    snprintf(e->eng->device, sizeof e->eng->device, "cpu (%d thread%s)", e->threads, e->threads == 1 ? "" : "s");
     return NULL;
 }
 

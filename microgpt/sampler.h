@@ -136,7 +136,11 @@ static void mg_next_logits(MgEngine *eng, MgCompletion *c, int rows, uint32_t j,
 // one `sample` event (step: the engine's step) listing them in that order.
 // Completion k of a prompt draws from (its prompt's seed, k, position), so a
 // completion does not depend on which others share its frame or batch.
-static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id, const MgSampleRequest *req) {
+// A stop (SIGTERM, SIGINT) is looked at between sampled tokens: an audit can
+// take minutes, and a stop must be answered within one token's forward pass.
+// The audit is then abandoned (no event; the proxy asks again after the
+// resume) and 0 returned; 1 when the event was printed.
+static int mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id, const MgSampleRequest *req) {
     const MgSampleParams *p = &req->params;
     int B = cfg->batch, T = cfg->ctx, V = cfg->vocab;
     int use_kv = eng->kv_forward != NULL && !cfg->sample_recompute;
@@ -169,10 +173,12 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
     s.probs = (double *)mg_malloc((size_t)V * sizeof(double));
     s.scratch = (float *)mg_malloc((size_t)V * sizeof(float));
     float *dump = cfg->dump_logits ? (float *)mg_malloc((size_t)n * p->max_new * V * sizeof(float)) : NULL;
-    for (uint32_t s0 = 0; s0 < n; s0 += (uint32_t)B) {
+    int done = 1;
+    for (uint32_t s0 = 0; s0 < n && done; s0 += (uint32_t)B) {
         int rows = (int)(n - s0 < (uint32_t)B ? n - s0 : (uint32_t)B);
         MgCompletion *batch = c + s0;
         for (uint32_t j = 0; j < p->max_new; j++) {
+            if (mg_stop_requested) { done = 0; break; }
             mg_next_logits(eng, batch, rows, j, T, V, use_kv, &s);
             for (int r = 0; r < rows; r++)
                 batch[r].tokens[batch[r].n_prompt + j] = (uint16_t)mg_pick_token(
@@ -181,19 +187,22 @@ static void mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id,
                 memcpy(dump + ((size_t)(s0 + r) * p->max_new + j) * V, s.logits[r], (size_t)V * sizeof(float));
         }
     }
-    if (dump) mg_append_logits(cfg->dump_logits, dump, (size_t)n * p->max_new * V);
-    printf("{\"event\":\"sample\",\"id\":%llu,\"step\":%d,\"tokens\":[", (unsigned long long)id, step);
-    for (uint32_t k = 0; k < n; k++) {
-        fputs(k ? ",[" : "[", stdout);
-        for (uint32_t j = 0; j < p->max_new; j++) printf(j ? ",%u" : "%u", c[k].tokens[c[k].n_prompt + j]);
-        fputc(']', stdout);
+    if (done && dump) mg_append_logits(cfg->dump_logits, dump, (size_t)n * p->max_new * V);
+    if (done) {
+        printf("{\"event\":\"sample\",\"id\":%llu,\"step\":%d,\"tokens\":[", (unsigned long long)id, step);
+        for (uint32_t k = 0; k < n; k++) {
+            fputs(k ? ",[" : "[", stdout);
+            for (uint32_t j = 0; j < p->max_new; j++) printf(j ? ",%u" : "%u", c[k].tokens[c[k].n_prompt + j]);
+            fputc(']', stdout);
+        }
+        printf("],\"ms\":%.3f}\n", mg_now_ms() - t0);
+        fflush(stdout);
     }
-    printf("],\"ms\":%.3f}\n", mg_now_ms() - t0);
-    fflush(stdout);
     for (uint32_t k = 0; k < n; k++) free(c[k].tokens);
     free(c);
     free(s.slot); free(s.pos); free(s.n_new); free(s.packed); free(s.kv_logits); free(s.win_rows);
     free(s.windows); free(s.win_logits); free(s.logits); free(s.pending); free(s.probs); free(s.scratch); free(dump);
+    return done;
 }
 
 #endif  // MICROGPT_SAMPLER_H

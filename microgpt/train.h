@@ -214,11 +214,15 @@ static void mg_handle_signals(MgDriver *d) {
     if (mg_stop_requested) mg_finish(d, "signal", "signal");
 }
 
+// An EVAL frame's rows, B at a time, then one `eval` event. A stop between
+// two forward passes abandons it (no event; the proxy asks again after the
+// resume), as a stop abandons a sample audit.
 static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint16_t *groups, int rows) {
     int B = d->cfg.batch, T = d->cfg.ctx;
     double t0 = mg_now_ms();
     double loss_sum = 0;
     for (int r0 = 0; r0 < rows; r0 += B) {
+        if (mg_stop_requested) return;
         int n = rows - r0 < B ? rows - r0 : B;
         d->eng->forward_loss(d->eng->impl, tokens + (size_t)r0 * (T + 1), n, d->row_loss + r0);
     }
@@ -230,7 +234,11 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
     fflush(stdout);
 }
 
-// Reads and executes frames until EOF, STOP or a signal.
+// Reads and executes frames until EOF, STOP or a signal. A stop signal is
+// answered after the step in flight: the frames queued behind it are not
+// trained (a TRAIN frame read after the signal landed is dropped too); the
+// proxy sends them again after the resume, as after any crash, and the batch
+// of a step depends only on the seed, the step and the mixture.
 static void mg_proxy_loop(MgDriver *d) {
     const MgConfig *c = &d->cfg;
     int rowlen = c->ctx + 1;
@@ -267,6 +275,7 @@ static void mg_proxy_loop(MgDriver *d) {
             mg_read_exact(0, d->rows_buf, (size_t)h.rows * rowlen * 2, 0);
             mg_read_exact(0, d->groups_buf, (size_t)h.rows * 2, 0);
             mg_check_tokens(d->rows_buf, (size_t)h.rows * rowlen, c->vocab);
+            if (mg_stop_requested) break;  // a stop came while the frame was read: not trained
             if (h.type == MG_FRAME_TRAIN) {
                 mg_train_step(d, d->rows_buf, d->groups_buf);
                 mg_periodic_checkpoint(d);
@@ -276,7 +285,7 @@ static void mg_proxy_loop(MgDriver *d) {
         case MG_FRAME_SAMPLE: {
             MgSampleRequest req;
             mg_read_sample_request(&h, c->vocab, &req);
-            mg_sample(d->eng, c, d->step, h.id, &req);
+            (void)mg_sample(d->eng, c, d->step, h.id, &req);  // abandoned for a stop: handled at the loop's top
             free(req.prompts);
             free(req.tokens);
             break;

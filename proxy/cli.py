@@ -65,6 +65,8 @@ def _add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="proxy", description="microgpt's training proxy: supervises the engine, "
                      "owns the data mixture and the run directory.")
+    parser.add_argument("--version", action="store_true", help="print the package's version and each built "
+                        "engine's version and build, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="train an experiment (relaunch the same command to resume)")
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.version:
+            return importlib.import_module("proxy.commands.version").main()
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE

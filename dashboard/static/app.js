@@ -5,6 +5,9 @@
  * /api/stream pushes log entries past that offset (and changed sidecars) as they are
  * written. A drag on a chart zooms: the server returns that step range at a finer
  * resolution. Everything inserted into the page from run files goes in as text.
+ *
+ * `?static=1` draws what the server has once and opens no event stream (nothing keeps the page
+ * busy), for screenshots: headless Chromium's --virtual-time-budget then finishes (DASHBOARD.md).
  */
 "use strict";
 (function () {
@@ -12,11 +15,14 @@
   const ARM_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
     "#ff9da7", "#9c755f", "#bab0ac"];
   const MAX_SHOWN = 8;
+  const STATIC = new URLSearchParams(location.search).get("static") === "1";
+  const CHART_IDS = ["chart-loss", "chart-val", "chart-mix", "chart-lr", "chart-gn", "chart-tps"];
+  const NO_STEPS = "no training steps logged yet";
   const $ = (id) => document.getElementById(id);
 
   const dash = (window.__dashboard = {
     ready: false, readyAt: null, points: 0, lastStep: null, pivots: 0, events: 0, renders: 0,
-    errors: [], connected: false,
+    errors: [], connected: false, static: STATIC,
   });
 
   const S = {
@@ -67,7 +73,7 @@
     if (t == null) return "–";
     return new Date(t * 1000).toLocaleString();
   }
-  const X_LABEL = { step: "step", tokens: "tokens", time: "hours" };
+  const X_LABEL = { step: "step", tokens: "tokens (cumulative)", time: "wall time (hours since the first entry)" };
   // whole-number tick steps for step and token axes: 1, 2, 5, 10, 20, 50, ...
   const INT_INCRS = [];
   for (let m = 1; m <= 1e15; m *= 10) INT_INCRS.push(m, 2 * m, 5 * m);
@@ -181,9 +187,10 @@
   }
 
   async function loadRun(idx) {
-    const [ov, ev, st, ph] = await Promise.all([
+    const [ov, ev, st, ph, ex] = await Promise.all([
       fetchSeries(idx, null), getJSON(`/api/runs/${idx}/evals`),
       getJSON(`/api/runs/${idx}/state`), getJSON(`/api/runs/${idx}/phases`),
+      getJSON(`/api/runs/${idx}/experiment`), // the first draw says when the first eval is due
     ]);
     const r = S.R[idx] || (S.R[idx] = { idx, tail: [], side: {}, evals: [] });
     r.overview = cols(ov);
@@ -195,6 +202,13 @@
     r.evals = evalsFrom(ev);
     r.side.state = st.value;
     r.side.phases = ph.value;
+    r.side.experiment = ex.value;
+    if (STATIC) { // no stream will send the other sidecars: read them once
+      const [sm, ck] = await Promise.all([getJSON(`/api/runs/${idx}/samples`),
+        getJSON(`/api/runs/${idx}/checkpoints`)]);
+      r.side.samples = sm.value;
+      r.side.checkpoints = ck;
+    }
     const ls = ov.last_step;
     if (ls != null && (dash.lastStep == null || ls > dash.lastStep)) dash.lastStep = ls;
     return r;
@@ -390,15 +404,17 @@
     zoomTo(xmin, xmax);
   }
 
-  function baseOpts(el_, height, series, extra) {
+  // a chart's options; every axis is labelled (the y axis with `yLabel`)
+  function baseOpts(el_, height, series, extra, yLabel) {
     const width = Math.max(200, el_.clientWidth || 600);
     return Object.assign({
       width, height,
       scales: { x: { time: false } },
       axes: [
-        Object.assign({ values: (u, sp) => sp.map(fmtX), grid: { stroke: "#eee" } },
-          S.xmode === "time" ? null : { incrs: INT_INCRS }),
-        { values: (u, sp) => sp.map((v) => fmtNum(v, 3)), size: 64, grid: { stroke: "#eee" } },
+        Object.assign({ values: (u, sp) => sp.map(fmtX), grid: { stroke: "#eee" }, label: X_LABEL[S.xmode],
+          labelSize: 18 }, S.xmode === "time" ? null : { incrs: INT_INCRS }),
+        { values: (u, sp) => sp.map((v) => fmtNum(v, 3)), size: 64, grid: { stroke: "#eee" }, label: yLabel,
+          labelSize: 18 },
       ],
       cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: "dash" } },
       legend: { live: true },
@@ -437,6 +453,33 @@
     return u;
   }
 
+  // a message over a chart that has nothing to draw yet (null: the chart has data)
+  function emptyNote(id, message) {
+    const host = $(id);
+    let note = host.querySelector(":scope > .chart-empty");
+    if (!message) {
+      if (note) note.remove();
+      return;
+    }
+    if (!note) {
+      note = el("div", { class: "chart-empty" });
+      host.append(note);
+    }
+    note.textContent = message;
+  }
+
+  // why the validation chart is empty: evaluations are off, or none is due yet
+  function noEvalsYet(shown) {
+    const every = shown.map((i) => {
+      const exp = S.R[i] && S.R[i].side.experiment;
+      const t = exp && typeof exp === "object" ? exp.train : null;
+      return t && typeof t.eval_every === "number" ? t.eval_every : null;
+    });
+    if (every.length && every.every((e) => e === 0)) return "evaluations are off (train.eval_every is 0)";
+    const n = every.find((e) => e > 0);
+    return "no evaluation yet" + (n ? ` (one every ${n.toLocaleString()} steps)` : "");
+  }
+
   function runName(idx) {
     const r = S.runs[idx];
     return r ? r.name : String(idx);
@@ -450,6 +493,7 @@
     const shown = S.shown.filter((i) => S.R[i] && S.R[i].overview);
     S.pts = {};
     if (!shown.length) {
+      for (const id of CHART_IDS) emptyNote(id, S.runs.length ? "no run chosen" : "no run to show");
       renderTables();
       markReady();
       return;
@@ -464,8 +508,11 @@
       shown.flatMap((i) => [
         lineSeries(runName(i) + " raw", alpha(runColor(i), 0.35), 1),
         lineSeries(runName(i) + " smoothed", runColor(i), 2),
-      ]), S.log ? { scales: { x: { time: false }, y: { distr: 3, log: 10 } } } : null), lossData);
+      ]), S.log ? { scales: { x: { time: false }, y: { distr: 3, log: 10 } } } : null,
+      "loss (nats/token)"), lossData);
     dash.points = shown.reduce((a, i) => a + S.pts[i].x.length, 0);
+    const noSteps = dash.points ? null : NO_STEPS;
+    for (const id of ["chart-loss", "chart-lr", "chart-gn", "chart-tps"]) emptyNote(id, noSteps);
 
     // validation loss per arm (x from the run's own step->x mapping)
     const valTables = [], valSeries = [];
@@ -491,20 +538,22 @@
         { dash: shown.indexOf(i) ? [4, 3] : undefined, points: { show: true, size: 3 } })));
     }
     setChart("chart-val", keyBase + "|" + valSeries.map((s) => s.label).join(","),
-      (h) => baseOpts(h, 230, valSeries), joinTables(valTables.length ? valTables : [[[]]]));
+      (h) => baseOpts(h, 230, valSeries, null, "loss (nats/token)"),
+      joinTables(valTables.length ? valTables : [[[]]]));
+    emptyNote("chart-val", shown.some((i) => S.R[i].evals.length) ? null : noEvalsYet(shown));
 
     // learning rate, gradient norm, tokens/s
-    const simple = (id, field, height, fmt) => {
+    const simple = (id, field, height, fmt, yLabel) => {
       const tables = shown.map((i) => [S.pts[i].x, S.pts[i][field]]);
       setChart(id, keyBase, (h) => {
         const o = baseOpts(h, height, shown.map((i) => lineSeries(runName(i), runColor(i), 1.25,
-          { value: (u, v) => fmt(v) })));
+          { value: (u, v) => fmt(v) })), null, yLabel);
         o.axes[1].values = (u, sp) => sp.map(fmt);
         return o;
       }, joinTables(tables.length ? tables : [[[], []]]));
     };
-    simple("chart-lr", "lr", 180, (v) => fmtNum(v, 3));
-    simple("chart-gn", "gn", 180, (v) => fmtNum(v, 3));
+    simple("chart-lr", "lr", 180, (v) => fmtNum(v, 3), "learning rate");
+    simple("chart-gn", "gn", 180, (v) => fmtNum(v, 3), "gradient norm");
     // tokens/s: the engine's step compute (solid) and the wall clock's, audits and waits included (dashed)
     const tpsTables = shown.map((i) => [S.pts[i].x, S.pts[i].tps, S.pts[i].wtps]);
     setChart("chart-tps", keyBase, (h) => {
@@ -512,7 +561,7 @@
       const o = baseOpts(h, 180, shown.flatMap((i) => [
         lineSeries(runName(i) + " engine", runColor(i), 1.25, { value: (u, v) => fmt(v) }),
         lineSeries(runName(i) + " wall clock", runColor(i), 1.25, { dash: [5, 3], value: (u, v) => fmt(v) }),
-      ]));
+      ]), null, "tokens / s");
       o.axes[1].values = (u, sp) => sp.map(fmt);
       return o;
     }, joinTables(tpsTables.length ? tpsTables : [[[], [], []]]));
@@ -536,7 +585,8 @@
       order.map((k) => lineSeries(arms[k], ARM_COLORS[k % ARM_COLORS.length], 1, {
         fill: alpha(ARM_COLORS[k % ARM_COLORS.length], 0.55), fillTo: 0,
         value: (u, v, si, idx) => (idx == null || !P ? "–" : fmtNum(P.mix[arms[k]][idx], 3)),
-      })), { scales: { x: { time: false }, y: { range: [0, 1] } } }), mixData);
+      })), { scales: { x: { time: false }, y: { range: [0, 1] } } }, "weight (stacked)"), mixData);
+    emptyNote("chart-mix", P && arms.length && P.x.length ? null : "no mixture logged yet");
 
     // every chart spans the same x range as the loss chart (cursor sync lines up)
     if (!S.view && lossData[0].length) {
@@ -619,7 +669,10 @@
       const info = S.runs[idx] || {};
       const [label, why] = statusOf(st);
       const eng = (st && st.engine) || {};
-      const step = st && st.step != null ? st.step : dash.lastStep;
+      // the newest of the two sources: .state.json (rewritten every few seconds) and the log itself
+      const logged = loggedStep(r);
+      const fromState = st && typeof st.step === "number" ? st.step : -1;
+      const step = Math.max(logged, fromState) >= 0 ? Math.max(logged, fromState) : null;
       const maxSteps = (st && st.max_steps) || info.max_steps;
       const rows = [
         ["step", (step == null ? "–" : step.toLocaleString()) + (maxSteps ? " / " + maxSteps.toLocaleString() : "")],
@@ -648,6 +701,11 @@
     const parts = Object.entries(g.audits || {}).map(([k, a]) => `${k} ${pct(a && a.s / g.wall_s)}`);
     parts.push(`other ${pct(g.other_s / g.wall_s)}`);
     return `${pct(g.overhead)} (${parts.join(", ")})`;
+  }
+
+  // the run's last logged step (-1: none yet)
+  function loggedStep(r) {
+    return r.tail.length ? r.tail[r.tail.length - 1].step : lastStepOf(r.overview);
   }
 
   function lastLogged(r) {
@@ -782,7 +840,11 @@
     await Promise.all(S.shown.filter((i) => !S.R[i]).map(loadRun));
     S.view = null;
     render();
-    connect();
+    if (STATIC) {
+      const conn = $("conn");
+      conn.textContent = "static snapshot (no live updates)";
+      conn.className = "conn";
+    } else connect();
   }
 
   async function start() {
@@ -807,7 +869,7 @@
         }
       }, 150);
     });
-    setInterval(renderStatus, 5000); // ages ("updated 5s ago") keep moving
+    if (!STATIC) setInterval(renderStatus, 5000); // ages ("updated 5s ago") keep moving
 
     S.runs = await getJSON("/api/runs");
     const q = new URLSearchParams(location.search).get("runs");
@@ -820,9 +882,14 @@
 
   // for tests and the curious: the current zoom
   // what one chart draws: its series' labels and its data columns (x first)
+  // and its axes' labels and the message it shows while it has nothing to draw (null when it has)
   window.__dashboardChart = (id) => {
     const u = S.charts[id];
-    return u ? { labels: u.series.map((s) => s.label), data: u.data.map((col) => Array.from(col)) } : null;
+    const note = $(id).querySelector(":scope > .chart-empty");
+    const empty = note ? note.textContent : null;
+    if (!u) return note ? { labels: [], data: [], axes: [], empty } : null;
+    return { labels: u.series.map((s) => s.label), data: u.data.map((col) => Array.from(col)),
+      axes: u.axes.map((a) => a.label || null), empty };
   };
   window.__dashboardZoom = () => ({
     zoomed: !!S.view, from: S.view ? S.view.from : null, to: S.view ? S.view.to : null,

@@ -18,6 +18,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -31,8 +32,20 @@ from ..supervision.engine_process import EngineError, choose_engine
 from .checkpoint_engine import CheckpointEngine
 from .model_source import ModelSource, resolve_source, run_data, say_warnings
 
-# (name, tokens [rows, ctx + 1], group ids [rows]) of one part evaluated: an arm or a file
-Part = tuple[str, np.ndarray, np.ndarray]
+class Part(NamedTuple):
+    """One part evaluated: an arm (its validation rows) or a file (the rows that cover it)."""
+    name: str
+    tokens: np.ndarray  # [rows, ctx + 1]
+    groups: np.ndarray  # [rows], the part's group id
+    starts: np.ndarray  # [rows], ascending: where each row starts in its shard or file
+
+
+def predicted_tokens(starts: np.ndarray, ctx: int) -> int:
+    """How many distinct positions the rows predict: a row starting at s predicts s+1 .. s+ctx, and
+    overlapping rows (the last row of a file, a short shard) predict some positions twice, counted once."""
+    starts = np.asarray(starts, dtype=np.int64)
+    gaps = np.minimum(np.diff(starts), ctx)
+    return int(gaps.sum()) + ctx if starts.size else 0
 
 
 def arm_parts(source: ModelSource, data: PreparedData) -> list[Part]:
@@ -44,7 +57,8 @@ def arm_parts(source: ModelSource, data: PreparedData) -> list[Part]:
     except BatchError as exc:
         raise ProxyError(f"the data of {source.run.root}: {exc}", EXIT_USAGE) from None
     rows = int(experiment.train.eval_rows)
-    return [(name, *sampler.eval_batch(arm, rows)) for arm, name in enumerate(experiment.arm_names)]
+    return [Part(name, *sampler.eval_batch(arm, rows), sampler.eval_offsets(arm, rows))
+            for arm, name in enumerate(experiment.arm_names)]
 
 
 def file_parts(paths: list[str], data: PreparedData, ctx: int) -> list[Part]:
@@ -68,25 +82,26 @@ def file_parts(paths: list[str], data: PreparedData, ctx: int) -> list[Part]:
         rows = math.ceil((tokens.size - 1) / ctx)
         starts = evenly_spaced_starts(tokens.size, row_len, rows)
         windows = np.ascontiguousarray(sliding_window_view(tokens, row_len)[starts])
-        parts.append((name, windows, np.full(rows, group, dtype=np.uint16)))
+        parts.append(Part(name, windows, np.full(rows, group, dtype=np.uint16), starts))
     return parts
 
 
 def evaluate(engine: CheckpointEngine, parts: list[Part]) -> list[tuple[float, float]]:
     """(loss, tokens) of each part: every part's rows in one EVAL frame (each part its own group id), the
     way the run's evals send every arm's rows."""
-    tokens = np.concatenate([t for _name, t, _g in parts])
-    groups = np.concatenate([g for _name, _t, g in parts])
+    tokens = np.concatenate([p.tokens for p in parts])
+    groups = np.concatenate([p.groups for p in parts])
     event = engine.ask(frames.eval_frame(1, tokens, groups), "eval")
-    return [frames.group_result(event, int(g[0])) for _name, _t, g in parts]
+    return [frames.group_result(event, int(p.groups[0])) for p in parts]
 
 
 def eval_report(source: ModelSource, key: str, parts: list[Part], results: list[tuple[float, float]]) -> dict:
-    """What `proxy eval --json` prints: the step, the token-weighted loss, and each part's loss and tokens."""
-    names = [name for name, _t, _g in parts]
+    """What `proxy eval --json` prints: the step, the loss (each part weighted by its rows' predictions, as
+    the run's evals weigh arms), and each part's loss and the distinct tokens its rows predict."""
+    ctx = source.shape.ctx
     return {"checkpoint": str(source.path), "step": source.step, "loss": eval_loss(results),
-            key: {n: loss for n, (loss, _t) in zip(names, results)},
-            "tokens": {n: int(t) for n, (_l, t) in zip(names, results)}}
+            key: {p.name: loss for p, (loss, _t) in zip(parts, results)},
+            "tokens": {p.name: predicted_tokens(p.starts, ctx) for p in parts}}
 
 
 def format_report(report: dict, key: str) -> str:

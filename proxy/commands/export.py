@@ -9,7 +9,8 @@ alone, under our own tensor names and layouts (docs/ARCHITECTURE.md).
 
 The directory is built next to `--out` under a temporary name, every file
 fsynced, and renamed into place: it appears whole or not at all. `--out`
-must not exist. The run is only read.
+must be a new path or an empty directory; missing parent directories are
+created (targets.py). The run is only read.
 """
 from __future__ import annotations
 
@@ -28,16 +29,9 @@ from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, 
                                TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig, hf_tensors,
                                own_tensors, safetensors_metadata)
 from .model_source import ModelSource, resolve_source, run_data, say_warnings
+from .targets import check_new_dir, make_parents
 
 FORMATS = ("hf", "safetensors")
-
-
-def check_out(out: Path) -> None:
-    """`--out` must be a new path in an existing directory."""
-    if out.exists() or out.is_symlink():
-        raise ProxyError(f"--out {out} already exists; give a new path (nothing was written)", EXIT_USAGE)
-    if not out.parent.is_dir():
-        raise ProxyError(f"--out {out}: no such directory {out.parent}", EXIT_USAGE)
 
 
 def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[str, bytes]:
@@ -63,7 +57,9 @@ def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[s
 
 
 def write_directory(out: Path, files: dict[str, bytes]) -> None:
-    """`out` with `files`, whole or not at all: a temp directory beside it, fsynced, renamed into place."""
+    """`out` with `files`, whole or not at all: a temp directory beside it, fsynced, renamed into place (over
+    an empty directory too)."""
+    make_parents(out, "--out")
     tmp = out.parent / f".{out.name}.export-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -71,8 +67,10 @@ def write_directory(out: Path, files: dict[str, bytes]) -> None:
         for name, data in files.items():
             write_synced(tmp / name, data)
         fsync_dir(tmp)
-        if out.exists() or out.is_symlink():  # made by someone else while we wrote
-            raise ProxyError(f"--out {out} appeared while exporting; nothing was written", EXIT_USAGE)
+        try:
+            check_new_dir(out, "--out")  # filled by someone else while we wrote?
+        except ProxyError as exc:
+            raise ProxyError(f"{exc} (it changed while exporting)", EXIT_USAGE) from None
         os.rename(tmp, out)
         fsync_dir(out.parent)
     except OSError as exc:
@@ -84,7 +82,7 @@ def write_directory(out: Path, files: dict[str, bytes]) -> None:
 def main(args, out=None) -> int:
     out = out or sys.stdout
     target = Path(args.out)
-    check_out(target)
+    check_new_dir(target, "--out")
     source = resolve_source(args.run_dir, args.step, args.checkpoint)
     say_warnings(source)
     files = export_files(source, args.format, args.cache_dir)

@@ -50,20 +50,15 @@ from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, 
 from ..rundir.phases import Phase
 from ..rundir.pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
+from .targets import check_new_dir, make_parents
 from .which_run import resolve_run, started_run
 
 
 def _check_target(to: Path, source: Path) -> None:
-    if to.exists() or to.is_symlink():
-        if not to.is_dir() or to.is_symlink():
-            raise ProxyError(f"{to} exists and is not a directory; give a new path with --to", EXIT_USAGE)
-        if any(to.iterdir()):
-            raise ProxyError(f"{to} exists and is not empty; give a new path with --to", EXIT_USAGE)
+    check_new_dir(to, "--to")
     src, dst = source.resolve(), to.resolve()
     if dst == src or src in dst.parents:
         raise ProxyError(f"{to} is inside the run being forked ({source}); give a path outside it", EXIT_USAGE)
-    if not to.parent.is_dir():
-        raise ProxyError(f"{to.parent}: no such directory", EXIT_USAGE)
 
 
 def main(args) -> int:
@@ -103,6 +98,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         new_phases.append(Phase(phase=len(inherited), start_step=c, policy=policy, caps=caps, floors=floors,
                                 checkpoint=relative_checkpoint(c)))
 
+    make_parents(to, "--to")
     tmp = to.parent / f".{to.name}.fork-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:

@@ -77,9 +77,7 @@ def main(args, out=None) -> int:
     with CheckpointEngine(choice, source) as engine:
         event = engine.ask(sample_request(1, ids, settings), "sample")
         completions = event["tokens"]
-        for i, tokens in enumerate(completions):
-            if len(completions) > 1:
-                print(f"--- sample {i + 1} of {len(completions)} (step {source.step}, seed {settings.seed})",
-                      file=out)
+        for i, tokens in enumerate(completions):  # each headed, one sample too: it says which step spoke
+            print(f"--- sample {i + 1} of {len(completions)} (step {source.step}, seed {settings.seed})", file=out)
             print(args.prompt + data.tokenizer.decode(tokens), file=out, flush=True)
     return EXIT_OK

@@ -121,7 +121,9 @@ def format_status(r: dict) -> str:
                  f"{fmt_rate(r['engine_tokens_per_s'])}); "
                  f"ETA {fmt_duration(r['eta_s']) if r['eta_s'] is not None else '-'}")
     goodput = Goodput.from_dict(r.get("goodput"))
-    if goodput is not None:
+    if goodput is not None and goodput.overhead is None:
+        lines.append("goodput:     no figure before the first step")
+    elif goodput is not None:
         lines.append(f"goodput:     {overhead_summary(goodput)} of {fmt_duration(goodput.wall_s)} "
                      f"since {'this' if r['alive'] else 'the last'} proxy's engine was ready")
     if r["mixture"]:

@@ -108,6 +108,7 @@ class TrainConfig(StrictModel):
     eval_every: int = Field(default=100, ge=0)
     eval_rows: int = Field(ge=1)
     sample_every: int = Field(default=100, ge=0)
+    log_every: int = Field(default=100, ge=0)  # a progress line every N steps (and every 30 s); 0: on the clock only
     lag: int = Field(default=2, ge=1)
     keep_last: int = Field(default=3, ge=0)
     milestone_every: int = Field(default=1000, ge=0)

@@ -81,9 +81,11 @@ def stop_frame() -> bytes:
 
 @dataclass(frozen=True)
 class Event:
-    """One line the engine printed on stdout, parsed."""
+    """One line the engine printed on stdout, parsed; `received` is when the proxy read it
+    (time.monotonic()), which is when the engine finished that work, whatever the proxy was busy with."""
     kind: str
     fields: dict
+    received: float | None = None
 
     def __getitem__(self, key: str):
         return self.fields[key]
@@ -100,9 +102,9 @@ def group_result(event: Event, group: int) -> tuple[float, float]:
     return loss, tokens
 
 
-def parse_event(line: str | bytes) -> Event:
+def parse_event(line: str | bytes, received: float | None = None) -> Event:
     """Parse one event line; raise ValueError on anything that is not an event object."""
     obj = json.loads(line)
     if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
         raise ValueError(f"not an engine event: {line!r:.200}")
-    return Event(obj["event"], obj)
+    return Event(obj["event"], obj, received)

@@ -65,7 +65,8 @@ class AuditTime:
 
 @dataclass
 class Goodput:
-    """Where the wall-clock time of `proxy run` went, from its first engine's `ready` event on.
+    """Where the wall-clock time of `proxy run` went, from its first engine's `ready` event to the last event
+    its engines sent (work in flight is not yet counted).
 
     `step_s` is the engine's step compute (the step events' `ms`); each audit kind's
     seconds are the engine's own timing of it (a sample or eval event's `ms`; a
@@ -79,7 +80,7 @@ class Goodput:
     tokens: int = 0
     audits: dict[str, AuditTime] = field(default_factory=lambda: {k: AuditTime() for k in AUDIT_KINDS})
     other_s: float = 0.0
-    overhead: float | None = None  # 1 - step_s / wall_s
+    overhead: float | None = None  # 1 - step_s / wall_s; null before the first step
     tokens_per_s: float | None = None
 
     @classmethod

@@ -36,21 +36,24 @@ class PivotResult:
     phase: Phase
     archive: Path
     moved: list[str]  # checkpoints newer than the pivot step, moved into the archive
+    archived: list[str]  # the sidecars copied into the archive (only those that existed)
 
     def response(self, run: RunDir, request_id: str | None) -> dict:
         return {"id": request_id, "ok": True, "phase": self.phase.phase, "start_step": self.phase.start_step,
                 "policy": self.phase.policy, "caps": self.phase.caps, "floors": self.phase.floors,
                 "checkpoint": self.phase.checkpoint, "archive": str(self.archive.relative_to(run.root)),
-                "moved": self.moved, "message": self.message(run)}
+                "moved": self.moved, "archived": self.archived, "message": self.message(run)}
 
     def message(self, run: RunDir) -> str:
         p = self.phase
+        where = self.archive.relative_to(run.root)
         moved = (f"; {len(self.moved)} newer checkpoint(s) of the old phase moved there" if self.moved else "")
+        archived = (f"{' and '.join(self.archived)} archived in {where}" if self.archived
+                    else f"no sidecars to archive (its receipt is in {where})")
         return (f"pivoted {run.root} at step {p.start_step}: phase {p.phase} ({p.policy}; caps "
                 + ", ".join(f"{k} {v:g}" for k, v in p.caps.items()) + "; floors "
                 + ", ".join(f"{k} {v:g}" for k, v in p.floors.items())
-                + f") starts at step {p.start_step + 1} from {p.checkpoint or 'scratch'}; "
-                f".samples.json and .state.json archived in {self.archive.relative_to(run.root)}{moved}")
+                + f") starts at step {p.start_step + 1} from {p.checkpoint or 'scratch'}; {archived}{moved}")
 
 
 def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
@@ -73,11 +76,13 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
     tmp = run.archive / f".{name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    archived = []
     try:
         make_dirs(tmp)
         for src in (run.samples, run.state):
             if src.exists():
                 copy_synced(src, tmp / src.name)
+                archived.append(src.name)
         fsync_dir(tmp)
     except BaseException:  # a full disk, a sidecar that is not a regular file: nothing is left half-made
         shutil.rmtree(tmp, ignore_errors=True)
@@ -102,4 +107,4 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
     write_receipt(final, phase)
     fsync_dir(final)
     atomic_write_json(run.samples, [])
-    return PivotResult(phase, final, moved)
+    return PivotResult(phase, final, moved, archived)

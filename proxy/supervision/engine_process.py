@@ -127,8 +127,8 @@ class EngineProcess:
                 line = raw.strip()
                 if not line:
                     continue
-                try:
-                    self.events.put((EVENT, parse_event(line)))
+                try:  # stamped here, not when the loop gets to it: the time the engine finished the work
+                    self.events.put((EVENT, parse_event(line, received=time.monotonic())))
                 except ValueError:
                     self.events.put((NOISE, line.decode("utf-8", errors="replace")))
         except (OSError, ValueError):
@@ -165,8 +165,9 @@ class EngineProcess:
         self._frames.put(None)
 
     def signal(self, sig: int) -> None:
+        """Signal our child; nothing once it has been reaped (its pid may belong to another process by then)."""
         try:
-            os.kill(self.pid, sig)
+            self.proc.send_signal(sig)
         except ProcessLookupError:
             pass
 

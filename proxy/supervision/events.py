@@ -22,7 +22,16 @@ from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms
 from .segment import Request, Segment
-from .status import say_progress, write_run_state
+from .status import say_checkpoint, say_progress, write_run_state
+
+
+def received_at(ev: Event) -> tuple[float, float]:
+    """(monotonic, wall-clock) time the event was read from the engine: when the engine finished that work,
+    however long the loop took to get to it (a burst of events after an audit must not look instantaneous)."""
+    mono = time.monotonic()
+    if ev.received is None:
+        return mono, time.time()
+    return ev.received, time.time() - (mono - ev.received)
 
 
 class EventHandlers:
@@ -35,6 +44,7 @@ class EventHandlers:
         """Handle one event; a killed engine's leftovers and kinds the proxy does not use are ignored."""
         if seg.killed:
             return
+        self.ctx.report.goodput.seen(received_at(ev)[0])
         handler = self.table.get(ev.kind)
         if handler is not None:
             handler(seg, ev)
@@ -47,7 +57,9 @@ class EventHandlers:
 
     def on_ready(self, seg: Segment, ev: Event) -> None:
         seg.ready = ev.fields
-        self.ctx.report.goodput.ready(time.monotonic())
+        seg.ready_at, ready_wall = received_at(ev)
+        self.ctx.report.goodput.ready(seg.ready_at)
+        self.ctx.report.progress.start(ready_wall, self.ctx.report.tokens, seg.resume.step)
         st = self.ctx.report.engine
         st.kind = ev.get("engine", st.kind)
         st.device, st.threads = ev.get("device"), ev.get("threads")
@@ -62,7 +74,7 @@ class EventHandlers:
     def on_step(self, seg: Segment, ev: Event) -> None:
         ctx, report = self.ctx, self.ctx.report
         t = int(ev["step"])
-        now = time.time()
+        mono, now = received_at(ev)
         if t != seg.last_step + 1:
             self._refuse(seg, f"engine reported step {t}, expected {seg.last_step + 1}")
             return
@@ -91,14 +103,17 @@ class EventHandlers:
         seg.last_step = t
         ctx.bandit.observe(t, arms, mixture=entry.mixture)  # the same floats replay reads back
         seg.pending_weights[t + ctx.lag] = np.array(ctx.bandit.weights(), dtype=np.float64, copy=True)
-        report.progress.observe(now, report.tokens, t, entry.loss, entry.ms)
-        mono = time.monotonic()
-        if seg.last_step_wall is not None:
+        report.progress.observe(now, report.tokens, t, entry.loss, entry.ms, mixture=entry.mixture)
+        first_of_launch = seg.last_step_wall is None
+        if not first_of_launch:
             seg.step_walls.append(mono - seg.last_step_wall)
         seg.last_step_wall = mono
         every = int(ctx.train.ckpt_every)
         if every > 0 and t % every == 0:
             seg.ckpt_pending, seg.ckpt_pending_step = True, t
+        log_every = int(ctx.train.log_every)
+        if first_of_launch or (log_every > 0 and t % log_every == 0):  # the first: training has started
+            say_progress(ctx, seg)
 
     def _compare(self, seg: Segment, entry: StepEntry) -> None:
         """A step the crashed segment logged too: the two must be bit-identical."""
@@ -146,7 +161,7 @@ class EventHandlers:
             return
         mean = eval_loss(parts)
         entry = EvalEntry(step=step, loss=mean, arms={name: l for name, (l, _t) in zip(ctx.arm_names, parts)},
-                          time=time.time(), phase=ctx.phase.phase, segment=seg.number)
+                          time=received_at(ev)[1], phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)
         ctx.eval_loss[step] = mean
         ctx.say(f"eval step {step}: val loss {mean:.4f} (" +
@@ -165,7 +180,7 @@ class EventHandlers:
             except Exception as exc:  # a tokenizer failure must not stop training
                 text = f"<decode failed: {exc}>"
             samples.append(Sample(prompt=ctx.prompts[k // count][0], completion=text, tokens=ids))
-        ctx.samples.add(SampleAudit(step=step, time=time.time(), samples=samples))
+        ctx.samples.add(SampleAudit(step=step, time=received_at(ev)[1], samples=samples))
 
     def on_ckpt(self, seg: Segment, ev: Event) -> None:
         ctx, report = self.ctx, self.ctx.report
@@ -183,8 +198,7 @@ class EventHandlers:
         retain(ctx, seg)
         maybe_best(ctx, step)
         write_run_state(ctx, seg, force=True)
-        say_progress(ctx, seg, f"checkpoint {path.name} ({ev.get('reason')}, write {float(ev.get('ms', 0)):.0f} ms, "
-                               f"stall {stall_ms:.0f} ms)")
+        say_checkpoint(ctx, step, path.name, ev.get("reason"), float(ev.get("ms", 0)), stall_ms)
 
     def on_exit(self, seg: Segment, ev: Event) -> None:
         seg.exit_reason = ev.get("reason")

@@ -28,7 +28,7 @@ from .events import EventHandlers
 from .pivot_desk import PivotDesk
 from .segment import Segment, catch_up, feed, launch_segment
 from .signals import SignalCounts
-from .status import last_step, write_run_state
+from .status import last_step, say_progress_on_clock, write_run_state
 from .watchdog import Watchdog
 
 POLL_S = 0.2  # how long the loop waits for an event before it looks at signals and the clock
@@ -127,8 +127,9 @@ class Supervisor:
             if outcome == "stopped":
                 report.status = "stopped"
                 report.message = f"stopped at step {last_step(self.segment)}"
-                ctx.say(f"stopped at step {last_step(self.segment)}; checkpoint {report.last_ckpt_path}; "
-                        "relaunch the same command to resume")
+                saved = (f"checkpoint {report.last_ckpt_path}" if report.last_ckpt_path
+                         else "no checkpoint written (a relaunch starts from scratch)")
+                ctx.say(f"stopped at step {last_step(self.segment)}; {saved}; relaunch the same command to resume")
                 return EXIT_OK
             seg = self.segment
             if outcome == "fatal":
@@ -193,6 +194,8 @@ class Supervisor:
             ctx.best_copier.collect(ctx.report, ctx.warn)
             ctx.writer.maybe_fsync()
             write_run_state(ctx, seg)
+            if not seg.stop_sent:
+                say_progress_on_clock(ctx, seg, POLL_S)
             if self.watchdog.hung(seg, ctx.report.ckpt_ms):
                 seg.hung = True
                 ctx.warn(f"engine pid {engine.pid} sent nothing for {time.monotonic() - seg.last_activity:.0f}s "
@@ -214,13 +217,15 @@ class Supervisor:
     def _handle_signals(self, seg: Segment) -> None:
         """Stop requests (the second SIGTERMs the engine, the third kills it), pivot requests, checkpoints."""
         ctx, signals = self.ctx, self.ctx.signals
-        if signals.stop and not seg.stop_sent:
-            seg.send_stop()
-            ctx.say("stop requested: the engine finishes the steps in flight, checkpoints and exits")
+        if signals.stop and not seg.stop_signalled:
+            what = seg.in_flight()
+            seg.stop_now()
+            ctx.say(f"stop requested: the engine {what} and exits")
         elif signals.stop >= 2 + seg.signals_forwarded and seg.signals_forwarded < 2:
             seg.signals_forwarded += 1
             if seg.signals_forwarded == 1:
-                ctx.warn("second stop request: sending SIGTERM to the engine")
+                ctx.warn("second stop request: the engine is still finishing its step or writing its checkpoint; "
+                         "a third stop kills it (losing the steps since the last checkpoint)")
                 seg.engine.signal(signal.SIGTERM)
             else:
                 ctx.warn("third stop request: killing the engine")

@@ -18,7 +18,7 @@ class Rates(NamedTuple):
 
 
 class Progress:
-    """Fed (wall time, cumulative tokens, step, loss, step ms) once per step, in step order.
+    """Fed (wall time, cumulative tokens, step, loss, step ms, mixture) once per step, in step order.
 
     The window spans the steps of the last WINDOW_S seconds, so it holds many
     audit intervals (evals, samples, checkpoints every N steps) and the
@@ -31,9 +31,13 @@ class Progress:
         self.window_ms = 0.0  # the ms of every entry but the oldest (whose tokens are the baseline)
         self.last_loss: float | None = None
         self.smoothed: float | None = None
+        self.mixture: dict[str, float] = {}  # the one the last step was drawn from
 
-    def observe(self, time: float, tokens: int, step: int, loss: float, ms: float = 0.0) -> None:
+    def observe(self, time: float, tokens: int, step: int, loss: float, ms: float = 0.0,
+                mixture: dict[str, float] | None = None) -> None:
         self.last_loss = loss
+        if mixture is not None:
+            self.mixture = dict(mixture)
         # an exponential moving average, 0.9 of the old value
         self.smoothed = loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * loss
         if len(self.window) == self.window.maxlen:
@@ -55,8 +59,15 @@ class Progress:
         if last_loss is not None:
             self.last_loss = last_loss
 
+    def start(self, time: float, tokens: int, step: int) -> None:
+        """The engine is ready at `step`: the baseline of the window, so the first step has a rate (its
+        wall time counted from the engine being ready)."""
+        if not self.window:
+            self.window.append((time, tokens, step, 0.0))
+
     def rates(self, max_steps: int) -> Rates:
-        """The rates over the window and the ETA at the wall-clock rate; Nones before two steps."""
+        """The rates over the window and the ETA at the wall-clock rate; Nones before two points (a
+        baseline and a step, or two steps)."""
         if len(self.window) < 2:
             return Rates(None, None, None)
         (t0, k0, s0, _), (t1, k1, s1, _) = self.window[0], self.window[-1]

@@ -36,6 +36,7 @@ class RunReport:
     mismatch_count: int = 0
     dropped_arms: set[str] = field(default_factory=set)  # arm names met in the run directory, not defined
     last_state_write: float = 0.0  # monotonic time of the last .state.json write
+    progress_said: float | None = None  # monotonic time of the last progress line printed
 
     def checkpointed(self, step: int, path: str) -> None:
         self.last_ckpt_step, self.last_ckpt_path = step, path

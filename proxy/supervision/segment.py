@@ -11,6 +11,7 @@ engine resumes from), never from `.state.json`.
 from __future__ import annotations
 
 import hashlib
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -60,10 +61,12 @@ class Segment:
     last_activity: float = field(default_factory=time.monotonic)
     started: float = field(default_factory=time.monotonic)
     step_walls: deque = field(default_factory=lambda: deque(maxlen=64))  # seconds between step events
-    last_step_wall: float | None = None
+    last_step_wall: float | None = None  # monotonic time of the last step event
+    ready_at: float | None = None  # monotonic time of the `ready` event
     ckpt_pending: bool = False
     ckpt_pending_step: int = 0  # the step it is pending for: an older step's ckpt event (they come late) leaves it
-    stop_sent: bool = False
+    stop_sent: bool = False  # nothing more is fed: a STOP frame went out, or the engine was told to stop
+    stop_signalled: bool = False  # a stop request reached the engine as SIGTERM
     signals_forwarded: int = 0
     exit_reason: str | None = None
     last_error: str | None = None
@@ -76,6 +79,30 @@ class Segment:
         self.stop_sent = True
         self.outstanding.append(Outstanding("stop", 0))
         self.engine.send(frames.stop_frame())
+
+    def stop_now(self) -> None:
+        """A stop request (Ctrl-C, SIGTERM, `proxy stop`): SIGTERM, so the engine finishes the step it is
+        computing, not the frames queued behind it (a STOP frame would wait behind them), abandons an eval or
+        a sample audit in flight, checkpoints and exits. What it drops is sent again after the resume, as
+        after a crash: a step's batch depends only on the seed, the step and the mixture."""
+        if not self.stop_sent:
+            self.outstanding.append(Outstanding("stop", 0))
+        self.stop_sent = self.stop_signalled = True
+        self.engine.signal(signal.SIGTERM)
+
+    def in_flight(self) -> str:
+        """What the engine is busy with, as a stop request describes it."""
+        head = self.outstanding[0] if self.outstanding else None
+        if head is None or head.kind == "stop":
+            return f"checkpoints step {self.last_step}"
+        if head.kind == "step":
+            queued = sum(1 for item in self.outstanding if item.kind == "step") - 1
+            return (f"finishes step {head.key}, checkpoints it" +
+                    (f" (the {queued} step(s) queued behind it are sent again on resume)" if queued else ""))
+        request = self.requests.get(head.key)
+        what = "sample audit" if head.kind == "sample" else "evaluation"
+        at = f" of step {request.step}" if request is not None else ""
+        return f"abandons the {what}{at} (done again on resume), checkpoints step {self.last_step}"
 
     def kill(self) -> None:
         """SIGKILL the engine's group; its remaining events are ignored."""

@@ -15,19 +15,56 @@ def last_step(seg: Segment | None) -> int:
     return seg.last_step if seg is not None else 0
 
 
-def say_progress(ctx: RunContext, seg: Segment, what: str) -> None:
-    """`step 200/300 loss 4.2023 (smoothed 4.2741) | 31.9k tok/s (engine 35.2k) | ETA 0m01s | <what> |
-    overhead 9.4% (sample 3.0%, eval 5.0%, checkpoint 0.1%, other 1.3%)`: tokens/s of wall-clock time,
-    and of the engine's step compute alone; the overhead is the wall time since the engine was ready
-    that did not go to steps."""
-    progress = ctx.report.progress
+PROGRESS_EVERY_S = 30.0  # the longest the terminal goes without a progress line, however slow the steps
+
+
+def say_progress(ctx: RunContext, seg: Segment, on_clock: bool = False) -> None:
+    """`step 200/300 | loss 4.2023 (smoothed 4.2741) | 31.9k tok/s (engine 35.2k) | ETA 0m01s | mixture
+    code 0.62, docstrings 0.28, topics 0.10`: tokens/s of wall-clock time and of the engine's step compute
+    alone, over the window of progress.py; the mixture the last step was drawn from. A line the clock
+    asked for ends with `last step 0m12s ago` (the engine is inside a step, or an audit). Before this
+    launch's first step, how long the engine has been at it instead."""
+    report, now = ctx.report, time.monotonic()
+    report.progress_said = now
+    progress = report.progress
+    head = f"step {seg.last_step}/{ctx.max_steps}"
+    if seg.ready_at is None:
+        ctx.say(f"{head} | waiting for the engine to be ready")
+        return
+    if seg.last_step_wall is None:  # nothing trained yet in this launch
+        ctx.say(f"{head} | first step of this launch in progress "
+                f"({fmt_duration(now - seg.ready_at)} since the engine was ready)")
+        return
     rates = progress.rates(ctx.max_steps)
-    loss = (f"loss {progress.last_loss:.4f} (smoothed {progress.smoothed:.4f})"
-            if progress.smoothed is not None else "")
-    goodput = ctx.report.goodput.status(time.monotonic())
-    ctx.say(f"step {seg.last_step}/{ctx.max_steps} {loss} | {fmt_rate(rates.tokens_per_s)} tok/s "
-            f"(engine {fmt_rate(rates.engine_tokens_per_s)}) | ETA {fmt_duration(rates.eta_s)} | {what} | "
-            f"{overhead_summary(goodput)}")
+    parts = [head]
+    if progress.last_loss is not None:
+        smoothed = f" (smoothed {progress.smoothed:.4f})" if progress.smoothed is not None else ""
+        parts.append(f"loss {progress.last_loss:.4f}{smoothed}")
+    parts.append(f"{fmt_rate(rates.tokens_per_s)} tok/s (engine {fmt_rate(rates.engine_tokens_per_s)})")
+    parts.append(f"ETA {fmt_duration(rates.eta_s)}")
+    if progress.mixture:
+        parts.append("mixture " + ", ".join(f"{arm} {w:.2f}" for arm, w in progress.mixture.items()))
+    if on_clock:  # no step count asked for it: say how long the engine has been at the next one
+        parts.append(f"last step {fmt_duration(now - seg.last_step_wall)} ago")
+    ctx.say(" | ".join(parts))
+
+
+def say_progress_on_clock(ctx: RunContext, seg: Segment, poll_s: float) -> None:
+    """A progress line when PROGRESS_EVERY_S have passed since the last one (or since the engine was
+    ready), less `poll_s`, how late the caller may look next: the terminal is never silent for longer,
+    however slow the steps."""
+    start = ctx.report.progress_said
+    if seg.ready_at is not None and (start is None or start < seg.ready_at):
+        start = seg.ready_at
+    if start is not None and time.monotonic() - start >= PROGRESS_EVERY_S - poll_s:
+        say_progress(ctx, seg, on_clock=True)
+
+
+def say_checkpoint(ctx: RunContext, step: int, name: str, reason, write_ms: float, stall_ms: float) -> None:
+    """`checkpoint step_000200.bin (step 200; periodic, write 33 ms, stall 0 ms) | overhead 6.6% (...)`:
+    the overhead is the wall time since the engine was ready that did not go to steps (goodput.py)."""
+    ctx.say(f"checkpoint {name} (step {step}; {reason}, write {write_ms:.0f} ms, stall {stall_ms:.0f} ms) | "
+            f"{overhead_summary(ctx.report.goodput.status())}")
 
 
 def _arm_status(ctx: RunContext) -> dict[str, ArmStatus]:
@@ -76,7 +113,7 @@ def write_run_state(ctx: RunContext, seg: Segment | None, force: bool = False) -
                      replay_mismatch_count=report.mismatch_count,
                      replay_mismatches=report.mismatches, dropped_arms=sorted(report.dropped_arms),
                      bandit=bandit_state, engine_tokens_per_s=rates.engine_tokens_per_s,
-                     goodput=report.goodput.status(now))
+                     goodput=report.goodput.status())
     try:
         write_state(ctx.run.state, state)
     except (OSError, ValueError, TypeError) as exc:  # not StorageError (a full disk): that stops the run

@@ -8,7 +8,7 @@ import pytest
 
 from dashboard import downsample
 from dashboard.entries import step_fields
-from dashboard.payload import round_sig, rows_payload
+from dashboard.payload import WALL_WINDOW_S, WallWindow, round_sig, rows_payload
 from dashboard.run_index import RunIndex
 from dashboard.step_store import K
 
@@ -115,8 +115,9 @@ def test_garbage_types_and_values_are_skipped(tmp_path):
 
 
 def test_wall_clock_tokens_per_s(tmp_path):
-    """wall_tok_s: the tokens a bucket's steps added over the wall time since the previous bucket's last
-    step, so a stall between steps (an eval, a sample) counts; tok_s is the engine's compute alone."""
+    """wall_tok_s: the tokens added since the latest earlier point at least WALL_WINDOW_S (10 s) before, over
+    the wall time between, so a stall between steps (an eval, a sample) counts; tok_s is the engine's alone."""
+    assert WALL_WINDOW_S == 10.0
     with open(tmp_path / ".loss.json", "w") as f:  # 100 tokens and 10 ms per step, 1 s apart, a 50 s stall at 501
         for s in range(1, 1001):
             f.write(line(s, 2.0, time=1000.0 + s + (50.0 if s > 500 else 0.0)))
@@ -125,6 +126,7 @@ def test_wall_clock_tokens_per_s(tmp_path):
     p = run.series(None, None, 16)
     assert not p["raw"]
     w, tok1, time1 = p["wall_tok_s"], p["tokens_end"], p["time_end"]
+    # buckets of about 62 steps (62 s): each rated since the one before it (the first since its first step)
     assert w[0] == pytest.approx((tok1[0] - p["tokens"][0]) / (time1[0] - p["time"][0]))
     stalled = [i for i in range(len(w)) if p["step"][i] <= 501 <= p["step_end"][i]]
     for i in range(1, len(w)):
@@ -132,15 +134,38 @@ def test_wall_clock_tokens_per_s(tmp_path):
         expected = 100 * rows / (rows + (50.0 if i in stalled else 0.0))
         assert w[i] == pytest.approx(expected), i
     assert all(v == pytest.approx(100 / 0.010) for v in p["tok_s"])
-    raw = run.series(499, 503, 100)  # full resolution: the step after the stall took 51 s
-    assert raw["raw"] and raw["wall_tok_s"][0] is None  # nothing before the first step of a view
-    assert raw["wall_tok_s"][1:] == [100.0, round_sig([100 / 51])[0], 100.0, 100.0]  # 6 significant digits
+    # full resolution: steps 499 and 500 from the end of the block before (step 480, 19 and 20 s back), then
+    # from step 500, the newest point at least 10 s back, across the 50 s stall
+    raw = run.series(499, 503, 100)
+    assert raw["raw"]
+    assert raw["wall_tok_s"] == round_sig([1900 / 19, 2000 / 20, 100 / 51, 200 / 52, 300 / 53])
+    start = run.series(1, 12, 100)  # the run's first 10 s: nothing that far back yet, no figure
+    assert start["wall_tok_s"][:10] == [None] * 10 and start["wall_tok_s"][10:] == [100.0, 100.0]
+
+
+def test_steps_logged_in_a_burst_are_no_spike(tmp_path):
+    """Steps whose events the proxy logged together (it was busy with an audit's results) are 1 ms apart in
+    the log: no pair of log lines makes a rate, so the wall clock never reads faster than the run went."""
+    with open(tmp_path / ".loss.json", "w") as f:  # 100 tokens per 0.1 s; every 50 steps a 3 s audit, then a burst
+        t = 1000.0
+        for s in range(1, 301):
+            t += 3.0 if s % 50 == 1 and s > 1 else 0.001 if s % 50 in (2, 3, 4, 5) and s > 50 else 0.1
+            f.write(line(s, 2.0, time=t))
+    run = RunIndex(0, "r", tmp_path)
+    run.refresh_log()
+    true_rate = 100 / 0.1
+    for view in (run.series(None, None, 4000), run.series(120, 160, 100)):
+        rates = [v for v in view["wall_tok_s"] if v is not None]
+        assert rates and max(rates) <= true_rate, max(rates)
 
 
 def test_live_rows_carry_the_wall_clock_rate():
+    history = WallWindow([100.0 * s for s in range(390, 401)], [1000.0 + s for s in range(390, 401)])
     rows = [step_fields(json.loads(line(s, 2.0, time=t))) for s, t in ((401, 1402.0), (402, 1404.0), (403, 1404.0))]
-    out, prev = rows_payload(rows, (400, 40000.0, 1400.0))
-    assert out["wall_tok_s"] == [50.0, 50.0, None]  # no time passed before step 403: no rate
+    out, prev = rows_payload(rows, (400, 40000.0, 1400.0), history)
+    # each from the newest point at least 10 s back (steps 392, 394, 394); step 403, logged with 402, is no spike
+    assert out["wall_tok_s"] == [90.0, 80.0, 90.0]
     assert prev == (403, 40300.0, 1404.0)
+    assert history.times[0] == 1394.0  # older points are no longer needed
     out, _ = rows_payload(rows[:1], None)
     assert out["wall_tok_s"] == [None] and out["tok_s"] == [pytest.approx(100 / 0.010)]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 
 from proxy.formats import frames
 from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
@@ -228,3 +229,107 @@ def test_failed_checkpoint_write_exits_5_previous_intact(engine_bin, run_engine,
     assert (prev.read_bytes(), prev.stat().st_mtime_ns) == before
     assert [p.name for p in list_checkpoints(ck)] == ["step_000000.bin"]
     assert_only_complete_checkpoints(ck, allow_tmp=True)
+
+
+# ---------------------------------------------------------------------------
+# A stop answered after the step in flight, not the frames queued behind it
+
+# about 20-40 ms a step on this machine: steps long enough to freeze the engine inside one
+QUEUED = Cfg(vocab=256, ctx=64, dim=64, layers=2, heads=4, batch=8, steps=1000, warmup=5)
+
+
+def _frozen_at_a_step(eng, cfg: Cfg, queued: int):
+    """Feed `queued` TRAIN frames at once, let a few steps pass, SIGSTOP the engine; the last step it reported
+    once frozen (every event it wrote before freezing has been read)."""
+    for s, tok, grp in train_frames(cfg, 1, queued):
+        eng.train(s, tok, grp)
+    eng.wait_for("step", step=3)
+    eng.signal(signal.SIGSTOP)
+    while True:
+        try:
+            ev = eng.next_event(timeout=1.0)
+        except AssertionError:  # nothing more within 1 s: all it wrote has been read
+            break
+        assert ev is not None and ev.kind in ("step", "ckpt"), ev
+    return eng.of("step")[-1]["step"]
+
+
+def test_stop_latency_is_one_step_whatever_is_queued(run_engine, tmp_path):
+    """SIGTERM with 40 TRAIN frames queued in the pipe: the engine finishes the step it is computing (at
+    most one step after the last one it reported), checkpoints that step and exits 0; the frames behind it
+    are neither trained nor an error. Measured in steps: trained after the signal <= 1."""
+    cfg = QUEUED
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    reported = _frozen_at_a_step(eng, cfg, queued=40)
+    eng.signal(signal.SIGTERM)
+    eng.signal(signal.SIGCONT)
+    assert eng.finish(timeout=30) == 0, eng.stderr()
+    last = eng.of("step")[-1]["step"]
+    latency = last - reported
+    assert 0 <= latency <= 1, f"trained {latency} steps after SIGTERM (it had reported step {reported})"
+    assert reported + 2 < 40, "the engine reached the end of the queue before the signal: nothing was tested"
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(last, "signal")]
+    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(last, "signal")]
+    assert not eng.of("error")
+    assert verify_checkpoint(ck / f"step_{last:06d}.bin") is None
+
+
+def test_a_stop_interrupts_a_long_sample_audit(run_engine, tmp_path):
+    """A SAMPLE frame that would take minutes (256 completions of 4096 tokens, most of them past the context,
+    each recomputing its window): SIGTERM is looked at between sampled tokens, so the engine abandons the
+    audit (no `sample` event), checkpoints the last completed step and exits within a second."""
+    cfg = QUEUED
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    for s, tok, grp in train_frames(cfg, 1, 2):
+        eng.train(s, tok, grp)
+    eng.wait_for("step", step=2)
+    prompts = [frames.SamplePrompt([1 + i, 2, 3], count=16, seed=i) for i in range(16)]
+    eng.send(frames.sample_batch_frame(7, prompts, 4096, temperature=0.8, top_k=10))
+    eng.train(*train_frames(cfg, 3, 1)[0])  # queued behind the audit: never trained
+    time.sleep(1.0)  # well inside the audit
+    assert eng.proc.poll() is None
+    t0 = time.monotonic()
+    eng.signal(signal.SIGTERM)
+    ckpt = eng.wait_for("ckpt", timeout=30)
+    # the answer: the audit given up and the checkpoint begun; the write itself (`ms`) is the disk's time
+    answered = time.monotonic() - t0 - ckpt["ms"] / 1000.0
+    assert answered < 1.0, f"the stop was answered after {answered:.2f} s (write {ckpt['ms']:.0f} ms)"
+    assert eng.finish(timeout=30) == 0, eng.stderr()
+    assert time.monotonic() - t0 < 5.0
+    assert not eng.of("sample") and not eng.of("error")
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "signal")]
+    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "signal")]
+    assert verify_checkpoint(ck / "step_000002.bin") is None
+
+
+def test_a_stop_interrupts_a_long_evaluation(run_engine, tmp_path):
+    """An EVAL frame of many rows is abandoned between two forward passes, as a sample audit is."""
+    cfg = QUEUED
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    eng.train(*train_frames(cfg, 1, 1)[0])
+    eng.wait_for("step", step=1)
+    rows = np.random.default_rng(3).integers(0, cfg.vocab, size=(4096, cfg.ctx + 1), dtype=np.uint16)
+    eng.send(frames.eval_frame(9, rows, np.zeros(4096, np.uint16)))
+    time.sleep(1.0)
+    assert eng.proc.poll() is None and not eng.of("eval")
+    t0 = time.monotonic()
+    eng.signal(signal.SIGTERM)
+    ckpt = eng.wait_for("ckpt", timeout=30)
+    assert time.monotonic() - t0 - ckpt["ms"] / 1000.0 < 1.0  # one forward pass of 8 rows, then the checkpoint
+    assert eng.finish(timeout=30) == 0, eng.stderr()
+    assert not eng.of("eval") and not eng.of("error")
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "signal")]
+
+
+def test_version_flag(engine_bin):
+    out = subprocess.run([str(engine_bin), "--version"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stderr == ""
+    line = out.stdout.strip()
+    assert line.startswith("microgpt engine 0.1.0 (") and "source " in line, line
+    assert "--version" in subprocess.run([str(engine_bin), "--help"], capture_output=True, text=True).stdout

@@ -155,8 +155,11 @@ def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
     proxy = Proxy(run_args(path, run_dir), data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
     assert "finished" in proxy.stdout()
-    progress = [ln for ln in proxy.stdout().splitlines() if "| checkpoint step_" in ln]
-    assert len(progress) == 3 and all(" tok/s (engine " in ln and "| overhead " in ln for ln in progress), progress
+    out = proxy.stdout().splitlines()
+    progress = [ln for ln in out if ln.startswith("step ") and " tok/s (engine " in ln and "| mixture " in ln]
+    assert [ln.split("/")[0] for ln in progress] == ["step 1", "step 100", "step 200", "step 300"], out
+    checkpoints = [ln for ln in out if ln.startswith("checkpoint step_")]
+    assert len(checkpoints) == 3 and all("| overhead " in ln for ln in checkpoints), checkpoints
     assert "Traceback" not in proxy.stderr()
 
     check_sidecars(run_dir, exp)

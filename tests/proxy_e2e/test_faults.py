@@ -97,7 +97,7 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp
     assert result.returncode == 0, result.stderr
     gate.wait_frame(frames.CHECKPOINT, 0, proxy.running, 60)
     gate.hold_after(max_logged_step(run_dir) + 10)
-    wait_for(lambda: "(frame," in proxy.stdout(), 60, "the requested checkpoint", proxy)
+    wait_for(lambda: "; frame, write " in proxy.stdout(), 60, "the requested checkpoint", proxy)
 
     # `proxy stop`: checkpoint, flush, exit 0
     result = run_cmd(["stop", "--run-dir", str(run_dir)], data_cache)

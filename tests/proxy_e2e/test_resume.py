@@ -11,12 +11,13 @@ import json
 import os
 import random
 import signal
+import time
 
 import numpy as np
 import pytest
 
 from harness.gate import KILL_SLACK
-from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint
+from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
 
 from .conftest import (Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive,
                        run_args, run_cmd, state, wait_for)
@@ -102,7 +103,7 @@ def test_wall_clock_checkpoints_change_nothing_but_where_checkpoints_land(straig
             gate.hold_after(then)
         wait_for(lambda: engine_pid(run_dir) != pid, 60, "the engine's restart", proxy)
     assert proxy.wait() == 0, proxy.output()
-    assert "(timed, " in proxy.stdout(), "no checkpoint came from the clock"
+    assert "; timed, write " in proxy.stdout(), "no checkpoint came from the clock"
     assert_same_run(straight, run_dir)
     st = state(run_dir)
     assert st["restarts"] == 2 and st["replay_mismatch_count"] == 0, st
@@ -172,3 +173,38 @@ def test_replayed_step_mismatch_is_reported(engine, gate, data_cache, tmp_path):
     # a later relaunch keeps the report (the log, not .state.json, is the truth; reports carry over)
     status = json.loads(run_cmd(["status", "--run-dir", str(run_dir), "--json"], data_cache).stdout)
     assert status["replay_mismatches"] == 1
+
+
+def test_a_stop_drops_the_queued_steps_and_the_resume_is_exact(straight, gate, data_cache, tmp_path):
+    """A stop (SIGTERM to the proxy: Ctrl-C and `proxy stop` do the same) while the engine computes a step
+    with the next one queued in its pipe (lag 2): the engine finishes the step in flight only, checkpoints it
+    and exits; the relaunch sends the dropped frame again and the run equals the uninterrupted one bit for
+    bit. The latency, in steps past the last one the engine had reported when the stop came: at most 1."""
+    exp = make_experiment(tmp_path, "RESUME", **TRAIN)
+    run_dir = tmp_path / "run"
+    args = run_args(exp, run_dir, engine=gate.engine_flag)
+    gate.hold_after(150)  # the run cannot finish before the test acts
+    proxy = Proxy(args, data_cache, tmp_path).start()
+    wait_for(lambda: max_logged_step(run_dir) >= 50, 240, "step 50", proxy, poll=0.005)
+    pid = engine_pid(run_dir)
+    os.kill(pid, signal.SIGSTOP)  # frozen inside a step, the next frame in its pipe
+    time.sleep(1.0)  # the proxy logs every event the engine wrote before it froze
+    reported = max_logged_step(run_dir)
+    assert reported < 148, "the engine had run into the gate: no frame was queued behind its step"
+    proxy.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stop requested" in proxy.stdout(), 30, "the stop request", proxy)
+    os.kill(pid, signal.SIGCONT)
+    assert proxy.wait(60) == 0, proxy.output()
+    stopped = max_logged_step(run_dir)
+    assert reported <= stopped <= reported + 1, f"reported step {reported} when stopped, trained to {stopped}"
+    assert verify_checkpoint(run_dir / "checkpoints" / f"step_{stopped:06d}.bin") is None
+    assert f"stopped at step {stopped}; checkpoint {run_dir / 'checkpoints' / f'step_{stopped:06d}.bin'}" \
+        in proxy.stdout()
+    assert state(run_dir)["status"] == "stopped"
+
+    gate.open()
+    proxy = Proxy(args, data_cache, tmp_path).start()
+    assert proxy.wait() == 0, proxy.output()
+    assert f"starting from step_{stopped:06d}.bin" in proxy.stdout()
+    assert_same_run(straight, run_dir)
+    assert state(run_dir)["replay_mismatch_count"] == 0

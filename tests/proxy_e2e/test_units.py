@@ -6,6 +6,7 @@ import os
 import struct
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from proxy.atomic import atomic_copy, atomic_write_json
@@ -184,16 +185,23 @@ def test_rates_window_spans_the_last_minutes():
 
 def test_goodput_meter_splits_the_wall_time():
     m = GoodputMeter()
-    assert m.status(5.0) is None  # no engine ready yet
+    m.seen(5.0)
+    assert m.status() is None  # no engine ready yet
     m.ready(10.0)
+    g = m.status()
+    assert g.wall_s == 0.0 and g.overhead is None and g.tokens_per_s is None  # nothing to compare with yet
+    assert overhead_summary(g) == "overhead ? (no step yet)"
+    m.seen(19.0)  # an eval before any step (the catch-up of a resume): still no figure
+    m.audit("eval", 2000.0)
+    assert m.status().overhead is None and overhead_summary(m.status()) == "overhead ? (no step yet)"
     m.ready(20.0)  # a restarted engine: the clock keeps running from the first
     for _ in range(4):
+        m.seen(17.0)  # read out of order: the account runs to the newest event
         m.step(1500.0, 2048)
-    m.audit("eval", 2000.0)
     m.audit("sample", 1000.0)
     m.audit("checkpoint", checkpoint_stall_ms({"ms": 300.0, "snapshot_ms": 10.0, "wait_ms": 5.0}))
     m.audit("checkpoint", checkpoint_stall_ms({"ms": 120.0}))  # a synchronous write: all of it stalled
-    g = m.status(20.0)
+    g = m.status()  # up to the last event (20.0), not to now: a step in flight is no overhead yet
     assert (g.wall_s, g.step_s, g.steps, g.tokens) == (10.0, 6.0, 4, 8192)
     assert g.audits["eval"] == AuditTime(1, 2.0) and g.audits["sample"] == AuditTime(1, 1.0)
     assert g.audits["checkpoint"].count == 2 and g.audits["checkpoint"].s == pytest.approx(0.135)
@@ -205,6 +213,17 @@ def test_goodput_meter_splits_the_wall_time():
     for bad in ({}, {"audits": []}, dict(RunState(goodput=g).to_dict()["goodput"], wall_s="long"),
                 dict(RunState(goodput=g).to_dict()["goodput"], steps=None)):
         assert Goodput.from_dict(bad) is None  # a hand-edited snapshot is never trusted
+
+
+def test_distinct_predicted_tokens_of_overlapping_rows():
+    """`proxy eval` counts each position its rows predict once: a 1,041-token file (1,040 tokens and
+    <|endoftext|>) in two rows of 1,025 at ctx 1024 predicts positions 1..1040, not 2,048."""
+    from proxy.commands.evaluate import predicted_tokens
+    from proxy.data.batches import evenly_spaced_starts
+    assert predicted_tokens(evenly_spaced_starts(1041, 1025, 2), 1024) == 1040
+    assert predicted_tokens(np.array([0, 64, 128]), 64) == 192  # rows end to end: no overlap
+    assert predicted_tokens(np.array([0, 0]), 64) == 64  # the same row twice
+    assert predicted_tokens(np.array([5]), 64) == 64
 
 
 def test_retention_leaves_files_past_the_newest_announced(tmp_path):

@@ -141,11 +141,13 @@ def test_plain_safetensors_hold_our_tensors(trained_run, data_cache, tmp_path):
 def test_export_refusals_leave_everything_as_it_was(trained_run, exported, data_cache, tmp_path):
     before_run, before_out = tree_hashes(trained_run), tree_hashes(exported)
     line = one_line_error(run_cmd(["export", "--run-dir", str(trained_run), "--out", str(exported)], data_cache), 2)
-    assert "already exists" in line
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert "already exists" in one_line_error(run_cmd(["export", "--run-dir", str(trained_run), "--out", str(empty)],
-                                                      data_cache), 2)
+    assert "exists and is not empty" in line
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for out in (a_file, a_file / "below"):  # a file at the target, or where a parent directory would go
+        line = one_line_error(run_cmd(["export", "--run-dir", str(trained_run), "--out", str(out)], data_cache), 2)
+        assert "not a directory" in line and str(out) in line, line
+    assert a_file.read_text() == "mine"
     target = str(tmp_path / "new")
     line = one_line_error(run_cmd(["export", "--run-dir", str(trained_run), "--step", "30", "--out", target],
                                   data_cache), 2)
@@ -153,5 +155,25 @@ def test_export_refusals_leave_everything_as_it_was(trained_run, exported, data_
     line = one_line_error(run_cmd(["export", "--checkpoint", str(tmp_path / "nope.bin"), "--out", target],
                                   data_cache), 2)
     assert "no such checkpoint file" in line
+    line = one_line_error(run_cmd(["export", "--run-dir", str(trained_run), "--step", "30", "--out",
+                                   str(tmp_path / "deep" / "new")], data_cache), 2)
+    assert "no checkpoint at step 30" in line  # refused before anything is made: no parent either
     assert tree_hashes(trained_run) == before_run and tree_hashes(exported) == before_out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_export_creates_missing_parents_and_fills_an_empty_directory(trained_run, data_cache, tmp_path):
+    """As save_pretrained does: `--out a/b/c` makes a and b; an existing empty directory is filled."""
+    deep = tmp_path / "a" / "b" / "model"
+    result = run_cmd(["export", "--run-dir", str(trained_run), "--format", "safetensors", "--out", str(deep)],
+                     data_cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in deep.iterdir()) == ["model.safetensors"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_cmd(["export", "--run-dir", str(trained_run), "--format", "safetensors", "--out", str(empty)],
+                     data_cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    a, b = load_file(empty / "model.safetensors"), load_file(deep / "model.safetensors")
+    assert list(a) == list(b) and all(np.array_equal(a[n], b[n]) for n in a)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "empty"]  # no temp directory left beside them

@@ -38,15 +38,21 @@ def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, dat
     # refusals: a non-empty target, no checkpoint early enough, a bad caps file
     assert "not empty" in one_line_error(run_cmd(["fork", "--run-dir", str(src), "--at", "60", "--to", str(same)],
                                                  data_cache), 2)
-    line = one_line_error(run_cmd(["fork", "--run-dir", str(src), "--at", "10", "--to", str(tmp_path / "x")],
+    line = one_line_error(run_cmd(["fork", "--run-dir", str(src), "--at", "10", "--to", str(tmp_path / "x" / "z")],
                                   data_cache), 1)
     assert "no valid checkpoint at or before step 10" in line
     bad = write_caps(tmp_path, {"caps": {"nope": 0.5}}, "bad.json")
     line = one_line_error(run_cmd(["fork", "--run-dir", str(src), "--at", "60", "--to", str(tmp_path / "y"),
                                    "--caps", str(bad)], data_cache), 2)
     assert "unknown arm 'nope'" in line
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()  # a refused fork makes no parent
     assert not [p for p in tmp_path.iterdir() if ".fork-" in p.name]
+    # a target whose parents are missing: they are made, as for export --out
+    nested = tmp_path / "branches" / "b1"
+    result = run_cmd(["fork", "--run-dir", str(src), "--at", "60", "--to", str(nested)], data_cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (nested / "checkpoints" / "step_000060.bin").read_bytes() == \
+        (same / "checkpoints" / "step_000060.bin").read_bytes()
 
     # what a fork holds
     for fork_dir in (same, other):

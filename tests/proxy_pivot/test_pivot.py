@@ -196,6 +196,7 @@ def test_offline_pivot_and_bad_caps_files(engine, gate, data_cache, tmp_path):
     loss_before = (run_dir / ".loss.json").read_bytes()
     result = run_cmd(["pivot", "--caps", str(write_caps(tmp_path)), "--run-dir", str(run_dir)], data_cache)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert f"; .samples.json and .state.json archived in archive/pivot_{m}" in result.stdout, result.stdout
     ph = phases(run_dir)
     assert len(ph) == 2 and ph[1]["start_step"] == m and ph[1]["checkpoint"] == f"checkpoints/step_{m:06d}.bin"
     assert (run_dir / "archive" / f"pivot_{m}" / ".samples.json").read_bytes() == samples_before
@@ -287,3 +288,21 @@ def test_concurrent_pivots_and_restarts_are_refused(engine, gate, data_cache, tm
     assert run_cmd(["stop", "--run-dir", str(run_dir)], data_cache).returncode == 0
     assert proxy.wait() == 0, proxy.output()
     assert ARMS == list(last_steps(run_dir)[1]["mixture"])
+
+
+def test_a_pivot_says_it_archived_only_what_existed(engine, gate, data_cache, tmp_path):
+    """A run without sample audits has no .samples.json: the pivot archives .state.json alone and says so."""
+    exp = make_experiment(tmp_path, "NOAUDIT", **{**TRAIN, "max_steps": 90, "sample_every": 0})
+    run_dir = tmp_path / "run"
+    gate.hold_after(20)
+    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache, tmp_path).start()
+    wait_for(lambda: max_logged_step(run_dir) >= 20, 240, "step 20", proxy, poll=0.005)
+    assert run_cmd(["stop", "--run-dir", str(run_dir)], data_cache).returncode == 0
+    assert proxy.wait() == 0, proxy.output()
+    assert not (run_dir / ".samples.json").exists()
+    result = run_cmd(["pivot", "--caps", str(write_caps(tmp_path)), "--run-dir", str(run_dir)], data_cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = phases(run_dir)[1]["start_step"]
+    assert f"; .state.json archived in archive/pivot_{m}" in result.stdout, result.stdout
+    assert ".samples.json" not in result.stdout
+    assert sorted(p.name for p in (run_dir / "archive" / f"pivot_{m}").iterdir()) == [".state.json", "phase.json"]

@@ -15,7 +15,7 @@ from ..formats.checkpoint import checkpoint_files
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
 from ..formats.state import Goodput, finite_json, read_state
 from ..rundir.layout import RunDir, RunDirError
-from ..rundir.lock import lock_owner
+from ..rundir.lock import run_lock_holder
 from ..rundir.phases import read_phases
 from ..safe_fs import UnsafeFileError
 from ..supervision.goodput import overhead_summary
@@ -68,7 +68,8 @@ def status_report(run: RunDir) -> dict:
     except RunDirError:
         phases = []
     current = phases[-1] if phases else None
-    owner = lock_owner(run)
+    holder = run_lock_holder(run)
+    owner = None if holder is None else (holder.pid or -1)
     newest = newest_durable_checkpoint(run, state, alive=owner is not None)
     status = state.get("status") or ("running" if owner else "not started")
     if owner is None and status == "running":

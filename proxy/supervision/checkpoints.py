@@ -31,6 +31,7 @@ def retain(ctx: RunContext, seg: Segment | None) -> None:
         protected.add(seg.resume.step)
     if ctx.best_copier.busy_step is not None:
         protected.add(ctx.best_copier.busy_step)
+    ctx.lock.check()  # never delete through a path that now leads to another directory
     try:
         apply_retention(ctx.run.checkpoints, ctx.retention, protected, report.last_ckpt_step)
     except OSError as exc:

@@ -20,6 +20,7 @@ from ..errors import EXIT_CRASHLOOP, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyErr
 from ..formats import frames
 from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
 from ..rundir.layout import ENGINE_LOG_TAIL
+from ..rundir.lock import RunDirReplaced
 from ..safe_fs import UnsafeFileError, open_regular
 from .checkpoints import retain
 from .context import RunContext
@@ -59,12 +60,16 @@ class Supervisor:
                 return self._loop()
             except UnsafeFileError as exc:
                 raise ProxyError(str(exc), EXIT_USAGE) from None
+        except RunDirReplaced as exc:  # nothing more is written by path: it leads elsewhere now
+            failure = exc
+            self._abandon()
+            return exc.code
         except ProxyError as exc:
             failure = exc
             self._record_failure(exc)
             return exc.code
         finally:
-            unwritten = self._wind_down()
+            unwritten = [] if isinstance(failure, RunDirReplaced) else self._wind_down()
             SignalCounts.restore(old)
             if failure is not None:
                 ctx.warn(self._failure_line(failure, unwritten))
@@ -92,6 +97,21 @@ class Supervisor:
             except StorageError as exc:
                 unwritten.append(exc.path)
         return unwritten
+
+    def _abandon(self) -> None:
+        """The run directory was replaced: kill the engine (an EOF checkpoint would be written by path into
+        whatever now has the directory's name), finish the copy in flight, close the log (its descriptor is
+        the old directory's). Nothing is written by path."""
+        seg = self.segment
+        if seg is not None and seg.engine.alive():
+            seg.kill()
+            seg.engine.wait(30)
+            seg.engine.finish()
+        self.ctx.best_copier.wait(self.ctx.report, lambda _line: None)
+        try:
+            self.ctx.writer.close()
+        except StorageError:
+            pass
 
     def _failure_line(self, exc: ProxyError, unwritten: list[str]) -> str:
         """The one line that ends a failed run; for a failed write, what became of the engine's checkpoint."""
@@ -167,6 +187,7 @@ class Supervisor:
     # ------------------------------------------------------------ one engine launch
     def _run_segment(self) -> str:
         ctx = self.ctx
+        ctx.lock.check()
         first = ctx.segment_number == 0
         seg = self.segment = launch_segment(ctx)
         if first:
@@ -175,6 +196,7 @@ class Supervisor:
         write_run_state(ctx, seg, force=True)
         engine = seg.engine
         while True:
+            ctx.lock.check()
             self._handle_signals(seg)
             feed(ctx, seg)
             try:

@@ -25,6 +25,7 @@ from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
 from ..rundir.frozen import freeze_experiment
 from ..rundir.history import check_history
+from ..rundir.identity import RunIdentity, load_identity, save_identity
 from ..rundir.layout import RunDir, RunDirError, default_run_dir
 from ..rundir.lock import RunLock
 from ..rundir.phases import ensure_phases, first_phase, read_phases
@@ -33,7 +34,8 @@ from ..rundir.retention import RetentionPolicy
 from ..safe_fs import UnsafeFileError
 from .checkpoints import load_best
 from .context import Console, RunContext, SupervisorOptions
-from .engine_process import EngineChoice, EngineError, choose_engine, reap_orphan
+from .engine_process import EngineChoice, EngineError, choose_engine
+from .engine_record import reap_orphan
 from .loop import Supervisor
 from .report import RunReport, carry_forward
 from .signals import EARLY, SignalCounts, install_interrupt
@@ -98,7 +100,11 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         if changed:
             console.warn(f"experiment changed ({', '.join(changed)}); continuing with the new one "
                          "(--allow-experiment-change)")
-        reaped = reap_orphan(run.engine_record, request.options.orphan_grace_s)
+        try:
+            identity, unsaved = load_identity(run, console.warn)
+        except RunDirError as exc:
+            raise ProxyError(str(exc), EXIT_USAGE) from None
+        reaped = reap_orphan(run, identity, request.options.orphan_grace_s, console.warn)
         if reaped:
             console.warn(reaped)
 
@@ -114,9 +120,11 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         except (DataError, ExperimentError) as exc:
             raise ProxyError(str(exc), EXIT_USAGE) from None
         try:
-            ctx = build_context(experiment, run, data, engine, request.options, console, signals)
+            ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
         except BatchError as exc:
             raise ProxyError(str(exc), EXIT_USAGE) from None
+        if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
+            save_identity(run, identity)
         if on_started is not None:
             on_started(run)
         return Supervisor(ctx).run_forever()
@@ -142,7 +150,8 @@ def _encode_prompts(experiment: Experiment, data: PreparedData, console: Console
 
 
 def build_context(experiment: Experiment, run: RunDir, data: PreparedData, engine: EngineChoice,
-                  options: SupervisorOptions, console: Console, signals: SignalCounts) -> RunContext:
+                  options: SupervisorOptions, console: Console, signals: SignalCounts, lock: RunLock,
+                  identity: RunIdentity) -> RunContext:
     """The run's context: batches, prompts, phases, the open log, the sample audits, the carried-over report."""
     train = experiment.train
     sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(train.seed),
@@ -157,7 +166,8 @@ def build_context(experiment: Experiment, run: RunDir, data: PreparedData, engin
     return RunContext(experiment=experiment, run=run, data=data, engine_choice=engine, opts=options,
                       console=console, signals=signals, sampler=sampler, prompts=prompts, phases=phases,
                       writer=writer, samples=samples, report=report,
-                      retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)))
+                      retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)), lock=lock,
+                      identity=identity)
 
 
 def _mark_finished(run: RunDir) -> None:

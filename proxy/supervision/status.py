@@ -77,6 +77,7 @@ def write_run_state(ctx: RunContext, seg: Segment | None, force: bool = False) -
                      replay_mismatches=report.mismatches, dropped_arms=sorted(report.dropped_arms),
                      bandit=bandit_state, engine_tokens_per_s=rates.engine_tokens_per_s,
                      goodput=report.goodput.status(now))
+    ctx.lock.check()  # the path still leads to the run this proxy locked
     try:
         write_state(ctx.run.state, state)
     except (OSError, ValueError, TypeError) as exc:  # not StorageError (a full disk): that stops the run

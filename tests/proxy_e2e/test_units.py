@@ -13,7 +13,7 @@ from proxy.formats.checkpoint import body_bytes
 from proxy.formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
 from proxy.rundir.retention import RetentionPolicy, apply_retention, plan_retention
 from proxy.rundir.layout import RunDir, RunDirError
-from proxy.rundir.lock import RunLock, lock_owner
+from proxy.rundir.lock import RunLock, run_lock_holder
 from proxy.rundir.phases import append_phase, ensure_phases, read_phases
 from proxy.formats.samples import Sample, SampleAudit, SamplesFile
 from proxy.formats.state import AuditTime, EngineStatus, Goodput, RunState, read_state, write_state
@@ -92,15 +92,17 @@ def test_retention_plan():
 def test_lock_is_exclusive_and_reports_the_owner(tmp_path):
     run = RunDir(tmp_path / "run")
     run.create()
-    assert lock_owner(run) is None
+    assert run_lock_holder(run) is None
     lock = RunLock(run).acquire()
     try:
-        assert lock_owner(run) == os.getpid()
+        assert run_lock_holder(run).pid == os.getpid()
         with pytest.raises(RunDirError, match=f"in use by proxy pid {os.getpid()}"):
             RunLock(run).acquire()
+        (run.root / ".lock").write_text("1\n")  # a file of the run names nobody: the kernel holds the lock
+        assert run_lock_holder(run).pid == os.getpid()
     finally:
         lock.release()
-    assert lock_owner(run) is None
+    assert run_lock_holder(run) is None
     with RunLock(run):
         pass
 

@@ -25,6 +25,10 @@ from .safe_fs import NO_FOLLOW, open_own, open_regular
 
 APPEND_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0)
                 | getattr(os, "O_CLOEXEC", 0))
+# A file the proxy creates (a temp file, a file in a fresh directory): new, never through a symlink a
+# user or another process left under its name.
+NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW | getattr(os, "O_CLOEXEC", 0)
+UNIQUE_TRIES = 1000  # write_unique's names: stem, stem_2, ... stem_1000
 
 
 @contextmanager
@@ -58,6 +62,18 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def _create_new(path: str | os.PathLike) -> BinaryIO:
+    """`path` created for writing: a new file (O_EXCL), so no symlink or file left there is written through."""
+    return os.fdopen(os.open(path, NEW_FLAGS, 0o644), "wb")
+
+
+def _create_temp(tmp: Path) -> BinaryIO:
+    """A temp file of ours, new: a stale one (a killed writer's, or anything planted under its name, a
+    symlink included) is unlinked first, never written through."""
+    _remove(tmp)
+    return _create_new(tmp)
+
+
 def _remove(path: Path) -> None:
     try:
         path.unlink(missing_ok=True)
@@ -72,7 +88,7 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     tmp = _temp_name(path)
     try:
         with storage_guard(path):
-            with open(tmp, "wb") as f:
+            with _create_temp(tmp) as f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -115,9 +131,10 @@ def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 
 def write_synced(path: str | os.PathLike, data: bytes) -> None:
-    """Write a new file and fsync it: for files inside a temp directory that is renamed into place whole."""
+    """Write a new file and fsync it: for files inside a temp directory that is renamed into place whole.
+    A name already there is an error (FileExistsError), never overwritten or written through."""
     with storage_guard(path):
-        with open(path, "wb") as f:
+        with _create_new(path) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -125,10 +142,41 @@ def write_synced(path: str | os.PathLike, data: bytes) -> None:
 
 def copy_synced(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Copy `src` to a new file `dst` and fsync it (see write_synced)."""
-    with _source(src) as fin, storage_guard(dst), open(dst, "wb") as fout:
+    with _source(src) as fin, storage_guard(dst), _create_new(dst) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
         fout.flush()
         os.fsync(fout.fileno())
+
+
+def write_new(path: str | os.PathLike, data: bytes) -> None:
+    """Create `path` holding `data`, whole and durable, never replacing what has that name: a temp file is
+    written and fsynced, then hard-linked to `path` (link(2) fails with FileExistsError when the name is
+    taken), then removed; the directory is fsynced."""
+    path = Path(path)
+    tmp = _temp_name(path)
+    try:
+        with storage_guard(path):
+            with _create_temp(tmp) as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)
+    finally:
+        _remove(tmp)
+    fsync_dir(path.parent)
+
+
+def write_unique(directory: str | os.PathLike, stem: str, suffix: str, data: bytes) -> Path:
+    """write_new under the first free name of `stem + suffix`, `stem_2 + suffix`, `stem_3 + suffix`, ...
+    (two writers in the same second never collide, and neither replaces the other); the name used."""
+    for n in range(1, UNIQUE_TRIES + 1):
+        path = Path(directory) / (f"{stem}{suffix}" if n == 1 else f"{stem}_{n}{suffix}")
+        try:
+            write_new(path, data)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{Path(directory) / stem}: {UNIQUE_TRIES} names taken")
 
 
 def open_append(path: str | os.PathLike) -> int:

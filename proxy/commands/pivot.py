@@ -153,7 +153,8 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         except RunDirError as exc:
             raise ProxyError(f"cannot pivot: {exc}", EXIT_USAGE) from None
         try:
-            resume = choose_resume(run.checkpoints, index, phases, set(), at_most=at)
+            resume = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab),
+                                   at_most=at)
         except ProxyError as exc:
             raise ProxyError(f"cannot pivot {run.root}: {exc}") from None
         step = resume.step

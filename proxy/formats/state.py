@@ -20,7 +20,7 @@ from ..errors import FULL_DISK, StorageError
 from ..rundir.layout import READ_LIMITS, STATE
 from ..safe_fs import UnsafeFileError, read_regular
 
-STATUSES = ("running", "stopped", "finished", "crashloop")
+STATUSES = ("running", "stopped", "finished", "crashloop", "diverged")
 
 
 def _known(cls, obj: dict) -> dict:

@@ -24,12 +24,14 @@ The proxy and the dashboard both name files through this module.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import make_dirs
 from ..formats.checkpoint import checkpoint_name
-from ..safe_fs import UnsafeFileError, read_regular
+from ..safe_fs import UnsafeFileError, file_kind, read_regular
 
 RUNS_ROOT = Path("runs")
 
@@ -51,6 +53,11 @@ PIVOT_REQUEST = ".pivot_request.json"
 PIVOT_CLAIMED = ".pivot_claimed.json"
 PIVOT_RESPONSE = ".pivot_response.json"
 PIVOT_RECEIPT = "phase.json"  # in a pivot's archive directory: the phase it committed (rundir/history.py)
+
+# The directories inside a run that the proxy and the engine write and delete in: each must be a real
+# directory of the run, never a symlink (a `checkpoints` linked to another run would have this run's
+# retention delete that run's checkpoints).
+OWN_DIRS = (CHECKPOINTS, ARCHIVE)
 
 # Files whose modification time says when a run was last active.
 ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
@@ -141,6 +148,8 @@ class RunDir:
         return self.root / PIVOT_RESPONSE
 
     def create(self) -> None:
+        """The run directory and its checkpoints/, made if absent (RunDirError: check_paths refuses them)."""
+        self.check_paths()
         try:
             make_dirs(self.checkpoints)  # a full or read-only disk: StorageError
         except OSError as exc:
@@ -148,6 +157,29 @@ class RunDir:
 
     def exists(self) -> bool:
         return self.experiment.is_file()
+
+    def check_paths(self) -> None:
+        """RunDirError (one line) unless each of OWN_DIRS that exists is a real directory inside the run:
+        no symlink, nothing else under its name. Checked at every launch and pivot, and before retention
+        deletes anything."""
+        for name in OWN_DIRS:
+            path = self.root / name
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise RunDirError(f"{path}: {exc.strerror}") from None
+            if stat.S_ISLNK(mode):
+                try:
+                    target = f" to {os.readlink(path)}"
+                except OSError:
+                    target = ""
+                raise RunDirError(f"{path} is a symlink{target}; a run writes and deletes only inside its own "
+                                  f"directory: make {name}/ a real directory of the run (nothing was changed)")
+            if not stat.S_ISDIR(mode):
+                kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+                raise RunDirError(f"{path} is {kind}, not a directory (nothing was changed)")
 
     def read_small(self, path: Path) -> bytes:
         """One of this run's small files (`path.name` in READ_LIMITS), by safe_fs's rules: FileNotFoundError

@@ -18,6 +18,7 @@ from ..formats.checkpoint import checkpoint_path
 from ..formats.frames import Event, group_result
 from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
 from ..formats.samples import Sample, SampleAudit
+from ..rundir.divergence import insanity, sane_loss
 from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms
@@ -99,6 +100,18 @@ class EventHandlers:
         every = int(ctx.train.ckpt_every)
         if every > 0 and t % every == 0:
             seg.ckpt_pending, seg.ckpt_pending_step = True, t
+        vocab = int(ctx.experiment.model.vocab)
+        if report.diverged_step is None and not sane_loss(entry.loss, vocab):
+            self._diverged(seg, t, insanity(entry.loss, vocab))
+
+    def _diverged(self, seg: Segment, step: int, why: str) -> None:
+        """The run diverged at `step`: stop it (STOP: the engine finishes what is in flight and exits; its
+        checkpoint at `step` is not sane, so no relaunch resumes from it and retention keeps the newest
+        sane one). The loop ends the run with one line (supervision/loop.py)."""
+        report = self.ctx.report
+        report.diverged_step, report.diverged_why = step, why
+        if not seg.stop_sent:
+            seg.send_stop()
 
     def _compare(self, seg: Segment, entry: StepEntry) -> None:
         """A step the crashed segment logged too: the two must be bit-identical."""

@@ -16,9 +16,10 @@ import queue
 import signal
 import time
 
-from ..errors import EXIT_CRASHLOOP, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError, StorageError
+from ..errors import EXIT_CRASHLOOP, EXIT_DIVERGED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError, StorageError
 from ..formats import frames
-from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
+from ..formats.checkpoint import checkpoint_path
+from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_NUMERICS, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
 from ..rundir.layout import ENGINE_LOG_TAIL
 from ..rundir.lock import RunDirReplaced
 from ..safe_fs import UnsafeFileError, open_regular
@@ -151,11 +152,24 @@ class Supervisor:
                         "relaunch the same command to resume")
                 return EXIT_OK
             seg = self.segment
+            if outcome == "diverged":
+                report.status = "diverged"
+                report.message = self._divergence_line()
+                raise ProxyError(report.message, EXIT_DIVERGED)
             if outcome == "fatal":
                 report.status = "crashloop"
                 raise ProxyError(f"engine cannot run: {seg.last_error or 'see ' + str(ctx.run.engine_log)}",
                                  EXIT_FAILURE)
             self._restart_after_failure(seg)
+
+    def _divergence_line(self) -> str:
+        """The one line that ends a diverged run: where, why, and the newest sane checkpoint to go back to."""
+        ctx, report = self.ctx, self.ctx.report
+        sane = report.last_sane_ckpt_step
+        back = (f"the newest sane checkpoint is {checkpoint_path(ctx.run.checkpoints, sane)} (step {sane}): a "
+                "relaunch resumes there" if sane is not None else "no sane checkpoint: a relaunch starts from scratch")
+        return (f"the run diverged at step {report.diverged_step}: {report.diverged_why}; {back} and, unchanged, "
+                "diverges again the same way: lower train.lr (relaunch with --allow-experiment-change) or pivot")
 
     def _restart_after_failure(self, seg: Segment) -> None:
         """A crash or a hang: count it, give up on a crash loop, else wait the back-off (refusing pivots)."""
@@ -257,7 +271,12 @@ class Supervisor:
 
     def _classify(self, seg: Segment, code: int | None) -> str:
         """How the segment ended: finished, stopped, hung, failed, or fatal (the engine cannot run at all)."""
-        ctx = self.ctx
+        ctx, report = self.ctx, self.ctx.report
+        if report.diverged_step is None and code == EXIT_NUMERICS:  # the engine's own check: never retried,
+            report.diverged_step = seg.last_step + 1                  # the same frames diverge the same way
+            report.diverged_why = f"the engine stopped: {seg.last_error or exit_description(code)}"
+        if report.diverged_step is not None:
+            return "diverged"
         if seg.hung:
             return "hung"
         if code == 0:

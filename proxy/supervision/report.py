@@ -28,6 +28,9 @@ class RunReport:
     goodput: GoodputMeter = field(default_factory=GoodputMeter)
     last_ckpt_step: int | None = None
     last_ckpt_path: str | None = None
+    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (rundir/divergence.py)
+    diverged_step: int | None = None  # the first step this launch found not sane
+    diverged_why: str | None = None
     ckpt_ms: float = 0.0  # the slowest checkpoint write seen (the watchdog allows for it)
     best_step: int | None = None
     best_loss: float | None = None
@@ -38,7 +41,11 @@ class RunReport:
     last_state_write: float = 0.0  # monotonic time of the last .state.json write
 
     def checkpointed(self, step: int, path: str) -> None:
+        """The engine announced (or the run resumed from) the checkpoint of `step`. It is sane unless the run
+        diverged at or before `step`: every step logged before the divergence was sane."""
         self.last_ckpt_step, self.last_ckpt_path = step, path
+        if self.diverged_step is None or step < self.diverged_step:
+            self.last_sane_ckpt_step = step
 
     def add_mismatch(self, mismatch: dict) -> None:
         self.mismatch_count += 1

@@ -139,7 +139,7 @@ def launch_segment(ctx: RunContext) -> Segment:
     ctx.writer.fsync()
     index = LossLogIndex.load(ctx.run.loss_log)
     phase = ctx.phase
-    resume = choose_resume(ctx.run.checkpoints, index, ctx.phases, ctx.rejected)
+    resume = choose_resume(ctx.run.checkpoints, index, ctx.phases, ctx.rejected, vocab=int(ctx.experiment.model.vocab))
     for reason in resume.skipped:
         ctx.warn(f"not resuming from {reason}")
     c = resume.step

@@ -23,6 +23,7 @@ from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex, LossLogWriter
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
+from ..rundir.foreign import foreign_checkpoints
 from ..rundir.frozen import freeze_experiment
 from ..rundir.history import check_history
 from ..rundir.identity import RunIdentity, load_identity, save_identity
@@ -92,6 +93,9 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         try:
             index = LossLogIndex.load(run.loss_log)
             check_history(run, read_phases(run) or [first_phase(experiment)], index)
+            foreign = foreign_checkpoints(run, experiment)
+            if foreign is not None:
+                raise RunDirError(foreign)
             changed = freeze_experiment(run, Path(request.experiment_path), experiment,
                                         request.allow_experiment_change)
             phases = ensure_phases(run, experiment)
@@ -108,7 +112,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         if reaped:
             console.warn(reaped)
 
-        resume = choose_resume(run.checkpoints, index, phases, set())
+        resume = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab))
         if resume.step >= experiment.train.max_steps:
             console.say(f"run {run.root} already finished at step {resume.step} (max_steps "
                         f"{experiment.train.max_steps}); nothing to do")

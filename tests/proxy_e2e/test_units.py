@@ -64,8 +64,9 @@ def test_last_entry_per_step_wins_and_phase_coverage(tmp_path):
     w.close()
     index = LossLogIndex.load(path)
     assert [e.loss for _, e in index.iter_steps(1, 5)] == [4.0, 4.0, 9.0, 9.0, 4.0]
-    assert index.missing(0, 0, 5) == [] and index.missing(0, 0, 7) == [6, 7]
-    assert index.missing(1, 2, 4) == [3, 4]  # entries of another phase do not cover a phase
+    assert index.gap(0, 0, 5) == (0, None) and index.gap(0, 0, 7) == (2, 6)
+    assert index.gap(1, 2, 4) == (2, 3)  # entries of another phase do not cover a phase
+    assert index.gap(0, 0, 3_000_000_000) == (3_000_000_000 - 5, 6)  # no list of three billion steps
 
 
 def test_compare_replayed_is_exact():
@@ -212,11 +213,14 @@ def test_goodput_meter_splits_the_wall_time():
 def test_retention_leaves_files_past_the_newest_announced(tmp_path):
     """A step_*.bin newer than the newest ckpt event may still be being written (the event comes once the
     file is durable): retention neither counts it among the last K nor deletes it."""
+    run = RunDir(tmp_path / "run")
+    run.create()
     for s in (10, 20, 30, 40, 50):  # bare bodies of a 1-parameter model: shaped like checkpoints
-        (tmp_path / f"step_{s:06d}.bin").write_bytes(struct.pack("<ii", s, 1).ljust(body_bytes(1), b"\0"))
-    deleted = apply_retention(tmp_path, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
+        (run.checkpoints / f"step_{s:06d}.bin").write_bytes(struct.pack("<ii", s, 1).ljust(body_bytes(1), b"\0"))
+    deleted = apply_retention(run, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
     assert sorted(p.name for p in deleted) == ["step_000010.bin", "step_000020.bin"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000030.bin", "step_000040.bin", "step_000050.bin"]
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step_000030.bin", "step_000040.bin",
+                                                                 "step_000050.bin"]
 
 
 def test_best_bin_only_from_announced_checkpoints_copied_in_the_background(tmp_path):
@@ -226,7 +230,7 @@ def test_best_bin_only_from_announced_checkpoints_copied_in_the_background(tmp_p
         (ck / f"step_{s:06d}.bin").write_bytes(bytes([s % 251]) * 4096)
     report, warnings = RunReport(engine=EngineStatus()), []
     ctx = SimpleNamespace(report=report, best_copier=BestCopier(), eval_loss={100: 3.0, 200: 2.5, 300: 1.0},
-                          run=SimpleNamespace(checkpoints=ck, best=ck / "best.bin"), warn=warnings.append)
+                          run=RunDir(tmp_path), lock=SimpleNamespace(check=lambda: None), warn=warnings.append)
     report.checkpointed(100, str(ck / "step_000100.bin"))
     maybe_best(ctx, 200)  # on disk, but its ckpt event has not come: it may still be being written
     assert ctx.best_copier.job is None and not ctx.run.best.exists()

@@ -133,6 +133,7 @@ class RunState:
     restarts: int = 0
     message: str | None = None
     write_failure: dict | None = None  # {"path", "errno", "error"}: the write whose failure stopped the run
+    dashboard: dict | None = None  # {"url", "host"} of the dashboard `proxy run` started
     proxy_pid: int | None = None
     replay_mismatch_count: int = 0
     replay_mismatches: list[dict] = field(default_factory=list)  # newest last, at most 50

@@ -23,6 +23,7 @@ class RunReport:
     status: str = "running"  # formats/state.py STATUSES
     message: str | None = None  # why the run stopped
     write_failure: dict | None = None  # {"path", "errno", "error"} when a failed write stopped the run
+    dashboard: dict | None = None  # {"url", "host"} of the dashboard this proxy started
     tokens: int = 0  # cumulative, as logged
     progress: Progress = field(default_factory=Progress)
     goodput: GoodputMeter = field(default_factory=GoodputMeter)

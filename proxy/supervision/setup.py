@@ -70,7 +70,7 @@ def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
 
 def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: Console) -> int:
     """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
-    starts the dashboard there). Raises ProxyError for anything the user must fix; returns the exit code
+    starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises ProxyError for anything the user must fix; returns the exit code
     otherwise."""
     try:
         experiment = load_experiment(request.experiment_path)
@@ -130,7 +130,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
             save_identity(run, identity)
         if on_started is not None:
-            on_started(run)
+            ctx.report.dashboard = on_started(run)
         return Supervisor(ctx).run_forever()
     finally:
         lock.release()

@@ -9,6 +9,11 @@ write that fails partway is cut back off, so no torn line is left.
 A write that fails because of the storage (disk full, file too large, I/O
 error, read-only file system: errors.STORAGE_ERRNOS) raises StorageError,
 one line naming the file; no temp file is left behind.
+
+A directory can be *anchored* to a descriptor of it (the run's lock holds one:
+rundir/lock.py): a replacing write of a file directly in it then creates,
+renames and syncs relative to that descriptor, so it lands in the directory
+the descriptor names even if the path was moved or replaced meanwhile.
 """
 from __future__ import annotations
 
@@ -58,6 +63,18 @@ def make_dirs(directory: str | os.PathLike) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
 
 
+_ANCHORS: dict[str, int] = {}  # a directory's path, as its files' paths name it -> a descriptor of it
+
+
+def anchor(directory: str | os.PathLike, fd: int) -> None:
+    """From now on, replacing writes of files in `directory` go through `fd` (a descriptor of it)."""
+    _ANCHORS[str(Path(directory))] = fd
+
+
+def unanchor(directory: str | os.PathLike) -> None:
+    _ANCHORS.pop(str(Path(directory)), None)
+
+
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
@@ -82,9 +99,39 @@ def _remove(path: Path) -> None:
 
 
 @contextmanager
+def _anchored_writer(path: Path, dir_fd: int) -> Iterator[BinaryIO]:
+    """atomic_writer for a file of an anchored directory: every step relative to its descriptor."""
+    tmp = _temp_name(path).name
+    try:
+        with storage_guard(path):
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            with os.fdopen(os.open(tmp, NEW_FLAGS, 0o644, dir_fd=dir_fd), "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    with storage_guard(path.parent, "sync"):
+        os.fsync(dir_fd)
+
+
+@contextmanager
 def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that replaces `path` atomically and durably when the block ends without an error."""
     path = Path(path)
+    dir_fd = _ANCHORS.get(str(path.parent))
+    if dir_fd is not None:
+        with _anchored_writer(path, dir_fd) as f:
+            yield f
+        return
     tmp = _temp_name(path)
     try:
         with storage_guard(path):

@@ -14,8 +14,11 @@ directory's lock: the proxy of this run.
 
 The running proxy also checks that the path it was given still leads to the
 directory it locked (`RunLock.check`): a run directory moved away or
-replaced under it stops the run, since every file it would write from then on
-would land in whatever now has that name.
+replaced under it stops the run, since a file written by path from then on
+would land in whatever now has that name. The run's own files (`.state.json`
+and the others directly in it) are replaced relative to the locked
+directory's descriptor meanwhile (atomic.py's anchor), so one written in the
+instant of the move still lands in the run.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..atomic import storage_guard
+from ..atomic import anchor, storage_guard, unanchor
 from ..errors import ProxyError
 from ..processes import FileIdentity, flock_holder, send
 from ..safe_fs import NO_FOLLOW, UnsafeFileError, open_own
@@ -126,7 +129,13 @@ class RunLock(KernelLock):
                               f"(one proxy per run; `proxy stop --run-dir {self.run.root}` stops it)") from None
         except OSError as exc:
             raise RunDirError(f"cannot lock run directory {self.run.root}: {exc.strerror}") from None
+        anchor(self.run.root, self.fd)  # the run's own files are replaced in the directory locked
         return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            unanchor(self.run.root)
+        super().release()
 
     def check(self) -> None:
         """RunDirReplaced (one line) when the run directory's path no longer leads to the locked directory."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import secrets
 import signal
-from pathlib import Path
 from typing import Callable
 
 import psutil

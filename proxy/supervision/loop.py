@@ -7,7 +7,10 @@ the run with exit 0; a crash or a hang restarts the engine from the newest
 valid checkpoint after a back-off that doubles per consecutive failure, and
 --max-failures failures without progress past the highest step reached end
 the run as a crash loop (exit 3); an engine that rejects its command line
-ends it at once (exit 1).
+ends it at once (exit 1); a run that diverged (a step's loss not sane, or the
+engine's exit 6: the same frames would diverge again) ends at once (exit 6),
+naming the newest sane checkpoint; a run directory moved or replaced under the
+proxy ends it at once (exit 1), its engine killed, nothing written by path.
 """
 from __future__ import annotations
 

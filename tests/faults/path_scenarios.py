@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from unittest import mock
@@ -270,6 +269,7 @@ def archive_names(env: ProxyEnv, workdir: Path) -> Outcome:
         out.fail(f"after two changes: archive holds {[p.name for p in archived]}; the original frozen experiment "
                  f"{'kept' if archived and archived[0].read_bytes() == original else 'lost'}", data_lost=1)
     out.note("two relaunches: archive names", [p.name for p in archived])
+    out.note("two relaunches: seconds between them", round(stamps[1] - stamps[0], 2))
     return out.close()
 
 

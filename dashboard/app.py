@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from fastapi import FastAPI, Header, HTTPException, Path as PathParam, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from . import payload
 from .run_index import RunIndex
 from .runs import Registry
-from .stream import Hub, event_stream, parse_positions
+from .stream import EventStreamResponse, Hub, StreamSlots, event_stream, parse_positions
 from .watch import Watcher
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -123,6 +123,7 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     """
     registry = Registry([Path(d) for d in run_dirs])
     hub = Hub()
+    slots = StreamSlots()
     watcher = Watcher(registry.runs, lambda idx, kinds: hub.notify_threadsafe(), poll_s=poll_s)
     static = _load_static()
 
@@ -139,6 +140,7 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
                   openapi_url=None)
     app.state.registry = registry
     app.state.watcher = watcher
+    app.state.streams = slots
 
     def get_run(key: str) -> RunIndex:
         run = registry.lookup(key)
@@ -160,7 +162,8 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
 
     @app.get("/healthz")
     def healthz() -> dict:
-        return {"ok": True, "runs": len(registry.runs), "time": time.time()}
+        return {"ok": True, "runs": len(registry.runs), "time": time.time(), "streams": slots.active,
+                "streams_dropped": slots.dropped}
 
     @app.get("/api/runs", response_model=list[RunInfo])
     def list_runs() -> list[dict]:
@@ -215,14 +218,18 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     async def stream(request: Request,
                      runs: str = Query("0", pattern=r"^[A-Za-z0-9._,-]{1,2000}$"),
                      at: str | None = Query(None, pattern=r"^[0-9.,]{0,4000}$"),
-                     last_event_id: str | None = Header(None, max_length=4000)) -> StreamingResponse:
-        """Server-sent events for the runs listed (indices or names, comma separated)."""
+                     last_event_id: str | None = Header(None, max_length=4000)) -> Response:
+        """Server-sent events for the runs listed (indices or names, comma separated); 503 when
+        stream.MAX_STREAMS are open already."""
         keys = [k for k in runs.split(",") if k][:64]
         chosen = [get_run(k) for k in keys]
         start = parse_positions(last_event_id or at, len(chosen))
+        if not slots.take():
+            return Response(b"too many event streams; retry later\n", status_code=503, media_type="text/plain",
+                            headers={"retry-after": "5", "cache-control": "no-store", "connection": "close"})
         gen = event_stream(chosen, start, hub, request.is_disconnected)
-        return StreamingResponse(gen, media_type="text/event-stream",
-                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        return EventStreamResponse(gen, slots, media_type="text/event-stream",
+                                   headers={"cache-control": "no-store", "x-accel-buffering": "no"})
 
     app.add_middleware(Guard, allowed_hosts=allowed_hosts)
     return app

@@ -23,8 +23,23 @@ from proxy.rundir.layout import RUNS_ROOT, RunDirError, most_recent_run
 from .runs import RUN_MARKERS, expand
 
 
+# Bounds on what clients may hold (docs/DASHBOARD.md, "Safety"); the event streams' own are in stream.py.
+MAX_CONNECTIONS = 128  # open connections (uvicorn's limit_concurrency): a request beyond is answered 503
+UNACKED_TIMEOUT_S = 30  # TCP_USER_TIMEOUT: a connection whose data stays unread (a zero window) this long is
+#                         closed by the kernel, whatever the app is doing with it
+SEND_BUFFER = 256 << 10  # SO_SNDBUF of every connection: what the kernel holds for a client that stopped
+#                          reading (autotuned, it grows to 4 MiB; a page needs far less)
+
+
 class DashboardError(Exception):
     """A problem the user can fix; the message is one line."""
+
+
+def exposure_warning(host: str) -> str | None:
+    """The warning for a dashboard bound to an address other machines can reach (None for loopback)."""
+    if is_loopback(host):
+        return None
+    return f"the dashboard listens on {host}, reachable from other machines, with no authentication (read-only)"
 
 
 def is_loopback(host: str) -> bool:
@@ -54,6 +69,9 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise DashboardError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)  # inherited by every accepted connection
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # the same (Linux)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKED_TIMEOUT_S * 1000)
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
@@ -104,13 +122,14 @@ def serve(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, po
     limit_malloc_arenas()
 
     from .app import LOOPBACK_HOSTS, create_app
+    from .stream import ExposeAbort
 
     sock = bind(host, port)
     actual_port = sock.getsockname()[1]
     allowed = set(LOOPBACK_HOSTS) if is_loopback(host) else None
     app = create_app(run_dirs, allowed_hosts=allowed, poll_s=poll_s)
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=1, ws="none")
+    config = uvicorn.Config(ExposeAbort(app), log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=1, ws="none", limit_concurrency=MAX_CONNECTIONS)
     server = uvicorn.Server(config)
     line = f"dashboard: {url_for(host, actual_port)}"
     (announce or (lambda s: print(s, flush=True)))(line)
@@ -140,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         dirs = resolve_run_dirs(args.run_dir)
-        if not is_loopback(args.host):
-            print(f"dashboard: warning: listening on {args.host}, reachable from other machines "
-                  "(read-only, no authentication)", file=sys.stderr)
+        warning = exposure_warning(args.host)
+        if warning:
+            print(f"dashboard: warning: {warning}", file=sys.stderr)
         serve(dirs, host=args.host, port=args.port, poll_s=max(0.1, args.poll))
     except DashboardError as exc:
         print(f"dashboard: {exc}", file=sys.stderr)

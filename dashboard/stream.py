@@ -8,12 +8,22 @@ from its own offset up to the committed offset (the end of the last complete
 line the server has seen), so nothing is buffered per client and a torn line
 is never sent. A client further behind than MAX_GAP bytes (or whose log was
 replaced) gets a `reset` and refetches a downsampled view instead.
+
+Streams are bounded (docs/DASHBOARD.md, "Safety"): at most MAX_STREAMS at
+once (the app answers 503 beyond), each written to in pieces of at most
+WRITE_PIECE bytes, and a client that takes no piece within WRITE_TIMEOUT_S
+(one that never reads) is dropped and its connection aborted, so its buffers
+are freed at once. A sidecar event is encoded once per version and shared by
+every stream, so a client costs a piece of buffer, not a copy of
+`.samples.json`.
 """
 from __future__ import annotations
 
 import asyncio
 import re
 from typing import AsyncIterator, Awaitable, Callable
+
+from fastapi.responses import StreamingResponse
 
 from . import payload
 from .entries import eval_fields, step_fields
@@ -22,6 +32,10 @@ from .run_index import SIDECAR_KINDS, RunIndex
 
 MAX_GAP = 2 << 20  # bytes of log one push may carry
 PING_S = 15.0
+MAX_STREAMS = 32  # event streams at once; one more is answered 503 (a page holds one)
+WRITE_TIMEOUT_S = 10.0  # a stream's client must take each piece within this, or it is dropped
+WRITE_PIECE = 64 << 10  # bytes handed to the server at a time: what a client that stopped reading costs
+TRANSPORT_ABORT = "microgpt.abort"  # scope key: aborts the connection (set by ExposeAbort from the server)
 _POS = re.compile(r"^(\d{1,12})\.(\d{1,15})$")
 
 
@@ -73,6 +87,94 @@ def encode_positions(pos: list[tuple[int, int]]) -> str:
 def sse(event: str, data: dict, id: str | None = None) -> bytes:
     head = f"event: {event}\n" + (f"id: {id}\n" if id is not None else "")
     return head.encode() + b"data: " + payload.dumps(data) + b"\n\n"
+
+
+_SIDECAR_EVENTS: dict[tuple[int, str], tuple[int, bytes]] = {}  # (id of the run, kind) -> (version, event)
+
+
+def sidecar_event(run: RunIndex, kind: str, value, version: int) -> bytes:
+    """The `sidecar` event of one version of a run's sidecar, encoded once and shared by every stream."""
+    key = (id(run), kind)
+    cached = _SIDECAR_EVENTS.get(key)
+    if cached is None or cached[0] != version:
+        cached = _SIDECAR_EVENTS[key] = (version, sse("sidecar", {"run": run.index, "kind": kind, "value": value}))
+    return cached[1]
+
+
+class StreamSlots:
+    """At most `limit` event streams at once (one event loop: no lock needed)."""
+
+    def __init__(self, limit: int = MAX_STREAMS):
+        self.limit = limit
+        self.active = 0
+        self.dropped = 0  # streams ended because their client did not read
+
+    def take(self) -> bool:
+        if self.active >= self.limit:
+            return False
+        self.active += 1
+        return True
+
+    def give_back(self) -> None:
+        self.active -= 1
+
+
+class ExposeAbort:
+    """The outermost ASGI layer (server.serve): puts the server connection's abort into the scope, so that
+    an event stream drops a client that stopped reading at once, with what the server holds for it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        transport = getattr(getattr(send, "__self__", None), "transport", None)  # uvicorn's connection
+        if scope["type"] == "http" and transport is not None and hasattr(transport, "abort"):
+            scope[TRANSPORT_ABORT] = transport.abort
+        await self.app(scope, receive, send)
+
+
+class SlowClient(Exception):
+    """A stream's client did not take a piece within its write timeout."""
+
+
+class EventStreamResponse(StreamingResponse):
+    """The event stream's response: it holds a slot of `slots` (taken by the caller) until it ends, hands
+    the server at most WRITE_PIECE bytes at a time, and drops a client that takes none within
+    `write_timeout`: the connection is aborted (through the server's transport, which the dashboard's
+    middleware put in the scope), so nothing the client left unread stays in memory."""
+
+    def __init__(self, content, slots: StreamSlots, write_timeout: float = WRITE_TIMEOUT_S, **kw):
+        super().__init__(content, **kw)
+        self.slots = slots
+        self.write_timeout = write_timeout
+
+    async def _send_bounded(self, send, message) -> None:
+        body = message.get("body") if message.get("type") == "http.response.body" else None
+        if not body or len(body) <= WRITE_PIECE:
+            await self._send_timed(send, message)
+            return
+        view, more = memoryview(body), message.get("more_body", False)
+        for i in range(0, len(body), WRITE_PIECE):  # one piece copied at a time
+            await self._send_timed(send, dict(message, body=bytes(view[i:i + WRITE_PIECE]),
+                                              more_body=more or i + WRITE_PIECE < len(body)))
+
+    async def _send_timed(self, send, message) -> None:
+        try:
+            await asyncio.wait_for(send(message), self.write_timeout)
+        except asyncio.TimeoutError:
+            raise SlowClient() from None
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, lambda message: self._send_bounded(send, message))
+        except SlowClient:
+            self.slots.dropped += 1
+            abort = scope.get(TRANSPORT_ABORT)
+            if abort is not None:
+                abort()
+                await asyncio.sleep(0)  # let the server see the connection lost before the app returns
+        finally:
+            self.slots.give_back()
 
 
 def _entries(run: RunIndex, data: bytes, base: int, prev, window: payload.WallWindow | None):
@@ -132,7 +234,7 @@ async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None]
                 value, version = run.sidecar(kind)
                 if version != seen[j][kind]:
                     seen[j][kind] = version
-                    yield sse("sidecar", {"run": run.index, "kind": kind, "value": value})
+                    yield sidecar_event(run, kind, value, version)
                     sent = True
         if sent:
             continue

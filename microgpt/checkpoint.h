@@ -97,8 +97,50 @@ typedef struct {
     MgTrailer trailer;
 } MgState;
 
-static void mg_ckpt_name(char *out, size_t cap, const char *dir, int step, int temp) {
-    snprintf(out, cap, temp ? "%s/.step_%06d.bin.tmp" : "%s/step_%06d.bin", dir, step);
+// A checkpoint's file name (temp: the name it is written under before the rename).
+static void mg_ckpt_file(char *out, size_t cap, int step, int temp) {
+    snprintf(out, cap, temp ? ".step_%06d.bin.tmp" : "step_%06d.bin", step);
+}
+
+// The checkpoint directory, opened once when the engine starts. Every write,
+// rename, listing and unlink happens relative to this descriptor, so a
+// directory moved away, replaced, or swapped for a symlink to somewhere else
+// while the engine runs never receives a checkpoint and never loses one: the
+// engine keeps writing into the directory it started with. `path` is only for
+// messages and events.
+typedef struct {
+    const char *path;
+    int fd;
+} MgCkptDir;
+
+static void mg_mkdirs(const char *dir);
+
+static void mg_open_ckpt_dir(MgCkptDir *d, const char *path) {
+    mg_mkdirs(path);
+    d->path = path;
+    d->fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d->fd < 0) mg_fail(MG_EXIT_IO, "cannot open checkpoint directory %s: %s", path, strerror(errno));
+}
+
+// A fresh handle on the directory for readdir (its own position, so listings never share one).
+static DIR *mg_ckpt_dir_list(const MgCkptDir *d) {
+    int fd = openat(d->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    DIR *dir = fdopendir(fd);
+    if (!dir) close(fd);
+    return dir;
+}
+
+// Non-finite floats among n (IEEE exponent all ones: an infinity or a NaN). A
+// bit test, so no compiler flag can fold it away.
+static size_t mg_count_non_finite(const float *x, size_t n) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], 4);
+        bad += (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad;
 }
 
 // Writes everything or fails; returns 0 or an errno value.
@@ -119,14 +161,6 @@ static int mg_write_all(int fd, const void *buf, size_t len, uint32_t *crc) {
     return 0;
 }
 
-static int mg_fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return errno;
-    int rc = fsync(fd) ? errno : 0;
-    close(fd);
-    return rc;
-}
-
 static void mg_mkdirs(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s", dir);
@@ -145,14 +179,21 @@ static size_t mg_meta_json(char *out, size_t cap, const char *engine, const char
     return (size_t)snprintf(out, cap, "{\"engine\":\"%s\",\"meta\":%s}", engine, meta ? meta : "null");
 }
 
-// Atomic, durable write of a checkpoint. On failure removes the temp file,
-// leaves every existing checkpoint untouched, and returns an errno value with
-// `what` naming the failed operation.
-static int mg_write_checkpoint(const MgConfig *cfg, const char *engine, const MgState *st,
-                               char *path_out, size_t path_cap, size_t *bytes_out, const char **what) {
-    char tmp[4096];
-    mg_ckpt_name(tmp, sizeof tmp, cfg->ckpt_dir, st->step, 1);
-    mg_ckpt_name(path_out, path_cap, cfg->ckpt_dir, st->step, 0);
+// Atomic, durable write of a checkpoint into `dir`. On failure removes the temp
+// file, leaves every existing checkpoint untouched, and returns an errno value
+// with `what` naming the failed operation. A state holding a non-finite weight
+// or moment is never written: EDOM, with their count in *non_finite (a
+// diverged model must not become a resume point).
+static int mg_write_checkpoint(const MgCkptDir *dir, const MgConfig *cfg, const char *engine, const MgState *st,
+                               char *path_out, size_t path_cap, size_t *bytes_out, const char **what,
+                               size_t *non_finite) {
+    char tmp[64], name[64];
+    mg_ckpt_file(tmp, sizeof tmp, st->step, 1);
+    mg_ckpt_file(name, sizeof name, st->step, 0);
+    snprintf(path_out, path_cap, "%s/%s", dir->path, name);
+    *non_finite = mg_count_non_finite(st->weights, st->n) + mg_count_non_finite(st->m, st->n) +
+                  mg_count_non_finite(st->v, st->n);
+    if (*non_finite) { *what = "check"; return EDOM; }
     static char meta[8192];
     size_t meta_bytes = mg_meta_json(meta, sizeof meta, engine, cfg->meta);
 
@@ -168,7 +209,9 @@ static int mg_write_checkpoint(const MgConfig *cfg, const char *engine, const Mg
     tr.seed = cfg->seed;
     tr.tokens_seen = st->tokens_seen;
 
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    // A new file: a stale temp, or anything left under its name (a symlink too), is removed, never written through.
+    unlinkat(dir->fd, tmp, 0);
+    int fd = openat(dir->fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) { *what = "create"; return errno; }
     int32_t head[2] = {st->step, (int32_t)st->n};
     uint32_t crc = 0;
@@ -189,9 +232,9 @@ static int mg_write_checkpoint(const MgConfig *cfg, const char *engine, const Mg
     if (!rc) rc = mg_write_all(fd, &foot.crc, 16, NULL);
     if (!rc && fsync(fd)) { rc = errno; *what = "fsync"; }
     if (close(fd) && !rc) { rc = errno; *what = "close"; }
-    if (!rc && rename(tmp, path_out)) { rc = errno; *what = "rename"; }
-    if (rc) { unlink(tmp); return rc; }
-    if ((rc = mg_fsync_dir(cfg->ckpt_dir))) { *what = "fsync directory"; return rc; }
+    if (!rc && renameat(dir->fd, tmp, dir->fd, name)) { rc = errno; *what = "rename"; }
+    if (rc) { unlinkat(dir->fd, tmp, 0); return rc; }
+    if (fsync(dir->fd)) { *what = "fsync directory"; return errno; }
     *bytes_out = 8 + 12 * st->n + (size_t)foot.trailer_bytes;
     return 0;
 }
@@ -258,6 +301,15 @@ static int mg_read_checkpoint(const char *path, MgState *st, char *err, size_t e
     memcpy(st->weights, raw + 8, st->n * 4);
     memcpy(st->m, raw + 8 + 4 * st->n, st->n * 4);
     memcpy(st->v, raw + 8 + 8 * st->n, st->n * 4);
+    size_t bad;  // assigned, not initialized: see `body`
+    bad = mg_count_non_finite(st->weights, st->n) + mg_count_non_finite(st->m, st->n) + mg_count_non_finite(st->v, st->n);
+    if (bad) {  // a diverged state (written before the engine refused them): never a resume point
+        snprintf(err, errcap, "%s: %zu of its %zu weights and Adam moments are not finite (a diverged state)", path, bad,
+                 3 * st->n);
+        free(st->weights); free(st->m); free(st->v);
+        st->weights = st->m = st->v = NULL;
+        goto done;
+    }
     ok = 0;
 done:
     free(raw);
@@ -285,8 +337,8 @@ static int mg_cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-static int mg_list_checkpoints(const char *dir, int **steps_out) {
-    DIR *d = opendir(dir);
+static int mg_list_checkpoints(const MgCkptDir *ck, int **steps_out) {
+    DIR *d = mg_ckpt_dir_list(ck);
     int cap = 64, n = 0;
     int *steps = (int *)mg_malloc(cap * sizeof(int));
     if (d) {
@@ -297,7 +349,7 @@ static int mg_list_checkpoints(const char *dir, int **steps_out) {
             if (n == cap) {
                 cap *= 2;
                 int *grown = (int *)realloc(steps, cap * sizeof(int));
-                if (!grown) mg_fail(MG_EXIT_IO, "out of memory listing %s", dir);
+                if (!grown) mg_fail(MG_EXIT_IO, "out of memory listing %s", ck->path);
                 steps = grown;
             }
             steps[n++] = s;
@@ -311,29 +363,27 @@ static int mg_list_checkpoints(const char *dir, int **steps_out) {
 
 // Removes temp files a killed writer left behind. Only names this engine
 // writes (.step_*.bin.tmp) are touched.
-static void mg_remove_stale_temps(const char *dir) {
-    DIR *d = opendir(dir);
+static void mg_remove_stale_temps(const MgCkptDir *ck) {
+    DIR *d = mg_ckpt_dir_list(ck);
     if (!d) return;
     struct dirent *e;
-    char path[4096];
     while ((e = readdir(d))) {
         size_t len = strlen(e->d_name);
         if (strncmp(e->d_name, ".step_", 6) || len < 14 || strcmp(e->d_name + len - 8, ".bin.tmp")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (unlink(path) == 0) mg_warn("removed stale temp file %s", path);
+        if (unlinkat(ck->fd, e->d_name, 0) == 0) mg_warn("removed stale temp file %s/%s", ck->path, e->d_name);
     }
     closedir(d);
 }
 
 // Deletes all but the newest `keep` checkpoints (standalone --keep-last).
-static void mg_prune_checkpoints(const char *dir, int keep) {
+static void mg_prune_checkpoints(const MgCkptDir *ck, int keep) {
     if (keep <= 0) return;
     int *steps;
-    int n = mg_list_checkpoints(dir, &steps);
-    char path[4096];
+    int n = mg_list_checkpoints(ck, &steps);
+    char name[64];
     for (int i = keep; i < n; i++) {
-        mg_ckpt_name(path, sizeof path, dir, steps[i], 0);
-        if (unlink(path)) mg_warn("cannot remove %s: %s", path, strerror(errno));
+        mg_ckpt_file(name, sizeof name, steps[i], 0);
+        if (unlinkat(ck->fd, name, 0)) mg_warn("cannot remove %s/%s: %s", ck->path, name, strerror(errno));
     }
     free(steps);
 }
@@ -342,7 +392,7 @@ static void mg_prune_checkpoints(const char *dir, int keep) {
 // Resuming: find the file, verify it, reconcile its shape and settings with
 // the command line. Flags the user gave must agree; the rest are adopted.
 
-static int mg_find_resume(const MgConfig *cfg, MgState *st, char *path, size_t cap) {
+static int mg_find_resume(const MgConfig *cfg, const MgCkptDir *ck, MgState *st, char *path, size_t cap) {
     char err[1024];
     if (strcmp(cfg->resume, "latest")) {
         snprintf(path, cap, "%s", cfg->resume);
@@ -350,15 +400,17 @@ static int mg_find_resume(const MgConfig *cfg, MgState *st, char *path, size_t c
         return 1;
     }
     int *steps;
-    int n = mg_list_checkpoints(cfg->ckpt_dir, &steps), rejected = 0;
+    int n = mg_list_checkpoints(ck, &steps), rejected = 0;
+    char name[64];
     for (int i = 0; i < n; i++) {
-        mg_ckpt_name(path, cap, cfg->ckpt_dir, steps[i], 0);
+        mg_ckpt_file(name, sizeof name, steps[i], 0);
+        snprintf(path, cap, "%s/%s", ck->path, name);
         if (mg_read_checkpoint(path, st, err, sizeof err) == 0) { free(steps); return 1; }
         mg_warn("skipping %s", err);
         rejected++;
     }
     free(steps);
-    if (rejected) mg_fail(MG_EXIT_CKPT, "no valid checkpoint in %s (%d rejected)", cfg->ckpt_dir, rejected);
+    if (rejected) mg_fail(MG_EXIT_CKPT, "no valid checkpoint in %s (%d rejected)", ck->path, rejected);
     return 0;  // nothing there: start fresh
 }
 

@@ -36,6 +36,7 @@ typedef struct {
     const char *what;    // the failed operation ("create", "write", "fsync", ...)
     char path[4096];     // the checkpoint's final name
     size_t bytes;
+    size_t non_finite;   // weights and moments that are not finite: the write was refused (err EDOM)
     double write_ms;     // the writer thread's time, create to directory fsync
 } MgWriteResult;
 
@@ -45,6 +46,7 @@ typedef struct {
     pthread_cond_t changed;  // signalled when a job is handed over and when one finishes
     int done_pipe[2];        // [0] read end (nonblocking, for ppoll), [1] the writer's end
     // The job. Set by the main thread under the lock while no job is in flight.
+    const MgCkptDir *dir;
     const MgConfig *cfg;
     const char *engine;
     const MgState *state;
@@ -60,6 +62,7 @@ static void *mg_writer_thread(void *arg) {
     for (;;) {
         while (!w->job_ready) pthread_cond_wait(&w->changed, &w->lock);
         w->job_ready = 0;
+        const MgCkptDir *dir = w->dir;
         const MgConfig *cfg = w->cfg;
         const char *engine = w->engine;
         const MgState *st = w->state;
@@ -70,7 +73,7 @@ static void *mg_writer_thread(void *arg) {
         r.step = st->step;
         r.what = "";
         double t0 = mg_now_ms();
-        r.err = mg_write_checkpoint(cfg, engine, st, r.path, sizeof r.path, &r.bytes, &r.what);
+        r.err = mg_write_checkpoint(dir, cfg, engine, st, r.path, sizeof r.path, &r.bytes, &r.what, &r.non_finite);
         r.write_ms = mg_now_ms() - t0;
 
         pthread_mutex_lock(&w->lock);
@@ -103,10 +106,12 @@ static void mg_writer_start(MgCkptWriter *w) {
 // The fd that becomes readable when a write finishes (for ppoll).
 static int mg_writer_fd(const MgCkptWriter *w) { return w->done_pipe[0]; }
 
-// Hands a snapshot to the thread. st, cfg and engine must stay untouched
+// Hands a snapshot to the thread. dir, st, cfg and engine must stay untouched
 // until the result is collected. Only when nothing is in flight.
-static void mg_writer_submit(MgCkptWriter *w, const MgConfig *cfg, const char *engine, const MgState *st) {
+static void mg_writer_submit(MgCkptWriter *w, const MgCkptDir *dir, const MgConfig *cfg, const char *engine,
+                             const MgState *st) {
     pthread_mutex_lock(&w->lock);
+    w->dir = dir;
     w->cfg = cfg;
     w->engine = engine;
     w->state = st;

@@ -24,8 +24,10 @@ typedef struct {
     MgEngine *eng;
     MgLayout lay;
     MgState st;          // snapshot the checkpoint writer writes from (weights, m, v)
+    MgCkptDir ckdir;     // the checkpoint directory, opened at start: every checkpoint goes there
     int step;
     int saved_step;      // step of the last checkpoint started or loaded, -1 if none
+    int durable_step;    // step of the last checkpoint announced (durable) or loaded, -1 if none
     uint64_t tokens_seen;
     float *row_loss;     // [batch * grad_accum] or eval rows chunk
     uint16_t *rows_buf;  // [batch * grad_accum * (T+1)] tokens
@@ -51,22 +53,36 @@ typedef struct {
 static int mg_ckpt_announce(MgDriver *d, int wait, MgWriteResult *r) {
     if (!mg_writer_collect(&d->writer, wait, r)) return 0;  // nothing finished
     if (r->err) return r->err;
+    d->durable_step = r->step;
     printf("{\"event\":\"ckpt\",\"step\":%d,\"path\":", r->step);
     mg_json_string(stdout, r->path);
     printf(",\"bytes\":%zu,\"ms\":%.3f,\"wait_ms\":%.3f,\"snapshot_ms\":%.3f,\"reason\":\"%s\"}\n", r->bytes,
            r->write_ms, d->ckpt_wait_ms, d->ckpt_snapshot_ms, d->ckpt_reason);
     fflush(stdout);
-    if (strcmp(d->cfg.data, "-") != 0) mg_prune_checkpoints(d->cfg.ckpt_dir, d->cfg.keep_last);
+    if (strcmp(d->cfg.data, "-") != 0) mg_prune_checkpoints(&d->ckdir, d->cfg.keep_last);
     return 0;
+}
+
+// The last durable checkpoint, for a message: "last checkpoint: step N".
+static void mg_last_checkpoint(const MgDriver *d, char *out, size_t cap) {
+    if (d->durable_step >= 0) snprintf(out, cap, "last checkpoint: step %d", d->durable_step);
+    else snprintf(out, cap, "no checkpoint yet");
 }
 
 // Announces a finished write; a failed one ends the run (exit 5), as a
 // synchronous write did: the writer removed its temp file, so the previous
-// checkpoints are all there is.
+// checkpoints are all there is. A state with non-finite weights or moments was
+// refused, not written: the run has diverged (exit 6).
 static void mg_ckpt_settle(MgDriver *d, int wait) {
     MgWriteResult r;
     memset(&r, 0, sizeof r);
     int err = mg_ckpt_announce(d, wait, &r);
+    if (err && r.non_finite) {
+        char last[64];
+        mg_last_checkpoint(d, last, sizeof last);
+        mg_fail(MG_EXIT_NUMERIC, "checkpoint at step %d not written: %zu of its %zu weights and Adam moments are "
+                "not finite (the run diverged; %s)", r.step, r.non_finite, 3 * d->st.n, last);
+    }
     if (err)
         mg_fail(MG_EXIT_IO, "checkpoint at step %d failed (%s %s: %s); previous checkpoints are intact", r.step,
                 r.what, r.path, strerror(err));
@@ -88,13 +104,12 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
     d->st.step = d->step;
     d->st.tokens_seen = d->tokens_seen;
-    mg_mkdirs(d->cfg.ckpt_dir);
     d->ckpt_reason = reason;
     d->ckpt_wait_ms = t1 - t0;
     d->ckpt_snapshot_ms = mg_now_ms() - t1;
     d->last_ckpt_ms = t0;
     d->saved_step = d->step;
-    mg_writer_submit(&d->writer, &d->cfg, d->eng->name, &d->st);
+    mg_writer_submit(&d->writer, &d->ckdir, &d->cfg, d->eng->name, &d->st);
 }
 
 static void mg_emit_exit(MgDriver *d, const char *reason) {
@@ -173,8 +188,7 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
     if (!isfinite(loss) || !isfinite(norm))
     {
         char last[64];
-        if (d->saved_step >= 0) snprintf(last, sizeof last, "last checkpoint: step %d", d->saved_step);
-        else snprintf(last, sizeof last, "no checkpoint yet");
+        mg_last_checkpoint(d, last, sizeof last);
         mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (%s)",
                 isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
     }
@@ -339,8 +353,9 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     char resumed_from[4096] = "";
     MgState loaded;
     memset(&loaded, 0, sizeof loaded);
-    mg_remove_stale_temps(d.cfg.ckpt_dir);
-    if (d.cfg.resume && mg_find_resume(&d.cfg, &loaded, resumed_from, sizeof resumed_from))
+    mg_open_ckpt_dir(&d.ckdir, d.cfg.ckpt_dir);
+    mg_remove_stale_temps(&d.ckdir);
+    if (d.cfg.resume && mg_find_resume(&d.cfg, &d.ckdir, &loaded, resumed_from, sizeof resumed_from))
         mg_reconcile(&d.cfg, &loaded, resumed_from);
     else
         resumed_from[0] = 0;
@@ -360,7 +375,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     d.rows_buf = (uint16_t *)mg_malloc((size_t)d.rows_cap * (c->ctx + 1) * sizeof(uint16_t));
     d.groups_buf = (uint16_t *)mg_calloc(d.rows_cap, sizeof(uint16_t));
     d.row_loss = (float *)mg_malloc((size_t)d.rows_cap * sizeof(float));
-    d.saved_step = -1;
+    d.saved_step = d.durable_step = -1;
     mg_writer_start(&d.writer);
     mg_fail_hook.fn = mg_ckpt_settle_before_fail;
     mg_fail_hook.ctx = &d;
@@ -370,7 +385,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
         eng->set_state(eng->impl, loaded.weights, loaded.m, loaded.v);
         d.step = loaded.step;
         d.tokens_seen = loaded.has_trailer ? loaded.tokens_seen : (uint64_t)loaded.step * c->batch * c->grad_accum * c->ctx;
-        d.saved_step = loaded.step;
+        d.saved_step = d.durable_step = loaded.step;
         mg_free_state(&loaded);
     } else {
         mg_init_params(d.st.weights, c);

@@ -9,6 +9,11 @@ write that fails partway is cut back off, so no torn line is left.
 A write that fails because of the storage (disk full, file too large, I/O
 error, read-only file system: errors.STORAGE_ERRNOS) raises StorageError,
 one line naming the file; no temp file is left behind.
+
+A directory can be *anchored* to a descriptor of it (the run's lock holds one:
+rundir/lock.py): a replacing write of a file directly in it then creates,
+renames and syncs relative to that descriptor, so it lands in the directory
+the descriptor names even if the path was moved or replaced meanwhile.
 """
 from __future__ import annotations
 
@@ -25,6 +30,10 @@ from .safe_fs import NO_FOLLOW, open_own, open_regular
 
 APPEND_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0)
                 | getattr(os, "O_CLOEXEC", 0))
+# A file the proxy creates (a temp file, a file in a fresh directory): new, never through a symlink a
+# user or another process left under its name.
+NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW | getattr(os, "O_CLOEXEC", 0)
+UNIQUE_TRIES = 1000  # write_unique's names: stem, stem_2, ... stem_1000
 
 
 @contextmanager
@@ -54,8 +63,32 @@ def make_dirs(directory: str | os.PathLike) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
 
 
+_ANCHORS: dict[str, int] = {}  # a directory's path, as its files' paths name it -> a descriptor of it
+
+
+def anchor(directory: str | os.PathLike, fd: int) -> None:
+    """From now on, replacing writes of files in `directory` go through `fd` (a descriptor of it)."""
+    _ANCHORS[str(Path(directory))] = fd
+
+
+def unanchor(directory: str | os.PathLike) -> None:
+    _ANCHORS.pop(str(Path(directory)), None)
+
+
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _create_new(path: str | os.PathLike) -> BinaryIO:
+    """`path` created for writing: a new file (O_EXCL), so no symlink or file left there is written through."""
+    return os.fdopen(os.open(path, NEW_FLAGS, 0o644), "wb")
+
+
+def _create_temp(tmp: Path) -> BinaryIO:
+    """A temp file of ours, new: a stale one (a killed writer's, or anything planted under its name, a
+    symlink included) is unlinked first, never written through."""
+    _remove(tmp)
+    return _create_new(tmp)
 
 
 def _remove(path: Path) -> None:
@@ -66,13 +99,43 @@ def _remove(path: Path) -> None:
 
 
 @contextmanager
+def _anchored_writer(path: Path, dir_fd: int) -> Iterator[BinaryIO]:
+    """atomic_writer for a file of an anchored directory: every step relative to its descriptor."""
+    tmp = _temp_name(path).name
+    try:
+        with storage_guard(path):
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            with os.fdopen(os.open(tmp, NEW_FLAGS, 0o644, dir_fd=dir_fd), "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    with storage_guard(path.parent, "sync"):
+        os.fsync(dir_fd)
+
+
+@contextmanager
 def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that replaces `path` atomically and durably when the block ends without an error."""
     path = Path(path)
+    dir_fd = _ANCHORS.get(str(path.parent))
+    if dir_fd is not None:
+        with _anchored_writer(path, dir_fd) as f:
+            yield f
+        return
     tmp = _temp_name(path)
     try:
         with storage_guard(path):
-            with open(tmp, "wb") as f:
+            with _create_temp(tmp) as f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -115,9 +178,10 @@ def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 
 def write_synced(path: str | os.PathLike, data: bytes) -> None:
-    """Write a new file and fsync it: for files inside a temp directory that is renamed into place whole."""
+    """Write a new file and fsync it: for files inside a temp directory that is renamed into place whole.
+    A name already there is an error (FileExistsError), never overwritten or written through."""
     with storage_guard(path):
-        with open(path, "wb") as f:
+        with _create_new(path) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -125,10 +189,41 @@ def write_synced(path: str | os.PathLike, data: bytes) -> None:
 
 def copy_synced(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Copy `src` to a new file `dst` and fsync it (see write_synced)."""
-    with _source(src) as fin, storage_guard(dst), open(dst, "wb") as fout:
+    with _source(src) as fin, storage_guard(dst), _create_new(dst) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
         fout.flush()
         os.fsync(fout.fileno())
+
+
+def write_new(path: str | os.PathLike, data: bytes) -> None:
+    """Create `path` holding `data`, whole and durable, never replacing what has that name: a temp file is
+    written and fsynced, then hard-linked to `path` (link(2) fails with FileExistsError when the name is
+    taken), then removed; the directory is fsynced."""
+    path = Path(path)
+    tmp = _temp_name(path)
+    try:
+        with storage_guard(path):
+            with _create_temp(tmp) as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)
+    finally:
+        _remove(tmp)
+    fsync_dir(path.parent)
+
+
+def write_unique(directory: str | os.PathLike, stem: str, suffix: str, data: bytes) -> Path:
+    """write_new under the first free name of `stem + suffix`, `stem_2 + suffix`, `stem_3 + suffix`, ...
+    (two writers in the same second never collide, and neither replaces the other); the name used."""
+    for n in range(1, UNIQUE_TRIES + 1):
+        path = Path(directory) / (f"{stem}{suffix}" if n == 1 else f"{stem}_{n}{suffix}")
+        try:
+            write_new(path, data)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{Path(directory) / stem}: {UNIQUE_TRIES} names taken")
 
 
 def open_append(path: str | os.PathLike) -> int:

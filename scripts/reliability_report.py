@@ -8,8 +8,9 @@
 The CUDA engine's section comes from docs/reliability-cuda.json (`--gpu-results`): the results
 `make test-gpu` leaves on a GPU machine (test-artifacts/faults/results-cuda.json), copied there.
 
-The scenarios live in tests/faults/scenarios.py, run_dir_scenarios.py and
-dashboard_scenarios.py; the tests in tests/faults/
+The scenarios live in tests/faults/*_scenarios.py (scenarios.py, run_dir_scenarios.py,
+process_scenarios.py, path_scenarios.py, divergence_scenarios.py, input_scenarios.py,
+dashboard_scenarios.py, flood_scenarios.py); the tests in tests/faults/
 record every scenario's outcome (faults injected, survived, steps lost, data
 lost) to a JSON file, which this script turns into the table. Nothing in the
 table is typed by hand.
@@ -151,6 +152,58 @@ WHAT = OrderedDict([
     ("a 64 MB line without a newline while the dashboard indexes",
      "the index in-process: every poll of the log (each under the index's lock) reads at most one 4 MiB chunk; "
      "all the valid lines around the garbage are indexed (the old skip read the whole line under the lock)"),
+    ("forged engine records (pid true, 1, -1, \"12\", a live unrelated pid)",
+     "in a pid namespace of their own (tests/faults/sandbox.py) with sentinel processes as the victims: "
+     "RUN/.engine.json replaced by `{\"pid\": true}`, 1, -1, \"12\", 1.9, bare or inside a valid record, a "
+     "record naming a live unrelated process with its real start time (alone, or in pid 1's group), a record "
+     "of another run: `proxy run` reports each in one line naming .engine.json, signals nothing (every sentinel "
+     "alive and running), exit 0, the run identical"),
+    ("a copied live run relaunched",
+     "`cp -a` of a run while its proxy and engine train, then `proxy run` on the copy: one line saying it is a "
+     "copy (a run id of its own), the original's engine never signalled (no restart of it), both runs "
+     "identical to the reference"),
+    ("lock files deleted or forged while the proxy runs",
+     "`.lock` and `.pivot.lock` written with a sentinel's pid, then deleted: a second `proxy run` is refused "
+     "naming the real proxy (exit 1; the kernel holds the lock on the run directory); `proxy status` shows and "
+     "`proxy checkpoint` and `stop` signal the real proxy (the checkpoint frame reaches the engine), never the "
+     "sentinel; the run identical"),
+    ("run directory moved or replaced under a live proxy",
+     "renamed while training, a copy or an empty directory put in its place: the proxy stops (exit 1, one last "
+     "line), kills its engine, writes nothing into the impostor; the moved run, relaunched, identical"),
+    ("checkpoints/ or archive/ a symlink out of the run",
+     "checkpoints/ linked to a finished run's (a new run, a stopped run, swapped in while training) and archive/ "
+     "linked elsewhere with an experiment change: exit 2 with one line, the other directory byte-identical (the "
+     "engine writes into the directory it opened at start); restored, the run identical"),
+    ("stray checkpoints with huge step numbers",
+     "a valid checkpoint copied to step_3000000000.bin and step_2000000000.bin: verify, export, sample, fork "
+     "--at 3000000000, an offline pivot and run, each under RLIMIT_AS 8 GiB: no traceback or MemoryError, the "
+     "misnamed one passed over with one line, the strays untouched, the run identical"),
+    ("experiment changes within one second (archive names)",
+     "two archives in the same second (the clock held still) make experiment_<s>.json and _2; a receipt is "
+     "never written over a name or through a symlink; two relaunches of a finished run with changed experiments "
+     "keep both replaced versions, the original byte for byte"),
+    ("a checkpoint of another experiment among the run's",
+     "a same-shape checkpoint written by another experiment copied under the next step's name: `proxy run` "
+     "exits 2 with one line naming it, nothing changed; verify says the next launch would stop; moved away, "
+     "the run identical"),
+    ("diverged runs (non-finite or insane loss and state)",
+     "the engine refuses to write a non-finite state (exit 6, one line, no file) and to load one (exit 3; "
+     "--resume latest falls back); lr 1 (loss past 2 ln(vocab) at step 6): exit 6, one last line naming the "
+     "step and the newest sane checkpoint, no engine restart, retention (keep_last 1) keeps that checkpoint, "
+     "the relaunch replays bit for bit and stops the same way, verify resumes from it; lr 3.4e38: the engine's "
+     "exit 6 stops the run at once; a non-finite newest checkpoint is passed over with one line"),
+    ("unreadable inputs (eval --data, data sources)",
+     "`proxy eval --data` /dev/zero, a FIFO, a 2 GiB file, a directory, /proc/self/mem under RLIMIT_AS 8 GiB, "
+     "and sources that refuse reads (EACCES as the files' owner in a user namespace, a directory that cannot be "
+     "listed, /proc/self, /proc/self/mem, EISDIR, ENOTDIR): exit 2 with one line, no traceback, the run unchanged"),
+    ("dashboard flooded by event-stream clients that never read",
+     "1000 raw-socket clients against a real uvicorn server, none reading, while the run grows: at most 32 "
+     "streams served, the rest 503; /healthz answers within 2 s throughout; every non-reader's stream dropped "
+     "within its write timeout; a reading client served afterwards; RSS within 256 MiB of the baseline while "
+     "flooded and within 64 MiB once the clients are gone"),
+    ("a dashboard reachable from other machines",
+     "`proxy run --host 0.0.0.0` warns on stderr (not only in dashboard.log) and `proxy status` repeats it while "
+     "the run lives; on 127.0.0.1 neither does"),
     ("mixtures within caps and floors (weights and rows, property test)",
      "hypothesis: projections onto random caps and floors (sums on and within tolerance of 1) and the rows of "
      "random batches never pass a cap or a floor: weights exactly, rows by at most the ceiling of cap x rows"),
@@ -197,6 +250,13 @@ to check that they do not depend on the engine's speed.
 - The tmpfs and read-only cases need root (`mount -t tmpfs`, `mount --bind`); where they cannot mount,
   they are skipped and the RLIMIT_FSIZE cases (which need no privilege) still cover failed writes.
 - EIO cannot be caused on demand by any device here; it is injected into the log's `write(2)` in-process.
+- The forged-record, copied-run and lock scenarios need a pid namespace (`unshare --pid --mount-proc`:
+  root, or unprivileged user namespaces); where none can be made they are skipped, never run in the
+  test's own namespace, since a proxy that acted on `{"pid": 1}` would signal every process it can reach.
+- A record forged to name a process built to pass every check (its command line, its process group and
+  the launching proxy's secret token copied into its environment) is out of reach of any check a file
+  allows; the checks stop records that are stale, copied or wrong, not a user set on killing his own
+  processes, who needs no record for that.
 """
 
 
@@ -327,10 +387,13 @@ def render(doc: dict, suite_rc: int | None, suite_seconds: float | None, command
            "both (inside checkpoint writes too), full disks and write errors (the engine's and the proxy's), "
            "corrupted checkpoints and sidecars, run-directory files that are devices, FIFOs or symlinks, a "
            "rewritten phase history, hung and crash-looping engines, signal storms, fuzzed and oversized "
-           "inputs, and a dashboard indexing a large log. The suite is "
+           "inputs, forged process records and locks, copied and replaced run directories, diverged runs, "
+           "and a dashboard indexing a large log or flooded by clients that never read. The suite is "
            "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/scenarios.py`, "
-           "`run_dir_scenarios.py` (the proxy's own files, signals before training) and "
-           "`dashboard_scenarios.py`.", "",
+           "`run_dir_scenarios.py` (the proxy's own files, signals before training), "
+           "`process_scenarios.py` (forged records and locks, run in a pid namespace: `sandbox.py`), "
+           "`path_scenarios.py`, `divergence_scenarios.py`, `input_scenarios.py`, `dashboard_scenarios.py` "
+           "and `flood_scenarios.py`.", "",
            "## The CPU engine", "",
            _generated(doc, command), ""]
     out += _results(doc, suite_rc, suite_seconds, "###")

@@ -7,7 +7,8 @@ group id = arm) to the same engine, and combined by the same rule
 (formats/loss_log.py `eval_loss`), so on the same build the result equals the
 eval entry the run logged at that step, bit for bit.
 
-`--data FILE ...` evaluates text files instead: each is encoded with the
+`--data FILE ...` evaluates text files instead (read by safe_fs's rules: a
+regular file of at most EVAL_DATA_LIMIT bytes): each is encoded with the
 run's tokenizer as the shards encode a document (its tokens, then
 <|endoftext|>) and cut into the fewest rows of ctx + 1 tokens that cover it,
 spaced by the same rule.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -28,9 +28,15 @@ from ..data.prepare import PreparedData
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats import frames
 from ..formats.loss_log import eval_loss
+from ..safe_fs import UnsafeFileError, read_regular
 from ..supervision.engine_process import EngineError, choose_engine
 from .checkpoint_engine import CheckpointEngine
 from .model_source import ModelSource, resolve_source, run_data, say_warnings
+
+# The largest --data file read (safe_fs.py): a regular file of at most this many bytes; a FIFO, a device or a
+# larger file is refused with one line before anything is read. Tokenizing takes several times its size.
+EVAL_DATA_LIMIT = 64 << 20
+
 
 class Part(NamedTuple):
     """One part evaluated: an arm (its validation rows) or a file (the rows that cover it)."""
@@ -70,7 +76,9 @@ def file_parts(paths: list[str], data: PreparedData, ctx: int) -> list[Part]:
     row_len = ctx + 1
     for group, name in enumerate(paths):
         try:
-            text = Path(name).read_text(encoding="utf-8")
+            text = read_regular(name, EVAL_DATA_LIMIT).decode("utf-8")
+        except UnsafeFileError as exc:  # a FIFO, a device, a directory, larger than EVAL_DATA_LIMIT
+            raise ProxyError(f"--data {exc}", EXIT_USAGE) from None
         except OSError as exc:
             raise ProxyError(f"--data {name}: cannot read: {exc.strerror}", EXIT_USAGE) from None
         except UnicodeDecodeError as exc:

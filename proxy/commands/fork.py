@@ -82,7 +82,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         check_history(run, phases, index)
     except RunDirError as exc:
         raise ProxyError(f"cannot fork: {exc}", EXIT_USAGE) from None
-    point = newest_covered(run.checkpoints, index, phases, at_most=at)
+    point = newest_covered(run.checkpoints, index, phases, vocab=int(experiment.model.vocab), at_most=at)
     skipped, chosen, c = point.skipped, point.path, point.step
     if chosen is None:
         raise ProxyError(f"no valid checkpoint at or before step {at} in {run.checkpoints}"

@@ -13,7 +13,6 @@ with one line, before any engine starts or anything is written.
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from ..formats.checkpoint import (CheckpointError, Trailer, checkpoint_path, hea
                                   read_trailer, verify_checkpoint)
 from ..formats.loss_log import LossLogIndex
 from ..formats.parameters import ModelShape
-from ..rundir.frozen import replaced_experiments
+from ..rundir.foreign import experiment_shape, foreign_reason
 from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir
 from ..rundir.resume import choose_resume
 from .which_run import resolve_run, started_run
@@ -45,11 +44,6 @@ def step_choice(text: str | None) -> str | int | None:
     if step < 0:
         raise ProxyError(f"--step: a step is >= 0, not {step}", EXIT_USAGE)
     return step
-
-
-def experiment_shape(experiment: Experiment) -> ModelShape:
-    m = experiment.model
-    return ModelShape(m.vocab, m.ctx, m.dim, m.layers, m.heads)
 
 
 @dataclass(frozen=True)
@@ -92,8 +86,9 @@ def _chosen(run: RunDir, step: str | int) -> Path:
                              "checkpoint)", EXIT_FAILURE)
         return run.best
     if step == LATEST:
-        _experiment, phases = started_run(run, "no phases (the run was never started); no checkpoint")
-        point = choose_resume(run.checkpoints, LossLogIndex.load(run.loss_log), phases, set())
+        experiment, phases = started_run(run, "no phases (the run was never started); no checkpoint")
+        point = choose_resume(run.checkpoints, LossLogIndex.load(run.loss_log), phases, set(),
+                              vocab=int(experiment.model.vocab))
         if point.path is None:
             skipped = f" ({'; '.join(point.skipped)})" if point.skipped else ""
             raise ProxyError(f"{run.checkpoints}: no valid checkpoint to use{skipped}", EXIT_FAILURE)
@@ -132,47 +127,6 @@ def _shape_of(path: Path, trailer: Trailer | None, n_params: int, experiment: Ex
     if reason is not None:
         raise ProxyError(f"{path}: foreign checkpoint: {reason}", EXIT_USAGE)
     return experiment_shape(experiment)
-
-
-def foreign_reason(run: RunDir, experiment: Experiment, trailer: Trailer | None, n_params: int) -> str | None:
-    """Why a checkpoint that reads is not the model of `run` (another shape, or a trailer naming another
-    experiment), or None. A bare file (no trailer) can only be checked by its parameter count."""
-    expected = experiment_shape(experiment)
-    if trailer is None:
-        if n_params != expected.n_params:
-            return f"{n_params} parameters, the model of {run.root} has {expected.n_params}"
-        return None
-    if trailer.shape != expected:
-        return f"its model is {describe_shape(trailer.shape)}, the model of {run.root} is {describe_shape(expected)}"
-    named = _meta_experiment(trailer)
-    if named is not None and named not in _experiment_names(run, experiment):
-        return f"written by experiment {named!r}, {run.root} is {experiment.name!r}"
-    return None
-
-
-def describe_shape(s: ModelShape) -> str:
-    return f"vocab {s.vocab}, ctx {s.ctx}, dim {s.dim}, layers {s.layers}, heads {s.heads}"
-
-
-def _experiment_names(run: RunDir, experiment: Experiment) -> set[str]:
-    """The names the run's experiment has had: now, and before each --allow-experiment-change."""
-    names = {experiment.name}
-    for replaced in replaced_experiments(run):
-        try:
-            names.add(str(json.loads(replaced.read_text()).get("name")))
-        except (OSError, ValueError, AttributeError):
-            pass
-    return names
-
-
-def _meta_experiment(trailer: Trailer) -> str | None:
-    """The experiment name the proxy wrote into the checkpoint's metadata (engine_args' --meta), if any."""
-    try:
-        meta = json.loads(trailer.meta).get("meta")
-    except (ValueError, AttributeError):
-        return None
-    name = meta.get("experiment") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) else None
 
 
 def resolve_source(run_dir: str | None, step_text: str | None, checkpoint: str | None) -> ModelSource:

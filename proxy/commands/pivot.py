@@ -16,7 +16,6 @@ written, then, under RUN/.pivot.lock (one `proxy pivot` at a time):
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -30,12 +29,14 @@ from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
 from ..rundir.history import check_history
 from ..rundir.layout import RunDir, RunDirError, relative_checkpoint
-from ..rundir.lock import LockBusy, PidLock, RunLock, lock_owner
+from ..rundir.identity import load_identity, save_identity
+from ..rundir.lock import Holder, LockBusy, PivotLock, RunLock, run_lock_holder
 from ..rundir.phases import read_phases
 from ..rundir.pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
-from ..supervision.engine_process import reap_orphan
+from ..processes import send
+from ..supervision.engine_record import reap_orphan
 from ..supervision.signals import STOPS
 from .which_run import resolve_run, started_run
 
@@ -60,42 +61,45 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
         raise ProxyError("--at must be a step >= 0", EXIT_USAGE)
 
     try:
-        lock = PidLock(run.pivot_lock).acquire()
+        lock = PivotLock(run).acquire()
     except LockBusy as busy:
-        who = f"pid {busy.pid}" if busy.pid else "another process"
+        who = f"pid {busy.holder.pid}" if busy.holder else "another process"
         raise ProxyError(f"another pivot of {run.root} is in flight ({who}); "
                          "wait for it to finish, then try again") from None
+    except RunDirError as exc:
+        raise ProxyError(str(exc), EXIT_USAGE) from None
     try:
-        owner = lock_owner(run)
+        owner = run_lock_holder(run)
         if owner is None:
             return _offline(run, experiment, caps, floors, policy, caps_path, at, out)
         if at is not None:
-            raise ProxyError(f"--at applies to a stopped run only; {run.root} is running (proxy pid {owner}); "
+            raise ProxyError(f"--at applies to a stopped run only; {run.root} is running ({owner.describe()}); "
                              "a live pivot lands at the step the run has reached")
         return _live(run, owner, caps, floors, policy, caps_path, timeout, out)
     finally:
         lock.release()
 
 
-def _live(run: RunDir, pid: int, caps: dict, floors: dict, policy: str, caps_path: Path,
+def _live(run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, caps_path: Path,
           timeout: float, out) -> int:
-    """Ask the running proxy to pivot at the step it has reached; wait for its answer."""
-    if pid <= 0:
-        raise ProxyError(f"{run.lock_file} is locked but holds no pid")
+    """Ask the running proxy (the holder of the run's lock, as the kernel names it) to pivot at the step it
+    has reached; wait for its answer."""
+    if owner.process is None:
+        raise ProxyError(f"{run.root} is locked, but the kernel names no process this user can see holding its "
+                         "lock; nothing changed")
+    pid = owner.pid
     phases_before = len(read_phases(run))
     request_id = write_request(run, caps, floors, policy, str(caps_path))
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except ProcessLookupError:
+    if not send(owner.process, signal.SIGUSR2):
         withdraw_request(run)
-        raise ProxyError(f"proxy pid {pid} for {run.root} is gone; nothing changed") from None
+        raise ProxyError(f"proxy pid {pid} for {run.root} is gone; nothing changed")
     print(f"asked proxy pid {pid} to pivot {run.root}: waiting for the checkpoint...", file=out, flush=True)
     end = time.monotonic() + timeout
     while True:
         answer = read_response(run, request_id)
         if answer is not None:
             break
-        if lock_owner(run) is None:  # the proxy ended; did it answer on its way out?
+        if run_lock_holder(run) is None:  # the proxy ended; did it answer on its way out?
             answer = read_response(run, request_id)
             if answer is not None:
                 break
@@ -132,9 +136,16 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
     # `proxy checkpoint` (SIGUSR1) and a pivot request (SIGUSR2) mean nothing to this process
     old_handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
-        reaped = reap_orphan(run.engine_record, 60.0)
+        def warn(line: str) -> None:
+            print(f"proxy: {line}", file=sys.stderr, flush=True)
+
+        try:
+            identity, unsaved = load_identity(run, warn)
+        except RunDirError as exc:
+            raise ProxyError(str(exc), EXIT_USAGE) from None
+        reaped = reap_orphan(run, identity, 60.0, warn)
         if reaped:
-            print(f"proxy: {reaped}", file=sys.stderr, flush=True)
+            warn(reaped)
         index = LossLogIndex.load(run.loss_log)
         try:
             phases = read_phases(run)
@@ -142,7 +153,8 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         except RunDirError as exc:
             raise ProxyError(f"cannot pivot: {exc}", EXIT_USAGE) from None
         try:
-            resume = choose_resume(run.checkpoints, index, phases, set(), at_most=at)
+            resume = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab),
+                                   at_most=at)
         except ProxyError as exc:
             raise ProxyError(f"cannot pivot {run.root}: {exc}") from None
         step = resume.step
@@ -154,9 +166,11 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         for reason in resume.skipped:
             print(f"proxy: not pivoting at {reason}", file=sys.stderr, flush=True)
         checkpoint = relative_checkpoint(step) if resume.path is not None else None
-        # `proxy stop` finds our pid in .lock: a stop request waits until the pivot is whole
+        # `proxy stop` finds us holding the run's lock: a stop request waits until the pivot is whole
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPS))
         try:
+            if unsaved:
+                save_identity(run, identity)
             try:
                 result = apply_pivot(run, step, caps, floors, policy, checkpoint)
             except RunDirError as exc:  # refused before anything changed (phases.json would be too large)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dashboard.server import exposure_warning
+
 from ..atomic import open_append
 from ..errors import EXIT_USAGE, ProxyError
 from ..rundir.layout import EXPERIMENT
@@ -36,11 +38,15 @@ def main(args) -> int:
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options)
     dashboard: list[subprocess.Popen] = []
 
-    def on_started(run) -> None:
-        if not args.no_dashboard:
-            proc = start_dashboard(run.root, args.host, args.port, run.dashboard_log)
-            if proc is not None:
-                dashboard.append(proc)
+    def on_started(run) -> dict | None:
+        if args.no_dashboard:
+            return None
+        started = start_dashboard(run.root, args.host, args.port, run.dashboard_log)
+        if started is None:
+            return None
+        proc, info = started
+        dashboard.append(proc)
+        return info
 
     try:
         return start_run(request, on_started=on_started)
@@ -73,8 +79,10 @@ def _free_port(host: str, start: int, tries: int = 20) -> int | None:
     return None
 
 
-def start_dashboard(run_root: Path, host: str, port: int, log_path: Path) -> subprocess.Popen | None:
-    """The dashboard as a child process (a crash there never touches training); prints its URL."""
+def start_dashboard(run_root: Path, host: str, port: int, log_path: Path) -> tuple[subprocess.Popen, dict] | None:
+    """The dashboard as a child process (a crash there never touches training); prints its URL, and on the
+    terminal, not only in its log, a warning when other machines can reach it. Returns the process and
+    {"url", "host"} (for `.state.json`: `proxy status` repeats the warning)."""
     free = _free_port(host, port)
     if free is None:
         print(f"proxy: no free port from {port} on {host}; training without the dashboard", file=sys.stderr,
@@ -88,5 +96,9 @@ def start_dashboard(run_root: Path, host: str, port: int, log_path: Path) -> sub
     finally:
         os.close(log)
     shown = f"[{host}]" if ":" in host else host
-    print(f"dashboard: http://{shown}:{free}/ (log {log_path})", flush=True)
-    return proc
+    url = f"http://{shown}:{free}/"
+    print(f"dashboard: {url} (log {log_path})", flush=True)
+    warning = exposure_warning(host)
+    if warning:
+        print(f"proxy: warning: {warning}", file=sys.stderr, flush=True)
+    return proc, {"url": url, "host": host}

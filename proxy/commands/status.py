@@ -10,12 +10,14 @@ import json
 import time
 from pathlib import Path
 
+from dashboard.server import exposure_warning
+
 from ..errors import EXIT_OK
 from ..formats.checkpoint import checkpoint_files
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
 from ..formats.state import Goodput, finite_json, read_state
 from ..rundir.layout import RunDir, RunDirError
-from ..rundir.lock import lock_owner
+from ..rundir.lock import run_lock_holder
 from ..rundir.phases import read_phases
 from ..safe_fs import UnsafeFileError
 from ..supervision.goodput import overhead_summary
@@ -33,6 +35,15 @@ def newest_durable_checkpoint(run: RunDir, state: dict, alive: bool) -> Path | N
             return path
     ckpts = checkpoint_files(run.checkpoints)  # a 0-byte file or a directory under a checkpoint's name is not one
     return ckpts[0] if ckpts else None
+
+
+def _dashboard(recorded) -> dict | None:
+    """The running proxy's dashboard as `.state.json` records it, with the warning for an address other
+    machines can reach (worked out again here: the snapshot is never trusted)."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("host"), str):
+        return None
+    url = recorded.get("url") if isinstance(recorded.get("url"), str) else None
+    return {"url": url, "host": recorded["host"], "warning": exposure_warning(recorded["host"])}
 
 
 def status_report(run: RunDir) -> dict:
@@ -68,7 +79,8 @@ def status_report(run: RunDir) -> dict:
     except RunDirError:
         phases = []
     current = phases[-1] if phases else None
-    owner = lock_owner(run)
+    holder = run_lock_holder(run)
+    owner = None if holder is None else (holder.pid or -1)
     newest = newest_durable_checkpoint(run, state, alive=owner is not None)
     status = state.get("status") or ("running" if owner else "not started")
     if owner is None and status == "running":
@@ -96,6 +108,7 @@ def status_report(run: RunDir) -> dict:
         "engine": {k: engine.get(k) for k in ("kind", "device", "pid", "alive", "rss_bytes", "cpu_percent")}
         if owner else None,
         "replay_mismatches": int(state.get("replay_mismatch_count") or 0),
+        "dashboard": _dashboard(state.get("dashboard")) if owner else None,
         "message": state.get("message"),
     }
 
@@ -145,6 +158,9 @@ def format_status(r: dict) -> str:
     if len(r.get("phases") or []) > 1:
         lines.append("pivots:      " + ", ".join(f"phase {p['phase']} at step {p['start_step']} ({p['policy']})"
                                                  for p in r["phases"][1:]))
+    dashboard = r.get("dashboard") or {}
+    if dashboard.get("warning"):
+        lines.append(f"WARNING:     {dashboard['warning']}: {dashboard.get('url')}")
     if r["replay_mismatches"]:
         lines.append(f"WARNING:     {r['replay_mismatches']} replayed step(s) differed from the first run "
                      "(a determinism bug; see replay_mismatches in .state.json)")

@@ -1,4 +1,7 @@
-"""`proxy stop`: SIGTERM to the running proxy, then wait until it has checkpointed and released the run."""
+"""`proxy stop`: SIGTERM to the running proxy, then wait until it has checkpointed and released the run.
+
+The proxy is the process holding the run directory's lock, as the kernel names it (rundir/lock.py).
+"""
 from __future__ import annotations
 
 import signal
@@ -6,7 +9,7 @@ import time
 
 from ..errors import EXIT_OK, ProxyError
 from ..formats.checkpoint import checkpoint_files
-from ..rundir.lock import lock_owner, signal_proxy
+from ..rundir.lock import run_lock_holder, signal_proxy
 from .which_run import resolve_run
 
 POLL_S = 0.2
@@ -21,7 +24,7 @@ def main(args) -> int:
     print(f"stopping {run.root} (proxy pid {pid}): waiting for the checkpoint...", flush=True)
     end = time.monotonic() + args.timeout
     while time.monotonic() < end:
-        if lock_owner(run) is None:
+        if run_lock_holder(run) is None:
             newest = checkpoint_files(run.checkpoints)
             print(f"stopped; newest checkpoint {newest[0] if newest else 'none'}")
             return EXIT_OK

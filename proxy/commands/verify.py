@@ -18,14 +18,14 @@ from pathlib import Path
 
 from ..config.experiment import Experiment
 from ..errors import EXIT_FAILURE, EXIT_OK, ProxyError
-from ..formats.checkpoint import (CheckpointError, checkpoint_step, header_step, list_checkpoints, read_checkpoint,
+from ..formats.checkpoint import (CheckpointError, header_step, list_checkpoints, misnamed, read_checkpoint,
                                   read_trailer, verify_checkpoint)
 from ..formats.loss_log import LossLogIndex
 from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import RunDir, RunDirError
 from ..rundir.phases import read_phases
 from ..rundir.resume import choose_resume
-from .model_source import experiment_shape, foreign_reason
+from ..rundir.foreign import experiment_shape, foreign_checkpoints, foreign_reason
 from .which_run import resolve_run
 
 VALID, UNVERIFIED, CORRUPT, GONE = "valid", "unverified", "corrupt", "gone"
@@ -52,9 +52,9 @@ def check_file(path: Path, run: RunDir, experiment: Experiment) -> Verdict:
         foreign = foreign_reason(run, experiment, trailer, trailer.shape.n_params)
         if foreign is not None:
             return Verdict(name, CORRUPT, step, f"foreign: {foreign}", trailer.shape != experiment_shape(experiment))
-        named = checkpoint_step(path)
-        if named is not None and named != step:
-            return Verdict(name, CORRUPT, step, f"its header holds step {step}, its name step {named}")
+        wrong_name = misnamed(path)
+        if wrong_name is not None:
+            return Verdict(name, CORRUPT, step, wrong_name)
         return Verdict(name, VALID, step)
     try:
         ckpt = read_checkpoint(path)
@@ -68,7 +68,7 @@ def check_file(path: Path, run: RunDir, experiment: Experiment) -> Verdict:
     return Verdict(name, UNVERIFIED, step, "bare ANDREA file: no trailer, no checksum (a resume skips it)")
 
 
-def resume_point(run: RunDir, verdicts: list[Verdict]) -> dict:
+def resume_point(run: RunDir, experiment: Experiment, verdicts: list[Verdict]) -> dict:
     """Where the next `proxy run` would resume, by the one resume rule, and why newer files were passed over.
 
     The rule checks a file's checksum and the log's coverage, not its shape: a checkpoint of another shape
@@ -86,7 +86,8 @@ def resume_point(run: RunDir, verdicts: list[Verdict]) -> dict:
     skipped, at_most = [], None
     while True:
         try:
-            point = choose_resume(run.checkpoints, index, phases, set(), at_most=at_most)
+            point = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab),
+                                  at_most=at_most)
         except ProxyError as exc:
             return {"checkpoint": None, "step": None, "reason": f"the next launch would stop: {exc}",
                     "skipped": skipped}
@@ -113,8 +114,11 @@ def verify_run(run: RunDir) -> dict:
     experiment = load_frozen_experiment(run)
     files = list_checkpoints(run.checkpoints) + ([run.best] if run.best.is_file() else [])
     verdicts = [check_file(p, run, experiment) for p in files]
+    foreign = foreign_checkpoints(run, experiment)
+    resume = ({"checkpoint": None, "step": None, "reason": f"the next launch would stop: {foreign}", "skipped": []}
+              if foreign is not None else resume_point(run, experiment, verdicts))
     return {"run_dir": str(run.root), "checkpoints": [asdict(v) for v in verdicts],
-            "corrupt": sum(v.verdict == CORRUPT for v in verdicts), "resume": resume_point(run, verdicts)}
+            "corrupt": sum(v.verdict == CORRUPT for v in verdicts), "resume": resume}
 
 
 def format_report(report: dict) -> str:

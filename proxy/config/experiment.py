@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..formats.engine_cli import setting_flags
+from ..formats.engine_cli import MAX_STEP, setting_flags
 from ..formats.frames import SAMPLE_MAX_COMPLETIONS
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
@@ -93,7 +93,7 @@ class TrainConfig(StrictModel):
     """Optimizer, schedule and the proxy's cadence (checkpoints, evals, samples)."""
     batch: int = Field(ge=1)
     grad_accum: int = Field(default=1, ge=1)
-    max_steps: int = Field(ge=1)
+    max_steps: int = Field(ge=1, le=MAX_STEP)  # the engine's steps are int32
     lr: float = Field(gt=0)
     min_lr: float = Field(ge=0)
     warmup: int = Field(ge=0)

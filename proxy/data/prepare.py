@@ -74,13 +74,23 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "microgpt"
 
 
+def unreadable(exc: OSError) -> str:
+    """A source read that failed (permission denied, a directory, a /proc file that refuses reads): the
+    file and the reason, for a one-line DataError."""
+    where = f" {exc.filename}" if exc.filename else ""
+    return f"cannot read{where}: {exc.strerror or exc}"
+
+
 def data_key(experiment: Experiment, experiment_dir: Path | str) -> str:
     """The cache key: a hash of everything the prepared data depends on."""
     hashes: dict[Path, str] = {}
 
     def memo_hash(p: Path) -> str:
         if p not in hashes:
-            hashes[p] = hash_file(p)
+            try:
+                hashes[p] = hash_file(p)
+            except OSError as e:  # a read that fails has no file name of its own: name it
+                raise OSError(e.errno, e.strerror, str(p)) from None
         return hashes[p]
 
     arms = []
@@ -89,6 +99,8 @@ def data_key(experiment: Experiment, experiment_dir: Path | str) -> str:
             fps = [source_fingerprint(s, experiment_dir, memo_hash) for s in arm.sources]
         except SourceError as e:
             raise DataError(f"arm {arm.name!r}: {e}") from None
+        except OSError as e:  # EACCES, EINVAL, EISDIR, ENOTDIR, EIO ... on a source file: one line
+            raise DataError(f"arm {arm.name!r}: {unreadable(e)}") from None
         arms.append([arm.name, fps])
     obj = {"format": FORMAT_VERSION, "vocab": experiment.model.vocab, "tokenizer": TOKENIZER_SETTINGS,
            "split": SPLIT_SETTINGS, "arms": arms}
@@ -201,7 +213,7 @@ def _build(experiment: Experiment, experiment_dir: Path, key: str, tmp: Path, pr
         except SourceError as e:
             raise DataError(f"arm {arm.name!r}: {e}") from None
         except OSError as e:
-            raise DataError(f"arm {arm.name!r}: cannot read: {e}") from None
+            raise DataError(f"arm {arm.name!r}: {unreadable(e)}") from None
         docs_n[arm.name] = len(docs)
         splits[arm.name] = split_documents(docs)
 

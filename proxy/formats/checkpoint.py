@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..safe_fs import UnsafeFileError, open_regular
+from .engine_cli import MAX_STEP
 from .parameters import ModelShape
 
 TRAILER_MAGIC = b"MGPTTRLR"
@@ -45,9 +46,13 @@ def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
 
 
 def checkpoint_step(path: str | os.PathLike) -> int | None:
-    """The step in a checkpoint's file name, or None if the name is not step_NNNNNN.bin."""
+    """The step in a checkpoint's file name, or None if the name is not step_NNNNNN.bin of a step the engine
+    can hold (at most MAX_STEP, as the engine's own listing): a `step_3000000000.bin` is no checkpoint."""
     match = NAME_PATTERN.match(Path(path).name)
-    return int(match.group(1)) if match else None
+    if not match or len(match.group(1)) > len(str(MAX_STEP)):
+        return None
+    step = int(match.group(1))
+    return step if step <= MAX_STEP else None
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -178,18 +183,43 @@ def read_checkpoint(path: str | os.PathLike, verify_crc: bool = True) -> Checkpo
     return Checkpoint(path, step, n, floats[:n].copy(), floats[n : 2 * n].copy(), floats[2 * n :].copy(), trailer, warnings)
 
 
+NON_FINITE_CHUNK = 1 << 22  # floats looked at at once: the check's memory stays small for any model
+
+
+def count_non_finite(raw: bytes | memoryview, n_params: int) -> int:
+    """How many of a checkpoint's weights and Adam moments (3 n_params floats after the 8-byte header) are
+    an infinity or a NaN."""
+    floats = np.frombuffer(raw, dtype="<f4", count=3 * n_params, offset=8)
+    return sum(int(np.count_nonzero(~np.isfinite(floats[i:i + NON_FINITE_CHUNK])))
+               for i in range(0, floats.size, NON_FINITE_CHUNK))
+
+
 def verify_checkpoint(path: str | os.PathLike) -> str | None:
-    """None if the file is a valid checkpoint with a verified trailer, else the reason."""
+    """None if the file is a valid checkpoint with a verified trailer and finite values, else the reason.
+    A state with a non-finite weight or moment is a diverged run's (the engine refuses to write one and
+    to load one): never a resume point."""
     path = Path(path)
     try:
         raw = _read_file(path)
-        _step, _n, trailer = _parse(raw, path, verify_crc=True)
+        _step, n, trailer = _parse(raw, path, verify_crc=True)
     except OSError as exc:
         return f"{path}: cannot read: {exc.strerror}"
     except CheckpointError as exc:
         return str(exc)
     if trailer is None:
         return f"{path}: bare ANDREA file without a checksum"
+    bad = count_non_finite(raw, n)
+    if bad:
+        return f"{path}: {bad} of its {3 * n} weights and Adam moments are not finite (a diverged state)"
+    return None
+
+
+def misnamed(path: str | os.PathLike) -> str | None:
+    """Why a step_NNNNNN.bin is not the checkpoint of step NNNNNN (its header holds another step: a file
+    copied or renamed by hand), or None."""
+    named, held = checkpoint_step(path), header_step(path)
+    if named is not None and held is not None and named != held:
+        return f"its header holds step {held}, its name step {named}"
     return None
 
 

@@ -16,10 +16,12 @@ SETTINGS = ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum", "st
             "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed", "threads")
 STDIN = "-"  # `--data -`: proxy mode, frames on stdin and events on stdout
 
+MAX_STEP = 0x7FFFFFFF  # the engine's steps are int32 (--steps, a checkpoint's header): no step is larger
+
 # Exit codes: why an engine ended.
 EXIT_OK, EXIT_USAGE, EXIT_CHECKPOINT, EXIT_PROTOCOL, EXIT_IO, EXIT_NUMERICS = 0, 2, 3, 4, 5, 6
 EXIT_MEANINGS = {EXIT_OK: "normal exit", EXIT_USAGE: "usage error", EXIT_CHECKPOINT: "checkpoint error",
-                 EXIT_PROTOCOL: "protocol error", EXIT_IO: "I/O error", EXIT_NUMERICS: "non-finite loss or gradient"}
+                 EXIT_PROTOCOL: "protocol error", EXIT_IO: "I/O error", EXIT_NUMERICS: "non-finite loss, gradient or state"}
 
 
 def flag(setting: str) -> str:

@@ -234,10 +234,20 @@ class LossLogIndex:
                 where = self.steps.get(s)
                 yield s, read_line(f, where[0]) if where is not None else None
 
-    def missing(self, phase: int, after: int, through: int) -> list[int]:
-        """Steps in (after, through] whose last entry is absent or belongs to another phase."""
-        return [s for s in range(after + 1, through + 1)
-                if s not in self.steps or self.steps[s][1] != phase]
+    def gap(self, phase: int, after: int, through: int) -> tuple[int, int | None]:
+        """(how many steps in (after, through] have no last entry of `phase`, the first of them or None).
+        Time and memory go by the entries the log holds, never by the distance between the two steps (a
+        stray step_3000000000.bin asks about three billion steps)."""
+        if through <= after:
+            return 0, None
+        held = sum(1 for s, (_offset, p) in self.steps.items() if after < s <= through and p == phase)
+        count = (through - after) - held
+        if count == 0:
+            return 0, None
+        first = after + 1
+        while first in self.steps and self.steps[first][1] == phase:  # at most `held` steps on
+            first += 1
+        return count, first
 
     def max_step(self) -> int:
         return max(self.steps, default=0)

@@ -20,7 +20,7 @@ from ..errors import FULL_DISK, StorageError
 from ..rundir.layout import READ_LIMITS, STATE
 from ..safe_fs import UnsafeFileError, read_regular
 
-STATUSES = ("running", "stopped", "finished", "crashloop")
+STATUSES = ("running", "stopped", "finished", "crashloop", "diverged")
 
 
 def _known(cls, obj: dict) -> dict:
@@ -134,6 +134,7 @@ class RunState:
     restarts: int = 0
     message: str | None = None
     write_failure: dict | None = None  # {"path", "errno", "error"}: the write whose failure stopped the run
+    dashboard: dict | None = None  # {"url", "host"} of the dashboard `proxy run` started
     proxy_pid: int | None = None
     replay_mismatch_count: int = 0
     replay_mismatches: list[dict] = field(default_factory=list)  # newest last, at most 50

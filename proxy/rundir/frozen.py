@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
-from ..atomic import atomic_write_bytes, json_bytes, make_dirs
+from ..atomic import atomic_write_bytes, json_bytes, make_dirs, write_unique
 from ..config.errors import CONFIG_FILE_LIMIT, ExperimentError
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
@@ -28,6 +29,7 @@ from ..safe_fs import UnsafeFileError, read_regular
 from .layout import RunDir, RunDirError
 
 REPLACED_PATTERN = "experiment_*.json"  # in RUN/archive/
+REPLACED_NAME = re.compile(r"^experiment_(\d+)(?:_(\d+))?\.json$")
 SHOWN_FIELDS = 6  # changed fields named in a message; the rest are counted
 
 
@@ -115,8 +117,10 @@ def check_seal(run: RunDir, allow_change: bool) -> None:
 
 
 def _archive(run: RunDir, frozen_raw: bytes) -> None:
+    """The replaced frozen experiment, as archive/experiment_<seconds>.json (a second one in the same
+    second gets _2, _3, ...), never replacing an earlier one."""
     make_dirs(run.archive)
-    atomic_write_bytes(run.archive / f"experiment_{time.time():.0f}.json", frozen_raw)
+    write_unique(run.archive, f"experiment_{time.time():.0f}", ".json", frozen_raw)
 
 
 def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_change: bool) -> list[str]:
@@ -147,9 +151,15 @@ def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_c
     return changed
 
 
+def _replaced_order(path: Path) -> tuple[int, int, str]:
+    """experiment_<seconds>[_<n>].json in the order written: by the second, then the counter."""
+    match = REPLACED_NAME.match(path.name)
+    return (int(match.group(1)), int(match.group(2) or 1), path.name) if match else (0, 0, path.name)
+
+
 def replaced_experiments(run: RunDir) -> list[Path]:
     """The frozen experiments --allow-experiment-change replaced, oldest first."""
-    return sorted(run.archive.glob(REPLACED_PATTERN)) if run.archive.is_dir() else []
+    return sorted(run.archive.glob(REPLACED_PATTERN), key=_replaced_order) if run.archive.is_dir() else []
 
 
 def experiment_changed(run: RunDir) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..atomic import json_bytes, write_synced
+from ..atomic import json_bytes, write_new
 from ..formats.checkpoint import checkpoint_files, checkpoint_step, read_trailer
 from ..formats.loss_log import LossLogIndex
 from .layout import PIVOT_RECEIPT, RunDir, RunDirError
@@ -32,8 +32,9 @@ SHOWN = 3  # contradictions named in the message; the rest are counted
 
 
 def write_receipt(archive_dir: Path, phase: Phase) -> None:
-    """The pivot's receipt in its archive directory (after phases.json committed the phase)."""
-    write_synced(archive_dir / PIVOT_RECEIPT, json_bytes(phase.to_dict()))
+    """The pivot's receipt in its archive directory (after phases.json committed the phase): written whole,
+    never over an existing receipt."""
+    write_new(archive_dir / PIVOT_RECEIPT, json_bytes(phase.to_dict()))
 
 
 def _read_receipt(run: RunDir, path: Path) -> dict | None:

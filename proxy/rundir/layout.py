@@ -1,5 +1,6 @@
 """The run directory's layout: every file name in it, written once (docs/FORMATS.md, docs/OPERATIONS.md).
 
+    RUN/                       the directory itself is flock'ed by the running proxy (rundir/lock.py)
     RUN/experiment.json        frozen copy of the experiment (rundir/frozen.py)
     RUN/.experiment.seal.json  its SHA-256 and content as the proxy froze it, to catch edits (rundir/frozen.py)
     RUN/checkpoints/           step_NNNNNN.bin (formats/checkpoint.py), best.bin (rundir/retention.py)
@@ -10,8 +11,9 @@
     RUN/archive/               pivot archives, replaced experiments (rundir/pivot.py, rundir/frozen.py)
     RUN/engine.log             the engine's stderr
     RUN/dashboard.log          the dashboard's output when `proxy run` started it
-    RUN/.lock                  flock'ed by the running proxy; holds its pid (rundir/lock.py)
-    RUN/.engine.json           pid of the engine the proxy launched last (supervision/engine_process.py)
+    RUN/.run.json              the run id and the directory it was minted in (rundir/identity.py)
+    RUN/.engine.json           the engine the proxy launched last, to verify before any signal
+                               (supervision/engine_record.py)
     RUN/archive/pivot_<k>/phase.json   a committed pivot's receipt (rundir/history.py)
     RUN/.pivot.lock            one `proxy pivot` at a time (rundir/lock.py)
     RUN/.pivot_request.json    a live pivot's request, .pivot_claimed.json once taken, and the answer in
@@ -22,12 +24,14 @@ The proxy and the dashboard both name files through this module.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import make_dirs
 from ..formats.checkpoint import checkpoint_name
-from ..safe_fs import UnsafeFileError, read_regular
+from ..safe_fs import UnsafeFileError, file_kind, read_regular
 
 RUNS_ROOT = Path("runs")
 
@@ -42,7 +46,7 @@ PHASES = "phases.json"
 ARCHIVE = "archive"
 ENGINE_LOG = "engine.log"
 DASHBOARD_LOG = "dashboard.log"
-LOCK = ".lock"
+IDENTITY = ".run.json"
 ENGINE_RECORD = ".engine.json"
 PIVOT_LOCK = ".pivot.lock"
 PIVOT_REQUEST = ".pivot_request.json"
@@ -50,13 +54,18 @@ PIVOT_CLAIMED = ".pivot_claimed.json"
 PIVOT_RESPONSE = ".pivot_response.json"
 PIVOT_RECEIPT = "phase.json"  # in a pivot's archive directory: the phase it committed (rundir/history.py)
 
+# The directories inside a run that the proxy and the engine write and delete in: each must be a real
+# directory of the run, never a symlink (a `checkpoints` linked to another run would have this run's
+# retention delete that run's checkpoints).
+OWN_DIRS = (CHECKPOINTS, ARCHIVE)
+
 # Files whose modification time says when a run was last active.
-ACTIVITY_FILES = (LOSS_LOG, STATE, LOCK, EXPERIMENT)
+ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
 
 # The most bytes a reader takes from each small file of a run directory (proxy/safe_fs.py refuses a
 # larger one, with one line). The writers stay far below: samples.py trims `.samples.json` to its cap.
 READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
-               ENGINE_RECORD: 64 << 10, LOCK: 4 << 10, PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
+               ENGINE_RECORD: 64 << 10, IDENTITY: 4 << 10, PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
                PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20}
 LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is skipped like a torn one
 ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason
@@ -115,8 +124,8 @@ class RunDir:
         return self.root / DASHBOARD_LOG
 
     @property
-    def lock_file(self) -> Path:
-        return self.root / LOCK
+    def identity(self) -> Path:
+        return self.root / IDENTITY
 
     @property
     def engine_record(self) -> Path:
@@ -139,6 +148,8 @@ class RunDir:
         return self.root / PIVOT_RESPONSE
 
     def create(self) -> None:
+        """The run directory and its checkpoints/, made if absent (RunDirError: check_paths refuses them)."""
+        self.check_paths()
         try:
             make_dirs(self.checkpoints)  # a full or read-only disk: StorageError
         except OSError as exc:
@@ -146,6 +157,29 @@ class RunDir:
 
     def exists(self) -> bool:
         return self.experiment.is_file()
+
+    def check_paths(self) -> None:
+        """RunDirError (one line) unless each of OWN_DIRS that exists is a real directory inside the run:
+        no symlink, nothing else under its name. Checked at every launch and pivot, and before retention
+        deletes anything."""
+        for name in OWN_DIRS:
+            path = self.root / name
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise RunDirError(f"{path}: {exc.strerror}") from None
+            if stat.S_ISLNK(mode):
+                try:
+                    target = f" to {os.readlink(path)}"
+                except OSError:
+                    target = ""
+                raise RunDirError(f"{path} is a symlink{target}; a run writes and deletes only inside its own "
+                                  f"directory: make {name}/ a real directory of the run (nothing was changed)")
+            if not stat.S_ISDIR(mode):
+                kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+                raise RunDirError(f"{path} is {kind}, not a directory (nothing was changed)")
 
     def read_small(self, path: Path) -> bytes:
         """One of this run's small files (`path.name` in READ_LIMITS), by safe_fs's rules: FileNotFoundError

@@ -1,119 +1,185 @@
-"""Locks on a run directory: `RUN/.lock` (one proxy per run) and `RUN/.pivot.lock` (one `proxy pivot`).
+"""Locks on a run directory: the run itself (one proxy per run) and RUN/.pivot.lock (one `proxy pivot`).
 
-The run's lock also names the running proxy, so `proxy checkpoint`, `stop` and `pivot` signal it.
+Both are an exclusive flock(2) the kernel holds on an open descriptor and
+drops when the process dies. The run's lock is taken on the run directory's
+own descriptor, not on a file in it: deleting, replacing or rewriting any
+file of the run cannot release it or admit a second proxy. The descriptors
+are close-on-exec and never passed to a child, so an orphaned engine never
+keeps a run locked.
 
-Both are an exclusive flock on a file holding the holder's pid, so a waiter
-can name who holds it. The descriptor is not inherited by children
-(Python's default), so an orphaned engine never keeps a run locked.
+Who holds a lock is asked of the kernel (proxy/processes.py: /proc/locks, then
+the holder's own fdinfo), never read from a file of the run, so `proxy
+checkpoint`, `stop` and `pivot` signal only the process that holds this very
+directory's lock: the proxy of this run.
+
+The running proxy also checks that the path it was given still leads to the
+directory it locked (`RunLock.check`): a run directory moved away or
+replaced under it stops the run, since a file written by path from then on
+would land in whatever now has that name. The run's own files (`.state.json`
+and the others directly in it) are replaced relative to the locked
+directory's descriptor meanwhile (atomic.py's anchor), so one written in the
+instant of the move still lands in the run.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
-from pathlib import Path
+import time
+from dataclasses import dataclass
 
-from ..atomic import storage_guard
+import psutil
+
+from ..atomic import anchor, storage_guard, unanchor
 from ..errors import ProxyError
-from ..safe_fs import NO_FOLLOW, READ_FLAGS, UnsafeFileError, open_own, read_regular
-from .layout import LOCK, READ_LIMITS, RunDir, RunDirError
+from ..processes import FileIdentity, flock_holder, send
+from ..safe_fs import NO_FOLLOW, UnsafeFileError, open_own
+from .layout import RunDir, RunDirError
 
 # A lock file is ours: never a symlink, and opening it never blocks (a FIFO there is refused).
 LOCK_FLAGS = os.O_RDWR | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+BUSY_TRIES, BUSY_WAIT_S = 5, 0.05  # a lock held by no exclusive holder (a look by `proxy status`) is retried
 
 
 class LockBusy(Exception):
-    """Another process holds the lock; `pid` is the one it wrote (None if unreadable)."""
+    """Another process holds the lock; `holder` is it, as the kernel names it (None: not identified)."""
 
-    def __init__(self, pid: int | None):
-        super().__init__(f"held by pid {pid}")
-        self.pid = pid
-
-
-def read_pid(path: Path) -> int | None:
-    try:
-        text = read_regular(path, READ_LIMITS[LOCK]).decode("ascii").strip()
-        return int(text) if text else None
-    except (OSError, ValueError):  # UnsafeFileError and UnicodeDecodeError are ValueErrors
-        return None
+    def __init__(self, holder: psutil.Process | None):
+        super().__init__(f"held by pid {holder.pid}" if holder else "held")
+        self.holder = holder
 
 
-class PidLock:
-    """An exclusive, non-blocking flock on `path`, which holds our pid while we hold it."""
+class RunDirReplaced(ProxyError):
+    """The run directory's path no longer leads to the directory this proxy locked."""
 
-    def __init__(self, path: Path):
+
+@dataclass(frozen=True)
+class Holder:
+    """A held lock: the process holding it, when the kernel names one this user can see."""
+    process: psutil.Process | None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def describe(self) -> str:
+        return f"proxy pid {self.pid}" if self.process is not None else "a process this user cannot identify"
+
+
+class KernelLock:
+    """An exclusive, non-blocking flock on a directory (`directory=True`) or on a lock file."""
+
+    def __init__(self, path, directory: bool = False):
         self.path = path
+        self.directory = directory
         self.fd: int | None = None
+        self.identity: FileIdentity | None = None
 
-    def acquire(self) -> "PidLock":
+    def _open(self) -> int:
+        if self.directory:
+            return os.open(self.path, DIR_FLAGS)
         with storage_guard(self.path, "open"):
-            fd = open_own(self.path, LOCK_FLAGS, "a lock file")
+            return open_own(self.path, LOCK_FLAGS, "a lock file")
+
+    def acquire(self) -> "KernelLock":
+        fd = self._open()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LockBusy(read_pid(self.path)) from None
-            raise
-        try:
-            with storage_guard(self.path):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-                os.fsync(fd)
+            for attempt in range(BUSY_TRIES):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        raise
+                    holder = flock_holder(FileIdentity.of_fd(fd))
+                    if holder is not None or attempt == BUSY_TRIES - 1:
+                        raise LockBusy(holder) from None
+                    time.sleep(BUSY_WAIT_S)  # a shared lock of `proxy status` looking: it lets go at once
         except BaseException:
             os.close(fd)
             raise
-        self.fd = fd
+        self.fd, self.identity = fd, FileIdentity.of_fd(fd)
         return self
 
     def release(self) -> None:
         if self.fd is not None:
-            try:
-                os.ftruncate(self.fd, 0)
-            except OSError:
-                pass
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
-    def __enter__(self) -> "PidLock":
+    def __enter__(self) -> "KernelLock":
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
 
 
-class RunLock(PidLock):
-    """One proxy per run directory: RUN/.lock."""
+class RunLock(KernelLock):
+    """One proxy per run directory: the flock on RUN itself."""
 
     def __init__(self, run: RunDir):
-        super().__init__(run.lock_file)
+        super().__init__(run.root, directory=True)
         self.run = run
 
     def acquire(self) -> "RunLock":
         try:
             super().acquire()
         except LockBusy as busy:
-            who = f"proxy pid {busy.pid}" if busy.pid else "another proxy"
-            raise RunDirError(f"run directory {self.run.root} is in use by {who} "
+            raise RunDirError(f"run directory {self.run.root} is in use by {Holder(busy.holder).describe()} "
                               f"(one proxy per run; `proxy stop --run-dir {self.run.root}` stops it)") from None
+        except OSError as exc:
+            raise RunDirError(f"cannot lock run directory {self.run.root}: {exc.strerror}") from None
+        anchor(self.run.root, self.fd)  # the run's own files are replaced in the directory locked
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            unanchor(self.run.root)
+        super().release()
+
+    def check(self) -> None:
+        """RunDirReplaced (one line) when the run directory's path no longer leads to the locked directory."""
+        try:
+            now = FileIdentity.of(self.run.root)
+        except OSError:
+            now = None
+        if now != self.identity:
+            where = "is gone" if now is None else f"is now another directory ({now}, locked {self.identity})"
+            raise RunDirReplaced(f"run directory {self.run.root} {where}: it was moved or replaced while this proxy "
+                                 "ran; stopping without writing there (the engine is killed: its checkpoints "
+                                 "would land in whatever now has that name)")
+
+
+class PivotLock(KernelLock):
+    """One `proxy pivot` at a time: RUN/.pivot.lock."""
+
+    def __init__(self, run: RunDir):
+        super().__init__(run.pivot_lock)
+
+    def acquire(self) -> "PivotLock":
+        try:
+            super().acquire()
         except UnsafeFileError as exc:
             raise RunDirError(str(exc)) from None
-        except OSError as exc:
-            raise RunDirError(f"cannot open {self.path}: {exc.strerror}") from None
         return self
 
 
-def lock_owner(run: RunDir) -> int | None:
-    """The pid of the proxy holding the run's lock (-1 if it wrote none), or None when no proxy holds it."""
+def run_lock_holder(run: RunDir) -> Holder | None:
+    """Who holds the run's lock: None when no process does; a Holder (its process None when the kernel
+    names none this user can see) otherwise. Only looks: the lock is never taken here."""
     try:
-        fd = open_own(run.lock_file, READ_FLAGS | NO_FOLLOW, "a lock file")
-    except (OSError, UnsafeFileError):  # no lock file, or not one: no proxy can hold it
+        fd = os.open(run.root, DIR_FLAGS)
+    except OSError:  # no such directory: no proxy can hold it
         return None
     try:
+        identity = FileIdentity.of_fd(fd)
+        holder = flock_holder(identity)
+        if holder is not None:
+            return Holder(holder)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return read_pid(run.lock_file) or -1  # held
+            return Holder(flock_holder(identity))  # held, by a process the kernel did not name a moment ago
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -121,14 +187,13 @@ def lock_owner(run: RunDir) -> int | None:
 
 
 def signal_proxy(run: RunDir, signum: int) -> int:
-    """Send signum to the proxy holding run's lock; return its pid."""
-    pid = lock_owner(run)
-    if pid is None:
+    """Send signum to the proxy holding run's lock (the kernel's word); return its pid."""
+    holder = run_lock_holder(run)
+    if holder is None:
         raise ProxyError(f"no proxy is running for {run.root}")
-    if pid <= 0:
-        raise ProxyError(f"{run.lock_file} is locked but holds no pid")
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        raise ProxyError(f"proxy pid {pid} for {run.root} is gone") from None
-    return pid
+    if holder.process is None:
+        raise ProxyError(f"{run.root} is locked, but the kernel names no process this user can see holding its "
+                         "lock; nothing was signalled")
+    if not send(holder.process, signum):
+        raise ProxyError(f"proxy pid {holder.pid} for {run.root} is gone")
+    return holder.pid

@@ -31,6 +31,17 @@ def archive_dir_for(run: RunDir, phases: list[Phase], phase_number: int) -> Path
     return run.archive / archive_name(phases, p.start_step, phase_number)
 
 
+def _free_name(directory: Path, stem: str) -> Path:
+    """`stem`, or `stem_2`, `stem_3`, ...: the first name not taken in `directory` (a rename there never
+    replaces an earlier one; the caller holds the run)."""
+    n = 1
+    while True:
+        path = directory / (stem if n == 1 else f"{stem}_{n}")
+        if not path.exists() and not path.is_symlink():
+            return path
+        n += 1
+
+
 @dataclass
 class PivotResult:
     phase: Phase
@@ -66,6 +77,7 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
     moved into it; then phases.json is replaced (the commit point); then `.samples.json` starts
     empty for the new phase. A crash before the commit leaves the old phase in force.
     """
+    run.check_paths()  # checkpoints/ and archive/ are the run's own: nothing moves through a symlink
     phases = read_phases(run)
     number = len(phases)
     phase = next_phase(phases, step, policy, caps, floors, checkpoint)
@@ -88,8 +100,8 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     with storage_guard(final, "rename into"):  # a rename may need a directory block: a full disk is one line
-        if final.exists():  # left by a pivot that was interrupted before its commit: keep it, aside
-            final.rename(run.archive / f"{name}.interrupted-{int(time.time())}")
+        if final.exists() or final.is_symlink():  # left by a pivot interrupted before its commit: kept, aside
+            final.rename(_free_name(run.archive, f"{name}.interrupted-{int(time.time())}"))
         os.rename(tmp, final)
     fsync_dir(run.archive)
     moved = []

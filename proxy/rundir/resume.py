@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EXIT_FAILURE, ProxyError
-from ..formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+from ..formats.checkpoint import checkpoint_step, list_checkpoints, misnamed, verify_checkpoint
 from ..formats.loss_log import LossLogIndex
+from .divergence import insanity, sane_loss
 from .phases import Phase, owned_steps
 
 
@@ -26,15 +27,23 @@ class ResumePoint:
     skipped: list[str] = field(default_factory=list)  # why newer checkpoints were passed over
 
 
-def uncovered(index: LossLogIndex, phases: list[Phase], through: int, after: int = 0) -> list[int]:
-    """Steps in (after, through] whose last log entry is absent or logged under another phase than its owner."""
-    return [s for phase, first, last in owned_steps(phases, through)
-            for s in index.missing(phase.phase, max(first - 1, after), last)]
+def uncovered(index: LossLogIndex, phases: list[Phase], through: int, after: int = 0) -> tuple[int, int | None]:
+    """(how many steps in (after, through] have no last log entry under the phase that owns them, the first
+    of them or None); bounded by the log's entries, not by `through` (LossLogIndex.gap)."""
+    count, first = 0, None
+    for phase, lo, hi in owned_steps(phases, through):
+        n, f = index.gap(phase.phase, max(lo - 1, after), hi)
+        if n:
+            count += n
+            first = f if first is None else min(first, f)
+    return count, first
 
 
-def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], *, since: Phase | None = None,
-                   at_most: int | None = None, rejected: set[str] = frozenset()) -> ResumePoint:
-    """The newest checkpoint (at or before `at_most`) that verifies and whose steps the log covers.
+def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], *, vocab: int,
+                   since: Phase | None = None, at_most: int | None = None,
+                   rejected: set[str] = frozenset()) -> ResumePoint:
+    """The newest checkpoint (at or before `at_most`) that verifies, whose steps the log covers, and that is
+    sane (rundir/divergence.py: the loss logged for its step; `vocab` is the model's).
 
     With `since` (a phase): only checkpoints from its start step on count, and only its own steps must be
     in the log (the earlier phases' steps are history). Without: every step from 1. `rejected` names
@@ -53,22 +62,29 @@ def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase
             skipped.append(f"{path.name}: before the start of phase {since.phase} (step {since.start_step})")
             continue
         reason = verify_checkpoint(path)
+        if reason is None and misnamed(path):
+            reason = f"{path.name}: {misnamed(path)}"
         if reason is None:
-            missing = uncovered(index, phases, step, after)
+            missing, first = uncovered(index, phases, step, after)
             if missing:
-                reason = f"{path.name}: .loss.json lacks {len(missing)} of its steps (first {missing[0]})"
+                reason = f"{path.name}: .loss.json lacks {missing} of its steps (first {first})"
+        if reason is None and step > 0:
+            entry = index.step(step)
+            if entry is not None and not sane_loss(entry.loss, vocab):
+                reason = f"{path.name}: the run had diverged at its step ({insanity(entry.loss, vocab)})"
         if reason is None:
             return ResumePoint(path, step, skipped)
         skipped.append(reason)
     return ResumePoint(None, 0, skipped)
 
 
-def choose_resume(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], rejected: set[str],
-                  at_most: int | None = None) -> ResumePoint:
-    """Where the current (last) phase continues: its newest covered checkpoint (with `at_most`: at or before
-    that step; `proxy pivot --at`), or a fresh start in phase 0. ProxyError when there is none to use."""
+def choose_resume(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], rejected: set[str], *,
+                  vocab: int, at_most: int | None = None) -> ResumePoint:
+    """Where the current (last) phase continues: its newest covered, sane checkpoint (with `at_most`: at or
+    before that step; `proxy pivot --at`), or a fresh start in phase 0. ProxyError when there is none to use."""
     phase = phases[-1]
-    point = newest_covered(checkpoint_dir, index, phases, since=phase, at_most=at_most, rejected=rejected)
+    point = newest_covered(checkpoint_dir, index, phases, vocab=vocab, since=phase, at_most=at_most,
+                           rejected=rejected)
     if point.path is not None:
         return point
     skipped = point.skipped

@@ -12,8 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_copy, fsync_dir
+from ..atomic import atomic_copy, storage_guard
 from ..formats.checkpoint import checkpoint_files, checkpoint_step
+from ..safe_fs import NO_FOLLOW
+from .layout import RunDir
+
+DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NO_FOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -37,24 +41,37 @@ def plan_retention(steps: list[int], policy: RetentionPolicy, protected: set[int
     return [s for s in ordered if s not in keep]
 
 
-def apply_retention(checkpoint_dir: str | os.PathLike, policy: RetentionPolicy, protected: set[int],
-                    durable_through: int) -> list[Path]:
+def apply_retention(run: RunDir, policy: RetentionPolicy, protected: set[int], durable_through: int) -> list[Path]:
     """Delete the checkpoints plan_retention names among the durable ones, those of steps up to
     `durable_through` (the newest the engine announced); return the deleted paths. A newer file is
     being written or was never announced: it is neither counted among the last K nor deleted. Files
     under a checkpoint's name that are not shaped like one (a 0-byte file, a directory) are neither
-    counted nor deleted."""
+    counted nor deleted.
+
+    Only inside the run: checkpoints/ must be a real directory of it (RunDir.check_paths, RunDirError
+    otherwise), and each name is unlinked relative to that directory's own descriptor, opened without
+    following a symlink, so nothing outside the run is ever deleted."""
+    run.check_paths()
+    checkpoint_dir = run.checkpoints
     by_step = {step: p for p in checkpoint_files(checkpoint_dir)
                if (step := checkpoint_step(p)) is not None and step <= durable_through}
+    doomed = plan_retention(list(by_step), policy, protected)
+    if not doomed:
+        return []
     deleted = []
-    for step in plan_retention(list(by_step), policy, protected):
-        try:
-            by_step[step].unlink()
-            deleted.append(by_step[step])
-        except FileNotFoundError:
-            pass
-    if deleted:
-        fsync_dir(checkpoint_dir)
+    fd = os.open(checkpoint_dir, DIR_FLAGS)
+    try:
+        for step in doomed:
+            try:
+                os.unlink(by_step[step].name, dir_fd=fd)
+                deleted.append(by_step[step])
+            except FileNotFoundError:
+                pass
+        if deleted:
+            with storage_guard(checkpoint_dir, "sync"):
+                os.fsync(fd)
+    finally:
+        os.close(fd)
     return deleted
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from ..formats.checkpoint import checkpoint_path, header_step
 from ..formats.loss_log import LossLogIndex
+from ..errors import EXIT_USAGE, ProxyError
+from ..rundir.layout import RunDirError
 from ..rundir.retention import apply_retention, best_is_better, protected_by_phases
 from .context import RunContext
 from .report import RunReport
@@ -22,19 +24,36 @@ def durable(report: RunReport, step: int) -> bool:
 
 def retain(ctx: RunContext, seg: Segment | None) -> None:
     """Apply the retention policy to the durable checkpoints, never deleting what a resume or a pivot
-    needs: the checkpoints phases.json names, the newest one announced, the one this segment resumed from."""
+    needs: the checkpoints phases.json names, the newest one announced, the newest sane one
+    (rundir/divergence.py), the one this segment resumed from."""
     report = ctx.report
     if report.last_ckpt_step is None:
         return  # nothing announced yet: no file is known to be complete
     protected = protected_by_phases(ctx.phases) | {report.last_ckpt_step}
+    if report.last_sane_ckpt_step is not None:  # never the newest sane one, whatever diverged after it
+        protected.add(report.last_sane_ckpt_step)
     if seg is not None and seg.resume.path is not None:
         protected.add(seg.resume.step)
     if ctx.best_copier.busy_step is not None:
         protected.add(ctx.best_copier.busy_step)
+    _own_checkpoints(ctx, "retention")
     try:
-        apply_retention(ctx.run.checkpoints, ctx.retention, protected, report.last_ckpt_step)
+        apply_retention(ctx.run, ctx.retention, protected, report.last_ckpt_step)
+    except RunDirError as exc:  # swapped in between: as below
+        raise ProxyError(f"retention: {exc}", EXIT_USAGE) from None
     except OSError as exc:
         ctx.warn(f"retention: {exc}")
+
+
+def _own_checkpoints(ctx: RunContext, what: str) -> None:
+    """Before anything is deleted or written in checkpoints/: the run directory is still the one locked, and
+    its checkpoints/ a real directory of it. Otherwise the run stops (one line, exit 2): checkpoints/ made a
+    symlink to another run while this one trained would have this run delete or overwrite that run's files."""
+    ctx.lock.check()
+    try:
+        ctx.run.check_paths()
+    except RunDirError as exc:
+        raise ProxyError(f"{what}: {exc}", EXIT_USAGE) from None
 
 
 def maybe_best(ctx: RunContext, step: int) -> None:
@@ -49,6 +68,7 @@ def maybe_best(ctx: RunContext, step: int) -> None:
         return
     if report.best_step == step and report.best_loss == loss:
         return
+    _own_checkpoints(ctx, "best.bin")  # the copy reads and writes through checkpoints/: it must be the run's
     copier.wait(report, ctx.warn)
     copier.start(step, loss, path, ctx.run.best)
 

@@ -15,7 +15,9 @@ from ..data.batches import BatchSampler
 from ..data.prepare import PreparedData
 from ..formats.loss_log import LossLogWriter
 from ..formats.samples import SamplesFile
+from ..rundir.identity import RunIdentity
 from ..rundir.layout import RunDir
+from ..rundir.lock import RunLock
 from ..rundir.phases import Phase, read_phases
 from ..rundir.retention import RetentionPolicy
 from .best_copier import BestCopier
@@ -66,6 +68,8 @@ class RunContext:
     samples: SamplesFile
     report: RunReport
     retention: RetentionPolicy
+    lock: RunLock  # held for the whole run; `lock.check()` stops it if the directory is replaced
+    identity: RunIdentity  # the run id every engine record of this run carries
     bandit: Bandit | None = None  # the current phase's, rebuilt at every launch
     caps: dict[str, float] = field(default_factory=dict)  # in force for the bandit
     floors: dict[str, float] = field(default_factory=dict)

@@ -4,12 +4,12 @@ The engine runs in its own session and process group (so a Ctrl-C at the
 terminal reaches only the proxy, and a hung engine is killed with its whole
 group). Its stderr is appended to RUN/engine.log. A reader thread turns stdout
 lines into events on a queue; a writer thread feeds frames to stdin so the
-supervisor never blocks on a full pipe.
+supervisor never blocks on a full pipe. The record of a launched engine, and
+reaping one a killed proxy left behind, are supervision/engine_record.py's.
 """
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import queue
 import shlex
@@ -23,10 +23,9 @@ from pathlib import Path
 
 import psutil
 
-from ..atomic import append_whole, atomic_write_json, open_append
+from ..atomic import append_whole, open_append
 from ..formats.frames import parse_event
-from ..rundir.layout import ENGINE_RECORD, READ_LIMITS
-from ..safe_fs import read_regular
+from ..processes import signal_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
@@ -87,7 +86,7 @@ EVENT, NOISE, EOF, WRITE_FAILED = "event", "noise", "eof", "write_failed"
 class EngineProcess:
     """A launched engine: `events` queue, `send(frame)`, `close_input()`, `kill_group()`."""
 
-    def __init__(self, argv: list[str], log_path: Path, header: str = ""):
+    def __init__(self, argv: list[str], log_path: Path, header: str = "", env: dict[str, str] | None = None):
         self.argv = argv
         self.events: queue.Queue = queue.Queue()
         self._frames: queue.Queue = queue.Queue()
@@ -97,7 +96,8 @@ class EngineProcess:
                          .encode(), log_path)
             try:
                 self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                             start_new_session=True, bufsize=0, close_fds=True)
+                                             start_new_session=True, bufsize=0, close_fds=True,
+                                             env=dict(os.environ, **env) if env else None)
             except OSError as exc:
                 raise EngineError(f"cannot start engine {argv[0]}: {exc.strerror}") from None
         finally:
@@ -165,14 +165,17 @@ class EngineProcess:
         self._frames.put(None)
 
     def signal(self, sig: int) -> None:
-        """Signal our child; nothing once it has been reaped (its pid may belong to another process by then)."""
+        """`sig` to the engine, while it is our unreaped child (Popen checks)."""
         try:
             self.proc.send_signal(sig)
         except ProcessLookupError:
             pass
 
     def kill_group(self) -> None:
-        kill_group(self.pid)
+        """SIGKILL the engine's process group. Only while the engine is our unreaped child: its pid, and so
+        its group, cannot have passed to another process."""
+        if self.proc.poll() is None:
+            signal_group(self.pid, signal.SIGKILL)
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -204,52 +207,3 @@ class EngineProcess:
             self.proc.stdout.close()
         except OSError:
             pass
-
-
-def kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-# ------------------------------------------------- the engine left behind by a killed proxy
-
-def record_engine(path: Path, engine: EngineProcess) -> None:
-    atomic_write_json(path, {"pid": engine.pid, "create_time": engine.create_time, "argv0": engine.argv[0]})
-
-
-def reap_orphan(path: Path, grace_s: float) -> str | None:
-    """An engine a killed proxy left running gets `grace_s` to finish its EOF checkpoint, then SIGKILL.
-
-    Returns a line describing what was done, or None if there was no such engine.
-    """
-    try:  # not a regular file within its cap (UnsafeFileError, a ValueError): no record to act on
-        rec = json.loads(read_regular(path, READ_LIMITS[ENGINE_RECORD], within=path.parent))
-        pid, created = int(rec["pid"]), rec.get("create_time")
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if created is not None and abs(proc.create_time() - float(created)) > 0.01:
-            return None  # the pid was reused by something else
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except psutil.Error:
-        return None
-    try:
-        proc.wait(grace_s)
-        return f"waited for the previous engine (pid {pid}) to finish its checkpoint and exit"
-    except psutil.TimeoutExpired:
-        pass
-    except psutil.Error:
-        return None
-    kill_group(pid)
-    try:
-        proc.wait(10)
-    except psutil.Error:
-        pass
-    return f"killed the previous engine (pid {pid}), still running {grace_s:.0f}s after its proxy ended"

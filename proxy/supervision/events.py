@@ -18,6 +18,7 @@ from ..formats.checkpoint import checkpoint_path
 from ..formats.frames import Event, group_result
 from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
 from ..formats.samples import Sample, SampleAudit
+from ..rundir.divergence import insanity, sane_loss
 from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms
@@ -114,6 +115,18 @@ class EventHandlers:
         log_every = int(ctx.train.log_every)
         if first_of_launch or (log_every > 0 and t % log_every == 0):  # the first: training has started
             say_progress(ctx, seg)
+        vocab = int(ctx.experiment.model.vocab)
+        if report.diverged_step is None and not sane_loss(entry.loss, vocab):
+            self._diverged(seg, t, insanity(entry.loss, vocab))
+
+    def _diverged(self, seg: Segment, step: int, why: str) -> None:
+        """The run diverged at `step`: stop it (STOP: the engine finishes what is in flight and exits; its
+        checkpoint at `step` is not sane, so no relaunch resumes from it and retention keeps the newest
+        sane one). The loop ends the run with one line (supervision/loop.py)."""
+        report = self.ctx.report
+        report.diverged_step, report.diverged_why = step, why
+        if not seg.stop_sent:
+            seg.send_stop()
 
     def _compare(self, seg: Segment, entry: StepEntry) -> None:
         """A step the crashed segment logged too: the two must be bit-identical."""

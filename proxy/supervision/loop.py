@@ -7,7 +7,10 @@ the run with exit 0; a crash or a hang restarts the engine from the newest
 valid checkpoint after a back-off that doubles per consecutive failure, and
 --max-failures failures without progress past the highest step reached end
 the run as a crash loop (exit 3); an engine that rejects its command line
-ends it at once (exit 1).
+ends it at once (exit 1); a run that diverged (a step's loss not sane, or the
+engine's exit 6: the same frames would diverge again) ends at once (exit 6),
+naming the newest sane checkpoint; a run directory moved or replaced under the
+proxy ends it at once (exit 1), its engine killed, nothing written by path.
 """
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ import queue
 import signal
 import time
 
-from ..errors import EXIT_CRASHLOOP, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError, StorageError
+from ..errors import EXIT_CRASHLOOP, EXIT_DIVERGED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError, StorageError
 from ..formats import frames
-from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
+from ..formats.checkpoint import checkpoint_path
+from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_NUMERICS, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
 from ..rundir.layout import ENGINE_LOG_TAIL
+from ..rundir.lock import RunDirReplaced
 from ..safe_fs import UnsafeFileError, open_regular
 from .checkpoints import retain
 from .context import RunContext
@@ -59,12 +64,16 @@ class Supervisor:
                 return self._loop()
             except UnsafeFileError as exc:
                 raise ProxyError(str(exc), EXIT_USAGE) from None
+        except RunDirReplaced as exc:  # nothing more is written by path: it leads elsewhere now
+            failure = exc
+            self._abandon()
+            return exc.code
         except ProxyError as exc:
             failure = exc
             self._record_failure(exc)
             return exc.code
         finally:
-            unwritten = self._wind_down()
+            unwritten = [] if isinstance(failure, RunDirReplaced) else self._wind_down()
             SignalCounts.restore(old)
             if failure is not None:
                 ctx.warn(self._failure_line(failure, unwritten))
@@ -92,6 +101,21 @@ class Supervisor:
             except StorageError as exc:
                 unwritten.append(exc.path)
         return unwritten
+
+    def _abandon(self) -> None:
+        """The run directory was replaced: kill the engine (an EOF checkpoint would be written by path into
+        whatever now has the directory's name), finish the copy in flight, close the log (its descriptor is
+        the old directory's). Nothing is written by path."""
+        seg = self.segment
+        if seg is not None and seg.engine.alive():
+            seg.kill()
+            seg.engine.wait(30)
+            seg.engine.finish()
+        self.ctx.best_copier.wait(self.ctx.report, lambda _line: None)
+        try:
+            self.ctx.writer.close()
+        except StorageError:
+            pass
 
     def _failure_line(self, exc: ProxyError, unwritten: list[str]) -> str:
         """The one line that ends a failed run; for a failed write, what became of the engine's checkpoint."""
@@ -132,11 +156,24 @@ class Supervisor:
                 ctx.say(f"stopped at step {last_step(self.segment)}; {saved}; relaunch the same command to resume")
                 return EXIT_OK
             seg = self.segment
+            if outcome == "diverged":
+                report.status = "diverged"
+                report.message = self._divergence_line()
+                raise ProxyError(report.message, EXIT_DIVERGED)
             if outcome == "fatal":
                 report.status = "crashloop"
                 raise ProxyError(f"engine cannot run: {seg.last_error or 'see ' + str(ctx.run.engine_log)}",
                                  EXIT_FAILURE)
             self._restart_after_failure(seg)
+
+    def _divergence_line(self) -> str:
+        """The one line that ends a diverged run: where, why, and the newest sane checkpoint to go back to."""
+        ctx, report = self.ctx, self.ctx.report
+        sane = report.last_sane_ckpt_step
+        back = (f"the newest sane checkpoint is {checkpoint_path(ctx.run.checkpoints, sane)} (step {sane}): a "
+                "relaunch resumes there" if sane is not None else "no sane checkpoint: a relaunch starts from scratch")
+        return (f"the run diverged at step {report.diverged_step}: {report.diverged_why}; {back} and, unchanged, "
+                "diverges again the same way: lower train.lr (relaunch with --allow-experiment-change) or pivot")
 
     def _restart_after_failure(self, seg: Segment) -> None:
         """A crash or a hang: count it, give up on a crash loop, else wait the back-off (refusing pivots)."""
@@ -168,6 +205,7 @@ class Supervisor:
     # ------------------------------------------------------------ one engine launch
     def _run_segment(self) -> str:
         ctx = self.ctx
+        ctx.lock.check()
         first = ctx.segment_number == 0
         seg = self.segment = launch_segment(ctx)
         if first:
@@ -176,6 +214,7 @@ class Supervisor:
         write_run_state(ctx, seg, force=True)
         engine = seg.engine
         while True:
+            ctx.lock.check()
             self._handle_signals(seg)
             feed(ctx, seg)
             try:
@@ -240,7 +279,12 @@ class Supervisor:
 
     def _classify(self, seg: Segment, code: int | None) -> str:
         """How the segment ended: finished, stopped, hung, failed, or fatal (the engine cannot run at all)."""
-        ctx = self.ctx
+        ctx, report = self.ctx, self.ctx.report
+        if report.diverged_step is None and code == EXIT_NUMERICS:  # the engine's own check: never retried,
+            report.diverged_step = seg.last_step + 1                  # the same frames diverge the same way
+            report.diverged_why = f"the engine stopped: {seg.last_error or exit_description(code)}"
+        if report.diverged_step is not None:
+            return "diverged"
         if seg.hung:
             return "hung"
         if code == 0:

@@ -23,11 +23,15 @@ class RunReport:
     status: str = "running"  # formats/state.py STATUSES
     message: str | None = None  # why the run stopped
     write_failure: dict | None = None  # {"path", "errno", "error"} when a failed write stopped the run
+    dashboard: dict | None = None  # {"url", "host"} of the dashboard this proxy started
     tokens: int = 0  # cumulative, as logged
     progress: Progress = field(default_factory=Progress)
     goodput: GoodputMeter = field(default_factory=GoodputMeter)
     last_ckpt_step: int | None = None
     last_ckpt_path: str | None = None
+    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (rundir/divergence.py)
+    diverged_step: int | None = None  # the first step this launch found not sane
+    diverged_why: str | None = None
     ckpt_ms: float = 0.0  # the slowest checkpoint write seen (the watchdog allows for it)
     best_step: int | None = None
     best_loss: float | None = None
@@ -39,7 +43,11 @@ class RunReport:
     progress_said: float | None = None  # monotonic time of the last progress line printed
 
     def checkpointed(self, step: int, path: str) -> None:
+        """The engine announced (or the run resumed from) the checkpoint of `step`. It is sane unless the run
+        diverged at or before `step`: every step logged before the divergence was sane."""
         self.last_ckpt_step, self.last_ckpt_path = step, path
+        if self.diverged_step is None or step < self.diverged_step:
+            self.last_sane_ckpt_step = step
 
     def add_mismatch(self, mismatch: dict) -> None:
         self.mismatch_count += 1

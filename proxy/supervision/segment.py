@@ -28,7 +28,8 @@ from ..formats.state import EngineStatus
 from ..rundir.frozen import experiment_changed
 from ..rundir.resume import ResumePoint, choose_resume
 from .context import RunContext
-from .engine_process import EngineProcess, record_engine
+from .engine_process import EngineProcess
+from .engine_record import TOKEN_ENV, new_token, record_engine
 
 
 class Outstanding(NamedTuple):
@@ -165,7 +166,7 @@ def launch_segment(ctx: RunContext) -> Segment:
     ctx.writer.fsync()
     index = LossLogIndex.load(ctx.run.loss_log)
     phase = ctx.phase
-    resume = choose_resume(ctx.run.checkpoints, index, ctx.phases, ctx.rejected)
+    resume = choose_resume(ctx.run.checkpoints, index, ctx.phases, ctx.rejected, vocab=int(ctx.experiment.model.vocab))
     for reason in resume.skipped:
         ctx.warn(f"not resuming from {reason}")
     c = resume.step
@@ -201,9 +202,11 @@ def launch_segment(ctx: RunContext) -> Segment:
                        ckpt_every_seconds=float(ctx.train.ckpt_every_seconds), meta=meta, settings=settings)
     argv = [str(choice.path), *args]
     where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
-    engine = EngineProcess(argv, ctx.run.engine_log, header=f"segment {ctx.segment_number}, {where}")
+    token = new_token()
+    engine = EngineProcess(argv, ctx.run.engine_log, header=f"segment {ctx.segment_number}, {where}",
+                           env={TOKEN_ENV: token})
     try:
-        record_engine(ctx.run.engine_record, engine)
+        record_engine(ctx.run, ctx.identity, engine.pid, engine.create_time, argv, token)
     except BaseException:  # a full disk: the engine is not yet the loop's to stop; EOF stops it before any step
         engine.close_input()
         if engine.wait(60) is None:

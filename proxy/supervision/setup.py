@@ -23,8 +23,10 @@ from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex, LossLogWriter
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
+from ..rundir.foreign import foreign_checkpoints
 from ..rundir.frozen import freeze_experiment
 from ..rundir.history import check_history
+from ..rundir.identity import RunIdentity, load_identity, save_identity
 from ..rundir.layout import RunDir, RunDirError, default_run_dir
 from ..rundir.lock import RunLock
 from ..rundir.phases import ensure_phases, first_phase, read_phases
@@ -33,7 +35,8 @@ from ..rundir.retention import RetentionPolicy
 from ..safe_fs import UnsafeFileError
 from .checkpoints import load_best
 from .context import Console, RunContext, SupervisorOptions
-from .engine_process import EngineChoice, EngineError, choose_engine, reap_orphan
+from .engine_process import EngineChoice, EngineError, choose_engine
+from .engine_record import reap_orphan
 from .loop import Supervisor
 from .report import RunReport, carry_forward
 from .signals import EARLY, SignalCounts, install_interrupt
@@ -67,7 +70,7 @@ def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
 
 def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: Console) -> int:
     """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
-    starts the dashboard there). Raises ProxyError for anything the user must fix; returns the exit code
+    starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises ProxyError for anything the user must fix; returns the exit code
     otherwise."""
     try:
         experiment = load_experiment(request.experiment_path)
@@ -90,6 +93,9 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         try:
             index = LossLogIndex.load(run.loss_log)
             check_history(run, read_phases(run) or [first_phase(experiment)], index)
+            foreign = foreign_checkpoints(run, experiment)
+            if foreign is not None:
+                raise RunDirError(foreign)
             changed = freeze_experiment(run, Path(request.experiment_path), experiment,
                                         request.allow_experiment_change)
             phases = ensure_phases(run, experiment)
@@ -98,11 +104,15 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         if changed:
             console.warn(f"experiment changed ({', '.join(changed)}); continuing with the new one "
                          "(--allow-experiment-change)")
-        reaped = reap_orphan(run.engine_record, request.options.orphan_grace_s)
+        try:
+            identity, unsaved = load_identity(run, console.warn)
+        except RunDirError as exc:
+            raise ProxyError(str(exc), EXIT_USAGE) from None
+        reaped = reap_orphan(run, identity, request.options.orphan_grace_s, console.warn)
         if reaped:
             console.warn(reaped)
 
-        resume = choose_resume(run.checkpoints, index, phases, set())
+        resume = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab))
         if resume.step >= experiment.train.max_steps:
             console.say(f"run {run.root} already finished at step {resume.step} (max_steps "
                         f"{experiment.train.max_steps}); nothing to do")
@@ -114,11 +124,13 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         except (DataError, ExperimentError) as exc:
             raise ProxyError(str(exc), EXIT_USAGE) from None
         try:
-            ctx = build_context(experiment, run, data, engine, request.options, console, signals)
+            ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
         except BatchError as exc:
             raise ProxyError(str(exc), EXIT_USAGE) from None
+        if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
+            save_identity(run, identity)
         if on_started is not None:
-            on_started(run)
+            ctx.report.dashboard = on_started(run)
         return Supervisor(ctx).run_forever()
     finally:
         lock.release()
@@ -142,7 +154,8 @@ def _encode_prompts(experiment: Experiment, data: PreparedData, console: Console
 
 
 def build_context(experiment: Experiment, run: RunDir, data: PreparedData, engine: EngineChoice,
-                  options: SupervisorOptions, console: Console, signals: SignalCounts) -> RunContext:
+                  options: SupervisorOptions, console: Console, signals: SignalCounts, lock: RunLock,
+                  identity: RunIdentity) -> RunContext:
     """The run's context: batches, prompts, phases, the open log, the sample audits, the carried-over report."""
     train = experiment.train
     sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(train.seed),
@@ -157,7 +170,8 @@ def build_context(experiment: Experiment, run: RunDir, data: PreparedData, engin
     return RunContext(experiment=experiment, run=run, data=data, engine_choice=engine, opts=options,
                       console=console, signals=signals, sampler=sampler, prompts=prompts, phases=phases,
                       writer=writer, samples=samples, report=report,
-                      retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)))
+                      retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)), lock=lock,
+                      identity=identity)
 
 
 def _mark_finished(run: RunDir) -> None:

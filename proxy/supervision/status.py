@@ -109,11 +109,13 @@ def write_run_state(ctx: RunContext, seg: Segment | None, force: bool = False) -
                      engine=report.engine, experiment=ctx.experiment.name, max_steps=ctx.max_steps,
                      segment=ctx.segment_number, loss=report.progress.last_loss,
                      loss_smoothed=report.progress.smoothed, best=best, restarts=report.restarts,
-                     message=report.message, write_failure=report.write_failure, proxy_pid=os.getpid(),
+                     message=report.message, write_failure=report.write_failure, dashboard=report.dashboard,
+                     proxy_pid=os.getpid(),
                      replay_mismatch_count=report.mismatch_count,
                      replay_mismatches=report.mismatches, dropped_arms=sorted(report.dropped_arms),
                      bandit=bandit_state, engine_tokens_per_s=rates.engine_tokens_per_s,
                      goodput=report.goodput.status())
+    ctx.lock.check()  # the path still leads to the run this proxy locked
     try:
         write_state(ctx.run.state, state)
     except (OSError, ValueError, TypeError) as exc:  # not StorageError (a full disk): that stops the run

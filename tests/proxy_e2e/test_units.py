@@ -14,7 +14,7 @@ from proxy.formats.checkpoint import body_bytes
 from proxy.formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepEntry, compare_replayed, read_tail
 from proxy.rundir.retention import RetentionPolicy, apply_retention, plan_retention
 from proxy.rundir.layout import RunDir, RunDirError
-from proxy.rundir.lock import RunLock, lock_owner
+from proxy.rundir.lock import RunLock, run_lock_holder
 from proxy.rundir.phases import append_phase, ensure_phases, read_phases
 from proxy.formats.samples import Sample, SampleAudit, SamplesFile
 from proxy.formats.state import AuditTime, EngineStatus, Goodput, RunState, read_state, write_state
@@ -65,8 +65,9 @@ def test_last_entry_per_step_wins_and_phase_coverage(tmp_path):
     w.close()
     index = LossLogIndex.load(path)
     assert [e.loss for _, e in index.iter_steps(1, 5)] == [4.0, 4.0, 9.0, 9.0, 4.0]
-    assert index.missing(0, 0, 5) == [] and index.missing(0, 0, 7) == [6, 7]
-    assert index.missing(1, 2, 4) == [3, 4]  # entries of another phase do not cover a phase
+    assert index.gap(0, 0, 5) == (0, None) and index.gap(0, 0, 7) == (2, 6)
+    assert index.gap(1, 2, 4) == (2, 3)  # entries of another phase do not cover a phase
+    assert index.gap(0, 0, 3_000_000_000) == (3_000_000_000 - 5, 6)  # no list of three billion steps
 
 
 def test_compare_replayed_is_exact():
@@ -93,15 +94,17 @@ def test_retention_plan():
 def test_lock_is_exclusive_and_reports_the_owner(tmp_path):
     run = RunDir(tmp_path / "run")
     run.create()
-    assert lock_owner(run) is None
+    assert run_lock_holder(run) is None
     lock = RunLock(run).acquire()
     try:
-        assert lock_owner(run) == os.getpid()
+        assert run_lock_holder(run).pid == os.getpid()
         with pytest.raises(RunDirError, match=f"in use by proxy pid {os.getpid()}"):
             RunLock(run).acquire()
+        (run.root / ".lock").write_text("1\n")  # a file of the run names nobody: the kernel holds the lock
+        assert run_lock_holder(run).pid == os.getpid()
     finally:
         lock.release()
-    assert lock_owner(run) is None
+    assert run_lock_holder(run) is None
     with RunLock(run):
         pass
 
@@ -229,11 +232,14 @@ def test_distinct_predicted_tokens_of_overlapping_rows():
 def test_retention_leaves_files_past_the_newest_announced(tmp_path):
     """A step_*.bin newer than the newest ckpt event may still be being written (the event comes once the
     file is durable): retention neither counts it among the last K nor deletes it."""
+    run = RunDir(tmp_path / "run")
+    run.create()
     for s in (10, 20, 30, 40, 50):  # bare bodies of a 1-parameter model: shaped like checkpoints
-        (tmp_path / f"step_{s:06d}.bin").write_bytes(struct.pack("<ii", s, 1).ljust(body_bytes(1), b"\0"))
-    deleted = apply_retention(tmp_path, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
+        (run.checkpoints / f"step_{s:06d}.bin").write_bytes(struct.pack("<ii", s, 1).ljust(body_bytes(1), b"\0"))
+    deleted = apply_retention(run, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
     assert sorted(p.name for p in deleted) == ["step_000010.bin", "step_000020.bin"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000030.bin", "step_000040.bin", "step_000050.bin"]
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step_000030.bin", "step_000040.bin",
+                                                                 "step_000050.bin"]
 
 
 def test_best_bin_only_from_announced_checkpoints_copied_in_the_background(tmp_path):
@@ -243,7 +249,7 @@ def test_best_bin_only_from_announced_checkpoints_copied_in_the_background(tmp_p
         (ck / f"step_{s:06d}.bin").write_bytes(bytes([s % 251]) * 4096)
     report, warnings = RunReport(engine=EngineStatus()), []
     ctx = SimpleNamespace(report=report, best_copier=BestCopier(), eval_loss={100: 3.0, 200: 2.5, 300: 1.0},
-                          run=SimpleNamespace(checkpoints=ck, best=ck / "best.bin"), warn=warnings.append)
+                          run=RunDir(tmp_path), lock=SimpleNamespace(check=lambda: None), warn=warnings.append)
     report.checkpointed(100, str(ck / "step_000100.bin"))
     maybe_best(ctx, 200)  # on disk, but its ckpt event has not come: it may still be being written
     assert ctx.best_copier.job is None and not ctx.run.best.exists()

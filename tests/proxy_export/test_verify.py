@@ -50,7 +50,9 @@ def test_verify_names_each_damaged_checkpoint(run_copy, engine, data_cache, tmp_
     assert lines["checkpoints/step_000040.bin"].split()[0] == "valid"
     assert lines["checkpoints/best.bin"].split()[0] == "valid"
     assert "next launch resumes from checkpoints/step_000040.bin (step 40)" in out
-    assert "passed over: step_000060.bin: " in out and "passed over: step_000050.bin: the engine refuses" in out
+    # a step-0 checkpoint under step 50's name: the resume rule passes it over before any engine sees it
+    assert "passed over: step_000060.bin: " in out
+    assert "passed over: step_000050.bin: its header holds step 0, its name step 50" in out
 
     report = json.loads(run_cmd(["verify", "--run-dir", str(run_copy), "--json"], data_cache).stdout)
     assert report["corrupt"] == 3 and report["resume"]["step"] == 40
@@ -77,12 +79,12 @@ def test_foreign_checkpoints_are_refused(trained_run, run_copy, engine, data_cac
     assert not (tmp_path / "out").exists()
     assert tree_hashes(trained_run) == before
 
-    # verify: another shape is passed over (the engine refuses it); the same shape from another experiment
-    # is what the resume rule would pick, and verify says so
+    # verify: another shape is corrupt for it (the engine refuses it); a checkpoint another experiment wrote
+    # makes `proxy run` refuse to start (it would write over it or delete it), and verify says so
     (run_copy / "checkpoints" / "step_000060.bin").write_bytes(other_run.read_bytes())
     (run_copy / "checkpoints" / "step_000050.bin").write_bytes(other_shape.read_bytes())
     result = run_cmd(["verify", "--run-dir", str(run_copy)], data_cache)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "written by experiment 'SOMEONE-ELSE'" in result.stdout and "layers 3" in result.stdout
-    assert ("next launch resumes from checkpoints/step_000060.bin (step 60): WARNING: it is corrupt (foreign: "
-            "written by experiment 'SOMEONE-ELSE'") in result.stdout
+    assert ("next launch: the next launch would stop: " in result.stdout and "step_000060.bin: foreign checkpoint: "
+            "written by experiment 'SOMEONE-ELSE'" in result.stdout)

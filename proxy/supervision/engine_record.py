@@ -1,0 +1,159 @@
+"""RUN/.engine.json: the engine the proxy launched last, and how an engine a killed proxy left is reaped.
+
+When a proxy is killed, its engine sees EOF on stdin, checkpoints and exits
+by itself; the next `proxy run` (or an offline `proxy pivot`) gives it
+`orphan_grace_s` to do so and then kills its process group. Nothing in a run
+directory is trusted (docs/ARCHITECTURE.md), and a wrong kill here once took
+a whole machine down, so the record is only a pointer to check, never a
+reason to signal:
+
+- it must parse as EngineRecord, strictly: a pid that is a JSON integer > 1
+  (never `true`, `1.9`, `"12"`, 1 or -1), a start time, the engine's whole
+  command line, a random token, and the run id and directory it was written
+  for (rundir/identity.py);
+- its run id and directory must be this run's own: a copied run directory
+  holds the original's record, which names the original's live engine;
+- the live process must match it: the same start time (a reused pid does
+  not), the same command line, the leader of its own process group (the
+  engine is started in a session of its own), and the token in its
+  environment (MICROGPT_ENGINE_TOKEN, which only the proxy that launched it
+  passed).
+
+A record that fails any check is reported in one line and ignored. The
+checks run again right before the SIGKILL, which goes only to that group.
+"""
+from __future__ import annotations
+
+import secrets
+import signal
+from typing import Callable
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..atomic import atomic_write_json
+from ..processes import FileIdentity, group_leader, same_command, signal_group
+from ..rundir.identity import RUN_ID_PATTERN, RunIdentity
+from ..rundir.layout import RunDir
+from ..safe_fs import UnsafeFileError
+
+TOKEN_ENV = "MICROGPT_ENGINE_TOKEN"  # in the engine's environment: the proxy that launched it set it
+PID_MAX = 1 << 22  # the kernel's largest pid_max
+START_TIME_SLACK_S = 0.01  # psutil's create time, read twice, agrees to far better than this
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+class EngineRecord(BaseModel):
+    """RUN/.engine.json (docs/FORMATS.md, "The engine record")."""
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    version: int = Field(1, ge=1, le=1)
+    pid: int = Field(gt=1, le=PID_MAX)
+    create_time: float = Field(gt=0, allow_inf_nan=False)
+    argv: list[str] = Field(min_length=1, max_length=512)
+    token: str = Field(pattern=r"^[0-9a-f]{32}$")
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    dev: int = Field(ge=0)
+    ino: int = Field(ge=0)
+
+
+def record_engine(run: RunDir, identity: RunIdentity, pid: int, create_time: float | None, argv: list[str],
+                  token: str) -> None:
+    """Write the record of an engine just launched (nothing when its start time could not be read: it has
+    already exited, and no record is better than one that cannot be verified)."""
+    if create_time is None:
+        return
+    record = EngineRecord(pid=pid, create_time=create_time, argv=argv, token=token, run_id=identity.run_id,
+                          dev=identity.dev, ino=identity.ino)
+    atomic_write_json(run.engine_record, record.model_dump(mode="json"))
+
+
+def read_record(run: RunDir) -> tuple[EngineRecord | None, str | None]:
+    """(the record, None); (None, why it is not one); (None, None) when there is none."""
+    path = run.engine_record
+    try:
+        raw = run.read_small(path)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnsafeFileError) as exc:
+        return None, f"{path}: {getattr(exc, 'strerror', None) or exc}"
+    try:
+        return EngineRecord.model_validate_json(raw), None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "(file)"
+        return None, f"{path}: not an engine record ({where}: {first.get('msg')})"
+
+
+def _mismatch(record: EngineRecord, proc: psutil.Process) -> str | None:
+    """Why the live process `proc` is not the engine `record` describes, or None when it is."""
+    try:
+        if abs(proc.create_time() - record.create_time) > START_TIME_SLACK_S:
+            return "gone"  # the pid now belongs to a process started at another time: a reused pid
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return "gone"
+        if not same_command(proc.cmdline(), record.argv):
+            return "its command line is not the recorded engine's"
+        if not group_leader(record.pid):
+            return "it does not lead a process group of its own, as every engine the proxy starts does"
+        if proc.environ().get(TOKEN_ENV) != record.token:
+            return f"its environment lacks the token ({TOKEN_ENV}) of the proxy that launched the engine"
+    except psutil.AccessDenied:
+        return "it cannot be inspected (another user's process)"
+    except psutil.Error:
+        return "gone"
+    return None
+
+
+def verified_engine(run: RunDir, identity: RunIdentity, warn: Callable[[str], None]) -> psutil.Process | None:
+    """The live engine RUN/.engine.json names, once every check passes; None otherwise (with one line
+    through `warn` for a record that fails a check, none for an engine that simply exited)."""
+    record, unusable = read_record(run)
+    if record is None:
+        if unusable:
+            warn(f"{unusable}; ignored, nothing signalled")
+        return None
+    path = run.engine_record
+    if (record.run_id, record.dev, record.ino) != (identity.run_id, identity.dev, identity.ino):
+        if record.run_id != identity.copied_from:  # a copy's inherited record: ensure_identity said so
+            warn(f"{path} was written for run {record.run_id} in directory {FileIdentity(record.dev, record.ino)}, "
+                 f"not for this run ({identity.run_id} in {identity.directory}); ignored, nothing signalled "
+                 f"(pid {record.pid} left alone)")
+        return None
+    try:
+        proc = psutil.Process(record.pid)
+    except psutil.Error:
+        return None
+    why = _mismatch(record, proc)
+    if why == "gone":
+        return None
+    if why is not None:
+        warn(f"{path} names pid {record.pid}, but {why}; ignored, nothing signalled")
+        return None
+    return proc
+
+
+def reap_orphan(run: RunDir, identity: RunIdentity, grace_s: float, warn: Callable[[str], None]) -> str | None:
+    """An engine a killed proxy left running gets `grace_s` to finish its EOF checkpoint, then its process
+    group is killed. Returns a line describing what was done, or None if there was no such engine."""
+    proc = verified_engine(run, identity, warn)
+    if proc is None:
+        return None
+    pid = proc.pid
+    try:
+        proc.wait(grace_s)
+        return f"waited for the previous engine (pid {pid}) to finish its checkpoint and exit"
+    except psutil.TimeoutExpired:
+        pass
+    except psutil.Error:
+        return None
+    if verified_engine(run, identity, warn) is None:  # checked again: it may have exited this instant
+        return None
+    signal_group(pid, signal.SIGKILL)
+    try:
+        proc.wait(10)
+    except psutil.Error:
+        pass
+    return f"killed the previous engine (pid {pid}), still running {grace_s:.0f}s after its proxy ended"

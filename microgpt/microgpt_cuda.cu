@@ -33,6 +33,13 @@
 // Memory: everything is allocated in init (gpu_init); the step loop allocates
 // nothing. init also runs one warm-up forward+backward so that every cuBLASLt
 // plan exists and every fused/unfused decision is taken before `ready`.
+// What --help lists for --attention (config.h): cudnn only in a build with it.
+#ifdef MICROGPT_CUDNN
+#define MG_ATTENTION_PATHS "naive, flash, cudnn or auto"
+#else
+#define MG_ATTENTION_PATHS "naive, flash or auto (this build has no cuDNN)"
+#endif
+
 #include "engine.h"
 #include "model.h"
 #include "train.h"
@@ -48,6 +55,9 @@
 #include "cuda/layernorm.cuh"
 #include "cuda/matmul.cuh"      // with bias.cuh, gelu.cuh, colsum.cuh
 #include "cuda/attention.cuh"   // naive, and attention_flash.cuh (--attention flash)
+#ifdef MICROGPT_CUDNN
+#include "cuda/attention_cudnn.h"  // --attention cudnn (its own translation unit)
+#endif
 #include "cuda/classifier.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/adamw.cuh"
@@ -77,7 +87,11 @@ typedef struct {
     MgLayout lay;
     int B, T, C, L, H, V, hd, BT;
     int bf16;             // activations and matmuls in bf16 (else fp32)
-    AttentionKind attention;  // naive, or flash (attention_flash.cuh)
+    AttentionKind attention;  // naive, flash (attention_flash.cuh) or cudnn (attention_cudnn.h)
+#ifdef MICROGPT_CUDNN
+    CudnnAttention *cudnn;    // the SDPA graphs for this shape (attention cudnn only)
+    void *cudnn_workspace;
+#endif
     size_t xs;            // sizeof the activation type
     int fuse;             // try cuBLASLt's epilogues (bf16, unless MICROGPT_CUDA_FUSE=0); init hands it to mm
     cudaDeviceProp prop;
@@ -145,17 +159,42 @@ template <typename Tx> static Tx *X(const void *base, size_t offset) { return (T
 // Attention with the profiler's marks around it (the ops are in cuda/attention.cuh).
 static void profile_mark(Gpu *e, int kind, int stop);
 
+// cuDNN's attention (bf16 only; init chose it): a failed call ends the run.
+static int cudnn_forward(Gpu *e, void *y, float *lse, const void *qkv) {
+#ifdef MICROGPT_CUDNN
+    char err[512];
+    if (cudnn_attention_forward(e->cudnn, e->cudnn_workspace, y, lse, qkv, err, sizeof err))
+        mg_fail(MG_EXIT_IO, "%s", err);
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int cudnn_backward(Gpu *e, void *dqkv, const void *dy, const void *y, const void *qkv, const float *lse) {
+#ifdef MICROGPT_CUDNN
+    char err[512];
+    if (cudnn_attention_backward(e->cudnn, e->cudnn_workspace, dqkv, dy, y, qkv, lse, err, sizeof err))
+        mg_fail(MG_EXIT_IO, "%s", err);
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 template <typename Tx>
 static void attention_forward_marked(Gpu *e, Tx *y, float *lse, const Tx *qkv) {
     profile_mark(e, 0, 0);
-    attention_forward<Tx>(y, lse, qkv, e->B, e->T, e->C, e->H, e->attention, e->stream);
+    if (!(e->attention == ATTENTION_CUDNN && cudnn_forward(e, y, lse, qkv)))
+        attention_forward<Tx>(y, lse, qkv, e->B, e->T, e->C, e->H, e->attention, e->stream);
     profile_mark(e, 0, 1);
 }
 
 template <typename Tx>
 static void attention_backward_marked(Gpu *e, Tx *dqkv, const Tx *dy, const Tx *y, const Tx *qkv, const float *lse) {
     profile_mark(e, 1, 0);
-    attention_backward<Tx>(dqkv, dy, y, qkv, lse, e->B, e->T, e->C, e->H, e->att_D, e->attention, e->stream);
+    if (!(e->attention == ATTENTION_CUDNN && cudnn_backward(e, dqkv, dy, y, qkv, lse)))
+        attention_backward<Tx>(dqkv, dy, y, qkv, lse, e->B, e->T, e->C, e->H, e->att_D, e->attention, e->stream);
     profile_mark(e, 1, 1);
 }
 
@@ -421,7 +460,7 @@ static void profile_end_step(Gpu *e) {
         }
     fprintf(stderr, "microgpt: profile {\"step\":%d,\"step_ms\":%.4f,\"attention_forward_ms\":%.4f,"
             "\"attention_backward_ms\":%.4f,\"attention_calls\":[%d,%d],\"attention\":\"%s\",\"precision\":\"%s\"}\n",
-            p->step, step_ms, ms[0], ms[1], p->n[0], p->n[1], e->attention == ATTENTION_FLASH ? "flash" : "naive", e->bf16 ? "bf16" : "fp32");
+            p->step, step_ms, ms[0], ms[1], p->n[0], p->n[1], attention_name(e->attention), e->bf16 ? "bf16" : "fp32");
     fflush(stderr);
 }
 
@@ -491,29 +530,70 @@ static const char *gpu_configure(void *impl, MgConfig *cfg) {
     return NULL;
 }
 
-// --attention flash takes the tensor-core kernels where they apply (bf16, head
-// dim 32, 64 or 128, enough shared memory); anywhere else it falls back to
-// the naive kernels with one warning, never an error. The choice is appended
-// to the device string of the ready event, so every run says which it used.
+// The attention path (--attention): naive unless asked otherwise. flash takes
+// the tensor-core kernels where they apply (bf16, head dim 32, 64 or 128,
+// enough shared memory); cudnn takes cuDNN's SDPA where the build has it and
+// cuDNN builds graphs for this shape (bf16); anywhere else either falls back
+// to the naive kernels with one warning, never an error. auto takes the
+// fastest that applies (cudnn, then flash, then naive), silently: it is a
+// choice, not a verdict (the proxy qualifies paths before it uses them,
+// docs/CUDA.md). The choice is appended to the device string of the ready
+// event and named in its `paths`, so every run says which it used.
+static int flash_applies(Gpu *e, int warn) {
+    size_t need = flash_attention_smem(e->hd);
+    const char *why = NULL;
+    char text[256];
+    if (!e->bf16) why = "--attention flash needs --precision bf16; using the naive attention kernels (fp32)";
+    else if (!flash_attention_supported(e->hd)) {
+        snprintf(text, sizeof text, "--attention flash supports head dims 32, 64 and 128, not %d (--dim %d / --heads %d); "
+                 "using the naive attention kernels", e->hd, e->C, e->H);
+        why = text;
+    } else if (need > e->prop.sharedMemPerBlockOptin) {
+        snprintf(text, sizeof text, "--attention flash needs %zu bytes of shared memory per block, %.64s allows %zu; "
+                 "using the naive attention kernels", need, e->prop.name, e->prop.sharedMemPerBlockOptin);
+        why = text;
+    }
+    if (why && warn) mg_warn("%s", why);
+    return why == NULL;
+}
+
+static int cudnn_applies(Gpu *e, int warn) {
+    const char *why = NULL;
+    char text[640];
+    if (!e->bf16) why = "--attention cudnn needs --precision bf16; using the naive attention kernels (fp32)";
+#ifdef MICROGPT_CUDNN
+    else {
+        char reason[512] = "";
+        e->cudnn = cudnn_attention_create(e->B, e->T, e->C, e->H, e->stream, reason, sizeof reason);
+        if (!e->cudnn) {
+            snprintf(text, sizeof text, "--attention cudnn: %s; using the naive attention kernels", reason);
+            why = text;
+        }
+    }
+#else
+    else why = "--attention cudnn: this build has no cuDNN (docs/CUDA.md, \"Building\"); using the naive attention kernels";
+#endif
+    if (why && warn) mg_warn("%s", why);
+    return why == NULL;
+}
+
 static void choose_attention(Gpu *e, const char *requested) {
     e->attention = ATTENTION_NAIVE;
-    if (requested && strcmp(requested, "flash") == 0) {
-        size_t need = flash_attention_smem(e->hd);
-        if (!e->bf16)
-            mg_warn("--attention flash needs --precision bf16; using the naive attention kernels (fp32)");
-        else if (!flash_attention_supported(e->hd))
-            mg_warn("--attention flash supports head dims 32, 64 and 128, not %d (--dim %d / --heads %d); "
-                    "using the naive attention kernels", e->hd, e->C, e->H);
-        else if (need > e->prop.sharedMemPerBlockOptin)
-            mg_warn("--attention flash needs %zu bytes of shared memory per block, %s allows %zu; "
-                    "using the naive attention kernels", need, e->prop.name, e->prop.sharedMemPerBlockOptin);
-        else
-            e->attention = ATTENTION_FLASH;
+    if (!requested || strcmp(requested, "naive") == 0) {
+    } else if (strcmp(requested, "flash") == 0) {
+        if (flash_applies(e, 1)) e->attention = ATTENTION_FLASH;
+    } else if (strcmp(requested, "cudnn") == 0) {
+        if (cudnn_applies(e, 1)) e->attention = ATTENTION_CUDNN;
+    } else {  // auto
+        if (cudnn_applies(e, 0)) e->attention = ATTENTION_CUDNN;
+        else if (flash_applies(e, 0)) e->attention = ATTENTION_FLASH;
     }
     if (e->attention == ATTENTION_FLASH) CUDA_CHECK(flash_attention_setup(e->hd));
+#ifdef MICROGPT_CUDNN
+    if (e->attention == ATTENTION_CUDNN) e->cudnn_workspace = dev_alloc(e, cudnn_attention_workspace_bytes(e->cudnn));
+#endif
     size_t len = strlen(e->eng->device);
-    snprintf(e->eng->device + len, sizeof e->eng->device - len, ", attention %s",
-             e->attention == ATTENTION_FLASH ? "flash" : "naive");
+    snprintf(e->eng->device + len, sizeof e->eng->device - len, ", attention %s", attention_name(e->attention));
 }
 
 static size_t gpu_init(void *impl, const MgConfig *cfg) {
@@ -526,13 +606,12 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     if (e->hd > 128) mg_fail(MG_EXIT_USAGE, "the CUDA engine supports head dims up to 128 (--dim %d / --heads %d = %d)", e->C, e->H, e->hd);
     e->xs = e->bf16 ? sizeof(bf16) : sizeof(float);
     e->lay = mg_layout(e->V, e->T, e->C, e->L);
+    CUDA_CHECK(cudaStreamCreate(&e->stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e->loss_ready, cudaEventDisableTiming));
     choose_attention(e, cfg->attention);
     profile_setup(e);
 
     e->dm = decay_map(&e->lay, e->L);
-
-    CUDA_CHECK(cudaStreamCreate(&e->stream));
-    CUDA_CHECK(cudaEventCreateWithFlags(&e->loss_ready, cudaEventDisableTiming));
     matmul_init(&e->mm, e->stream, dev_alloc(e, LT_WORKSPACE), e->fuse);
 
     size_t n = e->lay.n, B = e->B, T = e->T, C = e->C, L = e->L, H = e->H, V = e->V, bt = (size_t)e->BT, xs = e->xs;
@@ -599,6 +678,7 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
     free(zeros);
     free(row_loss);
+    snprintf(e->eng->paths, sizeof e->eng->paths, "{\"attention\":\"%s\"}", attention_name(e->attention));
     return e->bytes;
 }
 

@@ -26,6 +26,7 @@ typedef struct {
     MgState st;          // snapshot the checkpoint writer writes from (weights, m, v)
     int step;
     int saved_step;      // step of the last checkpoint started or loaded, -1 if none
+    int steps_here;      // optimizer steps this process has trained (--dump-grads-step counts them)
     uint64_t tokens_seen;
     float *row_loss;     // [batch * grad_accum] or eval rows chunk
     uint16_t *rows_buf;  // [batch * grad_accum * (T+1)] tokens
@@ -156,34 +157,56 @@ static void mg_write_grads_file(MgDriver *d, float loss) {
     exit(0);
 }
 
-// One optimizer update from rows = batch * grad_accum rows of T+1 tokens.
+// The clip factor of a gradient norm: grad_clip / (norm + 1e-6) above the
+// threshold, else 1. (The CUDA engine's device-side step computes the same
+// expression in the same precision.)
+static float mg_clip_factor(double norm, float grad_clip) {
+    return grad_clip > 0 && norm > grad_clip ? (float)(grad_clip / (norm + 1e-6)) : 1.0f;
+}
+
+static void mg_fail_nonfinite(const MgDriver *d, float loss) {
+    char last[64];
+    if (d->saved_step >= 0) snprintf(last, sizeof last, "last checkpoint: step %d", d->saved_step);
+    else snprintf(last, sizeof last, "no checkpoint yet");
+    mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (%s)",
+            isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
+}
+
+// One optimizer update from rows = batch * grad_accum rows of T+1 tokens:
+// through the engine's train_step where it has one (the whole step on the
+// device, one wait), else call by call.
 static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *groups) {
     const MgConfig *c = &d->cfg;
     int B = c->batch, K = c->grad_accum, T = c->ctx, rows = B * K;
     double t0 = mg_now_ms();
-    d->eng->zero_grads(d->eng->impl);
     float grad_scale = 1.0f / ((float)rows * (float)T);
-    for (int k = 0; k < K; k++)
-        d->eng->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale, d->row_loss + (size_t)k * B);
-    double loss_sum = 0;
-    for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
-    float loss = (float)(loss_sum / rows);
-    if (c->dump_grads) mg_write_grads_file(d, loss);
-    double norm = d->eng->grad_norm(d->eng->impl);
-    if (!isfinite(loss) || !isfinite(norm))
-    {
-        char last[64];
-        if (d->saved_step >= 0) snprintf(last, sizeof last, "last checkpoint: step %d", d->saved_step);
-        else snprintf(last, sizeof last, "no checkpoint yet");
-        mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (%s)",
-                isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
-    }
-    float mult = 1.0f;
-    if (c->grad_clip > 0 && norm > c->grad_clip) mult = (float)(c->grad_clip / (norm + 1e-6));
     int s = d->step + 1;
     float lr = mg_lr_at(c, s);
-    d->eng->update(d->eng->impl, s, lr, mult);
+    int dump = c->dump_grads && d->steps_here + 1 == c->dump_grads_step;
+    double norm;
+    float loss;
+    if (d->eng->train_step) {
+        norm = d->eng->train_step(d->eng->impl, tokens, K, grad_scale, s, lr, c->grad_clip, d->row_loss);
+        double loss_sum = 0;
+        for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
+        loss = (float)(loss_sum / rows);
+        if (dump) mg_write_grads_file(d, loss);  // the update does not touch the gradients
+        if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
+    } else {
+        d->eng->zero_grads(d->eng->impl);
+        for (int k = 0; k < K; k++)
+            d->eng->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale,
+                                     d->row_loss + (size_t)k * B);
+        double loss_sum = 0;
+        for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
+        loss = (float)(loss_sum / rows);
+        if (dump) mg_write_grads_file(d, loss);
+        norm = d->eng->grad_norm(d->eng->impl);
+        if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
+        d->eng->update(d->eng->impl, s, lr, mg_clip_factor(norm, c->grad_clip));
+    }
     d->step = s;
+    d->steps_here++;
     d->tokens_seen += (uint64_t)rows * T;
     printf("{\"event\":\"step\",\"step\":%d,\"loss\":", s);
     mg_json_float(stdout, loss);
@@ -376,6 +399,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     if (resumed_from[0]) mg_json_string(stdout, resumed_from);
     else fputs("null", stdout);
     printf(",\"mem_bytes\":%zu,\"version\":\"%s\",", eng->mem_bytes, MG_VERSION);
+    if (eng->paths[0]) printf("\"paths\":%s,", eng->paths);
     mg_print_config(c);
     puts("}");
     fflush(stdout);

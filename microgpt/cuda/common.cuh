@@ -14,8 +14,16 @@
 
 #include "../common.h"
 
+// nvcc compiles these headers for the GPU. The host compiler compiles the
+// same source for the CPU execution layer of the tests
+// (tests/cuda_cpu/cuda_on_cpu.h, included first), which gives the CUDA
+// primitives a CPU meaning (docs/CUDA.md, "Testing the kernels without a GPU").
+#if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#elif !defined(CUDA_ON_CPU)
+#error "microgpt/cuda/: compile with nvcc, or include tests/cuda_cpu/cuda_on_cpu.h first"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -35,10 +43,26 @@ static void cuda_check(cudaError_t err, const char *file, int line, const char *
 
 // LAUNCH(grid, block, shared_bytes, stream, kernel)(arguments...) is
 // kernel<<<grid, block, shared_bytes, stream>>>(arguments...). Every kernel
-// is launched through it, so that the same launchers also compile where
-// <<< >>> does not parse. The kernel comes last because a template's
+// is launched through it, so that the same launchers also run on the CPU,
+// where <<< >>> does not parse. The kernel comes last because a template's
 // arguments carry commas.
+#if defined(__CUDACC__)
 #define LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#else
+#define LAUNCH(grid, block, smem, stream, ...) \
+    ::cuda_on_cpu::make_launch(#__VA_ARGS__, (grid), (block), (smem), __VA_ARGS__)
+#endif
+
+// The block's dynamic shared memory (the launch's shared_bytes), 16-byte
+// aligned.
+#if defined(__CUDACC__)
+__device__ __forceinline__ unsigned char *dynamic_smem() {
+    extern __shared__ __align__(16) unsigned char dynamic_smem_bytes[];
+    return dynamic_smem_bytes;
+}
+#else
+__device__ __forceinline__ unsigned char *dynamic_smem() { return ::cuda_on_cpu::dynamic_shared(); }
+#endif
 
 // ----------------------------------------------------------------------------
 // Element types. Tx is the activation type: float or __nv_bfloat16. All

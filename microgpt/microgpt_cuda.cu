@@ -94,6 +94,18 @@ typedef struct {
 #endif
     size_t xs;            // sizeof the activation type
     int fuse;             // try cuBLASLt's epilogues (bf16, unless MICROGPT_CUDA_FUSE=0); init hands it to mm
+    // --fused: the fused step (bf16): the whole optimizer step enqueued with no
+    // host wait (train_step), the kernels below where they apply at this shape.
+    int fused;
+    int ln_fused;         // layernorm_backward_fused, with the proj/fcproj bias gradients folded in
+    int ce_smem;          // fused_classifier_smem
+    int wte_fused;        // embedding_backward_fused
+    // --cuda-graph: that step captured once (at the first step) and replayed.
+    int use_graph;
+    cudaGraphExec_t graph;
+    int capturing;        // inside the capture: the profiler's per-call marks stay out
+    int K;                // micro-batches per step (--grad-accum)
+    int micro;            // the current micro-batch (select_micro)
     cudaDeviceProp prop;
     cudaStream_t stream;
     cudaEvent_t loss_ready;
@@ -113,23 +125,31 @@ typedef struct {
     void *lnf;                                  // [BT, C]
     float *lnf_mean, *lnf_rstd;                 // [BT]
     void *logits;                               // [BT, V]: logits, then their gradient
-    float *losses;                              // [BT]
-    int *inputs, *targets;                      // [BT]
+    float *losses;                              // [BT] of the current micro-batch (a slice of losses_all)
+    int *inputs, *targets;                      // [BT] of the current micro-batch
+    float *losses_all;                          // [K, BT]: the fused step's micro-batches
+    int *inputs_all, *targets_all;              // [K, BT]
 
     // Backward scratch.
     void *dres, *dln, *dqkv, *datty, *dfch;
     float *att_D;                               // [B*H*T]
     float *partial;                             // column-sum partials (colsum.cuh), for up to 4C columns
-    int *bucket_tok, *bucket_start, *positions; // embedding backward buckets
+    int *bucket_tok, *bucket_start, *positions; // embedding backward buckets of the current micro-batch
+    int *bucket_tok_all, *bucket_start_all, *positions_all;  // [K, BT], [K, BT + 1], [K, BT]
+    int *n_buckets_all;                         // [K]: their counts (the fused wte backward reads them)
+    float *ln_partial;                          // layernorm_backward_fused's per-block sums
+    AdamWStep *opt;                             // the fused step's settings (lr, bias corrections, clip factor)
     float *logits_out;                          // [B, V] fp32, sampling
     double *norm_partial, *norm_out;
     Profile prof;
 
     // Pinned host staging.
-    int *h_inputs, *h_targets, *h_bucket_tok, *h_bucket_start, *h_positions, *h_cursor;
+    // Pinned host staging, [K, ...] like their device twins (the classic path uses slice 0).
+    int *h_inputs, *h_targets, *h_bucket_tok, *h_bucket_start, *h_positions, *h_cursor, *h_n_buckets;
     float *h_losses, *h_logits;
     double *h_norm;
-    int n_buckets;
+    AdamWStep *h_opt;
+    int n_buckets;      // of slice 0 (the classic path)
 
     size_t bytes;
 } Gpu;
@@ -248,6 +268,19 @@ static void model_forward(Gpu *e) {
              NO_EPILOGUE);
 }
 
+// The LayerNorm backward of the step: the fused kernel (which also adds the
+// column sums of the dx it writes into dnext, the bias gradient of the matmul
+// that dx feeds) or the verified one (dnext is then left to matmul_backward).
+template <typename Tx>
+static void layernorm_backward_step(Gpu *e, Tx *dx, float *dw, float *db, float *dnext, const Tx *dout, const Tx *x,
+                                    const float *w, const float *mean, const float *rstd, int accumulate) {
+    if (e->ln_fused)
+        layernorm_backward_fused<Tx>(dx, dw, db, dnext, dout, x, w, mean, rstd, e->BT, e->C, accumulate, e->ln_partial,
+                                     e->stream);
+    else
+        layernorm_backward<Tx>(dx, dw, db, dout, x, w, mean, rstd, e->BT, e->C, accumulate, e->partial, e->stream);
+}
+
 template <typename Tx>
 static void model_backward(Gpu *e) {
     int C = e->C, BT = e->BT;
@@ -258,35 +291,48 @@ static void model_backward(Gpu *e) {
     Matmul *mm = &e->mm;
     cudaStream_t st = e->stream;
     Tx *dres = (Tx *)e->dres, *dln = (Tx *)e->dln, *dqkv = (Tx *)e->dqkv, *datty = (Tx *)e->datty, *dfch = (Tx *)e->dfch;
+    // The bias gradients: in the fused step, those of the two projections
+    // come out of the LayerNorm backward before them (folded: fold = 1), and
+    // those of QKV and FC from the 16-byte column sums; otherwise each comes
+    // from its matmul_backward.
+    int fold = e->ln_fused;
+    auto own_bias = [&](int l, int tensor) -> float * { return fold ? NULL : G + poff(e, l, tensor); };
     // Head: dlnf = dlogits wte; dwte += dlogits^T lnf; then the final LayerNorm.
     matmul_backward<Tx>(dln, G + e->lay.wte, NULL, (const Tx *)e->logits, (const Tx *)e->lnf, Wx + e->lay.wte, BT, C,
                         e->V, NULL, e->partial, mm);
-    layernorm_backward<Tx>(dres, G + e->lay.lnfw, G + e->lay.lnfb, dln, final_hidden<Tx>(e), P + e->lay.lnfw,
-                           e->lnf_mean, e->lnf_rstd, BT, C, 0, e->partial, st);
+    layernorm_backward_step<Tx>(e, dres, G + e->lay.lnfw, G + e->lay.lnfb, G + poff(e, e->L - 1, MG_FCPROJB), dln,
+                                final_hidden<Tx>(e), P + e->lay.lnfw, e->lnf_mean, e->lnf_rstd, 0);
     for (int l = e->L - 1; l >= 0; l--) {
         const Tx *x = l == 0 ? (const Tx *)e->x0 : X<Tx>(e->res3, (size_t)(l - 1) * bt * C);
         const Tx *ln1 = X<Tx>(e->ln1, l * bt * C), *qkv = X<Tx>(e->qkv, l * bt * 3 * C), *atty = X<Tx>(e->atty, l * bt * C);
         const Tx *res2 = X<Tx>(e->res2, l * bt * C), *ln2 = X<Tx>(e->ln2, l * bt * C);
         const Tx *fch = X<Tx>(e->fch, l * bt * 4 * C), *fch_gelu = X<Tx>(e->fch_gelu, l * bt * 4 * C);
         // MLP branch: dres is d(res3); the skip passes it to res2 unchanged.
-        matmul_backward<Tx>(dfch, G + poff(e, l, MG_FCPROJW), G + poff(e, l, MG_FCPROJB), dres, fch_gelu,
+        matmul_backward<Tx>(dfch, G + poff(e, l, MG_FCPROJW), own_bias(l, MG_FCPROJB), dres, fch_gelu,
                             Wx + poff(e, l, MG_FCPROJW), BT, 4 * C, C, fch, e->partial, mm);
-        matmul_backward<Tx>(dln, G + poff(e, l, MG_FCW), G + poff(e, l, MG_FCB), dfch, ln2, Wx + poff(e, l, MG_FCW), BT,
-                            C, 4 * C, NULL, e->partial, mm);
-        layernorm_backward<Tx>(dres, G + poff(e, l, MG_LN2W), G + poff(e, l, MG_LN2B), dln, res2, P + poff(e, l, MG_LN2W),
-                               e->ln2_mean + l * bt, e->ln2_rstd + l * bt, BT, C, 1, e->partial, st);
+        matmul_backward<Tx>(dln, G + poff(e, l, MG_FCW), e->fused ? NULL : G + poff(e, l, MG_FCB), dfch, ln2,
+                            Wx + poff(e, l, MG_FCW), BT, C, 4 * C, NULL, e->partial, mm);
+        if (e->fused) bias_backward_fused<Tx>(G + poff(e, l, MG_FCB), dfch, BT, 4 * C, e->partial, st);
+        layernorm_backward_step<Tx>(e, dres, G + poff(e, l, MG_LN2W), G + poff(e, l, MG_LN2B), G + poff(e, l, MG_PROJB),
+                                    dln, res2, P + poff(e, l, MG_LN2W), e->ln2_mean + l * bt, e->ln2_rstd + l * bt, 1);
         // Attention branch: dres is now d(res2).
-        matmul_backward<Tx>(datty, G + poff(e, l, MG_PROJW), G + poff(e, l, MG_PROJB), dres, atty,
+        matmul_backward<Tx>(datty, G + poff(e, l, MG_PROJW), own_bias(l, MG_PROJB), dres, atty,
                             Wx + poff(e, l, MG_PROJW), BT, C, C, NULL, e->partial, mm);
         attention_backward_marked<Tx>(e, dqkv, datty, atty, qkv, e->lse + l * bhT);
-        matmul_backward<Tx>(dln, G + poff(e, l, MG_QKVW), G + poff(e, l, MG_QKVB), dqkv, ln1, Wx + poff(e, l, MG_QKVW),
-                            BT, C, 3 * C, NULL, e->partial, mm);
-        layernorm_backward<Tx>(dres, G + poff(e, l, MG_LN1W), G + poff(e, l, MG_LN1B), dln, x, P + poff(e, l, MG_LN1W),
-                               e->ln1_mean + l * bt, e->ln1_rstd + l * bt, BT, C, 1, e->partial, st);
+        matmul_backward<Tx>(dln, G + poff(e, l, MG_QKVW), e->fused ? NULL : G + poff(e, l, MG_QKVB), dqkv, ln1,
+                            Wx + poff(e, l, MG_QKVW), BT, C, 3 * C, NULL, e->partial, mm);
+        if (e->fused) bias_backward_fused<Tx>(G + poff(e, l, MG_QKVB), dqkv, BT, 3 * C, e->partial, st);
+        layernorm_backward_step<Tx>(e, dres, G + poff(e, l, MG_LN1W), G + poff(e, l, MG_LN1B),
+                                    l > 0 ? G + poff(e, l - 1, MG_FCPROJB) : NULL, dln, x, P + poff(e, l, MG_LN1W),
+                                    e->ln1_mean + l * bt, e->ln1_rstd + l * bt, 1);
     }
     // Embeddings: token rows by bucket (no atomics), positions by column.
-    embedding_backward<Tx>(G + e->lay.wte, G + e->lay.wpe, dres, e->bucket_tok, e->bucket_start, e->positions,
-                           e->n_buckets, BT, e->T, C, st);
+    if (e->wte_fused)
+        embedding_backward_fused<Tx>(G + e->lay.wte, G + e->lay.wpe, dres, e->bucket_tok, e->bucket_start, e->positions,
+                                     e->n_buckets_all + e->micro, e->BT < e->V ? e->BT : e->V, BT, e->T, C, st);
+    else
+        embedding_backward<Tx>(G + e->lay.wte, G + e->lay.wpe, dres, e->bucket_tok, e->bucket_start, e->positions,
+                               e->n_buckets, BT, e->T, C, st);
 }
 
 // ----------------------------------------------------------------------------
@@ -295,41 +341,82 @@ static void model_backward(Gpu *e) {
 // GEMM shapes (and their plans) never change; padded rows have target -1
 // (no loss, no gradient) and input 0.
 
-static void stage_rows(Gpu *e, const uint16_t *rows_tokens, int rows, int row_len, int len, int with_targets) {
-    int T = e->T, BT = e->BT;
+// Micro-batch k's slices of the per-micro-batch buffers become the current
+// ones (the classic path always uses slice 0).
+static void select_micro(Gpu *e, int k) {
+    size_t bt = (size_t)e->BT;
+    e->micro = k;
+    e->inputs = e->inputs_all + k * bt;
+    e->targets = e->targets_all + k * bt;
+    e->losses = e->losses_all + k * bt;
+    e->bucket_tok = e->bucket_tok_all + k * bt;
+    e->bucket_start = e->bucket_start_all + k * (bt + 1);
+    e->positions = e->positions_all + k * bt;
+}
+
+// Tokens into slice k of the pinned staging: inputs, and targets (or -1).
+static void stage_rows_host(Gpu *e, int k, const uint16_t *rows_tokens, int rows, int row_len, int len, int with_targets) {
+    int T = e->T;
+    int *in = e->h_inputs + (size_t)k * e->BT, *tg = e->h_targets + (size_t)k * e->BT;
     for (int r = 0; r < e->B; r++)
         for (int t = 0; t < T; t++) {
             int i = r * T + t, ok = r < rows && t < len;
-            e->h_inputs[i] = ok ? rows_tokens[(size_t)r * row_len + t] : 0;
-            e->h_targets[i] = with_targets && ok ? rows_tokens[(size_t)r * row_len + t + 1] : -1;
+            in[i] = ok ? rows_tokens[(size_t)r * row_len + t] : 0;
+            tg[i] = with_targets && ok ? rows_tokens[(size_t)r * row_len + t + 1] : -1;
         }
-    CUDA_CHECK(cudaMemcpyAsync(e->inputs, e->h_inputs, BT * sizeof(int), cudaMemcpyHostToDevice, e->stream));
-    CUDA_CHECK(cudaMemcpyAsync(e->targets, e->h_targets, BT * sizeof(int), cudaMemcpyHostToDevice, e->stream));
 }
 
-// The embedding backward's buckets (positions sorted by token), uploaded.
+// The embedding backward's buckets of slice k (positions sorted by token), in the pinned staging.
+static int stage_buckets_host(Gpu *e, int k) {
+    size_t bt = (size_t)e->BT;
+    int u = embedding_buckets(e->h_inputs + k * bt, e->BT, e->V, e->h_cursor, e->h_bucket_tok + k * bt,
+                              e->h_bucket_start + k * (bt + 1), e->h_positions + k * bt);
+    e->h_n_buckets[k] = u;
+    return u;
+}
+
+// The classic path's micro-batch: slice 0, uploaded now.
+static void stage_rows(Gpu *e, const uint16_t *rows_tokens, int rows, int row_len, int len, int with_targets) {
+    select_micro(e, 0);
+    stage_rows_host(e, 0, rows_tokens, rows, row_len, len, with_targets);
+    CUDA_CHECK(cudaMemcpyAsync(e->inputs, e->h_inputs, e->BT * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+    CUDA_CHECK(cudaMemcpyAsync(e->targets, e->h_targets, e->BT * sizeof(int), cudaMemcpyHostToDevice, e->stream));
+}
+
 static void stage_buckets(Gpu *e) {
-    int u = embedding_buckets(e->h_inputs, e->BT, e->V, e->h_cursor, e->h_bucket_tok, e->h_bucket_start, e->h_positions);
+    int u = stage_buckets_host(e, 0);
     e->n_buckets = u;
     CUDA_CHECK(cudaMemcpyAsync(e->bucket_tok, e->h_bucket_tok, u * sizeof(int), cudaMemcpyHostToDevice, e->stream));
     CUDA_CHECK(cudaMemcpyAsync(e->bucket_start, e->h_bucket_start, (u + 1) * sizeof(int), cudaMemcpyHostToDevice, e->stream));
     CUDA_CHECK(cudaMemcpyAsync(e->positions, e->h_positions, e->BT * sizeof(int), cudaMemcpyHostToDevice, e->stream));
 }
 
-// Each row's mean token loss, summed in double in position order (as the CPU engine).
+// Each row's mean token loss, summed in double in position order (as the
+// CPU engine), from the pinned losses of `rows` rows (micro-batches one after
+// another).
 static void row_losses(Gpu *e, int rows, float *row_loss) {
     int T = e->T;
     for (int r = 0; r < rows; r++) {
         double sum = 0;
-        for (int t = 0; t < T; t++) sum += e->h_losses[r * T + t];
+        for (int t = 0; t < T; t++) sum += e->h_losses[(size_t)r * T + t];
         row_loss[r] = (float)(sum / T);
     }
+}
+
+// The loss of the current micro-batch, and (grad_scale != 0 and write_grad)
+// the logits' gradient in place.
+template <typename Tx>
+static void classifier_step(Gpu *e, float grad_scale, int write_grad) {
+    if (e->ce_smem)
+        fused_classifier_smem<Tx>((Tx *)e->logits, e->losses, e->targets, e->BT, e->V, grad_scale, write_grad, e->stream);
+    else
+        fused_classifier<Tx>((Tx *)e->logits, e->losses, e->targets, e->BT, e->V, grad_scale, write_grad, e->stream);
 }
 
 template <typename Tx>
 static void run_step(Gpu *e, float grad_scale, int backward) {
     model_forward<Tx>(e);
-    fused_classifier<Tx>((Tx *)e->logits, e->losses, e->targets, e->BT, e->V, grad_scale, backward, e->stream);
+    classifier_step<Tx>(e, grad_scale, backward);
     CUDA_CHECK(cudaMemcpyAsync(e->h_losses, e->losses, e->BT * sizeof(float), cudaMemcpyDeviceToHost, e->stream));
     CUDA_CHECK(cudaEventRecord(e->loss_ready, e->stream));
     if (backward) model_backward<Tx>(e);
@@ -346,6 +433,79 @@ static void gpu_forward_backward(void *impl, const uint16_t *rows_tokens, int ro
     // sums them (grad_norm is the next call that waits for the GPU).
     CUDA_CHECK(cudaEventSynchronize(e->loss_ready));
     row_losses(e, rows, row_loss);
+}
+
+// ----------------------------------------------------------------------------
+// The fused step (--fused, --cuda-graph): the whole optimizer step enqueued at
+// once, reading everything that changes from step to step (tokens, buckets,
+// learning rate and bias corrections) from pinned staging through copies
+// that are part of the step, and computing the clip factor on the device, so
+// that nothing in it waits for the host and the same enqueue can be captured
+// once as a CUDA graph and replayed. Only the losses and the norm come back,
+// at the end.
+static void enqueue_step(Gpu *e, float grad_scale, float grad_clip) {
+    cudaStream_t st = e->stream;
+    size_t bt = (size_t)e->BT, K = (size_t)e->K;
+    CUDA_CHECK(cudaMemcpyAsync(e->opt, e->h_opt, sizeof(AdamWStep), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->inputs_all, e->h_inputs, K * bt * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->targets_all, e->h_targets, K * bt * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->bucket_tok_all, e->h_bucket_tok, K * bt * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->bucket_start_all, e->h_bucket_start, K * (bt + 1) * sizeof(int),
+                               cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->positions_all, e->h_positions, K * bt * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->n_buckets_all, e->h_n_buckets, K * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemsetAsync(e->grads, 0, e->lay.n * sizeof(float), st));
+    for (int k = 0; k < e->K; k++) {
+        select_micro(e, k);
+        model_forward<bf16>(e);
+        classifier_step<bf16>(e, grad_scale, 1);
+        model_backward<bf16>(e);
+    }
+    global_norm_clip(e->norm_out, &e->opt->mult, &e->opt->skip, e->grads, e->lay.n, grad_clip, e->norm_partial, st);
+    const MgConfig *c = &e->cfg;
+    adamw_update_fused<bf16>(e->params, (bf16 *)e->wx, e->grads, e->m, e->v, e->lay.n, e->dm, e->L, e->opt, c->beta1,
+                             c->beta2, c->eps, c->weight_decay, st);
+    CUDA_CHECK(cudaMemcpyAsync(e->h_losses, e->losses_all, K * bt * sizeof(float), cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->h_norm, e->norm_out, sizeof(double), cudaMemcpyDeviceToHost, st));
+    select_micro(e, 0);
+}
+
+// The step captured as a CUDA graph, once: at the first step, whose
+// grad_scale and grad_clip (constants of the run) it keeps.
+static void capture_step(Gpu *e, float grad_scale, float grad_clip) {
+    cudaGraph_t g = NULL;
+    e->capturing = 1;
+    CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+    enqueue_step(e, grad_scale, grad_clip);
+    CUDA_CHECK(cudaStreamEndCapture(e->stream, &g));
+    e->capturing = 0;
+    CUDA_CHECK(cudaGraphInstantiate(&e->graph, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+}
+
+static void profile_begin_step(Gpu *e);
+static void profile_end_step(Gpu *e);
+
+static double gpu_train_step(void *impl, const uint16_t *tokens, int micro, float grad_scale, int step, float lr,
+                             float grad_clip, float *row_loss) {
+    Gpu *e = (Gpu *)impl;
+    if (micro != e->K) mg_fail(MG_EXIT_PROTOCOL, "internal: %d micro-batches for --grad-accum %d", micro, e->K);
+    for (int k = 0; k < e->K; k++) {
+        stage_rows_host(e, k, tokens + (size_t)k * e->B * (e->T + 1), e->B, e->T + 1, e->T, 1);
+        stage_buckets_host(e, k);
+    }
+    adamw_step_settings(e->h_opt, lr, e->cfg.beta1, e->cfg.beta2, step);
+    profile_begin_step(e);
+    if (e->use_graph) {
+        if (!e->graph) capture_step(e, grad_scale, grad_clip);
+        CUDA_CHECK(cudaGraphLaunch(e->graph, e->stream));
+    } else {
+        enqueue_step(e, grad_scale, grad_clip);
+    }
+    profile_end_step(e);
+    CUDA_CHECK(cudaStreamSynchronize(e->stream));
+    row_losses(e, e->K * e->B, row_loss);
+    return *e->h_norm;
 }
 
 static void gpu_forward_loss(void *impl, const uint16_t *rows_tokens, int rows, float *row_loss) {
@@ -428,7 +588,7 @@ static void profile_setup(Gpu *e) {
 
 static void profile_mark(Gpu *e, int kind, int stop) {
     Profile *p = &e->prof;
-    if (!p->active || p->n[kind] >= p->cap) return;
+    if (!p->active || e->capturing || p->n[kind] >= p->cap) return;
     CUDA_CHECK(cudaEventRecord(p->ev[kind][2 * p->n[kind] + stop], e->stream));
     if (stop) p->n[kind]++;
 }
@@ -596,6 +756,31 @@ static void choose_attention(Gpu *e, const char *requested) {
     snprintf(e->eng->device + len, sizeof e->eng->device - len, ", attention %s", attention_name(e->attention));
 }
 
+// --fused and --cuda-graph (on implies --fused on): the fused step where it
+// applies (bf16, a width that is a multiple of 4: adamw_fused_applies),
+// else one warning and the verified step. Which fused kernels then apply is
+// decided per kernel at this shape; the others stay the verified ones.
+static void choose_fused(Gpu *e, const MgConfig *cfg) {
+    int graph = cfg->cuda_graph && strcmp(cfg->cuda_graph, "on") == 0;
+    int fused = graph || (cfg->fused && strcmp(cfg->fused, "on") == 0);
+    const char *flag = graph ? "--cuda-graph on" : "--fused on";
+    if (fused && !e->bf16) {
+        mg_warn("%s needs --precision bf16; using the verified step", flag);
+        fused = graph = 0;
+    } else if (fused && !adamw_fused_applies(e->dm, e->lay.n)) {
+        mg_warn("%s needs a --dim that is a multiple of 4 (not %d); using the verified step", flag, e->C);
+        fused = graph = 0;
+    }
+    e->fused = fused;
+    e->use_graph = graph;
+    if (!fused) return;
+    e->ln_fused = layernorm_backward_fused_chunks<bf16>(e->C) > 0;
+    e->ce_smem = fused_classifier_smem_applies<bf16>(e->V, e->prop.sharedMemPerBlockOptin);
+    e->wte_fused = embedding_backward_fused_applies<bf16>(e->C);
+    if (e->ln_fused) CUDA_CHECK(layernorm_backward_fused_setup<bf16>(e->C));
+    if (e->ce_smem) CUDA_CHECK(fused_classifier_smem_setup<bf16>(e->V));
+}
+
 static size_t gpu_init(void *impl, const MgConfig *cfg) {
     Gpu *e = (Gpu *)impl;
     e->cfg = *cfg;
@@ -612,6 +797,8 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     profile_setup(e);
 
     e->dm = decay_map(&e->lay, e->L);
+    e->K = cfg->grad_accum;
+    choose_fused(e, cfg);
     matmul_init(&e->mm, e->stream, dev_alloc(e, LT_WORKSPACE), e->fuse);
 
     size_t n = e->lay.n, B = e->B, T = e->T, C = e->C, L = e->L, H = e->H, V = e->V, bt = (size_t)e->BT, xs = e->xs;
@@ -639,9 +826,10 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->lnf_mean = (float *)dev_alloc(e, bt * sizeof(float));
     e->lnf_rstd = (float *)dev_alloc(e, bt * sizeof(float));
     e->logits = dev_alloc(e, bt * V * xs);
-    e->losses = (float *)dev_alloc(e, bt * sizeof(float));
-    e->inputs = (int *)dev_alloc(e, bt * sizeof(int));
-    e->targets = (int *)dev_alloc(e, bt * sizeof(int));
+    size_t K = (size_t)e->K;
+    e->losses_all = (float *)dev_alloc(e, K * bt * sizeof(float));
+    e->inputs_all = (int *)dev_alloc(e, K * bt * sizeof(int));
+    e->targets_all = (int *)dev_alloc(e, K * bt * sizeof(int));
 
     e->dres = dev_alloc(e, bt * C * xs);
     e->dln = dev_alloc(e, bt * C * xs);
@@ -650,35 +838,53 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->dfch = dev_alloc(e, bt * 4 * C * xs);
     e->att_D = (float *)dev_alloc(e, B * H * T * sizeof(float));
     e->partial = (float *)dev_alloc(e, colsum_scratch_floats(bt, 4 * C) * sizeof(float));
-    e->bucket_tok = (int *)dev_alloc(e, bt * sizeof(int));
-    e->bucket_start = (int *)dev_alloc(e, (bt + 1) * sizeof(int));
-    e->positions = (int *)dev_alloc(e, bt * sizeof(int));
+    e->bucket_tok_all = (int *)dev_alloc(e, K * bt * sizeof(int));
+    e->bucket_start_all = (int *)dev_alloc(e, K * (bt + 1) * sizeof(int));
+    e->positions_all = (int *)dev_alloc(e, K * bt * sizeof(int));
+    e->n_buckets_all = (int *)dev_alloc(e, K * sizeof(int));
+    e->opt = (AdamWStep *)dev_alloc(e, sizeof(AdamWStep));
+    if (e->ln_fused) e->ln_partial = (float *)dev_alloc(e, layernorm_backward_fused_scratch_floats(bt, C) * sizeof(float));
+    select_micro(e, 0);
     e->logits_out = (float *)dev_alloc(e, B * V * sizeof(float));
     e->norm_partial = (double *)dev_alloc(e, NORM_BLOCKS * sizeof(double));
     e->norm_out = (double *)dev_alloc(e, sizeof(double));
 
-    e->h_inputs = (int *)host_alloc(bt * sizeof(int));
-    e->h_targets = (int *)host_alloc(bt * sizeof(int));
-    e->h_bucket_tok = (int *)host_alloc(bt * sizeof(int));
-    e->h_bucket_start = (int *)host_alloc((bt + 1) * sizeof(int));
-    e->h_positions = (int *)host_alloc(bt * sizeof(int));
+    e->h_inputs = (int *)host_alloc(K * bt * sizeof(int));
+    e->h_targets = (int *)host_alloc(K * bt * sizeof(int));
+    e->h_bucket_tok = (int *)host_alloc(K * bt * sizeof(int));
+    e->h_bucket_start = (int *)host_alloc(K * (bt + 1) * sizeof(int));
+    e->h_positions = (int *)host_alloc(K * bt * sizeof(int));
+    e->h_n_buckets = (int *)host_alloc(K * sizeof(int));
     e->h_cursor = (int *)host_alloc(V * sizeof(int));
-    e->h_losses = (float *)host_alloc(bt * sizeof(float));
+    e->h_losses = (float *)host_alloc(K * bt * sizeof(float));
     e->h_logits = (float *)host_alloc(B * V * sizeof(float));
     e->h_norm = (double *)host_alloc(sizeof(double));
+    e->h_opt = (AdamWStep *)host_alloc(sizeof(AdamWStep));
 
     // Warm-up: one forward+backward on zero weights and tokens makes every
     // GEMM plan and loads every kernel now, not inside the first step. The
     // gradients it leaves are cleared by the driver's zero_grads.
-    uint16_t *zeros = (uint16_t *)mg_calloc((size_t)e->B * (e->T + 1), sizeof(uint16_t));
-    float *row_loss = (float *)mg_calloc((size_t)e->B, sizeof(float));
-    gpu_forward_backward(e, zeros, e->B, 1.0f, row_loss);
+    // With --fused the warm-up is one whole fused step (enqueued, never
+    // captured: the graph is made at the first real step); the weights and
+    // moments it leaves are replaced by the driver's set_state.
+    uint16_t *zeros = (uint16_t *)mg_calloc(K * e->B * (e->T + 1), sizeof(uint16_t));
+    float *row_loss = (float *)mg_calloc(K * e->B, sizeof(float));
+    if (e->fused) {
+        int graph = e->use_graph;
+        e->use_graph = 0;
+        gpu_train_step(e, zeros, e->K, 1.0f, 1, 0.0f, cfg->grad_clip, row_loss);
+        e->use_graph = graph;
+        e->eng->train_step = gpu_train_step;
+    } else {
+        gpu_forward_backward(e, zeros, e->B, 1.0f, row_loss);
+    }
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
     CUDA_CHECK(cudaMemsetAsync(e->grads, 0, n * sizeof(float), e->stream));
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
     free(zeros);
     free(row_loss);
-    snprintf(e->eng->paths, sizeof e->eng->paths, "{\"attention\":\"%s\"}", attention_name(e->attention));
+    snprintf(e->eng->paths, sizeof e->eng->paths, "{\"attention\":\"%s\",\"fused\":%s,\"cuda_graph\":%s}",
+             attention_name(e->attention), e->fused ? "true" : "false", e->use_graph ? "true" : "false");
     return e->bytes;
 }
 

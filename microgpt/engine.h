@@ -73,6 +73,18 @@ typedef struct {
     // place until the next step (get_grads reads them).
     double (*train_step)(void *impl, const uint16_t *tokens, int micro, float grad_scale, int step, float lr,
                          float grad_clip, float *row_loss);
+    // Optional, set by init together (NULL: the driver snapshots through
+    // get_state, waiting for the copy). snapshot starts copying the current
+    // weights and moments into host memory the engine owns, points *w, *m
+    // and *v at it, and returns without waiting; snapshot_wait blocks until
+    // that copy is complete (the checkpoint writer's thread calls it before
+    // it reads, so it must be safe to call from another thread, and must not
+    // end the process: a failure fails the write). Until then
+    // the engine keeps what the copy reads unchanged (its next update waits
+    // for the copy), and a new snapshot comes only after the write of the
+    // last one has finished.
+    void (*snapshot)(void *impl, float **w, float **m, float **v);
+    int (*snapshot_wait)(void *impl);  // 0, or -1 (one line on stderr said why): the write then fails
 } MgEngine;
 
 #endif  // MICROGPT_ENGINE_H

@@ -109,6 +109,12 @@ typedef struct {
     cudaDeviceProp prop;
     cudaStream_t stream;
     cudaEvent_t loss_ready;
+    // The checkpoint snapshot: weights and moments copied into pinned host
+    // buffers on a side stream, after the update that made them
+    // (update_done); the next update waits for copy_done.
+    cudaStream_t copy_stream;
+    cudaEvent_t update_done, copy_done;
+    float *h_snap_w, *h_snap_m, *h_snap_v;
     Matmul mm;            // cuBLASLt: handle, workspace, plans; fuse = try the epilogues (bf16 only)
     DecayMap dm;
 
@@ -462,6 +468,9 @@ static void enqueue_step(Gpu *e, float grad_scale, float grad_clip) {
         model_backward<bf16>(e);
     }
     global_norm_clip(e->norm_out, &e->opt->mult, &e->opt->skip, e->grads, e->lay.n, grad_clip, e->norm_partial, st);
+    // A snapshot still copying the old state (recorded outside the graph: an
+    // external wait inside it).
+    CUDA_CHECK(cudaStreamWaitEvent(st, e->copy_done, e->capturing ? cudaEventWaitExternal : 0));
     const MgConfig *c = &e->cfg;
     adamw_update_fused<bf16>(e->params, (bf16 *)e->wx, e->grads, e->m, e->v, e->lay.n, e->dm, e->L, e->opt, c->beta1,
                              c->beta2, c->eps, c->weight_decay, st);
@@ -553,6 +562,33 @@ static void gpu_set_state(void *impl, const float *w, const float *m, const floa
     CUDA_CHECK(cudaMemcpyAsync(e->v, v, bytes, cudaMemcpyHostToDevice, e->stream));
     refresh_compute_copy(e);
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
+}
+
+// The asynchronous snapshot (engine.h): the copies queue behind everything
+// already enqueued on the main stream, on the side stream, so the step loop
+// does not wait for them; the forward and backward of the next step overlap
+// them, and only its update waits (gpu_update, enqueue_step).
+static void gpu_snapshot(void *impl, float **w, float **m, float **v) {
+    Gpu *e = (Gpu *)impl;
+    size_t bytes = e->lay.n * sizeof(float);
+    CUDA_CHECK(cudaEventRecord(e->update_done, e->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(e->copy_stream, e->update_done, 0));
+    CUDA_CHECK(cudaMemcpyAsync(e->h_snap_w, e->params, bytes, cudaMemcpyDeviceToHost, e->copy_stream));
+    CUDA_CHECK(cudaMemcpyAsync(e->h_snap_m, e->m, bytes, cudaMemcpyDeviceToHost, e->copy_stream));
+    CUDA_CHECK(cudaMemcpyAsync(e->h_snap_v, e->v, bytes, cudaMemcpyDeviceToHost, e->copy_stream));
+    CUDA_CHECK(cudaEventRecord(e->copy_done, e->copy_stream));
+    *w = e->h_snap_w;
+    *m = e->h_snap_m;
+    *v = e->h_snap_v;
+}
+
+// Called by the checkpoint writer's thread: reports, never ends the process.
+static int gpu_snapshot_wait(void *impl) {
+    Gpu *e = (Gpu *)impl;
+    cudaError_t err = cudaEventSynchronize(e->copy_done);
+    if (err == cudaSuccess) return 0;
+    fprintf(stderr, "microgpt: error: copying the checkpoint snapshot from the GPU: %s\n", cudaGetErrorString(err));
+    return -1;
 }
 
 static void gpu_get_state(void *impl, float *w, float *m, float *v) {
@@ -647,6 +683,7 @@ static double gpu_grad_norm(void *impl) {
 static void gpu_update(void *impl, int step, float lr, float grad_mult) {
     Gpu *e = (Gpu *)impl;
     const MgConfig *c = &e->cfg;
+    CUDA_CHECK(cudaStreamWaitEvent(e->stream, e->copy_done, 0));  // a snapshot still copying the old state
     if (e->bf16)
         adamw_update<bf16>(e->params, (bf16 *)e->wx, e->grads, e->m, e->v, e->lay.n, e->dm, grad_mult, lr, c->beta1,
                            c->beta2, c->eps, c->weight_decay, step, e->stream);
@@ -793,6 +830,9 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->lay = mg_layout(e->V, e->T, e->C, e->L);
     CUDA_CHECK(cudaStreamCreate(&e->stream));
     CUDA_CHECK(cudaEventCreateWithFlags(&e->loss_ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&e->copy_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e->update_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&e->copy_done, cudaEventDisableTiming));
     choose_attention(e, cfg->attention);
     profile_setup(e);
 
@@ -860,6 +900,11 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->h_logits = (float *)host_alloc(B * V * sizeof(float));
     e->h_norm = (double *)host_alloc(sizeof(double));
     e->h_opt = (AdamWStep *)host_alloc(sizeof(AdamWStep));
+    e->h_snap_w = (float *)host_alloc(n * sizeof(float));
+    e->h_snap_m = (float *)host_alloc(n * sizeof(float));
+    e->h_snap_v = (float *)host_alloc(n * sizeof(float));
+    e->eng->snapshot = gpu_snapshot;
+    e->eng->snapshot_wait = gpu_snapshot_wait;
 
     // Warm-up: one forward+backward on zero weights and tokens makes every
     // GEMM plan and loads every kernel now, not inside the first step. The

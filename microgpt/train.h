@@ -35,7 +35,7 @@ typedef struct {
     MgCkptWriter writer;
     const char *ckpt_reason;  // of the write in flight
     double ckpt_wait_ms;      // how long it waited for the write before it
-    double ckpt_snapshot_ms;  // how long get_state took
+    double ckpt_snapshot_ms;  // how long the snapshot took the step loop (get_state, or starting the engine's copy)
     double last_ckpt_ms;      // when the last checkpoint started (or the engine did): --ckpt-every-seconds
 } MgDriver;
 
@@ -86,7 +86,8 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     double t0 = mg_now_ms();
     mg_ckpt_settle(d, 1);
     double t1 = mg_now_ms();
-    d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
+    if (d->eng->snapshot) d->eng->snapshot(d->eng->impl, &d->st.weights, &d->st.m, &d->st.v);
+    else d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
     d->st.step = d->step;
     d->st.tokens_seen = d->tokens_seen;
     mg_mkdirs(d->cfg.ckpt_dir);
@@ -95,7 +96,8 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     d->ckpt_snapshot_ms = mg_now_ms() - t1;
     d->last_ckpt_ms = t0;
     d->saved_step = d->step;
-    mg_writer_submit(&d->writer, &d->cfg, d->eng->name, &d->st);
+    mg_writer_submit(&d->writer, &d->cfg, d->eng->name, &d->st, d->eng->snapshot ? d->eng->snapshot_wait : NULL,
+                     d->eng->impl);
 }
 
 static void mg_emit_exit(MgDriver *d, const char *reason) {
@@ -391,6 +393,12 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
         memset(d.st.m, 0, d.lay.n * sizeof(float));
         memset(d.st.v, 0, d.lay.n * sizeof(float));
         eng->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
+    }
+    if (eng->snapshot) {  // snapshots land in the engine's own host buffers
+        free(d.st.weights);
+        free(d.st.m);
+        free(d.st.v);
+        d.st.weights = d.st.m = d.st.v = NULL;
     }
 
     printf("{\"event\":\"ready\",\"step\":%d,\"n_params\":%zu,\"engine\":\"%s\",\"device\":", d.step, d.lay.n, eng->name);

@@ -62,6 +62,7 @@
 #include "cuda/global_norm.cuh"
 #include "cuda/adamw.cuh"
 #include "cuda/convert.cuh"
+#include "cuda/sampling.cuh"
 
 // ----------------------------------------------------------------------------
 // The engine's state.
@@ -105,6 +106,7 @@ typedef struct {
     cudaGraphExec_t graph;
     int capturing;        // inside the capture: the profiler's per-call marks stay out
     int K;                // micro-batches per step (--grad-accum)
+    int sample_rowlocal;  // sampling through sampling.cuh (KV cache and recompute alike), else model_forward
     int micro;            // the current micro-batch (select_micro)
     cudaDeviceProp prop;
     cudaStream_t stream;
@@ -527,11 +529,65 @@ static void gpu_forward_loss(void *impl, const uint16_t *rows_tokens, int rows, 
     row_losses(e, rows, row_loss);
 }
 
-// Sampling: tokens at positions 0..len-1 of each row (the rest padding; the
-// attention is causal, so padding never reaches position len-1).
+// Sampling: the row-local forward of cuda/sampling.cuh, on buffers the
+// training step owns but does not need between steps (a SAMPLE frame is never
+// interleaved with training). The KV cache is the qkv activations' memory
+// (slot b, position t: row b * T + t of each layer, K and V in their columns);
+// the recompute path's scratch slots are the FC activations' memory.
+template <typename Tx> static SampleBuffers<Tx> sample_buffers(Gpu *e, int recompute) {
+    size_t bt = (size_t)e->BT;
+    SampleBuffers<Tx> s;
+    s.params = e->params;
+    s.wx = (const Tx *)e->wx;
+    s.lay = e->lay;
+    s.L = e->L; s.C = e->C; s.H = e->H; s.T = e->T; s.V = e->V;
+    s.cache = recompute ? (Tx *)e->fch : (Tx *)e->qkv;
+    s.layer_stride = bt * 3 * e->C;
+    s.x_a = (Tx *)e->x0; s.x_b = (Tx *)e->res2; s.x2 = (Tx *)e->res3; s.ln = (Tx *)e->ln1; s.att = (Tx *)e->atty;
+    s.qkv = (Tx *)e->dqkv; s.h = (Tx *)e->dfch; s.last = (Tx *)e->dln; s.last_ln = (Tx *)e->lnf;
+    s.mean = e->lnf_mean; s.rstd = e->lnf_rstd;
+    // The packed rows' tokens, positions and slots, and the last rows: device
+    // twins of the staging below.
+    s.tokens = e->inputs_all; s.positions = e->targets_all; s.slots = e->positions_all; s.last_rows = e->bucket_tok_all;
+    return s;
+}
+
+// Runs N packed rows staged in h_inputs (tokens), h_targets (positions),
+// h_positions (slots) and h_bucket_tok (the R last rows); out [R, V].
+static void sample_rows(Gpu *e, int N, int R, int recompute, float *out) {
+    cudaStream_t st = e->stream;
+    select_micro(e, 0);
+    CUDA_CHECK(cudaMemcpyAsync(e->inputs_all, e->h_inputs, N * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->targets_all, e->h_targets, N * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->positions_all, e->h_positions, N * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(e->bucket_tok_all, e->h_bucket_tok, R * sizeof(int), cudaMemcpyHostToDevice, st));
+    if (e->bf16) sampling_forward<bf16>(sample_buffers<bf16>(e, recompute), N, R, e->logits_out, st);
+    else sampling_forward<float>(sample_buffers<float>(e, recompute), N, R, e->logits_out, st);
+    size_t n = (size_t)R * e->V;
+    CUDA_CHECK(cudaMemcpyAsync(e->h_logits, e->logits_out, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    memcpy(out, e->h_logits, n * sizeof(float));
+}
+
+// The recompute path: tokens at positions 0..len-1 of each row.
 static void gpu_last_logits(void *impl, const uint16_t *tokens, int rows, int len, float *out) {
     Gpu *e = (Gpu *)impl;
     if (rows > e->B || len < 1 || len > e->T) mg_fail(MG_EXIT_PROTOCOL, "internal: last_logits(%d rows, len %d)", rows, len);
+    if (e->sample_rowlocal) {  // every position new, row r in scratch slot r
+        int N = 0;
+        for (int r = 0; r < rows; r++) {
+            for (int t = 0; t < len; t++, N++) {
+                e->h_inputs[N] = tokens[(size_t)r * len + t];
+                e->h_targets[N] = t;
+                e->h_positions[N] = r;
+            }
+            e->h_bucket_tok[r] = N - 1;
+        }
+        sample_rows(e, N, rows, 1, out);
+        return;
+    }
+    // Shapes sampling.cuh does not take: the training forward over the padded
+    // batch (the attention is causal, so padding never reaches position len-1).
     stage_rows(e, tokens, rows, len, len, 0);
     size_t n = (size_t)rows * e->V;
     if (e->bf16) {
@@ -544,6 +600,25 @@ static void gpu_last_logits(void *impl, const uint16_t *tokens, int rows, int le
     CUDA_CHECK(cudaMemcpyAsync(e->h_logits, e->logits_out, n * sizeof(float), cudaMemcpyDeviceToHost, e->stream));
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
     memcpy(out, e->h_logits, n * sizeof(float));
+}
+
+// The KV-cache path (engine.h, kv_forward): only the new positions run; their
+// keys and values join their slots.
+static void gpu_kv_forward(void *impl, int rows, const int *slot, const int *pos, const int *n_new,
+                           const uint16_t *tokens, float *out) {
+    Gpu *e = (Gpu *)impl;
+    int N = 0;
+    for (int i = 0; i < rows; i++) {
+        if (slot[i] < 0 || slot[i] >= e->B || pos[i] < 0 || n_new[i] < 1 || pos[i] + n_new[i] > e->T)
+            mg_fail(MG_EXIT_PROTOCOL, "internal: kv_forward(slot %d, pos %d, %d new)", slot[i], pos[i], n_new[i]);
+        for (int k = 0; k < n_new[i]; k++, N++) {
+            e->h_inputs[N] = tokens[N];
+            e->h_targets[N] = pos[i] + k;
+            e->h_positions[N] = slot[i];
+        }
+        e->h_bucket_tok[i] = N - 1;
+    }
+    sample_rows(e, N, rows, 0, out);
 }
 
 // ----------------------------------------------------------------------------
@@ -905,6 +980,10 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->h_snap_v = (float *)host_alloc(n * sizeof(float));
     e->eng->snapshot = gpu_snapshot;
     e->eng->snapshot_wait = gpu_snapshot_wait;
+    // Sampling: the row-local forward (KV cache) where it applies; else the
+    // training forward recomputes every window (no kv_forward).
+    e->sample_rowlocal = e->bf16 ? sampling_applies<bf16>(e->C, e->H) : sampling_applies<float>(e->C, e->H);
+    if (!e->sample_rowlocal) e->eng->kv_forward = NULL;
 
     // Warm-up: one forward+backward on zero weights and tokens makes every
     // GEMM plan and loads every kernel now, not inside the first step. The
@@ -933,7 +1012,6 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     return e->bytes;
 }
 
-// main(): binds the gpu_* functions above into the engine table and runs the
-// shared driver (train.h). No KV cache: sampling recomputes the window for
-// every new token through gpu_last_logits (docs/CUDA.md).
-MG_ENGINE_MAIN(Gpu, gpu, "cuda", NULL)
+// main(): binds the gpu_* functions above (gpu_kv_forward included) into the
+// engine table and runs the shared driver (train.h).
+MG_ENGINE_MAIN(Gpu, gpu, "cuda", gpu_kv_forward)

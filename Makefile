@@ -19,7 +19,7 @@ BUILD := build
 ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h microgpt/checkpoint_writer.h \
                   microgpt/protocol.h microgpt/engine.h microgpt/sampler.h microgpt/train.h
 
-.PHONY: all engines cpu cuda install test test-gpu clean
+.PHONY: all engines cpu cuda cuda-cpu install test test-gpu clean
 
 all: engines install
 
@@ -39,6 +39,13 @@ endif
 
 $(BUILD):
 	mkdir -p $(BUILD)
+
+# The CUDA kernels' own source compiled for the CPU, with their checks
+# (tests/cuda_cpu, docs/CUDA.md "Testing the kernels without a GPU"): the
+# hazard and asan builds in build/cuda_cpu/. No nvcc needed; the tests build
+# them themselves, this is for running them by hand.
+cuda-cpu:
+	$(PYTHON) tests/cuda_cpu/build.py
 
 install:
 	$(PYTHON) -m pip install --quiet -e .

@@ -18,6 +18,16 @@ if command -v nvcc >/dev/null 2>&1; then
         echo "install_test_deps: installing $wheel (cuBLASLt for the CUDA engine)"
         "$PYTHON" -m pip install --quiet "$wheel"
     fi
+    # The machine-code gates (tests/cuda_cpu/test_sass_gates.py) read the engine with cuobjdump (which runs
+    # nvdisasm for the SASS). A compiler-only toolkit has neither; their wheels are a few MB.
+    if ! command -v cuobjdump >/dev/null 2>&1 && [ ! -x "$cuda_home/bin/cuobjdump" ] \
+        && ! "$PYTHON" -c "import glob, os, nvidia; assert any(glob.glob(os.path.join(p, '*', 'bin', 'cuobjdump')) for p in nvidia.__path__)" 2>/dev/null; then
+        cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\)\..*/\1/p')
+        suffix=""
+        [ "$cuda_major" = "12" ] && suffix="-cu12"
+        echo "install_test_deps: installing nvidia-cuda-cuobjdump$suffix and nvidia-cuda-nvdisasm$suffix (machine-code gates)"
+        "$PYTHON" -m pip install --quiet "nvidia-cuda-cuobjdump$suffix" "nvidia-cuda-nvdisasm$suffix"
+    fi
     # cuDNN for --attention cudnn (microgpt/cuda.mk builds the engine with it
     # when found, and tests/cuda_build builds it both ways): the library wheel
     # (about 520 MB to download, 940 MB installed, 40 s here) and the

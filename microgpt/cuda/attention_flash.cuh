@@ -49,10 +49,14 @@
 #define FLASH_LN2 0.6931471805599453f
 
 // Two fp32 values as one register of two bf16 (lo in the low half: the
-// element with the smaller column index, as the fragments want it).
+// element with the smaller column index, as the fragments want it). memcpy,
+// not a pointer cast: reading a __nv_bfloat162 through a uint32_t pointer
+// breaks C++'s aliasing rules, which a compiler may exploit.
 __device__ __forceinline__ uint32_t flash_pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
 }
 
 // ----------------------------------------------------------------------------
@@ -250,7 +254,7 @@ flash_attention_forward_kernel(__nv_bfloat16 *y, float *lse, const __nv_bfloat16
                                float scale_log2) {
     typedef FlashShape<HD> S;
     const int BM = S::FWD_BM, BN = S::FWD_BN, LD = S::LD;
-    extern __shared__ __align__(16) unsigned char flash_smem[];
+    unsigned char *flash_smem = dynamic_smem();
     __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(flash_smem);  // [BM][LD]
     __nv_bfloat16 *ks = qs + BM * LD;                                     // [2][BN][LD]
     __nv_bfloat16 *vs = ks + 2 * BN * LD;                                 // [2][BN][LD]
@@ -353,8 +357,12 @@ __global__ void flash_attention_backward_preprocess_kernel(float *Dvec, const __
         h = (int)(group % H);
         size_t at = row * C + h * HD + part * 8;
         uint4 a = *reinterpret_cast<const uint4 *>(dy + at), c = *reinterpret_cast<const uint4 *>(y + at);
-        const __nv_bfloat162 *a2 = reinterpret_cast<const __nv_bfloat162 *>(&a);
-        const __nv_bfloat162 *c2 = reinterpret_cast<const __nv_bfloat162 *>(&c);
+        // The loaded words as bf16 pairs by memcpy: reading the uint4 through
+        // a __nv_bfloat162 pointer breaks the aliasing rules (g++ -O2 then
+        // computes D = 0); nvcc turns the copy into register moves.
+        __nv_bfloat162 a2[4], c2[4];
+        memcpy(a2, &a, sizeof a);
+        memcpy(c2, &c, sizeof c);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float2 fa = __bfloat1622float2(a2[k]), fc = __bfloat1622float2(c2[k]);
@@ -389,7 +397,7 @@ flash_attention_backward_dkv_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy
                                     float scale_log2) {
     typedef FlashShape<HD> S;
     const int BN = S::KV_BN, BM = S::KV_BM, LD = S::LD;
-    extern __shared__ __align__(16) unsigned char flash_smem[];
+    unsigned char *flash_smem = dynamic_smem();
     __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(flash_smem);  // [BN][LD]
     __nv_bfloat16 *vs = ks + BN * LD;                                     // [BN][LD]
     __nv_bfloat16 *qs = vs + BN * LD;                                     // [2][BM][LD]
@@ -484,7 +492,7 @@ flash_attention_backward_dq_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dy,
                                    float scale_log2) {
     typedef FlashShape<HD> S;
     const int BM = S::DQ_BM, BN = S::DQ_BN, LD = S::LD;
-    extern __shared__ __align__(16) unsigned char flash_smem[];
+    unsigned char *flash_smem = dynamic_smem();
     __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(flash_smem);  // [BM][LD]
     __nv_bfloat16 *gs = qs + BM * LD;                                     // [BM][LD] dY
     __nv_bfloat16 *ks = gs + BM * LD;                                     // [2][BN][LD]

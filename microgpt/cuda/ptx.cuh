@@ -1,14 +1,19 @@
 // cuda/ptx.cuh: the PTX instructions the tensor-core kernels
 // (attention_flash.cuh) rest on, each behind a small named device function:
 // cp.async with its commit and wait groups, ldmatrix, and mma.sync
-// m16n8k16 bf16. Each carries a "memory" clobber so that the compiler never
-// moves ordinary shared-memory accesses across it. cp.async and bf16 mma need
-// sm_80; a build for an older target still compiles (the engine never selects
-// these kernels there: bf16 itself needs sm_80) and traps if reached.
+// m16n8k16 bf16. Under nvcc each is its inline PTX, with a "memory" clobber
+// so that the compiler never moves ordinary shared-memory accesses across
+// it; cp.async and bf16 mma need sm_80, and a build for an older target
+// still compiles (the engine never selects these kernels there: bf16 itself
+// needs sm_80) and traps if reached. Under the host compiler each is the CPU
+// execution layer's model of the instruction (tests/cuda_cpu/cuda_on_cpu.cpp),
+// written from the same PTX ISA semantics.
 #ifndef MICROGPT_CUDA_PTX_CUH
 #define MICROGPT_CUDA_PTX_CUH
 
 #include "common.cuh"
+
+#if defined(__CUDACC__)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define PTX_SM80(code) __trap()
@@ -59,5 +64,24 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], 
                           : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)));
 }
+
+#else  // the host compiler: the CPU execution layer's models
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    ::cuda_on_cpu::cp_async16(dst, src, valid);
+}
+__device__ __forceinline__ void cp_async_commit() { ::cuda_on_cpu::cp_async_commit(); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { ::cuda_on_cpu::cp_async_wait(N); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __nv_bfloat16 *row) {
+    ::cuda_on_cpu::ldmatrix_x4(r, row, false);
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const __nv_bfloat16 *row) {
+    ::cuda_on_cpu::ldmatrix_x4(r, row, true);
+}
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    ::cuda_on_cpu::mma_bf16_16816(c, a, b0, b1);
+}
+
+#endif  // __CUDACC__
 
 #endif  // MICROGPT_CUDA_PTX_CUH

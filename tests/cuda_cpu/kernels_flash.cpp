@@ -1,0 +1,39 @@
+// kernels_flash.cpp: the tensor-core attention kernels (forward, backward
+// preprocess, dK/dV, dQ), through flash_attention_setup / _forward /
+// _backward as the engine calls them, at head dims 32, 64 and 128 and T = 64
+// (whole tiles), 100 and 130 (partial ones), bf16 (their only type).
+#include "cuda_on_cpu.h"
+
+#include "../../microgpt/cuda/attention_flash.cuh"
+
+#include "attention_reference.h"
+
+using namespace check;
+
+static void flash_case(Run &run, AttentionShape s) {
+    typedef __nv_bfloat16 bf16;
+    AttentionInputs in = attention_inputs<bf16>(s, 31 + s.hd + s.T);
+    std::vector<float> qkv = in.qkv, dy = in.dy;
+    int C = s.C();
+    size_t BTC = (size_t)s.B * s.T * C, BHT = (size_t)s.B * s.H * s.T;
+    bf16 *d_qkv = upload<bf16>(run, qkv, "qkv"), *d_dy = upload<bf16>(run, dy, "dy");
+    bf16 *y = run.device<bf16>(BTC, "y"), *dqkv = run.device<bf16>(3 * BTC, "dqkv");
+    float *lse = run.device<float>(BHT, "lse"), *D = run.device<float>(BHT, "D");
+    cudaError_t err = flash_attention_setup(s.hd);
+    if (err == cudaSuccess) err = flash_attention_forward(nullptr, y, lse, d_qkv, s.B, s.T, C, s.H, s.hd);
+    if (err == cudaSuccess) err = flash_attention_backward(nullptr, dqkv, D, d_dy, y, d_qkv, lse, s.B, s.T, C, s.H, s.hd);
+    if (err != cudaSuccess) {
+        run.fail("launch: %s", cudaGetErrorString(err));
+        return;
+    }
+    compare_attention<bf16>(run, s, in, y, lse, D, dqkv);
+}
+
+static int registered = [] {
+    for (int hd : {32, 64, 128})
+        for (int T : {64, 100, 130}) {
+            AttentionShape s = {1, T, 2, hd};
+            add_case(shape("attention_flash", "bf16", s.name()), [s](Run &r) { flash_case(r, s); });
+        }
+    return 0;
+}();

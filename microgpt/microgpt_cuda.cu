@@ -869,7 +869,7 @@ static void choose_attention(Gpu *e, const char *requested) {
 }
 
 // --fused and --cuda-graph (on implies --fused on): the fused step where it
-// applies (bf16, a width that is a multiple of 4: adamw_fused_applies),
+// applies (bf16, a width that is a multiple of 8),
 // else one warning and the verified step. Which fused kernels then apply is
 // decided per kernel at this shape; the others stay the verified ones.
 static void choose_fused(Gpu *e, const MgConfig *cfg) {
@@ -879,8 +879,9 @@ static void choose_fused(Gpu *e, const MgConfig *cfg) {
     if (fused && !e->bf16) {
         mg_warn("%s needs --precision bf16; using the verified step", flag);
         fused = graph = 0;
-    } else if (fused && !adamw_fused_applies(e->dm, e->lay.n)) {
-        mg_warn("%s needs a --dim that is a multiple of 4 (not %d); using the verified step", flag, e->C);
+    } else if (fused && !(adamw_fused_applies(e->dm, e->lay.n) && embedding_backward_fused_applies<bf16>(e->C))) {
+        // (the AdamW segments need 4, the wte backward, whose grid must not depend on the batch, 8)
+        mg_warn("%s needs a --dim that is a multiple of 8 (not %d); using the verified step", flag, e->C);
         fused = graph = 0;
     }
     e->fused = fused;
@@ -993,11 +994,13 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     // moments it leaves are replaced by the driver's set_state.
     uint16_t *zeros = (uint16_t *)mg_calloc(K * e->B * (e->T + 1), sizeof(uint16_t));
     float *row_loss = (float *)mg_calloc(K * e->B, sizeof(float));
-    if (e->fused) {
-        int graph = e->use_graph;
-        e->use_graph = 0;
-        gpu_train_step(e, zeros, e->K, 1.0f, 1, 0.0f, cfg->grad_clip, row_loss);
-        e->use_graph = graph;
+    if (e->fused) {  // staged and enqueued as train_step does, uncounted by the profiler
+        for (int k = 0; k < e->K; k++) {
+            stage_rows_host(e, k, zeros, e->B, e->T + 1, e->T, 1);
+            stage_buckets_host(e, k);
+        }
+        adamw_step_settings(e->h_opt, 0.0f, cfg->beta1, cfg->beta2, 1);
+        enqueue_step(e, 1.0f, cfg->grad_clip);
         e->eng->train_step = gpu_train_step;
     } else {
         gpu_forward_backward(e, zeros, e->B, 1.0f, row_loss);

@@ -155,6 +155,7 @@ static void mg_write_grads_file(MgDriver *d, float loss) {
     fputs(",\"path\":", stdout);
     mg_json_string(stdout, d->cfg.dump_grads);
     puts("}");
+    mg_ckpt_settle(d, 1);  // a checkpoint of an earlier step (--dump-grads-step) finishes first
     mg_emit_exit(d, "grads");
     exit(0);
 }

@@ -106,7 +106,11 @@ CudnnAttention *cudnn_attention_create(int B, int T, int C, int H, cudaStream_t 
                         .set_attn_scale(scale);
         auto [o, stats] = f->sdpa(q, k, v, fopt);
         o->set_output(true).set_uid(UID_O).set_dim({B, H, T, hd}).set_stride({(int64_t)T * C, hd, C, 1});
-        stats->set_output(true).set_uid(UID_STATS).set_data_type(fe::DataType_t::FLOAT);
+        stats->set_output(true)
+            .set_uid(UID_STATS)
+            .set_dim({B, H, T, 1})
+            .set_stride({(int64_t)H * T, T, 1, 1})
+            .set_data_type(fe::DataType_t::FLOAT);  // lse [B*H, T], as the backward reads it
         if (!finish_graph(*f, a->handle, "forward", why, why_len)) {
             destroy(a);
             return nullptr;

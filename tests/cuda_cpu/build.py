@@ -103,10 +103,19 @@ def _compile(source: Path, obj: Path, command: list[str], cwd: Path) -> None:
     stamp.write_text(hashlib.sha256("\0".join(command).encode()).hexdigest())
 
 
-def build(variant: str, *, source_root: Path = REPO, out: Path | None = None,
-          kernel_units: tuple[str, ...] = KERNEL_UNITS, support_from: Path | None = None,
-          jobs: int | None = None) -> Path:
-    """Builds (when out of date) the check binary of one variant; returns its path.
+@dataclass
+class Plan:
+    """What building one variant takes: its compiles, then its link."""
+    compiles: list[tuple[Path, Path, list[str]]]  # (source, object, command)
+    objects: list[Path]
+    binary: Path
+    link: list[str]
+    cwd: Path
+
+
+def plan(variant: str, *, source_root: Path = REPO, out: Path | None = None,
+         kernel_units: tuple[str, ...] = KERNEL_UNITS, support_from: Path | None = None) -> Plan:
+    """The build of one variant's check binary.
 
     source_root: the tree whose tests/cuda_cpu/ and microgpt/ are compiled.
     support_from: a build directory whose support objects (runtime, driver,
@@ -117,24 +126,37 @@ def build(variant: str, *, source_root: Path = REPO, out: Path | None = None,
     src = source_root / "tests" / "cuda_cpu"
     out = out or BUILD / variant
     support = support_from or out
-    jobs_to_run = []
-    for unit in kernel_units:
-        jobs_to_run.append((src / f"{unit}.cpp", out / f"{unit}.o", [cxx, *CXXFLAGS, *v.kernel_flags]))
+    compiles = [(src / f"{u}.cpp", out / f"{u}.o", [cxx, *CXXFLAGS, *v.kernel_flags]) for u in kernel_units]
     if support_from is None:
-        for unit in SUPPORT_UNITS:
-            jobs_to_run.append((src / f"{unit}.cpp", out / f"{unit}.o", [cxx, *CXXFLAGS, *v.support_flags]))
-        jobs_to_run.append((src / f"{CPU_OPS}.c", out / f"{CPU_OPS}.o", [cc, *CFLAGS, *v.c_flags]))
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
-        for f in [pool.submit(_compile, s, o, c, source_root) for s, o, c in jobs_to_run]:
-            f.result()
+        compiles += [(src / f"{u}.cpp", out / f"{u}.o", [cxx, *CXXFLAGS, *v.support_flags]) for u in SUPPORT_UNITS]
+        compiles.append((src / f"{CPU_OPS}.c", out / f"{CPU_OPS}.o", [cc, *CFLAGS, *v.c_flags]))
     objects = [out / f"{u}.o" for u in kernel_units]
     objects += [support / f"{u}.o" for u in SUPPORT_UNITS] + [support / f"{CPU_OPS}.o"]
     binary = out / "cuda_cpu_check"
     link = [cxx, "-no-pie", "-fopenmp", *v.link_flags, *map(str, objects), "-o", str(binary), "-lm"]
-    if _stale(binary, objects, out / "cuda_cpu_check.cmd", link):
-        _run(link, source_root)
-        (out / "cuda_cpu_check.cmd").write_text(hashlib.sha256("\0".join(link).encode()).hexdigest())
-    return binary
+    return Plan(compiles, objects, binary, link, source_root)
+
+
+def build_all(plans: list[Plan], jobs: int | None = None) -> list[Path]:
+    """Carries out the plans (when out of date), every compile of every plan
+    sharing one pool of jobs (default: the CPU count); returns the binaries."""
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
+        # The longest compiles first: the sanitizer builds of the kernel units.
+        work = sorted((c + (p.cwd,) for p in plans for c in p.compiles), key=lambda c: "-fsanitize=address,undefined"
+                      not in c[2] or "kernels_" not in c[0].name)
+        for f in [pool.submit(_compile, *w) for w in work]:
+            f.result()
+    for p in plans:
+        stamp = p.binary.with_suffix(".link")  # (cuda_cpu_check.cmd is the driver object's)
+        if _stale(p.binary, p.objects, stamp, p.link):
+            _run(p.link, p.cwd)
+            stamp.write_text(hashlib.sha256("\0".join(p.link).encode()).hexdigest())
+    return [p.binary for p in plans]
+
+
+def build(variant: str, *, jobs: int | None = None, **where) -> Path:
+    """Builds (when out of date) the check binary of one variant; returns its path (see plan)."""
+    return build_all([plan(variant, **where)], jobs)[0]
 
 
 def main(argv: list[str]) -> int:
@@ -144,8 +166,8 @@ def main(argv: list[str]) -> int:
             print(f"build.py: unknown variant '{name}' (one of {', '.join(VARIANTS)})", file=sys.stderr)
             return 2
     try:
-        for name in variants:
-            print(build(name))
+        for binary in build_all([plan(name) for name in variants]):
+            print(binary)
     except BuildError as exc:
         print(f"build.py: build failed: {exc}", file=sys.stderr)
         return 1

@@ -71,8 +71,7 @@ def kernel_checks() -> dict[str, CheckRun]:
     """Both variants built and run: hazard twice per case (in order, then
     reversed), asan once."""
     try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            binaries = dict(zip(builder.VARIANTS, pool.map(lambda v: builder.build(v, jobs=1), builder.VARIANTS)))
+        binaries = dict(zip(builder.VARIANTS, builder.build_all([builder.plan(v) for v in builder.VARIANTS])))
     except builder.BuildError as exc:
         pytest.fail(f"building the kernel checks failed: {exc}", pytrace=False)
     runs = {"hazard": ["--runs", "2"], "asan": ["--runs", "1"]}

@@ -31,6 +31,8 @@ template <typename Tx> static void add_naive() {
         AttentionShape s = {2, 70, 2, hd};
         add_case(shape("attention_naive", type_name<Tx>(), s.name()), [s](Run &r) { naive_case<Tx>(r, s); });
     }
+    AttentionShape one = {2, 1, 2, 64};  // a single key: dq = dk = 0
+    add_case(shape("attention_naive", type_name<Tx>(), one.name()), [one](Run &r) { naive_case<Tx>(r, one); });
 }
 
 static int registered = [] {

@@ -1,7 +1,8 @@
 // kernels_flash.cpp: the tensor-core attention kernels (forward, backward
 // preprocess, dK/dV, dQ), through flash_attention_setup / _forward /
 // _backward as the engine calls them, at head dims 32, 64 and 128 and T = 64
-// (whole tiles), 100 and 130 (partial ones), bf16 (their only type).
+// (whole tiles), 100 and 130 (partial ones), and T = 1, bf16 (their only
+// type).
 #include "cuda_on_cpu.h"
 
 #include "../../microgpt/cuda/attention_flash.cuh"
@@ -35,5 +36,7 @@ static int registered = [] {
             AttentionShape s = {1, T, 2, hd};
             add_case(shape("attention_flash", "bf16", s.name()), [s](Run &r) { flash_case(r, s); });
         }
+    AttentionShape one = {2, 1, 2, 64};  // a single key: dq = dk = 0
+    add_case(shape("attention_flash", "bf16", one.name()), [one](Run &r) { flash_case(r, one); });
     return 0;
 }();

@@ -2,7 +2,9 @@
 // path, by one background thread.
 //
 // The driver snapshots the state into host memory (the engine's get_state: a
-// memcpy on the CPU), hands the snapshot to the writer, and trains on. The
+// memcpy on the CPU; or its snapshot, an asynchronous copy the writer waits
+// for: the CUDA engine's device-to-host copy on a side stream), hands the
+// snapshot to the writer, and trains on. The
 // writer thread does the slow part, mg_write_checkpoint (write, fsync, rename,
 // fsync the directory), then records the result and writes one byte to a
 // pipe. The driver polls for the result between steps and, idle in proxy
@@ -50,6 +52,8 @@ typedef struct {
     const MgConfig *cfg;
     const char *engine;
     const MgState *state;
+    int (*wait_snapshot)(void *impl);  // NULL, or what to wait for before reading state (0: landed)
+    void *wait_impl;
     int job_ready;           // handed over, not yet picked up by the thread
     int in_flight;           // handed over, result not yet collected by the main thread
     int finished;            // the thread is done with it: result is valid
@@ -66,6 +70,8 @@ static void *mg_writer_thread(void *arg) {
         const MgConfig *cfg = w->cfg;
         const char *engine = w->engine;
         const MgState *st = w->state;
+        int (*wait_snapshot)(void *) = w->wait_snapshot;
+        void *wait_impl = w->wait_impl;
         pthread_mutex_unlock(&w->lock);
 
         MgWriteResult r;
@@ -73,7 +79,14 @@ static void *mg_writer_thread(void *arg) {
         r.step = st->step;
         r.what = "";
         double t0 = mg_now_ms();
-        r.err = mg_write_checkpoint(dir, cfg, engine, st, r.path, sizeof r.path, &r.bytes, &r.what, &r.non_finite);
+        if (wait_snapshot && wait_snapshot(wait_impl)) {  // the asynchronous copy did not land
+            r.err = EIO;
+            r.what = "copy the snapshot for";
+            snprintf(r.path, sizeof r.path, "step %d", st->step);
+        } else {
+            r.err = mg_write_checkpoint(dir, cfg, engine, st, r.path, sizeof r.path, &r.bytes, &r.what,
+                                         &r.non_finite);
+        }
         r.write_ms = mg_now_ms() - t0;
 
         pthread_mutex_lock(&w->lock);
@@ -106,15 +119,19 @@ static void mg_writer_start(MgCkptWriter *w) {
 // The fd that becomes readable when a write finishes (for ppoll).
 static int mg_writer_fd(const MgCkptWriter *w) { return w->done_pipe[0]; }
 
-// Hands a snapshot to the thread. dir, st, cfg and engine must stay untouched
-// until the result is collected. Only when nothing is in flight.
+// Hands a snapshot to the thread (which first calls wait_snapshot(wait_impl),
+// when given, to wait for an asynchronous copy into st). dir, st, cfg and
+// engine must stay untouched until the result is collected. Only when nothing
+// is in flight.
 static void mg_writer_submit(MgCkptWriter *w, const MgCkptDir *dir, const MgConfig *cfg, const char *engine,
-                             const MgState *st) {
+                             const MgState *st, int (*wait_snapshot)(void *impl), void *wait_impl) {
     pthread_mutex_lock(&w->lock);
     w->dir = dir;
     w->cfg = cfg;
     w->engine = engine;
     w->state = st;
+    w->wait_snapshot = wait_snapshot;
+    w->wait_impl = wait_impl;
     w->finished = 0;
     w->job_ready = 1;
     w->in_flight = 1;

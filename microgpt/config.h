@@ -27,9 +27,12 @@ typedef struct {
     uint64_t seed;
     int threads;
     const char *precision;
-    const char *attention;  // CUDA engine: "naive" or "flash"; NULL = naive
+    const char *attention;  // CUDA engine: "naive", "flash", "cudnn" or "auto"; NULL = naive
+    const char *fused;      // CUDA engine: "on" or "off" (NULL = off): the fused step kernels
+    const char *cuda_graph; // CUDA engine: "on" or "off" (NULL = off): the step as one CUDA graph
     const char *meta;
     const char *dump_grads;
+    int dump_grads_step;      // the step whose gradients --dump-grads writes (default 1)
     const char *dump_logits;  // SAMPLE frames append the logits they picked from here
     int allow_hparam_change;
     int sample_recompute;
@@ -46,6 +49,12 @@ typedef struct {
     long max_int;
     const char *help;
 } MgFlag;
+
+// The CUDA engine's attention paths, as --help lists them: the engine defines
+// MG_ATTENTION_PATHS before including this header when its build has cuDNN.
+#ifndef MG_ATTENTION_PATHS
+#define MG_ATTENTION_PATHS "naive, flash or auto"
+#endif
 
 #define MG_OFF(field) offsetof(MgConfig, field)
 static const MgFlag MG_FLAGS[] = {
@@ -74,9 +83,12 @@ static const MgFlag MG_FLAGS[] = {
     {"seed", MG_U64, MG_OFF(seed), 0, 0, "initialisation and standalone sampling seed (default 1337)"},
     {"threads", MG_INT, MG_OFF(threads), 0, 4096, "CPU threads, 0 = all cores (default 0)"},
     {"precision", MG_STR, MG_OFF(precision), 0, 0, "fp32 or bf16 (CUDA engine; default fp32 on CPU)"},
-    {"attention", MG_STR, MG_OFF(attention), 0, 0, "naive or flash: CUDA attention kernels (default naive; flash is bf16, head dim 32/64/128)"},
+    {"attention", MG_STR, MG_OFF(attention), 0, 0, MG_ATTENTION_PATHS ": the CUDA engine's attention (default naive; flash and cudnn are bf16; auto: the fastest that applies, unqualified)"},
+    {"fused", MG_STR, MG_OFF(fused), 0, 0, "on or off: the CUDA engine's fused step kernels, no host sync inside a step (default off)"},
+    {"cuda-graph", MG_STR, MG_OFF(cuda_graph), 0, 0, "on or off: the CUDA engine's training step as one CUDA graph; on implies --fused on (default off)"},
     {"meta", MG_STR, MG_OFF(meta), 0, 0, "JSON value (up to 4096 bytes) stored in checkpoint trailers"},
-    {"dump-grads", MG_STR, MG_OFF(dump_grads), 0, 0, "write the first step's raw gradients (f32[n_params]) here and exit"},
+    {"dump-grads", MG_STR, MG_OFF(dump_grads), 0, 0, "write a step's raw gradients (f32[n_params]) here and exit"},
+    {"dump-grads-step", MG_INT, MG_OFF(dump_grads_step), 1, 0x7fffffff, "the step --dump-grads writes, counted from the start or resume (default 1)"},
     {"dump-logits", MG_STR, MG_OFF(dump_logits), 0, 0, "each SAMPLE frame appends the logits it picked from (f32[count, max_new, vocab]) here"},
     {"allow-hparam-change", MG_BOOL, MG_OFF(allow_hparam_change), 0, 0, "on resume, accept optimizer flags that differ from the checkpoint"},
     {"sample-recompute", MG_BOOL, MG_OFF(sample_recompute), 0, 0, "sample without the KV cache, recomputing the window per token (tests, benchmarks)"},
@@ -104,6 +116,7 @@ static void mg_defaults(MgConfig *cfg) {
     cfg->eps = 1e-8f; cfg->weight_decay = 0.1f; cfg->grad_clip = 1.0f;
     cfg->seed = 1337;
     cfg->precision = NULL;  // engine default
+    cfg->dump_grads_step = 1;
 }
 
 // --version: the engine's version, kind, the source it was built from and
@@ -254,8 +267,13 @@ static void mg_validate(const MgConfig *cfg) {
     if (cfg->ckpt_every_seconds < 0) mg_fail(MG_EXIT_USAGE, "--ckpt-every-seconds must be >= 0");
     if (cfg->precision && strcmp(cfg->precision, "fp32") && strcmp(cfg->precision, "bf16"))
         mg_fail(MG_EXIT_USAGE, "--precision: '%s' is not fp32 or bf16", cfg->precision);
-    if (cfg->attention && strcmp(cfg->attention, "naive") && strcmp(cfg->attention, "flash"))
-        mg_fail(MG_EXIT_USAGE, "--attention: '%s' is not naive or flash", cfg->attention);
+    if (cfg->attention && strcmp(cfg->attention, "naive") && strcmp(cfg->attention, "flash") &&
+        strcmp(cfg->attention, "cudnn") && strcmp(cfg->attention, "auto"))
+        mg_fail(MG_EXIT_USAGE, "--attention: '%s' is not naive, flash, cudnn or auto", cfg->attention);
+    if (cfg->fused && strcmp(cfg->fused, "on") && strcmp(cfg->fused, "off"))
+        mg_fail(MG_EXIT_USAGE, "--fused: '%s' is not on or off", cfg->fused);
+    if (cfg->cuda_graph && strcmp(cfg->cuda_graph, "on") && strcmp(cfg->cuda_graph, "off"))
+        mg_fail(MG_EXIT_USAGE, "--cuda-graph: '%s' is not on or off", cfg->cuda_graph);
     double n = (double)cfg->vocab * cfg->dim + (double)cfg->ctx * cfg->dim +
                (double)cfg->layers * (12.0 * cfg->dim * cfg->dim + 13.0 * cfg->dim) + 2.0 * cfg->dim;
     if (n > 2147483647.0) mg_fail(MG_EXIT_USAGE, "model too large: %.0f parameters do not fit the int32 n_params field", n);

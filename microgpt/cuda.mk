@@ -6,6 +6,13 @@
 # The binary gets an rpath to the library's directory, so it runs without
 # LD_LIBRARY_PATH. If cuBLAS is missing, `make` says so loudly and goes on
 # with the CPU engine; an explicit `make cuda` fails.
+#
+# cuDNN (--attention cudnn, cuda/attention_cudnn.cpp) is found the same way:
+# cudnn.h and libcudnn.so.9 from the toolkit, else from the nvidia-cudnn-cu13
+# wheel; the header-only cudnn-frontend from the nvidia-cudnn-frontend wheel
+# (CUDNN_INC=, CUDNN_LIB=, CUDNN_FRONTEND_INC= override). Found, the engine
+# is built with it; not found, or with CUDNN=0, without it (one line says
+# which). Nothing of either is vendored.
 
 # The toolkit root, as nvcc itself reports it (nvcc may be a wrapper script).
 CUDA_HOME ?= $(shell $(NVCC) -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ _HERE_=\(.*\)\/bin$$/\1/p' | head -n 1)
@@ -49,6 +56,55 @@ endif
 CUBLAS_SO := $(if $(CUBLAS_LIB),$(firstword $(wildcard $(CUBLAS_LIB)/libcublasLt.so) \
                $(wildcard $(CUBLAS_LIB)/libcublasLt.so.$(CUDA_MAJOR)) $(wildcard $(CUBLAS_LIB)/libcublasLt.so.*)),)
 
+# ---------------------------------------------------------------------------
+# cuDNN and cudnn-frontend. CUDNN=0 builds without them.
+CUDNN ?= 1
+
+# A wheel's directory under the `nvidia` namespace package holding
+# include/cudnn.h and lib/libcudnn.so.9; prints it or nothing.
+FIND_CUDNN_WHEEL := import glob, os, nvidia; j = os.path.join; \
+  c = [b for r in nvidia.__path__ for b in (os.path.dirname(os.path.dirname(h)) \
+  for h in glob.glob(j(r, '*', 'include', 'cudnn.h'))) if glob.glob(j(b, 'lib', 'libcudnn.so.9'))]; \
+  print(c[0] if c else '')
+# The include directory the nvidia-cudnn-frontend wheel installs (cudnn_frontend.h); prints it or nothing.
+FIND_CUDNN_FRONTEND := import importlib.metadata as m, os; \
+  d = str(m.distribution('nvidia-cudnn-frontend').locate_file('include')); \
+  print(d if os.path.isfile(os.path.join(d, 'cudnn_frontend.h')) else '')
+
+ifneq ($(CUDNN),0)
+ifeq ($(CUDNN_INC),)
+ifneq ($(wildcard $(CUDA_HOME)/include/cudnn.h),)
+CUDNN_INC := $(CUDA_HOME)/include
+CUDNN_LIB := $(patsubst %/,%,$(dir $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudnn.so.9 \
+               $(CUDA_HOME)/targets/*/lib/libcudnn.so.9))))
+else
+CUDNN_WHEEL := $(shell $(PYTHON) -c "$(FIND_CUDNN_WHEEL)" 2>/dev/null)
+CUDNN_INC := $(if $(CUDNN_WHEEL),$(CUDNN_WHEEL)/include,)
+CUDNN_LIB := $(if $(CUDNN_WHEEL),$(CUDNN_WHEEL)/lib,)
+endif
+endif
+ifeq ($(CUDNN_FRONTEND_INC),)
+CUDNN_FRONTEND_INC := $(shell $(PYTHON) -c "$(FIND_CUDNN_FRONTEND)" 2>/dev/null)
+endif
+CUDNN_SO := $(if $(CUDNN_LIB),$(firstword $(wildcard $(CUDNN_LIB)/libcudnn.so.9 $(CUDNN_LIB)/libcudnn.so)),)
+# The frontend's runtime-compiled kernels need NVRTC: the toolkit's, else the
+# one beside the wheel's cuBLAS (a dependency of nvidia-cublas).
+NVRTC_INC := $(patsubst %/,%,$(dir $(firstword $(wildcard $(CUDA_HOME)/include/nvrtc.h $(CUBLAS_INC)/nvrtc.h))))
+NVRTC_SO := $(firstword $(wildcard $(CUDA_HOME)/lib64/libnvrtc.so $(CUDA_HOME)/lib64/libnvrtc.so.$(CUDA_MAJOR) \
+              $(CUBLAS_LIB)/libnvrtc.so.$(CUDA_MAJOR)))
+USE_CUDNN := $(if $(and $(CUDNN_INC),$(CUDNN_SO),$(CUDNN_FRONTEND_INC),$(NVRTC_INC),$(NVRTC_SO)),1,)
+endif
+
+ifeq ($(USE_CUDNN),1)
+CUDNN_OBJ := $(BUILD)/attention_cudnn.o
+CUDNN_FLAGS := -DMICROGPT_CUDNN
+CUDNN_LINK := $(CUDNN_OBJ) -Xlinker $(CUDNN_SO) -Xlinker $(NVRTC_SO) -Xlinker -rpath -Xlinker $(CUDNN_LIB) \
+              -Xlinker -rpath -Xlinker $(patsubst %/,%,$(dir $(NVRTC_SO)))
+CUDNN_NOTE := with cuDNN from $(CUDNN_LIB) (--attention cudnn)
+else
+CUDNN_NOTE := without cuDNN ($(if $(filter 0,$(CUDNN)),CUDNN=0,not found: pip install nvidia-cudnn-cu$(CUDA_MAJOR) nvidia-cudnn-frontend); --attention cudnn unavailable)
+endif
+
 .PHONY: cuda cuda-info
 
 ifneq ($(and $(CUBLAS_INC),$(CUBLAS_SO)),)
@@ -58,10 +114,16 @@ cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check
 # The op headers, one per op (docs/ENGINE.md, "Source layout").
 CUDA_OP_HEADERS := $(wildcard microgpt/cuda/*.cuh)
 
-$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) | $(BUILD)
-	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB)"
-	$(NVCC) $(NVCCFLAGS) -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu -Xlinker $(CUBLAS_SO) \
-		-Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
+$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) $(CUDNN_OBJ) | $(BUILD)
+	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB), $(CUDNN_NOTE)"
+	$(NVCC) $(NVCCFLAGS) $(CUDNN_FLAGS) -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu $(CUDNN_LINK) \
+		-Xlinker $(CUBLAS_SO) -Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
+
+# cuDNN's attention graphs: host code only, in a translation unit of its own
+# (cudnn-frontend is a large header-only library; about a minute to compile).
+$(BUILD)/attention_cudnn.o: microgpt/cuda/attention_cudnn.cpp microgpt/cuda/attention_cudnn.h | $(BUILD)
+	$(NVCC) -O2 -std=c++17 -Xcompiler -Wall,-Wno-unused-function -I$(CUDNN_INC) -I$(CUDNN_FRONTEND_INC) \
+		-I$(NVRTC_INC) -c -o $@ microgpt/cuda/attention_cudnn.cpp
 
 # The flash attention kernels alone against a float64 reference (tests/gpu/).
 $(BUILD)/flash_attention_check: tests/gpu/flash_attention_check.cu $(CUDA_OP_HEADERS) microgpt/common.h | $(BUILD)
@@ -84,3 +146,8 @@ cuda-info:
 	@echo "CUBLAS_INC=$(CUBLAS_INC)"
 	@echo "CUBLAS_LIB=$(CUBLAS_LIB)"
 	@echo "CUBLAS_SO=$(CUBLAS_SO)"
+	@echo "CUDNN=$(CUDNN) USE_CUDNN=$(USE_CUDNN)"
+	@echo "CUDNN_INC=$(CUDNN_INC)"
+	@echo "CUDNN_SO=$(CUDNN_SO)"
+	@echo "CUDNN_FRONTEND_INC=$(CUDNN_FRONTEND_INC)"
+	@echo "NVRTC_INC=$(NVRTC_INC) NVRTC_SO=$(NVRTC_SO)"

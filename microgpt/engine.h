@@ -17,6 +17,8 @@ typedef struct {
     const char *precision;     // "fp32" or "bf16"
     int threads;
     size_t mem_bytes;          // bytes allocated for model, optimizer, activations, KV cache
+    char paths[256];           // optional: a JSON object naming the code paths this run takes
+                               // (the CUDA engine's attention, fused kernels, CUDA graph); "" = none
     void *impl;
 
     // Checks engine-specific settings right after parsing (may fill in
@@ -59,6 +61,30 @@ typedef struct {
     // sequence, bit for bit.
     void (*kv_forward)(void *impl, int rows, const int *slot, const int *pos, const int *n_new,
                        const uint16_t *tokens, float *out);
+    // Optional, set by init (NULL: the driver runs a step through the calls
+    // above, waiting for the loss and the norm in between). The whole
+    // optimizer step with no wait for the host inside it: zero_grads,
+    // forward_backward of `micro` micro-batches of batch rows of T+1 tokens,
+    // the gradient norm, the clip factor (grad_clip > 0 and norm > grad_clip:
+    // grad_clip / (norm + 1e-6), as the driver computes it) and the AdamW
+    // update of step `step` (1-based) at learning rate lr, skipped when the
+    // norm is not finite. Then one wait: writes each row's mean loss into
+    // row_loss and returns the norm before clipping. The gradients stay in
+    // place until the next step (get_grads reads them).
+    double (*train_step)(void *impl, const uint16_t *tokens, int micro, float grad_scale, int step, float lr,
+                         float grad_clip, float *row_loss);
+    // Optional, set by init together (NULL: the driver snapshots through
+    // get_state, waiting for the copy). snapshot starts copying the current
+    // weights and moments into host memory the engine owns, points *w, *m
+    // and *v at it, and returns without waiting; snapshot_wait blocks until
+    // that copy is complete (the checkpoint writer's thread calls it before
+    // it reads, so it must be safe to call from another thread, and must not
+    // end the process: a failure fails the write). Until then
+    // the engine keeps what the copy reads unchanged (its next update waits
+    // for the copy), and a new snapshot comes only after the write of the
+    // last one has finished.
+    void (*snapshot)(void *impl, float **w, float **m, float **v);
+    int (*snapshot_wait)(void *impl);  // 0, or -1 (one line on stderr said why): the write then fails
 } MgEngine;
 
 #endif  // MICROGPT_ENGINE_H

@@ -28,6 +28,7 @@ typedef struct {
     int step;
     int saved_step;      // step of the last checkpoint started or loaded, -1 if none
     int durable_step;    // step of the last checkpoint announced (durable) or loaded, -1 if none
+    int steps_here;      // optimizer steps this process has trained (--dump-grads-step counts them)
     uint64_t tokens_seen;
     float *row_loss;     // [batch * grad_accum] or eval rows chunk
     uint16_t *rows_buf;  // [batch * grad_accum * (T+1)] tokens
@@ -36,7 +37,7 @@ typedef struct {
     MgCkptWriter writer;
     const char *ckpt_reason;  // of the write in flight
     double ckpt_wait_ms;      // how long it waited for the write before it
-    double ckpt_snapshot_ms;  // how long get_state took
+    double ckpt_snapshot_ms;  // how long the snapshot took the step loop (get_state, or starting the engine's copy)
     double last_ckpt_ms;      // when the last checkpoint started (or the engine did): --ckpt-every-seconds
 } MgDriver;
 
@@ -101,7 +102,8 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     double t0 = mg_now_ms();
     mg_ckpt_settle(d, 1);
     double t1 = mg_now_ms();
-    d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
+    if (d->eng->snapshot) d->eng->snapshot(d->eng->impl, &d->st.weights, &d->st.m, &d->st.v);
+    else d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
     d->st.step = d->step;
     d->st.tokens_seen = d->tokens_seen;
     d->ckpt_reason = reason;
@@ -109,7 +111,8 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     d->ckpt_snapshot_ms = mg_now_ms() - t1;
     d->last_ckpt_ms = t0;
     d->saved_step = d->step;
-    mg_writer_submit(&d->writer, &d->ckdir, &d->cfg, d->eng->name, &d->st);
+    mg_writer_submit(&d->writer, &d->ckdir, &d->cfg, d->eng->name, &d->st,
+                     d->eng->snapshot ? d->eng->snapshot_wait : NULL, d->eng->impl);
 }
 
 static void mg_emit_exit(MgDriver *d, const char *reason) {
@@ -167,37 +170,60 @@ static void mg_write_grads_file(MgDriver *d, float loss) {
     fputs(",\"path\":", stdout);
     mg_json_string(stdout, d->cfg.dump_grads);
     puts("}");
+    mg_ckpt_settle(d, 1);  // a checkpoint of an earlier step (--dump-grads-step) finishes first
     mg_emit_exit(d, "grads");
     exit(0);
 }
 
-// One optimizer update from rows = batch * grad_accum rows of T+1 tokens.
+// The clip factor of a gradient norm: grad_clip / (norm + 1e-6) above the
+// threshold, else 1. (The CUDA engine's device-side step computes the same
+// expression in the same precision.)
+static float mg_clip_factor(double norm, float grad_clip) {
+    return grad_clip > 0 && norm > grad_clip ? (float)(grad_clip / (norm + 1e-6)) : 1.0f;
+}
+
+static void mg_fail_nonfinite(const MgDriver *d, float loss) {
+    char last[64];
+    mg_last_checkpoint(d, last, sizeof last);
+    mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (%s)",
+            isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
+}
+
+// One optimizer update from rows = batch * grad_accum rows of T+1 tokens:
+// through the engine's train_step where it has one (the whole step on the
+// device, one wait), else call by call.
 static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *groups) {
     const MgConfig *c = &d->cfg;
     int B = c->batch, K = c->grad_accum, T = c->ctx, rows = B * K;
     double t0 = mg_now_ms();
-    d->eng->zero_grads(d->eng->impl);
     float grad_scale = 1.0f / ((float)rows * (float)T);
-    for (int k = 0; k < K; k++)
-        d->eng->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale, d->row_loss + (size_t)k * B);
-    double loss_sum = 0;
-    for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
-    float loss = (float)(loss_sum / rows);
-    if (c->dump_grads) mg_write_grads_file(d, loss);
-    double norm = d->eng->grad_norm(d->eng->impl);
-    if (!isfinite(loss) || !isfinite(norm))
-    {
-        char last[64];
-        mg_last_checkpoint(d, last, sizeof last);
-        mg_fail(MG_EXIT_NUMERIC, "non-finite %s at step %d; nothing written (%s)",
-                isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
-    }
-    float mult = 1.0f;
-    if (c->grad_clip > 0 && norm > c->grad_clip) mult = (float)(c->grad_clip / (norm + 1e-6));
     int s = d->step + 1;
     float lr = mg_lr_at(c, s);
-    d->eng->update(d->eng->impl, s, lr, mult);
+    int dump = c->dump_grads && d->steps_here + 1 == c->dump_grads_step;
+    double norm;
+    float loss;
+    if (d->eng->train_step) {
+        norm = d->eng->train_step(d->eng->impl, tokens, K, grad_scale, s, lr, c->grad_clip, d->row_loss);
+        double loss_sum = 0;
+        for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
+        loss = (float)(loss_sum / rows);
+        if (dump) mg_write_grads_file(d, loss);  // the update does not touch the gradients
+        if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
+    } else {
+        d->eng->zero_grads(d->eng->impl);
+        for (int k = 0; k < K; k++)
+            d->eng->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale,
+                                     d->row_loss + (size_t)k * B);
+        double loss_sum = 0;
+        for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
+        loss = (float)(loss_sum / rows);
+        if (dump) mg_write_grads_file(d, loss);
+        norm = d->eng->grad_norm(d->eng->impl);
+        if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
+        d->eng->update(d->eng->impl, s, lr, mg_clip_factor(norm, c->grad_clip));
+    }
     d->step = s;
+    d->steps_here++;
     d->tokens_seen += (uint64_t)rows * T;
     printf("{\"event\":\"step\",\"step\":%d,\"loss\":", s);
     mg_json_float(stdout, loss);
@@ -393,6 +419,12 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
         memset(d.st.v, 0, d.lay.n * sizeof(float));
         eng->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
     }
+    if (eng->snapshot) {  // snapshots land in the engine's own host buffers
+        free(d.st.weights);
+        free(d.st.m);
+        free(d.st.v);
+        d.st.weights = d.st.m = d.st.v = NULL;
+    }
 
     printf("{\"event\":\"ready\",\"step\":%d,\"n_params\":%zu,\"engine\":\"%s\",\"device\":", d.step, d.lay.n, eng->name);
     mg_json_string(stdout, eng->device);
@@ -400,6 +432,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     if (resumed_from[0]) mg_json_string(stdout, resumed_from);
     else fputs("null", stdout);
     printf(",\"mem_bytes\":%zu,\"version\":\"%s\",", eng->mem_bytes, MG_VERSION);
+    if (eng->paths[0]) printf("\"paths\":%s,", eng->paths);
     mg_print_config(c);
     puts("}");
     fflush(stdout);

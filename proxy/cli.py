@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="consecutive engine failures without progress before giving up (default 5)")
     run.add_argument("--cache-dir", metavar="DIR", help="prepared-data cache (default $MICROGPT_CACHE or "
                      "~/.cache/microgpt)")
+    run.add_argument("--engine-paths", choices=("qualified", "verified"), default="qualified",
+                     help="the CUDA engine's fast paths (cuDNN or flash attention, fused kernels, CUDA graph): "
+                     "those that pass their check on this GPU (qualified, the default) or none (verified)")
 
     status = sub.add_parser("status", help="step, loss, speed, ETA, mixture, last checkpoint, alive or not")
     status.add_argument("--run-dir", metavar="DIR", help="default: the most recently active run under runs/")

@@ -5,7 +5,10 @@ Trains the same model (docs/ARCHITECTURE.md's GPT: tied head, GELU tanh, no drop
 batch and sequence length, one trainer after the other in one run:
 
 - the engine (proxy mode, random tokens fed as TRAIN frames), once per
-  attention path (`--attention naive flash`);
+  attention path (`--attention naive flash cudnn`) and step path
+  (`--step-paths verified fused graph`: the verified kernels, the fused
+  step, the fused step as one CUDA graph), each pair a variant named
+  `attention` or `attention+step` (`cudnn+graph`);
 - PyTorch (bf16 autocast, fused AdamW, scaled_dot_product_attention) under
   torch.compile in each requested mode: `default` and `reduce-overhead`
   (CUDA graphs), plus `max-autotune` with --max-autotune;
@@ -62,7 +65,14 @@ SHAPES = {
     "andrea-12m": dict(dim=384, layers=6, heads=12, vocab=4608, ctx=1024),
     "gpt2-124m": dict(dim=768, layers=12, heads=12, vocab=50304, ctx=1024),
 }
-ATTENTION = ("naive", "flash")
+ATTENTION = ("naive", "flash", "cudnn")
+STEP_PATHS = {"verified": [], "fused": ["--fused", "on"], "graph": ["--cuda-graph", "on"]}
+
+
+def engine_variant(attention: str, step_path: str) -> str:
+    return attention if step_path == "verified" else f"{attention}+{step_path}"
+
+
 TORCH_MODES = ("default", "reduce-overhead", "max-autotune")
 # Dense bf16 tensor-core peaks (datasheet, SXM parts), TFLOP/s.
 PEAKS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "4090": 165.0}
@@ -125,14 +135,16 @@ def process_gpu_mib(pid: int) -> float | None:
 
 
 def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int, ckpts: int, precision: str,
-                 attention: str) -> Side:
+                 attention: str, step_path: str = "verified") -> Side:
     T, V = shape["ctx"], shape["vocab"]
+    variant = engine_variant(attention, step_path)
     rng = np.random.default_rng(0)
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="bench_cuda_") as tmp:
         settings = setting_flags(**shape, batch=batch, steps=100000, warmup=100)
         args = [str(engine), *engine_args(Path(tmp) / "ckpt", ckpt_every=0, settings=settings,
-                                          extra=["--precision", precision, "--attention", attention])]
+                                          extra=["--precision", precision, "--attention", attention,
+                                                 *STEP_PATHS[step_path]])]
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
@@ -203,10 +215,11 @@ def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int,
         except (RuntimeError, queue.Empty, BrokenPipeError) as exc:
             proc.kill()
             proc.wait()
-            return Side("engine", attention, skipped=f"engine failed: {exc}"[:300])
+            return Side("engine", variant, skipped=f"engine failed: {exc}"[:300])
     med = statistics.median(ms)
-    return Side("engine", attention, tokens_per_s=batch * T / (med / 1e3), step_ms=med, gpu_mem_mib=mem_mib,
+    return Side("engine", variant, tokens_per_s=batch * T / (med / 1e3), step_ms=med, gpu_mem_mib=mem_mib,
                 extra={"device": ready["device"], "precision": ready["precision"], "mem_bytes": ready["mem_bytes"],
+                       "paths": ready.get("paths", {}),
                        "ckpt_ms": statistics.median(ckpt_ms) if ckpt_ms else None,
                        "ckpt_stall_ms": (statistics.median(gaps) - med) if gaps else None})
 
@@ -346,11 +359,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     ap.add_argument("--ckpts", type=int, default=3,
-                    help="checkpoint writes to time, with the last --attention path (default 3)")
+                    help="checkpoint writes to time, with the last engine variant (default 3)")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--engine", type=Path, default=REPO / "build" / "microgpt_cuda")
-    ap.add_argument("--attention", nargs="+", choices=ATTENTION, default=list(ATTENTION),
+    ap.add_argument("--attention", nargs="+", choices=ATTENTION, default=["naive", "flash"],
                     help="engine attention paths to run (default: naive flash)")
+    ap.add_argument("--step-paths", nargs="+", choices=list(STEP_PATHS), default=["verified"],
+                    help="engine step paths to run with each attention path (default: verified)")
     ap.add_argument("--no-engine", action="store_true", help="skip the engine")
     ap.add_argument("--torch-modes", nargs="+", choices=TORCH_MODES[:2], default=list(TORCH_MODES[:2]),
                     help="torch.compile modes (default: default reduce-overhead)")
@@ -379,8 +394,8 @@ def print_side(s: Side) -> None:
           flush=True)
     if s.extra.get("ckpt_ms") is not None:
         print(f"    checkpoint: {s.extra['ckpt_ms']:.0f} ms per write; training stalled {s.extra['ckpt_stall_ms']:.0f} ms")
-    if s.kind == "engine" and not s.extra.get("device", "").endswith(f"attention {s.variant}"):
-        print(f"    note: the engine ran '{s.extra.get('device')}' (asked for --attention {s.variant})")
+    if s.kind == "engine" and not s.extra.get("device", "").endswith(f"attention {s.variant.split('+')[0]}"):
+        print(f"    note: the engine ran '{s.extra.get('device')}' (asked for {s.variant})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,10 +427,11 @@ def main(argv: list[str] | None = None) -> int:
             report.runs.append(run)
             jobs = []
             if not args.no_engine:
-                for attention in args.attention:
-                    ckpts = args.ckpts if attention == args.attention[-1] else 0
-                    jobs.append(lambda a=attention, c=ckpts: bench_engine(args.engine, s, batch, args.steps,
-                                                                         args.warmup, c, args.precision, a))
+                variants = [(a, p) for a in args.attention for p in args.step_paths]
+                for attention, step_path in variants:
+                    ckpts = args.ckpts if (attention, step_path) == variants[-1] else 0
+                    jobs.append(lambda a=attention, p=step_path, c=ckpts: bench_engine(
+                        args.engine, s, batch, args.steps, args.warmup, c, args.precision, a, p))
             if args.llmc is not None:
                 jobs.append(lambda: bench_llmc(args.llmc, key, s, batch, args.steps, args.warmup))
             for mode in [] if args.no_torch else args.torch_modes:

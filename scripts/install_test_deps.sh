@@ -28,6 +28,20 @@ if command -v nvcc >/dev/null 2>&1; then
         echo "install_test_deps: installing nvidia-cuda-cuobjdump$suffix and nvidia-cuda-nvdisasm$suffix (machine-code gates)"
         "$PYTHON" -m pip install --quiet "nvidia-cuda-cuobjdump$suffix" "nvidia-cuda-nvdisasm$suffix"
     fi
+    # cuDNN for --attention cudnn (microgpt/cuda.mk builds the engine with it
+    # when found, and tests/cuda_build builds it both ways): the library wheel
+    # (about 520 MB to download, 940 MB installed, 40 s here) and the
+    # header-only cudnn-frontend (12 MB; --no-deps: only its headers are used,
+    # not its Python package's CUTLASS dependencies).
+    cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\)\..*/\1/p')
+    if [ ! -f "$cuda_home/include/cudnn.h" ] && ! "$PYTHON" -c "import glob, os, nvidia; assert any(glob.glob(os.path.join(p, '*', 'include', 'cudnn.h')) for p in nvidia.__path__)" 2>/dev/null; then
+        echo "install_test_deps: installing nvidia-cudnn-cu$cuda_major (cuDNN for the CUDA engine)"
+        "$PYTHON" -m pip install --quiet "nvidia-cudnn-cu$cuda_major"
+    fi
+    if ! "$PYTHON" -c "import importlib.metadata as m, os; assert os.path.isfile(m.distribution('nvidia-cudnn-frontend').locate_file('include/cudnn_frontend.h'))" 2>/dev/null; then
+        echo "install_test_deps: installing nvidia-cudnn-frontend (its headers, for the CUDA engine)"
+        "$PYTHON" -m pip install --quiet --no-deps nvidia-cudnn-frontend
+    fi
 fi
 if ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Per-kernel time shares of one training step of build/microgpt_cuda.
 #
-#   scripts/profile_cuda.sh [--shape andrea-12m|gpt2-124m] [--batch B] [--attention naive|flash]
-#                           [--tool auto|ncu|events] [--step N] [--out DIR]
+#   scripts/profile_cuda.sh [--shape andrea-12m|gpt2-124m] [--batch B] [--attention naive|flash|cudnn]
+#                           [--step-path verified|fused|graph] [--tool auto|ncu|events] [--step N] [--out DIR]
 #
 # The engine trains N steps of random tokens in proxy mode (defaults: andrea-12m, B=8, flash,
-# step 3) with MICROGPT_CUDA_PROFILE_STEP=N, so step N alone runs between cudaProfilerStart and
+# the verified step kernels, step 3; --step-path fused or graph: --fused on, --cuda-graph on) with
+# MICROGPT_CUDA_PROFILE_STEP=N, so step N alone runs between cudaProfilerStart and
 # cudaProfilerStop, and then stops. The tool that measures it:
 #   ncu     Nsight Compute (`--tool auto` picks it when `ncu` is on the PATH): every kernel of the
 #           step, its time (gpu__time_duration, clocks and caches left alone), calls and share,
@@ -14,7 +15,8 @@
 #   events  the fallback without ncu: the engine's own CUDA events, the step on the GPU
 #           timeline and the time in the attention forward and backward calls; no per-kernel split.
 # Nsight Systems is not used: it was not on the PATH of the GPU machines seen so far (docs/CUDA.md).
-# The output names the tool. Files in DIR (default ./profile-out), TAG = SHAPE_bB_ATTENTION:
+# ncu profiles the kernels inside a CUDA graph one by one as it does the others. The output names the
+# tool. Files in DIR (default ./profile-out), TAG = SHAPE_bB_ATTENTION (+_STEPPATH when not verified):
 #   TAG.json (scripts/profile_summary.py's Profile), TAG.stderr, TAG.events, TAG.ncu.csv (ncu).
 # Exit 2 on bad arguments or a missing engine/tool, 1 when the profiled run fails.
 set -euo pipefail
@@ -23,7 +25,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 py=${PYTHON:-python3}
 engine=${MICROGPT_CUDA_ENGINE:-$repo/build/microgpt_cuda}
-shape=andrea-12m batch=8 attention=flash tool=auto step=3 out=profile-out
+shape=andrea-12m batch=8 attention=flash step_path=verified tool=auto step=3 out=profile-out
 
 die() { echo "profile_cuda: $*" >&2; exit 2; }
 need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
@@ -33,6 +35,7 @@ while [[ $# -gt 0 ]]; do
         --shape) need "$@"; shape=$2; shift 2 ;;
         --batch) need "$@"; batch=$2; shift 2 ;;
         --attention) need "$@"; attention=$2; shift 2 ;;
+        --step-path) need "$@"; step_path=$2; shift 2 ;;
         --tool) need "$@"; tool=$2; shift 2 ;;
         --step) need "$@"; step=$2; shift 2 ;;
         --out) need "$@"; out=$2; shift 2 ;;
@@ -41,7 +44,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case $shape in andrea-12m|gpt2-124m) ;; *) die "--shape: '$shape' is not andrea-12m or gpt2-124m" ;; esac
-case $attention in naive|flash) ;; *) die "--attention: '$attention' is not naive or flash" ;; esac
+case $attention in naive|flash|cudnn) ;; *) die "--attention: '$attention' is not naive, flash or cudnn" ;; esac
+case $step_path in verified|fused|graph) ;; *) die "--step-path: '$step_path' is not verified, fused or graph" ;; esac
 [[ $batch =~ ^[1-9][0-9]*$ ]] || die "--batch: '$batch' is not a positive integer"
 [[ $step =~ ^[1-9][0-9]*$ ]] || die "--step: '$step' is not a positive integer"
 case $tool in
@@ -55,9 +59,10 @@ esac
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out"
 tag="${shape}_b${batch}_${attention}"
+[[ $step_path == verified ]] || tag="${tag}_${step_path}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/profile_cuda.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-mapfile -t args < <("$py" "$here/profile_summary.py" engine-args "$shape" "$batch" "$attention" "$work/ckpt")
+mapfile -t args < <("$py" "$here/profile_summary.py" engine-args "$shape" "$batch" "$attention" "$work/ckpt" "$step_path")
 [[ ${#args[@]} -gt 0 ]] || die "could not build the engine's arguments"
 "$py" "$here/profile_summary.py" frames "$shape" "$batch" "$step" > "$work/frames.bin"
 

@@ -39,7 +39,7 @@ UNIT_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 
            "s": 1e3}
 # Kernel categories, first match wins (names as ncu prints them with --print-kernel-base function).
 CATEGORIES = [
-    ("attention", re.compile(r"attention")),
+    ("attention", re.compile(r"attention|sdpa|fmha|flash_[fb]prop|cudnn", re.I)),  # cuDNN's SDPA kernels too
     ("matmul (cuBLASLt)", re.compile(r"gemm|xmma|nvjet|cutlass|^sm\d+_|splitk|cublas", re.I)),
     ("classifier", re.compile(r"classifier|gather_logits")),
     ("layernorm", re.compile(r"layernorm")),
@@ -188,11 +188,15 @@ def markdown_table(profiles: list[Profile]) -> str:
     return "\n".join(lines)
 
 
-def engine_args(shape: str, batch: int, attention: str, ckpt_dir: str) -> list[str]:
+# The step paths (--fused, --cuda-graph) as engine flags; scripts/bench_cuda.py names them the same.
+STEP_PATHS = {"verified": [], "fused": ["--fused", "on"], "graph": ["--cuda-graph", "on"]}
+
+
+def engine_args(shape: str, batch: int, attention: str, ckpt_dir: str, step_path: str = "verified") -> list[str]:
     s = SHAPES[shape]
     return ["--data", "-", "--ckpt-dir", ckpt_dir, "--ckpt-every", "0", "--vocab", str(s["vocab"]), "--ctx",
             str(s["ctx"]), "--dim", str(s["dim"]), "--layers", str(s["layers"]), "--heads", str(s["heads"]),
-            "--batch", str(batch), "--precision", "bf16", "--attention", attention]
+            "--batch", str(batch), "--precision", "bf16", "--attention", attention, *STEP_PATHS[step_path]]
 
 
 def write_frames(out, shape: str, batch: int, steps: int) -> None:
@@ -210,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("engine-args")
     a.add_argument("shape", choices=list(SHAPES))
     a.add_argument("batch", type=int)
-    a.add_argument("attention", choices=["naive", "flash"])
+    a.add_argument("attention", choices=["naive", "flash", "cudnn"])
     a.add_argument("ckpt_dir")
+    a.add_argument("step_path", nargs="?", choices=list(STEP_PATHS), default="verified")
     f = sub.add_parser("frames")
     f.add_argument("shape", choices=list(SHAPES))
     f.add_argument("batch", type=int)
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "engine-args":
-            print("\n".join(engine_args(args.shape, args.batch, args.attention, args.ckpt_dir)))
+            print("\n".join(engine_args(args.shape, args.batch, args.attention, args.ckpt_dir, args.step_path)))
         elif args.cmd == "frames":
             write_frames(sys.stdout.buffer, args.shape, args.batch, args.steps)
         elif args.cmd == "summarize":

@@ -255,9 +255,14 @@ attention_backward_dkv_kernel(Tx *dqkv, const Tx *dy, const Tx *qkv, const float
 // Host side.
 
 // Which kernels run attention (--attention): ATTENTION_FLASH only in bf16 at
-// head dims 32, 64 and 128 (the engine's init decides, and falls back to
-// naive elsewhere).
-typedef enum { ATTENTION_NAIVE, ATTENTION_FLASH } AttentionKind;
+// head dims 32, 64 and 128; ATTENTION_CUDNN (attention_cudnn.h, a library
+// call the engine makes itself) only in bf16, in a build with cuDNN, where
+// cuDNN supports the shape. The engine's init decides, and falls back to
+// naive elsewhere.
+typedef enum { ATTENTION_NAIVE, ATTENTION_FLASH, ATTENTION_CUDNN } AttentionKind;
+static const char *attention_name(AttentionKind k) {
+    return k == ATTENTION_CUDNN ? "cudnn" : k == ATTENTION_FLASH ? "flash" : "naive";
+}
 
 // The head dim is a template parameter of the naive kernels (register arrays
 // need constant sizes): the smallest bucket that holds it, the rest

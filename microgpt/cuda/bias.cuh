@@ -35,4 +35,12 @@ static void bias_backward(float *db, const Tx *dout, int R, int W, float *partia
     colsum<Tx, 0>(db, NULL, dout, (const Tx *)NULL, NULL, NULL, R, W, partial, stream);
 }
 
+// The same with 16-byte loads (the fused step, --fused), the same bits; where
+// colsum_vec_applies does not hold, the kernels above.
+template <typename Tx>
+static void bias_backward_fused(float *db, const Tx *dout, int R, int W, float *partial, cudaStream_t stream) {
+    if (colsum_vec_applies(dout, W)) colsum_vec<Tx>(db, dout, R, W, partial, stream);
+    else bias_backward<Tx>(db, dout, R, W, partial, stream);
+}
+
 #endif  // MICROGPT_CUDA_BIAS_CUH

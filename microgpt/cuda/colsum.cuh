@@ -13,6 +13,7 @@
 #define MICROGPT_CUDA_COLSUM_CUH
 
 #include "common.cuh"
+#include "vec.cuh"
 
 #define CS_ROWS 256
 
@@ -60,6 +61,41 @@ __global__ void colsum_finalize_kernel(float *d1, float *d2, const float *partia
     if (d2) d2[c] += t2;
 }
 
+// The same column sum of g alone (a bias gradient) with 16-byte loads, for
+// the fused step (--fused): a thread owns N = VecWidth<Tx>::N adjacent
+// columns instead of one, so a warp reads 512 contiguous bytes of a row where
+// colsum_partial_kernel's reads 64 (bf16). Each column is summed over the
+// same rows in the same order as there (rows ty, ty + 8, ... of the chunk,
+// then the 8 row phases in order), so the result is the same bits; the
+// partials have colsum_partial_kernel's layout (first of each pair).
+template <typename Tx>
+__global__ void colsum_vec_partial_kernel(float *partial, const Tx *g, int R, int W) {
+    const int N = VecWidth<Tx>::N;
+    __shared__ float s[8][32 * N];
+    int tx = threadIdx.x, ty = threadIdx.y, c0 = (blockIdx.x * 32 + tx) * N, chunk = blockIdx.y;
+    int r0 = chunk * CS_ROWS, r1 = min(R, r0 + CS_ROWS);
+    float acc[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) acc[j] = 0.0f;
+    if (c0 < W)
+        for (int r = r0 + ty; r < r1; r += 8) {
+            float v[N];
+            load16(v, g + (size_t)r * W + c0);
+#pragma unroll
+            for (int j = 0; j < N; j++) acc[j] += v[j];
+        }
+#pragma unroll
+    for (int j = 0; j < N; j++) s[ty][tx * N + j] = acc[j];
+    __syncthreads();
+    if (ty == 0 && c0 < W)
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            float t = 0.0f;
+            for (int k = 0; k < 8; k++) t += s[k][tx * N + j];
+            partial[((size_t)chunk * W + c0 + j) * 2] = t;
+        }
+}
+
 // d1[W] += sum over rows of g (LN: of g * norm), d2[W] (LN only) += sum of g.
 // partial: colsum_scratch_floats(R, W) floats.
 template <typename Tx, int LN>
@@ -69,6 +105,22 @@ static void colsum(float *d1, float *d2, const Tx *g, const Tx *x, const float *
     LAUNCH(grid, dim3(32, 8), 0, stream, colsum_partial_kernel<Tx, LN>)(partial, g, x, mean, rstd, R, W);
     LAUNCH_CHECK();
     LAUNCH(ceil_div(W, 256), 256, 0, stream, colsum_finalize_kernel)(d1, d2, partial, (int)grid.y, W);
+    LAUNCH_CHECK();
+}
+
+// d1[W] += sum over rows of g[R, W], with colsum_vec_partial_kernel: W a
+// multiple of VecWidth<Tx>::N and g 16-byte aligned (colsum_vec_applies).
+// partial: colsum_scratch_floats(R, W) floats.
+template <typename Tx> static int colsum_vec_applies(const Tx *g, int W) {
+    return W % VecWidth<Tx>::N == 0 && aligned16(g);
+}
+
+template <typename Tx>
+static void colsum_vec(float *d1, const Tx *g, int R, int W, float *partial, cudaStream_t stream) {
+    dim3 grid(ceil_div(W, 32 * VecWidth<Tx>::N), ceil_div(R, CS_ROWS));
+    LAUNCH(grid, dim3(32, 8), 0, stream, colsum_vec_partial_kernel<Tx>)(partial, g, R, W);
+    LAUNCH_CHECK();
+    LAUNCH(ceil_div(W, 256), 256, 0, stream, colsum_finalize_kernel)(d1, nullptr, partial, (int)grid.y, W);
     LAUNCH_CHECK();
 }
 

@@ -3,6 +3,7 @@
 #define MICROGPT_CUDA_EMBEDDING_CUH
 
 #include "common.cuh"
+#include "vec.cuh"
 
 // x0[b,t] = wte[token] + wpe[t], from the fp32 master weights.
 template <typename Tx>
@@ -27,6 +28,39 @@ __global__ void wte_backward_kernel(float *dwte, const Tx *dx, const int *bucket
         float acc = dwte[(size_t)tok * C + c];
         for (int k = begin; k < end; k++) acc += to_f(dx[(size_t)positions[k] * C + c]);
         dwte[(size_t)tok * C + c] = acc;
+    }
+}
+
+// The same for the fused step (--fused): a warp per bucket (warps striding
+// over the buckets), a lane per 16-byte chunk of the row (lane, lane + 32,
+// ...), so each position's row is read with 16-byte loads; the bucket count
+// is read from device memory (*n_buckets), so the grid does not depend on
+// the batch and the launch can sit in a CUDA graph. Each element adds the
+// same positions in the same order as wte_backward_kernel: the same bits.
+#define WTE_THREADS 256
+template <typename Tx>
+__global__ void __launch_bounds__(WTE_THREADS)
+wte_backward_fused_kernel(float *dwte, const Tx *dx, const int *bucket_tok, const int *bucket_start,
+                          const int *positions, const int *n_buckets, int C) {
+    const int N = VecWidth<Tx>::N;
+    int lane = threadIdx.x % 32, nu = *n_buckets;
+    int warps = gridDim.x * (WTE_THREADS / 32);
+    for (int u = blockIdx.x * (WTE_THREADS / 32) + threadIdx.x / 32; u < nu; u += warps) {
+        int tok = bucket_tok[u], begin = bucket_start[u], end = bucket_start[u + 1];
+        for (int c0 = lane * N; c0 < C; c0 += 32 * N) {
+            float acc[N];
+            float *out = dwte + (size_t)tok * C + c0;
+#pragma unroll
+            for (int j = 0; j < N; j += 4) load4f(acc + j, out + j);
+            for (int k = begin; k < end; k++) {
+                float v[N];
+                load16(v, dx + (size_t)positions[k] * C + c0);
+#pragma unroll
+                for (int j = 0; j < N; j++) acc[j] += v[j];
+            }
+#pragma unroll
+            for (int j = 0; j < N; j += 4) store4f(out + j, acc + j);
+        }
     }
 }
 
@@ -82,6 +116,24 @@ static void embedding_backward(float *dwte, float *dwpe, const Tx *dx, const int
         LAUNCH(n_buckets, 128, 0, stream, wte_backward_kernel<Tx>)(dwte, dx, bucket_tok, bucket_start, positions, C);
         LAUNCH_CHECK();
     }
+    LAUNCH(ceil_div((size_t)T * C, 256), 256, 0, stream, wpe_backward_kernel<Tx>)(dwpe, dx, BT / T, T, C);
+    LAUNCH_CHECK();
+}
+
+// The fused wte backward applies to rows of whole 16-byte chunks (and so
+// 16-byte aligned rows of dx and of the fp32 dwte).
+template <typename Tx> static int embedding_backward_fused_applies(int C) { return C % VecWidth<Tx>::N == 0; }
+
+// As embedding_backward, for the fused step: the bucket count in device
+// memory (n_buckets, an int), max_buckets (at most the micro-batch's
+// positions, or the vocabulary if smaller) sizing the grid.
+template <typename Tx>
+static void embedding_backward_fused(float *dwte, float *dwpe, const Tx *dx, const int *bucket_tok,
+                                     const int *bucket_start, const int *positions, const int *n_buckets,
+                                     int max_buckets, int BT, int T, int C, cudaStream_t stream) {
+    LAUNCH(ceil_div(max_buckets, WTE_THREADS / 32), WTE_THREADS, 0, stream, wte_backward_fused_kernel<Tx>)(
+        dwte, dx, bucket_tok, bucket_start, positions, n_buckets, C);
+    LAUNCH_CHECK();
     LAUNCH(ceil_div((size_t)T * C, 256), 256, 0, stream, wpe_backward_kernel<Tx>)(dwpe, dx, BT / T, T, C);
     LAUNCH_CHECK();
 }

@@ -35,7 +35,8 @@ def main(args) -> int:
         args.experiment = str(frozen)
     request = RunRequest(experiment_path=Path(args.experiment), run_dir=Path(args.run_dir) if args.run_dir else None,
                          engine=args.engine, allow_experiment_change=args.allow_experiment_change,
-                         cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options)
+                         cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options,
+                         engine_paths=args.engine_paths)
     dashboard: list[subprocess.Popen] = []
 
     def on_started(run) -> dict | None:

@@ -14,6 +14,7 @@
     RUN/.run.json              the run id and the directory it was minted in (rundir/identity.py)
     RUN/.engine.json           the engine the proxy launched last, to verify before any signal
                                (supervision/engine_record.py)
+    RUN/.qualification.json    the CUDA engine's fast paths this run uses, and their checks (qualification.py)
     RUN/archive/pivot_<k>/phase.json   a committed pivot's receipt (rundir/history.py)
     RUN/.pivot.lock            one `proxy pivot` at a time (rundir/lock.py)
     RUN/.pivot_request.json    a live pivot's request, .pivot_claimed.json once taken, and the answer in
@@ -48,6 +49,7 @@ ENGINE_LOG = "engine.log"
 DASHBOARD_LOG = "dashboard.log"
 IDENTITY = ".run.json"
 ENGINE_RECORD = ".engine.json"
+QUALIFICATION = ".qualification.json"
 PIVOT_LOCK = ".pivot.lock"
 PIVOT_REQUEST = ".pivot_request.json"
 PIVOT_CLAIMED = ".pivot_claimed.json"
@@ -65,7 +67,8 @@ ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
 # The most bytes a reader takes from each small file of a run directory (proxy/safe_fs.py refuses a
 # larger one, with one line). The writers stay far below: samples.py trims `.samples.json` to its cap.
 READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
-               ENGINE_RECORD: 64 << 10, IDENTITY: 4 << 10, PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
+               ENGINE_RECORD: 64 << 10, IDENTITY: 4 << 10, QUALIFICATION: 64 << 10,
+               PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
                PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20}
 LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is skipped like a torn one
 ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason
@@ -130,6 +133,10 @@ class RunDir:
     @property
     def engine_record(self) -> Path:
         return self.root / ENGINE_RECORD
+
+    @property
+    def qualification(self) -> Path:
+        return self.root / QUALIFICATION
 
     @property
     def pivot_lock(self) -> Path:

@@ -192,7 +192,7 @@ def launch_segment(ctx: RunContext) -> Segment:
     replay_through = max((s for s, (_o, p) in index.steps.items() if s > c and p == phase.phase), default=c)
 
     meta = {"experiment": ctx.experiment.name, "phase": phase.phase}
-    settings = list(ctx.experiment.engine_flags())
+    settings = list(ctx.experiment.engine_flags()) + list(ctx.engine_paths)
     if experiment_changed(ctx.run):
         # the run went on under a changed experiment: its older checkpoints carry the old
         # optimizer settings, and the frozen experiment (not the checkpoint) is the truth

@@ -23,6 +23,7 @@ from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex, LossLogWriter
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
+from ..qualification import VERIFIED_FLAGS, run_engine_paths
 from ..rundir.foreign import foreign_checkpoints
 from ..rundir.frozen import freeze_experiment
 from ..rundir.history import check_history
@@ -50,6 +51,7 @@ class RunRequest:
     allow_experiment_change: bool = False
     cache_dir: Path | None = None
     options: SupervisorOptions = field(default_factory=SupervisorOptions)
+    engine_paths: str = "qualified"  # the CUDA engine's fast paths: "qualified" (checked on this GPU) or "verified"
 
 
 def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
@@ -129,11 +131,27 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
             raise ProxyError(str(exc), EXIT_USAGE) from None
         if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
             save_identity(run, identity)
+        ctx.engine_paths = choose_engine_paths(experiment, run, engine, request, console)
         if on_started is not None:
             ctx.report.dashboard = on_started(run)
         return Supervisor(ctx).run_forever()
     finally:
         lock.release()
+
+
+def choose_engine_paths(experiment: Experiment, run: RunDir, engine: EngineChoice, request: RunRequest,
+                        console: Console) -> list[str]:
+    """The CUDA engine's path flags for this run (qualification.py): the verified paths, or those that
+    passed their check on this GPU, as recorded in the run directory. Other engines take none."""
+    if engine.kind != "cuda":
+        return []
+    if request.engine_paths == "verified":
+        return list(VERIFIED_FLAGS)
+    m, t = experiment.model, experiment.train
+    model = {"vocab": m.vocab, "ctx": m.ctx, "dim": m.dim, "layers": m.layers, "heads": m.heads, "batch": t.batch,
+             "grad_accum": t.grad_accum}
+    return run_engine_paths(run, engine.path, experiment.engine_flags(), model,
+                            request.cache_dir or default_cache_dir(), console.say, console.warn)
 
 
 def _encode_prompts(experiment: Experiment, data: PreparedData, console: Console) -> list[tuple[str, list[int]]]:

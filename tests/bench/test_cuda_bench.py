@@ -132,7 +132,13 @@ def test_arguments():
                                   "--attention", "flash"])
     assert args.batch == [8, 32, 64] and args.attention == ["flash"]
     assert args.torch_modes == ["default", "reduce-overhead", "max-autotune"]
-    for bad in (["--batch", "0"], ["--attention", "fast"], ["--torch-modes", "max-autotune"], ["--shape", "x"]):
+    assert args.step_paths == ["verified"]
+    args = bench_cuda.parse_args(["--attention", "cudnn", "flash", "--step-paths", "graph"])
+    assert args.attention == ["cudnn", "flash"] and args.step_paths == ["graph"]
+    assert bench_cuda.engine_variant("cudnn", "graph") == "cudnn+graph"
+    assert bench_cuda.engine_variant("naive", "verified") == "naive"
+    for bad in (["--batch", "0"], ["--attention", "fast"], ["--torch-modes", "max-autotune"], ["--shape", "x"],
+                ["--step-paths", "faster"]):
         with pytest.raises(SystemExit) as exc:
             bench_cuda.parse_args(bad)
         assert exc.value.code == 2

@@ -311,3 +311,8 @@ static int registered = [] {
     add_case("convert/bf16/n70001", convert_case);
     return 0;
 }();
+
+// The fused step's and sampling's kernels (issue 28): compiled in this unit, as the op
+// headers they include define kernels that are not templates.
+#include "kernels_fused.cpp"
+#include "kernels_sampling.cpp"

@@ -92,6 +92,9 @@ USAGE_CASES = {
     "vocab-over-uint16": (flags(vocab=70000), []),
     "precision-unknown": (flags(), ["--precision", "fp8"]),
     "attention-unknown": (flags(), ["--attention", "fast"]),
+    "fused-unknown": (flags(), ["--fused", "yes"]),
+    "cuda-graph-unknown": (flags(), ["--cuda-graph", "1"]),
+    "dump-grads-step-zero": (flags(), ["--dump-grads", "g.bin", "--dump-grads-step", "0"]),
     "meta-not-json": (flags(), ["--meta", "{not json"]),
     "missing-value": (flags(), ["--dim"]),
 }
@@ -121,7 +124,8 @@ def test_help_lists_every_flag(engine_bin, tmp_path):
     missing = [f for f in ("--data", "--ckpt-dir", "--resume", "--ckpt-every", "--keep-last", "--vocab", "--ctx",
                            "--dim", "--layers", "--heads", "--batch", "--grad-accum", "--steps", "--lr",
                            "--min-lr", "--warmup", "--beta1", "--beta2", "--eps", "--weight-decay",
-                           "--grad-clip", "--seed", "--threads", "--precision", "--attention", "--meta", "--dump-grads",
+                           "--grad-clip", "--seed", "--threads", "--precision", "--attention", "--fused",
+                           "--cuda-graph", "--meta", "--dump-grads", "--dump-grads-step",
                            "--allow-hparam-change", "--help") if f not in out]
     assert not missing, f"--help does not list {missing}"
 

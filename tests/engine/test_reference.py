@@ -91,6 +91,28 @@ def test_loss_and_grads_match_torch(run_engine, tmp_path, grad_accum):
     assert np.abs(ref_grads).max() > 100 * GRAD_TOL
 
 
+def test_dump_grads_step_n_is_that_steps_gradients(run_engine, tmp_path):
+    """--dump-grads-step 3 trains steps 1 and 2, then writes step 3's gradients: bit for bit those of
+    step 1 of a run resumed from the step-2 checkpoint (the qualification compares step 3's)."""
+    cfg = TINY.but(batch=2)
+    frames3 = train_frames(cfg, 1, 3, seed=5)
+    full = run_engine(proxy_args(cfg, tmp_path / "full", "--ckpt-every", "2", "--dump-grads", tmp_path / "g3.f32",
+                                 "--dump-grads-step", "3"))
+    for s, rows, groups in frames3:
+        full.train(s, rows, groups)
+    ev = full.wait_for("grads")
+    assert full.finish() == 0, full.stderr()
+    assert ev["step"] == 3 and [e["step"] for e in full.of("step")] == [1, 2]
+    again = run_engine(proxy_args(cfg, tmp_path / "again", "--resume", tmp_path / "full" / "step_000002.bin",
+                                  "--dump-grads", tmp_path / "g1.f32"))
+    s, rows, groups = frames3[2]
+    again.train(s, rows, groups)
+    ev1 = again.wait_for("grads")
+    assert again.finish() == 0, again.stderr()
+    assert ev1["step"] == 3 and ev1["loss"] == ev["loss"]
+    assert (tmp_path / "g1.f32").read_bytes() == (tmp_path / "g3.f32").read_bytes()
+
+
 def test_dump_grads_standalone_single_window(engine_bin, run_engine, tmp_path):
     """Standalone mode on a shard of exactly T+1 tokens: every row is that one window."""
     cfg = TINY

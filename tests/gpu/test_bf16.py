@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from proxy.qualification import COSINE_MIN, LOSS_TOLERANCE
+
 from .conftest import Shape, dump_grads, initial_checkpoint, smooth, train, train_frames
 
 SHAPE = Shape(batch=8, steps=200, lr=2e-3, min_lr=2e-4, warmup=20)
@@ -23,9 +25,9 @@ def test_bf16_first_loss_close_to_fp32(attention, cpu_bin, cuda_bin, tmp_path):
     l32, g32 = dump_grads(cuda_bin, SHAPE, tmp_path / "fp32", init, frame, "--precision", "fp32")
     l16, g16 = dump_grads(cuda_bin, SHAPE, tmp_path / "bf16", init, frame, "--precision", "bf16",
                           "--attention", attention)
-    assert abs(l16 - l32) <= 2e-2, (l16, l32)
+    assert abs(l16 - l32) <= LOSS_TOLERANCE, (l16, l32)
     cos = float(np.dot(g16, g32) / (np.linalg.norm(g16) * np.linalg.norm(g32)))
-    assert cos > 0.99, f"bf16 gradient direction cosine {cos}"
+    assert cos > COSINE_MIN, f"bf16 gradient direction cosine {cos}"
 
 
 @pytest.mark.parametrize("attention", ATTENTION)

@@ -14,12 +14,10 @@ import numpy as np
 import pytest
 
 from proxy.formats import frames
+from proxy.qualification import COSINE_MIN, LOSS_TOLERANCE as LOSS_TOL  # the qualification's tolerances
 
 from .conftest import (Engine, GradDump, Shape, dump_grads_run, initial_checkpoint, markov_rows, proxy_args, train,
                        train_frames)
-
-LOSS_TOL = 2e-2
-COSINE_MIN = 0.99
 
 
 def flash_shape(hd: int, T: int) -> Shape:

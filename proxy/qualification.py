@@ -20,7 +20,6 @@ while the GPU and the build are the same, so a resumed run keeps its paths
 from __future__ import annotations
 
 import hashlib
-import os
 import signal
 import subprocess
 import tempfile
@@ -34,6 +33,7 @@ import numpy as np
 from .formats import frames
 from .formats.engine_cli import engine_args
 from .formats.parameters import param_layout
+from .processes import signal_group
 from .formats.qualification import (PathVerdict, Qualification, QualificationFileError, read_qualification,
                                     write_qualification)
 from .rundir.layout import RunDir
@@ -117,10 +117,7 @@ def run_check(binary: Path, settings: list[str], flags: list[str], shape: dict, 
     try:
         out, err = proc.communicate(payload, timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(proc.pid, signal.SIGKILL)  # our unreaped child: its group is still ours
         proc.communicate()
         return CheckRun(crashed=f"no gradients within {timeout:.0f} s (killed)")
     run = CheckRun()

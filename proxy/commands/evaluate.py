@@ -22,32 +22,32 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..data.batches import BatchError, BatchSampler, evenly_spaced_starts
-from ..data.prepare import PreparedData
+from ..data.batches import eval_rows, evenly_spaced_starts
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats import frames
 from ..formats.loss_log import eval_loss
 from ..supervision.engine_process import EngineError, choose_engine
 from .checkpoint_engine import CheckpointEngine
-from .model_source import ModelSource, resolve_source, run_data, say_warnings
+from .model_source import HeldData, ModelSource, resolve_source, run_data, say_warnings
 
 # (name, tokens [rows, ctx + 1], group ids [rows]) of one part evaluated: an arm or a file
 Part = tuple[str, np.ndarray, np.ndarray]
 
 
-def arm_parts(source: ModelSource, data: PreparedData) -> list[Part]:
-    """Each arm's validation rows, exactly as the run's evals take them."""
+def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
+    """Each arm's validation rows, exactly as the run's evals take them (the run's frozen validation tokens)."""
     _run, experiment = source.require_run("the validation data")
-    try:
-        sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(experiment.train.seed),
-                               source.shape.ctx + 1)
-    except BatchError as exc:
-        raise ProxyError(f"the data of {source.run.root}: {exc}", EXIT_USAGE) from None
-    rows = int(experiment.train.eval_rows)
-    return [(name, *sampler.eval_batch(arm, rows)) for arm, name in enumerate(experiment.arm_names)]
+    rows, row_len = int(experiment.train.eval_rows), source.shape.ctx + 1
+    parts = []
+    for arm, name in enumerate(experiment.arm_names):
+        if data.val[name].size < row_len:
+            raise ProxyError(f"the validation data of {source.run.root}: arm {name!r} holds {data.val[name].size} "
+                             f"tokens, fewer than one row of {row_len}", EXIT_USAGE)
+        parts.append((name, eval_rows(data.val[name], row_len, rows), np.full(rows, arm, dtype=np.uint16)))
+    return parts
 
 
-def file_parts(paths: list[str], data: PreparedData, ctx: int) -> list[Part]:
+def file_parts(paths: list[str], data: HeldData, ctx: int) -> list[Part]:
     """Each file as one document (its tokens, then <|endoftext|>), in the fewest rows that cover it."""
     twice = sorted({p for p in paths if paths.count(p) > 1})
     if twice:
@@ -101,7 +101,8 @@ def main(args, out=None) -> int:
     out = out or sys.stdout
     source = resolve_source(args.run_dir, args.step, args.checkpoint)
     say_warnings(source)
-    data = run_data(source, args.cache_dir, "the tokenizer" if args.data else "the validation data")
+    data = run_data(source, args.cache_dir, "the tokenizer" if args.data else "the validation data",
+                    need_val=not args.data)
     key = "files" if args.data else "arms"
     parts = file_parts(args.data, data, source.shape.ctx) if args.data else arm_parts(source, data)
     try:

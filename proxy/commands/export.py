@@ -57,7 +57,7 @@ def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[s
         CONFIG_FILE: json_bytes(HFConfig(source.shape, eot).to_dict()),
         GENERATION_CONFIG_FILE: json_bytes(HFGenerationConfig(eot, int(audits.max_new), float(audits.temperature),
                                                               int(audits.top_k or 0)).to_dict()),
-        TOKENIZER_FILE: data.tokenizer_path.read_bytes(),
+        TOKENIZER_FILE: data.tokenizer_json,
         TOKENIZER_CONFIG_FILE: json_bytes(HFTokenizerConfig(EOT, source.shape.ctx).to_dict()),
     }
 

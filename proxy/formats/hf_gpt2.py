@@ -88,7 +88,7 @@ def _our_name(hf: str) -> str | None:
 
 _HF_TOP = {hf.removeprefix("transformer."): ours for ours, hf in _TOP.items()}
 _HF_BLOCK = {hf: ours for ours, (hf, _t) in _BLOCK.items()}
-SKIPPED = ("attn.bias", "attn.masked_bias")  # causal-mask buffers of older GPT-2 files, not parameters
+SKIPPED = (["attn", "bias"], ["attn", "masked_bias"])  # causal-mask buffers of older GPT-2 files, not parameters
 
 
 def flat_weights(tensors: dict[str, np.ndarray], shape: ModelShape) -> np.ndarray:
@@ -101,7 +101,7 @@ def flat_weights(tensors: dict[str, np.ndarray], shape: ModelShape) -> np.ndarra
         if hf in ("lm_head.weight",):
             head = tensor
             continue
-        if hf.endswith(SKIPPED):
+        if hf.split(".")[-2:] in SKIPPED:
             continue
         ours = _our_name(hf)
         if ours is None:

@@ -96,12 +96,13 @@ def detect_format(head: bytes) -> str:
 
 def _llmc(path: str, f, size: int) -> TokenFile:
     head = f.read(4 * LLMC_HEADER_INTS)
+    magic = struct.unpack_from("<i", head)[0] if len(head) >= 4 else None
+    if magic != LLMC_MAGIC:
+        raise TokenFileError(f"{path}: not an llm.c shard (magic {magic}, expected {LLMC_MAGIC})")
     if len(head) < 4 * LLMC_HEADER_INTS:
         raise TokenFileError(f"{path}: truncated llm.c shard ({size} bytes, shorter than its "
                              f"{4 * LLMC_HEADER_INTS}-byte header)")
-    magic, version, count = struct.unpack_from("<iii", head)
-    if magic != LLMC_MAGIC:
-        raise TokenFileError(f"{path}: not an llm.c shard (magic {magic}, expected {LLMC_MAGIC})")
+    _magic, version, count = struct.unpack_from("<iii", head)
     if version not in LLMC_VERSIONS:
         raise TokenFileError(f"{path}: llm.c shard version {version} is not one this reads "
                              f"({', '.join(map(str, LLMC_VERSIONS))})")

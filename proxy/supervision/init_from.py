@@ -10,9 +10,11 @@ experiment names it with "tokenizer"): the embeddings are its ids.
 The weights become `checkpoints/step_000000.bin` with zero AdamW moments and
 the experiment's optimizer settings in its trailer (formats/checkpoint.py
 writes it byte for byte as the engine would), and the usual run resumes from
-it. Until a step is trained the import is made again at each launch that
-asks for it; afterwards a relaunch with the same `--init-from` finds it done,
-and any other is refused.
+it. Phase 0 names that checkpoint in phases.json, so retention keeps it (the
+pretrained starting point) and a relaunch knows the run was imported. Until
+a step is trained the import is made again at each launch that asks for it;
+afterwards a relaunch with the same `--init-from` finds it done, and any
+other is refused.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ from ..formats.checkpoint import Trailer, checkpoint_path, encode_checkpoint, re
 from ..formats.engine_cli import meta_text
 from ..formats.hf_gpt2 import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, config_shape, flat_weights
 from ..formats.parameters import ModelShape
-from ..rundir.layout import RunDir
+from ..rundir.layout import RunDir, relative_checkpoint
+from ..rundir.phases import read_phases, write_phases
 from ..safe_fs import UnsafeFileError, read_regular
 from .context import Console
 from .run_data import RunData
@@ -148,6 +151,10 @@ def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: 
     raw = encode_checkpoint(0, weights, zeros, zeros, _trailer(experiment, wanted, meta))
     make_dirs(run.checkpoints)
     atomic_write_bytes(target, raw)
+    phases = read_phases(run)
+    if len(phases) == 1 and phases[0].checkpoint is None:  # the run starts from it (and retention keeps it)
+        phases[0].checkpoint = relative_checkpoint(0)
+        write_phases(run, phases)
     console.say(f"step 0 imported from {directory}: {wanted.n_params:,} parameters "
                 f"(vocab {m.vocab}, ctx {m.ctx}, dim {m.dim}, layers {m.layers}, heads {m.heads}); AdamW moments zero")
 

@@ -28,8 +28,11 @@ TEXTS = ["def f(x):\n    return x * 2\n", "The quick brown fox.", "  leading spa
 
 
 def run_tokenizer(run, cache) -> Tokenizer:
-    """The tokenizer the run was trained with, straight from the prepared-data cache."""
-    return prepare_data(load_frozen_experiment(RunDir(run)), run, cache, progress=False).tokenizer
+    """The tokenizer the run was trained with: the one frozen in it, and the one in the prepared-data cache."""
+    frozen = (run / "data" / "tokenizer.json").read_bytes()
+    cached = prepare_data(load_frozen_experiment(RunDir(run)), run, cache, progress=False).tokenizer_json
+    assert frozen == cached
+    return Tokenizer.from_json(frozen, load_frozen_experiment(RunDir(run)).model.vocab, "run")
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,8 @@ class Source(StrictModel):
 
     def resolved(self, base_dir: str | os.PathLike) -> "Source":
         """A copy whose path fields are absolute (relative ones joined to `base_dir`)."""
-        update = {name: value if os.path.isabs(value) else os.path.join(os.path.abspath(base_dir), value)
+        update = {name: os.path.normpath(value if os.path.isabs(value) else os.path.join(os.path.abspath(base_dir),
+                                                                                          value))
                   for name, value, _what in self.path_fields()}
         return self.model_copy(update=update)
 

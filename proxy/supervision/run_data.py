@@ -72,7 +72,8 @@ def resolved_experiment(experiment: Experiment, experiment_dir: Path,
     tokenizer = experiment.tokenizer
     if tokenizer is not None:
         given = definition.tokenizer.given if definition is not None else None
-        tokenizer = given if given is not None else os.path.join(os.path.abspath(experiment_dir), tokenizer)
+        tokenizer = given if given is not None else os.path.normpath(os.path.join(os.path.abspath(experiment_dir),
+                                                                                  tokenizer))
     return experiment.model_copy(update={"arms": arms, "tokenizer": tokenizer})
 
 

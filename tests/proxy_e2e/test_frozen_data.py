@@ -1,0 +1,174 @@
+"""A run directory that stands alone: the data definition frozen in RUN/data/ (docs/FORMATS.md).
+
+After a run, its sources may be replaced or deleted: `sample`, `eval`,
+`export` and `verify` print byte-identical output, `fork` copies what they
+need, and `proxy run` refuses the changed run with one line unless
+`--allow-data-change` (recorded). An experiment whose sources are relative to
+its file works from the run directory alone; a launch that failed before its
+first step froze nothing binding.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from .conftest import REPO, TINY, Proxy, last_steps, max_logged_step, read_entries, run_args, run_cmd, wait_for
+
+CORPUS = "".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
+
+
+def relative_experiment(root: Path, name: str = "REL", **train) -> Path:
+    """root/exp/NAME.json reading ../data/corpus.txt (relative to the experiment file) and a built-in arm."""
+    exp = json.loads(TINY.read_text())
+    exp["name"] = name
+    exp["train"].update({"max_steps": 30, "ckpt_every": 10, "eval_every": 10, "sample_every": 10, "keep_last": 0,
+                         "threads": 1, **train})
+    exp["arms"] = [{"name": "corpus", "sources": [{"file": "../data/corpus.txt"}]},
+                   {"name": "topics", "sources": [{"builtin": "pydoc_topics", "max_chars": 100_000}]}]
+    (root / "exp").mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    (root / "data" / "corpus.txt").write_text(CORPUS)
+    path = root / "exp" / f"{name}.json"
+    path.write_text(json.dumps(exp, indent=1))
+    return path
+
+
+def follow_ups(run: Path, engine, cache: Path, out: Path) -> dict[str, str]:
+    """What sample, eval, verify print and export writes, for a run at step 20."""
+    result = {}
+    for name, args in (("sample", ["sample", "--prompt", "The ", "--max-new", "24", "--seed", "3"]),
+                       ("eval", ["eval", "--json"]), ("verify", ["verify", "--json"])):
+        extra = ["--engine", engine.flag] if name in ("sample", "eval") else []
+        step = ["--step", "20"] if name != "verify" else []
+        done = run_cmd([*args, "--run-dir", str(run), *step, *extra], cache)
+        assert done.returncode == 0, (name, done.stderr)
+        assert done.stderr == "", (name, done.stderr)
+        result[name] = done.stdout
+    shutil.rmtree(out, ignore_errors=True)
+    done = run_cmd(["export", "--run-dir", str(run), "--step", "20", "--out", str(out)], cache)
+    assert done.returncode == 0, done.stderr
+    for p in sorted(out.iterdir()):
+        result[f"export/{p.name}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return result
+
+
+def test_follow_ups_need_no_source_and_run_refuses_a_changed_one(engine, gate, data_cache, tmp_path):
+    exp = relative_experiment(tmp_path)
+    run = tmp_path / "run"
+    gate.hold_after(20)
+    proxy = Proxy(run_args(exp, run, engine=gate.engine_flag), data_cache, tmp_path).start()
+    wait_for(lambda: (run / "checkpoints" / "step_000020.bin").exists() and max_logged_step(run) >= 20, 240,
+             "the checkpoint of step 20", proxy)
+    assert run_cmd(["stop", "--run-dir", str(run)], data_cache).returncode == 0
+    assert proxy.wait(60) == 0, proxy.output()
+    before = follow_ups(run, engine, data_cache, tmp_path / "out")
+    definition = json.loads((run / "data" / "data.json").read_text())
+    corpus = tmp_path / "data" / "corpus.txt"
+    assert definition["arms"]["corpus"]["sources"][0]["paths"] == {"file": str(corpus)}  # absolute
+
+    # the corpus replaced (the tokenizer trained on it would differ), then deleted: the same output
+    corpus.write_text(CORPUS[::-1])
+    assert follow_ups(run, engine, data_cache, tmp_path / "out") == before
+    changed = run_cmd(run_args(exp, run), data_cache)
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr
+    line = changed.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"proxy: {run}: arm 'corpus' source 0 (file {corpus}) changed since the run froze it "
+                           f"(the same {len(CORPUS.encode()):,} bytes in 1 file(s), other content)"), line
+    assert "--allow-data-change" in line
+    corpus.unlink()
+    assert follow_ups(run, engine, data_cache, tmp_path / "out") == before
+    vanished = run_cmd(run_args(exp, run), data_cache)
+    assert vanished.returncode == 2
+    assert vanished.stderr.strip().splitlines()[-1].startswith("proxy: ")  # refused at loading: the file is gone
+    assert "corpus.txt" in vanished.stderr.strip().splitlines()[-1]
+    gone = run_cmd(run_args(None, run), data_cache)  # from the run directory alone: the frozen absolute path
+    line = gone.stderr.strip().splitlines()[-1]
+    assert gone.returncode == 2 and f"arm 'corpus' source 0 (file {corpus}) vanished" in line, gone.stderr
+
+    # restored: the run goes on from the run directory alone (the relative path resolves against nothing there)
+    corpus.write_text(CORPUS)
+    done = run_cmd(run_args(None, run), data_cache)
+    assert done.returncode == 0, done.stderr
+    assert sorted(last_steps(run)) == list(range(1, 31))
+    assert json.loads((run / "data" / "data.json").read_text()) == definition  # nothing recorded: nothing changed
+
+
+def test_allow_data_change_trains_on_and_records_it(engine, gate, data_cache, tmp_path):
+    exp = relative_experiment(tmp_path, "CHANGE")
+    run = tmp_path / "run"
+    gate.hold_after(10)
+    proxy = Proxy(run_args(exp, run, engine=gate.engine_flag), data_cache, tmp_path).start()
+    wait_for(lambda: (run / "checkpoints" / "step_000010.bin").exists() and max_logged_step(run) >= 10, 240,
+             "step 10", proxy)
+    assert run_cmd(["stop", "--run-dir", str(run)], data_cache).returncode == 0
+    assert proxy.wait(60) == 0
+    stopped = max_logged_step(run)  # the step the stop checkpointed (the gate holds the engine after 10)
+    frozen = {p.name: p.read_bytes() for p in (run / "data").iterdir()}
+    (tmp_path / "data" / "corpus.txt").write_text(CORPUS + "\nOne more paragraph at the end.\n")
+    done = run_cmd(run_args(exp, run, "--allow-data-change"), data_cache)
+    assert done.returncode == 0, done.stderr
+    assert "training on changed data (--allow-data-change): arm 'corpus' source 0" in done.stderr
+    definition = json.loads((run / "data" / "data.json").read_text())
+    (change,) = definition["changes"]
+    assert change["step"] == stopped and change["changes"][0].startswith("arm 'corpus' source 0 (file ")
+    assert len(list((run / "archive").glob("data_*.json"))) == 1
+    # the tokenizer and the validation tokens stay the frozen ones
+    for name in ("tokenizer.json", "corpus.val.tok", "topics.val.tok"):
+        assert (run / "data" / name).read_bytes() == frozen[name]
+    assert max(last_steps(run)) == 30
+    assert run_cmd(["verify", "--run-dir", str(run)], data_cache).returncode == 0
+
+
+def test_a_failed_first_launch_freezes_nothing(engine, data_cache, tmp_path):
+    """A launch stopped by its data (an arm too small for ctx) is fixed by editing the experiment, and the
+    next launch needs no flag: nothing was trained, so nothing was binding."""
+    exp = relative_experiment(tmp_path, "FIRST")
+    obj = json.loads(exp.read_text())
+    (tmp_path / "data" / "corpus.txt").write_text("too short\n" * 20)
+    run = tmp_path / "run"
+    failed = run_cmd(run_args(exp, run), data_cache)
+    assert failed.returncode == 2 and "arm 'corpus' has" in failed.stderr.strip().splitlines()[-1]
+    (tmp_path / "data" / "corpus.txt").write_text(CORPUS)
+    obj["train"]["lr"] = 0.002
+    obj["train"]["max_steps"] = 10
+    exp.write_text(json.dumps(obj))
+    done = run_cmd(run_args(exp, run), data_cache)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "experiment.json").read_text())["train"]["lr"] == 0.002
+    assert not (run / "archive").exists()  # no replaced experiment recorded: none was binding
+    assert "experiment changed" not in done.stderr
+    assert sorted(last_steps(run)) == list(range(1, 11))
+
+
+def test_a_fork_carries_the_data_definition(engine, data_cache, tmp_path):
+    exp = relative_experiment(tmp_path, "FORKED", max_steps=20)
+    run = tmp_path / "run"
+    assert run_cmd(run_args(exp, run), data_cache).returncode == 0
+    fork = tmp_path / "fork"
+    assert run_cmd(["fork", "--run-dir", str(run), "--at", "20", "--to", str(fork)], data_cache).returncode == 0
+    assert {p.name: p.read_bytes() for p in (fork / "data").iterdir()} == \
+        {p.name: p.read_bytes() for p in (run / "data").iterdir()}
+    (tmp_path / "data" / "corpus.txt").unlink()
+    evals = [run_cmd(["eval", "--run-dir", str(r), "--step", "20", "--engine", engine.flag, "--json"], data_cache)
+             for r in (run, fork)]
+    assert all(e.returncode == 0 for e in evals), [e.stderr for e in evals]
+    logged = [e for e in read_entries(run) if e["type"] == "eval" and e["step"] == 20][0]
+    assert json.loads(evals[0].stdout)["arms"] == json.loads(evals[1].stdout)["arms"] == logged["arms"]
+
+
+def test_damaged_frozen_data_is_refused_in_one_line(engine, data_cache, tmp_path):
+    exp = relative_experiment(tmp_path, "DAMAGED", max_steps=10)
+    run = tmp_path / "run"
+    assert run_cmd(run_args(exp, run), data_cache).returncode == 0
+    tok = run / "data" / "tokenizer.json"
+    tok.write_bytes(tok.read_bytes().replace(b'"<|endoftext|>"', b'"<|endoftexT|>"', 1))
+    for args in (["sample", "--prompt", "x", "--engine", engine.flag], ["eval", "--engine", engine.flag],
+                 ["export", "--out", str(tmp_path / "x")]):
+        result = run_cmd([*args, "--run-dir", str(run)], data_cache)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert "data/tokenizer.json does not match its SHA-256 in data.json" in lines[0]
+    report = run_cmd(["verify", "--run-dir", str(run)], data_cache)
+    assert report.returncode == 1 and "data: CORRUPT: data/tokenizer.json does not match" in report.stdout

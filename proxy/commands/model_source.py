@@ -13,9 +13,9 @@ with one line, before any engine starts or anything is written.
 
 The tokenizer and the validation tokens come from the run alone (its frozen
 data definition, rundir/data.py, every file checked against its SHA-256),
-never from the sources, which may have changed or gone since. Only a run
-made before runs froze their data has them rebuilt from its sources (with a
-warning).
+never from the sources, which may have changed or gone since. A run made
+before runs froze their data has them from the prepared-data cache entry it
+was made with (with a warning), if it is still there.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..config.errors import ExperimentError
 from ..config.experiment import Experiment
-from ..data.prepare import DataError, default_cache_dir, prepare_data
+from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
 from ..data.tokenizer import Tokenizer
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import (CheckpointError, Trailer, checkpoint_path, header_step, read_checkpoint,
@@ -227,12 +227,18 @@ def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bo
             return HeldData(tokenizer, raw, val)
     except RunDirError as exc:
         raise ProxyError(f"{what} of {run.root}: {exc}", EXIT_USAGE) from None
-    print(f"proxy: warning: {run.root} holds no frozen data (made before runs froze them); {what} is rebuilt from "
-          "its sources, which must be as they were", file=err or sys.stderr, flush=True)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
     try:  # relative source paths resolve against the run directory (as for `proxy run --run-dir`)
-        data = prepare_data(experiment, run.root, Path(cache_dir) if cache_dir else default_cache_dir())
+        key = v1_key(experiment, run.root)
     except (DataError, ExperimentError) as exc:
-        raise ProxyError(f"the data of {run.root}: {exc}", EXIT_USAGE) from None
+        raise ProxyError(f"the data of {run.root} (made before runs froze their data): {exc}", EXIT_USAGE) from None
+    data = load_cached(experiment, run.root, cache, key)
+    if data is None:
+        raise ProxyError(f"{run.root} holds no frozen data (made before runs froze them), and the data it was "
+                         f"prepared with are not in the cache ({cache}/data-{key[:24]}); {what} cannot be had",
+                         EXIT_USAGE)
+    print(f"proxy: warning: {run.root} holds no frozen data (made before runs froze them); {what} comes from the "
+          f"prepared-data cache ({data.path}); a `proxy run` of it freezes them", file=err or sys.stderr, flush=True)
     val = {arm: shard_segment(data.val_shards[arm])[0].array() for arm in experiment.arm_names} if need_val else {}
     return HeldData(data.tokenizer, data.tokenizer_json, val)
 

@@ -53,6 +53,13 @@ from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerErro
 from .workers import Task, Workers, default_workers
 
 FORMAT_VERSION = 2
+# The cache entries of format 1 (before preparation streamed), read for runs trained on one: their key's
+# parts, as that version wrote them (it trained the tokenizer on every training document, split by whole
+# documents in the order of their hash).
+V1 = {"format": 1,
+      "tokenizer": {"kind": "byte_level_bpe", "special_tokens": ["<|endoftext|>"], "add_prefix_space": False,
+                    "use_regex": True, "min_frequency": 2, "version": 1},
+      "split": {"fraction": 0.01, "min_chars": 64 * 1024, "max_fraction": 0.1, "method": "sha256-docs-v1"}}
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under way (renamed into place when whole)
@@ -136,6 +143,14 @@ def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json:
     tokenizer = {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
     obj = {"format": FORMAT_VERSION, "vocab": experiment.model.vocab, "tokenizer": tokenizer,
            "split": SPLIT_SETTINGS, "arms": arms}
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def v1_key(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None) -> str:
+    """The key format 1 gave the same experiment and sources (its trained tokenizer, its split)."""
+    arms = [[name, fps] for name, fps in fingerprints(experiment, experiment_dir, hashes).items()]
+    obj = {"format": V1["format"], "vocab": experiment.model.vocab, "tokenizer": V1["tokenizer"],
+           "split": V1["split"], "arms": arms}
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
@@ -408,12 +423,16 @@ def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> 
         manifest = json.loads(read_regular(entry / MANIFEST, MANIFEST_LIMIT))
     except (OSError, ValueError, UnsafeFileError, RecursionError):
         return None
-    if not isinstance(manifest, dict) or manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("key") != key or \
+            manifest.get("format") not in (FORMAT_VERSION, V1["format"]):
         return None
     train, val = {}, {}
     try:
         tokenizer_json = read_regular(entry / TOKENIZER_FILE, GIVEN_LIMIT)
-        if hashlib.sha256(tokenizer_json).hexdigest() != manifest["tokenizer_sha256"]:
+        if manifest["format"] == V1["format"]:  # its arms name one train shard each, and no checksum
+            manifest["arms"] = {name: {**info, "train": [{"file": info["train"]}]}
+                                for name, info in manifest["arms"].items()}
+        elif hashlib.sha256(tokenizer_json).hexdigest() != manifest["tokenizer_sha256"]:
             return None
         tok = Tokenizer.from_json(tokenizer_json, vocab, str(entry / TOKENIZER_FILE))
         for name, info in manifest["arms"].items():
@@ -479,7 +498,8 @@ def check_lengths(data: PreparedData, experiment: Experiment) -> None:
 
 def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
                 key: str) -> Optional[PreparedData]:
-    """The cache entry of `key` if it is there whole (a run's recorded entry), else None."""
+    """The cache entry of `key` if it is there whole (a run's recorded entry, or one of format 1), else
+    None."""
     try:
         external = _external(experiment, Path(experiment_dir))
     except DataError:

@@ -17,6 +17,12 @@ rundir/data.py). From then on:
   the sources match it, else are prepared again with the frozen tokenizer
   (the same bytes, for unchanged sources).
 
+A run that trained before runs froze their data freezes, at its next launch,
+the data it was prepared with: the cache entry of format 1 its sources and
+vocabulary name (prepare.py `v1_key`), the only place its tokenizer is; if
+that entry is gone the launch stops with one line (a tokenizer trained now
+would not be the run's).
+
 `proxy run --run-dir DIR` without an experiment file reads the sources at
 their frozen absolute paths, so relative paths need not resolve against DIR.
 """
@@ -31,7 +37,7 @@ import numpy as np
 
 from ..config.experiment import Experiment
 from ..config.sources import Source
-from ..data.prepare import DataError, Hashes, PreparedData, fingerprints, load_cached, prepare_data
+from ..data.prepare import DataError, Hashes, PreparedData, fingerprints, load_cached, prepare_data, v1_key
 from ..data.sources import SourceError, source_files, source_fingerprint
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer
 from ..errors import EXIT_USAGE, ProxyError
@@ -150,6 +156,24 @@ def _arms_for_freeze(experiment: Experiment, data: PreparedData, hashes: Hashes)
             for arm in experiment.arm_names}
 
 
+def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, hashes: Hashes, warn) -> PreparedData:
+    """A run that trained before runs froze their data: the cache entry (format 1) it was prepared with,
+    which alone holds its tokenizer; ProxyError when it is gone."""
+    try:
+        key = v1_key(experiment, "/", hashes)
+    except DataError as exc:
+        raise ProxyError(f"{run.root} trained before runs froze their data, and its sources cannot be read to "
+                         f"find the data it was prepared with: {exc}", EXIT_USAGE) from None
+    data = load_cached(experiment, "/", cache_dir, key)
+    if data is None:
+        raise ProxyError(f"{run.root} trained before runs froze their data, and the data it was prepared with are "
+                         f"not in the cache ({cache_dir}/data-{key[:24]}): a tokenizer trained now would not be its "
+                         "own; relaunch it with the version that made it, or start a new run", EXIT_USAGE)
+    warn(f"{run.root} trained before runs froze their data; freezing the data it was prepared with "
+         f"({data.path}) into {run.data_dir}")
+    return data
+
+
 def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cache_dir: Path, *, binding: bool,
                   allow_change: bool, from_frozen: bool, resume_step: int, warn) -> RunData:
     """The launch's data (module docstring). ProxyError (one line, exit 2) for a bad source, a refused data
@@ -160,11 +184,9 @@ def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cac
         raise ProxyError(str(exc), EXIT_USAGE) from None
     hashes = Hashes()
     if not binding or definition is None:
-        if binding:
-            warn(f"{run.root} has trained without a frozen data definition (made by an older version); "
-                 "freezing its data as they are now")
         resolved = resolved_experiment(experiment, experiment_dir, definition if from_frozen else None)
-        data = _prepare(resolved, cache_dir, None, hashes)
+        data = _legacy(run, resolved, cache_dir, hashes, warn) if binding else _prepare(resolved, cache_dir, None,
+                                                                                          hashes)
         definition = freeze(run, vocab=experiment.model.vocab, cache_key=data.key, tokenizer=data.tokenizer,
                             tokenizer_json=data.tokenizer_json, given=resolved.tokenizer,
                             arms=_arms_for_freeze(resolved, data, hashes))

@@ -239,3 +239,17 @@ def test_tiny_experiment_prepares(tmp_path):
     ids = data.tokenizer.encode("def main():\n    import json\n")
     assert max(ids) < exp.model.vocab
     assert data.tokenizer.decode(ids) == "def main():\n    import json\n"
+
+
+def test_the_format_1_key_is_the_old_versions(tmp_path):
+    """A run trained before runs froze their data finds its data by the key format 1 gave them (pinned: the
+    value the version before computed for these files)."""
+    from proxy.data.prepare import v1_key
+    (tmp_path / "corpus.txt").write_text("hello world, this is a tiny corpus.\n" * 200)
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"t": "doc {i}"}}\n' for i in (1, 2, 3)))
+    exp = parse_experiment({
+        "name": "V1", "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
+        "train": {"batch": 2, "max_steps": 10, "lr": 0.001, "min_lr": 0.0001, "warmup": 1, "seed": 1, "eval_rows": 2},
+        "arms": [{"name": "a", "sources": [{"file": "corpus.txt"}, {"jsonl": "d.jsonl", "field": "t"}]},
+                 {"name": "b", "sources": [{"dir": ".", "suffix": ".txt", "max_chars": 1000}]}]})
+    assert v1_key(exp, tmp_path) == "21b65c2959ab3733c1c73ffac5f1aa1c7a57c39a233bdd0d1b6b319b78bdc0c1"

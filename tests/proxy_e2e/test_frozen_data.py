@@ -172,3 +172,52 @@ def test_damaged_frozen_data_is_refused_in_one_line(engine, data_cache, tmp_path
         assert "data/tokenizer.json does not match its SHA-256 in data.json" in lines[0]
     report = run_cmd(["verify", "--run-dir", str(run)], data_cache)
     assert report.returncode == 1 and "data: CORRUPT: data/tokenizer.json does not match" in report.stdout
+
+
+def test_a_run_made_before_frozen_data_uses_the_data_it_was_made_with(engine, data_cache, tmp_path):
+    """A run without data/ (trained by the version before): its follow-ups and its next launch take the
+    format-1 cache entry its sources name (the only place its tokenizer is), and the launch freezes it;
+    with the entry gone, one line."""
+    from proxy.config.experiment import load_experiment
+    from proxy.data.prepare import prepare_data, v1_key
+
+    exp = relative_experiment(tmp_path, "LEGACY", max_steps=20)
+    run = tmp_path / "run"
+    assert run_cmd(run_args(exp, run), data_cache).returncode == 0
+    logged = [e for e in read_entries(run) if e["type"] == "eval" and e["step"] == 20][0]
+    shutil.rmtree(run / "data")
+    # the entry format 1 would have left: this run's own data, under the key that version gave them
+    experiment = load_experiment(exp)
+    cache = tmp_path / "cache"
+    data = prepare_data(experiment, exp.parent, tmp_path / "v2", progress=False)
+    entry = cache / f"data-{v1_key(experiment, exp.parent)[:24]}"
+    entry.mkdir(parents=True)
+    (entry / "tokenizer.json").write_bytes(data.tokenizer_json)
+    arms = {}
+    for arm in experiment.arm_names:
+        shutil.copy(data.train[arm][0].path, entry / f"{arm}.train.tok")
+        shutil.copy(data.val_shards[arm], entry / f"{arm}.val.tok")
+        arms[arm] = {"train": f"{arm}.train.tok", "val": f"{arm}.val.tok", **data.stats[arm]}
+    (entry / "manifest.json").write_text(json.dumps({"format": 1, "key": v1_key(experiment, exp.parent),
+                                                     "vocab": 512, "tokenizer": "tokenizer.json", "arms": arms}))
+    gone = run_cmd(["eval", "--run-dir", str(run), "--step", "20", "--engine", engine.flag], tmp_path / "empty")
+    assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1
+    assert "holds no frozen data (made before runs froze them), and the data it was prepared with are not in the " \
+        "cache" in gone.stderr
+    # relative sources resolve against the run directory for a run without data/: give the experiment's place
+    frozen = json.loads(exp.read_text().replace("../data/", str(tmp_path / "data") + "/"))
+    (run / "experiment.json").write_text(json.dumps(frozen))
+    (run / ".experiment.seal.json").unlink()  # resealed from the copy at the next launch
+    found = run_cmd(["eval", "--run-dir", str(run), "--step", "20", "--engine", engine.flag, "--json"], cache)
+    assert found.returncode == 0, found.stderr
+    assert "comes from the prepared-data cache" in found.stderr
+    assert json.loads(found.stdout)["arms"] == logged["arms"]
+    longer = json.loads(exp.read_text())
+    longer["train"]["max_steps"] = 30  # ten more steps
+    exp.write_text(json.dumps(longer))
+    relaunch = run_cmd(run_args(exp, run, "--allow-experiment-change"), cache)
+    assert relaunch.returncode == 0, relaunch.stderr
+    assert "trained before runs froze their data; freezing the data it was prepared with" in relaunch.stderr
+    assert (run / "data" / "tokenizer.json").read_bytes() == data.tokenizer_json
+    assert max(last_steps(run)) == 30 and json.loads((run / "data" / "data.json").read_text())["cache_key"] == \
+        v1_key(experiment, exp.parent)

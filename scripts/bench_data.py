@@ -165,7 +165,10 @@ def _peer_init(tokenizer_json: str) -> None:
 
 
 def _peer_encode(paths: list[str]) -> np.ndarray:
-    texts = [Path(p).read_text(encoding="utf-8") for p in paths]
+    texts = []
+    for p in paths:
+        with open(p, encoding="utf-8", newline="") as f:  # the text as it is (no newline translation)
+            texts.append(f.read())
     eot = _peer_tokenizer.token_to_id("<|endoftext|>")
     ids = []
     for enc in _peer_tokenizer.encode_batch(texts, add_special_tokens=False):
@@ -227,7 +230,10 @@ def _side_main(args) -> int:
     else:
         result = side_ours(Path(args.corpus), args.tokenizer, args.vocab, args.workers, Path(args.cache),
                            args.out_tokenizer)
-    result["main_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    result["main_maxrss_bytes"] = own.ru_maxrss * 1024
+    # CPU seconds of the process and its workers (reaped): what the work cost, whatever else the machine ran
+    result["cpu_s"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     print(json.dumps(result))
     return 0
 

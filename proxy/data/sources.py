@@ -395,38 +395,49 @@ def _literal_units(texts: list[str], src: Source) -> Iterator[Unit]:
         yield Unit("literal", tuple(batch), size, src.describe())
 
 
+def _plan_tabular(src, files, _decide) -> Iterator[Unit]:
+    try:
+        for reader, items, nbytes in tabular.plan(src, files, UNIT_BYTES):
+            yield Unit(reader, items, nbytes, src.describe(), True, src.column)
+    except tabular.TabularError as exc:
+        raise SourceError(str(exc)) from None
+
+
+def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
+    if src.builtin == "stdlib_code":
+        yield from _file_units(files, src, False, decide)
+    elif src.builtin == "stdlib_docstrings":
+        root = stdlib_root()
+        yield from _file_units(files, src, False, decide, {p: _module_name(p.relative_to(root).as_posix())
+                                                           for p in files})
+    elif src.builtin == "pydoc_topics":
+        yield from _literal_units(_pydoc_topics(), src)
+    else:  # repeated_names (random_tokens is no text: plan_units)
+        yield from _literal_units(repeated_names(), src)
+
+
+def _plan_tokens(src, _files, _decide) -> Iterator[Unit]:
+    raise SourceError(f"{src.describe()}: its documents are token ids (prepare.py reads them in place), not text")
+
+
+_PLANS: dict[type[Source], Callable[[Source, list[Path], Callable], Iterator[Unit]]] = {
+    FileSource: lambda s, files, decide: _file_units(files, s, True, decide),
+    GlobSource: lambda s, files, decide: _file_units(files, s, False, decide),
+    DirSource: lambda s, files, decide: _file_units(files, s, False, decide),
+    JsonlSource: lambda s, files, _decide: _jsonl_units(s, files[0]),
+    ParquetSource: _plan_tabular,
+    HFDatasetSource: _plan_tabular,
+    TokensSource: _plan_tokens,
+    BuiltinSource: _plan_builtin,
+}
+
+
 def plan_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int], str]) -> Iterator[Unit]:
     """The work units of a text source, in document order (its max_chars not applied: limited_units).
     `decide(path, size)` is the train/val decision of a document spread over several units."""
-    base = Path(base_dir)
-    files = source_files(src, base)
-    if isinstance(src, FileSource):
-        yield from _file_units(files, src, True, decide)
-    elif isinstance(src, (GlobSource, DirSource)):
-        yield from _file_units(files, src, False, decide)
-    elif isinstance(src, JsonlSource):
-        yield from _jsonl_units(src, files[0])
-    elif isinstance(src, (ParquetSource, HFDatasetSource)):
-        try:
-            for reader, items, nbytes in tabular.plan(src, files, UNIT_BYTES):
-                yield Unit(reader, items, nbytes, src.describe(), True, src.column)
-        except tabular.TabularError as exc:
-            raise SourceError(str(exc)) from None
-    elif isinstance(src, BuiltinSource):
-        if src.builtin == "stdlib_code":
-            yield from _file_units(files, src, False, decide)
-        elif src.builtin == "stdlib_docstrings":
-            root = stdlib_root()
-            modules = {p: _module_name(p.relative_to(root).as_posix()) for p in files}
-            yield from _file_units(files, src, False, decide, modules)
-        elif src.builtin == "pydoc_topics":
-            yield from _literal_units(_pydoc_topics(), src)
-        elif src.builtin == "repeated_names":
-            yield from _literal_units(repeated_names(), src)
-        else:
-            raise SourceError(f"{src.describe()}: its documents are token ids (random_token_documents), not text")
-    else:
-        raise SourceError(f"{src.describe()}: its documents are token ids, not text")
+    if isinstance(src, BuiltinSource) and not src.is_text:
+        raise SourceError(f"{src.describe()}: its documents are token ids (random_token_documents), not text")
+    return _PLANS[type(src)](src, source_files(src, base_dir), decide)
 
 
 # ---------------------------------------------------------------------------

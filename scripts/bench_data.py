@@ -253,14 +253,14 @@ def load_runs(path: Path) -> list[dict]:
 
 
 def _cells(side: dict, corpus_bytes: int) -> list[str]:
-    return [f"{side['wall_s']:.0f} s", f"{corpus_bytes / side['wall_s'] / 1e6:.2f}",
+    return [f"{side['wall_s']:.0f} s", f"{corpus_bytes / side['wall_s'] / 1e6:.2f}", f"{side['cpu_s']:.0f} s",
             f"{side['peak_rss_bytes'] / 2**30:.2f} GiB"]
 
 
 def render_table(runs: list[dict]) -> str:
-    lines = ["| run | commit | corpus | vocab | workers | ours: wall | MB/s | peak RSS | peer: wall | MB/s | peak RSS "
-             "| ours / peer | ours, training the tokenizer: wall | MB/s | peak RSS | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | commit | corpus | vocab | workers | ours: wall | MB/s | CPU | peak RSS | peer: wall | MB/s | CPU "
+             "| peak RSS | ours / peer (MB/s) | ours, training the tokenizer: wall | MB/s | CPU | peak RSS | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     try:
         for r in runs:
             b = r["corpus_bytes"]
@@ -268,11 +268,12 @@ def render_table(runs: list[dict]) -> str:
             cells = [r["label"], f"`{r['commit']}`", f"{b / 1e9:.2f} GB, {r['documents']:,} documents",
                      str(r["vocab"]), str(r["workers"]), *_cells(r["ours"], b), *_cells(r["peer"], b),
                      f"**{r['peer']['wall_s'] / r['ours']['wall_s']:.2f}x**",
-                     *(_cells(train, b) if train else ["-", "-", "-"]),
+                     *(_cells(train, b) if train else ["-", "-", "-", "-"]),
                      f"{r['load'][0]:.1f}-{r['load'][1]:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
-        notes = ["", "MB/s: corpus bytes over wall seconds; peak RSS: the process and its workers, summed, sampled "
-                 "every 0.1 s; load: the load average at the start and the end. Machine: "
+        notes = ["", "MB/s: corpus bytes over wall seconds; CPU: user and system seconds of the process and its "
+                 "workers; peak RSS: the process and its workers, summed, sampled every 0.1 s; load: the load "
+                 "average at the start and the end. Machine: "
                  + "; ".join(sorted({r["machine"] for r in runs})) + ". Commands, in order:", ""]
         commands = [f"- `{r['command']}`" for r in runs]
     except (KeyError, TypeError, ZeroDivisionError) as exc:

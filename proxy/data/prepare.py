@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import deque
 import shutil
 import sys
 import time
@@ -45,6 +46,7 @@ from ..config.sources import BuiltinSource, TokensSource
 from ..formats.shard import ShardWriter, shard_segment
 from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
 from ..safe_fs import UnsafeFileError, read_regular
+from . import sources
 from .progress import Progress
 from .sources import (SourceError, _matches, hash_file, limited_units, random_token_documents, repeated_names,
                       source_bytes, source_fingerprint)
@@ -80,6 +82,7 @@ class PreparedData:
     val_shards: dict[str, Path]    # arm name -> its validation shard
     stats: dict[str, dict] = field(default_factory=dict)  # arm -> docs, bytes, train_tokens, val_tokens
     cached: bool = False           # True when nothing had to be built
+    fingerprints: dict[str, list[str]] = field(default_factory=dict)  # arm -> its sources' (when computed)
 
     @property
     def tokenizer_path(self) -> Path:
@@ -111,12 +114,17 @@ def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> 
 
 
 class Hashes(dict):
-    """path -> hex SHA-256 of its bytes, each file read once per preparation."""
+    """path -> hex SHA-256 of its bytes. Kept only for the files larger than a work unit (their train/val
+    decision is made from it, after the key, in the main process), so that it stays small however many
+    files a corpus has."""
 
     def __call__(self, p: Path) -> str:
-        if p not in self:
-            self[p] = hash_file(p)
-        return self[p]
+        if p in self:
+            return self[p]
+        digest = hash_file(p)
+        if p.stat().st_size > sources.UNIT_BYTES:
+            self[p] = digest
+        return digest
 
 
 def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None
@@ -135,20 +143,23 @@ def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Opt
 
 
 def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json: Optional[bytes] = None,
-             hashes: Optional[Hashes] = None) -> str:
+             hashes: Optional[Hashes] = None, fps: Optional[dict[str, list[str]]] = None) -> str:
     """The cache key: a hash of everything the prepared data depend on. `tokenizer_json`: a given
-    tokenizer's bytes (default: the one the experiment names, if any)."""
+    tokenizer's bytes (default: the one the experiment names, if any); `fps`: the fingerprints, when
+    computed already."""
     given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)
-    arms = [[name, fps] for name, fps in fingerprints(experiment, experiment_dir, hashes).items()]
+    fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
+    arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
     tokenizer = {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
     obj = {"format": FORMAT_VERSION, "vocab": experiment.model.vocab, "tokenizer": tokenizer,
            "split": SPLIT_SETTINGS, "arms": arms}
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def v1_key(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None) -> str:
+def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: Optional[dict[str, list[str]]] = None) -> str:
     """The key format 1 gave the same experiment and sources (its trained tokenizer, its split)."""
-    arms = [[name, fps] for name, fps in fingerprints(experiment, experiment_dir, hashes).items()]
+    fps = fps if fps is not None else fingerprints(experiment, experiment_dir)
+    arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
     obj = {"format": V1["format"], "vocab": experiment.model.vocab, "tokenizer": V1["tokenizer"],
            "split": V1["split"], "arms": arms}
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
@@ -291,23 +302,20 @@ class TextArms:
 
     def run(self, workers: Workers, rate: float = 0.0, stop=lambda: False) -> Iterator[tuple[str, Task, object]]:
         """(arm, task, result) of every unit, in order; a source's error is one line naming its arm."""
-        order: list[tuple[str, int, Task]] = []
+        order: deque[tuple[str, int, Task]] = deque()  # handed out, no result yet (bounded by the workers' window)
 
         def tasks():
             for arm, i, task in self.tasks(rate):
                 order.append((arm, i, task))
                 yield task
-        done = 0
         try:
             for result in workers.map(tasks(), stop):
-                arm, i, task = order[done]
-                done += 1
+                arm, i, task = order.popleft()
                 self.docs[(arm, i)] += result.docs
                 yield arm, task, result
-        except SourceError as exc:
-            raise DataError(f"arm {order[done][0]!r}: {exc}") from None
-        except OSError as exc:
-            raise DataError(f"arm {order[done][0]!r}: cannot read: {exc}") from None
+        except (SourceError, OSError) as exc:  # the unit at the head of the order failed
+            why = str(exc) if isinstance(exc, SourceError) else f"cannot read: {exc}"
+            raise DataError(f"arm {order[0][0] if order else '?'!r}: {why}") from None
 
     def check_documents(self) -> None:
         for arm in self.arms:
@@ -316,9 +324,9 @@ class TextArms:
                     raise DataError(f"arm {arm.name!r}: {src.describe()}: no text documents")
 
 
-def _skipped_note(progress: Progress, skipped: list[str]) -> None:
+def _skipped_note(progress: Progress, skipped: int, first: str | None) -> None:
     if skipped:
-        progress.note(f"skipped {len(skipped)} file(s) that are not text (first: {skipped[0]})")
+        progress.note(f"skipped {skipped} file(s) that are not text (first: {first})")
 
 
 def _train_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: Progress) -> Tokenizer:
@@ -361,7 +369,7 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
 
     info: dict[str, dict] = {}
     if arms.arms:
-        skipped: list[str] = []
+        skipped, first_skipped = 0, None
         opened: list[ArmWriter] = []
         with progress.task(f"encoding {len(arms.arms)} arm(s) ({n} worker{'s' if n > 1 else ''})",
                            total=arms.total, unit="B") as t, Workers(n, tok) as workers:
@@ -372,7 +380,8 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
                             info[opened[-1].name] = opened[-1].finish()
                         opened.append(ArmWriter(arm, tmp, vocab))
                     opened[-1].add(result)
-                    skipped += result.skipped[:10]
+                    skipped += len(result.skipped)
+                    first_skipped = first_skipped or (result.skipped[0] if result.skipped else None)
                     t.advance(task.unit.nbytes)
                 if opened:
                     info[opened[-1].name] = opened[-1].finish()
@@ -382,7 +391,7 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
             t.done(", ".join(f"{name} {s['train_tokens']:,} + {s['val_tokens']:,}" for name, s in info.items())
                    + " train + val tokens")
         arms.check_documents()
-        _skipped_note(progress, skipped)
+        _skipped_note(progress, skipped, first_skipped)
 
     train_segments: dict[str, list[dict]] = {}
     for arm in experiment.arms:
@@ -518,21 +527,23 @@ def _external(experiment: Experiment, base: Path) -> dict[str, list[str]]:
 
 def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
                  progress: bool | Progress = True, tokenizer_json: Optional[bytes] = None,
-                 workers: Optional[int] = None, hashes: Optional[Hashes] = None) -> PreparedData:
+                 workers: Optional[int] = None, fps: Optional[dict[str, list[str]]] = None) -> PreparedData:
     """Tokenizer and per-arm train/val tokens for `experiment`, built on first use and cached.
 
     `experiment_dir` is where relative source paths are resolved (the experiment file's directory).
     `tokenizer_json`: a tokenizer's bytes to use instead of the experiment's own (a run's frozen one).
-    `workers`: processes that encode (default: workers.default_workers); `hashes`: the files' SHA-256s
-    known already (the launch's comparison with a run's frozen sources). `progress`: True for a bar on
+    `workers`: processes that encode (default: workers.default_workers); `fps`: the sources' fingerprints
+    when computed already (a launch's comparison with its run's frozen sources: each file is read once).
+    `progress`: True for a bar on
     stderr, False for silence, or a Progress. Raises DataError (one line) on a bad source, a bad
     tokenizer, or an arm too small for the context length."""
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     experiment_dir = Path(experiment_dir)
     cache_dir = Path(cache_dir)
     given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)
-    hashes = hashes if hashes is not None else Hashes()
-    key = data_key(experiment, experiment_dir, given, hashes)
+    hashes = Hashes()
+    fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
+    key = data_key(experiment, experiment_dir, given, fps=fps)
     external = _external(experiment, experiment_dir)
     entry = cache_dir / f"data-{key[:24]}"
     if cache_dir.is_dir():
@@ -567,4 +578,5 @@ def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cach
         data.cached = False
         prog.note(f"data ready in {time.monotonic() - t0:.1f}s")
     check_lengths(data, experiment)
+    data.fingerprints = fps
     return data

@@ -100,10 +100,11 @@ def _describe(src: Source) -> str:
     return f"{src.kind} {', '.join(v for _n, v, _w in src.path_fields()) or src.target}"
 
 
-def compare(definition: DataDefinition, experiment: Experiment, hashes: Hashes) -> tuple[list[str], bool]:
-    """What differs between the frozen sources and the (resolved) experiment's, one phrase each, and
-    whether a source vanished."""
-    changes, vanished = [], False
+def compare(definition: DataDefinition, experiment: Experiment) -> tuple[list[str], bool, dict[str, list[str]]]:
+    """What differs between the frozen sources and the (resolved) experiment's, one phrase each; whether a
+    source vanished; the fingerprints of the arms whose sources could all be read."""
+    changes, vanished, fps = [], False, {}
+    hashes = Hashes()
     for arm in experiment.arms:
         frozen = definition.arms.get(arm.name)
         if frozen is None:
@@ -113,6 +114,7 @@ def compare(definition: DataDefinition, experiment: Experiment, hashes: Hashes) 
             changes.append(f"arm {arm.name!r} reads {', '.join(s.kind for s in arm.sources)}, it was frozen reading "
                            f"{', '.join(s.kind for s in frozen.sources)}")
             continue
+        arm_fps = []
         for i, (src, was) in enumerate(zip(arm.sources, frozen.sources)):
             what = f"arm {arm.name!r} source {i} ({_describe(src)})"
             try:
@@ -122,12 +124,22 @@ def compare(definition: DataDefinition, experiment: Experiment, hashes: Hashes) 
                 changes.append(f"{what} vanished ({str(exc)[:300]})")
                 vanished = True
                 continue
+            arm_fps.append(now)
             if now != was.fingerprint:
                 size = sum(p.stat().st_size for p in files)
                 detail = (f"{was.files} file(s), {was.bytes:,} bytes then; {len(files)} file(s), {size:,} bytes now"
                           if (was.files, was.bytes) != (len(files), size) else
                           f"the same {size:,} bytes in {len(files)} file(s), other content")
                 changes.append(f"{what} changed since the run froze it ({detail})")
+        if len(arm_fps) == len(arm.sources):
+            fps[arm.name] = arm_fps
+    for arm in experiment.arms:  # the arms the definition lacks: fingerprinted all the same
+        if arm.name not in definition.arms:
+            try:
+                fps[arm.name] = [source_fingerprint(src, "/", hashes) for src in arm.sources]
+            except (SourceError, OSError) as exc:
+                changes.append(f"arm {arm.name!r} cannot be read ({str(exc)[:300]})")
+                vanished = True
     if experiment.tokenizer is not None:
         path = Path(experiment.tokenizer)
         try:
@@ -137,30 +149,32 @@ def compare(definition: DataDefinition, experiment: Experiment, hashes: Hashes) 
                                "frozen one)")
         except (OSError, UnsafeFileError) as exc:
             changes.append(f"tokenizer {path} vanished ({exc}); the run keeps its frozen copy")
-    return changes, vanished
+    return changes, vanished, fps
 
 
-def _prepare(experiment: Experiment, cache_dir: Path, tokenizer_json: bytes | None, hashes: Hashes) -> PreparedData:
+def _prepare(experiment: Experiment, cache_dir: Path, tokenizer_json: bytes | None,
+             fps: dict[str, list[str]] | None = None) -> PreparedData:
     try:
-        return prepare_data(experiment, "/", cache_dir, tokenizer_json=tokenizer_json, hashes=hashes)
+        return prepare_data(experiment, "/", cache_dir, tokenizer_json=tokenizer_json, fps=fps)
     except DataError as exc:
         raise ProxyError(str(exc), EXIT_USAGE) from None
 
 
-def _arms_for_freeze(experiment: Experiment, data: PreparedData, hashes: Hashes) -> dict:
+def _arms_for_freeze(experiment: Experiment, data: PreparedData, fps: dict[str, list[str]]) -> dict:
     try:
-        sources = _frozen_sources(experiment, fingerprints(experiment, "/", hashes))
-    except (SourceError, DataError, OSError) as exc:
+        sources = _frozen_sources(experiment, fps)
+    except (SourceError, OSError) as exc:
         raise ProxyError(f"the sources changed while being prepared: {exc}", EXIT_USAGE) from None
     return {arm: (sources[arm], data.val_shards[arm], sum(s.tokens for s in data.train[arm]))
             for arm in experiment.arm_names}
 
 
-def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, hashes: Hashes, warn) -> PreparedData:
+def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, warn) -> PreparedData:
     """A run that trained before runs froze their data: the cache entry (format 1) it was prepared with,
     which alone holds its tokenizer; ProxyError when it is gone."""
     try:
-        key = v1_key(experiment, "/", hashes)
+        fps = fingerprints(experiment, "/")
+        key = v1_key(experiment, "/", fps)
     except DataError as exc:
         raise ProxyError(f"{run.root} trained before runs froze their data, and its sources cannot be read to "
                          f"find the data it was prepared with: {exc}", EXIT_USAGE) from None
@@ -171,6 +185,7 @@ def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, hashes: Hashes
                          "own; relaunch it with the version that made it, or start a new run", EXIT_USAGE)
     warn(f"{run.root} trained before runs froze their data; freezing the data it was prepared with "
          f"({data.path}) into {run.data_dir}")
+    data.fingerprints = fps
     return data
 
 
@@ -182,26 +197,26 @@ def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cac
         definition = checked_definition(run)
     except RunDirError as exc:
         raise ProxyError(str(exc), EXIT_USAGE) from None
-    hashes = Hashes()
     if not binding or definition is None:
         resolved = resolved_experiment(experiment, experiment_dir, definition if from_frozen else None)
-        data = _legacy(run, resolved, cache_dir, hashes, warn) if binding else _prepare(resolved, cache_dir, None,
-                                                                                          hashes)
+        data = _legacy(run, resolved, cache_dir, warn) if binding else _prepare(resolved, cache_dir, None)
         definition = freeze(run, vocab=experiment.model.vocab, cache_key=data.key, tokenizer=data.tokenizer,
                             tokenizer_json=data.tokenizer_json, given=resolved.tokenizer,
-                            arms=_arms_for_freeze(resolved, data, hashes))
+                            arms=_arms_for_freeze(resolved, data, data.fingerprints))
         return RunData(data.tokenizer, data.tokenizer_json, data.train,
                        run_val_arrays(run, definition, experiment.arm_names), definition)
 
     tokenizer, tokenizer_json = run_tokenizer(run, definition)
     resolved = resolved_experiment(experiment, experiment_dir, definition if from_frozen else None)
-    changes, vanished = compare(definition, resolved, hashes)
+    changes, vanished, fps = compare(definition, resolved)
     if changes and not allow_change:
         more = f"; and {len(changes) - SHOWN} more" if len(changes) > SHOWN else ""
         raise ProxyError(f"{run.root}: {'; '.join(changes[:SHOWN])}{more}; pass --allow-data-change to train on "
                          "the sources as they are now (recorded in data/data.json), or restore them", EXIT_USAGE)
+    frozen_fps = {name: [s.fingerprint for s in arm.sources] for name, arm in definition.arms.items()}
+    same_sources = all(fps.get(arm.name) == frozen_fps.get(arm.name) for arm in resolved.arms)
     data = None
-    if not changes or vanished:  # the cache entry the run was frozen from holds exactly its data
+    if same_sources or vanished:  # the cache entry the run was frozen from holds exactly its data
         data = load_cached(resolved, "/", cache_dir, definition.cache_key)
         if data is not None and data.tokenizer_json != tokenizer_json:
             data = None
@@ -209,9 +224,9 @@ def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cac
             raise ProxyError(f"{run.root}: {changes[0]}, and the data prepared from it are no longer in the cache "
                              f"({cache_dir}); restore the source to continue", EXIT_USAGE)
     if data is None:
-        data = _prepare(resolved, cache_dir, tokenizer_json, hashes)
+        data = _prepare(resolved, cache_dir, tokenizer_json, fps)
     if changes:
-        arms = ({} if vanished else _arms_for_freeze(resolved, data, hashes))
+        arms = ({} if vanished else _arms_for_freeze(resolved, data, fps))
         definition = record_change(run, definition, data.key, arms, changes, resume_step)
         warn(f"training on changed data (--allow-data-change): {'; '.join(changes[:SHOWN])}"
              + (f"; and {len(changes) - SHOWN} more" if len(changes) > SHOWN else "") + "; recorded in data/data.json")

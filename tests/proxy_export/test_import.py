@@ -167,3 +167,11 @@ def test_refusals_are_one_line(gpt2, engine, data_cache, tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert line.startswith(f"proxy: --init-from {directory}: ") and needle in line, (needle, line)
         assert not checkpoint_path(run / "checkpoints", 0).exists()
+
+
+def test_the_proxys_checkpoint_writer_is_the_engines(imported):
+    """encode_checkpoint, which writes the imported step 0, gives an engine-written checkpoint's bytes back."""
+    from proxy.formats.checkpoint import encode_checkpoint
+    path = checkpoint_path(imported / "checkpoints", TRAIN["max_steps"])
+    ckpt = read_checkpoint(path)
+    assert encode_checkpoint(ckpt.step, ckpt.weights, ckpt.m, ckpt.v, ckpt.trailer) == path.read_bytes()

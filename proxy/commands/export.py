@@ -18,15 +18,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from safetensors.numpy import save as safetensors_bytes
-
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import CheckpointError, read_checkpoint
 from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
-                               TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig, hf_tensors,
-                               own_tensors, safetensors_metadata)
+                               TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig,
+                               encode_safetensors as safetensors_bytes, hf_tensors, own_tensors,
+                               safetensors_metadata)
 from .model_source import ModelSource, resolve_source, run_data, say_warnings
 
 FORMATS = ("hf", "safetensors")

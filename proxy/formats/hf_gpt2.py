@@ -162,6 +162,24 @@ def own_tensors(weights: np.ndarray, shape: ModelShape) -> dict[str, np.ndarray]
     return {name: np.ascontiguousarray(t) for name, t in unflatten(np.asarray(weights, dtype=np.float32), shape).items()}
 
 
+def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """A safetensors file, deterministic to the byte: the safetensors library writes its metadata in the
+    order of a hash map, which changes from process to process. Tensors in name order, float32 only; the
+    JSON header padded with spaces so that the data start 8-byte aligned (as the library does)."""
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.dtype != np.float32:
+            raise ValueError(f"tensor {name} is {t.dtype}; only float32 is written")
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    return b"".join([len(text).to_bytes(8, "little"), text]
+                    + [np.ascontiguousarray(tensors[name], dtype="<f4").tobytes() for name in sorted(tensors)])
+
+
 def safetensors_metadata(step: int, shape: ModelShape, source: str) -> dict[str, str]:
     """The string metadata both exports carry: transformers' format tag, and where the weights came from."""
     about = {"step": step, "vocab": shape.vocab, "ctx": shape.ctx, "dim": shape.dim, "layers": shape.layers,

@@ -20,16 +20,18 @@ CORPUS = "".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
 
 
 def relative_experiment(root: Path, name: str = "REL", **train) -> Path:
-    """root/exp/NAME.json reading ../data/corpus.txt (relative to the experiment file) and a built-in arm."""
+    """root/exp/NAME.json reading ../data/corpus.txt and ../data/code/*.py (relative to the experiment file)."""
     exp = json.loads(TINY.read_text())
     exp["name"] = name
     exp["train"].update({"max_steps": 30, "ckpt_every": 10, "eval_every": 10, "sample_every": 10, "keep_last": 0,
                          "threads": 1, **train})
     exp["arms"] = [{"name": "corpus", "sources": [{"file": "../data/corpus.txt"}]},
-                   {"name": "topics", "sources": [{"builtin": "pydoc_topics", "max_chars": 100_000}]}]
+                   {"name": "code", "sources": [{"glob": "../data/code/*.py"}]}]
     (root / "exp").mkdir(parents=True, exist_ok=True)
-    (root / "data").mkdir(exist_ok=True)
+    (root / "data" / "code").mkdir(parents=True, exist_ok=True)
     (root / "data" / "corpus.txt").write_text(CORPUS)
+    for p in sorted((REPO / "proxy" / "data").glob("*.py")):
+        (root / "data" / "code" / p.name).write_text(p.read_text())
     path = root / "exp" / f"{name}.json"
     path.write_text(json.dumps(exp, indent=1))
     return path
@@ -68,8 +70,12 @@ def test_follow_ups_need_no_source_and_run_refuses_a_changed_one(engine, gate, d
     corpus = tmp_path / "data" / "corpus.txt"
     assert definition["arms"]["corpus"]["sources"][0]["paths"] == {"file": str(corpus)}  # absolute
 
-    # the corpus replaced (the tokenizer trained on it would differ), then deleted: the same output
+    # every source replaced (the tokenizer trained on them would differ), then deleted: the same output
+    code = sorted((tmp_path / "data" / "code").glob("*.py"))
+    originals = {p: p.read_text() for p in code}
     corpus.write_text(CORPUS[::-1])
+    for p in code:
+        p.write_text(originals[p][::-1])
     assert follow_ups(run, engine, data_cache, tmp_path / "out") == before
     changed = run_cmd(run_args(exp, run), data_cache)
     assert changed.returncode == 2 and "Traceback" not in changed.stderr
@@ -78,6 +84,7 @@ def test_follow_ups_need_no_source_and_run_refuses_a_changed_one(engine, gate, d
                            f"(the same {len(CORPUS.encode()):,} bytes in 1 file(s), other content)"), line
     assert "--allow-data-change" in line
     corpus.unlink()
+    shutil.rmtree(tmp_path / "data" / "code")
     assert follow_ups(run, engine, data_cache, tmp_path / "out") == before
     vanished = run_cmd(run_args(exp, run), data_cache)
     assert vanished.returncode == 2
@@ -89,6 +96,9 @@ def test_follow_ups_need_no_source_and_run_refuses_a_changed_one(engine, gate, d
 
     # restored: the run goes on from the run directory alone (the relative path resolves against nothing there)
     corpus.write_text(CORPUS)
+    (tmp_path / "data" / "code").mkdir()
+    for p, text in originals.items():
+        p.write_text(text)
     done = run_cmd(run_args(None, run), data_cache)
     assert done.returncode == 0, done.stderr
     assert sorted(last_steps(run)) == list(range(1, 31))
@@ -115,7 +125,7 @@ def test_allow_data_change_trains_on_and_records_it(engine, gate, data_cache, tm
     assert change["step"] == stopped and change["changes"][0].startswith("arm 'corpus' source 0 (file ")
     assert len(list((run / "archive").glob("data_*.json"))) == 1
     # the tokenizer and the validation tokens stay the frozen ones
-    for name in ("tokenizer.json", "corpus.val.tok", "topics.val.tok"):
+    for name in ("tokenizer.json", "corpus.val.tok", "code.val.tok"):
         assert (run / "data" / name).read_bytes() == frozen[name]
     assert max(last_steps(run)) == 30
     assert run_cmd(["verify", "--run-dir", str(run)], data_cache).returncode == 0

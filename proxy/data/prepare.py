@@ -513,6 +513,8 @@ def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache
         external = _external(experiment, Path(experiment_dir))
     except DataError:
         return None
+    if Path(cache_dir).is_dir():
+        remove_stale_temps(Path(cache_dir))
     data = _load(Path(cache_dir) / f"data-{key[:24]}", key, experiment.model.vocab, external)
     if data is not None:
         check_lengths(data, experiment)

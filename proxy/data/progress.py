@@ -14,6 +14,9 @@ from typing import Optional, TextIO
 from tqdm import tqdm
 
 LOG_EVERY_S = 2.0  # not a terminal: at most one line per task this often while it runs
+# tqdm's monitor thread (it redraws bars that stall) is not needed here, and starting it catches any
+# exception, a stop signal's included (supervision/signals.py)
+tqdm.monitor_interval = 0
 
 
 class Task:

@@ -41,7 +41,7 @@ from .init_from import import_model
 from .loop import Supervisor
 from .report import RunReport, carry_forward
 from .run_data import RunData, open_run_data
-from .signals import EARLY, SignalCounts, install_interrupt
+from .signals import EARLY, SignalCounts, check_interrupted, install_interrupt
 
 
 @dataclass
@@ -128,6 +128,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
             ctx = build_context(experiment, run, data, engine, request.options, console, signals)
         except BatchError as exc:
             raise ProxyError(str(exc), EXIT_USAGE) from None
+        check_interrupted()  # a stop signal a library swallowed during the setup still ends it here
         if on_started is not None:
             on_started(run)
         return Supervisor(ctx).run_forever()

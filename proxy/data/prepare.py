@@ -30,10 +30,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import deque
 import shutil
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional

@@ -35,7 +35,7 @@ from .layout import ARCHIVE, DATA, DATA_DEFINITION, READ_LIMITS, TOKENIZER, RunD
 
 DEFINITION_FORMAT = 1
 SHA256 = r"^[0-9a-f]{64}$"
-REPLACED_PATTERN = "data_*.json"  # in RUN/archive/: a definition a data change replaced
+REPLACED_NAME = "data_{time:.0f}.json"  # in RUN/archive/: a definition a data change replaced
 
 
 class _Strict(BaseModel):
@@ -242,7 +242,7 @@ def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
     validation shards stay the frozen ones; an arm the definition lacks (the experiment gained it) gets its
     validation shard copied from `arms`."""
     make_dirs(run.root / ARCHIVE)
-    atomic_write_bytes(run.root / ARCHIVE / f"data_{time.time():.0f}.json",
+    atomic_write_bytes(run.root / ARCHIVE / REPLACED_NAME.format(time=time.time()),
                        json_bytes(definition.model_dump(mode="json")))
     merged = definition.model_copy(deep=True)
     for name, (sources, val_path, train_tokens) in arms.items():

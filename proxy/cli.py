@@ -58,8 +58,8 @@ def _add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", metavar="N|latest|best", help="its checkpoint at step N, the one a relaunch "
                         "would resume from (latest, the default), or best.bin")
     parser.add_argument("--checkpoint", metavar="PATH", help="a checkpoint file instead of --step")
-    parser.add_argument("--cache-dir", metavar="DIR", help="prepared-data cache, where the run's tokenizer is "
-                        "(default $MICROGPT_CACHE or ~/.cache/microgpt)")
+    parser.add_argument("--cache-dir", metavar="DIR", help="prepared-data cache, for a run made before runs froze "
+                        "their data (default $MICROGPT_CACHE or ~/.cache/microgpt)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "if taken (default 8000)")
     run.add_argument("--allow-experiment-change", action="store_true",
                      help="continue a run whose experiment file differs from its frozen copy")
+    run.add_argument("--allow-data-change", action="store_true",
+                     help="continue a run whose sources changed or vanished since its first step (recorded in "
+                     "RUN/data/data.json; its tokenizer and validation data stay the frozen ones)")
+    run.add_argument("--init-from", metavar="DIR", help="a new run starts from this Hugging Face GPT-2 directory's "
+                     "weights (config.json, model.safetensors; the experiment names its tokenizer.json)")
     run.add_argument("--hang-timeout", type=_positive_float, metavar="S",
                      help="seconds without an engine event before it counts as hung "
                      "(default max(30, 20 x median step time), more around checkpoints)")

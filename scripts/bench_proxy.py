@@ -26,10 +26,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.config.experiment import load_experiment  # noqa: E402
-from proxy.data.batches import BatchSampler  # noqa: E402
+from proxy.data.batches import BatchSampler, segment_arrays  # noqa: E402
 from proxy.data.prepare import default_cache_dir, prepare_data  # noqa: E402
 from proxy.formats.frames import train_frame  # noqa: E402
-from proxy.formats.shard import write_shard  # noqa: E402
+from proxy.formats.shard import read_shard, write_shard  # noqa: E402
 
 GOAL = 10e6
 
@@ -82,12 +82,15 @@ def main() -> int:
             exp = load_experiment(args.experiment)
             data = prepare_data(exp, Path(args.experiment).parent, args.cache_dir or default_cache_dir())
             names, ctx = exp.arm_names, exp.model.ctx
-            train, val = data.train_shards, data.val_shards
+            train = {arm: segment_arrays(data.train[arm]) for arm in names}
+            val = {arm: read_shard(data.val_shards[arm])[0] for arm in names}
             source = f"{exp.name} prepared shards"
         else:
             sizes = {"code": 3_200_000, "docstrings": 580_000, "topics": 114_000}
             names, ctx = list(sizes), args.ctx
-            train, val = synthetic_shards(Path(tmpdir), args.vocab, sizes)
+            paths = synthetic_shards(Path(tmpdir), args.vocab, sizes)
+            train = {arm: [read_shard(p)[0]] for arm, p in paths[0].items()}
+            val = {arm: read_shard(p)[0] for arm, p in paths[1].items()}
             source = "synthetic shards " + ", ".join(f"{k}={v:,}" for k, v in sizes.items())
         sampler = BatchSampler(train, val, names, seed=1337, row_len=ctx + 1)
         weights = np.full(len(names), 1.0 / len(names))

@@ -23,15 +23,14 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..data.batches import BatchError, BatchSampler, evenly_spaced_starts
-from ..data.prepare import PreparedData
+from ..data.batches import eval_rows, evenly_spaced_starts
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats import frames
 from ..formats.loss_log import eval_loss
 from ..safe_fs import UnsafeFileError, read_regular
 from ..supervision.engine_process import EngineError, choose_engine
 from .checkpoint_engine import CheckpointEngine
-from .model_source import ModelSource, resolve_source, run_data, say_warnings
+from .model_source import HeldData, ModelSource, resolve_source, run_data, say_warnings
 
 # The largest --data file read (safe_fs.py): a regular file of at most this many bytes; a FIFO, a device or a
 # larger file is refused with one line before anything is read. Tokenizing takes several times its size.
@@ -54,20 +53,22 @@ def predicted_tokens(starts: np.ndarray, ctx: int) -> int:
     return int(gaps.sum()) + ctx if starts.size else 0
 
 
-def arm_parts(source: ModelSource, data: PreparedData) -> list[Part]:
-    """Each arm's validation rows, exactly as the run's evals take them."""
+def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
+    """Each arm's validation rows, exactly as the run's evals take them (the run's frozen validation tokens)."""
     _run, experiment = source.require_run("the validation data")
-    try:
-        sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(experiment.train.seed),
-                               source.shape.ctx + 1)
-    except BatchError as exc:
-        raise ProxyError(f"the data of {source.run.root}: {exc}", EXIT_USAGE) from None
-    rows = int(experiment.train.eval_rows)
-    return [Part(name, *sampler.eval_batch(arm, rows), sampler.eval_offsets(arm, rows))
-            for arm, name in enumerate(experiment.arm_names)]
+    rows, row_len = int(experiment.train.eval_rows), source.shape.ctx + 1
+    parts = []
+    for arm, name in enumerate(experiment.arm_names):
+        val = data.val[name]
+        if val.size < row_len:
+            raise ProxyError(f"the validation data of {source.run.root}: arm {name!r} holds {val.size} "
+                             f"tokens, fewer than one row of {row_len}", EXIT_USAGE)
+        parts.append(Part(name, eval_rows(val, row_len, rows), np.full(rows, arm, dtype=np.uint16),
+                          evenly_spaced_starts(val.size, row_len, rows)))
+    return parts
 
 
-def file_parts(paths: list[str], data: PreparedData, ctx: int) -> list[Part]:
+def file_parts(paths: list[str], data: HeldData, ctx: int) -> list[Part]:
     """Each file as one document (its tokens, then <|endoftext|>), in the fewest rows that cover it."""
     twice = sorted({p for p in paths if paths.count(p) > 1})
     if twice:
@@ -124,7 +125,8 @@ def main(args, out=None) -> int:
     out = out or sys.stdout
     source = resolve_source(args.run_dir, args.step, args.checkpoint)
     say_warnings(source)
-    data = run_data(source, args.cache_dir, "the tokenizer" if args.data else "the validation data")
+    data = run_data(source, args.cache_dir, "the tokenizer" if args.data else "the validation data",
+                    need_val=not args.data)
     key = "files" if args.data else "arms"
     parts = file_parts(args.data, data, source.shape.ctx) if args.data else arm_parts(source, data)
     try:

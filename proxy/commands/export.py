@@ -19,15 +19,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from safetensors.numpy import save as safetensors_bytes
-
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import CheckpointError, read_checkpoint
 from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
-                               TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig, hf_tensors,
-                               own_tensors, safetensors_metadata)
+                               TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig,
+                               encode_safetensors as safetensors_bytes, hf_tensors, own_tensors,
+                               safetensors_metadata)
 from .model_source import ModelSource, resolve_source, run_data, say_warnings
 from .targets import check_new_dir, make_parents
 
@@ -51,7 +50,7 @@ def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[s
         CONFIG_FILE: json_bytes(HFConfig(source.shape, eot).to_dict()),
         GENERATION_CONFIG_FILE: json_bytes(HFGenerationConfig(eot, int(audits.max_new), float(audits.temperature),
                                                               int(audits.top_k or 0)).to_dict()),
-        TOKENIZER_FILE: data.tokenizer_path.read_bytes(),
+        TOKENIZER_FILE: data.tokenizer_json,
         TOKENIZER_CONFIG_FILE: json_bytes(HFTokenizerConfig(EOT, source.shape.ctx).to_dict()),
     }
 

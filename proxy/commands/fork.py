@@ -10,6 +10,8 @@ NEW_DIR gets:
 - `experiment.json`: a byte copy (and the `archive/experiment_*.json` copies
   of experiments the run was changed from, which tell the proxy to allow the
   optimizer settings to differ, as in DIR);
+- `data/`: the frozen data definition (tokenizer, validation shards, the
+  sources' paths and fingerprints), each file verified, then copied;
 - `checkpoints/step_<c>.bin`: a copy of the checkpoint;
 - `.loss.json`: the last entry of every step 1..c and the last eval entry of
   every eval step <= c, in step order, each with `"inherited": true` (the
@@ -43,6 +45,7 @@ from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
 from ..formats.samples import read_audits
 from ..formats.state import ArmStatus, RunState
+from ..rundir.data import copy_definition
 from ..rundir.frozen import replaced_experiments
 from ..rundir.history import check_history, write_receipt
 from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, LOSS_LOG, PHASES, PIVOT_RECEIPT,
@@ -114,6 +117,10 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         copy_synced(run.experiment, tmp / EXPERIMENT)
         if run.experiment_seal.exists():  # checked against the frozen copy by started_run
             copy_synced(run.experiment_seal, tmp / EXPERIMENT_SEAL)
+        try:
+            copy_definition(run, tmp)
+        except RunDirError as exc:
+            raise ProxyError(f"cannot fork: {exc}", EXIT_USAGE) from None
         n_steps, n_evals = _copy_log(index, c, tmp / LOSS_LOG)
         write_synced(tmp / PHASES, json_bytes([p.to_dict() for p in new_phases]))
 

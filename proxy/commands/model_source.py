@@ -10,6 +10,12 @@ one resume rule, rundir/resume.py), `best` is `checkpoints/best.bin`, `N` is
 Every checkpoint is verified here (size, trailer, checksum) and must match
 its run's model shape: a missing, corrupt or foreign file ends the command
 with one line, before any engine starts or anything is written.
+
+The tokenizer and the validation tokens come from the run alone (its frozen
+data definition, rundir/data.py, every file checked against its SHA-256),
+never from the sources, which may have changed or gone since. A run made
+before runs froze their data has them from the prepared-data cache entry it
+was made with (with a warning), if it is still there.
 """
 from __future__ import annotations
 
@@ -17,16 +23,22 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..config.errors import ExperimentError
 from ..config.experiment import Experiment
-from ..data.prepare import DataError, PreparedData, default_cache_dir, prepare_data
+from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
+from ..data.tokenizer import Tokenizer
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import (CheckpointError, Trailer, checkpoint_path, header_step, read_checkpoint,
                                   read_trailer, verify_checkpoint)
 from ..formats.loss_log import LossLogIndex
 from ..formats.parameters import ModelShape
+from ..formats.shard import shard_segment
+from ..rundir.data import checked_definition, run_tokenizer, run_val_arrays
 from ..rundir.foreign import experiment_shape, foreign_reason
-from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir
+from ..rundir.frozen import replaced_experiments
+from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir, RunDirError
 from ..rundir.resume import choose_resume
 from .which_run import resolve_run, started_run
 
@@ -150,14 +162,40 @@ def resolve_source(run_dir: str | None, step_text: str | None, checkpoint: str |
                        warnings=warnings)
 
 
-def run_data(source: ModelSource, cache_dir: str | None, what: str) -> PreparedData:
-    """The run's prepared data (tokenizer, shards), from the cache or built as `proxy run` builds them.
-    The experiment's relative source paths resolve against the run directory (as for `proxy run --run-dir`)."""
+@dataclass(frozen=True)
+class HeldData:
+    """What a command uses of the run's data: its tokenizer (and the file's bytes), its validation tokens."""
+    tokenizer: Tokenizer
+    tokenizer_json: bytes
+    val: dict[str, np.ndarray]
+
+
+def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bool = False, err=None) -> HeldData:
+    """The run's tokenizer (and with `need_val` each arm's validation tokens), from its frozen data definition;
+    ProxyError (one line) when the run has none to give or they are damaged."""
     run, experiment = source.require_run(what)
     try:
-        return prepare_data(experiment, run.root, Path(cache_dir) if cache_dir else default_cache_dir())
+        definition = checked_definition(run)
+        if definition is not None:
+            tokenizer, raw = run_tokenizer(run, definition)
+            val = run_val_arrays(run, definition, experiment.arm_names) if need_val else {}
+            return HeldData(tokenizer, raw, val)
+    except RunDirError as exc:
+        raise ProxyError(f"{what} of {run.root}: {exc}", EXIT_USAGE) from None
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    try:  # relative source paths resolve against the run directory (as for `proxy run --run-dir`)
+        key = v1_key(experiment, run.root)
     except (DataError, ExperimentError) as exc:
-        raise ProxyError(f"the data of {run.root}: {exc}", EXIT_USAGE) from None
+        raise ProxyError(f"the data of {run.root} (made before runs froze their data): {exc}", EXIT_USAGE) from None
+    data = load_cached(experiment, run.root, cache, key)
+    if data is None:
+        raise ProxyError(f"{run.root} holds no frozen data (made before runs froze them), and the data it was "
+                         f"prepared with are not in the cache ({cache}/data-{key[:24]}); {what} cannot be had",
+                         EXIT_USAGE)
+    print(f"proxy: warning: {run.root} holds no frozen data (made before runs froze them); {what} comes from the "
+          f"prepared-data cache ({data.path}); a `proxy run` of it freezes them", file=err or sys.stderr, flush=True)
+    val = {arm: shard_segment(data.val_shards[arm])[0].array() for arm in experiment.arm_names} if need_val else {}
+    return HeldData(data.tokenizer, data.tokenizer_json, val)
 
 
 def say_warnings(source: ModelSource, err=None) -> None:

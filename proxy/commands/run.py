@@ -24,7 +24,8 @@ def main(args) -> int:
         raise ProxyError("--max-failures must be at least 1", EXIT_USAGE)
     options = SupervisorOptions(hang_timeout=args.hang_timeout, max_failures=args.max_failures,
                                 backoff_s=args.restart_backoff)
-    if args.experiment is None:  # `proxy run --run-dir DIR`: the experiment frozen there (a fork, a pivot)
+    from_frozen = args.experiment is None
+    if from_frozen:  # `proxy run --run-dir DIR`: the experiment frozen there (a fork, a pivot)
         if not args.run_dir:
             raise ProxyError("proxy run: give EXPERIMENT.json, or --run-dir DIR of an existing run "
                              "(see proxy run --help)", EXIT_USAGE)
@@ -35,6 +36,8 @@ def main(args) -> int:
         args.experiment = str(frozen)
     request = RunRequest(experiment_path=Path(args.experiment), run_dir=Path(args.run_dir) if args.run_dir else None,
                          engine=args.engine, allow_experiment_change=args.allow_experiment_change,
+                         allow_data_change=args.allow_data_change, from_frozen=from_frozen,
+                         init_from=Path(args.init_from) if args.init_from else None,
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options,
                          engine_paths=args.engine_paths)
     dashboard: list[subprocess.Popen] = []

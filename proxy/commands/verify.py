@@ -21,6 +21,8 @@ from ..errors import EXIT_FAILURE, EXIT_OK, ProxyError
 from ..formats.checkpoint import (CheckpointError, header_step, list_checkpoints, misnamed, read_checkpoint,
                                   read_trailer, verify_checkpoint)
 from ..formats.loss_log import LossLogIndex
+from ..rundir.data import problems as data_problems
+from ..rundir.data import read_definition
 from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import RunDir, RunDirError
 from ..rundir.phases import read_phases
@@ -110,6 +112,20 @@ def _name(path: Path) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
+def data_report(run: RunDir) -> dict | None:
+    """The frozen data definition checked: its files, what they hold, and what is wrong; None without one."""
+    try:
+        definition = read_definition(run)
+    except RunDirError as exc:
+        return {"tokenizer": None, "arms": {}, "changes": 0, "problems": [str(exc)]}
+    if definition is None:
+        return None
+    return {"tokenizer": {"file": definition.tokenizer.file, "sha256": definition.tokenizer.sha256,
+                          "given": definition.tokenizer.given},
+            "arms": {name: arm.val.tokens for name, arm in definition.arms.items()},
+            "changes": len(definition.changes), "problems": data_problems(run, definition)}
+
+
 def verify_run(run: RunDir) -> dict:
     experiment = load_frozen_experiment(run)
     files = list_checkpoints(run.checkpoints) + ([run.best] if run.best.is_file() else [])
@@ -117,8 +133,10 @@ def verify_run(run: RunDir) -> dict:
     foreign = foreign_checkpoints(run, experiment)
     resume = ({"checkpoint": None, "step": None, "reason": f"the next launch would stop: {foreign}", "skipped": []}
               if foreign is not None else resume_point(run, experiment, verdicts))
+    data = data_report(run)
     return {"run_dir": str(run.root), "checkpoints": [asdict(v) for v in verdicts],
-            "corrupt": sum(v.verdict == CORRUPT for v in verdicts), "resume": resume}
+            "corrupt": sum(v.verdict == CORRUPT for v in verdicts) + (len(data["problems"]) if data else 0),
+            "resume": resume, "data": data}
 
 
 def format_report(report: dict) -> str:
@@ -137,6 +155,15 @@ def format_report(report: dict) -> str:
     else:
         lines.append(f"next launch: {resume['reason']}")
     lines += [f"  passed over: {why}" for why in resume["skipped"]]
+    data = report["data"]
+    if data is None:
+        lines.append("data: none frozen (a run made before runs froze their data, or never launched)")
+    elif data["problems"]:
+        lines.append(f"data: CORRUPT: {'; '.join(data['problems'])}")
+    else:
+        changed = f"; {data['changes']} recorded data change(s)" if data["changes"] else ""
+        lines.append(f"data: {data['tokenizer']['file']} and {len(data['arms'])} validation shard(s) verified ("
+                     + ", ".join(f"{name} {tokens:,} tokens" for name, tokens in data["arms"].items()) + f"){changed}")
     return "\n".join(lines)
 
 

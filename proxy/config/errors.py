@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..safe_fs import UnsafeFileError, read_regular
+from .sources import TAG
 
 CONFIG_FILE_LIMIT = 1 << 20  # the largest experiment or caps file read (and the frozen copy in a run)
 
@@ -51,7 +52,8 @@ def short(value: Any) -> str:
 
 
 def _phrase(err: dict) -> str:
-    loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-")))
+    # a validator's name, or the kind of a source (its tag in the union), is no part of the field path
+    loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith(("function-", TAG))))
     kind = err.get("type", "")
     where = _loc(loc)
     if kind == "extra_forbidden":

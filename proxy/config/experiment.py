@@ -9,13 +9,12 @@ problem found is reported on one line that names the file, e.g.
 """
 from __future__ import annotations
 
-import glob as _glob
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from ..formats.engine_cli import MAX_STEP, setting_flags
 from ..formats.frames import SAMPLE_MAX_COMPLETIONS
@@ -23,11 +22,9 @@ from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
 from .errors import ExperimentError, config_error, format_validation_error, read_json
 from .policies import DEFAULT_POLICY, POLICIES, POLICY_PARAMS
+from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_problem
+from .strict import MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
 
-# Built-in sources (docs/EXPERIMENTS.md, "Sources"). random_tokens is the one whose
-# documents are token ids, not text: it is made after the tokenizer and trains no part of it.
-BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics", "random_tokens", "repeated_names")
-TOKEN_SOURCES = ("random_tokens",)
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
 
@@ -37,9 +34,6 @@ MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
 # audit of the most prompts x count x max_new fits in `.samples.json`'s cap (tests/faults check it).
 MAX_NAME = 64  # characters of an arm or experiment name (ASCII, by ARM_NAME)
 MAX_ARMS = 64
-MAX_PATH = 4096  # characters of a source path or pattern (PATH_MAX)
-MAX_WORD = 255  # characters of a suffix, a JSON Lines field, a module name
-MAX_MODULES = 1000
 MAX_PROMPTS = 16
 MAX_PROMPT_CHARS = 1000
 MAX_SAMPLE_COUNT = 16
@@ -61,13 +55,6 @@ ArmName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
                     _name_check("arm name", "not starting with '.' or '-'")]
 RunName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
                     _name_check("name", "it names the run directory")]  # the run directory's default name
-PathText = Annotated[str, Field(max_length=MAX_PATH)]
-Word = Annotated[str, Field(max_length=MAX_WORD)]
-
-
-class StrictModel(BaseModel):
-    """Unknown keys and values of the wrong type are errors, never coerced."""
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ModelConfig(StrictModel):
@@ -154,53 +141,6 @@ class BanditConfig(StrictModel):
         return self
 
 
-class SourceConfig(StrictModel):
-    """One data source: exactly one of file, glob, dir, jsonl, builtin."""
-    file: Optional[PathText] = None
-    glob: Optional[PathText] = None
-    dir: Optional[PathText] = None
-    jsonl: Optional[PathText] = None
-    builtin: Optional[Literal[BUILTIN_SOURCES]] = None
-    suffix: Optional[Word] = None          # dir: only files whose name ends with this
-    field: Optional[Word] = None           # jsonl: the text field (default "text")
-    modules: Optional[list[Word]] = Field(default=None, max_length=MAX_MODULES)  # builtin stdlib_code /
-    # stdlib_docstrings: only these modules/packages
-    max_chars: Optional[int] = Field(default=None, ge=1)  # any: keep documents until this many characters
-
-    @model_validator(mode="after")
-    def _one_kind(self):
-        kinds = [k for k in ("file", "glob", "dir", "jsonl", "builtin") if getattr(self, k) is not None]
-        if len(kinds) != 1:
-            raise ValueError("a source needs exactly one of file, glob, dir, jsonl, builtin"
-                             + (f" (got {', '.join(kinds)})" if kinds else ""))
-        kind = kinds[0]
-        if self.suffix is not None and kind != "dir":
-            raise ValueError("suffix applies only to a dir source")
-        if self.field is not None and kind != "jsonl":
-            raise ValueError("field applies only to a jsonl source")
-        if self.modules is not None and self.builtin not in ("stdlib_code", "stdlib_docstrings"):
-            raise ValueError("modules applies only to builtin stdlib_code and stdlib_docstrings")
-        if self.modules is not None and (not self.modules or not all(self.modules)):
-            raise ValueError("modules must be a non-empty list of module names")
-        if self.max_chars is not None and self.builtin in TOKEN_SOURCES:
-            raise ValueError(f"max_chars does not apply to builtin {self.builtin} (its documents are tokens)")
-        for k in ("file", "glob", "dir", "jsonl"):
-            if getattr(self, k) == "":
-                raise ValueError(f"{k} must not be empty")
-        return self
-
-    @property
-    def kind(self) -> str:
-        for k in ("file", "glob", "dir", "jsonl", "builtin"):
-            if getattr(self, k) is not None:
-                return k
-        raise AssertionError("validated source without a kind")
-
-    @property
-    def target(self) -> str:
-        return getattr(self, self.kind)
-
-
 class ArmConfig(StrictModel):
     """A bandit arm: a named data source (one or more sources, concatenated)."""
     name: ArmName
@@ -215,8 +155,10 @@ class ArmConfig(StrictModel):
     def _sources(cls, v: list) -> list:
         if not v:
             raise ValueError("at least one source is required")
-        if len(v) > 1 and any(src.builtin in TOKEN_SOURCES for src in v):
-            raise ValueError(f"a builtin {'/'.join(TOKEN_SOURCES)} source must be its arm's only source")
+        if len(v) > 1 and any(is_token_source(src) for src in v):
+            token = next(src for src in v if is_token_source(src))
+            raise ValueError(f"a {token.kind} {token.target} source must be its arm's only source "
+                             "(its documents are token ids)")
         return v
 
     @model_validator(mode="after")
@@ -251,6 +193,8 @@ class Experiment(StrictModel):
     model: ModelConfig
     train: TrainConfig
     bandit: BanditConfig = Field(default_factory=BanditConfig)
+    # a Hugging Face tokenizer.json to use instead of training a byte-level BPE on the arms' text
+    tokenizer: Optional[PathText] = None
     arms: list[ArmConfig] = Field(max_length=MAX_ARMS)
     samples: SampleConfig = Field(default_factory=SampleConfig)
 
@@ -269,6 +213,16 @@ class Experiment(StrictModel):
         if problems:
             raise ValueError("; ".join(problems))
         return arms
+
+    @model_validator(mode="after")
+    def _tokens_need_a_tokenizer(self):
+        if self.tokenizer == "":
+            raise ValueError("tokenizer must not be empty")
+        token_arms = [a.name for a in self.arms if any(isinstance(s, TokensSource) for s in a.sources)]
+        if token_arms and self.tokenizer is None:
+            raise ValueError(f"arm {token_arms[0]!r} reads token files: the experiment must name their tokenizer "
+                             '("tokenizer": "path/to/tokenizer.json"), so that samples and exports decode')
+        return self
 
     @property
     def arm_names(self) -> list[str]:
@@ -296,24 +250,18 @@ class Experiment(StrictModel):
 
 
 def source_problems(experiment: Experiment, experiment_dir: Path | str) -> list[str]:
-    """Missing files, directories and globs matching nothing, relative to `experiment_dir`."""
-    base = Path(experiment_dir)
+    """Missing files, directories and patterns matching nothing, relative to `experiment_dir`."""
     problems = []
+    if experiment.tokenizer is not None:
+        problem = path_problem("tokenizer", experiment.tokenizer, FILE, experiment_dir)
+        if problem:
+            problems.append(problem)
     for i, arm in enumerate(experiment.arms):
         for j, src in enumerate(arm.sources):
-            where = f"arms[{i}].sources[{j}].{src.kind}"
-            if src.kind in ("file", "jsonl"):
-                p = base / src.target
-                if not p.is_file():
-                    problems.append(f"{where}: no such file {src.target!r} (looked at {p})")
-            elif src.kind == "dir":
-                p = base / src.target
-                if not p.is_dir():
-                    problems.append(f"{where}: no such directory {src.target!r} (looked at {p})")
-            elif src.kind == "glob":
-                pattern = src.target if os.path.isabs(src.target) else str(base / src.target)
-                if not any(Path(m).is_file() for m in _glob.glob(pattern, recursive=True)):
-                    problems.append(f"{where}: pattern {src.target!r} matches no file (looked for {pattern})")
+            for name, text, what in src.path_fields():
+                problem = path_problem(name, text, what, experiment_dir)
+                if problem:
+                    problems.append(f"arms[{i}].sources[{j}].{problem}")
     return problems
 
 

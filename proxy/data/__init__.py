@@ -1,10 +1,10 @@
-"""Data: sources -> documents -> byte-level BPE -> per-arm train/val token shards (cached)."""
-from .prepare import DataError, PreparedData, data_key, default_cache_dir, prepare_data, split_documents
+"""Data: sources -> documents -> tokenizer -> per-arm train/val token shards (cached), and batches of rows."""
+from .prepare import DataError, PreparedData, data_key, default_cache_dir, prepare_data
 from .sources import SourceError, load_documents, source_files, source_fingerprint
-from .tokenizer import EOT, Tokenizer, train_tokenizer
+from .tokenizer import EOT, Tokenizer, TokenizerError, train_tokenizer
 
 __all__ = [
-    "DataError", "PreparedData", "data_key", "default_cache_dir", "prepare_data", "split_documents",
+    "DataError", "PreparedData", "data_key", "default_cache_dir", "prepare_data",
     "SourceError", "load_documents", "source_files", "source_fingerprint",
-    "EOT", "Tokenizer", "train_tokenizer",
+    "EOT", "Tokenizer", "TokenizerError", "train_tokenizer",
 ]

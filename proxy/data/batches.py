@@ -10,19 +10,22 @@ the cumulative mixture (systematic sampling), which gives each arm
 floor(w * rows) or ceil(w * rows) rows (row_counts: never one past its share,
 so never past its cap, whatever the float rounding), and each row marginally
 the arm distribution `weights`; the rows are then shuffled, and each row's
-start is uniform over its arm's shard. Group id = arm index.
+start is uniform over its arm's training tokens. Group id = arm index.
+
+An arm's training tokens are one or more runs of ids (token files read in
+place, formats/token_files.py), each memory-mapped; a row never spans two
+of them, and a row's start is uniform over all the rows the arm's runs
+hold. An arm of one run (any text arm) draws exactly as a single shard.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..config.bounds import TOLERANCE
-from ..formats.shard import read_shard
+from ..formats.token_files import TokenSegment
 
 # A share of rows within this fraction of the rows of a whole number counts as that number (row_counts):
 # above the rounding of a float sum, and above the tolerance caps and floors may sum to 1 with.
@@ -80,26 +83,42 @@ def row_counts(weights: np.ndarray, rows: int, u: float) -> np.ndarray:
     return counts
 
 
+def eval_rows(val: np.ndarray, row_len: int, rows: int) -> np.ndarray:
+    """The fixed validation rows of one arm: `rows` windows evenly spaced over its validation tokens."""
+    offsets = evenly_spaced_starts(val.size, row_len, rows)
+    return np.ascontiguousarray(sliding_window_view(val, row_len)[offsets], dtype=np.uint16)
+
+
+def segment_arrays(segments: Sequence[TokenSegment]) -> list[np.ndarray]:
+    """Each segment's ids, memory-mapped."""
+    return [seg.array() for seg in segments]
+
+
 class BatchSampler:
-    def __init__(self, train_shards: Mapping[str, str | os.PathLike], val_shards: Mapping[str, str | os.PathLike],
+    """`train`: each arm's training runs of ids (arrays, memory-mapped); `val`: each arm's validation ids."""
+
+    def __init__(self, train: Mapping[str, Sequence[np.ndarray]], val: Mapping[str, np.ndarray],
                  arm_names: Sequence[str], seed: int, row_len: int):
         self.arm_names = list(arm_names)
         self.seed = int(seed)
         self.row_len = int(row_len)
         if self.row_len < 2:
             raise BatchError(f"row_len {row_len} must be at least 2")
-        missing = [n for n in self.arm_names if n not in train_shards or n not in val_shards]
+        missing = [n for n in self.arm_names if n not in train or n not in val]
         if missing:
-            raise BatchError(f"no train/val shard for arm(s) {', '.join(missing)}")
-        self.train = [read_shard(Path(train_shards[n]))[0] for n in self.arm_names]
-        self.val = [read_shard(Path(val_shards[n]))[0] for n in self.arm_names]
-        for name, tr, va in zip(self.arm_names, self.train, self.val):
-            if tr.size < self.row_len or va.size < self.row_len:
-                raise BatchError(f"arm {name!r}: {tr.size} train / {va.size} val tokens, "
+            raise BatchError(f"no train/val tokens for arm(s) {', '.join(missing)}")
+        # each arm's runs long enough for a row, and the rows they hold
+        self.train = [[t for t in train[n] if t.size >= self.row_len] for n in self.arm_names]
+        self.val = [val[n] for n in self.arm_names]
+        for name, runs, va in zip(self.arm_names, self.train, self.val):
+            if not runs or va.size < self.row_len:
+                raise BatchError(f"arm {name!r}: {sum(t.size for t in train[name])} train / {va.size} val tokens, "
                                  f"fewer than one row of {self.row_len}")
-        # Windows over each shard (views, no copies): row i of arm k is windows[k][offset].
-        self._windows = [sliding_window_view(t, self.row_len) for t in self.train]
-        self._n_offsets = np.array([t.size - self.row_len + 1 for t in self.train], dtype=np.float64)
+        # Windows over each run (views, no copies): row i of arm k is windows[k][run][offset].
+        self._windows = [[sliding_window_view(t, self.row_len) for t in runs] for runs in self.train]
+        counts = [np.array([t.size - self.row_len + 1 for t in runs], dtype=np.int64) for runs in self.train]
+        self._run_starts = [np.concatenate([[0], np.cumsum(c)[:-1]]) for c in counts]
+        self._n_offsets = np.array([c.sum() for c in counts], dtype=np.float64)
         self._eval_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._eval_all_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # rows per arm -> all arms' rows
 
@@ -128,7 +147,15 @@ class BatchSampler:
         tokens = np.empty((rows, self.row_len), dtype=np.uint16)
         for k in np.unique(arms):
             sel = arms == k
-            tokens[sel] = self._windows[k][offsets[sel]]
+            windows = self._windows[k]
+            if len(windows) == 1:
+                tokens[sel] = windows[0][offsets[sel]]
+                continue
+            rows_k = np.flatnonzero(sel)
+            run = np.searchsorted(self._run_starts[k], offsets[sel], side="right") - 1
+            for r in np.unique(run):
+                mine = run == r
+                tokens[rows_k[mine]] = windows[r][offsets[sel][mine] - self._run_starts[k][r]]
         return tokens, arms.astype(np.uint16)
 
     def eval_offsets(self, arm_index: int, rows: int) -> np.ndarray:
@@ -141,9 +168,7 @@ class BatchSampler:
             raise IndexError(f"arm index {arm_index} out of range for {self.k} arms")
         key = (int(arm_index), int(rows))
         if key not in self._eval_cache:
-            offsets = self.eval_offsets(arm_index, rows)
-            val_windows = sliding_window_view(self.val[arm_index], self.row_len)
-            tokens = np.ascontiguousarray(val_windows[offsets], dtype=np.uint16)
+            tokens = eval_rows(self.val[arm_index], self.row_len, rows)
             groups = np.full(rows, arm_index, dtype=np.uint16)
             tokens.setflags(write=False)
             groups.setflags(write=False)
@@ -164,4 +189,4 @@ class BatchSampler:
         return self._eval_all_cache[rows]
 
     def tokens_per_arm(self) -> dict[str, int]:
-        return {n: int(t.size) for n, t in zip(self.arm_names, self.train)}
+        return {n: int(sum(t.size for t in runs)) for n, runs in zip(self.arm_names, self.train)}

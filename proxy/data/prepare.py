@@ -1,52 +1,71 @@
-"""Data preparation: tokenizer and per-arm train/val token shards, cached by content hash.
+"""Data preparation: the tokenizer and each arm's training and validation tokens, cached by content hash.
 
 `prepare_data(experiment, experiment_dir, cache_dir)`:
 
 1. Fingerprints every source (a SHA-256 of its options and the bytes of each
    file it reads) and forms the cache key from those, the vocabulary size, the
-   tokenizer settings, the split settings and FORMAT_VERSION.
-2. If `cache_dir/data-<key>/manifest.json` exists, loads it: no other work.
-3. Otherwise reads each arm's documents, splits them ~99/1 into train and val
-   (whole documents chosen by content hash, so the split does not depend on
-   order or on the tokenizer), trains a byte-level BPE on the train documents
-   of all arms, encodes each split as `doc EOT doc EOT ...` (an arm of
-   random_tokens gets its ids from `random_token_documents` instead: no text,
-   no part in the tokenizer), writes the shards and the tokenizer into a
-   temporary directory and renames it into place, so a crash or a concurrent
-   preparation never leaves a half-written data set.
+   tokenizer (its settings when trained, the SHA-256 of its JSON when given),
+   the split rule (split.py) and FORMAT_VERSION.
+2. If `cache_dir/data-<key>/manifest.json` and everything it names load: no
+   other work.
+3. Otherwise, into a temporary directory renamed into place whole (a crash or
+   a concurrent preparation never leaves a half-written entry):
+   - the tokenizer: the given one byte for byte, or a byte-level BPE trained
+     on a bounded sample of the training text (split.py);
+   - each text arm streamed through the workers (workers.py: every core, a
+     bounded number of results in memory) into `<arm>.train.tok` and
+     `<arm>.val.tok`, documents split by split.py's rule;
+   - each token-file arm checked (header, size, every id below the
+     vocabulary) and read in place: only its validation tokens are copied,
+     into `<arm>.val.tok`;
+   - each random_tokens arm made from its SHAKE-256 stream.
+
+Peak memory does not grow with the corpus: documents are read a work unit at
+a time, the shards are written as the units come, and the tokenizer sample
+is bounded. The same inputs give the same bytes whatever the number of
+workers.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
 from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
-from ..config.experiment import Experiment
-from ..formats.shard import read_shard, write_shard
+from ..config.experiment import ArmConfig, Experiment
+from ..config.sources import BuiltinSource, TokensSource
+from ..formats.shard import ShardWriter, shard_segment
+from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
+from ..safe_fs import UnsafeFileError, read_regular
+from . import sources
 from .progress import Progress
-from .sources import (SourceError, hash_file, is_token_source, load_documents, random_token_documents, source_bytes,
-                      source_fingerprint)
-from .tokenizer import TOKENIZER_SETTINGS, Tokenizer, train_tokenizer
+from .sources import (SourceError, _matches, hash_file, limited_units, random_token_documents, repeated_names,
+                      source_bytes, source_fingerprint)
+from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens, val_doc_max
+from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
+from .workers import Task, Workers, default_workers
 
-FORMAT_VERSION = 1
-VAL_FRACTION = 0.01        # of each arm's characters
-VAL_MIN_CHARS = 64 * 1024  # ...but at least this much (about 16K tokens) where the arm has 10x that
-VAL_MAX_FRACTION = 0.1
-SPLIT_SETTINGS = {"fraction": VAL_FRACTION, "min_chars": VAL_MIN_CHARS, "max_fraction": VAL_MAX_FRACTION,
-                  "method": "sha256-docs-v1"}
+FORMAT_VERSION = 2
+# The cache entries of format 1 (before preparation streamed), read for runs trained on one: their key's
+# parts, as that version wrote them (it trained the tokenizer on every training document, split by whole
+# documents in the order of their hash).
+V1 = {"format": 1,
+      "tokenizer": {"kind": "byte_level_bpe", "special_tokens": ["<|endoftext|>"], "add_prefix_space": False,
+                    "use_regex": True, "min_frequency": 2, "version": 1},
+      "split": {"fraction": 0.01, "min_chars": 64 * 1024, "max_fraction": 0.1, "method": "sha256-docs-v1"}}
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under way (renamed into place when whole)
+MANIFEST_LIMIT = 16 << 20
 
 
 class DataError(ValueError):
@@ -58,11 +77,16 @@ class PreparedData:
     key: str                       # the content hash naming the cache entry
     path: Path                     # cache_dir/data-<key>
     tokenizer: Tokenizer
-    tokenizer_path: Path
-    train_shards: dict[str, Path]  # arm name -> token shard
-    val_shards: dict[str, Path]
-    stats: dict[str, dict] = field(default_factory=dict)  # arm -> docs, chars, train_tokens, val_tokens
+    tokenizer_json: bytes          # the tokenizer file's bytes: what a run freezes and an export writes
+    train: dict[str, list[TokenSegment]]  # arm name -> its training tokens (our shard, or token files in place)
+    val_shards: dict[str, Path]    # arm name -> its validation shard
+    stats: dict[str, dict] = field(default_factory=dict)  # arm -> docs, bytes, train_tokens, val_tokens
     cached: bool = False           # True when nothing had to be built
+    fingerprints: dict[str, list[str]] = field(default_factory=dict)  # arm -> its sources' (when computed)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / TOKENIZER_FILE
 
 
 def default_cache_dir() -> Path:
@@ -81,175 +105,376 @@ def unreadable(exc: OSError) -> str:
     return f"cannot read{where}: {exc.strerror or exc}"
 
 
-def data_key(experiment: Experiment, experiment_dir: Path | str) -> str:
-    """The cache key: a hash of everything the prepared data depends on."""
-    hashes: dict[Path, str] = {}
+def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> Optional[bytes]:
+    """The bytes of the tokenizer.json the experiment names (relative to its directory), or None."""
+    if experiment.tokenizer is None:
+        return None
+    path = Path(experiment_dir) / experiment.tokenizer
+    try:
+        return read_regular(path, GIVEN_LIMIT)
+    except FileNotFoundError:
+        raise DataError(f"tokenizer: no such file {experiment.tokenizer!r} (looked at {path})") from None
+    except UnsafeFileError as exc:
+        raise DataError(f"tokenizer: {exc}") from None
+    except OSError as exc:
+        raise DataError(f"tokenizer: cannot read {path}: {exc.strerror}") from None
 
-    def memo_hash(p: Path) -> str:
-        if p not in hashes:
-            try:
-                hashes[p] = hash_file(p)
-            except OSError as e:  # a read that fails has no file name of its own: name it
-                raise OSError(e.errno, e.strerror, str(p)) from None
-        return hashes[p]
 
-    arms = []
+class Hashes(dict):
+    """path -> hex SHA-256 of its bytes. Kept only for the files larger than a work unit (their train/val
+    decision is made from it, after the key, in the main process), so that it stays small however many
+    files a corpus has."""
+
+    def __call__(self, p: Path) -> str:
+        if p in self:
+            return self[p]
+        try:
+            digest = hash_file(p)
+        except OSError as e:  # a read that fails has no file name of its own: name it
+            raise OSError(e.errno, e.strerror, str(p)) from None
+        if p.stat().st_size > sources.UNIT_BYTES:
+            self[p] = digest
+        return digest
+
+
+def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None
+                 ) -> dict[str, list[str]]:
+    """Each arm's sources' fingerprints (sources.source_fingerprint), in order; DataError naming the arm."""
+    hashes = hashes if hashes is not None else Hashes()
+    out = {}
     for arm in experiment.arms:
         try:
-            fps = [source_fingerprint(s, experiment_dir, memo_hash) for s in arm.sources]
+            out[arm.name] = [source_fingerprint(s, experiment_dir, hashes) for s in arm.sources]
         except SourceError as e:
             raise DataError(f"arm {arm.name!r}: {e}") from None
         except OSError as e:  # EACCES, EINVAL, EISDIR, ENOTDIR, EIO ... on a source file: one line
             raise DataError(f"arm {arm.name!r}: {unreadable(e)}") from None
-        arms.append([arm.name, fps])
-    obj = {"format": FORMAT_VERSION, "vocab": experiment.model.vocab, "tokenizer": TOKENIZER_SETTINGS,
+    return out
+
+
+def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json: Optional[bytes] = None,
+             hashes: Optional[Hashes] = None, fps: Optional[dict[str, list[str]]] = None) -> str:
+    """The cache key: a hash of everything the prepared data depend on. `tokenizer_json`: a given
+    tokenizer's bytes (default: the one the experiment names, if any); `fps`: the fingerprints, when
+    computed already."""
+    given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)
+    fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
+    arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
+    tokenizer = {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
+    obj = {"format": FORMAT_VERSION, "vocab": experiment.model.vocab, "tokenizer": tokenizer,
            "split": SPLIT_SETTINGS, "arms": arms}
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def split_documents(docs: list[str]) -> tuple[list[str], list[str]]:
-    """Deterministic ~99/1 train/val split of one arm's documents.
+def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: Optional[dict[str, list[str]]] = None) -> str:
+    """The key format 1 gave the same experiment and sources (its trained tokenizer, its split)."""
+    fps = fps if fps is not None else fingerprints(experiment, experiment_dir)
+    arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
+    obj = {"format": V1["format"], "vocab": experiment.model.vocab, "tokenizer": V1["tokenizer"],
+           "split": V1["split"], "arms": arms}
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
-    Val takes whole documents in order of their SHA-256 until it holds
-    max(1%, min(64 KiB, 10%)) of the characters (skipping documents that would
-    take it past 1.5x). Where that cannot reach half the target (a few huge
-    documents), the tail of the largest remaining document is cut off instead.
-    Both lists keep the documents' original order."""
-    n = sum(len(d) for d in docs)
-    target = max(math.ceil(VAL_FRACTION * n), min(VAL_MIN_CHARS, int(n * VAL_MAX_FRACTION)))
-    order = sorted(range(len(docs)), key=lambda i: (hashlib.sha256(docs[i].encode("utf-8", "surrogatepass")).digest(), i))
-    val_idx: set[int] = set()
-    got = 0
-    for i in order:
-        if got >= target:
-            break
-        if len(val_idx) + 1 >= len(docs):
-            break  # keep at least one document for training
-        if got + len(docs[i]) > target + target // 2:
-            continue
-        val_idx.add(i)
-        got += len(docs[i])
-    train = [d for i, d in enumerate(docs) if i not in val_idx]
-    val = [d for i, d in enumerate(docs) if i in val_idx]
-    if got < target // 2 and train:
-        need = target - got
-        j = max(range(len(train)), key=lambda k: (len(train[k]), -k))
-        doc = train[j]
-        if len(doc) > need:
-            cut = len(doc) - need
-            nl = doc.rfind("\n", 0, cut)  # start val on a line boundary where one is near
-            if nl > 0 and cut - nl < need // 2:
-                cut = nl + 1
-            train[j], tail = doc[:cut], doc[cut:]
-            val.append(tail)
+
+# ---------------------------------------------------------------------------
+# Token-file arms: read in place.
+
+def _token_layout(arm: ArmConfig, base: Path) -> tuple[list[Path], list[Path]]:
+    """(the training files, the validation files) of a token-file arm, absolute, in order."""
+    src = arm.sources[0]
+    try:
+        train = [p.resolve() for p in _matches("tokens", src.tokens, base)]
+        val = [p.resolve() for p in _matches("tokens val", src.val, base)] if src.val else []
+    except SourceError as exc:
+        raise DataError(f"arm {arm.name!r}: {exc}") from None
     return train, val
 
 
-def _encode(tok: Tokenizer, docs: list[str], task) -> np.ndarray:
-    """doc EOT doc EOT ... as uint16, encoding in chunks of about 1 MB (progress per chunk)."""
-    parts: list[np.ndarray] = []
-    eot = np.array([tok.eot_id], dtype=np.uint16)
-    chunk: list[str] = []
-    size = 0
-
-    def flush():
-        nonlocal chunk, size
-        for ids in tok.encode_batch(chunk):
-            parts.append(np.asarray(ids, dtype=np.uint16))
-            parts.append(eot)
-        task.advance(size)
-        chunk, size = [], 0
-
-    for d in docs:
-        chunk.append(d)
-        size += len(d)
-        if size >= 1 << 20:
-            flush()
-    if chunk:
-        flush()
-    return np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+def _is_token_file_arm(arm: ArmConfig) -> bool:
+    return isinstance(arm.sources[0], TokensSource)
 
 
-def _join_ids(docs: list[np.ndarray], eot_id: int) -> np.ndarray:
-    """doc EOT doc EOT ... for documents that are already token ids."""
-    eot = np.array([eot_id], dtype=np.uint16)
-    return np.concatenate([part for d in docs for part in (d.astype(np.uint16), eot)])
+def _is_random_arm(arm: ArmConfig) -> bool:
+    return isinstance(arm.sources[0], BuiltinSource) and not arm.sources[0].is_text
 
 
-def _load(entry: Path, key: str, vocab: int) -> Optional[PreparedData]:
-    """The cache entry at `entry`, or None when absent or incomplete."""
+def _build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress: Progress) -> tuple[list, dict]:
+    """Check a token-file arm's files (headers, sizes, every id < vocab); its validation tokens (the val
+    files, or the training stream's tail by split.py's rule) copied into `<arm>.val.tok`."""
+    src: TokensSource = arm.sources[0]
+    train_files, val_files = _token_layout(arm, base)
     try:
-        manifest = json.loads((entry / MANIFEST).read_text())
-    except (OSError, ValueError):
+        train = [open_token_file(p, src.format) for p in train_files]
+        val = [open_token_file(p, src.format) for p in val_files]
+    except TokenFileError as exc:
+        raise DataError(f"arm {arm.name!r}: {exc}") from None
+    total = sum(p.stat().st_size for p in train_files + val_files)
+    with progress.task(f"checking {arm.name} (token ids < {vocab})", total=total, unit="B") as t:
+        for tf in train + val:
+            bad = first_out_of_range(tf.segment(), vocab, t.advance)
+            if bad is not None:
+                raise DataError(f"arm {arm.name!r}: {tf.path}: token id {bad[1]} at position {bad[0]} is at or "
+                                f"above model.vocab {vocab} (the file was made with another tokenizer, or is not "
+                                f"{tf.format} token ids)")
+    segments = [tf.segment() for tf in train if tf.count]
+    if val:
+        val_segments = [tf.segment() for tf in val if tf.count]
+    else:
+        need = tail_tokens(sum(s.tokens for s in segments), 0)
+        val_segments = []
+        while need > 0 and segments:  # the tail of the stream, across files if one is short
+            last = segments.pop()
+            take = min(need, last.tokens)
+            val_segments.insert(0, TokenSegment(last.path, last.dtype, last.offset, last.stop - take, last.stop))
+            if take < last.tokens:
+                segments.append(TokenSegment(last.path, last.dtype, last.offset, last.start, last.stop - take))
+            need -= take
+    writer = ShardWriter(tmp / f"{arm.name}.val.tok", vocab)
+    try:
+        copy_ids(val_segments, writer.append)
+        n_val = writer.finish()
+    finally:
+        writer.close()
+    stats = {"kind": "tokens", "files": len(train) + len(val), "format": sorted({tf.format for tf in train + val}),
+             "train_tokens": sum(s.tokens for s in segments), "val_tokens": n_val, "val_split": not val}
+    return segments, stats
+
+
+# ---------------------------------------------------------------------------
+# Text arms: the workers.
+
+class ArmWriter:
+    """One text arm's two shards, written as the units' results come in order."""
+
+    def __init__(self, name: str, tmp: Path, vocab: int):
+        self.name = name
+        self.train = ShardWriter(tmp / f"{name}.train.tok", vocab)
+        self.val = ShardWriter(tmp / f"{name}.val.tok", vocab)
+        self.stats = {"kind": "text", "docs": 0, "val_docs": 0, "chars": 0}
+
+    def add(self, result) -> None:
+        self.train.append(result.train)
+        self.val.append(result.val)
+        self.stats["docs"] += result.docs
+        self.stats["val_docs"] += result.val_docs
+        self.stats["chars"] += result.chars
+
+    def finish(self) -> dict:
+        """The validation split's tail (split.py rule 2) moved over; both shards closed; the arm's stats."""
+        tail = tail_tokens(self.train.count, self.val.count)
+        if tail:
+            self.val.append(self.train.take_tail(tail))
+        self.stats.update(train_tokens=self.train.finish(), val_tokens=self.val.finish(), val_tail_tokens=tail)
+        return self.stats
+
+    def close(self) -> None:
+        self.train.close()
+        self.val.close()
+
+
+def source_size(src, base: Path) -> int:
+    """A text source's bytes, for the validation split's bound and the progress bar."""
+    if isinstance(src, BuiltinSource) and src.builtin == "repeated_names":
+        return sum(len(d) for d in repeated_names())
+    return source_bytes(src, base)
+
+
+class TextArms:
+    """The text arms' work: their units in order, the bound on a validation document per arm."""
+
+    def __init__(self, experiment: Experiment, base: Path, hashes: Hashes):
+        self.arms = [a for a in experiment.arms if a.sources[0].is_text]
+        self.base = base
+        self.hashes = hashes
+        try:
+            self.bytes = {a.name: sum(source_size(s, base) for s in a.sources) for a in self.arms}
+        except SourceError as exc:
+            raise DataError(str(exc)) from None
+        self.docs: dict[tuple[str, int], int] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def tasks(self, rate: float = 0.0) -> Iterator[tuple[str, int, Task]]:
+        """(arm, source index, task) of every unit, in order."""
+        for arm in self.arms:
+            largest = val_doc_max(self.bytes[arm.name])
+
+            def decide(path: Path, size: int, largest=largest) -> str:
+                return by_hash(size, bytes.fromhex(self.hashes(path)), largest)
+            for i, src in enumerate(arm.sources):
+                self.docs.setdefault((arm.name, i), 0)
+                try:
+                    for unit in limited_units(src, self.base, decide):
+                        yield arm.name, i, Task(unit, largest, rate)
+                except SourceError as exc:
+                    raise DataError(f"arm {arm.name!r}: {exc}") from None
+
+    def run(self, workers: Workers, rate: float = 0.0, stop=lambda: False) -> Iterator[tuple[str, Task, object]]:
+        """(arm, task, result) of every unit, in order; a source's error is one line naming its arm."""
+        order: deque[tuple[str, int, Task]] = deque()  # handed out, no result yet (bounded by the workers' window)
+
+        def tasks():
+            for arm, i, task in self.tasks(rate):
+                order.append((arm, i, task))
+                yield task
+        try:
+            for result in workers.map(tasks(), stop):
+                arm, i, task = order.popleft()
+                self.docs[(arm, i)] += result.docs
+                yield arm, task, result
+        except (SourceError, OSError) as exc:  # the unit at the head of the order failed
+            why = str(exc) if isinstance(exc, SourceError) else unreadable(exc)
+            raise DataError(f"arm {order[0][0] if order else '?'!r}: {why}") from None
+
+    def check_documents(self) -> None:
+        for arm in self.arms:
+            for i, src in enumerate(arm.sources):
+                if self.docs.get((arm.name, i), 0) == 0:
+                    raise DataError(f"arm {arm.name!r}: {src.describe()}: no text documents")
+
+
+def _skipped_note(progress: Progress, skipped: int, first: str | None) -> None:
+    if skipped:
+        progress.note(f"skipped {skipped} file(s) that are not text (first: {first})")
+
+
+def _train_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: Progress) -> Tokenizer:
+    rate = sample_rate(arms.total)
+    sample: list[str] = []
+    size = 0
+    with progress.task(f"sampling text for the tokenizer ({100 * rate:.3g}% of {arms.total / 1e6:.1f} MB)",
+                       total=arms.total, unit="B") as t, Workers(n_workers, None) as workers:
+        for _arm, task, result in arms.run(workers, rate, stop=lambda: size >= SAMPLE_CAP):
+            for piece in result.sample:
+                if size < SAMPLE_CAP:
+                    sample.append(piece)
+                    size += len(piece)
+            t.advance(task.unit.nbytes)
+        t.done(f"{size / 1e6:.1f}M characters")
+    with progress.task(f"training tokenizer (vocab {vocab})", total=None) as t:
+        tok = train_tokenizer(sample, vocab)
+        t.done(f"{tok.trained_size} tokens learned from {size / 1e6:.1f}M characters")
+    return tok
+
+
+def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Progress, given: Optional[bytes],
+           hashes: Hashes, n_workers: Optional[int]) -> None:
+    vocab = experiment.model.vocab
+    arms = TextArms(experiment, base, hashes)
+    n = n_workers or default_workers(arms.total)
+    if given is not None:
+        try:
+            tok = Tokenizer.from_json(given, vocab, experiment.tokenizer or "the run's tokenizer")
+        except TokenizerError as exc:
+            raise DataError(str(exc)) from None
+        tokenizer_json = given
+    elif arms.arms:
+        tok = _train_tokenizer(arms, vocab, n, progress)
+        arms.docs.clear()
+        tokenizer_json = tok.to_str().encode("utf-8")
+    else:
+        raise DataError("no arm holds text to train a tokenizer on: name one with \"tokenizer\"")
+    write_synced(tmp / TOKENIZER_FILE, tokenizer_json)
+
+    info: dict[str, dict] = {}
+    if arms.arms:
+        skipped, first_skipped = 0, None
+        opened: list[ArmWriter] = []
+        with progress.task(f"encoding {len(arms.arms)} arm(s) ({n} worker{'s' if n > 1 else ''})",
+                           total=arms.total, unit="B") as t, Workers(n, tok) as workers:
+            try:
+                for arm, task, result in arms.run(workers):
+                    if not opened or opened[-1].name != arm:
+                        if opened:
+                            info[opened[-1].name] = opened[-1].finish()
+                        opened.append(ArmWriter(arm, tmp, vocab))
+                    opened[-1].add(result)
+                    skipped += len(result.skipped)
+                    first_skipped = first_skipped or (result.skipped[0] if result.skipped else None)
+                    t.advance(task.unit.nbytes)
+                if opened:
+                    info[opened[-1].name] = opened[-1].finish()
+            finally:
+                for w in opened:
+                    w.close()
+            t.done(", ".join(f"{name} {s['train_tokens']:,} + {s['val_tokens']:,}" for name, s in info.items())
+                   + " train + val tokens")
+        arms.check_documents()
+        _skipped_note(progress, skipped, first_skipped)
+
+    train_segments: dict[str, list[dict]] = {}
+    for arm in experiment.arms:
+        if _is_token_file_arm(arm):
+            segments, info[arm.name] = _build_token_arm(arm, base, vocab, tmp, progress)
+            train_segments[arm.name] = [s.to_dict() for s in segments]
+        elif _is_random_arm(arm):
+            tr, va = (random_token_documents(split, tok.trained_size, tok.eot_id) for split in ("train", "val"))
+            for split, docs in (("train", tr), ("val", va)):
+                writer = ShardWriter(tmp / f"{arm.name}.{split}.tok", vocab)
+                try:
+                    for d in docs:
+                        writer.append(np.append(d, np.uint16(tok.eot_id)))
+                    count = writer.finish()
+                finally:
+                    writer.close()
+                info.setdefault(arm.name, {"kind": "random_tokens", "docs": len(tr) + len(va)})[f"{split}_tokens"] = count
+            train_segments[arm.name] = [{"file": f"{arm.name}.train.tok"}]
+        else:
+            train_segments[arm.name] = [{"file": f"{arm.name}.train.tok"}]
+    arms_info = {arm.name: {"train": train_segments[arm.name], "val": f"{arm.name}.val.tok", **info[arm.name]}
+                 for arm in experiment.arms}
+    manifest = {"format": FORMAT_VERSION, "key": key, "vocab": vocab, "tokenizer": TOKENIZER_FILE,
+                "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(), "tokenizer_given": given is not None,
+                "tokenizer_trained": tok.trained_size, "python": sys.version.split()[0], "created": time.time(),
+                "arms": arms_info}
+    write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+    fsync_dir(tmp)
+
+
+# ---------------------------------------------------------------------------
+# The cache entry.
+
+def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> Optional[PreparedData]:
+    """The cache entry at `entry`, or None when absent, incomplete, or naming token files other than the
+    experiment's (`external`: a token-file arm's files as they are now)."""
+    try:
+        manifest = json.loads(read_regular(entry / MANIFEST, MANIFEST_LIMIT))
+    except (OSError, ValueError, UnsafeFileError, RecursionError):
         return None
-    if manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("key") != key or \
+            manifest.get("format") not in (FORMAT_VERSION, V1["format"]):
         return None
     train, val = {}, {}
     try:
+        tokenizer_json = read_regular(entry / TOKENIZER_FILE, GIVEN_LIMIT)
+        if manifest["format"] == V1["format"]:  # its arms name one train shard each, and no checksum
+            manifest["arms"] = {name: {**info, "train": [{"file": info["train"]}]}
+                                for name, info in manifest["arms"].items()}
+        elif hashlib.sha256(tokenizer_json).hexdigest() != manifest["tokenizer_sha256"]:
+            return None
+        tok = Tokenizer.from_json(tokenizer_json, vocab, str(entry / TOKENIZER_FILE))
         for name, info in manifest["arms"].items():
-            train[name] = entry / info["train"]
-            val[name] = entry / info["val"]
-            for p in (train[name], val[name]):
-                read_shard(p)
-        tok = Tokenizer.load(entry / TOKENIZER_FILE, vocab)
+            segments = []
+            for s in info["train"]:
+                if "file" in s:
+                    segments.append(shard_segment(entry / Path(s["file"]).name)[0])
+                    continue
+                seg = TokenSegment.from_dict(s)
+                if seg.path not in external.get(name, ()):
+                    return None
+                tf = open_token_file(seg.path, None)
+                if (tf.dtype, tf.offset) != (seg.dtype, seg.offset) or seg.stop > tf.count:
+                    return None
+                segments.append(seg)
+            train[name] = segments
+            val[name] = entry / Path(info["val"]).name
+            shard_segment(val[name])
     except Exception:  # noqa: BLE001 - a damaged entry of any kind is rebuilt
         return None
-    return PreparedData(key, entry, tok, entry / TOKENIZER_FILE, train, val, manifest["arms"], cached=True)
-
-
-def _build(experiment: Experiment, experiment_dir: Path, key: str, tmp: Path, progress: Progress) -> None:
-    vocab = experiment.model.vocab
-    splits: dict[str, tuple[list[str], list[str]]] = {}
-    docs_n: dict[str, int] = {}
-    for arm in experiment.arms:
-        if is_token_source(arm.sources[0]):  # ids made below, once the tokenizer's size is known
-            continue
-        docs: list[str] = []
-        try:
-            total = sum(source_bytes(s, experiment_dir) for s in arm.sources)
-            with progress.task(f"reading {arm.name}", total=total, unit="B") as t:
-                for s in arm.sources:
-                    docs.extend(load_documents(s, experiment_dir, on_file=t.advance))
-        except SourceError as e:
-            raise DataError(f"arm {arm.name!r}: {e}") from None
-        except OSError as e:
-            raise DataError(f"arm {arm.name!r}: {unreadable(e)}") from None
-        docs_n[arm.name] = len(docs)
-        splits[arm.name] = split_documents(docs)
-
-    train_docs = [d for tr, _ in splits.values() for d in tr]
-    chars = sum(len(d) for d in train_docs)
-    with progress.task(f"training tokenizer (vocab {vocab})", total=None) as t:
-        tok = train_tokenizer(train_docs, vocab)
-        t.done(f"{tok.trained_size} tokens learned from {chars / 1e6:.1f}M characters")
-    del train_docs
-    tok.save(tmp / TOKENIZER_FILE)
-
-    arms_info = {}
-    for arm in experiment.arms:
-        if is_token_source(arm.sources[0]):
-            tr, va = (random_token_documents(split, tok.trained_size, tok.eot_id) for split in ("train", "val"))
-            train_tokens, val_tokens = _join_ids(tr, tok.eot_id), _join_ids(va, tok.eot_id)
-            docs_n[arm.name], total = len(tr) + len(va), 0
-        else:
-            tr, va = splits[arm.name]
-            total = sum(len(d) for d in tr) + sum(len(d) for d in va)
-            with progress.task(f"encoding {arm.name}", total=total, unit="chars") as t:
-                train_tokens = _encode(tok, tr, t)
-                val_tokens = _encode(tok, va, t)
-                t.done(f"{train_tokens.size:,} train + {val_tokens.size:,} val tokens")
-        files = {"train": f"{arm.name}.train.tok", "val": f"{arm.name}.val.tok"}
-        write_shard(tmp / files["train"], train_tokens, vocab)
-        write_shard(tmp / files["val"], val_tokens, vocab)
-        arms_info[arm.name] = {
-            **files, "docs": docs_n[arm.name], "train_docs": len(tr), "val_docs": len(va),
-            "chars": total, "train_tokens": int(train_tokens.size), "val_tokens": int(val_tokens.size),
-        }
-    manifest = {"format": FORMAT_VERSION, "key": key, "vocab": vocab, "tokenizer": TOKENIZER_FILE,
-                "tokenizer_trained": tok.trained_size, "python": sys.version.split()[0],
-                "created": time.time(), "arms": arms_info}
-    write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-    fsync_dir(tmp)
+    stats = {name: {k: v for k, v in info.items() if k not in ("train", "val")}
+             for name, info in manifest["arms"].items()}
+    return PreparedData(key, entry, tok, tokenizer_json, train, val, stats, cached=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -290,22 +515,53 @@ def check_lengths(data: PreparedData, experiment: Experiment) -> None:
         raise DataError("; ".join(problems) + " (add data to the arm or lower model.ctx)")
 
 
-def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                 progress: bool | Progress = True) -> PreparedData:
-    """Tokenizer and per-arm train/val shards for `experiment`, built on first use and cached.
+def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
+                key: str) -> Optional[PreparedData]:
+    """The cache entry of `key` if it is there whole (a run's recorded entry, or one of format 1), else
+    None."""
+    try:
+        external = _external(experiment, Path(experiment_dir))
+    except DataError:
+        return None
+    if Path(cache_dir).is_dir():
+        remove_stale_temps(Path(cache_dir))
+    data = _load(Path(cache_dir) / f"data-{key[:24]}", key, experiment.model.vocab, external)
+    if data is not None:
+        check_lengths(data, experiment)
+    return data
 
-    `experiment_dir` is where relative source paths are resolved (the
-    experiment file's directory). `progress`: True for a bar on stderr, False
-    for silence, or a Progress. Raises DataError (one line) on a bad source or
-    an arm too small for the context length."""
+
+def _external(experiment: Experiment, base: Path) -> dict[str, list[str]]:
+    """Each token-file arm's training files as they are now (a cache entry must name these)."""
+    return {arm.name: [str(p) for p in _token_layout(arm, base)[0]] for arm in experiment.arms
+            if _is_token_file_arm(arm)}
+
+
+def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
+                 progress: bool | Progress = True, tokenizer_json: Optional[bytes] = None,
+                 workers: Optional[int] = None, fps: Optional[dict[str, list[str]]] = None) -> PreparedData:
+    """Tokenizer and per-arm train/val tokens for `experiment`, built on first use and cached.
+
+    `experiment_dir` is where relative source paths are resolved (the experiment file's directory).
+    `tokenizer_json`: a tokenizer's bytes to use instead of the experiment's own (a run's frozen one).
+    `workers`: processes that encode (default: workers.default_workers); `fps`: the sources' fingerprints
+    when computed already (a launch's comparison with its run's frozen sources: each file is read once).
+    `progress`: True for a bar on
+    stderr, False for silence, or a Progress. Raises DataError (one line) on a bad source, a bad
+    tokenizer, or an arm too small for the context length."""
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     experiment_dir = Path(experiment_dir)
     cache_dir = Path(cache_dir)
-    key = data_key(experiment, experiment_dir)
+    given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)
+    hashes = Hashes()
+    fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
+    key = data_key(experiment, experiment_dir, given, fps=fps)
+    external = _external(experiment, experiment_dir)
     entry = cache_dir / f"data-{key[:24]}"
     if cache_dir.is_dir():
         remove_stale_temps(cache_dir)
-    data = _load(entry, key, experiment.model.vocab)
+    vocab = experiment.model.vocab
+    data = _load(entry, key, vocab, external)
     if data is None:
         make_dirs(cache_dir)
         prog.note(f"preparing data for {experiment.name} (first use) into {entry}")
@@ -314,24 +570,25 @@ def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cach
         try:  # made inside the try: a stop signal landing just after mkdir still removes it
             with storage_guard(tmp, "create"):
                 tmp.mkdir()
-            _build(experiment, experiment_dir, key, tmp, prog)
+            _build(experiment, experiment_dir, key, tmp, prog, given, hashes, workers)
             if entry.exists():  # damaged entry, or another process finished first
-                if _load(entry, key, experiment.model.vocab) is None:
+                if _load(entry, key, vocab, external) is None:
                     shutil.rmtree(entry)
             try:
                 with storage_guard(entry, "rename into"):
                     os.rename(tmp, entry)
             except OSError:
-                if _load(entry, key, experiment.model.vocab) is None:
+                if _load(entry, key, vocab, external) is None:
                     raise
             fsync_dir(cache_dir)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-        data = _load(entry, key, experiment.model.vocab)
+        data = _load(entry, key, vocab, external)
         if data is None:
             raise DataError(f"data preparation wrote {entry} but it does not load")
         data.cached = False
         prog.note(f"data ready in {time.monotonic() - t0:.1f}s")
     check_lengths(data, experiment)
+    data.fingerprints = fps
     return data

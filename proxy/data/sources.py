@@ -1,28 +1,30 @@
-"""Data sources: resolve a SourceConfig to an ordered list of documents (str).
+"""Data sources: which files each kind reads, its fingerprint, and its documents (docs/EXPERIMENTS.md, "Sources").
 
-Kinds (docs/EXPERIMENTS.md, "Sources"):
+The kinds are defined once, in proxy/config/sources.py; this module has one
+entry per kind in each of its dispatch tables: `_FILES` (the files a source
+reads, in document order) and `_PLANS` (how its documents are cut into work
+units). Relative paths are resolved against the experiment file's directory.
 
-- {"file": path}: the whole file is one document.
-- {"glob": pattern}: every matching file (recursive `**` allowed), sorted by path; one document each.
-- {"dir": path, "suffix": ".py"}: every file under the directory (hidden ones skipped) whose
-  name ends with `suffix` (default: any), sorted by relative path; one document each.
-- {"jsonl": path, "field": "text"}: one document per line, the string in `field`.
-- {"builtin": "stdlib_code" | "stdlib_docstrings" | "pydoc_topics"}: real text present on
-  any machine with Python: the standard library's source, its docstrings (one document per
-  module), and the language reference topics that `help()` shows (pydoc_data.topics).
-- {"builtin": "repeated_names"}: a duplicate-heavy source for curation tests: the
-  qualified name of each documented public function and class of a few modules written in C
-  (`math.isclose`), a few hundred documents of a few tokens, repeated REPEATS times in a
-  fixed shuffled order: quickly learned, then worth nothing.
-- {"builtin": "random_tokens"}: an unlearnable source for curation tests: token ids uniform
-  over the trained vocabulary, made by `random_token_documents` once the tokenizer exists
-  (they are not text, so they train no part of it).
+A **work unit** is a few MiB of a source's documents that a worker of the
+preparation reads by itself (`read_unit`): whole small files, a byte range
+of a large file or of a JSON Lines file, a Parquet row group, a run of Arrow
+record batches, or texts made in memory (the built-ins, a source cut by
+`max_chars`). Units are planned in the main process in document order and
+read anywhere; what a unit yields depends only on the source's bytes, so the
+documents are the same however many workers read them.
 
-Relative paths are resolved against the experiment file's directory. The order
-of documents is deterministic (sorted paths, file order). Every kind also takes
-`max_chars`: documents are kept in order until that many characters (the last
-one cut to fit). Files in a glob or directory that are not UTF-8 text are
-skipped; an explicit file or JSON Lines file that is not UTF-8 is an error.
+- {"file": path}: the whole file is one document (UTF-8 text; binary data refused).
+- {"glob": pattern}, {"dir": path, "suffix": s}: one document per file, in sorted order; files that are
+  binary or not UTF-8 are skipped.
+- {"jsonl": path, "field": "text"}: one document per non-blank line.
+- {"parquet": pattern, "column": "text"}, {"hf_dataset": dir, "split": s, "column": "text"}: one document
+  per row (proxy/data/tabular.py; pyarrow).
+- {"tokens": pattern, "val": pattern}: token ids, not documents (prepare.py reads them in place).
+- {"builtin": ...}: the standard library's code, its docstrings, the language reference topics, and the
+  curation tests' repeated_names and random_tokens.
+
+Every text kind also takes `max_chars`: documents are kept in order until
+that many characters (the last one cut to fit). Empty documents are dropped.
 """
 from __future__ import annotations
 
@@ -35,15 +37,21 @@ import json
 import os
 import sys
 import sysconfig
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from ..config.experiment import TOKEN_SOURCES, SourceConfig
+from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
+                              ParquetSource, Source, TokensSource, is_token_source)
+from ..safe_fs import UnsafeFileError, open_regular
+from . import tabular
+from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 
 # Bump when what a builtin source extracts changes (part of the cache key).
 EXTRACTOR_VERSION = 1
+UNIT_BYTES = 4 << 20  # about this much of a source per work unit
 
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data"}
 
@@ -60,8 +68,8 @@ class SourceError(ValueError):
     """A source that cannot be read; the message is one line saying which and why."""
 
 
-def describe(src: SourceConfig) -> str:
-    return f"{src.kind} {src.target!r}"
+def describe(src: Source) -> str:
+    return src.describe()
 
 
 # ---------------------------------------------------------------------------
@@ -101,122 +109,136 @@ def _pydoc_topics_file() -> Path:
     return Path(topics.__file__)
 
 
-def source_files(src: SourceConfig, base_dir: Path | str) -> list[Path]:
-    """The files `src` reads, in document order; SourceError when there are none."""
-    base = Path(base_dir)
-    kind, target = src.kind, src.target
-    if kind in ("file", "jsonl"):
-        p = base / target
-        if not p.is_file():
-            raise SourceError(f"{kind} source: no such file {target!r} (looked at {p})")
-        return [p]
-    if kind == "glob":
-        pattern = target if os.path.isabs(target) else str(base / target)
-        matches = sorted({os.path.normpath(m) for m in _glob.glob(pattern, recursive=True)})
-        files = [Path(m) for m in matches if Path(m).is_file()]
+def _matches(kind: str, pattern_text: str, base: Path) -> list[Path]:
+    pattern = pattern_text if os.path.isabs(pattern_text) else str(base / pattern_text)
+    matches = sorted({os.path.normpath(m) for m in _glob.glob(pattern, recursive=True)})
+    files = [Path(m) for m in matches if Path(m).is_file()]
+    if not files:
+        raise SourceError(f"{kind} source: pattern {pattern_text!r} matches no file (looked for {pattern})")
+    return files
+
+
+def _one_file(kind: str, target: str, base: Path) -> list[Path]:
+    p = base / target
+    if not p.is_file():
+        raise SourceError(f"{kind} source: no such file {target!r} (looked at {p})")
+    return [p]
+
+
+def _dir_files(src: DirSource, base: Path) -> list[Path]:
+    root = base / src.dir
+    if not root.is_dir():
+        raise SourceError(f"dir source: no such directory {src.dir!r} (looked at {root})")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for fn in filenames:
+            if fn.startswith(".") or (src.suffix is not None and not fn.endswith(src.suffix)):
+                continue
+            p = Path(dirpath) / fn
+            if p.is_file():  # a FIFO or a device would block or never end
+                found.append((p.relative_to(root).as_posix(), p))
+    found.sort()
+    if not found:
+        what = f"files ending with {src.suffix!r}" if src.suffix else "files"
+        raise SourceError(f"dir source: no {what} under {src.dir!r} (looked at {root})")
+    return [p for _, p in found]
+
+
+def _builtin_files(src: BuiltinSource, _base: Path) -> list[Path]:
+    if src.builtin in ("repeated_names", "random_tokens"):
+        return []  # made in memory: the Python version in the fingerprint fixes them
+    if src.builtin in ("stdlib_code", "stdlib_docstrings"):
+        files = stdlib_files(src.modules)
         if not files:
-            raise SourceError(f"glob source: pattern {target!r} matches no file (looked for {pattern})")
+            which = f" matching modules {src.modules}" if src.modules else ""
+            raise SourceError(f"builtin {src.builtin}: no standard library source files{which} under {stdlib_root()}")
         return files
-    if kind == "dir":
-        root = base / target
-        if not root.is_dir():
-            raise SourceError(f"dir source: no such directory {target!r} (looked at {root})")
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for fn in filenames:
-                if fn.startswith(".") or (src.suffix is not None and not fn.endswith(src.suffix)):
-                    continue
-                p = Path(dirpath) / fn
-                if p.is_file():  # a FIFO or a device would block or never end
-                    found.append((p.relative_to(root).as_posix(), p))
-        found.sort()
-        if not found:
-            what = f"files ending with {src.suffix!r}" if src.suffix else "files"
-            raise SourceError(f"dir source: no {what} under {target!r} (looked at {root})")
-        return [p for _, p in found]
-    if kind == "builtin":
-        if target in ("repeated_names", "random_tokens"):
-            return []  # made in memory: the Python version in the fingerprint fixes them
-        if target in ("stdlib_code", "stdlib_docstrings"):
-            files = stdlib_files(src.modules)
-            if not files:
-                which = f" matching modules {src.modules}" if src.modules else ""
-                raise SourceError(f"builtin {target}: no standard library source files{which} under {stdlib_root()}")
-            return files
-        if target == "pydoc_topics":
-            try:
-                return [_pydoc_topics_file()]
-            except ImportError as e:
-                raise SourceError(f"builtin pydoc_topics: pydoc_data.topics is not available ({e})") from None
-    raise SourceError(f"unknown source kind {kind!r}")
+    try:
+        return [_pydoc_topics_file()]
+    except ImportError as e:
+        raise SourceError(f"builtin pydoc_topics: pydoc_data.topics is not available ({e})") from None
 
 
-def source_fingerprint(src: SourceConfig, base_dir: Path | str,
+def _token_files(src: TokensSource, base: Path) -> list[Path]:
+    return _matches("tokens", src.tokens, base) + (_matches("tokens val", src.val, base) if src.val else [])
+
+
+_FILES: dict[type[Source], Callable[[Source, Path], list[Path]]] = {
+    FileSource: lambda s, b: _one_file("file", s.file, b),
+    GlobSource: lambda s, b: _matches("glob", s.glob, b),
+    DirSource: _dir_files,
+    JsonlSource: lambda s, b: _one_file("jsonl", s.jsonl, b),
+    ParquetSource: lambda s, b: _matches("parquet", s.parquet, b),
+    HFDatasetSource: lambda s, b: tabular.dataset_files(s, b),
+    TokensSource: _token_files,
+    BuiltinSource: _builtin_files,
+}
+
+
+def source_files(src: Source, base_dir: Path | str) -> list[Path]:
+    """The files `src` reads, in document order; SourceError when there are none."""
+    try:
+        return _FILES[type(src)](src, Path(base_dir))
+    except tabular.TabularError as exc:
+        raise SourceError(str(exc)) from None
+
+
+def _fingerprint_root(src: Source, base: Path) -> Path | None:
+    """Where file names are part of the fingerprint (they give order, or module names), relative to this."""
+    if isinstance(src, DirSource):
+        return base / src.dir
+    if isinstance(src, HFDatasetSource):
+        return base / src.hf_dataset
+    if isinstance(src, BuiltinSource):
+        return stdlib_root()
+    return None
+
+
+def source_fingerprint(src: Source, base_dir: Path | str,
                        file_hash: Optional[Callable[[Path], str]] = None) -> str:
     """A content hash of everything that determines this source's documents:
     its options and the bytes of each file it reads (not where they live)."""
     file_hash = file_hash or hash_file
+    base = Path(base_dir)
     h = hashlib.sha256()
-    options = src.model_dump(exclude={"file", "glob", "dir", "jsonl"}, exclude_none=True)
-    options["kind"] = src.kind
-    if src.kind == "builtin":
+    options = src.options()
+    if isinstance(src, BuiltinSource):
         options["python"] = list(sys.version_info[:3])
         options["extractor"] = EXTRACTOR_VERSION
     h.update(json.dumps(options, sort_keys=True).encode())
-    root = Path(base_dir) / src.target if src.kind == "dir" else stdlib_root()
-    for p in source_files(src, base_dir):
-        if src.kind in ("dir", "builtin"):  # names matter: order, and module names in docstrings
+    root = _fingerprint_root(src, base)
+    files = source_files(src, base)
+    val_files = set(_matches("tokens val", src.val, base)) if isinstance(src, TokensSource) and src.val else set()
+    for p in files:
+        if root is not None:  # names matter: order, and module names in docstrings
             try:
                 name = p.relative_to(root).as_posix()
             except ValueError:
                 name = p.name
             h.update(b"\0name\0" + os.fsencode(name))
-        h.update(b"\0file\0" + file_hash(p).encode())
+        h.update((b"\0val\0" if p in val_files else b"\0file\0") + file_hash(p).encode())
     return h.hexdigest()
 
 
 def hash_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    try:
+        with open_regular(path, None) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except UnsafeFileError as exc:
+        raise SourceError(str(exc)) from None
     return h.hexdigest()
 
 
+def source_bytes(src: Source, base_dir: Path | str) -> int:
+    """Total size of the files `src` reads (progress bars; the validation split's bound on a document)."""
+    return sum(p.stat().st_size for p in source_files(src, base_dir))
+
+
 # ---------------------------------------------------------------------------
-# Documents.
-
-def _read_text(p: Path, strict: bool) -> Optional[str]:
-    data = p.read_bytes()
-    if not strict and b"\0" in data:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        if strict:
-            raise SourceError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        return None
-
-
-def _jsonl_documents(p: Path, field: str) -> list[str]:
-    docs = []
-    text = _read_text(p, strict=True)
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SourceError(f"{p}:{lineno}: not JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or field not in obj:
-            raise SourceError(f"{p}:{lineno}: no {field!r} field")
-        value = obj[field]
-        if not isinstance(value, str):
-            raise SourceError(f"{p}:{lineno}: field {field!r} is {type(value).__name__}, not a string")
-        docs.append(value)
-    return docs
-
+# Built-in documents made in memory.
 
 def _docstrings(text: str, module: str) -> str:
     """All docstrings of one module, in source order, each headed by its qualified name."""
@@ -263,6 +285,11 @@ def repeated_names() -> list[str]:
     return docs
 
 
+def _pydoc_topics() -> list[str]:
+    import pydoc_data.topics as topics  # noqa: PLC0415
+    return [topics.topics[k] for k in sorted(topics.topics)]
+
+
 def random_token_documents(split: str, vocab_size: int, eot_id: int) -> list[np.ndarray]:
     """The random_tokens documents of one split: RANDOM_DOCS[split] arrays of RANDOM_DOC_TOKENS
     ids, uniform over [0, vocab_size) without `eot_id`, from SHAKE-256 of the split's name (the
@@ -274,65 +301,331 @@ def random_token_documents(split: str, vocab_size: int, eot_id: int) -> list[np.
     return list(ids.astype(np.uint16).reshape(RANDOM_DOCS[split], RANDOM_DOC_TOKENS))
 
 
-def is_token_source(src: SourceConfig) -> bool:
-    """A source whose documents are token ids made after the tokenizer (random_tokens)."""
-    return src.builtin in TOKEN_SOURCES
+# ---------------------------------------------------------------------------
+# Work units: planned in document order in the main process, read anywhere.
+
+@dataclass(frozen=True)
+class FilePart:
+    """Bytes [start, stop) of a file, as nominal offsets: a part that does not start at 0 begins at the
+    first safe place at or after `start` (text.safe_cut), and ends at the first one at or after `stop`, so
+    consecutive parts tile the file. `split` is set for a document spread over several units (its
+    train/val decision is made once, in the main process)."""
+    path: str
+    start: int
+    stop: int
+    size: int
+    split: Optional[str] = None
+    module: Optional[str] = None  # stdlib_docstrings: the module whose docstrings the file's document is
 
 
-def _limit(docs: list[str], max_chars: Optional[int]) -> list[str]:
-    if max_chars is None:
-        return docs
-    out, total = [], 0
-    for d in docs:
-        if total >= max_chars:
-            break
-        if total + len(d) > max_chars:
-            d = d[: max_chars - total]
-        out.append(d)
-        total += len(d)
-    return out
+@dataclass(frozen=True)
+class Unit:
+    reader: str  # a key of READERS
+    items: tuple  # what that reader reads: FileParts, (path, start, stop), (path, group), texts...
+    nbytes: int  # how much of the source's bytes it stands for (progress)
+    where: str  # the source, for messages
+    strict: bool = False  # refuse (rather than skip) a file that is not text
+    column: str = ""  # jsonl field, Parquet or Arrow column
 
 
-def load_documents(src: SourceConfig, base_dir: Path | str,
-                   on_file: Optional[Callable[[int], None]] = None) -> list[str]:
-    """The documents of one source, in deterministic order (empty ones dropped).
+@dataclass
+class Doc:
+    """A document, or a piece of one (`last`: the document ends here). `split` is decided already for a
+    document spread over several units; else None (decided by its hash, prepare.py)."""
+    text: str
+    last: bool = True
+    split: Optional[str] = None
+    raw: Optional[bytes] = None  # the document's UTF-8 bytes when read whole from a file (its hash)
 
-    `on_file(nbytes)` is called after each file read (for progress bars)."""
-    if is_token_source(src):
-        raise SourceError(f"{describe(src)}: its documents are token ids (random_token_documents), not text")
-    files = source_files(src, base_dir)
-    docs: list[str] = []
-    kind = src.kind
-    if kind == "builtin" and src.builtin == "repeated_names":
-        docs = repeated_names()
-    elif kind == "builtin" and src.builtin == "pydoc_topics":
-        import pydoc_data.topics as topics  # noqa: PLC0415
-        docs = [topics.topics[k] for k in sorted(topics.topics)]
-        if on_file:
-            on_file(files[0].stat().st_size)
-    else:
+
+@dataclass
+class UnitNotes:
+    """What a unit's reading skipped, for the messages."""
+    skipped: list[str] = field(default_factory=list)
+
+
+def _file_units(files: list[Path], src: Source, strict: bool, decide: Callable[[Path, int], str],
+                modules: Optional[dict[Path, str]] = None) -> Iterator[Unit]:
+    """Small files grouped into units of about UNIT_BYTES; a large file in parts of UNIT_BYTES (its
+    train/val decision made here, by `decide(path, size)`; a glob's or dir's large file is checked for
+    text first, and skipped if it is not)."""
+    reader = "docstrings" if modules is not None else "files"
+    batch: list[FilePart] = []
+    size_sum = 0
+    for p in files:
+        size = p.stat().st_size
+        if size <= UNIT_BYTES or modules is not None:
+            batch.append(FilePart(str(p), 0, size, size, module=modules.get(p) if modules else None))
+            size_sum += size
+            if size_sum >= UNIT_BYTES:
+                yield Unit(reader, tuple(batch), size_sum, src.describe(), strict)
+                batch, size_sum = [], 0
+            continue
+        if batch:
+            yield Unit(reader, tuple(batch), size_sum, src.describe(), strict)
+            batch, size_sum = [], 0
+        if not strict:
+            with open_regular(p, None) as f:
+                if file_is_text(f, size) is not None:
+                    continue
+        split = decide(p, size)
+        for start in range(0, size, UNIT_BYTES):
+            stop = min(size, start + UNIT_BYTES)
+            yield Unit(reader, (FilePart(str(p), start, stop, size, split),), stop - start, src.describe(), strict)
+    if batch:
+        yield Unit(reader, tuple(batch), size_sum, src.describe(), strict)
+
+
+def _jsonl_units(src: JsonlSource, path: Path) -> Iterator[Unit]:
+    size = path.stat().st_size
+    for start in range(0, max(size, 1), UNIT_BYTES):
+        stop = min(size, start + UNIT_BYTES)
+        yield Unit("jsonl", ((str(path), start, stop),), stop - start, src.describe(), True, src.field or "text")
+
+
+def _literal_units(texts: list[str], src: Source) -> Iterator[Unit]:
+    batch, size = [], 0
+    for t in texts:
+        batch.append(t)
+        size += len(t)
+        if size >= UNIT_BYTES:
+            yield Unit("literal", tuple(batch), size, src.describe())
+            batch, size = [], 0
+    if batch:
+        yield Unit("literal", tuple(batch), size, src.describe())
+
+
+def _plan_tabular(src, files, _decide) -> Iterator[Unit]:
+    try:
+        for reader, items, nbytes in tabular.plan(src, files, UNIT_BYTES):
+            yield Unit(reader, items, nbytes, src.describe(), True, src.column)
+    except tabular.TabularError as exc:
+        raise SourceError(str(exc)) from None
+
+
+def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
+    if src.builtin == "stdlib_code":
+        yield from _file_units(files, src, False, decide)
+    elif src.builtin == "stdlib_docstrings":
         root = stdlib_root()
-        for p in files:
-            if kind == "jsonl":
-                docs.extend(_jsonl_documents(p, src.field or "text"))
-            elif kind == "builtin":
-                text = _read_text(p, strict=False)
-                if text is not None:
-                    if src.builtin == "stdlib_docstrings":
-                        text = _docstrings(text, _module_name(p.relative_to(root).as_posix()))
-                    docs.append(text)
-            else:
-                text = _read_text(p, strict=(kind == "file"))
-                if text is not None:
-                    docs.append(text)
-            if on_file:
-                on_file(p.stat().st_size)
-    docs = _limit([d for d in docs if d], src.max_chars)
+        yield from _file_units(files, src, False, decide, {p: _module_name(p.relative_to(root).as_posix())
+                                                           for p in files})
+    elif src.builtin == "pydoc_topics":
+        yield from _literal_units(_pydoc_topics(), src)
+    else:  # repeated_names (random_tokens is no text: plan_units)
+        yield from _literal_units(repeated_names(), src)
+
+
+def _plan_tokens(src, _files, _decide) -> Iterator[Unit]:
+    raise SourceError(f"{src.describe()}: its documents are token ids (prepare.py reads them in place), not text")
+
+
+_PLANS: dict[type[Source], Callable[[Source, list[Path], Callable], Iterator[Unit]]] = {
+    FileSource: lambda s, files, decide: _file_units(files, s, True, decide),
+    GlobSource: lambda s, files, decide: _file_units(files, s, False, decide),
+    DirSource: lambda s, files, decide: _file_units(files, s, False, decide),
+    JsonlSource: lambda s, files, _decide: _jsonl_units(s, files[0]),
+    ParquetSource: _plan_tabular,
+    HFDatasetSource: _plan_tabular,
+    TokensSource: _plan_tokens,
+    BuiltinSource: _plan_builtin,
+}
+
+
+def plan_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int], str]) -> Iterator[Unit]:
+    """The work units of a text source, in document order (its max_chars not applied: limited_units).
+    `decide(path, size)` is the train/val decision of a document spread over several units."""
+    if isinstance(src, BuiltinSource) and not src.is_text:
+        raise SourceError(f"{src.describe()}: its documents are token ids (random_token_documents), not text")
+    return _PLANS[type(src)](src, source_files(src, base_dir), decide)
+
+
+# ---------------------------------------------------------------------------
+# Reading a unit (in a worker, or here).
+
+def _cut_in_file(f, nominal: int, size: int) -> int:
+    """Where a part starting or ending at `nominal` really cuts its file (text.safe_cut on the bytes there)."""
+    if nominal <= 0 or nominal >= size:
+        return max(0, min(nominal, size))
+    f.seek(nominal - 1)
+    window = f.read(1 + SEARCH_CHARS + 8)  # the byte before, and as far as safe_cut looks
+    return nominal - 1 + safe_cut(window, 1)
+
+
+def _read_part(part: FilePart, unit: Unit, notes: UnitNotes) -> Optional[tuple[bytes, int, int]]:
+    """A part's bytes and where they start and end in the file; None when a lenient unit skips the file."""
+    try:
+        with open_regular(part.path, None) as f:
+            begin = _cut_in_file(f, part.start, part.size)
+            end = part.size if part.stop >= part.size else _cut_in_file(f, part.stop, part.size)
+            f.seek(begin)
+            data = f.read(end - begin)
+    except UnsafeFileError as exc:
+        if unit.strict:
+            raise SourceError(str(exc)) from None
+        notes.skipped.append(str(exc))
+        return None
+    except OSError as exc:
+        raise SourceError(f"{part.path}: cannot read: {exc.strerror}") from None
+    reason = binary_reason(data, head=begin == 0)
+    if reason is not None:
+        if unit.strict:
+            raise SourceError(f"{part.path}: {reason}; {TOKENS_HINT}")
+        notes.skipped.append(f"{part.path}: {reason}")
+        return None
+    return data, begin, end
+
+
+def _read_files(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
+    for part in unit.items:
+        got = _read_part(part, unit, notes)
+        if got is None:
+            continue
+        data, begin, end = got
+        try:
+            text = decode_strict(data, part.path, begin)
+        except ValueError as exc:
+            if unit.strict:
+                raise SourceError(str(exc)) from None
+            notes.skipped.append(f"{part.path}: not UTF-8")
+            continue
+        if part.module is not None:
+            text = _docstrings(text, part.module)
+            yield Doc(text)
+            continue
+        whole = begin == 0 and end == part.size
+        yield Doc(text, last=end == part.size, split=part.split, raw=data if whole else None)
+
+
+def _line_number(path: str, offset: int) -> int:
+    """The 1-based number of the line that starts at byte `offset` (for a message)."""
+    count = 0
+    with open(path, "rb") as f:
+        done = 0
+        while done < offset:
+            chunk = f.read(min(1 << 20, offset - done))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            done += len(chunk)
+    return count + 1
+
+
+def _read_jsonl(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
+    """The lines that start in [start, stop): a line belongs to the unit holding its first byte."""
+    (path, start, stop), = unit.items
+    field_name = unit.column
+    with open_regular(path, None) as f:
+        if start > 0:
+            f.seek(start - 1)
+            if f.read(1) != b"\n":
+                f.readline()  # the line in progress belongs to the unit before
+        offset = f.tell()
+        while offset < stop or (start == stop == 0 and offset == 0):
+            line = f.readline()
+            if not line:
+                break
+            at, offset = offset, offset + len(line)
+            reason = binary_reason(line, head=False)
+            if reason is not None:
+                raise SourceError(f"{path}:{_line_number(path, at)}: {reason}; {TOKENS_HINT}")
+            try:
+                text = decode_strict(line, path, at)
+            except ValueError as exc:
+                raise SourceError(str(exc)) from None
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise SourceError(f"{path}:{_line_number(path, at)}: not JSON ({e.msg})") from None
+            except RecursionError:
+                raise SourceError(f"{path}:{_line_number(path, at)}: not JSON this reader takes (nested too "
+                                  "deeply)") from None
+            if not isinstance(obj, dict) or field_name not in obj:
+                raise SourceError(f"{path}:{_line_number(path, at)}: no {field_name!r} field")
+            value = obj[field_name]
+            if not isinstance(value, str):
+                raise SourceError(f"{path}:{_line_number(path, at)}: field {field_name!r} is "
+                                  f"{type(value).__name__}, not a string")
+            yield Doc(value)
+
+
+def _read_literal(unit: Unit, _notes: UnitNotes) -> Iterator[Doc]:
+    for text in unit.items:
+        yield Doc(text)
+
+
+def _read_tabular(unit: Unit, _notes: UnitNotes) -> Iterator[Doc]:
+    try:
+        for text in tabular.read(unit.reader, unit.items, unit.column):
+            yield Doc(text)
+    except tabular.TabularError as exc:
+        raise SourceError(str(exc)) from None
+
+
+READERS: dict[str, Callable[[Unit, UnitNotes], Iterator[Doc]]] = {
+    "files": _read_files, "docstrings": _read_files, "jsonl": _read_jsonl, "literal": _read_literal,
+    "parquet": _read_tabular, "arrow": _read_tabular,
+}
+
+
+def read_unit(unit: Unit, notes: Optional[UnitNotes] = None) -> Iterator[Doc]:
+    """The documents (and pieces of documents) of one unit, in order; empty documents included."""
+    return READERS[unit.reader](unit, notes if notes is not None else UnitNotes())
+
+
+# ---------------------------------------------------------------------------
+# Whole documents (here, in order): max_chars, and small uses.
+
+def whole_documents(src: Source, base_dir: Path | str, decide: Callable[[Path, int], str] | None = None,
+                    on_unit: Optional[Callable[[int], None]] = None) -> Iterator[str]:
+    """The documents of one text source in order, pieces joined, empty ones dropped, max_chars applied."""
+    decide = decide or (lambda _p, _n: "train")
+    left = getattr(src, "max_chars", None)
+    parts: list[str] = []
+    for unit in plan_units(src, base_dir, decide):
+        for doc in read_unit(unit):
+            parts.append(doc.text)
+            if not doc.last:
+                continue
+            text, parts = "".join(parts), []
+            if not text:
+                continue
+            if left is not None:
+                text = text[:left]
+                left -= len(text)
+            yield text
+            if left is not None and left <= 0:
+                return
+        if on_unit:
+            on_unit(unit.nbytes)
+
+
+def limited_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int], str]) -> Iterator[Unit]:
+    """The work units of a text source: planned, or, with max_chars (which counts characters in document
+    order), its documents read here up to the limit and handed out as texts."""
+    if getattr(src, "max_chars", None) is None:
+        yield from plan_units(src, base_dir, decide)
+        return
+    yield from _literal_units(list(whole_documents(src, base_dir, decide)), src)
+
+
+def load_documents(src: Source, base_dir: Path | str, on_file: Optional[Callable[[int], None]] = None) -> list[str]:
+    """The documents of one source, in deterministic order (empty ones dropped); SourceError when none."""
+    if is_token_source(src):
+        raise SourceError(f"{describe(src)}: its documents are token ids, not text")
+    docs = list(whole_documents(src, base_dir, on_unit=on_file))
     if not docs:
         raise SourceError(f"{describe(src)}: no text documents")
     return docs
 
 
-def source_bytes(src: SourceConfig, base_dir: Path | str) -> int:
-    """Total size of the files `src` reads (for progress bars)."""
-    return sum(p.stat().st_size for p in source_files(src, base_dir))
+def doc_hash64(raw: bytes) -> int:
+    """The first 8 bytes of a document's SHA-256, as the number the validation split compares."""
+    return int.from_bytes(hashlib.sha256(raw).digest()[:8], "big")
+
+
+def doc_bytes(doc: Doc) -> bytes:
+    return doc.raw if doc.raw is not None else doc.text.encode("utf-8", "surrogatepass")
+

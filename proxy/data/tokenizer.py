@@ -1,8 +1,14 @@
-"""Byte-level BPE tokenizer (HF `tokenizers`), trained on the experiment's documents.
+"""The tokenizer (HF `tokenizers`): a byte-level BPE trained on the experiment's text, or one it names.
 
-Id 0 is the special token `<|endoftext|>`, written between documents in the
-token shards. Every byte sequence encodes (the 256 byte symbols are in the
-vocabulary), so any text round-trips: `decode(encode(s)) == s`.
+A trained one has id 0 = `<|endoftext|>`, written between documents in the
+token shards; every byte sequence encodes (the 256 byte symbols are in the
+vocabulary), so any text round-trips: `decode(encode(s)) == s`. It is
+trained on a bounded, deterministic sample of the arms' text (prepare.py):
+at most SAMPLE_BYTES, so its memory does not grow with the corpus.
+
+A given one (the experiment's `tokenizer`, e.g. GPT-2's `tokenizer.json`) is
+used as it is: it must hold `<|endoftext|>` (the document separator) and at
+most `model.vocab` tokens.
 """
 from __future__ import annotations
 
@@ -13,8 +19,11 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ..atomic import atomic_write_text
+from ..rundir.layout import READ_LIMITS, TOKENIZER
 
 EOT = "<|endoftext|>"
+SAMPLE_BYTES = 64 << 20  # the most text a tokenizer is trained on (a deterministic sample of the pieces)
+GIVEN_LIMIT = READ_LIMITS[TOKENIZER]  # the largest tokenizer.json read (GPT-2's is 1.4 MB)
 # Everything that changes what training produces (part of the data cache key).
 TOKENIZER_SETTINGS = {
     "kind": "byte_level_bpe",
@@ -22,8 +31,13 @@ TOKENIZER_SETTINGS = {
     "add_prefix_space": False,
     "use_regex": True,
     "min_frequency": 2,
-    "version": 1,
+    "sample_bytes": SAMPLE_BYTES,
+    "version": 2,
 }
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be used; the message is one line."""
 
 
 class Tokenizer:
@@ -46,7 +60,9 @@ class Tokenizer:
         return self.hf.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        # encode_batch_fast skips the character offsets nothing here uses (same ids, less work)
+        encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids if 0 <= int(i) < self.trained_size]
@@ -62,6 +78,24 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike, vocab_size: Optional[int] = None) -> "Tokenizer":
         return cls(_HFTokenizer.from_file(str(path)), vocab_size)
+
+    @classmethod
+    def from_json(cls, raw: bytes, vocab_size: int, where: str) -> "Tokenizer":
+        """A tokenizer.json's bytes as the model's tokenizer; TokenizerError (one line naming `where`) when
+        it does not parse, has no <|endoftext|>, or holds more tokens than the model's vocabulary."""
+        try:
+            hf = _HFTokenizer.from_str(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise TokenizerError(f"{where}: not a tokenizer.json (not UTF-8: {exc.reason})") from None
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception subclass
+            raise TokenizerError(f"{where}: not a tokenizer.json ({str(exc).splitlines()[0][:200]})") from None
+        size = hf.get_vocab_size(with_added_tokens=True)
+        if size > vocab_size:
+            raise TokenizerError(f"{where}: {size} tokens, more than model.vocab {vocab_size} (set model.vocab "
+                                 f"to at least {size})")
+        if hf.token_to_id(EOT) is None:
+            raise TokenizerError(f"{where}: has no {EOT} token (the separator written between documents)")
+        return cls(hf, vocab_size)
 
     def __len__(self) -> int:
         return self.vocab_size

@@ -1,8 +1,11 @@
-"""Checkpoint files: their names, and reading and verifying them (docs/FORMATS.md, "Checkpoint file").
+"""Checkpoint files: their names, reading and verifying them, and writing one (docs/FORMATS.md, "Checkpoint file").
 
 The Python twin of the engine's loader: the proxy uses it to pick the newest
 valid checkpoint after a crash, tests use it to read weights and moments,
-the dashboard to list checkpoints. Only numpy and zlib; never writes.
+the dashboard to list checkpoints. `encode_checkpoint` is the twin of the
+engine's writer, byte for byte the same layout: the proxy writes one only to
+make step 0 of a run from pretrained weights (`proxy run --init-from`).
+Only numpy and zlib.
 """
 from __future__ import annotations
 
@@ -192,6 +195,25 @@ def count_non_finite(raw: bytes | memoryview, n_params: int) -> int:
     floats = np.frombuffer(raw, dtype="<f4", count=3 * n_params, offset=8)
     return sum(int(np.count_nonzero(~np.isfinite(floats[i:i + NON_FINITE_CHUNK])))
                for i in range(0, floats.size, NON_FINITE_CHUNK))
+
+
+def encode_checkpoint(step: int, weights: np.ndarray, m: np.ndarray, v: np.ndarray, trailer: Trailer) -> bytes:
+    """A whole checkpoint file as the engine writes it: the ANDREA regions, the trailer (the metadata is
+    `trailer.meta`, the JSON the engine writes: `{"engine": ..., "meta": ...}`), the CRC-32 and end magic."""
+    n = weights.size
+    if not (m.size == v.size == n == trailer.shape.n_params):
+        raise ValueError(f"{n} weights, {m.size} and {v.size} moments for a model of {trailer.shape.n_params}")
+    meta = trailer.meta.encode("utf-8")
+    if len(meta) > MAX_META_BYTES:
+        raise ValueError(f"checkpoint metadata of {len(meta)} bytes, more than {MAX_META_BYTES}")
+    s, t = trailer.shape, trailer
+    fixed = _FIXED.pack(TRAILER_MAGIC, 1, len(meta), s.vocab, s.ctx, s.dim, s.layers, s.heads, t.batch, t.grad_accum,
+                        t.warmup, t.max_steps, t.lr, t.min_lr, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip,
+                        t.seed, t.tokens_seen, b"\0" * 32)
+    body = b"".join([struct.pack("<ii", step, n), np.ascontiguousarray(weights, "<f4").tobytes(),
+                     np.ascontiguousarray(m, "<f4").tobytes(), np.ascontiguousarray(v, "<f4").tobytes(), fixed, meta,
+                     struct.pack("<Q", TRAILER_FIXED_BYTES + len(meta) + FOOTER_BYTES)])
+    return body + struct.pack("<II8s", zlib.crc32(body), 0, END_MAGIC)
 
 
 def verify_checkpoint(path: str | os.PathLike) -> str | None:

@@ -1,5 +1,11 @@
 """The frozen experiment: RUN/experiment.json, written on the first launch and compared on every later one.
 
+Until the run's first trained step the frozen copy is provisional: a launch
+that failed before training (a bad source, a data preparation stopped) froze
+nothing binding, and the next launch replaces the copy without a flag
+(`started_training` says when it becomes binding). The same holds for
+phase 0 and the data definition (rundir/data.py).
+
 A launch with a changed experiment stops with the changed fields named,
 unless --allow-experiment-change: then the old frozen copy is kept as
 RUN/archive/experiment_<time>.json (an audit trail, and the mark that the
@@ -25,6 +31,8 @@ from ..atomic import atomic_write_bytes, json_bytes, make_dirs, write_unique
 from ..config.errors import CONFIG_FILE_LIMIT, ExperimentError
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats.checkpoint import checkpoint_step, list_checkpoints
+from ..formats.loss_log import LossLogIndex
 from ..safe_fs import UnsafeFileError, read_regular
 from .layout import RunDir, RunDirError
 
@@ -123,8 +131,17 @@ def _archive(run: RunDir, frozen_raw: bytes) -> None:
     write_unique(run.archive, f"experiment_{time.time():.0f}", ".json", frozen_raw)
 
 
-def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_change: bool) -> list[str]:
-    """Write the frozen copy (and its seal) on the first run; on later runs check the seal and compare.
+def started_training(run: RunDir, index: LossLogIndex, phases: list) -> bool:
+    """Whether the run ever trained a step: a step in its log, a checkpoint past step 0, or a pivot. Until
+    then what a launch froze is provisional."""
+    return bool(index.steps) or len(phases) > 1 or any((checkpoint_step(p) or 0) > 0
+                                                       for p in list_checkpoints(run.checkpoints))
+
+
+def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_change: bool,
+                      provisional: bool = False) -> list[str]:
+    """Write the frozen copy (and its seal) on the first run, or over a provisional one (no step trained
+    yet); on later runs check the seal and compare.
 
     Returns the dotted names of the fields that changed (empty when none).
     A changed experiment without `allow_change` raises RunDirError; with it, the
@@ -134,7 +151,7 @@ def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_c
         raw = read_regular(source, CONFIG_FILE_LIMIT)
     except (OSError, UnsafeFileError) as exc:  # it was just read and validated; it changed meanwhile
         raise RunDirError(f"{source}: cannot read it again ({exc})") from None
-    if not run.experiment.exists():
+    if provisional or not run.experiment.exists():
         atomic_write_bytes(run.experiment, raw)
         _write_seal(run, raw)
         return []

@@ -8,6 +8,7 @@
     RUN/.samples.json          sample audits (formats/samples.py)
     RUN/.state.json            snapshot for people and the dashboard (formats/state.py)
     RUN/phases.json            append-only list of phases (rundir/phases.py)
+    RUN/data/                  the frozen data definition: data.json, tokenizer.json, <arm>.val.tok (rundir/data.py)
     RUN/archive/               pivot archives, replaced experiments (rundir/pivot.py, rundir/frozen.py)
     RUN/engine.log             the engine's stderr
     RUN/dashboard.log          the dashboard's output when `proxy run` started it
@@ -44,6 +45,10 @@ LOSS_LOG = ".loss.json"
 SAMPLES = ".samples.json"
 STATE = ".state.json"
 PHASES = "phases.json"
+DATA = "data"  # the frozen data definition (rundir/data.py): these three names, inside it
+DATA_DEFINITION = "data.json"
+TOKENIZER = "tokenizer.json"
+VAL_SHARD_SUFFIX = ".val.tok"  # <arm>.val.tok
 ARCHIVE = "archive"
 ENGINE_LOG = "engine.log"
 DASHBOARD_LOG = "dashboard.log"
@@ -69,7 +74,8 @@ ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
 READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
                ENGINE_RECORD: 64 << 10, IDENTITY: 4 << 10, QUALIFICATION: 64 << 10,
                PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
-               PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20}
+               PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20, DATA_DEFINITION: 4 << 20, TOKENIZER: 64 << 20}
+# A validation shard in data/ may be as large as data.json says (its size and SHA-256 are checked there).
 LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is skipped like a torn one
 ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason
 
@@ -113,6 +119,14 @@ class RunDir:
     @property
     def phases(self) -> Path:
         return self.root / PHASES
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / DATA
+
+    @property
+    def data_definition(self) -> Path:
+        return self.root / DATA / DATA_DEFINITION
 
     @property
     def archive(self) -> Path:

@@ -88,11 +88,15 @@ def owned_steps(phases: list[Phase], through: int) -> list[tuple[Phase, int, int
     return out
 
 
-def ensure_phases(run: RunDir, experiment) -> list[Phase]:
-    """phases.json with phase 0 written at run creation; returns the list."""
+def ensure_phases(run: RunDir, experiment, provisional: bool = False) -> list[Phase]:
+    """phases.json with phase 0 written at run creation (again, from this experiment, while `provisional`:
+    no step trained yet); returns the list."""
     phases = read_phases(run)
-    if not phases:
-        phases = [first_phase(experiment)]
+    fresh = first_phase(experiment)
+    stale = provisional and len(phases) == 1 and (phases[0].policy, phases[0].caps, phases[0].floors) != (
+        fresh.policy, fresh.caps, fresh.floors)
+    if not phases or stale:
+        phases = [fresh]
         write_phases(run, phases)
     return phases
 

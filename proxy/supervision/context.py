@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from ..bandit import Bandit
 from ..config.experiment import Experiment, TrainConfig
 from ..data.batches import BatchSampler
-from ..data.prepare import PreparedData
 from ..formats.loss_log import LossLogWriter
 from ..formats.samples import SamplesFile
 from ..rundir.identity import RunIdentity
@@ -23,6 +22,7 @@ from ..rundir.retention import RetentionPolicy
 from .best_copier import BestCopier
 from .engine_process import EngineChoice
 from .report import RunReport
+from .run_data import RunData  # noqa: F401 - the type of RunContext.data
 from .signals import SignalCounts
 
 
@@ -56,7 +56,7 @@ class Console:
 class RunContext:
     experiment: Experiment
     run: RunDir
-    data: PreparedData
+    data: "RunData"  # the tokenizer, the training and validation tokens (run_data.py)
     engine_choice: EngineChoice
     opts: SupervisorOptions
     console: Console

@@ -193,9 +193,10 @@ def launch_segment(ctx: RunContext) -> Segment:
 
     meta = {"experiment": ctx.experiment.name, "phase": phase.phase}
     settings = list(ctx.experiment.engine_flags()) + list(ctx.engine_paths)
-    if experiment_changed(ctx.run):
+    if experiment_changed(ctx.run) or (resume.path is not None and c == 0):
         # the run went on under a changed experiment: its older checkpoints carry the old
-        # optimizer settings, and the frozen experiment (not the checkpoint) is the truth
+        # optimizer settings, and the frozen experiment (not the checkpoint) is the truth; so at
+        # step 0 (imported weights, moments zero), where the settings have acted on nothing yet
         settings.append("--allow-hparam-change")
     choice = ctx.engine_choice
     args = engine_args(ctx.run.checkpoints, resume=resume.path, ckpt_every=int(ctx.train.ckpt_every),

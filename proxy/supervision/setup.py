@@ -2,12 +2,15 @@
 
 Load the experiment, choose the engine, create and lock the run directory,
 check the phase history against the run's records (rundir/history.py),
-freeze the experiment (or check the frozen one), write phase 0, reap an
-engine a killed proxy left behind, stop at once if the run already
-finished, prepare the data, build the run's context and hand it to the
-supervisor's loop. A file of the run that is not a regular file within its
-size cap (safe_fs.py) ends the command with one line and exit 2; a stop
-signal before training starts, with one line and exit 130.
+freeze the experiment (or check the frozen one), write phase 0, make step 0
+from pretrained weights (`--init-from`), reap an engine a killed proxy left
+behind, stop at once if the run already finished, prepare the data and hold
+them to the run's frozen definition (run_data.py), build the run's context
+and hand it to the supervisor's loop. What a launch freezes stays
+provisional until the first trained step (rundir/frozen.py). A file of the
+run that is not a regular file within its size cap (safe_fs.py) ends the
+command with one line and exit 2; a stop signal before training starts,
+with one line and exit 130.
 """
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ from pathlib import Path
 
 from ..config.errors import ExperimentError
 from ..config.experiment import Experiment, load_experiment
-from ..data.batches import BatchError, BatchSampler
-from ..data.prepare import DataError, PreparedData, default_cache_dir, prepare_data
+from ..data.batches import BatchError, BatchSampler, segment_arrays
+from ..data.prepare import default_cache_dir
 from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex, LossLogWriter
@@ -25,7 +28,7 @@ from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
 from ..qualification import VERIFIED_FLAGS, run_engine_paths
 from ..rundir.foreign import foreign_checkpoints
-from ..rundir.frozen import freeze_experiment
+from ..rundir.frozen import freeze_experiment, started_training
 from ..rundir.history import check_history
 from ..rundir.identity import RunIdentity, load_identity, save_identity
 from ..rundir.layout import RunDir, RunDirError, default_run_dir
@@ -38,9 +41,11 @@ from .checkpoints import load_best
 from .context import Console, RunContext, SupervisorOptions
 from .engine_process import EngineChoice, EngineError, choose_engine
 from .engine_record import reap_orphan
+from .init_from import import_model
 from .loop import Supervisor
 from .report import RunReport, carry_forward
-from .signals import EARLY, SignalCounts, install_interrupt
+from .run_data import RunData, open_run_data
+from .signals import EARLY, SignalCounts, check_interrupted, install_interrupt
 
 
 @dataclass
@@ -49,6 +54,9 @@ class RunRequest:
     run_dir: Path | None = None
     engine: str | None = None
     allow_experiment_change: bool = False
+    allow_data_change: bool = False
+    from_frozen: bool = False  # `proxy run --run-dir DIR` alone: the experiment is DIR's frozen copy
+    init_from: Path | None = None  # a Hugging Face GPT-2 directory: step 0 of a new run (init_from.py)
     cache_dir: Path | None = None
     options: SupervisorOptions = field(default_factory=SupervisorOptions)
     engine_paths: str = "qualified"  # the CUDA engine's fast paths: "qualified" (checked on this GPU) or "verified"
@@ -74,8 +82,8 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
     """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
     starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises ProxyError for anything the user must fix; returns the exit code
     otherwise."""
-    try:
-        experiment = load_experiment(request.experiment_path)
+    try:  # a run's frozen experiment: its sources are where the run's data definition says (run_data.py)
+        experiment = load_experiment(request.experiment_path, check_sources=not request.from_frozen)
     except ExperimentError as exc:
         raise ProxyError(str(exc), EXIT_USAGE) from None
     try:
@@ -94,13 +102,15 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
     try:
         try:
             index = LossLogIndex.load(run.loss_log)
-            check_history(run, read_phases(run) or [first_phase(experiment)], index)
+            recorded = read_phases(run)
+            binding = started_training(run, index, recorded)
+            check_history(run, recorded or [first_phase(experiment)], index)
             foreign = foreign_checkpoints(run, experiment)
             if foreign is not None:
                 raise RunDirError(foreign)
             changed = freeze_experiment(run, Path(request.experiment_path), experiment,
-                                        request.allow_experiment_change)
-            phases = ensure_phases(run, experiment)
+                                        request.allow_experiment_change, provisional=not binding)
+            phases = ensure_phases(run, experiment, provisional=not binding)
         except RunDirError as exc:
             raise ProxyError(str(exc), EXIT_USAGE) from None
         if changed:
@@ -120,11 +130,12 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
                         f"{experiment.train.max_steps}); nothing to do")
             _mark_finished(run)
             return EXIT_OK
-        try:
-            data = prepare_data(experiment, Path(request.experiment_path).parent,
-                                request.cache_dir or default_cache_dir())
-        except (DataError, ExperimentError) as exc:
-            raise ProxyError(str(exc), EXIT_USAGE) from None
+        data = open_run_data(run, experiment, Path(request.experiment_path).parent,
+                             request.cache_dir or default_cache_dir(), binding=binding,
+                             allow_change=request.allow_data_change, from_frozen=request.from_frozen,
+                             resume_step=resume.step, warn=console.warn)
+        if request.init_from is not None:
+            import_model(run, experiment, data, request.init_from, binding, console)
         try:
             ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
         except BatchError as exc:
@@ -132,6 +143,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
             save_identity(run, identity)
         ctx.engine_paths = choose_engine_paths(experiment, run, engine, request, console)
+        check_interrupted()  # a stop signal a library swallowed during the setup still ends it here
         if on_started is not None:
             ctx.report.dashboard = on_started(run)
         return Supervisor(ctx).run_forever()
@@ -154,7 +166,7 @@ def choose_engine_paths(experiment: Experiment, run: RunDir, engine: EngineChoic
                             request.cache_dir or default_cache_dir(), console.say, console.warn)
 
 
-def _encode_prompts(experiment: Experiment, data: PreparedData, console: Console) -> list[tuple[str, list[int]]]:
+def _encode_prompts(experiment: Experiment, data: RunData, console: Console) -> list[tuple[str, list[int]]]:
     """The sample prompts as token ids (the last ctx of them); a prompt that encodes to nothing is skipped."""
     out = []
     ctx = int(experiment.model.ctx)
@@ -171,13 +183,13 @@ def _encode_prompts(experiment: Experiment, data: PreparedData, console: Console
     return out
 
 
-def build_context(experiment: Experiment, run: RunDir, data: PreparedData, engine: EngineChoice,
+def build_context(experiment: Experiment, run: RunDir, data: RunData, engine: EngineChoice,
                   options: SupervisorOptions, console: Console, signals: SignalCounts, lock: RunLock,
                   identity: RunIdentity) -> RunContext:
     """The run's context: batches, prompts, phases, the open log, the sample audits, the carried-over report."""
     train = experiment.train
-    sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(train.seed),
-                           int(experiment.model.ctx) + 1)
+    sampler = BatchSampler({arm: segment_arrays(data.train[arm]) for arm in experiment.arm_names}, data.val,
+                           experiment.arm_names, int(train.seed), int(experiment.model.ctx) + 1)
     prompts = _encode_prompts(experiment, data, console)
     phases = read_phases(run)
     writer = LossLogWriter(run.loss_log, options.fsync_every_s)

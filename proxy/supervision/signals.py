@@ -7,7 +7,10 @@ process holds the run's lock (their default action would end it); the stop
 signals once the supervisor runs. Before that (loading, preparing data) a stop
 signal interrupts the setup: `interrupt` raises a ProxyError where the signal
 lands, so every `finally` on the way out runs (the data cache's temp
-directory is removed) and the command ends with one line and exit 130.
+directory is removed) and the command ends with one line and exit 130. A
+library may catch any exception where it lands (tqdm does while it starts a
+thread), so the signal is also remembered, and `check_interrupted` raises
+it again before training starts.
 """
 from __future__ import annotations
 
@@ -21,10 +24,24 @@ EARLY = (signal.SIGUSR1, signal.SIGUSR2)
 ALL = STOPS + EARLY
 
 
+_interrupted: list[int] = []  # the stop signals `interrupt` took (the first one names the interruption)
+
+
+def _interruption(signum: int) -> ProxyError:
+    return ProxyError(f"interrupted by {signal.Signals(signum).name} before training started; nothing was "
+                      "trained in this launch (relaunch the same command to start again)", EXIT_INTERRUPTED)
+
+
 def interrupt(signum, _frame) -> None:
     """The stop signals' handler until training starts: end the setup where it is, with one line."""
-    raise ProxyError(f"interrupted by {signal.Signals(signum).name} before training started; nothing was "
-                     "trained in this launch (relaunch the same command to start again)", EXIT_INTERRUPTED)
+    _interrupted.append(signum)
+    raise _interruption(signum)
+
+
+def check_interrupted() -> None:
+    """The interruption again, if a stop signal came during the setup and its ProxyError was swallowed."""
+    if _interrupted:
+        raise _interruption(_interrupted[0])
 
 
 def install_interrupt() -> dict:

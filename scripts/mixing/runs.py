@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from proxy.atomic import atomic_write_json
 from proxy.config.experiment import BanditConfig, load_experiment
+from proxy.config.sources import parse_source
 
 REPO = Path(__file__).resolve().parents[2]
-PATH_SOURCES = ("file", "glob", "dir", "jsonl")  # source kinds that name a path relative to the experiment
 POLL_S = 0.5
 
 
@@ -61,13 +61,15 @@ def bandit_for(policy: str, base: dict) -> dict:
 
 
 def absolute_sources(experiment: dict, experiment_dir: Path) -> dict:
-    """A copy whose relative source paths are absolute (the copy lives elsewhere)."""
+    """A copy whose relative source paths (and tokenizer path) are absolute (the copy lives elsewhere)."""
     out = json.loads(json.dumps(experiment))
     for arm in out.get("arms", []):
         for src in arm.get("sources", []):
-            for kind in PATH_SOURCES:
-                if kind in src and not os.path.isabs(src[kind]):
-                    src[kind] = str((experiment_dir / src[kind]).resolve())
+            for name, value, _what in parse_source(src).path_fields():  # the kinds' own path fields
+                if not os.path.isabs(value):
+                    src[name] = str((experiment_dir / value).resolve())
+    if out.get("tokenizer") and not os.path.isabs(out["tokenizer"]):
+        out["tokenizer"] = str((experiment_dir / out["tokenizer"]).resolve())
     return out
 
 

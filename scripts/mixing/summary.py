@@ -86,7 +86,7 @@ def first_reach(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int |
 
 def junk_arms(experiment: Experiment) -> list[str]:
     """Arms of random tokens: the unlearnable ones GOAL_JUNK_POINTS is about."""
-    return [a.name for a in experiment.arms if any(s.builtin == "random_tokens" for s in a.sources)]
+    return [a.name for a in experiment.arms if any(getattr(s, "builtin", None) == "random_tokens" for s in a.sources)]
 
 
 def _binned(steps: np.ndarray, mixture: np.ndarray, bins: int) -> tuple[list[int], np.ndarray]:

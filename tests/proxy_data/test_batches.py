@@ -6,7 +6,7 @@ import pytest
 
 from proxy.data.batches import BatchError, BatchSampler
 from proxy.formats.frames import HEADER, train_frame
-from proxy.formats.shard import write_shard
+from proxy.formats.shard import read_shard, write_shard
 
 ROW = 33
 
@@ -24,8 +24,14 @@ def shards(tmp_path):
     return train, val
 
 
+def arrays(shards):
+    """The shards memory-mapped, as the sampler takes them: each arm's training runs, its validation ids."""
+    return ({name: [read_shard(p)[0]] for name, p in shards[0].items()},
+            {name: read_shard(p)[0] for name, p in shards[1].items()})
+
+
 def sampler(shards, seed=1):
-    return BatchSampler(shards[0], shards[1], ["a", "b", "c"], seed=seed, row_len=ROW)
+    return BatchSampler(*arrays(shards), ["a", "b", "c"], seed=seed, row_len=ROW)
 
 
 def test_shapes_and_rows_are_windows(shards):
@@ -119,9 +125,9 @@ def test_eval_batch_fixed(shards):
 
 def test_errors(shards, tmp_path):
     with pytest.raises(BatchError, match="arm 'c'"):
-        BatchSampler(shards[0], shards[1], ["a", "b", "c"], seed=1, row_len=41)
-    with pytest.raises(BatchError, match="no train/val shard"):
-        BatchSampler(shards[0], shards[1], ["a", "zz"], seed=1, row_len=ROW)
+        BatchSampler(*arrays(shards), ["a", "b", "c"], seed=1, row_len=41)
+    with pytest.raises(BatchError, match="no train/val tokens"):
+        BatchSampler(*arrays(shards), ["a", "zz"], seed=1, row_len=ROW)
     s = sampler(shards)
     with pytest.raises(ValueError):
         s.train_batch(1, [0.5, 0.5], 4)

@@ -12,7 +12,8 @@ from proxy.data import prepare_data
 from proxy.data.sources import (RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, SourceError, load_documents,
                                 random_token_documents)
 from proxy.config.errors import ExperimentError
-from proxy.config.experiment import SourceConfig, load_experiment
+from proxy.config.experiment import load_experiment
+from proxy.config.sources import parse_source
 from proxy.formats.shard import read_shard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,18 +107,18 @@ def test_random_tokens_are_uniform_and_fixed():
     skip = np.concatenate(random_token_documents("val", 512, 7))
     assert 7 not in skip and skip.max() == 511 and 0 in skip
     with pytest.raises(SourceError, match="token ids"):
-        load_documents(SourceConfig(builtin="random_tokens"), ".")
+        load_documents(parse_source({"builtin": "random_tokens"}), ".")
 
 
 def test_repeated_names():
-    docs = load_documents(SourceConfig(builtin="repeated_names"), ".")
+    docs = load_documents(parse_source({"builtin": "repeated_names"}), ".")
     unique = sorted(set(docs))
     assert 200 <= len(unique) <= 600 and len(docs) == REPEATS * len(unique)
     assert "math.isclose" in unique and "builtins.len" in unique
     assert max(map(len, unique)) < 40
     first_pass, second_pass = docs[: len(unique)], docs[len(unique): 2 * len(unique)]
     assert sorted(first_pass) == unique and first_pass != second_pass  # each pass in its own order
-    assert load_documents(SourceConfig(builtin="repeated_names"), ".") == docs
+    assert load_documents(parse_source({"builtin": "repeated_names"}), ".") == docs
 
 
 def test_prepare_with_curation_arms(tmp_path):
@@ -125,7 +126,7 @@ def test_prepare_with_curation_arms(tmp_path):
     tokenizer (the same as without it); the duplicates are text like any arm."""
     exp = load_experiment(write(tmp_path, BASE))
     data = prepare_data(exp, tmp_path, tmp_path / "cache", progress=False)
-    train, vocab = read_shard(data.train_shards["junk"])
+    train, vocab = read_shard(data.train["junk"][0].path)
     assert vocab == 512 and train.size == RANDOM_DOCS["train"] * (RANDOM_DOC_TOKENS + 1)
     docs = train.reshape(RANDOM_DOCS["train"], RANDOM_DOC_TOKENS + 1)
     assert np.all(docs[:, -1] == data.tokenizer.eot_id) and np.all(docs[:, :-1] != data.tokenizer.eot_id)
@@ -136,4 +137,4 @@ def test_prepare_with_curation_arms(tmp_path):
     other = prepare_data(load_experiment(write(tmp_path, without_junk, "b.json")), tmp_path, tmp_path / "cache",
                          progress=False)
     assert other.key != data.key
-    assert other.tokenizer_path.read_bytes() == data.tokenizer_path.read_bytes()
+    assert other.tokenizer_json == data.tokenizer_json

@@ -1,17 +1,31 @@
 """Data: sources, tokenizer, train/val split, preparation and its cache."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from pathlib import Path
 
 import pytest
 
+from proxy.data.split import VAL, by_hash, val_doc_max
+from proxy.data.tokenizer import EOT
 from proxy.data import (DataError, SourceError, Tokenizer, data_key, load_documents, prepare_data,
-                        source_files, split_documents, train_tokenizer)
+                        source_files, train_tokenizer)
 from proxy.data.progress import Progress
-from proxy.config.experiment import SourceConfig, load_experiment, parse_experiment
+from proxy.config.experiment import load_experiment, parse_experiment
+from proxy.config.sources import parse_source
 from proxy.formats.shard import read_shard
+
+
+def SourceConfig(**fields):  # noqa: N802 - reads like the old constructor: one source from its JSON keys
+    return parse_source(fields)
+
+
+def train_tokens(data, arm):
+    """An arm's training tokens (one shard for a text arm)."""
+    (segment,) = data.train[arm]
+    return segment.array()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,8 +88,11 @@ def test_source_errors(corpus):
         load_documents(SourceConfig(glob="corpus/*.rs"), corpus)
     with pytest.raises(SourceError, match="no files ending with '.rs'"):
         load_documents(SourceConfig(dir="corpus", suffix=".rs"), corpus)
-    with pytest.raises(SourceError, match="not UTF-8"):
+    with pytest.raises(SourceError, match=r"bin.py: binary data \(NUL bytes\), not text; .*\{\"tokens\": \.\.\.\}"):
         load_documents(SourceConfig(file="corpus/bin.py"), corpus)
+    (corpus / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))
+    with pytest.raises(SourceError, match=r"latin1.txt: not UTF-8 text \(invalid continuation byte at byte 3\)"):
+        load_documents(SourceConfig(file="latin1.txt"), corpus)
     with pytest.raises(SourceError, match=r"docs.jsonl:1: no 'body' field"):
         load_documents(SourceConfig(jsonl="docs.jsonl", field="body"), corpus)
     (corpus / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
@@ -115,28 +132,42 @@ def test_tokenizer_train_roundtrip(tmp_path, corpus):
     assert tok.decode([299, 65535]) == tok.decode([299])  # untrained ids decode to nothing
 
 
-# --- split ----------------------------------------------------------------------
+# --- split (proxy/data/split.py) ------------------------------------------------
 
-def test_split_many_documents():
-    docs = [f"doc {i} " * (50 + i % 7) for i in range(500)]
-    train, val = split_documents(docs)
-    assert sorted(train + val) == sorted(docs)
-    total = sum(map(len, docs))
-    val_chars = sum(map(len, val))
-    assert 0.01 * total <= val_chars <= 0.15 * total
-    assert split_documents(docs) == (train, val)
-    assert [d for d in docs if d in set(val)] == val  # original order kept
+def split_of(tmp_path, docs, name="split"):
+    """Prepare one arm of JSON Lines documents (the other arm a fixed file): its val text and train text."""
+    src = tmp_path / f"{name}.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (tmp_path / "other.txt").write_text("other arm text\n" * 500)
+    exp = small_experiment([{"jsonl": src.name}], [{"file": "other.txt"}], name=name)
+    data = prepare_data(exp, tmp_path, tmp_path / f"cache-{name}", progress=False, workers=1)
+    val = read_shard(data.val_shards["a"])[0]
+    return data, data.tokenizer.decode(train_tokens(data, "a").tolist()), data.tokenizer.decode(val.tolist())
+
+
+def test_split_many_documents(tmp_path):
+    docs = [f"doc {i} " * (50 + i % 7) for i in range(3000)]
+    data, train, val = split_of(tmp_path, docs)
+    stats = data.stats["a"]
+    total = stats["train_tokens"] + stats["val_tokens"]
+    assert 0.01 * total <= stats["val_tokens"] <= 0.15 * total
+    # rule 1: whole documents by their hash, in order; rule 2: then the tail of the training stream
+    largest = val_doc_max((tmp_path / "split.jsonl").stat().st_size)
+    chosen = [d for d in docs if by_hash(len(d), hashlib.sha256(d.encode()).digest(), largest) == VAL]
+    assert 10 <= len(chosen) == stats["val_docs"] < 100
+    head = "".join(d + EOT for d in chosen)
+    assert val.startswith(head)
+    assert train + val[len(head):] == "".join(d + EOT for d in docs if d not in chosen)
     # the split depends on content, not on position
-    assert set(split_documents(list(reversed(docs)))[1]) == set(val)
+    _data, _train, reversed_val = split_of(tmp_path, list(reversed(docs)), "reversed")
+    assert reversed_val.startswith("".join(d + EOT for d in reversed(chosen)))
 
 
-def test_split_single_document():
+def test_split_single_document(tmp_path):
     doc = "line of text\n" * 100_000
-    train, val = split_documents([doc])
-    assert len(train) == 1 and len(val) == 1
-    assert train[0] + val[0] == doc
-    assert 0.005 * len(doc) <= len(val[0]) <= 0.1 * len(doc)
-    assert val[0].startswith("line")  # cut on a line boundary
+    data, train, val = split_of(tmp_path, [doc])
+    assert data.stats["a"]["val_docs"] == 0 and train + val == doc + "<|endoftext|>"
+    assert 0.009 * len(doc) <= len(val) <= 0.1 * len(doc)  # the tail of the stream
 
 
 # --- preparation and cache ------------------------------------------------------
@@ -147,20 +178,21 @@ def test_prepare_and_cache(tmp_path, corpus):
     data = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err))
     assert not data.cached
     log = err.getvalue()
-    assert "training tokenizer" in log and "encoding a" in log and "\x1b" not in log
+    assert "training tokenizer" in log and "encoding 2 arm(s)" in log and "\x1b" not in log
+    assert "skipped 1 file(s) that are not text (first: " in log and "bin.py: binary data (NUL bytes)" in log
     for arm in ("a", "b"):
-        tr, vocab = read_shard(data.train_shards[arm])
-        va, _ = read_shard(data.val_shards[arm])
+        tr = train_tokens(data, arm)
+        va, vocab = read_shard(data.val_shards[arm])
         assert vocab == 300 and tr.size > 1000 and va.size >= 17
-        assert int(tr.max()) < 300 and int(tr[-1]) == data.tokenizer.eot_id
+        assert int(tr.max()) < 300
         assert data.stats[arm]["train_tokens"] == tr.size
     text = data.tokenizer.decode(read_shard(data.val_shards["b"])[0][:40].tolist())
-    assert text.startswith("Document ")
+    assert "Document " in text
 
     # second call: no work, same files
     err2 = io.StringIO()
     again = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err2))
-    assert again.cached and again.path == data.path and again.train_shards == data.train_shards
+    assert again.cached and again.path == data.path and again.train == data.train
     assert err2.getvalue() == ""
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [data.path.name]
 
@@ -181,10 +213,10 @@ def test_prepare_and_cache(tmp_path, corpus):
 def test_prepare_rebuilds_damaged_cache(tmp_path, corpus):
     exp = small_experiment([{"dir": "corpus", "suffix": ".py"}], [{"jsonl": "docs.jsonl"}])
     data = prepare_data(exp, corpus, tmp_path / "cache", progress=False)
-    data.train_shards["a"].write_bytes(b"junk")
+    Path(data.train["a"][0].path).write_bytes(b"junk")
     again = prepare_data(exp, corpus, tmp_path / "cache", progress=False)
     assert not again.cached
-    assert read_shard(again.train_shards["a"])[0].size == data.stats["a"]["train_tokens"]
+    assert train_tokens(again, "a").size == data.stats["a"]["train_tokens"]
 
 
 def test_prepare_errors(tmp_path, corpus):
@@ -200,10 +232,24 @@ def test_prepare_errors(tmp_path, corpus):
 def test_tiny_experiment_prepares(tmp_path):
     exp = load_experiment(ROOT / "experiments" / "TINY-TRAIN.json")
     data = prepare_data(exp, ROOT / "experiments", tmp_path / "cache", progress=False)
-    assert set(data.train_shards) == set(exp.arm_names)
+    assert set(data.train) == set(exp.arm_names)
     for arm in exp.arm_names:
         assert data.stats[arm]["val_tokens"] >= 2000
         assert data.stats[arm]["train_tokens"] >= 20 * data.stats[arm]["val_tokens"] // 10
     ids = data.tokenizer.encode("def main():\n    import json\n")
     assert max(ids) < exp.model.vocab
     assert data.tokenizer.decode(ids) == "def main():\n    import json\n"
+
+
+def test_the_format_1_key_is_the_old_versions(tmp_path):
+    """A run trained before runs froze their data finds its data by the key format 1 gave them (pinned: the
+    value the version before computed for these files)."""
+    from proxy.data.prepare import v1_key
+    (tmp_path / "corpus.txt").write_text("hello world, this is a tiny corpus.\n" * 200)
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"t": "doc {i}"}}\n' for i in (1, 2, 3)))
+    exp = parse_experiment({
+        "name": "V1", "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
+        "train": {"batch": 2, "max_steps": 10, "lr": 0.001, "min_lr": 0.0001, "warmup": 1, "seed": 1, "eval_rows": 2},
+        "arms": [{"name": "a", "sources": [{"file": "corpus.txt"}, {"jsonl": "d.jsonl", "field": "t"}]},
+                 {"name": "b", "sources": [{"dir": ".", "suffix": ".txt", "max_chars": 1000}]}]})
+    assert v1_key(exp, tmp_path) == "21b65c2959ab3733c1c73ffac5f1aa1c7a57c39a233bdd0d1b6b319b78bdc0c1"

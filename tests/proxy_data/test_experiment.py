@@ -177,9 +177,15 @@ def test_source_needs_one_kind(tmp_path):
     data = copy.deepcopy(BASE)
     data["arms"][0]["sources"] = [{"file": "a", "dir": "b"}, {"suffix": ".py"}, {"builtin": "nope"}]
     msg = error_of(tmp_path, data)
-    assert "arms[0].sources[0]: a source needs exactly one of file, glob, dir, jsonl, builtin (got file, dir)" in msg
+    kinds = "file, glob, dir, jsonl, parquet, hf_dataset, tokens, builtin"
+    assert f"arms[0].sources[0]: a source needs exactly one of {kinds} (got file, dir)" in msg
     assert "arms[0].sources[1]: a source needs exactly one" in msg
     assert "arms[0].sources[2].builtin:" in msg and '"nope"' in msg
+    # an unknown kind lists the kinds that exist; an option of another kind names the kind's own
+    data["arms"][0]["sources"] = [{"parquett": "a.parquet"}, {"file": "a.txt", "suffix": ".py"}]
+    msg = error_of(tmp_path, data)
+    assert f"arms[0].sources[0]: unknown key 'parquett'; a source is one of {kinds}" in msg
+    assert "arms[0].sources[1]: unknown key 'suffix' (a file source takes file, max_chars)" in msg
 
 
 def test_relative_sources_resolve_against_experiment_dir(tmp_path):

@@ -10,7 +10,7 @@ from proxy.bandit import Progress, Uniform, make_bandit, project_capped_simplex
 from proxy.bandit.progress import allocate
 from proxy.data.batches import BatchSampler
 from proxy.config.experiment import BanditConfig
-from proxy.formats.shard import write_shard
+from proxy.formats.shard import read_shard, write_shard
 
 TOL = 1e-9
 ARMS = ["real", "slow", "junk", "dup"]
@@ -68,7 +68,8 @@ def test_uniform_batches_are_stratified(tmp_path, rows):
     for i, name in enumerate(ARMS):
         shards[name] = tmp_path / f"{name}.tok"
         write_shard(shards[name], np.full(100, i + 1, dtype=np.uint16), 64)
-    sampler = BatchSampler(shards, shards, ARMS, seed=3, row_len=9)
+    ids = {name: read_shard(path)[0] for name, path in shards.items()}
+    sampler = BatchSampler({name: [t] for name, t in ids.items()}, ids, ARMS, seed=3, row_len=9)
     w = make_bandit(BanditConfig(policy="uniform"), ARMS, {a: 1.0 for a in ARMS}, {a: 0.0 for a in ARMS}).weights()
     for step in range(1, 60):
         _tokens, groups = sampler.train_batch(step, w, rows)

@@ -10,8 +10,8 @@ import pytest
 
 from proxy.config.experiment import load_experiment
 from proxy.data.batches import BatchSampler
-from proxy.data.prepare import prepare_data
 from proxy.formats import frames
+from proxy.formats.shard import read_shard
 from proxy.formats.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
 from proxy.formats.engine_cli import engine_args
 from proxy.formats.state import AUDIT_KINDS
@@ -121,9 +121,9 @@ def check_evals_against_per_arm_frames(run_dir, path, data_cache, tmp_path) -> N
     bit, what one EVAL frame per arm (the proxy's frames before) gives on the same checkpoint, and its
     loss their token-weighted mean."""
     experiment = load_experiment(path)
-    data = prepare_data(experiment, path.parent, data_cache, progress=False)
-    sampler = BatchSampler(data.train_shards, data.val_shards, experiment.arm_names, int(experiment.train.seed),
-                           int(experiment.model.ctx) + 1)
+    val = {arm: read_shard(run_dir / "data" / f"{arm}.val.tok")[0] for arm in experiment.arm_names}  # as frozen
+    sampler = BatchSampler({arm: [t] for arm, t in val.items()}, val, experiment.arm_names,
+                           int(experiment.train.seed), int(experiment.model.ctx) + 1)
     evals = {e["step"]: e for e in read_entries(run_dir) if e["type"] == "eval"}
     compared = 0
     for step, logged in sorted(evals.items()):

@@ -20,7 +20,7 @@ from proxy.rundir.frozen import load_frozen_experiment
 from proxy.rundir.layout import RunDir
 from proxy.supervision.engine_process import EngineChoice
 
-from .conftest import one_line_error, run_cmd, tree_hashes
+from .conftest import REPO, one_line_error, run_cmd, tree_hashes
 
 STEP = 60
 TEXTS = ["def f(x):\n    return x * 2\n", "The quick brown fox.", "  leading spaces\tand\ttabs\n\n",
@@ -28,8 +28,11 @@ TEXTS = ["def f(x):\n    return x * 2\n", "The quick brown fox.", "  leading spa
 
 
 def run_tokenizer(run, cache) -> Tokenizer:
-    """The tokenizer the run was trained with, straight from the prepared-data cache."""
-    return prepare_data(load_frozen_experiment(RunDir(run)), run, cache, progress=False).tokenizer
+    """The tokenizer the run was trained with: the one frozen in it, and the one in the prepared-data cache."""
+    frozen = (run / "data" / "tokenizer.json").read_bytes()
+    cached = prepare_data(load_frozen_experiment(RunDir(run)), run, cache, progress=False).tokenizer_json
+    assert frozen == cached
+    return Tokenizer.from_json(frozen, load_frozen_experiment(RunDir(run)).model.vocab, "run")
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +180,25 @@ def test_export_creates_missing_parents_and_fills_an_empty_directory(trained_run
     a, b = load_file(empty / "model.safetensors"), load_file(deep / "model.safetensors")
     assert list(a) == list(b) and all(np.array_equal(a[n], b[n]) for n in a)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "empty"]  # no temp directory left beside them
+
+
+def test_safetensors_are_written_the_same_in_every_process(tmp_path):
+    """The safetensors library writes its metadata in a hash map's order, which changes from process to
+    process; ours are the same bytes every time, and the library reads them."""
+    import subprocess
+    import sys
+
+    from proxy.formats.hf_gpt2 import encode_safetensors
+    code = ("import sys, numpy as np; from proxy.formats.hf_gpt2 import encode_safetensors as e; "
+            "t = {n: np.arange(k * 6, dtype=np.float32).reshape(2, 3 * k) for k, n in enumerate('cab', 1)}; "
+            "sys.stdout.buffer.write(e(t, {'format': 'pt', 'microgpt': 'x', 'a': 'y'}))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=REPO).stdout
+            for _ in range(4)}
+    assert len(outs) == 1
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(outs.pop())
+    loaded = load_file(path)
+    assert sorted(loaded) == ["a", "b", "c"] and np.array_equal(loaded["b"], np.arange(18, dtype=np.float32).reshape(2, 9))
+    assert (8 + int.from_bytes(path.read_bytes()[:8], "little")) % 8 == 0
+    with pytest.raises(ValueError, match="only float32"):
+        encode_safetensors({"x": np.zeros(2, np.float16)}, {})

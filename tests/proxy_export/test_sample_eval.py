@@ -10,7 +10,7 @@ import torch
 
 from engine.torch_reference import Reference
 from proxy.commands.evaluate import file_parts
-from proxy.data.prepare import prepare_data
+from proxy.commands.model_source import resolve_source, run_data
 from proxy.formats.checkpoint import checkpoint_path, read_checkpoint
 from proxy.formats.loss_log import LossLogIndex
 from proxy.rundir.frozen import load_frozen_experiment
@@ -82,7 +82,7 @@ def test_eval_of_text_files_matches_a_pytorch_forward(trained_run, engine, data_
     assert list(report["files"]) == [str(short), str(long)]
 
     experiment = load_frozen_experiment(RunDir(trained_run))
-    data = prepare_data(experiment, trained_run, data_cache, progress=False)
+    data = run_data(resolve_source(str(trained_run), "40", None), None, "the tokenizer")  # the run's own
     ckpt = read_checkpoint(checkpoint_path(trained_run / "checkpoints", 40))
     reference = Reference(ckpt.trailer.shape, ckpt.weights)
     parts = file_parts([str(short), str(long)], data, experiment.model.ctx)

@@ -1,0 +1,273 @@
+"""The run's data definition: what it was trained on, frozen in RUN/data/ (docs/FORMATS.md, "The data definition").
+
+    RUN/data/data.json          the definition: tokenizer, each arm's sources and validation shard
+    RUN/data/tokenizer.json     the tokenizer, byte for byte (checksummed in data.json)
+    RUN/data/<arm>.val.tok      the tokens each arm is evaluated on (a token shard, checksummed)
+
+Written at the first launch that prepares the data, replaced freely until a
+step is trained (a launch that fails before its first step freezes nothing),
+and binding from the first trained step on: `sample`, `eval`, `export`,
+`verify` and `fork` use only these files, never the sources; `proxy run`
+compares each source's fingerprint with the one recorded here and refuses a
+source that changed or vanished unless told to continue, which is recorded
+in `changes` (the definition it replaced kept as archive/data_<time>.json).
+
+Nothing here is trusted: data.json is read within its size cap and checked
+against its schema, every file it names against its size and SHA-256.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..atomic import atomic_copy, atomic_write_bytes, copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
+from ..data.tokenizer import GIVEN_LIMIT, Tokenizer, TokenizerError
+from ..formats.shard import HEADER, ShardError, shard_segment
+from ..safe_fs import UnsafeFileError, open_regular, read_regular
+from .layout import ARCHIVE, DATA, DATA_DEFINITION, READ_LIMITS, TOKENIZER, RunDir, RunDirError
+
+DEFINITION_FORMAT = 1
+SHA256 = r"^[0-9a-f]{64}$"
+REPLACED_NAME = "data_{time:.0f}.json"  # in RUN/archive/: a definition a data change replaced
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class FrozenFile(_Strict):
+    """A file of RUN/data/: its name there, size and SHA-256."""
+    file: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=128)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256)
+
+
+class FrozenTokenizer(FrozenFile):
+    given: Optional[str] = None  # the experiment's tokenizer file (absolute) it was copied from; None: trained
+    eot_id: int = Field(ge=0)
+    tokens: int = Field(ge=1)  # its size (the model's vocabulary may be larger)
+
+
+class FrozenShard(FrozenFile):
+    tokens: int = Field(ge=0)
+
+
+class FrozenSource(_Strict):
+    """One source as the run read it: its kind, its path fields made absolute, its fingerprint, and the number
+    and total size of the files it read (to say what changed)."""
+    kind: str
+    paths: dict[str, str] = Field(default_factory=dict)
+    fingerprint: str = Field(pattern=SHA256)
+    files: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+
+
+class FrozenArm(_Strict):
+    sources: list[FrozenSource]
+    val: FrozenShard
+    train_tokens: int = Field(ge=0)
+
+
+class DataChange(_Strict):
+    """A launch that continued with sources other than the frozen ones (`--allow-data-change`)."""
+    time: float
+    step: int = Field(ge=0)  # the step training continued from
+    changes: list[str]
+
+
+class DataDefinition(_Strict):
+    format: int
+    vocab: int = Field(ge=1)
+    cache_key: str = Field(pattern=SHA256)  # the prepared-data cache entry it came from
+    tokenizer: FrozenTokenizer
+    arms: dict[str, FrozenArm]
+    time: float
+    changes: list[DataChange] = Field(default_factory=list)
+
+
+def _sha256_file(path: Path, within: Path | None = None) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open_regular(path, None, within=within) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def read_definition(run: RunDir) -> Optional[DataDefinition]:
+    """RUN/data/data.json, checked against its schema; None when there is none; RunDirError (one line) when
+    it is unreadable or malformed."""
+    path = run.data_definition
+    try:
+        raw = read_regular(path, READ_LIMITS[DATA_DEFINITION], within=run.root)
+    except FileNotFoundError:
+        return None
+    except UnsafeFileError as exc:
+        raise RunDirError(str(exc)) from None
+    except OSError as exc:
+        raise RunDirError(f"{path}: unreadable ({exc.strerror})") from None
+    try:
+        definition = DataDefinition.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise RunDirError(f"{path}: not a data definition ({where}: {first.get('msg')}); restore the run's "
+                          "data/ directory") from None
+    if definition.format != DEFINITION_FORMAT:
+        raise RunDirError(f"{path}: data definition format {definition.format}, this proxy reads "
+                          f"{DEFINITION_FORMAT}")
+    return definition
+
+
+def _check_file(run: RunDir, frozen: FrozenFile) -> Optional[str]:
+    """Why one file of RUN/data/ is not the one data.json names, or None."""
+    path = run.data_dir / frozen.file  # a plain name (the schema's pattern)
+    try:
+        size, digest = _sha256_file(path, within=run.root)
+    except FileNotFoundError:
+        return f"{DATA}/{frozen.file} is missing"
+    except UnsafeFileError as exc:
+        return f"{DATA}/{frozen.file}: {exc.reason}"
+    except OSError as exc:
+        return f"{DATA}/{frozen.file}: unreadable ({exc.strerror})"
+    if size != frozen.bytes:
+        return f"{DATA}/{frozen.file} has {size} bytes, data.json says {frozen.bytes}"
+    if digest != frozen.sha256:
+        return f"{DATA}/{frozen.file} does not match its SHA-256 in data.json"
+    return None
+
+
+def problems(run: RunDir, definition: DataDefinition) -> list[str]:
+    """Every file of the definition checked (size, SHA-256, a shard's header): what is wrong, one phrase each."""
+    out = []
+    for frozen in [definition.tokenizer] + [arm.val for arm in definition.arms.values()]:
+        problem = _check_file(run, frozen)
+        if problem is None and isinstance(frozen, FrozenShard):
+            try:
+                segment, _vocab = shard_segment(run.data_dir / frozen.file)
+                if segment.tokens != frozen.tokens:
+                    problem = f"{DATA}/{frozen.file} holds {segment.tokens} tokens, data.json says {frozen.tokens}"
+            except (ShardError, OSError) as exc:
+                problem = f"{DATA}/{frozen.file}: {exc}"
+        if problem is not None:
+            out.append(problem)
+    return out
+
+
+def checked_definition(run: RunDir) -> Optional[DataDefinition]:
+    """The definition with every file it names verified; None when the run has none; RunDirError naming what is
+    wrong otherwise."""
+    definition = read_definition(run)
+    if definition is None:
+        return None
+    wrong = problems(run, definition)
+    if wrong:
+        raise RunDirError(f"the run's frozen data are damaged: {'; '.join(wrong[:3])}"
+                          + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+                          + f" (restore {run.data_dir} from a copy of the run)")
+    return definition
+
+
+def run_tokenizer(run: RunDir, definition: DataDefinition) -> tuple[Tokenizer, bytes]:
+    """The run's tokenizer and its bytes (the definition's files verified already)."""
+    path = run.data_dir / definition.tokenizer.file
+    try:
+        raw = read_regular(path, GIVEN_LIMIT, within=run.root)
+        return Tokenizer.from_json(raw, definition.vocab, str(path)), raw
+    except (OSError, UnsafeFileError, TokenizerError) as exc:
+        raise RunDirError(f"{path}: {exc}") from None
+
+
+def run_val_arrays(run: RunDir, definition: DataDefinition, arm_names: list[str]) -> dict[str, np.ndarray]:
+    """Each arm's frozen validation tokens, memory-mapped; RunDirError for an arm the definition lacks."""
+    missing = [name for name in arm_names if name not in definition.arms]
+    if missing:
+        raise RunDirError(f"{run.data_definition} has no validation tokens for arm(s) {', '.join(missing)}")
+    return {name: shard_segment(run.data_dir / definition.arms[name].val.file)[0].array() for name in arm_names}
+
+
+def val_file(arm: str) -> str:
+    return f"{arm}.val.tok"
+
+
+def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tokenizer_json: bytes,
+           given: Optional[str], arms: dict[str, tuple[list[FrozenSource], Path, int]]) -> DataDefinition:
+    """Write RUN/data/ whole: the tokenizer's bytes, each arm's validation shard (copied from `arms`' paths)
+    and data.json, built in a temp directory beside it and swapped in, so that data.json names only files
+    that are there. `arms`: name -> (its sources, its validation shard, its training tokens)."""
+    tmp = run.root / f".{DATA}.tmp-{os.getpid()}"
+    old = run.root / f".{DATA}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        make_dirs(tmp)
+        write_synced(tmp / TOKENIZER, tokenizer_json)
+        frozen_arms = {}
+        for name, (sources, val_path, train_tokens) in arms.items():
+            target = tmp / val_file(name)
+            copy_synced(val_path, target)
+            size, digest = _sha256_file(target)
+            frozen_arms[name] = FrozenArm(sources=sources, train_tokens=train_tokens, val=FrozenShard(
+                file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2))
+        definition = DataDefinition(
+            format=DEFINITION_FORMAT, vocab=vocab, cache_key=cache_key, time=time.time(), arms=frozen_arms,
+            tokenizer=FrozenTokenizer(file=TOKENIZER, bytes=len(tokenizer_json),
+                                      sha256=hashlib.sha256(tokenizer_json).hexdigest(), given=given,
+                                      eot_id=tokenizer.eot_id, tokens=tokenizer.trained_size))
+        write_synced(tmp / DATA_DEFINITION, json_bytes(definition.model_dump(mode="json")))
+        fsync_dir(tmp)
+        with storage_guard(run.data_dir, "replace"):
+            if run.data_dir.exists() or run.data_dir.is_symlink():
+                os.rename(run.data_dir, old)
+            os.rename(tmp, run.data_dir)
+        fsync_dir(run.root)
+        return definition
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
+                  arms: dict[str, tuple[list[FrozenSource], Path, int]], changes: list[str],
+                  step: int) -> DataDefinition:
+    """A launch continuing with changed sources: the old data.json kept as archive/data_<time>.json; the new
+    one records each arm's sources as they are now, with the change appended. The tokenizer and the
+    validation shards stay the frozen ones; an arm the definition lacks (the experiment gained it) gets its
+    validation shard copied from `arms`."""
+    make_dirs(run.root / ARCHIVE)
+    atomic_write_bytes(run.root / ARCHIVE / REPLACED_NAME.format(time=time.time()),
+                       json_bytes(definition.model_dump(mode="json")))
+    merged = definition.model_copy(deep=True)
+    for name, (sources, val_path, train_tokens) in arms.items():
+        if name in merged.arms:
+            merged.arms[name].sources = sources
+            merged.arms[name].train_tokens = train_tokens
+            continue
+        target = run.data_dir / val_file(name)
+        atomic_copy(val_path, target)
+        size, digest = _sha256_file(target)
+        merged.arms[name] = FrozenArm(sources=sources, train_tokens=train_tokens, val=FrozenShard(
+            file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2))
+    merged.cache_key = cache_key
+    merged.changes.append(DataChange(time=time.time(), step=step, changes=changes))
+    atomic_write_bytes(run.data_definition, json_bytes(merged.model_dump(mode="json")))
+    return merged
+
+
+def copy_definition(source: RunDir, target_dir: Path) -> None:
+    """RUN/data/ copied into a new run being built in `target_dir` (a fork), each file verified first."""
+    definition = checked_definition(source)
+    if definition is None:
+        return
+    make_dirs(target_dir / DATA)
+    names = [definition.tokenizer.file] + [arm.val.file for arm in definition.arms.values()] + [DATA_DEFINITION]
+    for name in names:
+        copy_synced(source.data_dir / name, target_dir / DATA / name)
+    fsync_dir(target_dir / DATA)

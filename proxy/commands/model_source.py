@@ -37,7 +37,6 @@ from ..formats.parameters import ModelShape
 from ..formats.shard import shard_segment
 from ..rundir.data import checked_definition, run_tokenizer, run_val_arrays
 from ..rundir.foreign import experiment_shape, foreign_reason
-from ..rundir.frozen import replaced_experiments
 from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir, RunDirError
 from ..rundir.resume import choose_resume
 from .which_run import resolve_run, started_run

@@ -26,7 +26,9 @@ from .policies import DEFAULT_POLICY, POLICIES, POLICY_PARAMS
 
 # Built-in sources (docs/EXPERIMENTS.md, "Sources"). random_tokens is the one whose
 # documents are token ids, not text: it is made after the tokenizer and trains no part of it.
-BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics", "random_tokens", "repeated_names")
+# The last four are realistic low-quality text for curation tests (proxy/data/lowquality.py).
+BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics", "random_tokens", "repeated_names",
+                   "shuffled_words", "boilerplate", "near_duplicates", "man_pages_de")
 TOKEN_SOURCES = ("random_tokens",)
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
@@ -140,7 +142,13 @@ class BanditConfig(StrictModel):
     # mass spread evenly
     record_alpha: float = Field(default=0.05, gt=0, le=1)
     window: int = Field(default=100, ge=3)
+    # progress and target: the spare mass spread evenly
     explore: float = Field(default=0.05, ge=0, le=1)
+    # target: the evaluations its speeds are fitted over, the share of the objective's speed below which a
+    # target arm counts as stalled, the most any arm's weight moves in one step
+    eval_window: int = Field(default=6, ge=3)
+    stall: float = Field(default=0.25, gt=0, le=1)
+    max_move: float = Field(default=0.006, gt=0, le=1)
 
     @model_validator(mode="after")
     def _params_match_policy(self):

@@ -17,6 +17,10 @@ Kinds (docs/EXPERIMENTS.md, "Sources"):
 - {"builtin": "random_tokens"}: an unlearnable source for curation tests: token ids uniform
   over the trained vocabulary, made by `random_token_documents` once the tokenizer exists
   (they are not text, so they train no part of it).
+- {"builtin": "shuffled_words" | "boilerplate" | "near_duplicates" | "man_pages_de"}:
+  realistic low-quality text for curation tests, made from real text on the machine
+  (lowquality.py): docstrings with their words shuffled, license paragraphs repeated as
+  boilerplate, docstring paragraphs copied with small edits, German manual pages.
 
 Relative paths are resolved against the experiment file's directory. The order
 of documents is deterministic (sorted paths, file order). Every kind also takes
@@ -41,9 +45,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..config.experiment import TOKEN_SOURCES, SourceConfig
+from . import lowquality
 
 # Bump when what a builtin source extracts changes (part of the cache key).
 EXTRACTOR_VERSION = 1
+
+# Low-quality sources made from the docstrings (all modules; `modules` does not apply to them).
+FROM_DOCSTRINGS = {"shuffled_words": lowquality.shuffled_words, "near_duplicates": lowquality.near_duplicates}
 
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data"}
 
@@ -138,7 +146,17 @@ def source_files(src: SourceConfig, base_dir: Path | str) -> list[Path]:
     if kind == "builtin":
         if target in ("repeated_names", "random_tokens"):
             return []  # made in memory: the Python version in the fingerprint fixes them
-        if target in ("stdlib_code", "stdlib_docstrings"):
+        if target == "boilerplate":
+            files = lowquality.license_files()
+            if not files:
+                raise SourceError(f"builtin boilerplate: no license texts under {lowquality.LICENSES_DIR}")
+            return files
+        if target == "man_pages_de":
+            files = lowquality.man_de_files()
+            if not files:
+                raise SourceError(f"builtin man_pages_de: no manual pages under {lowquality.MAN_DE_DIR}")
+            return files
+        if target in ("stdlib_code", "stdlib_docstrings", *FROM_DOCSTRINGS):
             files = stdlib_files(src.modules)
             if not files:
                 which = f" matching modules {src.modules}" if src.modules else ""
@@ -305,6 +323,27 @@ def load_documents(src: SourceConfig, base_dir: Path | str,
     kind = src.kind
     if kind == "builtin" and src.builtin == "repeated_names":
         docs = repeated_names()
+    elif kind == "builtin" and src.builtin == "boilerplate":
+        docs = lowquality.boilerplate(files, lambda p: _read_text(p, strict=False) or "")
+        if on_file:
+            on_file(sum(p.stat().st_size for p in files))
+    elif kind == "builtin" and src.builtin == "man_pages_de":
+        for p in files:
+            text = lowquality.man_page_text(p)
+            if text is not None:
+                docs.append(text)
+            if on_file:
+                on_file(p.stat().st_size)
+    elif kind == "builtin" and src.builtin in FROM_DOCSTRINGS:
+        root = stdlib_root()
+        docstrings = []
+        for p in files:
+            text = _read_text(p, strict=False)
+            if text is not None:
+                docstrings.append(_docstrings(text, _module_name(p.relative_to(root).as_posix())))
+            if on_file:
+                on_file(p.stat().st_size)
+        docs = FROM_DOCSTRINGS[src.builtin]([d for d in docstrings if d])
     elif kind == "builtin" and src.builtin == "pydoc_topics":
         import pydoc_data.topics as topics  # noqa: PLC0415
         docs = [topics.topics[k] for k in sorted(topics.topics)]

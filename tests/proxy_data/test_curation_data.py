@@ -70,7 +70,7 @@ def test_token_source_rules(tmp_path):
     assert "modules applies only to builtin stdlib_code and stdlib_docstrings" in error_of(tmp_path, data)
 
 
-@pytest.mark.parametrize("policy", ["uniform", "progress"])
+@pytest.mark.parametrize("policy", ["uniform", "progress", "target"])
 def test_new_policies_in_the_schema(tmp_path, policy):
     data = copy.deepcopy(BASE)
     data["bandit"] = {"policy": policy}
@@ -82,6 +82,11 @@ def test_new_policies_in_the_schema(tmp_path, policy):
     data["bandit"] = {"policy": "progress", "window": 2, "explore": 1.5}
     msg = error_of(tmp_path, data)
     assert "bandit.window: input should be greater than or equal to 3" in msg and "bandit.explore" in msg
+    data["bandit"] = {"policy": "progress", "stall": 0.5}
+    assert "bandit: stall does not apply to policy 'progress'" in error_of(tmp_path, data)
+    data["bandit"] = {"policy": "target", "eval_window": 2, "max_move": 0}
+    msg = error_of(tmp_path, data)
+    assert "bandit.eval_window: input should be greater than or equal to 3" in msg and "bandit.max_move" in msg
 
 
 def test_mixing_suite_experiments():

@@ -167,3 +167,28 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
 def test_eval_mixing_bad_arguments(data_cache, args, message):
     bad = run_script(args, data_cache)
     assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_max_move_and_the_goals_of_a_mix():
+    """The steadiness figure: the most any arm's weight moves between two steps at most 25 apart, after
+    the warmup; the fewer-steps goal of a mix follows from whether it has arms that are not targets."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import numpy as np  # noqa: PLC0415
+    from mixing.summary import fewer_steps_goal, low_quality_arms, max_move  # noqa: PLC0415
+    from proxy.config.experiment import load_experiment  # noqa: PLC0415
+
+    steps = np.arange(1, 201)
+    mix = np.tile([0.5, 0.5], (200, 1))
+    mix[100:, 0] = np.clip(0.5 + 0.01 * (steps[100:] - 100), 0, 0.9)  # a ramp of 0.01 per step from step 101
+    mix[:, 1] = 1 - mix[:, 0]
+    assert max_move(steps, mix, after=0) == pytest.approx(0.25)  # 25 steps of the ramp
+    assert max_move(steps, mix, after=180) == pytest.approx(0.0)  # the ramp is over by then (capped at 0.9)
+    jump = mix.copy()
+    jump[50:, :] = [0.1, 0.9]
+    assert max_move(steps, jump, after=49) == pytest.approx(0.4) and max_move(steps, jump, after=50) < 0.4
+    gaps = np.array([1, 2, 40, 41])  # steps 40 apart are not within 25 steps of each other
+    assert max_move(gaps, np.array([[0.5], [0.5], [0.9], [0.9]]), after=0) == 0
+    good = load_experiment(REPO / "experiments" / "MIXING-GOOD.json")
+    worthless = load_experiment(REPO / "experiments" / "MIXING-WORTHLESS.json")
+    assert low_quality_arms(good) == [] and fewer_steps_goal(good) == 0.05
+    assert low_quality_arms(worthless) == ["junk", "duplicates"] and fewer_steps_goal(worthless) == 0.15

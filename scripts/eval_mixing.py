@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plots", type=Path, default=REPO / "docs" / "img", metavar="DIR")
     ap.add_argument("--doc", type=Path, default=None, help="write the results tables into this doc "
                     "(e.g. docs/DATA-MIXING.md) between its markers")
+    ap.add_argument("--doc-block", default="results", metavar="NAME",
+                    help="which of the doc's marked blocks to write (default: results)")
     ap.add_argument("--engine", default="cpu", help="engine for every run: cpu, cuda or a path (default cpu)")
     ap.add_argument("--cache-dir", type=Path, default=None, help="prepared-data cache (default as `proxy run`)")
     ap.add_argument("--default-policy", default=None, help="the policy whose goals the report leads with "
@@ -106,6 +108,8 @@ def check_args(args) -> str | None:
         return f"unknown mix {', '.join(unknown)} (the suite: {', '.join(m.name for m in SUITE)})"
     if args.mix is not None and len(set(args.mix)) != len(args.mix):
         return "--mix must not repeat"
+    if not args.doc_block.replace("-", "").replace("_", "").isalnum():
+        return "--doc-block must be letters, digits, '-' or '_'"
     return None
 
 
@@ -147,7 +151,7 @@ def report(summary: dict, args) -> int:
     print(f"eval_mixing: plots {', '.join(map(str, plots))}" if plots else f"eval_mixing: {why_not}")
     if args.doc is not None:
         try:
-            write_results(args.doc, results_markdown(summary))
+            write_results(args.doc, results_markdown(summary), args.doc_block)
         except ReportError as e:
             print(f"eval_mixing: {e}", file=sys.stderr)
             return EXIT_USAGE

@@ -7,14 +7,17 @@ change between two evaluations is the model's, not the sample's. Per arm k,
 over the last `eval_window` evaluations:
 
     speed_k = -(least-squares slope of arm k's validation loss against the step)
+    se_k    = the standard error of that slope (from the fit's residuals)
     S       = the mean speed of the target arms (how fast the objective falls)
 
-- A target arm keeps its even share while it still learns: its value is
-  clip(speed_k / (stall * S) - 1, 0, 1), 1 at twice `stall` of the
-  objective's speed or more, 0 at `stall` or less. An arm whose validation
-  loss has stopped falling (a small arm learned by heart, one that cannot be
-  learned) gives its rows to the target arms that still learn; the dead zone
-  keeps the noise on a flat loss from buying its rows back.
+- A target arm keeps its even share while it may still learn: its value is
+  clip((speed_k + 2 se_k) / (stall * S) - 1, 0, 1), 1 while even the
+  optimistic speed is at twice `stall` of the objective's or more, 0 once it
+  is at `stall` or less. An arm whose validation loss has stopped falling (a
+  small arm learned by heart, one that cannot be learned) gives its rows to
+  the target arms that still learn; the noise between evaluations does not
+  (two arms alike keep even shares), and the dead zone keeps it from buying
+  a stalled arm's rows back.
 - Any other arm has value 0 and keeps its floor. Whether an arm's rows help
   the targets shows only when its share changes and the targets' losses
   answer; at this scale that answer is smaller than the noise between two
@@ -43,9 +46,20 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .base import Bandit
-from .progress import fill, fitted_slope
+from .progress import fill
 
 MIN_EVALS = 3  # evaluations before the first speed: two intervals
+CONFIDENCE = 2.0  # standard errors of optimism before a target arm counts as slowed
+
+
+def slope_and_error(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
+    """The least-squares slope of `values` against `steps` and its standard error (0 through two points)."""
+    dt = steps - steps.mean()
+    sxx = float(dt @ dt)
+    slope = float(dt @ (values - values.mean())) / sxx
+    residuals = values - values.mean() - slope * dt
+    dof = len(steps) - 2
+    return slope, (float(np.sqrt(residuals @ residuals / dof / sxx)) if dof > 0 else 0.0)
 
 
 def allocate(value: np.ndarray, is_target: np.ndarray, floors: np.ndarray, caps: np.ndarray,
@@ -67,7 +81,7 @@ class Target(Bandit):
     policy = "target"
 
     def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 targets: Optional[Sequence[str]] = None, ema_alpha: float = 0.1, eval_window: int = 6,
+                 targets: Optional[Sequence[str]] = None, ema_alpha: float = 0.1, eval_window: int = 10,
                  stall: float = 0.25, explore: float = 0.05, max_move: float = 0.006):
         super().__init__(arm_names, caps, floors, ema_alpha)  # ema_alpha: the EMA .state.json shows
         names = self.arm_names if targets is None else list(targets)
@@ -108,19 +122,24 @@ class Target(Bandit):
         self.evals.append((float(step), losses))
         if len(self.evals) < MIN_EVALS:
             return
-        speed = self.speed()
+        speed, error = self.speed()
         objective = float(speed[self.is_target].mean())
         if objective <= 0:  # the targets no longer improve: no evidence to move on
             return
-        self.value = np.where(self.is_target, np.clip(speed / (self.stall * objective) - 1.0, 0.0, 1.0), 0.0)
+        optimistic = speed + CONFIDENCE * error
+        self.value = np.where(self.is_target, np.clip(optimistic / (self.stall * objective) - 1.0, 0.0, 1.0), 0.0)
         self.goal = allocate(self.value, self.is_target, self.floors, self.caps, self.explore)
         self._weights = None
 
-    def speed(self) -> np.ndarray:
-        """Each arm's validation-loss drop per step over the evaluations kept (0 with fewer than MIN_EVALS)."""
+    def speed(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each arm's validation-loss drop per step over the evaluations kept, and its standard error
+        (zeros with fewer than MIN_EVALS)."""
         if len(self.evals) < MIN_EVALS:
-            return np.zeros(self.k)
-        return np.array([-fitted_slope([(s, v[k]) for s, v in self.evals]) for k in range(self.k)])
+            return np.zeros(self.k), np.zeros(self.k)
+        steps = np.array([s for s, _v in self.evals])
+        losses = np.array([v for _s, v in self.evals])
+        fits = [slope_and_error(steps, losses[:, k]) for k in range(self.k)]
+        return np.array([-b for b, _e in fits]), np.array([e for _b, e in fits])
 
     def _target(self) -> np.ndarray:
         return self.mix

@@ -146,7 +146,7 @@ class BanditConfig(StrictModel):
     explore: float = Field(default=0.05, ge=0, le=1)
     # target: the evaluations its speeds are fitted over, the share of the objective's speed below which a
     # target arm counts as stalled, the most any arm's weight moves in one step
-    eval_window: int = Field(default=6, ge=3)
+    eval_window: int = Field(default=10, ge=3)
     stall: float = Field(default=0.25, gt=0, le=1)
     max_move: float = Field(default=0.006, gt=0, le=1)
 

@@ -234,10 +234,10 @@ def test_target_gives_a_stalled_target_arm_s_rows_to_the_others():
     w = run_target(b, target_history(2, 600, stall_at=200))
     real, slow = ARMS.index("real"), ARMS.index("slow")
     np.testing.assert_allclose(w[150, [real, slow]], 0.48, atol=1e-9)
-    assert w[400:, slow].max() < 0.1 and w[450:, real].min() > 0.85
+    assert w[500:, slow].max() < 0.1 and w[500:, real].min() > 0.85
     capped = target_bandit()  # real's cap 0.5: what it cannot take goes to the stalled target, not the junk
     w = run_target(capped, target_history(2, 600, stall_at=200))
-    np.testing.assert_allclose(w[450:, real], 0.5)
+    np.testing.assert_allclose(w[500:, real], 0.5)
     np.testing.assert_allclose(w[:, ARMS.index("junk")], 0.02)
 
 
@@ -261,14 +261,14 @@ def test_target_keeps_a_non_target_at_its_floor_however_its_loss_moves():
 @pytest.mark.parametrize("seed", [3, 4])
 def test_target_mixture_moves_at_most_max_move_per_step(seed):
     """The steadiness bound: no arm's weight moves by more than 25 * max_move (0.15) within 25 steps,
-    whatever the evidence does (here: the two targets take turns at learning and stalling, every 60
+    whatever the evidence does (here: the two targets take turns at learning and stalling, every 150
     steps, with noise)."""
     rng = np.random.default_rng(seed)
     b = make_bandit(BanditConfig(policy="target"), ARMS, {a: 1.0 for a in ARMS}, FLOORS, targets=TARGETS)
     level = {"real": 6.0, "slow": 6.0}
     history = []
     for s in range(1, 801):
-        learning = "real" if (s // 60) % 2 else "slow"
+        learning = "real" if (s // 150) % 2 else "slow"
         level[learning] -= 0.002
         evals = {**{a: v + rng.normal(0, 0.02) for a, v in level.items()}, "junk": 7.6, "dup": 3.0}
         history.append((s, {a: 5.0 for a in ARMS}, evals if s % 10 == 0 else None))
@@ -284,14 +284,14 @@ def test_target_replay_with_evaluations_is_exact():
     cfg, caps = BanditConfig(policy="target"), {a: 1.0 for a in ARMS}
     live = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS)
     logged = []
-    for step, losses, evals in target_history(8, 400, stall_at=250):
+    for step, losses, evals in target_history(8, 700, stall_at=250):
         mix = live.mixture()
         logged.append(json.loads(json.dumps({"step": step, "arms": losses, "mixture": mix, "eval": evals})))
         live.observe(step, losses, mixture=mix)
         if evals is not None:
             live.observe_eval(step, evals)
     assert len({tuple(e["mixture"].values()) for e in logged}) > 50  # the evaluations did move it
-    for cut in (0, 137, 250, 400):
+    for cut in (0, 137, 250, 512, 700):
         rebuilt = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS)
         for e in logged[:cut]:
             rebuilt.observe(e["step"], e["arms"], mixture=e["mixture"])
@@ -317,3 +317,27 @@ def test_target_checks_its_inputs():
     assert len(b.evals) == 1
     with pytest.raises(ValueError, match="eval_window"):
         BanditConfig(policy="target", eval_window=2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_target_keeps_two_arms_alike_even_where_progress_swings(seed):
+    """Two target arms with the same learning curve, the evaluations noisy (0.02 nats each) and the
+    training losses noisier (0.4): the target policy keeps them even (the noise never makes one look
+    stalled); progress, which follows the noisy record lows, swings between its extremes (what a user
+    saw in the dashboard's mixture chart)."""
+    rng = np.random.default_rng(seed)
+    names, caps, floors = ["a", "b"], {"a": 1.0, "b": 1.0}, {"a": 0.02, "b": 0.02}
+    target = make_bandit(BanditConfig(policy="target"), names, caps, floors)
+    progress = make_bandit(BanditConfig(policy="progress"), names, caps, floors)
+    shares = {"target": [], "progress": []}
+    for s in range(1, 3001):
+        level = 7 - 1.5 * np.log1p(s / 50)
+        losses = {a: level + rng.normal(0, 0.4) for a in names}
+        evals = {a: level + rng.normal(0, 0.02) for a in names} if s % 20 == 0 else None
+        for name, b in (("target", target), ("progress", progress)):
+            shares[name].append(b.weights()[0])
+            b.observe(s, losses, mixture=b.mixture())
+            if evals is not None:
+                b.observe_eval(s, evals)
+    np.testing.assert_allclose(shares["target"], 0.5)
+    assert min(shares["progress"][300:]) < 0.1 and max(shares["progress"][300:]) > 0.9

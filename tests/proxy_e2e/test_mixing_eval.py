@@ -143,6 +143,11 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     redraw = ["--from-summary", "--summary", str(summary), "--plots", str(tmp_path / "img3")]
     assert run_script([*redraw, "--doc", str(doc)], data_cache).returncode == 0
     assert "| **target** (default) |" in doc.read_text() and len(list((tmp_path / "img3").iterdir())) == 2
+    from mixing.report import markers  # noqa: PLC0415
+    begin, end = markers("policies")  # a second block of the same doc, named
+    doc.write_text(f"{BEGIN}\nkept\n{END}\n{begin}\n{end}\n")
+    assert run_script([*redraw, "--doc", str(doc), "--doc-block", "policies"], data_cache).returncode == 0
+    assert doc.read_text().startswith(f"{BEGIN}\nkept\n{END}\n{begin}\n") and "| **target** (default) |" in doc.read_text()
     assert summary.read_bytes() == written  # the summary itself is left alone
     nomarks = tmp_path / "NOMARKS.md"
     nomarks.write_text("no markers\n")
@@ -163,6 +168,7 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     (["--jobs", "0"], "--jobs must be at least 1"),
     (["--mix", "good", "nope"], "unknown mix nope"),
     (["--mix", "good", "--experiment", "x.json"], "--mix and --experiment exclude each other"),
+    (["--doc-block", "a b"], "--doc-block must be letters, digits"),
 ])
 def test_eval_mixing_bad_arguments(data_cache, args, message):
     bad = run_script(args, data_cache)

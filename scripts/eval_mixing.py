@@ -28,7 +28,8 @@ reproduction of a committed evaluation.
 
 Exit status: 0 when the evaluation ran and was summarised (whether or not a
 policy met its goals), 1 when a run failed or --compare found a difference,
-2 for bad arguments.
+2 for bad arguments, 130 when interrupted (Ctrl-C or SIGTERM: the runs in
+flight checkpoint and stop; the same command resumes them).
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ from proxy.config.experiment import load_experiment  # noqa: E402
 from proxy.config.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,9 +209,17 @@ def main(argv: list[str] | None = None) -> int:
         except DataError as e:
             print(f"eval_mixing: {e}", file=sys.stderr)
             return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("eval_mixing: interrupted while preparing the data; nothing was trained", file=sys.stderr)
+            return EXIT_INTERRUPTED
         max_steps = max(e.train.max_steps for e in experiments.values())
-        done = launch(all_specs, max_steps, LaunchOptions(args.jobs, args.engine, args.cache_dir,
-                                                          not args.no_progress), load)
+        try:
+            done = launch(all_specs, max_steps, LaunchOptions(args.jobs, args.engine, args.cache_dir,
+                                                              not args.no_progress), load)
+        except KeyboardInterrupt:
+            print("eval_mixing: interrupted; the runs in flight checkpointed and stopped (the same command "
+                  "resumes them)", file=sys.stderr)
+            return EXIT_INTERRUPTED
         failed = [r for r in done if r.returncode != 0]
         for r in failed:
             print(f"eval_mixing: run {r.spec.name} failed (exit {r.returncode}); see {r.spec.log}", file=sys.stderr)

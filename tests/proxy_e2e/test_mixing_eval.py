@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,27 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert bad.returncode == 2 and "must include uniform" in bad.stderr and bad.stderr.count("\n") == 1
     bad = run_script(["--compare", str(nomarks)], data_cache)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a mixing summary" in bad.stderr
+
+
+def test_eval_mixing_stops_its_runs_on_sigterm(engine, data_cache, tmp_path):
+    """SIGTERM to the evaluation stops the runs in flight (they live in their own sessions): one line,
+    exit 130, no proxy left running, and the same command resumes them."""
+    exp = curation_experiment(tmp_path, "STOP", "target", max_steps=400, eval_every=50)
+    runs = tmp_path / "runs"
+    args = [sys.executable, str(REPO / "scripts" / "eval_mixing.py"), "--experiment", str(exp), "--seeds", "1",
+            "--runs-dir", str(runs), "--summary", str(tmp_path / "s.json"), "--plots", str(tmp_path / "img"),
+            "--no-progress"]
+    proc = subprocess.Popen(args, cwd=REPO, env=proxy_env(data_cache), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = [runs / "STOP-uniform-s1" / ".loss.json", runs / "STOP-target-s1" / ".loss.json"]
+    wait_for(lambda: all(p.exists() and p.stat().st_size > 0 for p in logs), 240, "both runs training")
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.count("\n") == 1 and "interrupted" in err, err
+    running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(runs) not in running  # no orphaned proxy or engine
+    for name in ("STOP-uniform-s1", "STOP-target-s1"):
+        assert "stopped" in (runs / "logs" / f"{name}.log").read_text().lower()
 
 
 @pytest.mark.parametrize("args, message", [

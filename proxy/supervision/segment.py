@@ -110,9 +110,11 @@ def due(every: int, step: int, max_steps: int) -> bool:
 # ------------------------------------------------------------ launching
 
 def _replay_eval(ctx: RunContext, index: LossLogIndex, step: int) -> None:
-    """The evaluation of `step` as logged, if there is one, to the bandit (as events.py gives it live)."""
+    """The evaluation of `step` as logged, if there is one, to the bandit (as events.py gives it live).
+    Past the phase's start step only this phase's: one a phase before the pivot logged there was never
+    given to this phase's bandit live."""
     entry = index.eval(step)
-    if entry is not None:
+    if entry is not None and (step == ctx.phase.start_step or entry.phase == ctx.phase.phase):
         ctx.bandit.observe_eval(step, {a: v for a, v in entry.arms.items() if a in ctx.arm_names})
 
 

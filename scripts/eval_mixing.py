@@ -1,25 +1,35 @@
 #!/usr/bin/env python3
-"""Does a mixing policy beat uniform? Train one experiment under several policies and seeds, and compare.
+"""Does a mixing policy beat uniform? Train the suite's mixes under several policies and seeds, and compare.
 
-    python scripts/eval_mixing.py                       # the committed evaluation (docs/DATA-MIXING.md)
-    python scripts/eval_mixing.py --policies uniform progress --seeds 1 --jobs 1
-    python scripts/eval_mixing.py --report-only          # summarise the runs already in --runs-dir
+    python scripts/eval_mixing.py --doc docs/DATA-MIXING.md   # the committed suite: every mix, default vs uniform
+    python scripts/eval_mixing.py --mix good shuffled          # some mixes of the suite
+    python scripts/eval_mixing.py --policies uniform target progress ucb1 exp3   # other policies too
+    python scripts/eval_mixing.py --experiment my.json --seeds 1 2 3   # one experiment of your own
+    python scripts/eval_mixing.py --report-only                # summarise the runs already in --runs-dir
     python scripts/eval_mixing.py --from-summary --doc docs/DATA-MIXING.md   # tables and plots from the summary
+    python scripts/eval_mixing.py --mix good --summary /tmp/s.json --compare docs/bench/mixing-cpu.json
 
-Every (policy, seed) is a real `proxy run` of the experiment with only its
-name, seed and bandit policy changed (scripts/mixing/runs.py), in
-RUNS_DIR/<name>, so `proxy dashboard --run-dir RUNS_DIR` overlays them; an
-interrupted evaluation resumes where it stopped. Then, per policy
-(scripts/mixing/summary.py): the mean validation loss over the target arms
-against steps, the first step at which it reaches uniform's final value,
-each arm's final validation loss, and the mixture over time, with the goals
-checked. It writes the JSON summary (--summary), the PNG plots (--plots,
-when matplotlib is installed) and, with --doc, the results tables into the
-doc between its markers (scripts/mixing/report.py). --from-summary redraws
-the plots and tables from a summary already written, touching nothing else.
+The suite is scripts/mixing/suite.py: a few mixes built on the machine from
+real text, each with a stated purpose. Every (mix, policy, seed) is a real
+`proxy run` of the mix's experiment with only its name, seed and bandit policy
+changed (scripts/mixing/runs.py), in RUNS_DIR/<name>, so `proxy dashboard
+--run-dir RUNS_DIR` overlays them; an interrupted evaluation resumes where it
+stopped. Then, per mix and policy (scripts/mixing/summary.py): the mean
+validation loss over the target arms against steps, the first step at which
+it reaches uniform's final value, each arm's final validation loss, the
+mixture over time and how far it moved, with the goals checked. It writes one
+JSON summary for all mixes (--summary), the PNG plots (--plots, when
+matplotlib is installed) and, with --doc, the results tables into the doc
+between its markers (scripts/mixing/report.py). --from-summary redraws the
+plots and tables from a summary already written, touching nothing else.
+--compare checks that every mix this summary holds has the same results (all
+but the `how` block: wall times, load) in another summary: the bit-for-bit
+reproduction of a committed evaluation.
 
 Exit status: 0 when the evaluation ran and was summarised (whether or not a
-policy met its goals), 1 when a run failed, 2 for bad arguments.
+policy met its goals), 1 when a run failed or --compare found a difference,
+2 for bad arguments, 130 when interrupted (Ctrl-C or SIGTERM: the runs in
+flight checkpoint and stop; the same command resumes them).
 """
 from __future__ import annotations
 
@@ -36,23 +46,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from machine_info import cpu_model  # noqa: E402
 from mixing.report import ReportError, plot_summary, results_markdown, write_results  # noqa: E402
 from mixing.runs import LaunchOptions, LoadSampler, launch, plan_runs  # noqa: E402
+from mixing.suite import BY_NAME, SUITE, Mix  # noqa: E402
 from mixing.summary import BASELINE, SummaryError, read_run, summarize  # noqa: E402
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.data.prepare import DataError, default_cache_dir, prepare_data  # noqa: E402
 from proxy.config.errors import ExperimentError  # noqa: E402
 from proxy.config.experiment import load_experiment  # noqa: E402
-from proxy.config.policies import POLICIES  # noqa: E402
+from proxy.config.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--experiment", type=Path, default=REPO / "experiments" / "MIXING-EVAL.json")
-    ap.add_argument("--policies", nargs="+", default=[BASELINE, *(p for p in POLICIES if p != BASELINE)], metavar="POLICY",
-                    help=f"policies to compare ({', '.join(POLICIES)}); must include {BASELINE}")
+    ap.add_argument("--mix", nargs="+", default=None, metavar="MIX",
+                    help=f"mixes of the suite to run ({', '.join(m.name for m in SUITE)}; default: all)")
+    ap.add_argument("--experiment", type=Path, default=None,
+                    help="evaluate this experiment instead of the suite (its arms marked target are the objective)")
+    ap.add_argument("--policies", nargs="+", default=[BASELINE, DEFAULT_POLICY], metavar="POLICY",
+                    help=f"policies to compare ({', '.join(POLICIES)}); must include {BASELINE} "
+                         f"(default: {BASELINE} {DEFAULT_POLICY})")
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="SEED")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (default 2)")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "mixing-eval")
@@ -60,13 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plots", type=Path, default=REPO / "docs" / "img", metavar="DIR")
     ap.add_argument("--doc", type=Path, default=None, help="write the results tables into this doc "
                     "(e.g. docs/DATA-MIXING.md) between its markers")
+    ap.add_argument("--doc-block", default="results", metavar="NAME",
+                    help="which of the doc's marked blocks to write (default: results)")
     ap.add_argument("--engine", default="cpu", help="engine for every run: cpu, cuda or a path (default cpu)")
     ap.add_argument("--cache-dir", type=Path, default=None, help="prepared-data cache (default as `proxy run`)")
     ap.add_argument("--default-policy", default=None, help="the policy whose goals the report leads with "
-                    "(default: the experiment's bandit.policy)")
+                    f"(default: {DEFAULT_POLICY}, the schema's default)")
     ap.add_argument("--report-only", action="store_true", help="summarise the runs in --runs-dir; train nothing")
     ap.add_argument("--from-summary", action="store_true", help="only redraw --plots and --doc's tables from the "
                     "--summary file")
+    ap.add_argument("--compare", type=Path, default=None, metavar="SUMMARY",
+                    help="after summarising, check every mix's results against this summary's (exit 1 if any differ)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
 
@@ -83,12 +102,48 @@ def check_args(args) -> str | None:
         return "--seeds must be non-negative"
     if args.jobs < 1:
         return "--jobs must be at least 1"
+    if args.mix is not None and args.experiment is not None:
+        return "--mix and --experiment exclude each other"
+    unknown = [m for m in args.mix or [] if m not in BY_NAME]
+    if unknown:
+        return f"unknown mix {', '.join(unknown)} (the suite: {', '.join(m.name for m in SUITE)})"
+    if args.mix is not None and len(set(args.mix)) != len(args.mix):
+        return "--mix must not repeat"
+    if not args.doc_block.replace("-", "").replace("_", "").isalnum():
+        return "--doc-block must be letters, digits, '-' or '_'"
     return None
+
+
+def chosen_mixes(args) -> list[Mix]:
+    if args.experiment is not None:
+        return [Mix(args.experiment.stem, args.experiment, "")]
+    if args.mix is not None:
+        return [BY_NAME[m] for m in args.mix]
+    return list(SUITE)
 
 
 def machine() -> dict:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform()}
+
+
+def results(summary: dict) -> dict:
+    """A summary without its `how` block: what must reproduce bit for bit."""
+    return {k: v for k, v in summary.items() if k != "how"}
+
+
+def compare(summary: dict, path: Path) -> list[str]:
+    """The mixes of `summary` whose results differ from those in the summary at `path` (or are missing)."""
+    other = json.loads(path.read_text())
+    theirs = other.get("mixes", {})
+    differ = []
+    for name, mix in summary["mixes"].items():
+        if name not in theirs:
+            differ.append(f"{name}: not in {path}")
+        elif mix != theirs[name]:
+            keys = sorted(k for k in set(mix) | set(theirs[name]) if mix.get(k) != theirs[name].get(k))
+            differ.append(f"{name}: {', '.join(keys)} differ")
+    return differ
 
 
 def report(summary: dict, args) -> int:
@@ -97,7 +152,7 @@ def report(summary: dict, args) -> int:
     print(f"eval_mixing: plots {', '.join(map(str, plots))}" if plots else f"eval_mixing: {why_not}")
     if args.doc is not None:
         try:
-            write_results(args.doc, results_markdown(summary))
+            write_results(args.doc, results_markdown(summary), args.doc_block)
         except ReportError as e:
             print(f"eval_mixing: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -109,7 +164,7 @@ def from_summary(args) -> int:
     try:
         summary = json.loads(args.summary.read_text())
         results_markdown(summary)  # a file that is not a summary fails here, before anything is written
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"eval_mixing: {args.summary}: not a mixing summary ({e})", file=sys.stderr)
         return EXIT_USAGE
     return report(summary, args)
@@ -123,14 +178,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.from_summary:
         return from_summary(args)
+    if args.compare is not None:
+        try:
+            json.loads(args.compare.read_text())["mixes"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"eval_mixing: {args.compare}: not a mixing summary ({e})", file=sys.stderr)
+            return EXIT_USAGE
+    mixes = chosen_mixes(args)
     try:
-        experiment = load_experiment(args.experiment)
-        specs = plan_runs(args.experiment, args.policies, args.seeds, args.runs_dir)
+        experiments = {m.name: load_experiment(m.experiment) for m in mixes}
+        specs = {m.name: plan_runs(m.experiment, args.policies, args.seeds, args.runs_dir) for m in mixes}
     except ExperimentError as e:
         print(f"eval_mixing: {e}", file=sys.stderr)
         return EXIT_USAGE
-    default_policy = args.default_policy or experiment.bandit.policy
-    threads = experiment.train.threads or os.cpu_count()
+    default_policy = args.default_policy or DEFAULT_POLICY
+    threads = max(e.train.threads or os.cpu_count() for e in experiments.values())
     if args.jobs * threads > (os.cpu_count() or 1) and not args.report_only:
         print(f"eval_mixing: note: {args.jobs} runs x {threads} engine threads on {os.cpu_count()} cores",
               file=sys.stderr)
@@ -138,27 +200,43 @@ def main(argv: list[str] | None = None) -> int:
     load = LoadSampler()
     t0 = time.monotonic()
     run_walls = {}
+    all_specs = [s for m in mixes for s in specs[m.name]]
     if not args.report_only:
         try:
-            prepare_data(load_experiment(specs[0].experiment), args.experiment.resolve().parent,
-                         args.cache_dir or default_cache_dir(), progress=not args.no_progress)
+            for m in mixes:  # once each, before the runs: two runs of a mix never prepare its data at once
+                prepare_data(load_experiment(specs[m.name][0].experiment), m.experiment.resolve().parent,
+                             args.cache_dir or default_cache_dir(), progress=not args.no_progress)
         except DataError as e:
             print(f"eval_mixing: {e}", file=sys.stderr)
             return EXIT_USAGE
-        results = launch(specs, experiment.train.max_steps,
-                         LaunchOptions(args.jobs, args.engine, args.cache_dir, not args.no_progress), load)
-        failed = [r for r in results if r.returncode != 0]
+        except KeyboardInterrupt:
+            print("eval_mixing: interrupted while preparing the data; nothing was trained", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        max_steps = max(e.train.max_steps for e in experiments.values())
+        try:
+            done = launch(all_specs, max_steps, LaunchOptions(args.jobs, args.engine, args.cache_dir,
+                                                              not args.no_progress), load)
+        except KeyboardInterrupt:
+            print("eval_mixing: interrupted; the runs in flight checkpointed and stopped (the same command "
+                  "resumes them)", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        failed = [r for r in done if r.returncode != 0]
         for r in failed:
             print(f"eval_mixing: run {r.spec.name} failed (exit {r.returncode}); see {r.spec.log}", file=sys.stderr)
         if failed:
             return EXIT_FAILED
-        run_walls = {r.spec.name: round(r.wall_s, 1) for r in results}
+        run_walls = {r.spec.name: round(r.wall_s, 1) for r in done}
     wall = time.monotonic() - t0
 
+    summary = {"mixes": {}}
     try:
-        series = {(s.policy, s.seed): read_run(s.run_dir, experiment.arm_names, experiment.train.max_steps)
-                  for s in specs}
-        summary = summarize(series, experiment, args.policies, default_policy)
+        for m in mixes:
+            exp = experiments[m.name]
+            series = {(s.policy, s.seed): read_run(s.run_dir, exp.arm_names, exp.train.max_steps)
+                      for s in specs[m.name]}
+            summary["mixes"][m.name] = {"purpose": m.purpose,
+                                        "file": os.path.relpath(m.experiment.resolve(), REPO),
+                                        **summarize(series, exp, args.policies, default_policy)}
     except SummaryError as e:
         print(f"eval_mixing: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -172,7 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(args.summary, summary)
     print(results_markdown(summary))
     print(f"eval_mixing: summary {args.summary}" + (f"; {wall / 60:.1f} min" if not args.report_only else ""))
-    return report(summary, args)
+    status = report(summary, args)
+    if args.compare is not None:
+        differ = compare(summary, args.compare)
+        for line in differ:
+            print(f"eval_mixing: compared with {args.compare}: {line}", file=sys.stderr)
+        if differ:
+            return EXIT_FAILED
+        print(f"eval_mixing: every mix's results equal those in {args.compare}")
+    return status
 
 
 if __name__ == "__main__":

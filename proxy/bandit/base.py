@@ -60,6 +60,10 @@ class Bandit:
     def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
         raise NotImplementedError
 
+    def observe_eval(self, step: int, arm_losses: Mapping[str, float]) -> None:
+        """One evaluation's validation loss per arm, given after observe(step) and before observe(step + 1).
+        Only the target policy reads them; the others ignore them."""
+
     def _target(self) -> np.ndarray:
         """The policy's unconstrained mixture (a point to project)."""
         raise NotImplementedError

@@ -128,7 +128,13 @@ class BanditConfig(StrictModel):
     # mass spread evenly
     record_alpha: float = Field(default=0.05, gt=0, le=1)
     window: int = Field(default=100, ge=3)
+    # progress and target: the spare mass spread evenly
     explore: float = Field(default=0.05, ge=0, le=1)
+    # target: the evaluations its speeds are fitted over, the share of the objective's speed below which a
+    # target arm counts as stalled, the most any arm's weight moves in one step
+    eval_window: int = Field(default=10, ge=3)
+    stall: float = Field(default=0.25, gt=0, le=1)
+    max_move: float = Field(default=0.006, gt=0, le=1)
 
     @model_validator(mode="after")
     def _params_match_policy(self):

@@ -21,7 +21,8 @@ documents are the same however many workers read them.
   per row (proxy/data/tabular.py; pyarrow).
 - {"tokens": pattern, "val": pattern}: token ids, not documents (prepare.py reads them in place).
 - {"builtin": ...}: the standard library's code, its docstrings, the language reference topics, and the
-  curation tests' repeated_names and random_tokens.
+  curation tests' repeated_names and random_tokens, and their realistic low-quality text made from real
+  text on the machine (lowquality.py): shuffled_words, boilerplate, near_duplicates, man_pages_de.
 
 Every text kind also takes `max_chars`: documents are kept in order until
 that many characters (the last one cut to fit). Empty documents are dropped.
@@ -46,18 +47,24 @@ import numpy as np
 from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
                               ParquetSource, Source, TokensSource, is_token_source)
 from ..safe_fs import UnsafeFileError, open_regular
-from . import tabular
+from . import lowquality, tabular
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 
 # Bump when what a builtin source extracts changes (part of the cache key).
 EXTRACTOR_VERSION = 1
 UNIT_BYTES = 4 << 20  # about this much of a source per work unit
 
+# Low-quality sources made from the docstrings (all modules; `modules` does not apply to them).
+FROM_DOCSTRINGS = {"shuffled_words": lowquality.shuffled_words, "near_duplicates": lowquality.near_duplicates}
+
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data"}
 
 # repeated_names: modules implemented in C in CPython (their members are defined in no .py file).
 REPEATED_MODULES = ("builtins", "sys", "math", "cmath", "itertools", "time", "gc")
 REPEATS = 40
+
+# Low-quality sources made from the docstrings of every module (`modules` does not apply to them).
+FROM_DOCSTRINGS = {"shuffled_words": lowquality.shuffled_words, "near_duplicates": lowquality.near_duplicates}
 
 # random_tokens: documents of DOC_TOKENS ids; the train and val splits are separate streams.
 RANDOM_DOC_TOKENS = 1024
@@ -148,7 +155,17 @@ def _dir_files(src: DirSource, base: Path) -> list[Path]:
 def _builtin_files(src: BuiltinSource, _base: Path) -> list[Path]:
     if src.builtin in ("repeated_names", "random_tokens"):
         return []  # made in memory: the Python version in the fingerprint fixes them
-    if src.builtin in ("stdlib_code", "stdlib_docstrings"):
+    if src.builtin == "boilerplate":
+        files = lowquality.license_files()
+        if not files:
+            raise SourceError(f"builtin boilerplate: no license texts under {lowquality.LICENSES_DIR}")
+        return files
+    if src.builtin == "man_pages_de":
+        files = lowquality.man_de_files()
+        if not files:
+            raise SourceError(f"builtin man_pages_de: no manual pages under {lowquality.MAN_DE_DIR}")
+        return files
+    if src.builtin in ("stdlib_code", "stdlib_docstrings", *FROM_DOCSTRINGS):
         files = stdlib_files(src.modules)
         if not files:
             which = f" matching modules {src.modules}" if src.modules else ""
@@ -239,6 +256,18 @@ def source_bytes(src: Source, base_dir: Path | str) -> int:
 
 # ---------------------------------------------------------------------------
 # Built-in documents made in memory.
+
+def _text_or_none(p: Path) -> Optional[str]:
+    """A file of the machine's own text (the low-quality built-ins' material) as text, or None when it is
+    binary (holds a NUL) or not UTF-8: such a file is skipped, as a glob skips it."""
+    with open_regular(p, None) as f:
+        data = f.read()
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 def _docstrings(text: str, module: str) -> str:
     """All docstrings of one module, in source order, each headed by its qualified name."""
@@ -412,6 +441,15 @@ def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
                                                            for p in files})
     elif src.builtin == "pydoc_topics":
         yield from _literal_units(_pydoc_topics(), src)
+    elif src.builtin in FROM_DOCSTRINGS:  # made from all docstrings at once: planned here, in memory
+        root = stdlib_root()
+        docstrings = [_docstrings(text, _module_name(p.relative_to(root).as_posix()))
+                      for p in files if (text := _text_or_none(p)) is not None]
+        yield from _literal_units(FROM_DOCSTRINGS[src.builtin]([d for d in docstrings if d]), src)
+    elif src.builtin == "boilerplate":
+        yield from _literal_units(lowquality.boilerplate(files, lambda p: _text_or_none(p) or ""), src)
+    elif src.builtin == "man_pages_de":
+        yield from _literal_units([t for p in files if (t := lowquality.man_page_text(p)) is not None], src)
     else:  # repeated_names (random_tokens is no text: plan_units)
         yield from _literal_units(repeated_names(), src)
 

@@ -1,7 +1,8 @@
 """The engine's events (docs/FORMATS.md, "Engine events"), one handler each, dispatched by a table.
 
 A step is logged to `.loss.json` with the mixture it was drawn from and fed
-to the bandit; a step re-trained after a restart is compared with the entry
+to the bandit, and so is an evaluation (which the engine answers before the
+next step); a step re-trained after a restart is compared with the entry
 the crashed segment left (a difference is a determinism bug, reported on
 stderr and in `.state.json`). An evaluation (all arms in one EVAL frame) and a
 sample audit (all prompts in one SAMPLE frame) each come back as one event.
@@ -88,6 +89,10 @@ class EventHandlers:
         values = [float(ev["loss"]), float(ev.get("grad_norm", 0.0)), *arms.values()]
         if not all(math.isfinite(v) for v in values):
             self._refuse(seg, f"engine reported a non-finite loss or gradient norm at step {t}")
+            return
+        late = [r.step for r in seg.requests.values() if r.kind == "eval" and r.step < t]
+        if late:  # the bandit takes an evaluation before the next step, in the replay as live
+            self._refuse(seg, f"engine reported step {t} before the evaluation of step {min(late)}")
             return
         seg.settle("step", t)
         del seg.mixtures[t]
@@ -177,6 +182,8 @@ class EventHandlers:
                           time=received_at(ev)[1], phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)
         ctx.eval_loss[step] = mean
+        if step >= ctx.phase.start_step:  # the same floats the replay reads back (segment._replay_eval)
+            ctx.bandit.observe_eval(step, entry.arms)
         ctx.say(f"eval step {step}: val loss {mean:.4f} (" +
                 ", ".join(f"{n} {v:.3f}" for n, v in entry.arms.items()) + ")")
         maybe_best(ctx, step)

@@ -137,15 +137,28 @@ def due(every: int, step: int, max_steps: int) -> bool:
 
 # ------------------------------------------------------------ launching
 
+def _replay_eval(ctx: RunContext, index: LossLogIndex, step: int) -> None:
+    """The evaluation of `step` as logged, if there is one, to the bandit (as events.py gives it live).
+    Past the phase's start step only this phase's: one a phase before the pivot logged there was never
+    given to this phase's bandit live."""
+    entry = index.eval(step)
+    if entry is not None and (step == ctx.phase.start_step or entry.phase == ctx.phase.phase):
+        ctx.bandit.observe_eval(step, {a: v for a, v in entry.arms.items() if a in ctx.arm_names})
+
+
 def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, np.ndarray]:
-    """A fresh bandit for the phase, fed the phase's logged steps up to `c`; the mixtures of the steps
-    c+1..c+lag, which depend only on those (the earliest on none: the initial weights)."""
+    """A fresh bandit for the phase, fed the phase's logged steps up to `c`, each evaluation after the
+    step it belongs to (from the phase's first step on; the one at its start step first), as the live
+    run fed them; the mixtures of the steps c+1..c+lag, which depend only on those (the earliest on
+    none: the initial weights)."""
     phase = ctx.phase
     bandit, ctx.caps, ctx.floors = bandit_for_phase(ctx.experiment, phase)
+    ctx.bandit = bandit
     init = np.array(bandit.weights(), dtype=np.float64, copy=True)
     pending = {s: init for s in range(c + 1, c + ctx.lag + 1) if s - ctx.lag <= phase.start_step}
     known = set(ctx.arm_names)
     dropped = ctx.report.dropped_arms
+    _replay_eval(ctx, index, phase.start_step)
     for t, entry in index.iter_steps(phase.start_step + 1, c):
         arms = {a: v for a, v in entry.arms.items() if a in known}
         extra = set(entry.arms) - known
@@ -157,7 +170,7 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, n
         bandit.observe(t, arms, mixture=entry.mixture)
         if t + ctx.lag > c:
             pending[t + ctx.lag] = np.array(bandit.weights(), dtype=np.float64, copy=True)
-    ctx.bandit = bandit
+        _replay_eval(ctx, index, t)
     return pending
 
 

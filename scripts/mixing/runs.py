@@ -137,8 +137,22 @@ class LoadSampler:
         return {"mean": round(sum(s) / len(s), 2), "max": round(max(s), 2), "samples": len(s)}
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def launch(specs: list[RunSpec], max_steps: int, options: LaunchOptions, load: LoadSampler) -> list[RunResult]:
-    """Train every run, `options.jobs` at a time, with one progress bar over all their steps."""
+    """Train every run, `options.jobs` at a time, with one progress bar over all their steps. SIGTERM, like
+    Ctrl-C, stops the runs in flight cleanly (each checkpoints) before it ends the evaluation: the runs
+    live in their own sessions, so nothing else would stop them."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _launch(specs, max_steps, options, load)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(specs: list[RunSpec], max_steps: int, options: LaunchOptions, load: LoadSampler) -> list[RunResult]:
     pending = list(specs)
     running: dict[int, tuple[subprocess.Popen, RunSpec, float]] = {}
     results: list[RunResult] = []

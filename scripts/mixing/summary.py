@@ -1,18 +1,25 @@
-"""What a mixing evaluation found: per policy, from the runs' `.loss.json` alone.
+"""What a mixing evaluation found: per mix and policy, from the runs' `.loss.json` alone.
 
 Per run: the mean validation loss over the target arms at every eval step,
 each arm's validation loss, and the mixture of every step. Per policy, over
 its seeds: the mean target curve, the first eval step at which each seed
 reaches the final value of uniform's run with the same seed, each arm's final
-validation loss against uniform's, and the mixture over time. The goals (the
-issue's) are checked for every policy against the baseline:
+validation loss against uniform's, the mixture over time, and how far the
+mixture moved within MOVE_STEPS steps. The goals (the issue's) are checked for
+every policy against the baseline, on every mix:
 
-- GOAL_FEWER_STEPS: reach uniform's final target loss in at least 15% fewer
-  steps, averaged over the seeds;
+- GOAL_FINAL_SLACK: its final mean target loss (mean over the seeds) at most
+  this much above uniform's;
 - GOAL_ARM_SLACK: no target arm ends more than 2% worse than under uniform
   (its final validation loss, averaged over the seeds);
-- GOAL_JUNK_POINTS: after the first WARMUP_FRACTION of the run, no step gives
-  a junk arm (a random_tokens source) more than its floor plus 5 points.
+- fewer steps: reach uniform's final target loss in at least
+  GOAL_FEWER_STEPS_CURATION fewer steps on a mix with arms that are not
+  targets (worthless or low-quality arms), GOAL_FEWER_STEPS_GOOD on a mix of
+  target arms only, averaged over the seeds;
+- GOAL_LOW_QUALITY_POINTS: after the first WARMUP_FRACTION of the run, no
+  step gives an arm that is not a target more than its floor plus 5 points;
+- GOAL_MAX_MOVE: after the first WARMUP_FRACTION of the run, no arm's weight
+  moves by more than 0.2 within MOVE_STEPS steps, in any seed.
 """
 from __future__ import annotations
 
@@ -25,9 +32,13 @@ from proxy.config.experiment import Experiment
 from proxy.formats.loss_log import EvalEntry, StepEntry, iter_lines, parse_line
 
 BASELINE = "uniform"
-GOAL_FEWER_STEPS = 0.15
+GOAL_FINAL_SLACK = 0.005
 GOAL_ARM_SLACK = 0.02
-GOAL_JUNK_POINTS = 0.05
+GOAL_FEWER_STEPS_CURATION = 0.15
+GOAL_FEWER_STEPS_GOOD = 0.05
+GOAL_LOW_QUALITY_POINTS = 0.05
+GOAL_MAX_MOVE = 0.2
+MOVE_STEPS = 25
 WARMUP_FRACTION = 0.10
 MIXTURE_POINTS = 100  # the mixture over time is kept as this many step bins
 
@@ -84,9 +95,28 @@ def first_reach(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int |
     return int(steps[hit[0]]) if hit.size else None
 
 
-def junk_arms(experiment: Experiment) -> list[str]:
-    """Arms of random tokens: the unlearnable ones GOAL_JUNK_POINTS is about."""
-    return [a.name for a in experiment.arms if any(getattr(s, "builtin", None) == "random_tokens" for s in a.sources)]
+def low_quality_arms(experiment: Experiment) -> list[str]:
+    """The arms that are not targets: the worthless or low-quality ones GOAL_LOW_QUALITY_POINTS is about."""
+    return [a.name for a in experiment.arms if not a.target]
+
+
+def fewer_steps_goal(experiment: Experiment) -> float:
+    """How many fewer steps the mix asks for: more where there are arms to curate away."""
+    return GOAL_FEWER_STEPS_CURATION if low_quality_arms(experiment) else GOAL_FEWER_STEPS_GOOD
+
+
+def max_move(steps: np.ndarray, mixture: np.ndarray, after: float, window: int = MOVE_STEPS) -> float:
+    """The most any arm's weight moved between two steps at most `window` apart, both after step `after`."""
+    keep = steps > after
+    steps, mixture = steps[keep], mixture[keep]
+    worst = 0.0
+    for lag in range(1, window + 1):
+        if lag >= len(steps):
+            break
+        close = (steps[lag:] - steps[:-lag]) <= window
+        if close.any():
+            worst = max(worst, float(np.abs(mixture[lag:] - mixture[:-lag])[close].max()))
+    return worst
 
 
 def _binned(steps: np.ndarray, mixture: np.ndarray, bins: int) -> tuple[list[int], np.ndarray]:
@@ -115,6 +145,9 @@ def summarize_policy(policy: str, runs: dict[int, RunSeries], baseline: dict[int
     reached_all = all(v is not None for v in reach.values())
     fewer = 1.0 - np.mean(list(reach.values())) / np.mean(list(base_reach.values())) if reached_all else None
 
+    final = float(np.mean([curves[s][-1] for s in seeds]))
+    base_final_mean = float(np.mean([base_curves[s][-1] for s in seeds]))
+    final_vs_base = final / base_final_mean - 1.0
     final_arm = {a: float(np.mean([runs[s].eval_loss[a][-1] for s in seeds])) for a in arms}
     base_arm = {a: float(np.mean([baseline[s].eval_loss[a][-1] for s in seeds])) for a in arms}
     vs_base = {a: final_arm[a] / base_arm[a] - 1.0 for a in arms}
@@ -125,14 +158,17 @@ def summarize_policy(policy: str, runs: dict[int, RunSeries], baseline: dict[int
                        "max": _r(max(runs[s].mixture[after[s], i].max() for s in seeds))}
                    for i, a in enumerate(arms)}
     floors = experiment.floors
-    junk = {a: bool(share_after[a]["max"] <= floors[a] + GOAL_JUNK_POINTS + 1e-9) for a in junk_arms(experiment)}
+    low = {a: bool(share_after[a]["max"] <= floors[a] + GOAL_LOW_QUALITY_POINTS + 1e-9)
+           for a in low_quality_arms(experiment)}
+    moved = max(max_move(runs[s].steps, runs[s].mixture, WARMUP_FRACTION * max_steps) for s in seeds)
 
     mean_curve = np.mean([curves[s] for s in seeds], axis=0)
     bin_steps, bin_mix = _binned(runs[seeds[0]].steps, np.mean([runs[s].mixture for s in seeds], axis=0),
                                  MIXTURE_POINTS)
     return {
         "seeds": seeds,
-        "final_target_loss": {"mean": _r(mean_curve[-1]), "per_seed": {str(s): _r(curves[s][-1]) for s in seeds}},
+        "final_target_loss": {"mean": _r(mean_curve[-1]), "per_seed": {str(s): _r(curves[s][-1]) for s in seeds},
+                              "vs_baseline": _r(final_vs_base)},
         "steps_to_baseline_final": {"per_seed": {str(s): reach[s] for s in seeds},
                                     "baseline_per_seed": {str(s): base_reach[s] for s in seeds},
                                     "mean": _r(np.mean(list(reach.values()))) if reached_all else None,
@@ -141,15 +177,18 @@ def summarize_policy(policy: str, runs: dict[int, RunSeries], baseline: dict[int
         "final_arm_vs_baseline": {a: _r(vs_base[a]) for a in arms},
         "worst_target_arm": {"arm": worst_target, "vs_baseline": _r(vs_base[worst_target])},
         "share_after_warmup": share_after,
+        "max_move": _r(moved),
         "target_curve": {"steps": [int(x) for x in eval_steps], "mean": [_r(x) for x in mean_curve],
                          "min": [_r(x) for x in np.min([curves[s] for s in seeds], axis=0)],
                          "max": [_r(x) for x in np.max([curves[s] for s in seeds], axis=0)]},
         "arm_curves": {a: [_r(x) for x in np.mean([runs[s].eval_loss[a] for s in seeds], axis=0)] for a in arms},
         "mixture": {"steps": bin_steps, "weights": {a: [_r(x, 4) for x in bin_mix[:, i]] for i, a in enumerate(arms)}},
         "goals": {
-            "fewer_steps": bool(fewer is not None and fewer >= GOAL_FEWER_STEPS - 1e-12),
+            "final_loss": bool(final_vs_base <= GOAL_FINAL_SLACK + 1e-12),
             "no_target_arm_worse": bool(vs_base[worst_target] <= GOAL_ARM_SLACK + 1e-12),
-            "junk_at_floor": bool(all(junk.values())) if junk else None,
+            "fewer_steps": bool(fewer is not None and fewer >= fewer_steps_goal(experiment) - 1e-12),
+            "low_quality_at_floor": bool(all(low.values())) if low else None,
+            "steady": bool(moved <= GOAL_MAX_MOVE + 1e-12),
         },
     }
 
@@ -175,11 +214,13 @@ def summarize(series: dict[tuple[str, int], RunSeries], experiment: Experiment, 
         "eval_every": experiment.train.eval_every,
         "eval_rows": experiment.train.eval_rows,
         "arms": [{"name": a.name, "target": a.target, "cap": a.cap, "floor": a.floor} for a in arms],
-        "junk_arms": junk_arms(experiment),
+        "low_quality_arms": low_quality_arms(experiment),
         "baseline": BASELINE,
         "default_policy": default_policy,
         "seeds": seeds,
-        "goals": {"fewer_steps": GOAL_FEWER_STEPS, "target_arm_slack": GOAL_ARM_SLACK,
-                  "junk_points_over_floor": GOAL_JUNK_POINTS, "warmup_fraction": WARMUP_FRACTION},
+        "goals": {"final_loss_slack": GOAL_FINAL_SLACK, "target_arm_slack": GOAL_ARM_SLACK,
+                  "fewer_steps": fewer_steps_goal(experiment),
+                  "low_quality_points_over_floor": GOAL_LOW_QUALITY_POINTS, "max_move": GOAL_MAX_MOVE,
+                  "move_steps": MOVE_STEPS, "warmup_fraction": WARMUP_FRACTION},
         "policies": {p: summarize_policy(p, by_policy[p], by_policy[BASELINE], experiment) for p in policies},
     }

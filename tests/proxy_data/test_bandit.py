@@ -173,7 +173,7 @@ def test_replay_is_deterministic(policy):
     assert json.loads(json.dumps(live.state())) == live.state()
 
 
-@pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress"])
+@pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress", "target"])
 def test_state_format(policy):
     b = make_bandit(BanditConfig(policy=policy), NAMES, CAPS, FLOORS)
     st_ = b.state()
@@ -183,7 +183,7 @@ def test_state_format(policy):
         assert set(arm) == {"pulls", "ema", "reward", "weight", "cap", "floor"}
 
 
-@pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress"])
+@pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress", "target"])
 def test_observe_checks(policy):
     b = make_bandit(BanditConfig(policy=policy), NAMES, CAPS, FLOORS)
     b.observe(5, {"a": 1.0})

@@ -1,16 +1,18 @@
-"""Curation test data and the schema around it: target arms, random_tokens, repeated_names, new policies."""
+"""Curation test data and the schema around it: target arms, random_tokens, repeated_names, the realistic
+low-quality sources, the policies, the suite's mixes."""
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from proxy.data import prepare_data
+from proxy.data import lowquality, prepare_data
 from proxy.data.sources import (RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, SourceError, load_documents,
-                                random_token_documents)
+                                random_token_documents, source_fingerprint)
 from proxy.config.errors import ExperimentError
 from proxy.config.experiment import load_experiment
 from proxy.config.sources import parse_source
@@ -69,7 +71,7 @@ def test_token_source_rules(tmp_path):
     assert "modules applies only to builtin stdlib_code and stdlib_docstrings" in error_of(tmp_path, data)
 
 
-@pytest.mark.parametrize("policy", ["uniform", "progress"])
+@pytest.mark.parametrize("policy", ["uniform", "progress", "target"])
 def test_new_policies_in_the_schema(tmp_path, policy):
     data = copy.deepcopy(BASE)
     data["bandit"] = {"policy": policy}
@@ -81,14 +83,31 @@ def test_new_policies_in_the_schema(tmp_path, policy):
     data["bandit"] = {"policy": "progress", "window": 2, "explore": 1.5}
     msg = error_of(tmp_path, data)
     assert "bandit.window: input should be greater than or equal to 3" in msg and "bandit.explore" in msg
+    data["bandit"] = {"policy": "progress", "stall": 0.5}
+    assert "bandit: stall does not apply to policy 'progress'" in error_of(tmp_path, data)
+    data["bandit"] = {"policy": "target", "eval_window": 2, "max_move": 0}
+    msg = error_of(tmp_path, data)
+    assert "bandit.eval_window: input should be greater than or equal to 3" in msg and "bandit.max_move" in msg
 
 
-def test_mixing_eval_experiment():
-    exp = load_experiment(ROOT / "experiments" / "MIXING-EVAL.json")
-    assert exp.target_arms == ["stdlib_code", "stdlib_docstrings", "pydoc_topics"]
-    kinds = {a.name: a.sources[0].builtin for a in exp.arms}
-    assert kinds["junk"] == "random_tokens" and kinds["duplicates"] == "repeated_names"
-    assert exp.train.threads == 1  # two runs at once on a 2-core machine, no oversubscription
+def test_mixing_suite_experiments():
+    """The suite's mixes differ only in their arms (same model, training and cadence), run on one engine
+    thread each (two runs at once on a 2-core machine), and default to the target policy."""
+    import sys  # noqa: PLC0415
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from mixing.suite import SUITE  # noqa: PLC0415
+    exps = {m.name: load_experiment(m.experiment) for m in SUITE}
+    assert list(exps) == ["good", "sizes", "shuffled", "lowquality", "worthless"]
+    first = exps["good"]
+    for exp in exps.values():
+        assert exp.model == first.model and exp.train.model_copy(update={"seed": 1}) == first.train
+        assert exp.train.threads == 1 and exp.bandit.policy == "target"
+    kinds = {name: {a.name: (a.sources[0].builtin, a.target) for a in exp.arms} for name, exp in exps.items()}
+    assert all(t for _kind, t in kinds["good"].values()) and all(t for _kind, t in kinds["sizes"].values())
+    assert kinds["shuffled"]["shuffled_words"] == ("shuffled_words", False)
+    assert {k for k, t in kinds["lowquality"].values() if not t} == {"boilerplate", "near_duplicates", "man_pages_de"}
+    assert kinds["worthless"]["junk"] == ("random_tokens", False)
+    assert kinds["worthless"]["duplicates"] == ("repeated_names", False)
 
 
 # --- sources ------------------------------------------------------------------
@@ -138,3 +157,59 @@ def test_prepare_with_curation_arms(tmp_path):
                          progress=False)
     assert other.key != data.key
     assert other.tokenizer_json == data.tokenizer_json
+
+
+# --- realistic low-quality sources (proxy/data/lowquality.py) -------------------
+
+def test_shuffled_words_keep_each_document_s_words():
+    docs = load_documents(parse_source({"builtin": "stdlib_docstrings"}), ".")
+    shuffled = load_documents(parse_source({"builtin": "shuffled_words"}), ".")
+    assert len(shuffled) == len(docs)
+    assert all(sorted(a.split()) == sorted(b.split()) for a, b in zip(docs, shuffled))
+    assert sum(a.split() != b.split() for a, b in zip(docs, shuffled)) > 0.9 * len(docs)
+    assert load_documents(parse_source({"builtin": "shuffled_words"}), ".") == shuffled
+
+
+def test_near_duplicates_are_copies_with_small_edits():
+    docs = load_documents(parse_source({"builtin": "near_duplicates"}), ".")
+    assert len(docs) == lowquality.NEAR_DUP_SOURCES * lowquality.NEAR_DUP_COPIES
+    assert len(set(docs)) > 0.9 * len(docs)  # copies differ from each other ...
+    words = [set(d.split()) for d in docs]
+    close = [max(len(w & v) / len(w | v) for j, v in enumerate(words) if j != i) for i, w in enumerate(words[:50])]
+    assert min(close) > 0.7  # ... by a few words
+    assert load_documents(parse_source({"builtin": "near_duplicates"}), ".") == docs
+
+
+def test_boilerplate_repeats_a_small_pool_of_license_paragraphs(tmp_path, monkeypatch):
+    docs = load_documents(parse_source({"builtin": "boilerplate"}), ".")
+    assert len(docs) == lowquality.BOILERPLATE_DOCS
+    pool = {p for d in docs for p in d.split("\n\n")}
+    assert len(pool) <= lowquality.BOILERPLATE_POOL and max(map(len, pool)) <= lowquality.BOILERPLATE_MAX_CHARS
+    assert load_documents(parse_source({"builtin": "boilerplate"}), ".") == docs
+    # made from the files on the machine: their bytes are in the cache key; none is one clear error
+    licenses = tmp_path / "licenses"
+    licenses.mkdir()
+    (licenses / "A").write_text("Permission is granted.\n\nNo warranty.\n")
+    monkeypatch.setattr(lowquality, "LICENSES_DIR", licenses)
+    src = parse_source({"builtin": "boilerplate"})
+    before = source_fingerprint(src, ".")
+    assert {p for d in load_documents(src, ".") for p in d.split("\n\n")} == {"Permission is granted.", "No warranty."}
+    (licenses / "A").write_text("Permission is granted.\n")
+    assert source_fingerprint(src, ".") != before
+    monkeypatch.setattr(lowquality, "LICENSES_DIR", tmp_path / "none")
+    with pytest.raises(SourceError, match="no license texts under"):
+        load_documents(src, ".")
+
+
+def test_german_man_pages(tmp_path, monkeypatch):
+    pages = tmp_path / "de" / "man1"
+    pages.mkdir(parents=True)
+    (pages / "ls.1.gz").write_bytes(gzip.compress(".TH LS 1\n.SH BEZEICHNUNG\nls \\- Verzeichnisinhalte auflisten\n".encode()))
+    (pages / "bad.1.gz").write_bytes(gzip.compress(b"\xff\xfe not utf-8"))
+    (pages / "broken.1.gz").write_bytes(b"not gzip")
+    monkeypatch.setattr(lowquality, "MAN_DE_DIR", tmp_path / "de")
+    docs = load_documents(parse_source({"builtin": "man_pages_de"}), ".")
+    assert docs == [".TH LS 1\n.SH BEZEICHNUNG\nls \\- Verzeichnisinhalte auflisten\n"]  # the others skipped
+    monkeypatch.setattr(lowquality, "MAN_DE_DIR", tmp_path / "none")
+    with pytest.raises(SourceError, match="no manual pages under"):
+        load_documents(parse_source({"builtin": "man_pages_de"}), ".")

@@ -72,7 +72,7 @@ def test_defaults(tmp_path):
     assert (t.grad_accum, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip) == (1, 0.9, 0.95, 1e-8, 0.1, 1.0)
     assert (t.ckpt_every, t.eval_every, t.sample_every, t.lag, t.keep_last, t.milestone_every, t.threads) == \
         (100, 100, 100, 2, 3, 1000, None)
-    assert exp.bandit.policy == "progress"
+    assert exp.bandit.policy == "target"
     assert exp.arms[1].cap == 1.0 and exp.arms[1].floor == 0.0
     assert exp.samples.prompts
 

@@ -1,10 +1,12 @@
 """The curation experiment end to end: real proxies and engines, TINY's model with a junk and a
-duplicates arm. The progress policy resumes bit for bit after a kill, and scripts/eval_mixing.py
-runs, summarises, plots (or says why not) and writes the doc's tables."""
+duplicates arm. The target policy (which reads the evaluations) and the progress policy resume bit
+for bit after a kill, and scripts/eval_mixing.py runs, summarises, plots (or says why not), writes
+the doc's tables and compares summaries."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +24,12 @@ CURATION_ARMS = [
 ]
 
 
-def curation_experiment(directory: Path, name: str, policy: str, **train) -> Path:
-    """TINY-TRAIN plus a junk and a duplicates arm, one engine thread, the given policy."""
+def curation_experiment(directory: Path, name: str, policy: str, all_targets: bool = False, **train) -> Path:
+    """TINY-TRAIN plus a junk and a duplicates arm (targets too with `all_targets`), one engine thread,
+    the given policy."""
     exp = json.loads(TINY.read_text())
     exp["name"] = name
-    exp["arms"] += CURATION_ARMS
+    exp["arms"] += [{**a, "target": all_targets} for a in CURATION_ARMS]
     exp["bandit"] = {"policy": policy}
     exp["train"].update({"threads": 1, "max_steps": MAX_STEPS, "ckpt_every": 20, "eval_every": 30,
                          "sample_every": 0, "keep_last": 2, "milestone_every": 0, **train})
@@ -36,11 +39,13 @@ def curation_experiment(directory: Path, name: str, policy: str, **train) -> Pat
     return path
 
 
-def test_progress_resumes_with_the_same_mixtures(engine, gate, data_cache, tmp_path):
-    """A proxy killed mid-run (after checkpoints, with steps past the newest one logged) and
-    relaunched rebuilds the progress bandit from .loss.json: every step's mixture and loss is
-    the uninterrupted run's, bit for bit."""
-    exp = curation_experiment(tmp_path, "CURATE", "progress")
+@pytest.mark.parametrize("policy", ["target", "progress"])
+def test_policy_resumes_with_the_same_mixtures(engine, gate, data_cache, tmp_path, policy):
+    """A proxy killed mid-run (after checkpoints, with steps and evaluations past the newest one
+    logged) and relaunched rebuilds the bandit from .loss.json, the target policy's evaluations
+    included: every step's mixture and loss is the uninterrupted run's, bit for bit. (Every arm is
+    a target here, so the junk arm's flat validation loss moves the target policy's mixture.)"""
+    exp = curation_experiment(tmp_path, "CURATE", policy, all_targets=True, eval_every=10)
     straight = tmp_path / "straight"
     proxy = Proxy(run_args(exp, straight), data_cache, tmp_path).start()
     assert proxy.wait() == 0, proxy.output()
@@ -74,36 +79,41 @@ def run_script(args: list[str], cache: Path, extra_env: dict | None = None) -> s
 
 
 def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
-    exp = curation_experiment(tmp_path, "EVAL", "progress", max_steps=40, eval_every=10)
+    exp = curation_experiment(tmp_path, "EVAL", "target", max_steps=40, eval_every=10)
     runs, summary, plots = tmp_path / "runs", tmp_path / "summary.json", tmp_path / "img"
     doc = tmp_path / "DOC.md"
     sys.path.insert(0, str(REPO / "scripts"))
     from mixing.report import BEGIN, END  # noqa: PLC0415 - the script's own markers
     doc.write_text(f"# Doc\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
-    common = ["--experiment", str(exp), "--policies", "uniform", "progress", "--seeds", "3", "--runs-dir", str(runs),
+    common = ["--experiment", str(exp), "--policies", "uniform", "target", "--seeds", "3", "--runs-dir", str(runs),
               "--summary", str(summary), "--plots", str(plots)]
     done = run_script([*common, "--jobs", "2", "--doc", str(doc), "--no-progress"], data_cache)
     assert done.returncode == 0, done.stdout + done.stderr
 
-    s = json.loads(summary.read_text())
-    assert s["default_policy"] == "progress" and s["baseline"] == "uniform" and s["seeds"] == [3]
-    assert s["junk_arms"] == ["junk"] and [a["target"] for a in s["arms"]] == [True, True, True, False, False]
-    uni, prog = s["policies"]["uniform"], s["policies"]["progress"]
-    assert uni["target_curve"]["steps"] == [10, 20, 30, 40] == prog["target_curve"]["steps"]
+    whole = json.loads(summary.read_text())
+    assert list(whole["mixes"]) == ["EVAL"]
+    s = whole["mixes"]["EVAL"]
+    assert s["default_policy"] == "target" and s["baseline"] == "uniform" and s["seeds"] == [3]
+    assert s["low_quality_arms"] == ["junk", "dup"] and [a["target"] for a in s["arms"]] == [True, True, True, False, False]
+    assert s["goals"]["fewer_steps"] == 0.15  # a mix with arms to curate away
+    uni, tgt = s["policies"]["uniform"], s["policies"]["target"]
+    assert uni["target_curve"]["steps"] == [10, 20, 30, 40] == tgt["target_curve"]["steps"]
     reach = uni["steps_to_baseline_final"]  # uniform against itself: the same steps, none fewer
     assert reach["per_seed"] == reach["baseline_per_seed"] and reach["fewer_steps"] == 0
     assert reach["per_seed"]["3"] in (10, 20, 30, 40)
     assert all(abs(w - 0.2) < 1e-9 for ws in uni["mixture"]["weights"].values() for w in ws)
+    assert uni["max_move"] == 0 and uni["final_target_loss"]["vs_baseline"] == 0
     target_mean = sum(uni["final_arm_loss"][a] for a in ("code", "docstrings", "topics")) / 3
     assert abs(target_mean - uni["final_target_loss"]["mean"]) < 1e-4
-    assert set(prog["goals"]) == {"fewer_steps", "no_target_arm_worse", "junk_at_floor"}
-    assert s["how"]["wall_s"] > 0 and set(s["how"]["run_wall_s"]) == {"EVAL-uniform-s3", "EVAL-progress-s3"}
+    assert set(tgt["goals"]) == {"final_loss", "no_target_arm_worse", "fewer_steps", "low_quality_at_floor", "steady"}
+    assert tgt["share_after_warmup"]["junk"]["max"] == 0.02  # the target policy gives a non-target its floor
+    assert whole["how"]["wall_s"] > 0 and set(whole["how"]["run_wall_s"]) == {"EVAL-uniform-s3", "EVAL-target-s3"}
     assert sorted(p.name for p in plots.iterdir()) == ["mixing-mixtures.png", "mixing-target-loss.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots.iterdir())
     text = doc.read_text()
     assert "old table" not in text and text.startswith("# Doc\n\nbefore\n") and text.endswith(f"{END}\nafter\n")
-    assert "| **progress** (default) |" in text and "| uniform |" in text
-    assert {p.name for p in runs.iterdir()} >= {"EVAL-uniform-s3", "EVAL-progress-s3"}  # the dashboard's runs
+    assert "| **target** (default) |" in text and "| uniform |" in text and "### EVAL" in text
+    assert {p.name for p in runs.iterdir()} >= {"EVAL-uniform-s3", "EVAL-target-s3"}  # the dashboard's runs
 
     # again: the finished runs are not trained twice; without matplotlib, no PNG and one line why
     hide = tmp_path / "no-matplotlib" / "matplotlib"
@@ -113,16 +123,32 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     again = run_script([*common, "--plots", str(tmp_path / "img2"), "--no-progress"], data_cache, env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "matplotlib is not installed" in again.stdout and not (tmp_path / "img2").exists()
-    assert json.loads(summary.read_text())["policies"] == s["policies"]
-    for name in ("EVAL-uniform-s3", "EVAL-progress-s3"):
+    assert json.loads(summary.read_text())["mixes"] == whole["mixes"]
+    for name in ("EVAL-uniform-s3", "EVAL-target-s3"):
         assert "nothing to do" in (runs / "logs" / f"{name}.log").read_text()
+
+    # --compare: the same results pass; a changed number is found, named, and exits 1
+    same = run_script([*common, "--report-only", "--summary", str(tmp_path / "again.json"), "--compare", str(summary),
+                       "--plots", str(tmp_path / "img2")], data_cache, env)
+    assert same.returncode == 0 and "equal those in" in same.stdout, same.stdout + same.stderr
+    changed = json.loads(summary.read_text())
+    changed["mixes"]["EVAL"]["policies"]["target"]["max_move"] += 1e-5
+    (tmp_path / "changed.json").write_text(json.dumps(changed))
+    differ = run_script([*common, "--report-only", "--summary", str(tmp_path / "again.json"), "--compare",
+                         str(tmp_path / "changed.json"), "--plots", str(tmp_path / "img2")], data_cache, env)
+    assert differ.returncode == 1 and "EVAL: policies differ" in differ.stderr, differ.stderr
 
     # the plots and the doc's tables from the summary alone; bad input is one line and exit 2
     doc.write_text(f"{BEGIN}\n{END}\n")
     written = summary.read_bytes()
     redraw = ["--from-summary", "--summary", str(summary), "--plots", str(tmp_path / "img3")]
     assert run_script([*redraw, "--doc", str(doc)], data_cache).returncode == 0
-    assert "| **progress** (default) |" in doc.read_text() and len(list((tmp_path / "img3").iterdir())) == 2
+    assert "| **target** (default) |" in doc.read_text() and len(list((tmp_path / "img3").iterdir())) == 2
+    from mixing.report import markers  # noqa: PLC0415
+    begin, end = markers("policies")  # a second block of the same doc, named
+    doc.write_text(f"{BEGIN}\nkept\n{END}\n{begin}\n{end}\n")
+    assert run_script([*redraw, "--doc", str(doc), "--doc-block", "policies"], data_cache).returncode == 0
+    assert doc.read_text().startswith(f"{BEGIN}\nkept\n{END}\n{begin}\n") and "| **target** (default) |" in doc.read_text()
     assert summary.read_bytes() == written  # the summary itself is left alone
     nomarks = tmp_path / "NOMARKS.md"
     nomarks.write_text("no markers\n")
@@ -133,13 +159,64 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a mixing summary" in bad.stderr
     bad = run_script(["--policies", "progress", "--seeds", "1"], data_cache)
     assert bad.returncode == 2 and "must include uniform" in bad.stderr and bad.stderr.count("\n") == 1
+    bad = run_script(["--compare", str(nomarks)], data_cache)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a mixing summary" in bad.stderr
+
+
+def test_eval_mixing_stops_its_runs_on_sigterm(engine, data_cache, tmp_path):
+    """SIGTERM to the evaluation stops the runs in flight (they live in their own sessions): one line,
+    exit 130, no proxy left running, and the same command resumes them."""
+    exp = curation_experiment(tmp_path, "STOP", "target", max_steps=400, eval_every=50)
+    runs = tmp_path / "runs"
+    args = [sys.executable, str(REPO / "scripts" / "eval_mixing.py"), "--experiment", str(exp), "--seeds", "1",
+            "--runs-dir", str(runs), "--summary", str(tmp_path / "s.json"), "--plots", str(tmp_path / "img"),
+            "--no-progress"]
+    proc = subprocess.Popen(args, cwd=REPO, env=proxy_env(data_cache), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = [runs / "STOP-uniform-s1" / ".loss.json", runs / "STOP-target-s1" / ".loss.json"]
+    wait_for(lambda: all(p.exists() and p.stat().st_size > 0 for p in logs), 240, "both runs training")
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.count("\n") == 1 and "interrupted" in err, err
+    running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(runs) not in running  # no orphaned proxy or engine
+    for name in ("STOP-uniform-s1", "STOP-target-s1"):
+        assert "stopped" in (runs / "logs" / f"{name}.log").read_text().lower()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--policies", "uniform", "greedy"], "unknown policy greedy"),
     (["--seeds", "1", "1"], "must not repeat"),
     (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--mix", "good", "nope"], "unknown mix nope"),
+    (["--mix", "good", "--experiment", "x.json"], "--mix and --experiment exclude each other"),
+    (["--doc-block", "a b"], "--doc-block must be letters, digits"),
 ])
 def test_eval_mixing_bad_arguments(data_cache, args, message):
     bad = run_script(args, data_cache)
     assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_max_move_and_the_goals_of_a_mix():
+    """The steadiness figure: the most any arm's weight moves between two steps at most 25 apart, after
+    the warmup; the fewer-steps goal of a mix follows from whether it has arms that are not targets."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import numpy as np  # noqa: PLC0415
+    from mixing.summary import fewer_steps_goal, low_quality_arms, max_move  # noqa: PLC0415
+    from proxy.config.experiment import load_experiment  # noqa: PLC0415
+
+    steps = np.arange(1, 201)
+    mix = np.tile([0.5, 0.5], (200, 1))
+    mix[100:, 0] = np.clip(0.5 + 0.01 * (steps[100:] - 100), 0, 0.9)  # a ramp of 0.01 per step from step 101
+    mix[:, 1] = 1 - mix[:, 0]
+    assert max_move(steps, mix, after=0) == pytest.approx(0.25)  # 25 steps of the ramp
+    assert max_move(steps, mix, after=180) == pytest.approx(0.0)  # the ramp is over by then (capped at 0.9)
+    jump = mix.copy()
+    jump[50:, :] = [0.1, 0.9]
+    assert max_move(steps, jump, after=49) == pytest.approx(0.4) and max_move(steps, jump, after=50) < 0.4
+    gaps = np.array([1, 2, 40, 41])  # steps 40 apart are not within 25 steps of each other
+    assert max_move(gaps, np.array([[0.5], [0.5], [0.9], [0.9]]), after=0) == 0
+    good = load_experiment(REPO / "experiments" / "MIXING-GOOD.json")
+    worthless = load_experiment(REPO / "experiments" / "MIXING-WORTHLESS.json")
+    assert low_quality_arms(good) == [] and fewer_steps_goal(good) == 0.05
+    assert low_quality_arms(worthless) == ["junk", "duplicates"] and fewer_steps_goal(worthless) == 0.15

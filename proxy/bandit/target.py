@@ -1,0 +1,148 @@
+"""Target: the mixture that serves the arms the user marked `target`, judged by their held-out losses.
+
+The objective is the one the user declared: the mean validation loss of the
+target arms (docs/EXPERIMENTS.md, `target`). The evidence is every
+evaluation's per-arm validation loss, on the same fixed rows each time, so a
+change between two evaluations is the model's, not the sample's. Per arm k,
+over the last `eval_window` evaluations:
+
+    speed_k = -(least-squares slope of arm k's validation loss against the step)
+    se_k    = the standard error of that slope (from the fit's residuals)
+    S       = the mean speed of the target arms (how fast the objective falls)
+
+- A target arm keeps its even share while it may still learn: its value is
+  clip((speed_k + 2 se_k) / (stall * S) - 1, 0, 1), 1 while even the
+  optimistic speed is at twice `stall` of the objective's or more, 0 once it
+  is at `stall` or less. An arm whose validation loss has stopped falling (a
+  small arm learned by heart, one that cannot be learned) gives its rows to
+  the target arms that still learn; the noise between evaluations does not
+  (two arms alike keep even shares), and the dead zone keeps it from buying
+  a stalled arm's rows back.
+- Any other arm has value 0 and keeps its floor. Whether an arm's rows help
+  the targets shows only when its share changes and the targets' losses
+  answer; at this scale that answer is smaller than the noise between two
+  evaluations, and the arm's own validation loss says nothing of it
+  (docs/DATA-MIXING.md, "What a policy cannot see").
+
+The goal: every arm its floor, `explore` of the rest evenly over the target
+arms (a stalled one keeps a few rows, to show when it learns again), the rest
+in proportion to value within the caps; what the caps leave over goes evenly
+to the target arms below their caps, then to the others (`allocate`). Until
+MIN_EVALS evaluations, and while the objective does not fall, the goal stays:
+at first the prior, the targets' even share and every other arm its floor.
+The mixture moves towards the goal by at most `max_move` per step for any arm
+(a convex step, so the caps, the floors and the sum hold): no arm's weight
+moves by more than 25 * max_move within 25 steps.
+
+A pure function of its observe() and observe_eval() calls in order: the
+supervisor gives it each step's losses and, after its step, each evaluation
+logged in `.loss.json`, live and in the replay alike.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from .base import Bandit
+from .progress import fill
+
+MIN_EVALS = 3  # evaluations before the first speed: two intervals
+CONFIDENCE = 2.0  # standard errors of optimism before a target arm counts as slowed
+
+
+def slope_and_error(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
+    """The least-squares slope of `values` against `steps` and its standard error (0 through two points)."""
+    dt = steps - steps.mean()
+    sxx = float(dt @ dt)
+    slope = float(dt @ (values - values.mean())) / sxx
+    residuals = values - values.mean() - slope * dt
+    dof = len(steps) - 2
+    return slope, (float(np.sqrt(residuals @ residuals / dof / sxx)) if dof > 0 else 0.0)
+
+
+def allocate(value: np.ndarray, is_target: np.ndarray, floors: np.ndarray, caps: np.ndarray,
+             explore: float) -> np.ndarray:
+    """Every arm its floor, `explore` of the spare mass evenly over the target arms, the rest in
+    proportion to `value`; mass the caps leave over goes evenly to the target arms below their caps
+    first, then to the others (an arm outside the objective gets rows only when the caps leave no other
+    place for them)."""
+    w = fill(floors, is_target.astype(np.float64), caps, explore * (1.0 - floors.sum()))
+    for free in (value > 0, is_target, np.ones_like(is_target)):
+        rest = 1.0 - w.sum()
+        if rest <= 0:
+            break
+        w = fill(w, np.where(free, value, 0.0), np.where(free, caps, w), rest)
+    return w
+
+
+class Target(Bandit):
+    policy = "target"
+
+    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
+                 targets: Optional[Sequence[str]] = None, ema_alpha: float = 0.1, eval_window: int = 10,
+                 stall: float = 0.25, explore: float = 0.05, max_move: float = 0.006):
+        super().__init__(arm_names, caps, floors, ema_alpha)  # ema_alpha: the EMA .state.json shows
+        names = self.arm_names if targets is None else list(targets)
+        unknown = [t for t in names if t not in self.index]
+        if unknown or not names:
+            raise ValueError(f"targets must be some of the arms (got {names})")
+        self.is_target = np.array([n in names for n in self.arm_names])
+        self.stall = float(stall)
+        self.explore = float(explore)
+        self.max_move = float(max_move)
+        self.evals: deque = deque(maxlen=int(eval_window))  # (step, validation loss per arm) of the last evals
+        self.value = np.zeros(self.k)
+        self.prior = allocate(self.is_target.astype(np.float64), self.is_target, self.floors, self.caps,
+                              self.explore)
+        self.goal = self.prior
+        self.mix = self.prior.copy()
+
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+        for k, loss in self._parse(step, arm_losses):
+            self._update_ema(k, loss)
+            self.pulls[k] += 1
+        self.observations += 1
+        self.last_step = int(step)
+        gap = self.goal - self.mix
+        biggest = float(np.abs(gap).max())
+        if biggest > 0:
+            self.mix = self.mix + min(1.0, self.max_move / biggest) * gap
+        self._weights = None
+
+    def observe_eval(self, step: int, arm_losses: Mapping[str, float]) -> None:
+        """One evaluation's validation loss per arm; one that lacks an arm, or has a non-finite loss, is not
+        evidence (the supervisor logs only complete ones)."""
+        losses = np.array([float(arm_losses.get(n, np.nan)) for n in self.arm_names])
+        if not np.all(np.isfinite(losses)):
+            return
+        if self.evals and step <= self.evals[-1][0]:
+            raise ValueError(f"observe_eval(step={step}) after the evaluation of step {self.evals[-1][0]}")
+        self.evals.append((float(step), losses))
+        if len(self.evals) < MIN_EVALS:
+            return
+        speed, error = self.speed()
+        objective = float(speed[self.is_target].mean())
+        if objective <= 0:  # the targets no longer improve: no evidence to move on
+            return
+        optimistic = speed + CONFIDENCE * error
+        self.value = np.where(self.is_target, np.clip(optimistic / (self.stall * objective) - 1.0, 0.0, 1.0), 0.0)
+        self.goal = allocate(self.value, self.is_target, self.floors, self.caps, self.explore)
+        self._weights = None
+
+    def speed(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each arm's validation-loss drop per step over the evaluations kept, and its standard error
+        (zeros with fewer than MIN_EVALS)."""
+        if len(self.evals) < MIN_EVALS:
+            return np.zeros(self.k), np.zeros(self.k)
+        steps = np.array([s for s, _v in self.evals])
+        losses = np.array([v for _s, v in self.evals])
+        fits = [slope_and_error(steps, losses[:, k]) for k in range(self.k)]
+        return np.array([-b for b, _e in fits]), np.array([e for _b, e in fits])
+
+    def _target(self) -> np.ndarray:
+        return self.mix
+
+    def _reward(self) -> np.ndarray:
+        return self.value.copy()

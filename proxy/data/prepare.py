@@ -128,10 +128,7 @@ class Hashes(dict):
     def __call__(self, p: Path) -> str:
         if p in self:
             return self[p]
-        try:
-            digest = hash_file(p)
-        except OSError as e:  # a read that fails has no file name of its own: name it
-            raise OSError(e.errno, e.strerror, str(p)) from None
+        digest = hash_file(p)
         if p.stat().st_size > sources.UNIT_BYTES:
             self[p] = digest
         return digest

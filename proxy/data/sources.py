@@ -246,6 +246,8 @@ def hash_file(path: Path) -> str:
                 h.update(chunk)
     except UnsafeFileError as exc:
         raise SourceError(str(exc)) from None
+    except OSError as exc:  # a read that fails (EIO, EINVAL on a /proc file) has no file name of its own
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
     return h.hexdigest()
 
 

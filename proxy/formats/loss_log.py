@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..atomic import append_whole, open_append, sync_fd
+from ..rundir.divergence import lowest_bound
 from ..rundir.layout import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
 
@@ -191,6 +192,9 @@ class LossLogIndex:
     evals: dict[int, int] = field(default_factory=dict)  # step -> offset
     phase_first: dict[int, int] = field(default_factory=dict)  # phase -> the lowest step of any entry in it
     phase_first_step: dict[int, int] = field(default_factory=dict)  # phase -> the lowest step entry's step
+    # step -> its last entry's loss, only where that loss may not be sane for some model (above the lowest
+    # bound, or not finite): few entries in a healthy run; the resume rule asks whether a step diverged
+    high_losses: dict[int, float] = field(default_factory=dict)
     max_segment: int = 0
     skipped: int = 0
 
@@ -199,6 +203,7 @@ class LossLogIndex:
         index = cls(Path(path))
         if not index.path.exists():
             return index
+        lowest = lowest_bound()
         for offset, line in iter_lines(index.path):
             if not line.strip():
                 continue
@@ -211,6 +216,10 @@ class LossLogIndex:
             if isinstance(entry, StepEntry):
                 _lowest(index.phase_first_step, entry.phase, entry.step)
                 index.steps[entry.step] = (offset, entry.phase)
+                if not entry.loss <= lowest:  # NaN included
+                    index.high_losses[entry.step] = entry.loss
+                else:
+                    index.high_losses.pop(entry.step, None)
             else:
                 index.evals[entry.step] = offset
         return index
@@ -248,6 +257,13 @@ class LossLogIndex:
         while first in self.steps and self.steps[first][1] == phase:  # at most `held` steps on
             first += 1
         return count, first
+
+    def first_diverged(self, phase: int, after: int, through: int, sane) -> int | None:
+        """The first step in (after, through] whose last entry is of `phase` and whose loss `sane(loss)`
+        refuses, or None."""
+        bad = [s for s, loss in self.high_losses.items()
+               if after < s <= through and self.steps[s][1] == phase and not sane(loss)]
+        return min(bad, default=None)
 
     def max_step(self) -> int:
         return max(self.steps, default=0)

@@ -72,6 +72,12 @@ def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase
             entry = index.step(step)
             if entry is not None and not sane_loss(entry.loss, vocab):
                 reason = f"{path.name}: the run had diverged at its step ({insanity(entry.loss, vocab)})"
+            elif entry is not None:  # trained after a diverged step of its phase: descends from diverged weights
+                first = index.first_diverged(entry.phase, after if since is not None else 0, step,
+                                             lambda loss: sane_loss(loss, vocab))
+                if first is not None:
+                    reason = (f"{path.name}: the run had diverged at step {first}, before it "
+                              f"({insanity(index.high_losses[first], vocab)})")
         if reason is None:
             return ResumePoint(path, step, skipped)
         skipped.append(reason)

@@ -318,3 +318,31 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
     segment._rebuild_bandit(ctx, LossLogIndex.load(log), 40)
     assert recorder.calls == [("eval", 20, 20.0)] + [("step", s) for s in range(21, 41)] + [("eval", 40, 40.5)]
     assert ctx.bandit is recorder
+
+
+def test_the_index_names_the_first_diverged_step_of_a_phase_and_forgets_one_trained_again(tmp_path):
+    """The resume rule passes over a checkpoint trained after a diverged step of its phase (a frame in flight
+    when the proxy saw the loss): the index keeps the losses that may not be sane, by step, last entry wins."""
+    from proxy.rundir.divergence import sane_loss  # noqa: PLC0415
+
+    log = tmp_path / ".loss.json"
+    writer = LossLogWriter(log)
+
+    def step(s, loss, phase=0, segment=1):
+        writer.append(StepEntry(step=s, loss=loss, lr=0.1, grad_norm=1.0, tokens=s, time=0.0, ms=1.0,
+                                arms={"a": loss}, mixture={"a": 1.0}, phase=phase, segment=segment))
+
+    for s, loss in enumerate([5.7, 5.6, 6.2, 8.2, 6.6, 10.3, 8.8, 15.79, 6.59], 1):
+        step(s, loss)
+    writer.fsync()
+    sane = lambda loss: sane_loss(loss, 300)  # noqa: E731 - the bound 2 ln 300 = 11.41
+    index = LossLogIndex.load(log)
+    assert set(index.high_losses) == {8}
+    assert index.first_diverged(0, 0, 9, sane) == 8 and index.first_diverged(0, 0, 7, sane) is None
+    assert index.first_diverged(1, 0, 9, sane) is None  # another phase's steps are not this one's lineage
+    assert index.first_diverged(0, 0, 9, lambda loss: sane_loss(loss, 65536)) is None  # 15.79 is sane at V=65536
+    step(8, 7.5, segment=2)  # relaunched with a lower lr: step 8 trained again, sane
+    step(9, 12.0, segment=2)
+    writer.close()
+    index = LossLogIndex.load(log)
+    assert index.first_diverged(0, 0, 9, sane) == 9 and 8 not in index.high_losses

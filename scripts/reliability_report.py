@@ -363,7 +363,7 @@ def _gpu_section(gpu_doc: dict | None, gpu_source: str) -> list[str]:
     out = ["## The CUDA engine on a GPU", ""]
     if gpu_doc is None:
         return out + [
-            "Not yet run on a GPU: no machine with one has run these suites. `make test-gpu` there runs the "
+            "No results for the CUDA engine (no `docs/reliability-cuda.json`). `make test-gpu` on a GPU runs the "
             "kill storms (tests/faults/test_kills.py) with the proxy's end-to-end and pivot suites against "
             "`build/microgpt_cuda` (`MICROGPT_TEST_ENGINE=cuda`), each run compared with its own uninterrupted "
             "reference on the same GPU, prints the kill count and leaves "

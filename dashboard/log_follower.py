@@ -21,7 +21,7 @@ from pathlib import Path
 
 from proxy.rundir.layout import LOSS_LINE_LIMIT
 
-from .safe_fs import open_in_root
+from .run_files import open_in_root
 
 MAX_LINE = LOSS_LINE_LIMIT  # 1 MiB, as the proxy reads: no real entry comes close
 CHUNK = 4 << 20  # bytes read per poll

@@ -20,7 +20,7 @@ from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
 
 from . import payload, sidecars
 from .log_follower import LogFollower, read_range
-from .safe_fs import stat_sig
+from .run_files import stat_sig
 from .step_store import StepStore
 
 MAX_EVALS_SENT = 20000

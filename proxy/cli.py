@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 # The module that carries out each command (its `main(args)`). Only that one is imported, so that
 # `proxy status`, `checkpoint` and `stop` start at once instead of loading what training needs
 # (numpy, pydantic, the tokenizer, the dashboard).
-COMMANDS = {"run": "proxy.commands.run", "status": "proxy.commands.status", "checkpoint": "proxy.commands.checkpoint",
+COMMANDS = {"run": "proxy.commands.run", "status": "proxy.commands.status", "checkpoint": "proxy.commands.checkpoint_now",
             "stop": "proxy.commands.stop", "pivot": "proxy.commands.pivot", "fork": "proxy.commands.fork",
             "export": "proxy.commands.export", "sample": "proxy.commands.sample", "eval": "proxy.commands.evaluate",
             "verify": "proxy.commands.verify"}

@@ -52,7 +52,7 @@ from proxy.atomic import atomic_write_json  # noqa: E402
 
 MARKERS = Markers("bench_data table", "scripts/bench_data.py")
 TEXT_SUFFIXES = (".py", ".txt", ".rst", ".md")
-BATCH_BYTES = 4 << 20  # the peer's batch of documents (ours: proxy/data/sources.py UNIT_BYTES)
+BATCH_BYTES = 4 << 20  # the peer's batch of documents (ours: proxy/data/source_readers.py UNIT_BYTES)
 SAMPLE_S = 0.1
 
 

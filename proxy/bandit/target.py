@@ -46,7 +46,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .base import Bandit
-from .progress import fill
+from .learning_progress import fill
 
 MIN_EVALS = 3  # evaluations before the first speed: two intervals
 CONFIDENCE = 2.0  # standard errors of optimism before a target arm counts as slowed

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
-from ..config.errors import ExperimentError
+from ..config.file_errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
@@ -51,7 +51,7 @@ from ..rundir.history import check_history, write_receipt
 from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, LOSS_LOG, PHASES, PIVOT_RECEIPT,
                              SAMPLES, STATE, RunDir, RunDirError, relative_checkpoint)
 from ..rundir.phases import Phase
-from ..rundir.pivot import archive_dir_for, archive_name
+from ..rundir.apply_pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
 from .targets import check_new_dir, make_parents
 from .which_run import resolve_run, started_run

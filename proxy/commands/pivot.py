@@ -1,7 +1,7 @@
 """`proxy pivot --caps NEW.json [--run-dir DIR] [--at STEP]` (docs/OPERATIONS.md, "Pivot").
 
 A pivot ends the current phase at a checkpoint and starts a new one with new
-caps and floors (and optionally another bandit policy); rundir/pivot.py
+caps and floors (and optionally another bandit policy); rundir/apply_pivot.py
 applies it. The caps file is validated completely before anything is
 written, then, under RUN/.pivot.lock (one `proxy pivot` at a time):
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..bandit import bandit_for_phase
 from ..config.caps import load_pivot_caps
-from ..config.errors import ExperimentError
+from ..config.file_errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
@@ -32,7 +32,7 @@ from ..rundir.layout import RunDir, RunDirError, relative_checkpoint
 from ..rundir.identity import load_identity, save_identity
 from ..rundir.lock import Holder, LockBusy, PivotLock, RunLock, run_lock_holder
 from ..rundir.phases import read_phases
-from ..rundir.pivot import PivotResult, apply_pivot
+from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
 from ..processes import send

@@ -46,10 +46,10 @@ from ..config.sources import BuiltinSource, TokensSource
 from ..formats.shard import ShardWriter, shard_segment
 from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
 from ..safe_fs import UnsafeFileError, read_regular
-from . import sources
-from .progress import Progress
-from .sources import (SourceError, _matches, hash_file, limited_units, random_token_documents, repeated_names,
-                      source_bytes, source_fingerprint)
+from . import source_readers
+from .progress_bars import Progress
+from .source_readers import (SourceError, _matches, hash_file, limited_units, random_token_documents,
+                             repeated_names, source_bytes, source_fingerprint)
 from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens, val_doc_max
 from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
 from .workers import Task, Workers, default_workers
@@ -132,14 +132,14 @@ class Hashes(dict):
             digest = hash_file(p)
         except OSError as e:  # a read that fails has no file name of its own: name it
             raise OSError(e.errno, e.strerror, str(p)) from None
-        if p.stat().st_size > sources.UNIT_BYTES:
+        if p.stat().st_size > source_readers.UNIT_BYTES:
             self[p] = digest
         return digest
 
 
 def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None
                  ) -> dict[str, list[str]]:
-    """Each arm's sources' fingerprints (sources.source_fingerprint), in order; DataError naming the arm."""
+    """Each arm's sources' fingerprints (source_readers.source_fingerprint), in order; DataError naming the arm."""
     hashes = hashes if hashes is not None else Hashes()
     out = {}
     for arm in experiment.arms:

@@ -9,7 +9,7 @@
     RUN/.state.json            snapshot for people and the dashboard (formats/state.py)
     RUN/phases.json            append-only list of phases (rundir/phases.py)
     RUN/data/                  the frozen data definition: data.json, tokenizer.json, <arm>.val.tok (rundir/data.py)
-    RUN/archive/               pivot archives, replaced experiments (rundir/pivot.py, rundir/frozen.py)
+    RUN/archive/               pivot archives, replaced experiments (rundir/apply_pivot.py, rundir/frozen.py)
     RUN/engine.log             the engine's stderr
     RUN/dashboard.log          the dashboard's output when `proxy run` started it
     RUN/.run.json              the run id and the directory it was minted in (rundir/identity.py)

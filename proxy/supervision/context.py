@@ -1,7 +1,7 @@
 """What one `proxy run` shares between its parts: the run's fixed inputs and its state across engine launches.
 
 The loop (loop.py), a launch (segment.py), the event handlers (events.py),
-the pivot desk (pivot_desk.py) and the status (status.py) all take this one
+the pivot desk (pivot_desk.py) and the live status (live_status.py) all take this one
 object, so every piece of state has one owner and is visible in one place.
 """
 from __future__ import annotations

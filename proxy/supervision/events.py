@@ -24,7 +24,7 @@ from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms
 from .segment import Request, Segment
-from .status import say_checkpoint, say_progress, write_run_state
+from .live_status import say_checkpoint, say_progress, write_run_state
 
 
 def received_at(ev: Event) -> tuple[float, float]:

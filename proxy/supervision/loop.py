@@ -33,7 +33,7 @@ from .events import EventHandlers
 from .pivot_desk import PivotDesk
 from .segment import Segment, catch_up, feed, launch_segment
 from .signals import SignalCounts
-from .status import last_step, say_progress_on_clock, write_run_state
+from .live_status import last_step, say_progress_on_clock, write_run_state
 from .watchdog import Watchdog
 
 POLL_S = 0.2  # how long the loop waits for an event before it looks at signals and the clock

@@ -6,7 +6,7 @@ with `ok: false`, nothing changed) while the engine is restarting after a
 failure, while another pivot is under way, or while the run is stopping or
 finishing. Otherwise it sends STOP: the engine trains what is in flight,
 checkpoints its last step k and exits; the pivot is applied at k
-(rundir/pivot.py), the next segment starts the new phase from that
+(rundir/apply_pivot.py), the next segment starts the new phase from that
 checkpoint with a fresh bandit, and the desk answers.
 """
 from __future__ import annotations
@@ -15,19 +15,19 @@ from dataclasses import dataclass
 
 from ..bandit import bandit_for_phase
 from ..config.caps import check_request
-from ..config.errors import ExperimentError
+from ..config.file_errors import ExperimentError
 from ..formats.checkpoint import checkpoint_path, verify_checkpoint
 from ..formats.samples import SamplesFile
 from ..formats.loss_log import LossLogIndex
 from ..rundir.history import check_history
 from ..rundir.layout import RunDirError, relative_checkpoint
 from ..rundir.phases import read_phases
-from ..rundir.pivot import apply_pivot
+from ..rundir.apply_pivot import apply_pivot
 from ..rundir.pivot_request import answer_request, claim_request
 from .checkpoints import retain
 from .context import RunContext
 from .segment import Segment
-from .status import write_run_state
+from .live_status import write_run_state
 
 
 @dataclass

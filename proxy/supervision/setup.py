@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.errors import ExperimentError
+from ..config.file_errors import ExperimentError
 from ..config.experiment import Experiment, load_experiment
 from ..data.batches import BatchError, BatchSampler, segment_arrays
 from ..data.prepare import default_cache_dir

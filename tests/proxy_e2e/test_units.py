@@ -21,7 +21,7 @@ from proxy.formats.state import AuditTime, EngineStatus, Goodput, RunState, read
 from proxy.supervision.best_copier import BestCopier
 from proxy.supervision.checkpoints import maybe_best
 from proxy.supervision.goodput import GoodputMeter, checkpoint_stall_ms, overhead_summary
-from proxy.supervision.progress import Progress
+from proxy.supervision.throughput import Progress
 from proxy.supervision.report import RunReport
 from proxy.supervision.segment import sample_seed
 

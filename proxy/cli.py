@@ -197,12 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    except ProxyError as exc:
+    except (ProxyError, UnsafeFileError) as exc:  # every error that carries its exit code: one line, that code
         print(f"proxy: {exc}", file=sys.stderr, flush=True)
         return exc.code
-    except UnsafeFileError as exc:  # a run-directory file that is a FIFO, a device, too large: never read
-        print(f"proxy: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("proxy: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

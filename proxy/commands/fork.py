@@ -39,7 +39,6 @@ from pathlib import Path
 
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
-from ..config.file_errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
@@ -94,10 +93,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     inherited = phases[:len(inherited)]  # a prefix: start steps never decrease
     new_phases = list(inherited)
     if caps_path is not None:
-        try:
-            caps, floors, policy = load_pivot_caps(caps_path, experiment, inherited[-1])
-        except ExperimentError as exc:
-            raise ProxyError(str(exc), EXIT_USAGE) from None
+        caps, floors, policy = load_pivot_caps(caps_path, experiment, inherited[-1])
         new_phases.append(Phase(phase=len(inherited), start_step=c, policy=policy, caps=caps, floors=floors,
                                 checkpoint=relative_checkpoint(c)))
 

@@ -43,6 +43,7 @@ import numpy as np
 from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
 from ..config.experiment import ArmConfig, Experiment
 from ..config.sources import BuiltinSource, TokensSource
+from ..errors import EXIT_USAGE, ProxyError
 from ..formats.shard import ShardWriter, shard_segment
 from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
 from ..safe_fs import UnsafeFileError, read_regular
@@ -68,8 +69,10 @@ TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under wa
 MANIFEST_LIMIT = 16 << 20
 
 
-class DataError(ValueError):
+class DataError(ProxyError, ValueError):
     """Data preparation failed; the message is one line saying which arm/source and why."""
+
+    code = EXIT_USAGE
 
 
 @dataclass

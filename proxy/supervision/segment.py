@@ -15,6 +15,7 @@ import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +31,18 @@ from ..rundir.resume import ResumePoint, choose_resume
 from .context import RunContext
 from .engine_process import EngineProcess
 from .engine_record import TOKEN_ENV, new_token, record_engine
+
+
+class Outcome(Enum):
+    """How a segment (one engine launch) ended, as the restart loop acts on it (loop.py)."""
+    FINISHED = "finished"  # max_steps trained
+    STOPPED = "stopped"    # a stop asked for: the run ends cleanly
+    DIVERGED = "diverged"  # a loss not sane, or the engine's non-finite check: never retried
+    HUNG = "hung"          # the watchdog killed a silent engine: restarted
+    FAILED = "failed"      # the engine crashed or exited early: restarted
+    FATAL = "fatal"        # the engine cannot run at all (it rejected its command line): not retried
+    PIVOTED = "pivoted"    # a pivot was applied: the next segment starts the new phase
+    RESUME = "resume"      # a pivot not applied: the next segment goes on in the same phase
 
 
 class Outstanding(NamedTuple):

@@ -100,11 +100,7 @@ class Target(Bandit):
         self.mix = self.prior.copy()
 
     def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
-        for k, loss in self._parse(step, arm_losses):
-            self._update_ema(k, loss)
-            self.pulls[k] += 1
-        self.observations += 1
-        self.last_step = int(step)
+        self._observe_losses(step, arm_losses)
         gap = self.goal - self.mix
         biggest = float(np.abs(gap).max())
         if biggest > 0:

@@ -100,10 +100,6 @@ class RunContext:
         """At most `lag` TRAIN frames are in flight: the mixture for step s uses the losses up to s - lag."""
         return int(self.train.lag)
 
-    @property
-    def rows(self) -> int:
-        return int(self.train.batch) * int(self.train.grad_accum)
-
     def reload_phases(self) -> Phase:
         """Re-read phases.json and make its last phase current (after a pivot)."""
         self.phases = read_phases(self.run)

@@ -258,7 +258,7 @@ def send_evals(ctx: RunContext, seg: Segment, step: int) -> None:
     tokens, groups = ctx.sampler.eval_batch_all(rows)
     rid = seg.add_request(Request("eval", step))
     seg.engine.send(frames.eval_frame(rid, tokens, groups))
-    seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.rows)))
+    seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.train.rows)))
 
 
 def send_samples(ctx: RunContext, seg: Segment, step: int) -> None:
@@ -269,7 +269,7 @@ def send_samples(ctx: RunContext, seg: Segment, step: int) -> None:
                for i, (_prompt, ids) in enumerate(ctx.prompts)]
     seg.engine.send(frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature),
                                               int(cfg.top_k or 0)))
-    work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / ctx.rows)
+    work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / ctx.train.rows)
     seg.outstanding.append(Outstanding("sample", rid, work))
 
 
@@ -292,7 +292,7 @@ def feed(ctx: RunContext, seg: Segment) -> None:
     while not seg.stop_sent and seg.next_step <= ctx.max_steps and seg.next_step in seg.pending_weights:
         s = seg.next_step
         weights = seg.pending_weights.pop(s)
-        tokens, groups = ctx.sampler.train_batch(s, weights, ctx.rows)
+        tokens, groups = ctx.sampler.train_batch(s, weights, ctx.train.rows)
         seg.engine.send(frames.train_frame(s, tokens, groups))
         seg.outstanding.append(Outstanding("step", s))
         seg.mixtures[s] = weights  # kept until the step's event is logged

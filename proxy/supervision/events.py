@@ -181,7 +181,7 @@ class EventHandlers:
         entry = EvalEntry(step=step, loss=mean, arms={name: l for name, (l, _t) in zip(ctx.arm_names, parts)},
                           time=received_at(ev)[1], phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)
-        ctx.eval_loss[step] = mean
+        ctx.record_eval(step, mean)
         if step >= ctx.phase.start_step:  # the same floats the replay reads back (segment._replay_eval)
             ctx.bandit.observe_eval(step, entry.arms)
         ctx.say(f"eval step {step}: val loss {mean:.4f} (" +

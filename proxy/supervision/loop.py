@@ -300,7 +300,7 @@ class Supervisor:
         if code == ENGINE_EXIT_USAGE:
             return Outcome.FATAL
         if code == EXIT_CHECKPOINT and seg.resume.path is not None:
-            ctx.rejected.add(str(seg.resume.path))
+            ctx.reject_checkpoint(seg.resume.path)
         return Outcome.FAILED
 
     def _engine_log_tail(self) -> str | None:

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bandit import bandit_for_phase
 from ..config.caps import check_request
 from ..config.file_errors import ExperimentError
 from ..formats.checkpoint import checkpoint_path, verify_checkpoint
-from ..formats.samples import SamplesFile
 from ..formats.loss_log import LossLogIndex
 from ..rundir.history import check_history
 from ..rundir.layout import RunDirError, relative_checkpoint
@@ -149,9 +147,7 @@ class PivotDesk:
             if applied:
                 ctx.reload_phases()
             return self._same_phase()
-        ctx.reload_phases()
-        ctx.samples = SamplesFile(ctx.run.samples, ctx.opts.samples_kept)
-        ctx.bandit, ctx.caps, ctx.floors = bandit_for_phase(ctx.experiment, ctx.phase)
+        ctx.start_phase()
         ctx.report.message = None
         write_run_state(ctx, seg, force=True)
         retain(ctx, seg)

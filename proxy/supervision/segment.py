@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..bandit import bandit_for_phase
+from ..bandit import Bandit
 from ..formats import frames
 from ..formats.checkpoint import read_trailer
 from ..formats.engine_cli import engine_args
@@ -150,13 +150,13 @@ def due(every: int, step: int, max_steps: int) -> bool:
 
 # ------------------------------------------------------------ launching
 
-def _replay_eval(ctx: RunContext, index: LossLogIndex, step: int) -> None:
+def _replay_eval(ctx: RunContext, bandit: Bandit, index: LossLogIndex, step: int) -> None:
     """The evaluation of `step` as logged, if there is one, to the bandit (as events.py gives it live).
     Past the phase's start step only this phase's: one a phase before the pivot logged there was never
     given to this phase's bandit live."""
     entry = index.eval(step)
     if entry is not None and (step == ctx.phase.start_step or entry.phase == ctx.phase.phase):
-        ctx.bandit.observe_eval(step, {a: v for a, v in entry.arms.items() if a in ctx.arm_names})
+        bandit.observe_eval(step, {a: v for a, v in entry.arms.items() if a in ctx.arm_names})
 
 
 def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, np.ndarray]:
@@ -165,13 +165,12 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, n
     run fed them; the mixtures of the steps c+1..c+lag, which depend only on those (the earliest on
     none: the initial weights)."""
     phase = ctx.phase
-    bandit, ctx.caps, ctx.floors = bandit_for_phase(ctx.experiment, phase)
-    ctx.bandit = bandit
+    bandit = ctx.new_bandit()
     init = np.array(bandit.weights(), dtype=np.float64, copy=True)
     pending = {s: init for s in range(c + 1, c + ctx.lag + 1) if s - ctx.lag <= phase.start_step}
     known = set(ctx.arm_names)
     dropped = ctx.report.dropped_arms
-    _replay_eval(ctx, index, phase.start_step)
+    _replay_eval(ctx, bandit, index, phase.start_step)
     for t, entry in index.iter_steps(phase.start_step + 1, c):
         arms = {a: v for a, v in entry.arms.items() if a in known}
         extra = set(entry.arms) - known
@@ -183,7 +182,7 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, n
         bandit.observe(t, arms, mixture=entry.mixture)
         if t + ctx.lag > c:
             pending[t + ctx.lag] = np.array(bandit.weights(), dtype=np.float64, copy=True)
-        _replay_eval(ctx, index, t)
+        _replay_eval(ctx, bandit, index, t)
     return pending
 
 
@@ -196,9 +195,7 @@ def launch_segment(ctx: RunContext) -> Segment:
     for reason in resume.skipped:
         ctx.warn(f"not resuming from {reason}")
     c = resume.step
-    if ctx.segment_number == 0:
-        ctx.segment_number = index.max_segment
-    ctx.segment_number += 1
+    ctx.next_segment(index.max_segment)
     pending = _rebuild_bandit(ctx, index, c)
 
     report = ctx.report

@@ -31,8 +31,10 @@ from dashboard.synthetic import build
 from harness.gate import Gate
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 
-from .run_dir_scenarios import proxy_cmd, run_cmd
-from .scenarios import ENGINE, REPO, TIMEOUT, Hang, LogTail, Outcome, Proc, ProxyEnv, copy_run, tail_lines
+from .proxy_checks import proxy_cmd, run_cmd
+from .proxy_harness import LogTail, ProxyEnv
+from .proxy_scenarios import copy_run
+from .scenarios import ENGINE, REPO, TIMEOUT, Hang, Outcome, Proc, tail_lines
 
 FLOOD_CLASS = "dashboard flooded by event-stream clients that never read"
 CLIENTS = 1000

@@ -32,7 +32,9 @@ import random
 import re
 import resource
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -491,6 +493,36 @@ def same_path(a, b: Path | None) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return Path(a).resolve() == Path(b).resolve()
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free when asked."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_dashboard(run: Path, workdir: Path) -> tuple[subprocess.Popen, int]:
+    """`python -m dashboard` serving `run` (polling every 0.5 s), its output in workdir/dashboard.log: the
+    process and its port."""
+    port = free_port()
+    log = open(workdir / "dashboard.log", "wb")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "dashboard", "--run-dir", str(run), "--port", str(port),
+                             "--poll", "0.5"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    return proc, port
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s; reaped."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def tail_lines(text: str, n: int = 3) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.file_errors import ExperimentError
+from ..config.errors import ExperimentError
 from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
 from ..data.tokenizer import Tokenizer

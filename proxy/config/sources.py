@@ -33,7 +33,7 @@ TOKEN_BUILTINS = ("random_tokens",)
 STDLIB_BUILTINS = ("stdlib_code", "stdlib_docstrings")
 MAX_MODULES = 1000
 TOKEN_FORMATS = ("uint16", "llmc", "npy")  # formats/token_files.py
-TAG = "="  # how a kind shows in pydantic's error paths; config/file_errors.py drops it from the field path
+TAG = "="  # how a kind shows in pydantic's error paths; config/errors.py drops it from the field path
 
 
 class Source(StrictModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from proxy.config.file_errors import ExperimentError
+from proxy.config.errors import ExperimentError
 from proxy.data.batches import BatchError
 from proxy.data.prepare import DataError
 from proxy.errors import EXIT_FAILURE, EXIT_USAGE, ProxyError

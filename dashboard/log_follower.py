@@ -19,9 +19,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .safe_fs import open_in_root
+from proxy.rundir.layout import LOSS_LINE_LIMIT
 
-MAX_LINE = 1 << 20  # 1 MiB: no real entry comes close
+from .run_files import open_in_root
+
+MAX_LINE = LOSS_LINE_LIMIT  # 1 MiB, as the proxy reads: no real entry comes close
 CHUNK = 4 << 20  # bytes read per poll
 
 try:  # optional speed-up (6x on a 300-byte line); same accept/reject rules as below

@@ -11,8 +11,10 @@ import math
 
 import numpy as np
 
+from proxy.formats.loss_log import EvalFields, StepFields
+
+from .columns import tokens_per_s
 from .downsample import Agg
-from .entries import EvalFields, StepFields, tokens_per_s
 
 ENVELOPE_COLS = ("loss", "grad_norm")  # sent as min/max/mean so spikes survive
 MEAN_COLS = ("lr", "ms", "tok_s")

@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from proxy.formats.loss_log import EvalFields, eval_fields
 from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
 
 from . import payload, sidecars
-from .entries import EvalFields, eval_fields
 from .log_follower import LogFollower, read_range
-from .safe_fs import stat_sig
+from .run_files import stat_sig
 from .step_store import StepStore
 
 MAX_EVALS_SENT = 20000

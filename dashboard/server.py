@@ -4,7 +4,8 @@
 `serve()` runs uvicorn on a socket this module binds itself, so the URL it
 prints is the one that works (`--port 0` picks a free port) and a port in use
 is one clear line, not a traceback. `spawn()` starts the dashboard as a
-child process, for `proxy run`: a dashboard problem can never stall training.
+child process and waits until it listens (the tests' way in); `proxy run`
+starts its own child without waiting (proxy/commands/run.py, `start_dashboard`).
 """
 from __future__ import annotations
 

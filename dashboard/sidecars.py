@@ -11,7 +11,7 @@ from proxy.formats.checkpoint import checkpoint_step
 from proxy.formats.samples import MAX_TEXT
 from proxy.rundir.layout import BEST, CHECKPOINTS, EXPERIMENT, PHASES, READ_LIMITS, SAMPLES, STATE
 
-from .safe_fs import read_small, scan_dir
+from .run_files import read_small, scan_dir
 
 LIMITS = {name: READ_LIMITS[name] for name in (STATE, PHASES, SAMPLES, EXPERIMENT)}  # the proxy's own caps
 MAX_AUDITS = 20  # newest sample audits kept

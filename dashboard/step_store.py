@@ -18,9 +18,11 @@ from typing import Callable
 
 import numpy as np
 
+from proxy.formats.loss_log import StepFields, step_fields
+
 from . import downsample
+from .columns import BASE_COLS, tokens_per_s
 from .downsample import Agg
-from .entries import BASE_COLS, StepFields, step_fields, tokens_per_s
 from .log_follower import parse_lines
 
 K = 32  # steps per block

@@ -25,8 +25,9 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi.responses import StreamingResponse
 
+from proxy.formats.loss_log import eval_fields, step_fields
+
 from . import payload
-from .entries import eval_fields, step_fields
 from .log_follower import parse_lines
 from .run_index import SIDECAR_KINDS, RunIndex
 

@@ -256,7 +256,7 @@ static void mg_set_flag(MgConfig *cfg, const MgFlag *flag, const char *value) {
 static void mg_validate(const MgConfig *cfg) {
     if (cfg->dim % cfg->heads)
         mg_fail(MG_EXIT_USAGE, "--heads %d does not divide --dim %d", cfg->heads, cfg->dim);
-    // lr > 0, as the experiment schema (proxy/experiment.py) requires.
+    // lr > 0, as the experiment schema (proxy/config/experiment.py) requires.
     if (cfg->lr <= 0) mg_fail(MG_EXIT_USAGE, "--lr must be > 0");
     if (cfg->min_lr < 0) mg_fail(MG_EXIT_USAGE, "--min-lr must be >= 0");
     if (cfg->beta1 < 0 || cfg->beta1 >= 1) mg_fail(MG_EXIT_USAGE, "--beta1 must be in [0, 1)");

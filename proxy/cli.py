@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 # The module that carries out each command (its `main(args)`). Only that one is imported, so that
 # `proxy status`, `checkpoint` and `stop` start at once instead of loading what training needs
 # (numpy, pydantic, the tokenizer, the dashboard).
-COMMANDS = {"run": "proxy.commands.run", "status": "proxy.commands.status", "checkpoint": "proxy.commands.checkpoint",
+COMMANDS = {"run": "proxy.commands.run", "status": "proxy.commands.status", "checkpoint": "proxy.commands.checkpoint_now",
             "stop": "proxy.commands.stop", "pivot": "proxy.commands.pivot", "fork": "proxy.commands.fork",
             "export": "proxy.commands.export", "sample": "proxy.commands.sample", "eval": "proxy.commands.evaluate",
             "verify": "proxy.commands.verify"}
@@ -197,12 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    except ProxyError as exc:
+    except (ProxyError, UnsafeFileError) as exc:  # every error that carries its exit code: one line, that code
         print(f"proxy: {exc}", file=sys.stderr, flush=True)
         return exc.code
-    except UnsafeFileError as exc:  # a run-directory file that is a FIFO, a device, too large: never read
-        print(f"proxy: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("proxy: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -14,11 +14,17 @@ EXIT_INTERRUPTED = 130  # Ctrl-C before training started
 
 
 class ProxyError(Exception):
-    """Ends a `proxy` command with one line for the user (the message) and an exit code."""
+    """Ends a `proxy` command with one line for the user (the message) and an exit code: `code`, the class's
+    unless one is given. An error that always means one exit status subclasses this and sets `code`
+    (a bad run directory, experiment file, data, engine: EXIT_USAGE), so it reaches cli.py, which prints
+    the line and returns the code, without being caught and raised again on the way."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILURE):
+    code = EXIT_FAILURE
+
+    def __init__(self, message: str, code: int | None = None):
         super().__init__(message)
-        self.code = code
+        if code is not None:
+            self.code = code
 
 
 # The write failures that say the storage, not the proxy, is at fault, and what the user can do about

@@ -34,8 +34,8 @@ from .formats import frames
 from .formats.engine_cli import engine_args
 from .formats.parameters import param_layout
 from .processes import signal_group
-from .formats.qualification import (PathVerdict, Qualification, QualificationFileError, read_qualification,
-                                    write_qualification)
+from .formats.qualification_record import (PathVerdict, Qualification, QualificationFileError, read_qualification,
+                                           write_qualification)
 from .rundir.layout import RunDir
 
 # The GPU suite's bf16 tolerances (tests/gpu/test_flash.py, test_bf16.py): the

@@ -22,6 +22,8 @@ import os
 import stat
 from typing import BinaryIO, Iterator
 
+from .errors import EXIT_USAGE
+
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -31,7 +33,10 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
 
 class UnsafeFileError(ValueError):
     """A file that is not read: not a regular file, too large, or reached through a symlink out of its
-    directory. The message is one line, `<path>: <reason>`."""
+    directory. The message is one line, `<path>: <reason>`. Not a ProxyError (the dashboard and every
+    reader share it, and some readers take it as a ValueError), but it carries its exit code as one."""
+
+    code = EXIT_USAGE
 
     def __init__(self, path: str | os.PathLike, reason: str):
         super().__init__(f"{path}: {reason}")

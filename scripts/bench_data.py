@@ -46,13 +46,12 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_bench_report import Markers, ReportError, read_results_list, render_into_doc  # noqa: E402
+from cuda_bench_report import Markers, ReportError, add_labelled_run, load_labelled_runs, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
-from proxy.atomic import atomic_write_json  # noqa: E402
 
 MARKERS = Markers("bench_data table", "scripts/bench_data.py")
 TEXT_SUFFIXES = (".py", ".txt", ".rst", ".md")
-BATCH_BYTES = 4 << 20  # the peer's batch of documents (ours: proxy/data/sources.py UNIT_BYTES)
+BATCH_BYTES = 4 << 20  # the peer's batch of documents (ours: proxy/data/source_readers.py UNIT_BYTES)
 SAMPLE_S = 0.1
 
 
@@ -240,18 +239,6 @@ def _side_main(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- report
 
-def add_to_file(path: Path, report: dict) -> None:
-    runs = load_runs(path) if path.exists() else []
-    atomic_write_json(path, [r for r in runs if r.get("label") != report["label"]] + [report])
-
-
-def load_runs(path: Path) -> list[dict]:
-    doc = read_results_list(path)
-    if not all(isinstance(r, dict) and "label" in r for r in doc):
-        raise ReportError(f"{path}: expected a list of labelled runs")
-    return doc
-
-
 def _cells(side: dict, corpus_bytes: int) -> list[str]:
     return [f"{side['wall_s']:.0f} s", f"{corpus_bytes / side['wall_s'] / 1e6:.2f}", f"{side['cpu_s']:.0f} s",
             f"{side['peak_rss_bytes'] / 2**30:.2f} GiB"]
@@ -301,7 +288,7 @@ def main() -> int:
         args.workers = args.workers or len(os.sched_getaffinity(0))
         return _side_main(args)
     if args.render is not None:
-        return render_into_doc(args.doc, lambda: render_table(load_runs(args.render)), args.render, MARKERS,
+        return render_into_doc(args.doc, lambda: render_table(load_labelled_runs(args.render)), args.render, MARKERS,
                                "bench_data")
 
     workers = args.workers or len(os.sched_getaffinity(0))
@@ -350,7 +337,7 @@ def main() -> int:
           f"ours/peer {ratio:.2f}x; {ours['tokens']:,} tokens each")
     print(json.dumps(report))
     if args.json is not None:
-        add_to_file(args.json, report)
+        add_labelled_run(args.json, report)
         print(f"bench_data: added {args.label!r} to {args.json}")
     return 0
 

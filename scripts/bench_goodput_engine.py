@@ -39,9 +39,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_bench_report import Markers, ReportError, read_results_list, render_into_doc  # noqa: E402
+from cuda_bench_report import Markers, ReportError, add_labelled_run, load_labelled_runs, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
-from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.formats import frames  # noqa: E402
 
 MARKERS = Markers("bench_goodput_engine table", "scripts/bench_goodput_engine.py")
@@ -128,18 +127,6 @@ def checkpoints(binary: str, threads: int, steps: int, every: int) -> dict:
     }
 
 
-def add_to_file(path: Path, report: dict) -> None:
-    runs = load_runs(path) if path.exists() else []
-    atomic_write_json(path, [r for r in runs if r.get("label") != report["label"]] + [report])
-
-
-def load_runs(path: Path) -> list[dict]:
-    doc = read_results_list(path)
-    if not all(isinstance(r, dict) and "label" in r for r in doc):
-        raise ReportError(f"{path}: expected a list of labelled runs")
-    return doc
-
-
 def render_table(runs: list[dict]) -> str:
     """One row per run: the audit both ways, the checkpoint stall now and (with --baseline) before."""
     def med(values, digits: int = 0) -> str:
@@ -179,7 +166,7 @@ def main() -> int:
     ap.add_argument("--doc", type=Path, help="with --render: put the table between this document's markers")
     args = ap.parse_args()
     if args.render is not None:
-        return render_into_doc(args.doc, lambda: render_table(load_runs(args.render)), args.render, MARKERS,
+        return render_into_doc(args.doc, lambda: render_table(load_labelled_runs(args.render)), args.render, MARKERS,
                                "bench_goodput_engine")
 
     load_before = os.getloadavg()[0]
@@ -204,7 +191,7 @@ def main() -> int:
     report["load"] = [load_before, os.getloadavg()[0]]
     print(json.dumps(report))
     if args.json is not None:
-        add_to_file(args.json, report)
+        add_labelled_run(args.json, report)
         print(f"bench_goodput_engine: added {args.label!r} to {args.json}")
     return 0
 

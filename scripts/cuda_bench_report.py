@@ -74,6 +74,20 @@ def read_results_list(path: Path) -> list:
     return doc
 
 
+def load_labelled_runs(path: Path) -> list[dict]:
+    """A results file of labelled runs (bench_goodput_engine.py's, bench_data.py's); ReportError otherwise."""
+    doc = read_results_list(path)
+    if not all(isinstance(r, dict) and "label" in r for r in doc):
+        raise ReportError(f"{path}: expected a list of labelled runs")
+    return doc
+
+
+def add_labelled_run(path: Path, report: dict) -> None:
+    """Add one run to a results file (created if need be), replacing a run of the same label."""
+    runs = load_labelled_runs(path) if path.exists() else []
+    atomic_write_json(path, [r for r in runs if r.get("label") != report["label"]] + [report])
+
+
 @dataclass
 class Side:
     """One trainer measured on one shape and batch."""

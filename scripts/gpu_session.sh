@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One script for a GPU session (docs/CUDA.md, "A GPU session"): builds, checks, tests, profiles and
+# One script for a GPU machine (docs/CUDA.md, "Everything on a GPU in one script"): builds, checks, tests, profiles and
 # benchmarks the CUDA engine. Every phase runs under its own time limit, and all of them within one
 # budget, so a phase that fails or hangs never eats the session: it is logged and the next runs.
 #

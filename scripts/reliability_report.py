@@ -8,9 +8,10 @@
 The CUDA engine's section comes from docs/reliability-cuda.json (`--gpu-results`): the results
 `make test-gpu` leaves on a GPU machine (test-artifacts/faults/results-cuda.json), copied there.
 
-The scenarios live in tests/faults/*_scenarios.py (scenarios.py, run_dir_scenarios.py,
-process_scenarios.py, path_scenarios.py, divergence_scenarios.py, input_scenarios.py,
-dashboard_scenarios.py, flood_scenarios.py); the tests in tests/faults/
+The scenarios live in tests/faults/*_scenarios.py (engine_scenarios.py, proxy_scenarios.py,
+run_dir_scenarios.py, process_scenarios.py, path_scenarios.py, divergence_scenarios.py,
+input_scenarios.py, dashboard_scenarios.py, flood_scenarios.py; shared parts in scenarios.py and
+proxy_harness.py); the tests in tests/faults/
 record every scenario's outcome (faults injected, survived, steps lost, data
 lost) to a JSON file, which this script turns into the table. Nothing in the
 table is typed by hand.
@@ -363,7 +364,7 @@ def _gpu_section(gpu_doc: dict | None, gpu_source: str) -> list[str]:
     out = ["## The CUDA engine on a GPU", ""]
     if gpu_doc is None:
         return out + [
-            "Not yet run on a GPU: no machine with one has run these suites. `make test-gpu` there runs the "
+            "No results for the CUDA engine (no `docs/reliability-cuda.json`). `make test-gpu` on a GPU runs the "
             "kill storms (tests/faults/test_kills.py) with the proxy's end-to-end and pivot suites against "
             "`build/microgpt_cuda` (`MICROGPT_TEST_ENGINE=cuda`), each run compared with its own uninterrupted "
             "reference on the same GPU, prints the kill count and leaves "
@@ -389,7 +390,8 @@ def render(doc: dict, suite_rc: int | None, suite_seconds: float | None, command
            "rewritten phase history, hung and crash-looping engines, signal storms, fuzzed and oversized "
            "inputs, forged process records and locks, copied and replaced run directories, diverged runs, "
            "and a dashboard indexing a large log or flooded by clients that never read. The suite is "
-           "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/scenarios.py`, "
+           "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/engine_scenarios.py`, "
+           "`proxy_scenarios.py` (with the shared parts: `scenarios.py`, `proxy_harness.py`), "
            "`run_dir_scenarios.py` (the proxy's own files, signals before training), "
            "`process_scenarios.py` (forged records and locks, run in a pid namespace: `sandbox.py`), "
            "`path_scenarios.py`, `divergence_scenarios.py`, `input_scenarios.py`, `dashboard_scenarios.py` "

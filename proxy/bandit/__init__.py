@@ -16,7 +16,7 @@ from ..config.caps import phase_bounds
 from ..config.experiment import BanditConfig, Experiment
 from .base import Bandit
 from .exp3 import EXP3
-from .progress import Progress
+from .learning_progress import Progress
 from .simplex import project_capped_simplex
 from .target import Target
 from .ucb1 import UCB1

@@ -57,6 +57,15 @@ class Bandit:
         self.ema[k] = loss if math.isnan(prev) else self.ema_alpha * loss + (1.0 - self.ema_alpha) * prev
         return prev
 
+    def _observe_losses(self, step: int, arm_losses: Mapping[str, float]) -> None:
+        """What every policy records of a step whose losses it takes as they are: each arm's loss EMA and
+        pull count, and the step."""
+        for k, loss in self._parse(step, arm_losses):
+            self._update_ema(k, loss)
+            self.pulls[k] += 1
+        self.observations += 1
+        self.last_step = int(step)
+
     def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
         raise NotImplementedError
 

@@ -46,7 +46,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from .base import Bandit
-from .progress import fill
+from .learning_progress import fill
 
 MIN_EVALS = 3  # evaluations before the first speed: two intervals
 CONFIDENCE = 2.0  # standard errors of optimism before a target arm counts as slowed
@@ -100,11 +100,7 @@ class Target(Bandit):
         self.mix = self.prior.copy()
 
     def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
-        for k, loss in self._parse(step, arm_losses):
-            self._update_ema(k, loss)
-            self.pulls[k] += 1
-        self.observations += 1
-        self.last_step = int(step)
+        self._observe_losses(step, arm_losses)
         gap = self.goal - self.mix
         biggest = float(np.abs(gap).max())
         if biggest > 0:

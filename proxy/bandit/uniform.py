@@ -20,11 +20,7 @@ class Uniform(Bandit):
     policy = "uniform"
 
     def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
-        for k, loss in self._parse(step, arm_losses):
-            self._update_ema(k, loss)
-            self.pulls[k] += 1
-        self.observations += 1
-        self.last_step = int(step)
+        self._observe_losses(step, arm_losses)
 
     def _target(self) -> np.ndarray:
         return np.full(self.k, 1.0 / self.k)

@@ -28,7 +28,7 @@ from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats import frames
 from ..formats.loss_log import eval_loss
 from ..safe_fs import UnsafeFileError, read_regular
-from ..supervision.engine_process import EngineError, choose_engine
+from ..supervision.engine_process import choose_engine
 from .checkpoint_engine import CheckpointEngine
 from .model_source import HeldData, ModelSource, resolve_source, run_data, say_warnings
 
@@ -129,10 +129,7 @@ def main(args, out=None) -> int:
                     need_val=not args.data)
     key = "files" if args.data else "arms"
     parts = file_parts(args.data, data, source.shape.ctx) if args.data else arm_parts(source, data)
-    try:
-        choice = choose_engine(args.engine)
-    except EngineError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    choice = choose_engine(args.engine)
     with CheckpointEngine(choice, source) as engine:
         results = evaluate(engine, parts)
     report = eval_report(source, key, parts, results)

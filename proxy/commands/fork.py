@@ -39,7 +39,6 @@ from pathlib import Path
 
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
-from ..config.errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
@@ -51,7 +50,7 @@ from ..rundir.history import check_history, write_receipt
 from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, LOSS_LOG, PHASES, PIVOT_RECEIPT,
                              SAMPLES, STATE, RunDir, RunDirError, relative_checkpoint)
 from ..rundir.phases import Phase
-from ..rundir.pivot import archive_dir_for, archive_name
+from ..rundir.apply_pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
 from .targets import check_new_dir, make_parents
 from .which_run import resolve_run, started_run
@@ -94,10 +93,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     inherited = phases[:len(inherited)]  # a prefix: start steps never decrease
     new_phases = list(inherited)
     if caps_path is not None:
-        try:
-            caps, floors, policy = load_pivot_caps(caps_path, experiment, inherited[-1])
-        except ExperimentError as exc:
-            raise ProxyError(str(exc), EXIT_USAGE) from None
+        caps, floors, policy = load_pivot_caps(caps_path, experiment, inherited[-1])
         new_phases.append(Phase(phase=len(inherited), start_step=c, policy=policy, caps=caps, floors=floors,
                                 checkpoint=relative_checkpoint(c)))
 

@@ -1,7 +1,7 @@
 """`proxy pivot --caps NEW.json [--run-dir DIR] [--at STEP]` (docs/OPERATIONS.md, "Pivot").
 
 A pivot ends the current phase at a checkpoint and starts a new one with new
-caps and floors (and optionally another bandit policy); rundir/pivot.py
+caps and floors (and optionally another bandit policy); rundir/apply_pivot.py
 applies it. The caps file is validated completely before anything is
 written, then, under RUN/.pivot.lock (one `proxy pivot` at a time):
 
@@ -23,7 +23,6 @@ from pathlib import Path
 
 from ..bandit import bandit_for_phase
 from ..config.caps import load_pivot_caps
-from ..config.errors import ExperimentError
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
@@ -32,7 +31,7 @@ from ..rundir.layout import RunDir, RunDirError, relative_checkpoint
 from ..rundir.identity import load_identity, save_identity
 from ..rundir.lock import Holder, LockBusy, PivotLock, RunLock, run_lock_holder
 from ..rundir.phases import read_phases
-from ..rundir.pivot import PivotResult, apply_pivot
+from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
 from ..processes import send
@@ -53,10 +52,7 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
     """`proxy pivot`: validate everything first, then pivot the live or the stopped run."""
     out = out or sys.stdout
     experiment, phases = started_run(run, "no phases yet (the run was never started); nothing to pivot")
-    try:
-        caps, floors, policy = load_pivot_caps(caps_path, experiment, phases[-1])
-    except ExperimentError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    caps, floors, policy = load_pivot_caps(caps_path, experiment, phases[-1])
     if at is not None and at < 0:
         raise ProxyError("--at must be a step >= 0", EXIT_USAGE)
 
@@ -66,8 +62,6 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
         who = f"pid {busy.holder.pid}" if busy.holder else "another process"
         raise ProxyError(f"another pivot of {run.root} is in flight ({who}); "
                          "wait for it to finish, then try again") from None
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
     try:
         owner = run_lock_holder(run)
         if owner is None:
@@ -139,10 +133,7 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         def warn(line: str) -> None:
             print(f"proxy: {line}", file=sys.stderr, flush=True)
 
-        try:
-            identity, unsaved = load_identity(run, warn)
-        except RunDirError as exc:
-            raise ProxyError(str(exc), EXIT_USAGE) from None
+        identity, unsaved = load_identity(run, warn)
         reaped = reap_orphan(run, identity, 60.0, warn)
         if reaped:
             warn(reaped)

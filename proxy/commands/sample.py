@@ -17,7 +17,7 @@ from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats import frames
 from ..formats.parameters import ModelShape
-from ..supervision.engine_process import EngineError, choose_engine
+from ..supervision.engine_process import choose_engine
 from .checkpoint_engine import CheckpointEngine
 from .model_source import resolve_source, run_data, say_warnings
 
@@ -70,10 +70,7 @@ def main(args, out=None) -> int:
     data = run_data(source, args.cache_dir, "the tokenizer")
     ids = encode_prompt(data.tokenizer, args.prompt, source.shape)
     settings = settings_from(args, experiment.samples)
-    try:
-        choice = choose_engine(args.engine)
-    except EngineError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    choice = choose_engine(args.engine)
     with CheckpointEngine(choice, source) as engine:
         event = engine.ask(sample_request(1, ids, settings), "sample")
         completions = event["tokens"]

@@ -21,7 +21,7 @@ from ..rundir.lock import run_lock_holder
 from ..rundir.phases import read_phases
 from ..safe_fs import UnsafeFileError
 from ..supervision.goodput import overhead_summary
-from ..supervision.progress import WINDOW_STEPS, Progress, fmt_duration, fmt_rate
+from ..supervision.throughput import WINDOW_STEPS, Progress, fmt_duration, fmt_rate
 from .which_run import resolve_run
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..config.experiment import Experiment
 from ..errors import EXIT_USAGE, ProxyError
 from ..rundir.frozen import load_frozen_experiment
-from ..rundir.layout import RunDir, RunDirError, most_recent_run
+from ..rundir.layout import RunDir, most_recent_run
 from ..rundir.phases import Phase, read_phases
 
 
@@ -19,19 +19,13 @@ def resolve_run(run_dir: str | None) -> RunDir:
         if not run.exists():
             raise ProxyError(f"{run.root}: not a run directory (no experiment.json)", EXIT_USAGE)
         return run
-    try:
-        return RunDir(most_recent_run())
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    return RunDir(most_recent_run())
 
 
 def started_run(run: RunDir, no_phases: str) -> tuple[Experiment, list[Phase]]:
     """The run's frozen experiment and phases; ProxyError (`<phases.json>: <no_phases>`) when it never started."""
     experiment = load_frozen_experiment(run)
-    try:
-        phases = read_phases(run)
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    phases = read_phases(run)
     if not phases:
         raise ProxyError(f"{run.phases}: {no_phases}", EXIT_USAGE)
     return experiment, phases

@@ -7,14 +7,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..errors import EXIT_USAGE, ProxyError
 from ..safe_fs import UnsafeFileError, read_regular
 from .sources import TAG
 
 CONFIG_FILE_LIMIT = 1 << 20  # the largest experiment or caps file read (and the frozen copy in a run)
 
 
-class ExperimentError(ValueError):
+class ExperimentError(ProxyError, ValueError):
     """A bad experiment or caps file. The message is one line naming the file and each problem."""
+
+    code = EXIT_USAGE
 
 
 _TYPE_WORDS = {

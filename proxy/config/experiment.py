@@ -23,7 +23,7 @@ from .bounds import cap_below_floor, check_caps_floors
 from .errors import ExperimentError, config_error, format_validation_error, read_json
 from .policies import DEFAULT_POLICY, POLICIES, POLICY_PARAMS
 from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_problem
-from .strict import MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
+from .strict import MAX_ARMS, MAX_NAME, MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
@@ -32,8 +32,7 @@ MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
 # name (`<arm>.train.tok`, `runs/<name>`), in every `.loss.json` line (arms x (name + two floats) stays
 # far below the 1 MiB a reader takes), in `.state.json` and phases.json, and on the dashboard; a sample
 # audit of the most prompts x count x max_new fits in `.samples.json`'s cap (tests/faults check it).
-MAX_NAME = 64  # characters of an arm or experiment name (ASCII, by ARM_NAME)
-MAX_ARMS = 64
+# MAX_NAME and MAX_ARMS are in strict.py, where `.loss.json`'s readers take them from too.
 MAX_PROMPTS = 16
 MAX_PROMPT_CHARS = 1000
 MAX_SAMPLE_COUNT = 16

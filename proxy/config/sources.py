@@ -4,7 +4,7 @@ A source is a JSON object with exactly one kind key (`{"file": "a.txt"}`,
 `{"tokens": "train.bin", "val": "val.bin"}`), plus that kind's options. Each
 kind is one model below; `SOURCE_KINDS` maps the kind key to it, and
 `SourceConfig` is their tagged union, which pydantic picks from by that key.
-The data side (proxy/data/sources.py) dispatches on `kind` through its own
+The data side (proxy/data/source_readers.py) dispatches on `kind` through its own
 table of readers, one per entry here.
 
 What each kind's documents are: text (read, split, encoded with the

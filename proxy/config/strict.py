@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_PATH = 4096  # characters of a source path or pattern (PATH_MAX)
 MAX_WORD = 255  # characters of a suffix, a JSON Lines field, a column, a module name, a split
+MAX_NAME = 64  # characters of an arm or experiment name (ASCII, by experiment.py's ARM_NAME)
+MAX_ARMS = 64  # arms of an experiment: the most a `.loss.json` entry names (its readers keep no more)
 
 PathText = Annotated[str, Field(max_length=MAX_PATH)]
 Word = Annotated[str, Field(max_length=MAX_WORD)]

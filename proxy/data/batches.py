@@ -25,6 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..config.bounds import TOLERANCE
+from ..errors import EXIT_USAGE, ProxyError
 from ..formats.token_files import TokenSegment
 
 # A share of rows within this fraction of the rows of a whole number counts as that number (row_counts):
@@ -32,8 +33,10 @@ from ..formats.token_files import TokenSegment
 SHARE_TOLERANCE = 4 * TOLERANCE
 
 
-class BatchError(ValueError):
+class BatchError(ProxyError, ValueError):
     """Shards that cannot give rows of the requested length; the message says which."""
+
+    code = EXIT_USAGE
 
 
 def evenly_spaced_starts(n_tokens: int, row_len: int, rows: int) -> np.ndarray:

@@ -43,13 +43,14 @@ import numpy as np
 from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
 from ..config.experiment import ArmConfig, Experiment
 from ..config.sources import BuiltinSource, TokensSource
+from ..errors import EXIT_USAGE, ProxyError
 from ..formats.shard import ShardWriter, shard_segment
 from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
 from ..safe_fs import UnsafeFileError, read_regular
-from . import sources
-from .progress import Progress
-from .sources import (SourceError, _matches, hash_file, limited_units, random_token_documents, repeated_names,
-                      source_bytes, source_fingerprint)
+from . import source_readers
+from .progress_bars import Progress
+from .source_readers import (SourceError, _matches, hash_file, limited_units, random_token_documents,
+                             repeated_names, source_bytes, source_fingerprint)
 from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens, val_doc_max
 from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
 from .workers import Task, Workers, default_workers
@@ -68,8 +69,10 @@ TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under wa
 MANIFEST_LIMIT = 16 << 20
 
 
-class DataError(ValueError):
+class DataError(ProxyError, ValueError):
     """Data preparation failed; the message is one line saying which arm/source and why."""
+
+    code = EXIT_USAGE
 
 
 @dataclass
@@ -129,14 +132,14 @@ class Hashes(dict):
         if p in self:
             return self[p]
         digest = hash_file(p)
-        if p.stat().st_size > sources.UNIT_BYTES:
+        if p.stat().st_size > source_readers.UNIT_BYTES:
             self[p] = digest
         return digest
 
 
 def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None
                  ) -> dict[str, list[str]]:
-    """Each arm's sources' fingerprints (sources.source_fingerprint), in order; DataError naming the arm."""
+    """Each arm's sources' fingerprints (source_readers.source_fingerprint), in order; DataError naming the arm."""
     hashes = hashes if hashes is not None else Hashes()
     out = {}
     for arm in experiment.arms:

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .sources import Doc, Unit, UnitNotes, read_unit
+from .source_readers import Doc, Unit, UnitNotes, read_unit
 from .split import TRAIN, VAL, by_hash, in_sample
 from .text import pieces
 from .tokenizer import Tokenizer

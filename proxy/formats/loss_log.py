@@ -9,6 +9,12 @@ Reading: any line that is not a complete JSON object of a known type is
 skipped; for a step seen twice the last entry wins. The index keeps byte
 offsets, not entries, so a run of a million steps replays in little memory.
 
+Reading for display (the dashboard): every field is checked on its own; a
+malformed value becomes NaN and an entry whose step is not a non-negative
+integer is dropped (`step_fields`, `eval_fields`), so one bad field never hides
+the rest of a plotted entry. Both readers keep at most MAX_ARMS arms of
+MAX_NAME characters, the bounds the experiment schema enforces.
+
 Replay: the bandit is rebuilt from the per-arm losses of the steps of the
 current phase; steps re-trained after a restart are compared with the entries
 the crashed segment left behind (`compare_replayed`).
@@ -20,9 +26,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ..atomic import append_whole, open_append, sync_fd
+from ..config.strict import MAX_ARMS, MAX_NAME
 from ..rundir.divergence import lowest_bound
 from ..rundir.layout import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
@@ -285,6 +292,86 @@ def read_tail(path: str | os.PathLike, max_bytes: int = 1 << 20) -> list[StepEnt
         if entry is not None:
             out.append(entry)
     return out
+
+
+# ---------------------------------------------------------------- reading for display
+
+NAN = float("nan")
+
+
+def num(v) -> float:
+    """A finite float, or NaN for anything else (None, strings, bools, inf)."""
+    t = type(v)
+    if t is float:
+        return v if v - v == 0.0 else NAN
+    if t is int and -(1 << 1000) < v < (1 << 1000):
+        return float(v)
+    return NAN
+
+
+def step_of(v) -> int | None:
+    t = type(v)
+    if t is int:
+        return v if 0 <= v < 1 << 53 else None
+    if t is float and v.is_integer() and 0 <= v < 2 ** 53:
+        return int(v)
+    return None
+
+
+def arm_map(v) -> dict[str, float]:
+    """{arm: finite float} from an entry's "arms"/"mixture" object (bad values dropped)."""
+    if type(v) is not dict:
+        return {}
+    out = {}
+    for k, x in v.items():
+        if type(x) is float and x - x == 0.0 or type(x) is int and -(1 << 1000) < x < (1 << 1000):
+            if type(k) is str and 0 < len(k) <= MAX_NAME:
+                out[k] = float(x)
+                if len(out) >= MAX_ARMS:
+                    break
+    return out
+
+
+class StepFields(NamedTuple):
+    step: int
+    tokens: float
+    time: float
+    loss: float
+    lr: float
+    grad_norm: float
+    ms: float
+    mixture: dict
+
+
+class EvalFields(NamedTuple):
+    step: int
+    loss: float
+    arms: dict
+    time: float
+
+
+def step_fields(obj: dict) -> StepFields | None:
+    """A step entry's plotted fields (None: not a step entry, or no usable step)."""
+    if obj.get("type") != "step":
+        return None
+    step = obj.get("step")
+    if type(step) is not int or not 0 <= step < 1 << 53:
+        step = step_of(step)
+        if step is None:
+            return None
+    g = obj.get
+    return StepFields(step, num(g("tokens")), num(g("time")), num(g("loss")), num(g("lr")),
+                      num(g("grad_norm")), num(g("ms")), arm_map(g("mixture")))
+
+
+def eval_fields(obj: dict) -> EvalFields | None:
+    """An eval entry's plotted fields (None: not an eval entry, or no usable step)."""
+    if obj.get("type") != "eval":
+        return None
+    step = step_of(obj.get("step"))
+    if step is None:
+        return None
+    return EvalFields(step, num(obj.get("loss")), arm_map(obj.get("arms")), num(obj.get("time")))
 
 
 # ---------------------------------------------------------------- replay

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes, make_dirs, write_unique
-from ..config.errors import CONFIG_FILE_LIMIT, ExperimentError
+from ..config.errors import CONFIG_FILE_LIMIT
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats.checkpoint import checkpoint_step, list_checkpoints
@@ -187,14 +187,8 @@ def experiment_changed(run: RunDir) -> bool:
 def load_frozen_experiment(run: RunDir) -> Experiment:
     """The experiment frozen in the run (its sources are not checked: a stopped run may have moved).
     A frozen copy edited since it was sealed is refused (nothing is written: the run may be live)."""
-    try:
-        fields, _seal = edited_fields(run, _read_frozen(run))
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    fields, _seal = edited_fields(run, _read_frozen(run))
     if fields:
         raise ProxyError(f"{run.experiment} was edited after the run froze it ({_shown(fields)}); restore it "
                          f"(the frozen values are in {run.experiment_seal})", EXIT_USAGE)
-    try:
-        return load_experiment(run.experiment, check_sources=False)
-    except ExperimentError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    return load_experiment(run.experiment, check_sources=False)

@@ -27,7 +27,7 @@ from ..formats.loss_log import LossLogIndex
 from .layout import PIVOT_RECEIPT, RunDir, RunDirError
 from .phases import Phase
 
-PIVOT_DIRS = "pivot_*"  # the archive directories pivots make (rundir/pivot.py archive_name)
+PIVOT_DIRS = "pivot_*"  # the archive directories pivots make (rundir/apply_pivot.py archive_name)
 SHOWN = 3  # contradictions named in the message; the rest are counted
 
 

@@ -9,7 +9,7 @@
     RUN/.state.json            snapshot for people and the dashboard (formats/state.py)
     RUN/phases.json            append-only list of phases (rundir/phases.py)
     RUN/data/                  the frozen data definition: data.json, tokenizer.json, <arm>.val.tok (rundir/data.py)
-    RUN/archive/               pivot archives, replaced experiments (rundir/pivot.py, rundir/frozen.py)
+    RUN/archive/               pivot archives, replaced experiments (rundir/apply_pivot.py, rundir/frozen.py)
     RUN/engine.log             the engine's stderr
     RUN/dashboard.log          the dashboard's output when `proxy run` started it
     RUN/.run.json              the run id and the directory it was minted in (rundir/identity.py)
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import make_dirs
+from ..errors import EXIT_USAGE, ProxyError
 from ..formats.checkpoint import checkpoint_name
 from ..safe_fs import UnsafeFileError, file_kind, read_regular
 
@@ -80,8 +81,10 @@ LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is
 ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason
 
 
-class RunDirError(Exception):
+class RunDirError(ProxyError):
     """A problem with a run directory; the message is one line for the user."""
+
+    code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import psutil
 
 from ..atomic import anchor, storage_guard, unanchor
-from ..errors import ProxyError
+from ..errors import EXIT_FAILURE, ProxyError
 from ..processes import FileIdentity, flock_holder, send
 from ..safe_fs import NO_FOLLOW, UnsafeFileError, open_own
 from .layout import RunDir, RunDirError
@@ -48,6 +48,13 @@ class LockBusy(Exception):
     def __init__(self, holder: psutil.Process | None):
         super().__init__(f"held by pid {holder.pid}" if holder else "held")
         self.holder = holder
+
+
+class RunInUse(RunDirError):
+    """The run directory cannot be locked: another proxy holds it, or the lock itself failed (exit 1, a
+    runtime failure, not bad input)."""
+
+    code = EXIT_FAILURE
 
 
 class RunDirReplaced(ProxyError):
@@ -125,10 +132,10 @@ class RunLock(KernelLock):
         try:
             super().acquire()
         except LockBusy as busy:
-            raise RunDirError(f"run directory {self.run.root} is in use by {Holder(busy.holder).describe()} "
+            raise RunInUse(f"run directory {self.run.root} is in use by {Holder(busy.holder).describe()} "
                               f"(one proxy per run; `proxy stop --run-dir {self.run.root}` stops it)") from None
         except OSError as exc:
-            raise RunDirError(f"cannot lock run directory {self.run.root}: {exc.strerror}") from None
+            raise RunInUse(f"cannot lock run directory {self.run.root}: {exc.strerror}") from None
         anchor(self.run.root, self.fd)  # the run's own files are replaced in the directory locked
         return self
 

@@ -1,15 +1,18 @@
 """What one `proxy run` shares between its parts: the run's fixed inputs and its state across engine launches.
 
 The loop (loop.py), a launch (segment.py), the event handlers (events.py),
-the pivot desk (pivot_desk.py) and the status (status.py) all take this one
+the pivot desk (pivot_desk.py) and the live status (live_status.py) all take this one
 object, so every piece of state has one owner and is visible in one place.
+The fields that change while the run goes on (the bandit, caps and floors, the
+phases, `.samples.json`, the segment number, refused checkpoints, evaluation
+losses) change only through RunContext's own methods.
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
 
-from ..bandit import Bandit
+from ..bandit import Bandit, bandit_for_phase
 from ..config.experiment import Experiment, TrainConfig
 from ..data.batches import BatchSampler
 from ..formats.loss_log import LossLogWriter
@@ -100,14 +103,43 @@ class RunContext:
         """At most `lag` TRAIN frames are in flight: the mixture for step s uses the losses up to s - lag."""
         return int(self.train.lag)
 
-    @property
-    def rows(self) -> int:
-        return int(self.train.batch) * int(self.train.grad_accum)
-
     def reload_phases(self) -> Phase:
         """Re-read phases.json and make its last phase current (after a pivot)."""
         self.phases = read_phases(self.run)
         return self.phase
+
+    # The run's live state changes only through these methods: the launch (segment.py) and the pivot
+    # desk call them, and nothing else assigns a field of this object (tests/repository checks it).
+
+    def new_bandit(self) -> Bandit:
+        """A fresh bandit for the current phase, and the caps and floors in force for it: at every launch
+        (then fed the phase's log) and when a pivot starts a new phase."""
+        self.bandit, self.caps, self.floors = bandit_for_phase(self.experiment, self.phase)
+        return self.bandit
+
+    def start_phase(self) -> Phase:
+        """After a pivot is applied: phases.json re-read, `.samples.json` started empty, the new phase's
+        bandit."""
+        self.reload_phases()
+        self.samples = SamplesFile(self.run.samples, self.opts.samples_kept)
+        self.new_bandit()
+        return self.phase
+
+    def reject_checkpoint(self, path) -> None:
+        """A checkpoint the engine refused (exit 3): the next launch resumes from an older one."""
+        self.rejected.add(str(path))
+
+    def record_eval(self, step: int, loss: float) -> None:
+        """An evaluation's validation loss (best.bin follows the lowest)."""
+        self.eval_loss[step] = loss
+
+    def next_segment(self, logged: int) -> int:
+        """The number of the engine launch about to start: one past the last (at the run's first launch,
+        one past the highest `segment` the log holds, `logged`)."""
+        if self.segment_number == 0:
+            self.segment_number = logged
+        self.segment_number += 1
+        return self.segment_number
 
     def say(self, line: str) -> None:
         self.console.say(line)

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from ..atomic import append_whole, open_append
+from ..errors import EXIT_USAGE, ProxyError
 from ..formats.frames import parse_event
 from ..processes import signal_group
 
@@ -32,8 +33,10 @@ BUILD_DIR = REPO_ROOT / "build"
 _F_SETPIPE_SZ = 1031
 
 
-class EngineError(Exception):
+class EngineError(ProxyError):
     """The engine cannot be chosen or started; the message is one line."""
+
+    code = EXIT_USAGE
 
 
 def gpu_visible() -> bool:

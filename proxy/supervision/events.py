@@ -24,7 +24,7 @@ from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms
 from .segment import Request, Segment
-from .status import say_checkpoint, say_progress, write_run_state
+from .live_status import say_checkpoint, say_progress, write_run_state
 
 
 def received_at(ev: Event) -> tuple[float, float]:
@@ -181,7 +181,7 @@ class EventHandlers:
         entry = EvalEntry(step=step, loss=mean, arms={name: l for name, (l, _t) in zip(ctx.arm_names, parts)},
                           time=received_at(ev)[1], phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)
-        ctx.eval_loss[step] = mean
+        ctx.record_eval(step, mean)
         if step >= ctx.phase.start_step:  # the same floats the replay reads back (segment._replay_eval)
             ctx.bandit.observe_eval(step, entry.arms)
         ctx.say(f"eval step {step}: val loss {mean:.4f} (" +

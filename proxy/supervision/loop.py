@@ -19,7 +19,7 @@ import queue
 import signal
 import time
 
-from ..errors import EXIT_CRASHLOOP, EXIT_DIVERGED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError, StorageError
+from ..errors import EXIT_CRASHLOOP, EXIT_DIVERGED, EXIT_FAILURE, EXIT_OK, ProxyError, StorageError
 from ..formats import frames
 from ..formats.checkpoint import checkpoint_path
 from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_NUMERICS, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
@@ -31,9 +31,9 @@ from .context import RunContext
 from .engine_process import EOF, EVENT, NOISE, WRITE_FAILED
 from .events import EventHandlers
 from .pivot_desk import PivotDesk
-from .segment import Segment, catch_up, feed, launch_segment
+from .segment import Outcome, Segment, catch_up, feed, launch_segment
 from .signals import SignalCounts
-from .status import last_step, say_progress_on_clock, write_run_state
+from .live_status import last_step, say_progress_on_clock, write_run_state
 from .watchdog import Watchdog
 
 POLL_S = 0.2  # how long the loop waits for an event before it looks at signals and the clock
@@ -60,15 +60,12 @@ class Supervisor:
         old = ctx.signals.install()
         failure: ProxyError | None = None
         try:
-            try:
-                return self._loop()
-            except UnsafeFileError as exc:
-                raise ProxyError(str(exc), EXIT_USAGE) from None
+            return self._loop()
         except RunDirReplaced as exc:  # nothing more is written by path: it leads elsewhere now
             failure = exc
             self._abandon()
             return exc.code
-        except ProxyError as exc:
+        except (ProxyError, UnsafeFileError) as exc:  # each carries its exit code
             failure = exc
             self._record_failure(exc)
             return exc.code
@@ -140,15 +137,15 @@ class Supervisor:
             outcome = self._run_segment()
             if self.desk.job is not None:
                 outcome = self.desk.finish(self.segment, outcome)
-            if outcome in ("pivoted", "resume"):  # a new segment: the new phase, or the same one again
+            if outcome in (Outcome.PIVOTED, Outcome.RESUME):  # a new segment: the new phase, or the same one again
                 continue
-            if outcome == "finished":
+            if outcome == Outcome.FINISHED:
                 report.status = "finished"
                 report.message = f"finished at step {ctx.max_steps}"
                 ctx.say(f"run {ctx.run.root} finished: step {ctx.max_steps}, "
                         f"last checkpoint {report.last_ckpt_path}")
                 return EXIT_OK
-            if outcome == "stopped":
+            if outcome == Outcome.STOPPED:
                 report.status = "stopped"
                 report.message = f"stopped at step {last_step(self.segment)}"
                 saved = (f"checkpoint {report.last_ckpt_path}" if report.last_ckpt_path
@@ -156,11 +153,11 @@ class Supervisor:
                 ctx.say(f"stopped at step {last_step(self.segment)}; {saved}; relaunch the same command to resume")
                 return EXIT_OK
             seg = self.segment
-            if outcome == "diverged":
+            if outcome == Outcome.DIVERGED:
                 report.status = "diverged"
                 report.message = self._divergence_line()
                 raise ProxyError(report.message, EXIT_DIVERGED)
-            if outcome == "fatal":
+            if outcome == Outcome.FATAL:
                 report.status = "crashloop"
                 raise ProxyError(f"engine cannot run: {seg.last_error or 'see ' + str(ctx.run.engine_log)}",
                                  EXIT_FAILURE)
@@ -203,7 +200,7 @@ class Supervisor:
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # ------------------------------------------------------------ one engine launch
-    def _run_segment(self) -> str:
+    def _run_segment(self) -> Outcome:
         ctx = self.ctx
         ctx.lock.check()
         first = ctx.segment_number == 0
@@ -277,34 +274,34 @@ class Supervisor:
                 seg.engine.send(frames.checkpoint_frame())
                 seg.ckpt_pending, seg.ckpt_pending_step = True, seg.next_step - 1
 
-    def _classify(self, seg: Segment, code: int | None) -> str:
+    def _classify(self, seg: Segment, code: int | None) -> Outcome:
         """How the segment ended: finished, stopped, hung, failed, or fatal (the engine cannot run at all)."""
         ctx, report = self.ctx, self.ctx.report
         if report.diverged_step is None and code == EXIT_NUMERICS:  # the engine's own check: never retried,
             report.diverged_step = seg.last_step + 1                  # the same frames diverge the same way
             report.diverged_why = f"the engine stopped: {seg.last_error or exit_description(code)}"
         if report.diverged_step is not None:
-            return "diverged"
+            return Outcome.DIVERGED
         if seg.hung:
-            return "hung"
+            return Outcome.HUNG
         if code == 0:
             if seg.last_step >= ctx.max_steps:
-                return "finished"
+                return Outcome.FINISHED
             if ctx.signals.stop or seg.stop_sent:
-                return "stopped"
+                return Outcome.STOPPED
             if seg.exit_reason == "signal":
                 ctx.warn("the engine was stopped by a signal sent to it directly; stopping the run")
-                return "stopped"
+                return Outcome.STOPPED
             seg.last_error = f"engine exited with reason {seg.exit_reason!r} before step {ctx.max_steps}"
-            return "failed"
+            return Outcome.FAILED
         if ctx.signals.stop:
             ctx.warn(f"engine {exit_description(code)} while stopping")
-            return "stopped"
+            return Outcome.STOPPED
         if code == ENGINE_EXIT_USAGE:
-            return "fatal"
+            return Outcome.FATAL
         if code == EXIT_CHECKPOINT and seg.resume.path is not None:
-            ctx.rejected.add(str(seg.resume.path))
-        return "failed"
+            ctx.reject_checkpoint(seg.resume.path)
+        return Outcome.FAILED
 
     def _engine_log_tail(self) -> str | None:
         """The engine's last words in engine.log (a crash's reason)."""

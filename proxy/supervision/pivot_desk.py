@@ -6,28 +6,26 @@ with `ok: false`, nothing changed) while the engine is restarting after a
 failure, while another pivot is under way, or while the run is stopping or
 finishing. Otherwise it sends STOP: the engine trains what is in flight,
 checkpoints its last step k and exits; the pivot is applied at k
-(rundir/pivot.py), the next segment starts the new phase from that
+(rundir/apply_pivot.py), the next segment starts the new phase from that
 checkpoint with a fresh bandit, and the desk answers.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bandit import bandit_for_phase
 from ..config.caps import check_request
 from ..config.errors import ExperimentError
 from ..formats.checkpoint import checkpoint_path, verify_checkpoint
-from ..formats.samples import SamplesFile
 from ..formats.loss_log import LossLogIndex
 from ..rundir.history import check_history
 from ..rundir.layout import RunDirError, relative_checkpoint
 from ..rundir.phases import read_phases
-from ..rundir.pivot import apply_pivot
+from ..rundir.apply_pivot import apply_pivot
 from ..rundir.pivot_request import answer_request, claim_request
 from .checkpoints import retain
 from .context import RunContext
-from .segment import Segment
-from .status import write_run_state
+from .segment import Outcome, Segment
+from .live_status import write_run_state
 
 
 @dataclass
@@ -95,9 +93,9 @@ class PivotDesk:
         ctx.say(f"pivot requested: the engine finishes step {seg.next_step - 1}, checkpoints and exits; "
                 "the new phase starts from that checkpoint")
 
-    def _same_phase(self) -> str:
+    def _same_phase(self) -> Outcome:
         """A pivot not applied: the run goes on in its phase, unless it was asked to stop meanwhile."""
-        return "stopped" if self.ctx.signals.stop else "resume"
+        return Outcome.STOPPED if self.ctx.signals.stop else Outcome.RESUME
 
     def _history_problem(self) -> str | None:
         """Why the pivot must not be applied: phases.json changed on disk under the live run, or the
@@ -112,14 +110,14 @@ class PivotDesk:
             return str(exc)
         return None
 
-    def finish(self, seg: Segment, outcome: str) -> str:
+    def finish(self, seg: Segment, outcome: Outcome) -> Outcome:
         """After the segment the pivot stopped: apply it at the engine's last checkpoint. Returns the
-        segment's outcome as the loop sees it: "pivoted" (a new phase), "resume", or the outcome given."""
+        segment's outcome as the loop sees it: PIVOTED (a new phase), RESUME, or the outcome given."""
         ctx = self.ctx
         job, self.job = self.job, None
-        if outcome != "stopped":  # a clean exit checkpoints its last step, whatever asked for it
-            why = {"finished": "the run reached max_steps first"}.get(
-                outcome, f"the engine failed before its pivot checkpoint ({seg.last_error or outcome})")
+        if outcome != Outcome.STOPPED:  # a clean exit checkpoints its last step, whatever asked for it
+            why = {Outcome.FINISHED: "the run reached max_steps first"}.get(
+                outcome, f"the engine failed before its pivot checkpoint ({seg.last_error or outcome.value})")
             ctx.warn(f"pivot not applied: {why}")
             answer_request(ctx.run, job.request, False, f"{why}; nothing changed")
             return outcome
@@ -149,9 +147,7 @@ class PivotDesk:
             if applied:
                 ctx.reload_phases()
             return self._same_phase()
-        ctx.reload_phases()
-        ctx.samples = SamplesFile(ctx.run.samples, ctx.opts.samples_kept)
-        ctx.bandit, ctx.caps, ctx.floors = bandit_for_phase(ctx.experiment, ctx.phase)
+        ctx.start_phase()
         ctx.report.message = None
         write_run_state(ctx, seg, force=True)
         retain(ctx, seg)
@@ -159,4 +155,4 @@ class PivotDesk:
         answer_request(ctx.run, job.request, True, result.message(ctx.run),
                        **{k2: v for k2, v in response.items() if k2 not in ("id", "ok", "message")})
         ctx.say(result.message(ctx.run))
-        return "stopped" if ctx.signals.stop else "pivoted"
+        return Outcome.STOPPED if ctx.signals.stop else Outcome.PIVOTED

@@ -12,7 +12,7 @@ from typing import Callable
 from ..formats.state import EngineStatus
 from ..rundir.phases import Phase
 from .goodput import GoodputMeter
-from .progress import Progress
+from .throughput import Progress
 
 MISMATCHES_KEPT = 50  # replay mismatches kept in .state.json, newest last
 

@@ -38,13 +38,13 @@ import numpy as np
 from ..config.experiment import Experiment
 from ..config.sources import Source
 from ..data.prepare import DataError, Hashes, PreparedData, fingerprints, load_cached, prepare_data, v1_key
-from ..data.sources import SourceError, source_files, source_fingerprint
+from ..data.source_readers import SourceError, source_files, source_fingerprint
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats.token_files import TokenSegment
 from ..rundir.data import (DataDefinition, FrozenSource, checked_definition, freeze, record_change, run_tokenizer,
                           run_val_arrays)
-from ..rundir.layout import RunDir, RunDirError
+from ..rundir.layout import RunDir
 from ..safe_fs import UnsafeFileError, read_regular
 
 SHOWN = 3  # changes named in the refusal; the rest are counted
@@ -154,10 +154,7 @@ def compare(definition: DataDefinition, experiment: Experiment) -> tuple[list[st
 
 def _prepare(experiment: Experiment, cache_dir: Path, tokenizer_json: bytes | None,
              fps: dict[str, list[str]] | None = None) -> PreparedData:
-    try:
-        return prepare_data(experiment, "/", cache_dir, tokenizer_json=tokenizer_json, fps=fps)
-    except DataError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    return prepare_data(experiment, "/", cache_dir, tokenizer_json=tokenizer_json, fps=fps)
 
 
 def _arms_for_freeze(experiment: Experiment, data: PreparedData, fps: dict[str, list[str]]) -> dict:
@@ -193,10 +190,7 @@ def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cac
                   allow_change: bool, from_frozen: bool, resume_step: int, warn) -> RunData:
     """The launch's data (module docstring). ProxyError (one line, exit 2) for a bad source, a refused data
     change, or damaged frozen data."""
-    try:
-        definition = checked_definition(run)
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    definition = checked_definition(run)
     if not binding or definition is None:
         resolved = resolved_experiment(experiment, experiment_dir, definition if from_frozen else None)
         data = _legacy(run, resolved, cache_dir, warn) if binding else _prepare(resolved, cache_dir, None)
@@ -230,8 +224,5 @@ def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cac
         definition = record_change(run, definition, data.key, arms, changes, resume_step)
         warn(f"training on changed data (--allow-data-change): {'; '.join(changes[:SHOWN])}"
              + (f"; and {len(changes) - SHOWN} more" if len(changes) > SHOWN else "") + "; recorded in data/data.json")
-    try:
-        val = run_val_arrays(run, definition, experiment.arm_names)
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    val = run_val_arrays(run, definition, experiment.arm_names)
     return RunData(tokenizer, tokenizer_json, data.train, val, definition)

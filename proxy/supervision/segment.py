@@ -15,11 +15,12 @@ import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import NamedTuple
 
 import numpy as np
 
-from ..bandit import bandit_for_phase
+from ..bandit import Bandit
 from ..formats import frames
 from ..formats.checkpoint import read_trailer
 from ..formats.engine_cli import engine_args
@@ -30,6 +31,18 @@ from ..rundir.resume import ResumePoint, choose_resume
 from .context import RunContext
 from .engine_process import EngineProcess
 from .engine_record import TOKEN_ENV, new_token, record_engine
+
+
+class Outcome(Enum):
+    """How a segment (one engine launch) ended, as the restart loop acts on it (loop.py)."""
+    FINISHED = "finished"  # max_steps trained
+    STOPPED = "stopped"    # a stop asked for: the run ends cleanly
+    DIVERGED = "diverged"  # a loss not sane, or the engine's non-finite check: never retried
+    HUNG = "hung"          # the watchdog killed a silent engine: restarted
+    FAILED = "failed"      # the engine crashed or exited early: restarted
+    FATAL = "fatal"        # the engine cannot run at all (it rejected its command line): not retried
+    PIVOTED = "pivoted"    # a pivot was applied: the next segment starts the new phase
+    RESUME = "resume"      # a pivot not applied: the next segment goes on in the same phase
 
 
 class Outstanding(NamedTuple):
@@ -137,13 +150,13 @@ def due(every: int, step: int, max_steps: int) -> bool:
 
 # ------------------------------------------------------------ launching
 
-def _replay_eval(ctx: RunContext, index: LossLogIndex, step: int) -> None:
+def _replay_eval(ctx: RunContext, bandit: Bandit, index: LossLogIndex, step: int) -> None:
     """The evaluation of `step` as logged, if there is one, to the bandit (as events.py gives it live).
     Past the phase's start step only this phase's: one a phase before the pivot logged there was never
     given to this phase's bandit live."""
     entry = index.eval(step)
     if entry is not None and (step == ctx.phase.start_step or entry.phase == ctx.phase.phase):
-        ctx.bandit.observe_eval(step, {a: v for a, v in entry.arms.items() if a in ctx.arm_names})
+        bandit.observe_eval(step, {a: v for a, v in entry.arms.items() if a in ctx.arm_names})
 
 
 def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, np.ndarray]:
@@ -152,13 +165,12 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, n
     run fed them; the mixtures of the steps c+1..c+lag, which depend only on those (the earliest on
     none: the initial weights)."""
     phase = ctx.phase
-    bandit, ctx.caps, ctx.floors = bandit_for_phase(ctx.experiment, phase)
-    ctx.bandit = bandit
+    bandit = ctx.new_bandit()
     init = np.array(bandit.weights(), dtype=np.float64, copy=True)
     pending = {s: init for s in range(c + 1, c + ctx.lag + 1) if s - ctx.lag <= phase.start_step}
     known = set(ctx.arm_names)
     dropped = ctx.report.dropped_arms
-    _replay_eval(ctx, index, phase.start_step)
+    _replay_eval(ctx, bandit, index, phase.start_step)
     for t, entry in index.iter_steps(phase.start_step + 1, c):
         arms = {a: v for a, v in entry.arms.items() if a in known}
         extra = set(entry.arms) - known
@@ -170,7 +182,7 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, n
         bandit.observe(t, arms, mixture=entry.mixture)
         if t + ctx.lag > c:
             pending[t + ctx.lag] = np.array(bandit.weights(), dtype=np.float64, copy=True)
-        _replay_eval(ctx, index, t)
+        _replay_eval(ctx, bandit, index, t)
     return pending
 
 
@@ -183,9 +195,7 @@ def launch_segment(ctx: RunContext) -> Segment:
     for reason in resume.skipped:
         ctx.warn(f"not resuming from {reason}")
     c = resume.step
-    if ctx.segment_number == 0:
-        ctx.segment_number = index.max_segment
-    ctx.segment_number += 1
+    ctx.next_segment(index.max_segment)
     pending = _rebuild_bandit(ctx, index, c)
 
     report = ctx.report
@@ -245,7 +255,7 @@ def send_evals(ctx: RunContext, seg: Segment, step: int) -> None:
     tokens, groups = ctx.sampler.eval_batch_all(rows)
     rid = seg.add_request(Request("eval", step))
     seg.engine.send(frames.eval_frame(rid, tokens, groups))
-    seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.rows)))
+    seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.train.rows)))
 
 
 def send_samples(ctx: RunContext, seg: Segment, step: int) -> None:
@@ -256,7 +266,7 @@ def send_samples(ctx: RunContext, seg: Segment, step: int) -> None:
                for i, (_prompt, ids) in enumerate(ctx.prompts)]
     seg.engine.send(frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature),
                                               int(cfg.top_k or 0)))
-    work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / ctx.rows)
+    work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / ctx.train.rows)
     seg.outstanding.append(Outstanding("sample", rid, work))
 
 
@@ -279,7 +289,7 @@ def feed(ctx: RunContext, seg: Segment) -> None:
     while not seg.stop_sent and seg.next_step <= ctx.max_steps and seg.next_step in seg.pending_weights:
         s = seg.next_step
         weights = seg.pending_weights.pop(s)
-        tokens, groups = ctx.sampler.train_batch(s, weights, ctx.rows)
+        tokens, groups = ctx.sampler.train_batch(s, weights, ctx.train.rows)
         seg.engine.send(frames.train_frame(s, tokens, groups))
         seg.outstanding.append(Outstanding("step", s))
         seg.mixtures[s] = weights  # kept until the step's event is logged

@@ -17,12 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.errors import ExperimentError
 from ..config.experiment import Experiment, load_experiment
-from ..data.batches import BatchError, BatchSampler, segment_arrays
+from ..data.batches import BatchSampler, segment_arrays
 from ..data.prepare import default_cache_dir
 from ..data.tokenizer import prompt_ids
-from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ProxyError
+from ..errors import EXIT_OK
 from ..formats.loss_log import LossLogIndex, LossLogWriter
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
@@ -36,10 +35,9 @@ from ..rundir.lock import RunLock
 from ..rundir.phases import ensure_phases, first_phase, read_phases
 from ..rundir.resume import choose_resume
 from ..rundir.retention import RetentionPolicy
-from ..safe_fs import UnsafeFileError
 from .checkpoints import load_best
 from .context import Console, RunContext, SupervisorOptions
-from .engine_process import EngineChoice, EngineError, choose_engine
+from .engine_process import EngineChoice, choose_engine
 from .engine_record import reap_orphan
 from .init_from import import_model
 from .loop import Supervisor
@@ -72,8 +70,6 @@ def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
     old.update(install_interrupt())
     try:
         return _start_run(request, signals, on_started, Console(out, err))
-    except UnsafeFileError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
     finally:
         SignalCounts.restore(old)
 
@@ -82,44 +78,27 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
     """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
     starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises ProxyError for anything the user must fix; returns the exit code
     otherwise."""
-    try:  # a run's frozen experiment: its sources are where the run's data definition says (run_data.py)
-        experiment = load_experiment(request.experiment_path, check_sources=not request.from_frozen)
-    except ExperimentError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
-    try:
-        engine = choose_engine(request.engine)
-    except EngineError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
+    # a run's frozen experiment: its sources are where the run's data definition says (run_data.py)
+    experiment = load_experiment(request.experiment_path, check_sources=not request.from_frozen)
+    engine = choose_engine(request.engine)
     run = RunDir(Path(request.run_dir) if request.run_dir else default_run_dir(experiment.name))
+    run.create()
+    lock = RunLock(run).acquire()  # RunInUse: exit 1
     try:
-        run.create()
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_USAGE) from None
-    try:
-        lock = RunLock(run).acquire()
-    except RunDirError as exc:
-        raise ProxyError(str(exc), EXIT_FAILURE) from None
-    try:
-        try:
-            index = LossLogIndex.load(run.loss_log)
-            recorded = read_phases(run)
-            binding = started_training(run, index, recorded)
-            check_history(run, recorded or [first_phase(experiment)], index)
-            foreign = foreign_checkpoints(run, experiment)
-            if foreign is not None:
-                raise RunDirError(foreign)
-            changed = freeze_experiment(run, Path(request.experiment_path), experiment,
-                                        request.allow_experiment_change, provisional=not binding)
-            phases = ensure_phases(run, experiment, provisional=not binding)
-        except RunDirError as exc:
-            raise ProxyError(str(exc), EXIT_USAGE) from None
+        index = LossLogIndex.load(run.loss_log)
+        recorded = read_phases(run)
+        binding = started_training(run, index, recorded)
+        check_history(run, recorded or [first_phase(experiment)], index)
+        foreign = foreign_checkpoints(run, experiment)
+        if foreign is not None:
+            raise RunDirError(foreign)
+        changed = freeze_experiment(run, Path(request.experiment_path), experiment,
+                                    request.allow_experiment_change, provisional=not binding)
+        phases = ensure_phases(run, experiment, provisional=not binding)
         if changed:
             console.warn(f"experiment changed ({', '.join(changed)}); continuing with the new one "
                          "(--allow-experiment-change)")
-        try:
-            identity, unsaved = load_identity(run, console.warn)
-        except RunDirError as exc:
-            raise ProxyError(str(exc), EXIT_USAGE) from None
+        identity, unsaved = load_identity(run, console.warn)
         reaped = reap_orphan(run, identity, request.options.orphan_grace_s, console.warn)
         if reaped:
             console.warn(reaped)
@@ -136,10 +115,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
                              resume_step=resume.step, warn=console.warn)
         if request.init_from is not None:
             import_model(run, experiment, data, request.init_from, binding, console)
-        try:
-            ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
-        except BatchError as exc:
-            raise ProxyError(str(exc), EXIT_USAGE) from None
+        ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
         if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
             save_identity(run, identity)
         ctx.engine_paths = choose_engine_paths(experiment, run, engine, request, console)

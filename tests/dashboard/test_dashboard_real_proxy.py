@@ -86,7 +86,7 @@ def test_wall_clock_rate_of_a_real_run_never_beats_the_engine(tmp_path):
     import json
 
     from dashboard import payload
-    from dashboard.entries import step_fields
+    from proxy.formats.loss_log import step_fields
     from dashboard.log_follower import parse_lines
     from dashboard.run_index import RunIndex
 

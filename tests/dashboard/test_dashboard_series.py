@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from dashboard import downsample
-from dashboard.entries import step_fields
 from dashboard.payload import WALL_WINDOW_S, WallWindow, round_sig, rows_payload
 from dashboard.run_index import RunIndex
 from dashboard.step_store import K
+from proxy.formats.loss_log import step_fields
 
 
 def line(step: int, loss: float, **kw) -> str:
@@ -169,3 +169,14 @@ def test_live_rows_carry_the_wall_clock_rate():
     assert history.times[0] == 1394.0  # older points are no longer needed
     out, _ = rows_payload(rows[:1], None)
     assert out["wall_tok_s"] == [None] and out["tok_s"] == [pytest.approx(100 / 0.010)]
+
+
+def test_arm_names_bounded_as_the_schema_bounds_them():
+    """The dashboard reads `.loss.json` with the proxy's reader: arm names of at most the schema's MAX_NAME
+    characters, at most MAX_ARMS arms (a forged longer name or more arms are dropped, never plotted)."""
+    from proxy.config.experiment import MAX_ARMS, MAX_NAME
+    longest, too_long = "a" * MAX_NAME, "b" * (MAX_NAME + 1)
+    f = step_fields({"type": "step", "step": 1, "mixture": {longest: 0.5, too_long: 0.5}})
+    assert f is not None and f.mixture == {longest: 0.5}
+    many = {f"arm{i}": 1.0 / (MAX_ARMS + 5) for i in range(MAX_ARMS + 5)}
+    assert len(step_fields({"type": "step", "step": 1, "mixture": many}).mixture) == MAX_ARMS

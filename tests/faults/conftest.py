@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from . import scenarios
+from . import proxy_harness, proxy_scenarios, scenarios
 
 _OUTCOMES: list[dict] = []
 _TEST_RESULTS: dict[str, str] = {}
@@ -125,11 +125,11 @@ def record(request):
 
 
 @pytest.fixture(scope="session")
-def proxy_env(engine_bin, tmp_path_factory) -> scenarios.ProxyEnv:
-    return scenarios.prepare_proxy_env(tmp_path_factory.mktemp("faults-proxy"))
+def proxy_env(engine_bin, tmp_path_factory) -> proxy_harness.ProxyEnv:
+    return proxy_harness.prepare_proxy_env(tmp_path_factory.mktemp("faults-proxy"))
 
 
 @pytest.fixture(scope="session")
 def stopped_run(proxy_env, tmp_path_factory) -> Path:
     """A run of the fault experiment stopped at step >= 20 by SIGTERM (copy it before damaging it)."""
-    return scenarios.make_partial_run(proxy_env, tmp_path_factory.mktemp("faults-stopped") / "run")
+    return proxy_scenarios.make_partial_run(proxy_env, tmp_path_factory.mktemp("faults-stopped") / "run")

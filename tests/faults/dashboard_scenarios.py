@@ -2,10 +2,6 @@
 over a synthetic run directory written the way the proxy writes one (dashboard/synthetic.py)."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,16 +10,10 @@ import httpx
 from dashboard.log_follower import CHUNK
 from dashboard.synthetic import build
 
-from .scenarios import REPO, Outcome
+from .scenarios import Outcome, start_dashboard, stop_process
 
 LOG_STEPS = 120_000  # about 40 MB of log: several chunks, seconds of indexing on a busy 2-core machine
 GARBAGE = 64 << 20  # a region without a newline in the middle of the log (a broken writer's 64 MB line)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> tuple[float, dict | list | None]:
@@ -60,13 +50,7 @@ def dashboard_indexing(workdir: Path, name: str = "dashboard-indexing",
     build(run, LOG_STEPS, eval_every=500)
     valid = (run / ".loss.json").stat().st_size
     _add_garbage(run / ".loss.json", GARBAGE)
-    port = _free_port()
-    log = open(workdir / "dashboard.log", "wb")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "dashboard", "--run-dir", str(run), "--port", str(port),
-                             "--poll", "0.5"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
+    proc, port = start_dashboard(run, workdir)
     base = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 120
@@ -115,12 +99,7 @@ def dashboard_indexing(workdir: Path, name: str = "dashboard-indexing",
         if series_partial == 0:
             out.fail("no series was served before the index completed")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     return out.close()
 
 

@@ -19,9 +19,11 @@ from pathlib import Path
 
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
-from .run_dir_scenarios import one_line_exit, proxy_cmd, run_cmd, temp_files
-from .scenarios import (TINY, Hang, Outcome, ProxyEnv, checkpoint_regions, copy_run, make_shard, read_log,
-                        relaunch_and_compare, run_standalone, tail_lines, with_crc, write_fault_experiment)
+from .engine_scenarios import checkpoint_regions, with_crc
+from .proxy_checks import one_line_exit, proxy_cmd, run_cmd, temp_files
+from .proxy_harness import ProxyEnv, read_log, write_fault_experiment
+from .proxy_scenarios import copy_run, relaunch_and_compare
+from .scenarios import TINY, Hang, Outcome, make_shard, run_standalone, tail_lines
 
 DIVERGED_CLASS = "diverged runs (non-finite or insane loss and state)"
 

@@ -16,8 +16,6 @@ import os
 import resource
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,8 +29,10 @@ from dashboard.synthetic import build
 from harness.gate import Gate
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 
-from .run_dir_scenarios import proxy_cmd, run_cmd
-from .scenarios import ENGINE, REPO, TIMEOUT, Hang, LogTail, Outcome, Proc, ProxyEnv, copy_run, tail_lines
+from .proxy_checks import proxy_cmd, run_cmd
+from .proxy_harness import LogTail, ProxyEnv
+from .proxy_scenarios import copy_run
+from .scenarios import ENGINE, REPO, TIMEOUT, Hang, Outcome, Proc, free_port, start_dashboard, stop_process, tail_lines
 
 FLOOD_CLASS = "dashboard flooded by event-stream clients that never read"
 CLIENTS = 1000
@@ -40,12 +40,6 @@ SAMPLES_BYTES = 8 << 20  # the first push of every stream carries .samples.json
 HEALTH_LIMIT_S = 2.0  # /healthz must answer within this all through the flood
 PEAK_LIMIT = 256 << 20  # RSS above the baseline the server may reach while flooded
 AFTER_LIMIT = 64 << 20  # ... and may keep once the clients are gone
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _big_samples(run: Path, size: int) -> None:
@@ -133,13 +127,7 @@ def event_stream_flood(workdir: Path, clients: int = CLIENTS) -> Outcome:
     run = workdir / "run"
     synthetic = build(run, 20_000, eval_every=500)
     _big_samples(run, SAMPLES_BYTES)
-    port = _free_port()
-    log = open(workdir / "dashboard.log", "wb")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "dashboard", "--run-dir", str(run), "--port", str(port),
-                             "--poll", "0.5"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
+    proc, port = start_dashboard(run, workdir)
     base = f"http://127.0.0.1:{port}/"
     socks: list[socket.socket] = []
     growing = None
@@ -229,12 +217,7 @@ def event_stream_flood(workdir: Path, clients: int = CLIENTS) -> Outcome:
             growing.__exit__()
         for s in socks:
             s.close()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     return out.close()
 
 
@@ -255,7 +238,7 @@ def exposed_dashboard(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         argv = [a for a in env.argv(run, engine=gate.engine_flag) if a != "--no-dashboard"]
         penv = dict(os.environ, PYTHONUNBUFFERED="1")
         penv["PYTHONPATH"] = str(REPO) + os.pathsep + penv.get("PYTHONPATH", "")
-        proxy = Proc([*argv, "--host", host, "--port", str(_free_port())], cwd=REPO, new_session=True,
+        proxy = Proc([*argv, "--host", host, "--port", str(free_port())], cwd=REPO, new_session=True,
                      events=False, env=penv)
         try:
             if not LogTail(run / ".loss.json").wait_step(newest + 3, proxy):

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 from .path_scenarios import tree
-from .run_dir_scenarios import memory_limit, one_line_exit, proxy_cmd, run_cmd
-from .scenarios import ENGINE, REPO, Hang, Outcome, Proc, ProxyEnv, copy_run, write_fault_experiment
+from .proxy_checks import memory_limit, one_line_exit, proxy_cmd, run_cmd
+from .proxy_harness import ProxyEnv, write_fault_experiment
+from .proxy_scenarios import copy_run
+from .scenarios import ENGINE, REPO, Hang, Outcome, Proc
 
 INPUT_CLASS = "unreadable inputs (eval --data, data sources)"
 SPARSE_BYTES = 2 << 30

@@ -22,9 +22,10 @@ from unittest import mock
 from harness.gate import Gate
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 
-from .run_dir_scenarios import launch_and_compare, memory_limit, one_line_exit, proxy_cmd, run_cmd
-from .scenarios import (ENGINE, TIMEOUT, Hang, LogTail, Outcome, ProxyEnv, compare_with_reference, copy_run,
-                        no_traceback, relaunch_and_compare, tail_lines, write_fault_experiment)
+from .proxy_checks import launch_and_compare, memory_limit, one_line_exit, proxy_cmd, run_cmd
+from .proxy_harness import LogTail, ProxyEnv, compare_with_reference, no_traceback, write_fault_experiment
+from .proxy_scenarios import copy_run, relaunch_and_compare
+from .scenarios import ENGINE, TIMEOUT, Hang, Outcome, tail_lines
 
 SYMLINK_CLASS = "checkpoints/ or archive/ a symlink out of the run"
 HUGE_STEP_CLASS = "stray checkpoints with huge step numbers"

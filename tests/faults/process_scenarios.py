@@ -22,10 +22,12 @@ from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 from proxy.rundir.identity import ensure_identity
 from proxy.rundir.layout import RunDir
 
-from .run_dir_scenarios import proxy_cmd, run_cmd
+from .proxy_checks import proxy_cmd, run_cmd
+from .proxy_harness import (LogTail, ProxyEnv, compare_with_reference, engine_alive, engine_record, no_traceback,
+                            read_log)
+from .proxy_scenarios import copy_run
 from .sandbox import Sentinels, require_namespace
-from .scenarios import (ENGINE, TIMEOUT, Hang, LogTail, Outcome, ProxyEnv, compare_with_reference, copy_run,
-                        engine_alive, engine_record, no_traceback, read_log, tail_lines)
+from .scenarios import ENGINE, TIMEOUT, Hang, Outcome, tail_lines
 
 RECORD_CLASS = "forged engine records (pid true, 1, -1, \"12\", a live unrelated pid)"
 COPY_CLASS = "a copied live run relaunched"

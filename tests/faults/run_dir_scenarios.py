@@ -11,160 +11,22 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
-from proxy.formats.loss_log import parse_line
 
-from .scenarios import (REPO, TIMEOUT, Hang, LogTail, Outcome, Proc, ProxyEnv, _snapshot, compare_with_reference,
-                        copy_run, expected_resume, fsize_limit, no_traceback, read_log,
-                        relaunch_and_compare, tail_lines, try_mount_tmpfs, umount, write_fault_experiment)
-
-MEMORY_LIMIT = 8 << 30  # RLIMIT_AS of a proxy fed a device: a regression fails, it never eats the machine
-REFUSE_TIMEOUT = 60.0  # a refusal is immediate; this only bounds a regression that hangs
-
-
-# ---------------------------------------------------------------------------
-# helpers
-
-
-def proxy_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "proxy", *map(str, args)]
-
-
-def run_cmd(argv: list[str], timeout: float = REFUSE_TIMEOUT, preexec_fn=None) -> tuple[int, Proc]:
-    """A `python -m proxy ...` command other than `run` (status, pivot, fork), in its own session."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    p = Proc(argv, cwd=REPO, new_session=True, events=False, env=env, preexec_fn=preexec_fn)
-    return p.finish(timeout), p
-
-
-def launch(start, out: Outcome, where: str) -> tuple[int, Proc] | None:
-    """`start()` (an env.run or run_cmd call): its (exit code, process), or None after recording a hang."""
-    try:
-        return start()
-    except Hang as exc:
-        out.fail(f"{where}: {exc}")
-        return None
-
-
-def launch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str) -> None:
-    """Launch the same command on `run` (which resumes or trains from scratch); it must finish with exit 0
-    and equal the uninterrupted run."""
-    done = launch(lambda: env.run(run, timeout=300), out, where)
-    if done is None:
-        return
-    rc, p = done
-    no_traceback(p, out, where)
-    if rc != 0:
-        out.fail(f"{where}: exited {rc}: {tail_lines(p.stderr)}")
-    compare_with_reference(env, run, out, where=where)
-
-
-def start_training(env: ProxyEnv, run: Path, out: Outcome, past: int = 2) -> Proc | None:
-    """`proxy run` on a stopped run, once it has logged `past` steps beyond its newest checkpoint (None,
-    with the failure recorded, when it exits first)."""
-    newest = max((checkpoint_step(q) for q in list_checkpoints(run / "checkpoints")), default=0)
-    p = env.start(run)
-    if not LogTail(run / ".loss.json").wait_step(newest + past, p):
-        out.fail(f"the proxy exited early: {tail_lines(p.stderr)}")
-        return None
-    return p
-
-
-def memory_limit():
-    """preexec_fn: RLIMIT_AS = MEMORY_LIMIT (with the engine's small needs well inside it)."""
-    def apply():
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    return apply
-
-
-def run_state(run: Path) -> dict:
-    try:
-        state = json.loads((run / ".state.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return state if isinstance(state, dict) else {}
-
-
-def temp_files(run: Path) -> list[str]:
-    """Temp files a write left behind: the proxy's `.<name>.<pid>.tmp`, the engine's `.step_*.bin.tmp`."""
-    out = []
-    for d in (run, run / "checkpoints"):
-        if d.is_dir():
-            out += [f"{d.name}/{p.name}" for p in d.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
-    return sorted(out)
-
-
-def only_appended(run: Path, before: bytes, out: Outcome, where: str) -> None:
-    """`.loss.json` kept every byte it had, and everything after them is whole lines of complete entries."""
-    after = (run / ".loss.json").read_bytes()
-    if not after.startswith(before):
-        out.fail(f"{where}: .loss.json lost or changed bytes it had", data_lost=1)
-        return
-    if after and not after.endswith(b"\n"):
-        out.fail(f"{where}: .loss.json ends in a torn line ({after[-60:]!r})")
-    bad = [ln for ln in after[len(before):].split(b"\n") if ln.strip() and parse_line(ln) is None]
-    if bad:
-        out.fail(f"{where}: {len(bad)} appended line(s) are not complete entries (first {bad[0][:80]!r})")
-
-
-def checkpoints_kept(run: Path, before: dict, out: Outcome, where: str) -> None:
-    """Every checkpoint that was there is byte-identical, and every step_*.bin verifies."""
-    now = _snapshot(run)
-    for name, data in before.items():
-        if now.get(name) != data:
-            out.fail(f"{where}: {name} changed or vanished", data_lost=1)
-    for p in list_checkpoints(run / "checkpoints"):
-        reason = verify_checkpoint(p)
-        if reason is not None and p.name not in before:
-            out.fail(f"{where}: {p.name} does not verify ({reason}): a partial file a loader could take")
-
-
-def one_line_exit(p: Proc, rc: int, code: int, needle: str, out: Outcome, where: str) -> str | None:
-    """Exit `code`, no traceback, exactly one stderr line containing `needle`, and it is the last."""
-    no_traceback(p, out, where)
-    lines = p.stderr_lines()
-    hits = [ln for ln in lines if needle in ln]
-    if rc != code or len(hits) != 1 or lines[-1] != hits[0]:
-        out.fail(f"{where}: expected exit {code} and one last stderr line with {needle!r}; exit {rc}, "
-                 f"stderr {lines[-4:]}")
-        return None
-    return hits[0]
-
-
-@contextmanager
-def tmpfs(mountpoint: Path, size_bytes: int):
-    """A tmpfs of `size_bytes` at `mountpoint` (yields None), or yields why it cannot be mounted."""
-    why = try_mount_tmpfs(mountpoint, size_bytes)
-    try:
-        yield why
-    finally:
-        if why is None:
-            umount(mountpoint)
-
-
-def fill_disk(directory: Path) -> int:
-    """Fill the file system holding `directory` to the last byte; returns the bytes written."""
-    written = 0
-    with open(directory / "filler", "wb", buffering=0) as f:
-        for block in (1 << 20, 4096, 512, 1):
-            data = b"\0" * block
-            while True:
-                try:
-                    written += f.write(data)
-                except OSError:
-                    break
-    return written
+from .engine_scenarios import umount
+from .proxy_checks import (REFUSE_TIMEOUT, checkpoints_kept, fill_disk, launch, launch_and_compare, memory_limit,
+                           one_line_exit, only_appended, proxy_cmd, run_cmd, run_state, start_training, temp_files,
+                           tmpfs)
+from .proxy_harness import LogTail, ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
+from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
+from .scenarios import TIMEOUT, Outcome, Proc, fsize_limit, tail_lines
 
 
 # ---------------------------------------------------------------------------

@@ -24,8 +24,9 @@ from proxy.config.experiment import load_experiment
 from proxy.rundir.layout import RunDir
 from proxy.rundir.phases import read_phases
 
-from . import scenarios
-from .scenarios import FUZZ_MODEL, Outcome
+from . import engine_scenarios, proxy_harness, proxy_scenarios, scenarios
+from .engine_scenarios import FUZZ_MODEL
+from .scenarios import Outcome
 
 SEED = scenarios.fault_seed()
 FAST = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -128,7 +129,7 @@ def test_fuzzed_frames_never_crash_or_hang_the_engine(engine_bin, tmp_path, reco
     @given(data=frame_streams)
     def check(data):
         out.begin_fault()
-        rc, problems = scenarios.feed_engine(tmp_path, data)
+        rc, problems = engine_scenarios.feed_engine(tmp_path, data)
         out.bump(f"inputs that ended with exit {rc}")
         out.end_fault()
         if problems:
@@ -204,7 +205,7 @@ def _documents(valid: dict):
 
 
 def _exp_dir(tmp_path):
-    path = scenarios.write_fault_experiment(tmp_path / "exp")
+    path = proxy_harness.write_fault_experiment(tmp_path / "exp")
     return path, json.loads(path.read_text())
 
 
@@ -330,7 +331,7 @@ def test_fuzzed_caps_files_pivot_cli(proxy_env, stopped_run, tmp_path, record):
     """`python -m proxy pivot --caps BAD.json` on a stopped run: exit 2, one line naming the file, no
     traceback, and not one byte of the run directory changed (docs/ARCHITECTURE.md: a bad caps file
     changes nothing and says why)."""
-    run = scenarios.copy_run(stopped_run, tmp_path / "run")
+    run = proxy_scenarios.copy_run(stopped_run, tmp_path / "run")
     experiment = load_experiment(run / "experiment.json", check_sources=False)
     phase = read_phases(RunDir(run))[-1]
     arms = experiment.arm_names

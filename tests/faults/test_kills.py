@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from . import scenarios
+from . import engine_scenarios, proxy_scenarios
 from .scenarios import LARGE, TINY
 
 
@@ -16,7 +16,7 @@ def test_engine_sigkill_at_random_moments(engine_bin, tmp_path, record):
     """40 SIGKILLs of a standalone engine (--ckpt-every 2): at startup, after a step, after a ckpt
     event, and inside checkpoint writes; every checkpoint of the finished run equals the uninterrupted
     run's byte for byte."""
-    out = record(scenarios.engine_kill_storm(
+    out = record(engine_scenarios.engine_kill_storm(
         # 600 steps: room for 40 kills however fast the engine runs between a kill's target
         # step and the kill itself (each kill lets the run progress a few steps)
         tmp_path, TINY.but(steps=600), ckpt_every=2, n_kills=40,
@@ -30,7 +30,7 @@ def test_engine_sigkill_inside_checkpoint_writes(engine_bin, tmp_path, record):
     """12 SIGKILLs of an engine with a 22 MB checkpoint written every step, each at a random offset
     within the measured write time. Most land inside the write (a temp file is left behind): the
     temp file is never taken and is removed by the next start; the final checkpoint is byte-identical."""
-    out = record(scenarios.engine_kill_storm(
+    out = record(engine_scenarios.engine_kill_storm(
         tmp_path, LARGE, ckpt_every=1, n_kills=12, modes={"write": 1.0}, ref_every=0,
         name="engine-kill-in-write", fault_class="kill -9 of the engine inside checkpoint writes (22 MB)"))
     out.check()
@@ -43,7 +43,7 @@ def test_engine_sigkill_inside_checkpoint_writes(engine_bin, tmp_path, record):
 def test_proxy_level_kills(proxy_env, tmp_path, record, kind, n_kills):
     """SIGKILL the proxy's process group / the engine / both during a TINY-sized proxy run and relaunch
     the same command: identical per-step losses, mixtures, evals, samples and final weights."""
-    out = record(scenarios.proxy_kill_storm(proxy_env, tmp_path, kind, n_kills))
+    out = record(proxy_scenarios.proxy_kill_storm(proxy_env, tmp_path, kind, n_kills))
     out.check()
 
 
@@ -57,11 +57,11 @@ def test_proxy_level_kills_inside_background_writes(proxy_env, tmp_path, record,
     but not yet announced by its ckpt event (the engine may have logged later steps). Relaunches resume
     from the newest valid checkpoint the log covers, no valid checkpoint is lost, and the finished run
     equals the uninterrupted one."""
-    engine = scenarios.slow_write_engine(tmp_path, scenarios.build_fsync_shim(tmp_path), WRITE_DELAY_MS)
-    out = record(scenarios.proxy_kill_storm(
+    engine = proxy_scenarios.slow_write_engine(tmp_path, proxy_scenarios.build_fsync_shim(tmp_path), WRITE_DELAY_MS)
+    out = record(proxy_scenarios.proxy_kill_storm(
         proxy_env, tmp_path, kind, n_kills, engine=str(engine), write_s=2.5 * WRITE_DELAY_MS / 1000.0,
         name=f"proxy-kill-{kind}-in-write",
-        fault_class=scenarios.PROXY_KILL_KINDS[kind] + " inside background checkpoint writes"))
+        fault_class=proxy_scenarios.PROXY_KILL_KINDS[kind] + " inside background checkpoint writes"))
     out.check()
     hits = (out.notes.get("kills that left a checkpoint temp file (inside a write)", 0)
             + out.notes.get("kills that left a checkpoint the proxy had not seen announced", 0))

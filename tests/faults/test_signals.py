@@ -4,37 +4,37 @@ from __future__ import annotations
 
 import shutil
 
-from . import run_dir_scenarios, scenarios
+from . import engine_scenarios, proxy_scenarios, run_dir_scenarios
 
 
 def test_engine_sigterm_inside_checkpoint_write(engine_bin, tmp_path, record):
-    out = record(scenarios.engine_sigterm_in_write(tmp_path))
+    out = record(engine_scenarios.engine_sigterm_in_write(tmp_path))
     out.check()
     shutil.rmtree(tmp_path / "ck")  # ~200 MB of checkpoints; kept only when the test fails
 
 
 def test_engine_sigusr1_storm(engine_bin, tmp_path, record):
-    out = record(scenarios.engine_sigusr1_storm(tmp_path))
+    out = record(engine_scenarios.engine_sigusr1_storm(tmp_path))
     out.check()
 
 
 def test_proxy_sigusr1_storm(proxy_env, tmp_path, record):
-    out = record(scenarios.proxy_sigusr1_storm(proxy_env, tmp_path))
+    out = record(proxy_scenarios.proxy_sigusr1_storm(proxy_env, tmp_path))
     out.check()
 
 
 def test_engine_sigstop_then_sigcont(engine_bin, tmp_path, record):
-    out = record(scenarios.engine_sigstop(tmp_path))
+    out = record(engine_scenarios.engine_sigstop(tmp_path))
     out.check()
 
 
 def test_proxy_kills_and_restarts_a_hung_engine(proxy_env, stopped_run, tmp_path, record):
-    out = record(scenarios.proxy_hung_engine(proxy_env, stopped_run, tmp_path))
+    out = record(proxy_scenarios.proxy_hung_engine(proxy_env, stopped_run, tmp_path))
     out.check()
 
 
 def test_proxy_stops_a_crash_loop(proxy_env, stopped_run, tmp_path, record):
-    out = record(scenarios.proxy_crash_loop(proxy_env, stopped_run, tmp_path))
+    out = record(proxy_scenarios.proxy_crash_loop(proxy_env, stopped_run, tmp_path))
     out.check()
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from proxy.bandit import Progress, Uniform, make_bandit, project_capped_simplex
-from proxy.bandit.progress import allocate
+from proxy.bandit.learning_progress import allocate
 from proxy.data.batches import BatchSampler
 from proxy.config.experiment import BanditConfig
 from proxy.formats.shard import read_shard, write_shard

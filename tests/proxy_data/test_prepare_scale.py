@@ -16,8 +16,8 @@ import pytest
 from proxy.config.experiment import parse_experiment
 from proxy.config.sources import parse_source
 from proxy.data import DataError, SourceError, load_documents, prepare_data, train_tokenizer
-from proxy.data.progress import Progress
-from proxy.data.sources import stdlib_files
+from proxy.data.progress_bars import Progress
+from proxy.data.source_readers import stdlib_files
 from proxy.data.text import binary_reason, pieces, safe_cut
 from proxy.formats.shard import read_shard
 
@@ -74,7 +74,7 @@ def test_one_and_two_workers_give_the_same_bytes(tmp_path, code_text, tokenizer,
     """A file over many units (one document cut in pieces), JSON Lines split between units, a directory of
     small files: the same shards from one worker (this process) and from two worker processes; the big
     file's tokens are its whole encoding."""
-    monkeypatch.setattr("proxy.data.sources.UNIT_BYTES", 64 * 1024)
+    monkeypatch.setattr("proxy.data.source_readers.UNIT_BYTES", 64 * 1024)
     (tmp_path / "big.txt").write_text(code_text)
     with open(tmp_path / "lines.jsonl", "w") as f:
         for i in range(3000):
@@ -100,7 +100,7 @@ def test_one_and_two_workers_give_the_same_bytes(tmp_path, code_text, tokenizer,
 def test_the_tokenizer_trains_on_a_bounded_sample(tmp_path, code_text, monkeypatch):
     (tmp_path / "big.txt").write_text(code_text)
     exp = experiment({"a": [{"file": "big.txt"}]})
-    monkeypatch.setattr("proxy.data.sources.UNIT_BYTES", 64 * 1024)
+    monkeypatch.setattr("proxy.data.source_readers.UNIT_BYTES", 64 * 1024)
     monkeypatch.setattr("proxy.data.split.SAMPLE_BYTES", 300_000)
     monkeypatch.setattr("proxy.data.prepare.SAMPLE_CAP", 600_000)
     err = io.StringIO()

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from proxy.config.sources import parse_source  # noqa: E402
 from proxy.data import SourceError, load_documents, prepare_data  # noqa: E402
-from proxy.data.sources import source_fingerprint  # noqa: E402
+from proxy.data.source_readers import source_fingerprint  # noqa: E402
 
 ROWS = [f"row {i}: " + "some text of the row " * (i % 5 + 1) for i in range(300)]
 
@@ -93,7 +93,7 @@ def test_column_errors_are_one_line(tmp_path):
 def test_prepare_parquet_and_dataset_arms_with_workers(tmp_path, monkeypatch):
     """Many units (row groups, batch runs; planned here, read by the workers) read by two worker processes
     give the bytes one worker gives."""
-    monkeypatch.setattr("proxy.data.sources.UNIT_BYTES", 2000)
+    monkeypatch.setattr("proxy.data.source_readers.UNIT_BYTES", 2000)
     rows = ROWS * 20
     write_parquet(tmp_path / "p.parquet", rows, group=100)
     save_to_disk(tmp_path / "ds", rows, files=3)

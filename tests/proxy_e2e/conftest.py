@@ -176,6 +176,15 @@ def run_cmd(args: list[str], cache: Path, timeout: float = RUN_TIMEOUT) -> subpr
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
 
 
+def one_line_error(result, code: int) -> str:
+    """The one stderr line of a command that failed with `code` (no traceback, nothing else)."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 def read_entries(run_dir: Path) -> list[dict]:
     """Every complete line of .loss.json (a torn last line is skipped, as readers must)."""
     out = []

@@ -7,18 +7,10 @@ import signal
 
 from proxy.formats import frames
 
-from .conftest import (ENGINE, Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive, run_args,
-                       run_cmd, state, wait_for)
+from .conftest import (ENGINE, Proxy, engine_pid, last_steps, make_experiment, max_logged_step, one_line_error,
+                       pid_alive, run_args, run_cmd, state, wait_for)
 
 TRAIN = dict(max_steps=200, ckpt_every=20, eval_every=50, sample_every=50, keep_last=2, milestone_every=0)
-
-
-def one_line_error(result, code: int) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def test_crash_loop_stops_with_a_clear_message(engine, data_cache, tmp_path):

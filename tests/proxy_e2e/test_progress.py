@@ -9,7 +9,7 @@ import time
 
 from proxy.formats import frames
 from proxy.formats.checkpoint import verify_checkpoint
-from proxy.supervision.status import PROGRESS_EVERY_S
+from proxy.supervision.live_status import PROGRESS_EVERY_S
 
 from .conftest import TINY, Proxy, make_experiment, max_logged_step, run_args, run_cmd, state, wait_for
 

@@ -21,7 +21,7 @@ from proxy.formats.state import AuditTime, EngineStatus, Goodput, RunState, read
 from proxy.supervision.best_copier import BestCopier
 from proxy.supervision.checkpoints import maybe_best
 from proxy.supervision.goodput import GoodputMeter, checkpoint_stall_ms, overhead_summary
-from proxy.supervision.progress import Progress
+from proxy.supervision.throughput import Progress
 from proxy.supervision.report import RunReport
 from proxy.supervision.segment import sample_seed
 
@@ -277,7 +277,7 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
     then every step, each evaluation of this phase right after its step; an evaluation left in the log by
     the phase before the pivot, past its start, is not this phase's and is not given (live, this phase
     never gave it)."""
-    from proxy.supervision import segment  # noqa: PLC0415
+    from proxy.supervision import context, segment  # noqa: PLC0415
 
     class Recorder:
         def __init__(self):
@@ -312,9 +312,10 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
             evaluation(s, 1, 40.5)
     writer.close()
     recorder = Recorder()
-    monkeypatch.setattr(segment, "bandit_for_phase", lambda experiment, phase: (recorder, {}, {}))
+    monkeypatch.setattr(context, "bandit_for_phase", lambda experiment, phase: (recorder, {}, {}))
     ctx = SimpleNamespace(phase=SimpleNamespace(phase=1, start_step=20), experiment=None, lag=2, arm_names=["a", "b"],
                           report=SimpleNamespace(dropped_arms=set()), warn=lambda line: None)
+    ctx.new_bandit = lambda: context.RunContext.new_bandit(ctx)  # the real method, on this stand-in
     segment._rebuild_bandit(ctx, LossLogIndex.load(log), 40)
     assert recorder.calls == [("eval", 20, 20.0)] + [("step", s) for s in range(21, 41)] + [("eval", 40, 40.5)]
     assert ctx.bandit is recorder

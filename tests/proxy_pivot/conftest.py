@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from proxy_e2e.conftest import (TINY, Proxy, _reap_proxies, data_cache, engine, gate,  # noqa: F401
-                                last_steps, make_experiment, max_logged_step, read_entries, run_args, run_cmd,
-                                state, wait_for)
+                                last_steps, make_experiment, max_logged_step, one_line_error, read_entries,
+                                run_args, run_cmd, state, wait_for)
 
 ARMS = ["code", "docstrings", "topics"]
 # the pivot's caps file: another policy, a cap that binds, a floor that binds (topics keeps its 0.1)
@@ -53,11 +53,3 @@ def check_new_phase_steps(steps: dict[int, dict], start: int, last: int, rows: i
         for arm in ARMS:
             if int(mix[arm] * rows + 1e-9) >= 1:
                 assert arm in e["arms"], (s, arm, mix, e["arms"])
-
-
-def one_line_error(result, code: int) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]

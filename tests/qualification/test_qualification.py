@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from proxy import qualification as qual
-from proxy.formats.qualification import read_qualification
+from proxy.formats.qualification_record import read_qualification
 from proxy.rundir.layout import RunDir
 
 HERE = Path(__file__).resolve().parent

@@ -7,7 +7,7 @@ import time
 from ..formats.state import ArmStatus, RunState, write_state
 from .context import RunContext
 from .goodput import overhead_summary
-from .progress import fmt_duration, fmt_rate
+from .throughput import fmt_duration, fmt_rate
 from .segment import Segment
 
 
@@ -21,7 +21,7 @@ PROGRESS_EVERY_S = 30.0  # the longest the terminal goes without a progress line
 def say_progress(ctx: RunContext, seg: Segment, on_clock: bool = False) -> None:
     """`step 200/300 | loss 4.2023 (smoothed 4.2741) | 31.9k tok/s (engine 35.2k) | ETA 0m01s | mixture
     code 0.62, docstrings 0.28, topics 0.10`: tokens/s of wall-clock time and of the engine's step compute
-    alone, over the window of progress.py; the mixture the last step was drawn from. A line the clock
+    alone, over the window of throughput.py; the mixture the last step was drawn from. A line the clock
     asked for ends with `last step 0m12s ago` (the engine is inside a step, or an audit). Before this
     launch's first step, how long the engine has been at it instead."""
     report, now = ctx.report, time.monotonic()

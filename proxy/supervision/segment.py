@@ -111,7 +111,9 @@ class Segment:
             return f"checkpoints step {self.last_step}"
         if head.kind == "step":
             queued = sum(1 for item in self.outstanding if item.kind == "step") - 1
-            return (f"finishes step {head.key}, checkpoints it" +
+            # the oldest step sent and not reported: the engine may not have begun it yet (a signal between two
+            # steps), and then it checkpoints the step before; the stopped-at line names the one it wrote
+            return (f"finishes step {head.key} if it has begun it, checkpoints" +
                     (f" (the {queued} step(s) queued behind it are sent again on resume)" if queued else ""))
         request = self.requests.get(head.key)
         what = "sample audit" if head.kind == "sample" else "evaluation"

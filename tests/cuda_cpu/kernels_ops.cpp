@@ -150,44 +150,7 @@ template <typename Tx> static void classifier_case(Run &run, int write_grad) {
     float *losses = run.device<float>(BT, "losses");
     fused_classifier<Tx>(d_logits, losses, d_targets, BT, V, grad_scale, write_grad, nullptr);
 
-    // The CPU engine's op on the rows that have a target.
-    std::vector<float> rows, ref_losses;
-    std::vector<int> kept_targets, kept;
-    for (int i = 0; i < BT; i++)
-        if (targets[i] >= 0) {
-            rows.insert(rows.end(), logits.begin() + (size_t)i * V, logits.begin() + (size_t)(i + 1) * V);
-            kept_targets.push_back(targets[i]);
-            kept.push_back(i);
-        }
-    int n = (int)kept.size();
-    ref_losses.resize(n);
-    cpu_fused_classifier(rows.data(), ref_losses.data(), kept_targets.data(), n, V, grad_scale, 1);
-    std::vector<double> got_losses = result(run, "losses", losses, BT), got_grads = result(run, "logits", d_logits, (size_t)BT * V);
-    std::vector<double> kept_losses, kept_grads;
-    for (int i : kept) {
-        kept_losses.push_back(got_losses[i]);
-        kept_grads.insert(kept_grads.end(), got_grads.begin() + (size_t)i * V, got_grads.begin() + (size_t)(i + 1) * V);
-    }
-    run.compare("losses", kept_losses, doubles(ref_losses), 1, FP32_BOUND, FP32_ROW_BOUND);
-    if (write_grad)
-        run.compare("dlogits", kept_grads, doubles(rows), V, bound<Tx>(), row_bound<Tx>());
-    for (int i = 0; i < BT; i++) {
-        if (targets[i] >= 0) {
-            if (!write_grad)  // the logits stay as they were
-                for (int j = 0; j < V; j++)
-                    if (got_grads[(size_t)i * V + j] != logits[(size_t)i * V + j]) {
-                        run.fail("row %d: logit %d changed without write_grad", i, j);
-                        break;
-                    }
-            continue;
-        }
-        if (got_losses[i] != 0.0) run.fail("padded row %d: loss %g, not 0", i, got_losses[i]);
-        for (int j = 0; write_grad && j < V; j++)
-            if (got_grads[(size_t)i * V + j] != 0.0) {
-                run.fail("padded row %d: gradient %g at %d, not 0", i, got_grads[(size_t)i * V + j], j);
-                break;
-            }
-    }
+    check_classifier<Tx>(run, logits, targets, BT, V, grad_scale, write_grad, d_logits, losses);
 }
 
 // The logits sampling reads: 3 of 4 rows at position 2 of 5, exactly.

@@ -73,7 +73,7 @@ def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase
             if entry is not None and not sane_loss(entry.loss, vocab):
                 reason = f"{path.name}: the run had diverged at its step ({insanity(entry.loss, vocab)})"
             elif entry is not None:  # trained after a diverged step of its phase: descends from diverged weights
-                first = index.first_diverged(entry.phase, after if since is not None else 0, step,
+                first = index.first_diverged(entry.phase, after, step,
                                              lambda loss: sane_loss(loss, vocab))
                 if first is not None:
                     reason = (f"{path.name}: the run had diverged at step {first}, before it "

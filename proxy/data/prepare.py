@@ -55,7 +55,8 @@ from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens
 from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
 from .workers import Task, Workers, default_workers
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: long texts with Windows line ends are cut before a \r\n (text.safe_cut)
+FORMATS_READ = (1, 2, FORMAT_VERSION)  # 2 differs from 3 only in that cut: its entries hold a run's tokens
 # The cache entries of format 1 (before preparation streamed), read for runs trained on one: their key's
 # parts, as that version wrote them (it trained the tokenizer on every training document, split by whole
 # documents in the order of their hash).
@@ -443,7 +444,7 @@ def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> 
     except (OSError, ValueError, UnsafeFileError, RecursionError):
         return None
     if not isinstance(manifest, dict) or manifest.get("key") != key or \
-            manifest.get("format") not in (FORMAT_VERSION, V1["format"]):
+            manifest.get("format") not in FORMATS_READ:
         return None
     train, val = {}, {}
     try:

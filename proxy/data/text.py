@@ -10,10 +10,12 @@ as it skips files that are not UTF-8.
 **Long texts are cut where the tokenizer would cut them anyway**, so that no
 piece held in memory or encoded at once is much longer than PIECE_CHARS,
 whatever the size of a document. A cut goes right before a newline that
-follows a printable ASCII character other than a space: GPT-2's byte-level
-pre-tokenizer (ours, and GPT-2's own) always ends a pre-token there (no
-pattern of it runs from a non-space character into whitespace, and what
-follows is matched the same without what came before), so a document
+follows a printable ASCII character other than a space, or right before the
+`\r\n` that follows one (a file with Windows line ends has no newline right
+after a printable character): GPT-2's byte-level pre-tokenizer (ours, and
+GPT-2's own) always ends a pre-token there (no pattern of it runs from a
+non-space character into whitespace, and what follows is matched the same
+without what came before), so a document
 encoded in pieces gives the same tokens as encoded whole. Where no such
 place exists within SEARCH_CHARS of the nominal cut (a megabyte without a
 line break), the cut goes at the nominal place (a character boundary). The
@@ -52,10 +54,14 @@ def _printable(c: int) -> bool:
     return 0x21 <= c <= 0x7E
 
 
+def _code(c: Union[int, str]) -> int:
+    return c if isinstance(c, int) else ord(c)
+
+
 def safe_cut(text: Text, nominal: int) -> int:
-    """The first place at or after `nominal` (within SEARCH_CHARS) right before a newline that follows a
-    printable non-space ASCII character; else `nominal` itself (moved past UTF-8 continuation bytes when
-    `text` is bytes). `len(text)` when `nominal` is at or past the end."""
+    """The first place at or after `nominal` (within SEARCH_CHARS) right before a newline, or a `\r\n`,
+    that follows a printable non-space ASCII character; else `nominal` itself (moved past UTF-8
+    continuation bytes when `text` is bytes). `len(text)` when `nominal` is at or past the end."""
     n = len(text)
     if nominal >= n:
         return n
@@ -63,9 +69,11 @@ def safe_cut(text: Text, nominal: int) -> int:
     limit = min(n, nominal + SEARCH_CHARS)
     i = text.find(newline, max(nominal, 1), limit)
     while i != -1:
-        before = text[i - 1]
-        if _printable(before if isinstance(before, int) else ord(before)):
+        before = _code(text[i - 1])
+        if _printable(before):
             return i
+        if before == 0x0D and i - 1 >= max(nominal, 1) and _printable(_code(text[i - 2])):
+            return i - 1
         i = text.find(newline, i + 1, limit)
     if isinstance(text, bytes):
         while nominal < n and 0x80 <= text[nominal] < 0xC0:

@@ -51,6 +51,12 @@ def test_safe_cuts_encode_as_the_whole(code_text, tokenizer):
     # bytes cut the same way (a file read in parts)
     data = text.encode()
     assert safe_cut(data, 5_000) == len(text[:safe_cut(text, 5_000)].encode())
+    # Windows line ends: cut before the \r\n, and the pieces still encode as the whole
+    crlf = text.replace("\n", "\r\n")
+    parts = pieces(crlf, size=5_000)
+    assert len(parts) > 100 and all(p.startswith("\r\n") for p in parts[1:])
+    assert [i for p in parts for i in tokenizer.encode(p)] == tokenizer.encode(crlf)
+    assert safe_cut(b"ab\r\ncd", 2) == 2 and safe_cut(b"ab\r\ncd", 3) == 3  # never before `nominal`
     # no newline nearby: the nominal place (on a character boundary for bytes)
     long_line = ("é" * 100_000).encode()
     assert safe_cut(long_line, 5_001) == 5_002

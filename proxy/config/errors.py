@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from ..errors import EXIT_USAGE, ProxyError
 from ..safe_fs import UnsafeFileError, read_regular
-from .sources import TAG
+from .strict import TAG
 
 CONFIG_FILE_LIMIT = 1 << 20  # the largest experiment or caps file read (and the frozen copy in a run)
 

@@ -21,7 +21,7 @@ from ..formats.frames import SAMPLE_MAX_COMPLETIONS
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
 from .errors import ExperimentError, config_error, format_validation_error, read_json
-from .policies import DEFAULT_POLICY, POLICIES, POLICY_PARAMS
+from .policies import BanditConfig, TargetConfig
 from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_problem
 from .strict import MAX_ARMS, MAX_NAME, MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
 
@@ -112,40 +112,6 @@ class TrainConfig(StrictModel):
         return self.batch * self.grad_accum
 
 
-class BanditConfig(StrictModel):
-    """The mixture policy (docs/EXPERIMENTS.md, "Bandit policies")."""
-    policy: Literal[POLICIES] = DEFAULT_POLICY
-    # ucb1
-    c: float = Field(default=1.0, ge=0)
-    reward_scale: float = Field(default=1000.0, gt=0)
-    temperature: float = Field(default=10.0, ge=0)
-    # both: EMA of each arm's loss (ucb1's reward baseline; shown for exp3)
-    ema_alpha: float = Field(default=0.1, gt=0, le=1)
-    # exp3: weight of the old estimate in the smoothed reward update
-    smoothing: float = Field(default=0.9, ge=0, lt=1)
-    # progress: the EMA whose record lows it follows, the pulls its speed is fitted over, the spare
-    # mass spread evenly
-    record_alpha: float = Field(default=0.05, gt=0, le=1)
-    window: int = Field(default=100, ge=3)
-    # progress and target: the spare mass spread evenly
-    explore: float = Field(default=0.05, ge=0, le=1)
-    # target: the evaluations its speeds are fitted over, the share of the objective's speed below which a
-    # target arm counts as stalled, the most any arm's weight moves in one step
-    eval_window: int = Field(default=10, ge=3)
-    stall: float = Field(default=0.25, gt=0, le=1)
-    max_move: float = Field(default=0.006, gt=0, le=1)
-
-    @model_validator(mode="after")
-    def _params_match_policy(self):
-        # A parameter of another policy left at its default is accepted, so a
-        # dump of a validated config (which writes every field) loads again.
-        stray = sorted(k for k in self.model_fields_set - {"policy"} - POLICY_PARAMS[self.policy]
-                       if getattr(self, k) != type(self).model_fields[k].default)
-        if stray:
-            raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to policy {self.policy!r}")
-        return self
-
-
 class ArmConfig(StrictModel):
     """A bandit arm: a named data source (one or more sources, concatenated)."""
     name: ArmName
@@ -197,7 +163,7 @@ class Experiment(StrictModel):
     name: RunName
     model: ModelConfig
     train: TrainConfig
-    bandit: BanditConfig = Field(default_factory=BanditConfig)
+    bandit: BanditConfig = Field(default_factory=TargetConfig)  # policies.py: one model per policy
     # a Hugging Face tokenizer.json to use instead of training a byte-level BPE on the arms' text
     tokenizer: Optional[PathText] = None
     arms: list[ArmConfig] = Field(max_length=MAX_ARMS)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, model_validator
 
-from .strict import PathText, StrictModel, Word
+from .strict import TAG, PathText, StrictModel, Word
 
 TEXT, TOKENS = "text", "tokens"  # what a source's documents are
 FILE, DIRECTORY, PATTERN = "file", "directory", "pattern"  # what a path field names
@@ -33,7 +33,6 @@ TOKEN_BUILTINS = ("random_tokens",)
 STDLIB_BUILTINS = ("stdlib_code", "stdlib_docstrings")
 MAX_MODULES = 1000
 TOKEN_FORMATS = ("uint16", "llmc", "npy")  # formats/token_files.py
-TAG = "="  # how a kind shows in pydantic's error paths; config/errors.py drops it from the field path
 
 
 class Source(StrictModel):

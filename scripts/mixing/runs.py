@@ -21,7 +21,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from proxy.atomic import atomic_write_json
-from proxy.config.experiment import BanditConfig, load_experiment
+from proxy.config.experiment import load_experiment
+from proxy.config.policies import DEFAULT_POLICY
 from proxy.config.sources import parse_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ class LaunchOptions:
 
 def bandit_for(policy: str, base: dict) -> dict:
     """The base experiment's bandit object for `policy`: its parameters where the policy is the base's own."""
-    if base.get("policy", BanditConfig().policy) == policy:
+    if base.get("policy", DEFAULT_POLICY) == policy:
         return dict(base)
     return {"policy": policy}
 

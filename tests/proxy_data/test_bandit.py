@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from proxy.bandit import EXP3, UCB1, make_bandit, project_capped_simplex
 from proxy.bandit.exp3 import exploration
-from proxy.config.experiment import BanditConfig
+from proxy.config.policies import bandit_config
 
 TOL = 1e-9
 
@@ -88,14 +88,14 @@ def check_weights(bandit):
 
 @pytest.mark.parametrize("policy", ["ucb1", "exp3"])
 def test_starts_uniform(policy):
-    b = make_bandit(BanditConfig(policy=policy), NAMES, CAPS, FLOORS)
+    b = make_bandit(bandit_config(policy), NAMES, CAPS, FLOORS)
     np.testing.assert_allclose(b.weights(), [1 / 3] * 3)
-    b = make_bandit(BanditConfig(policy=policy), NAMES, {"a": 0.2, "b": 1, "c": 1}, {"a": 0, "b": 0, "c": 0})
+    b = make_bandit(bandit_config(policy), NAMES, {"a": 0.2, "b": 1, "c": 1}, {"a": 0, "b": 0, "c": 0})
     np.testing.assert_allclose(b.weights(), [0.2, 0.4, 0.4])
 
 
 def test_ucb1_favors_the_arm_that_learns_fastest():
-    b = make_bandit(BanditConfig(policy="ucb1"), NAMES, CAPS, FLOORS)
+    b = make_bandit(bandit_config("ucb1"), NAMES, CAPS, FLOORS)
     for step, arm_losses in losses(0, 300):
         b.observe(step, arm_losses)
         check_weights(b)
@@ -130,7 +130,7 @@ def test_ucb1_explores_unseen_arms_first():
 
 
 def test_exp3_favors_the_arm_with_highest_loss():
-    b = make_bandit(BanditConfig(policy="exp3"), NAMES, CAPS, FLOORS)
+    b = make_bandit(bandit_config("exp3"), NAMES, CAPS, FLOORS)
     for step, arm_losses in losses(0, 300):
         b.observe(step, arm_losses, mixture=b.mixture())
         check_weights(b)
@@ -154,7 +154,7 @@ def test_exp3_formula():
 
 @pytest.mark.parametrize("policy", ["ucb1", "exp3"])
 def test_replay_is_deterministic(policy):
-    cfg = BanditConfig(policy=policy)
+    cfg = bandit_config(policy)
     history = list(losses(7, 200))
     # the "live" bandit, whose weights are read between steps as a supervisor does
     live = make_bandit(cfg, NAMES, CAPS, FLOORS)
@@ -175,7 +175,7 @@ def test_replay_is_deterministic(policy):
 
 @pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress", "target"])
 def test_state_format(policy):
-    b = make_bandit(BanditConfig(policy=policy), NAMES, CAPS, FLOORS)
+    b = make_bandit(bandit_config(policy), NAMES, CAPS, FLOORS)
     st_ = b.state()
     assert st_["policy"] == policy
     assert set(st_["arms"]) == set(NAMES)
@@ -185,7 +185,7 @@ def test_state_format(policy):
 
 @pytest.mark.parametrize("policy", ["ucb1", "exp3", "uniform", "progress", "target"])
 def test_observe_checks(policy):
-    b = make_bandit(BanditConfig(policy=policy), NAMES, CAPS, FLOORS)
+    b = make_bandit(bandit_config(policy), NAMES, CAPS, FLOORS)
     b.observe(5, {"a": 1.0})
     with pytest.raises(ValueError, match="steps must increase"):
         b.observe(5, {"a": 1.0})
@@ -193,3 +193,20 @@ def test_observe_checks(policy):
         b.observe(6, {"zz": 1.0})
     b.observe(7, {"a": float("nan"), "b": 2.0})  # non-finite losses are ignored
     assert b.state()["arms"]["a"]["pulls"] == 1 and b.state()["arms"]["b"]["pulls"] == 1
+
+
+def test_each_policy_model_is_its_bandit_s_arguments():
+    """A policy's parameters are declared once, in its model (config/policies.py): the bandit class takes
+    exactly those keywords, with the same defaults, and a pivot keeps the parameters two policies share."""
+    import inspect  # noqa: PLC0415
+    from proxy.bandit import _CLASSES  # noqa: PLC0415
+    from proxy.config.policies import POLICY_MODELS, switched  # noqa: PLC0415
+    assert set(_CLASSES) == set(POLICY_MODELS.values())
+    for model, cls in _CLASSES.items():
+        sig = inspect.signature(cls.__init__).parameters
+        taken = {k: p.default for k, p in sig.items() if k not in ("self", "arm_names", "caps", "floors", "targets")}
+        assert taken == model().params(), model.__name__
+    b = make_bandit(bandit_config("ucb1", c=2.5, ema_alpha=0.3), NAMES, CAPS, FLOORS)
+    assert b.c == 2.5 and b.ema_alpha == 0.3
+    assert switched(bandit_config("ucb1", ema_alpha=0.3), "exp3") == bandit_config("exp3", ema_alpha=0.3)
+    assert switched(bandit_config("progress", explore=0.1), "target").explore == 0.1

@@ -201,7 +201,14 @@ def test_bandit_params_checked(tmp_path):
     data["bandit"] = {"policy": "exp3", "temperature": 2.0}
     assert "bandit: temperature does not apply to policy 'exp3'" in error_of(tmp_path, data)
     data["bandit"] = {"policy": "thompson"}
-    assert "bandit.policy:" in error_of(tmp_path, data)
+    assert "bandit: unknown policy 'thompson' (the policies: 'ucb1', 'exp3', 'uniform', 'progress', 'target')" \
+        in error_of(tmp_path, data)
+    data["bandit"] = {"policy": "exp3", "c": 1.0, "window": 100, "stall": 0.25}  # others' defaults: a frozen copy
+    assert load_experiment(write(tmp_path, data)).bandit.params() == {"ema_alpha": 0.1, "smoothing": 0.9}
+    data["bandit"] = {"c": 2.0}  # no policy: the default's
+    assert "bandit: c does not apply to policy 'target'" in error_of(tmp_path, data)
+    data["bandit"] = {"policy": "ucb1", "nonsense": 1}
+    assert "bandit: unknown key 'nonsense'" in error_of(tmp_path, data)
     data["bandit"] = {"policy": "exp3", "smoothing": 0.5}
     assert load_experiment(write(tmp_path, data)).bandit.smoothing == 0.5
 

@@ -9,7 +9,7 @@ import pytest
 from proxy.bandit import Progress, Uniform, make_bandit, project_capped_simplex
 from proxy.bandit.learning_progress import allocate
 from proxy.data.batches import BatchSampler
-from proxy.config.experiment import BanditConfig
+from proxy.config.policies import bandit_config
 from proxy.formats.shard import read_shard, write_shard
 
 TOL = 1e-9
@@ -50,13 +50,13 @@ def run(bandit, history):
 # --- uniform -------------------------------------------------------------------
 
 def test_uniform_ignores_losses_and_keeps_bounds():
-    b = make_bandit(BanditConfig(policy="uniform"), ARMS, CAPS, FLOORS)
+    b = make_bandit(bandit_config("uniform"), ARMS, CAPS, FLOORS)
     assert isinstance(b, Uniform)
     w = run(b, curation_losses(0, 50))
     np.testing.assert_allclose(w, 0.25)
     st = b.state()
     assert st["policy"] == "uniform" and st["arms"]["junk"]["pulls"] == 50 and st["arms"]["dup"]["reward"] == 0.0
-    capped = make_bandit(BanditConfig(policy="uniform"), ["a", "b", "c"], {"a": 0.1, "b": 1, "c": 1},
+    capped = make_bandit(bandit_config("uniform"), ["a", "b", "c"], {"a": 0.1, "b": 1, "c": 1},
                          {"a": 0, "b": 0, "c": 0})
     np.testing.assert_allclose(capped.weights(), [0.1, 0.45, 0.45])  # the cap holds, the rest shared evenly
 
@@ -70,7 +70,7 @@ def test_uniform_batches_are_stratified(tmp_path, rows):
         write_shard(shards[name], np.full(100, i + 1, dtype=np.uint16), 64)
     ids = {name: read_shard(path)[0] for name, path in shards.items()}
     sampler = BatchSampler({name: [t] for name, t in ids.items()}, ids, ARMS, seed=3, row_len=9)
-    w = make_bandit(BanditConfig(policy="uniform"), ARMS, {a: 1.0 for a in ARMS}, {a: 0.0 for a in ARMS}).weights()
+    w = make_bandit(bandit_config("uniform"), ARMS, {a: 1.0 for a in ARMS}, {a: 0.0 for a in ARMS}).weights()
     for step in range(1, 60):
         _tokens, groups = sampler.train_batch(step, w, rows)
         counts = np.bincount(groups, minlength=len(ARMS))
@@ -108,7 +108,7 @@ def test_progress_allocation_keeps_caps_floors_and_explore():
 
 
 def test_progress_starts_uniform_and_stays_without_evidence():
-    b = make_bandit(BanditConfig(policy="progress"), ARMS, CAPS, FLOORS)
+    b = make_bandit(bandit_config("progress"), ARMS, CAPS, FLOORS)
     np.testing.assert_allclose(b.weights(), 0.25)
     for t in range(1, 60):
         b.observe(t, {a: 5.0 for a in ARMS}, mixture=b.mixture())
@@ -117,7 +117,7 @@ def test_progress_starts_uniform_and_stays_without_evidence():
 
 
 def test_progress_curates_junk_and_learned_duplicates():
-    b = make_bandit(BanditConfig(policy="progress"), ARMS, CAPS, FLOORS)
+    b = make_bandit(bandit_config("progress"), ARMS, CAPS, FLOORS)
     w = run(b, curation_losses(1, 400))
     junk, dup, real, slow = (ARMS.index(a) for a in ("junk", "dup", "real", "slow"))
     assert w[80:, junk].max() <= FLOORS["junk"] + 0.05     # junk: about its floor (the issue's goal)
@@ -136,8 +136,8 @@ def test_progress_is_not_fooled_by_noise_or_recovery():
                     "recovering": 7.6 + 0.4 * np.sin(np.pi * min(s, 400) / 400)}) for s in range(1, 601)]
     names = ["flat_noisy", "learning", "recovering"]
     caps, floors = {n: 1.0 for n in names}, {n: 0.02 for n in names}
-    ucb = run(make_bandit(BanditConfig(policy="ucb1"), names, caps, floors), history)
-    prog = run(make_bandit(BanditConfig(policy="progress"), names, caps, floors), history)
+    ucb = run(make_bandit(bandit_config("ucb1"), names, caps, floors), history)
+    prog = run(make_bandit(bandit_config("progress"), names, caps, floors), history)
     assert ucb[300:, 0].mean() > 0.5                  # the noisy arm wins under ucb1
     assert prog[300:, [0, 2]].max() < 0.1             # both get about their floor under progress
     assert prog[300:, 1].mean() > 0.9
@@ -145,14 +145,14 @@ def test_progress_is_not_fooled_by_noise_or_recovery():
 
 def test_progress_window_must_fit_a_line():
     with pytest.raises(ValueError, match="window"):
-        BanditConfig(policy="progress", window=2)
+        bandit_config("progress", window=2)
 
 
 @pytest.mark.parametrize("policy", ["uniform", "progress"])
 def test_replay_from_the_log_is_exact(policy):
     """A bandit rebuilt from .loss.json entries (JSON round trip, with their mixtures) gives the
     live bandit's weights before every step, bit for bit, and the same state."""
-    cfg = BanditConfig(policy=policy)
+    cfg = bandit_config(policy)
     live = make_bandit(cfg, ARMS, CAPS, FLOORS)
     logged = []
     for step, losses in curation_losses(7, 300):
@@ -205,7 +205,7 @@ def run_target(bandit, history):
 
 
 def target_bandit(**params):
-    return make_bandit(BanditConfig(policy="target", **params), ARMS, CAPS, FLOORS, targets=TARGETS)
+    return make_bandit(bandit_config("target", **params), ARMS, CAPS, FLOORS, targets=TARGETS)
 
 
 def test_target_starts_from_the_declared_objective_and_stays_without_evidence():
@@ -214,7 +214,7 @@ def test_target_starts_from_the_declared_objective_and_stays_without_evidence():
     np.testing.assert_allclose(b.weights(), [0.48, 0.48, 0.02, 0.02])
     w = run_target(b, ((s, losses, None) for s, losses in curation_losses(0, 200)))
     assert np.array_equal(w[0], w[-1]) and np.array_equal(w[-1], b.weights())
-    all_targets = make_bandit(BanditConfig(policy="target"), ARMS, CAPS, FLOORS)  # targets default to every arm
+    all_targets = make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS)  # targets default to every arm
     np.testing.assert_allclose(all_targets.weights(), 0.25)
 
 
@@ -231,7 +231,7 @@ def test_target_keeps_junk_at_its_floor_and_feeds_the_targets():
 def test_target_gives_a_stalled_target_arm_s_rows_to_the_others():
     """A target arm whose validation loss stops falling (a small arm learned by heart) loses its share to
     the target that still learns; while both learn, they share evenly."""
-    b = make_bandit(BanditConfig(policy="target"), ARMS, {a: 1.0 for a in ARMS}, FLOORS, targets=TARGETS)
+    b = make_bandit(bandit_config("target"), ARMS, {a: 1.0 for a in ARMS}, FLOORS, targets=TARGETS)
     w = run_target(b, target_history(2, 600, stall_at=200))
     real, slow = ARMS.index("real"), ARMS.index("slow")
     np.testing.assert_allclose(w[150, [real, slow]], 0.48, atol=1e-9)
@@ -265,7 +265,7 @@ def test_target_mixture_moves_at_most_max_move_per_step(seed):
     whatever the evidence does (here: the two targets take turns at learning and stalling, every 150
     steps, with noise)."""
     rng = np.random.default_rng(seed)
-    b = make_bandit(BanditConfig(policy="target"), ARMS, {a: 1.0 for a in ARMS}, FLOORS, targets=TARGETS)
+    b = make_bandit(bandit_config("target"), ARMS, {a: 1.0 for a in ARMS}, FLOORS, targets=TARGETS)
     level = {"real": 6.0, "slow": 6.0}
     history = []
     for s in range(1, 801):
@@ -282,7 +282,7 @@ def test_target_mixture_moves_at_most_max_move_per_step(seed):
 def test_target_replay_with_evaluations_is_exact():
     """Rebuilt from .loss.json (steps and evaluations, JSON round trip, each evaluation after its step),
     the bandit gives the live bandit's weights before every step, bit for bit, from any resume point."""
-    cfg, caps = BanditConfig(policy="target"), {a: 1.0 for a in ARMS}
+    cfg, caps = bandit_config("target"), {a: 1.0 for a in ARMS}
     live = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS)
     logged = []
     for step, losses, evals in target_history(8, 700, stall_at=250):
@@ -309,7 +309,7 @@ def test_target_replay_with_evaluations_is_exact():
 
 def test_target_checks_its_inputs():
     with pytest.raises(ValueError, match="targets must be some of the arms"):
-        make_bandit(BanditConfig(policy="target"), ARMS, CAPS, FLOORS, targets=["nope"])
+        make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=["nope"])
     b = target_bandit()
     b.observe_eval(25, {a: 5.0 for a in ARMS})
     with pytest.raises(ValueError, match="after the evaluation of step 25"):
@@ -317,7 +317,7 @@ def test_target_checks_its_inputs():
     b.observe_eval(50, {"real": 5.0})  # incomplete: not evidence, not an error
     assert len(b.evals) == 1
     with pytest.raises(ValueError, match="eval_window"):
-        BanditConfig(policy="target", eval_window=2)
+        bandit_config("target", eval_window=2)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -328,8 +328,8 @@ def test_target_keeps_two_arms_alike_even_where_progress_swings(seed):
     saw in the dashboard's mixture chart)."""
     rng = np.random.default_rng(seed)
     names, caps, floors = ["a", "b"], {"a": 1.0, "b": 1.0}, {"a": 0.02, "b": 0.02}
-    target = make_bandit(BanditConfig(policy="target"), names, caps, floors)
-    progress = make_bandit(BanditConfig(policy="progress"), names, caps, floors)
+    target = make_bandit(bandit_config("target"), names, caps, floors)
+    progress = make_bandit(bandit_config("progress"), names, caps, floors)
     shares = {"target": [], "progress": []}
     for s in range(1, 3001):
         level = 7 - 1.5 * np.log1p(s / 50)

@@ -34,6 +34,7 @@ from .formats import frames
 from .formats.engine_cli import engine_args
 from .formats.parameters import param_layout
 from .processes import signal_group
+from .safe_fs import file_sha256
 from .formats.qualification_record import (PathVerdict, Qualification, QualificationFileError, read_qualification,
                                            write_qualification)
 from .rundir.layout import RunDir
@@ -205,14 +206,6 @@ def judge(path: FastPath, flags: list[str], shape: dict, runs: list[CheckRun], b
 
 # ------------------------------------------------------------------ the whole qualification
 
-def build_hash(binary: Path) -> str:
-    h = hashlib.sha256()
-    with open(binary, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def device_name(ready_device: str) -> str:
     """The GPU of a ready event's `device`, less the attention path the engine appended."""
     return ready_device.split(", attention ")[0]
@@ -237,7 +230,7 @@ def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say
 
     `settings` are the run's engine flags (shape and optimizer); `model` the same as a dict (vocab, ctx,
     dim, layers, heads, batch, grad_accum). Never raises for a path's failure: a failure is a verdict."""
-    build = build_hash(binary)
+    build = file_sha256(binary)[1]
     with tempfile.TemporaryDirectory(prefix="microgpt-qualify-") as tmp:
         tmp = Path(tmp)
         base = runner(binary, settings, VERIFIED_FLAGS, model, tmp / "verified")
@@ -334,7 +327,7 @@ def run_engine_paths(run: RunDir, binary: Path, settings: list[str], model: dict
     except QualificationFileError as exc:
         warn(f"{exc}; checking the fast paths again")
         recorded = None
-    build = build_hash(binary)
+    build = file_sha256(binary)[1]
     if recorded is not None:
         if recorded.build == build:
             say(f"fast paths: {describe(recorded)} (recorded in {run.qualification.name})")

@@ -18,6 +18,7 @@ file and why; an absent file raises FileNotFoundError as open() does.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from typing import BinaryIO, Iterator
@@ -105,6 +106,16 @@ def read_regular(path: str | os.PathLike, limit: int | None, within: str | os.Pa
     if limit is not None and len(data) > limit:  # it grew after fstat
         raise UnsafeFileError(path, f"more than the {limit} bytes such a file may have; not read")
     return data
+
+
+def file_sha256(path: str | os.PathLike, within: str | os.PathLike | None = None) -> tuple[int, str]:
+    """(size, SHA-256 hex digest) of a regular file (see open_regular), read in 1 MiB pieces."""
+    h, size = hashlib.sha256(), 0
+    with open_regular(path, None, within) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
 
 
 def capped_lines(f: BinaryIO, max_line: int, start: int = 0) -> Iterator[tuple[int, bytes]]:

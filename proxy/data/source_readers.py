@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
                               ParquetSource, Source, TokensSource, is_token_source)
-from ..safe_fs import UnsafeFileError, open_regular
+from ..safe_fs import UnsafeFileError, file_sha256, open_regular
 from . import lowquality, tabular
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 
@@ -239,16 +239,12 @@ def source_fingerprint(src: Source, base_dir: Path | str,
 
 
 def hash_file(path: Path) -> str:
-    h = hashlib.sha256()
     try:
-        with open_regular(path, None) as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        return file_sha256(path)[1]
     except UnsafeFileError as exc:
         raise SourceError(str(exc)) from None
     except OSError as exc:  # a read that fails (EIO, EINVAL on a /proc file) has no file name of its own
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-    return h.hexdigest()
 
 
 def source_bytes(src: Source, base_dir: Path | str) -> int:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..atomic import atomic_copy, atomic_write_bytes, copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer, TokenizerError
 from ..formats.shard import HEADER, ShardError, shard_segment
-from ..safe_fs import UnsafeFileError, open_regular, read_regular
+from ..safe_fs import UnsafeFileError, file_sha256, read_regular
 from .layout import ARCHIVE, DATA, DATA_DEFINITION, READ_LIMITS, TOKENIZER, RunDir, RunDirError
 
 DEFINITION_FORMAT = 1
@@ -92,16 +92,6 @@ class DataDefinition(_Strict):
     changes: list[DataChange] = Field(default_factory=list)
 
 
-def _sha256_file(path: Path, within: Path | None = None) -> tuple[int, str]:
-    h = hashlib.sha256()
-    size = 0
-    with open_regular(path, None, within=within) as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
-
-
 def read_definition(run: RunDir) -> Optional[DataDefinition]:
     """RUN/data/data.json, checked against its schema; None when there is none; RunDirError (one line) when
     it is unreadable or malformed."""
@@ -131,7 +121,7 @@ def _check_file(run: RunDir, frozen: FrozenFile) -> Optional[str]:
     """Why one file of RUN/data/ is not the one data.json names, or None."""
     path = run.data_dir / frozen.file  # a plain name (the schema's pattern)
     try:
-        size, digest = _sha256_file(path, within=run.root)
+        size, digest = file_sha256(path, within=run.root)
     except FileNotFoundError:
         return f"{DATA}/{frozen.file} is missing"
     except UnsafeFileError as exc:
@@ -213,7 +203,7 @@ def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tok
         for name, (sources, val_path, train_tokens) in arms.items():
             target = tmp / val_file(name)
             copy_synced(val_path, target)
-            size, digest = _sha256_file(target)
+            size, digest = file_sha256(target)
             frozen_arms[name] = FrozenArm(sources=sources, train_tokens=train_tokens, val=FrozenShard(
                 file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2))
         definition = DataDefinition(
@@ -252,7 +242,7 @@ def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
             continue
         target = run.data_dir / val_file(name)
         atomic_copy(val_path, target)
-        size, digest = _sha256_file(target)
+        size, digest = file_sha256(target)
         merged.arms[name] = FrozenArm(sources=sources, train_tokens=train_tokens, val=FrozenShard(
             file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2))
     merged.cache_key = cache_key

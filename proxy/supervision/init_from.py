@@ -18,7 +18,6 @@ other is refused.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from ..formats.hf_gpt2 import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, config_sh
 from ..formats.parameters import ModelShape
 from ..rundir.layout import RunDir, relative_checkpoint
 from ..rundir.phases import read_phases, write_phases
-from ..safe_fs import UnsafeFileError, read_regular
+from ..safe_fs import UnsafeFileError, file_sha256, read_regular
 from .context import Console
 from .run_data import RunData
 
@@ -145,7 +144,7 @@ def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: 
         weights = flat_weights(read_tensors(directory), wanted)
     except ValueError as exc:
         raise _fail(directory, f"{MODEL_FILE}: {exc}") from None
-    source["model_sha256"] = _sha256(model_path)
+    source["model_sha256"] = file_sha256(model_path)[1]
     zeros = np.zeros_like(weights)
     meta = {"experiment": experiment.name, "phase": 0, "init_from": source}
     raw = encode_checkpoint(0, weights, zeros, zeros, _trailer(experiment, wanted, meta))
@@ -158,10 +157,3 @@ def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: 
     console.say(f"step 0 imported from {directory}: {wanted.n_params:,} parameters "
                 f"(vocab {m.vocab}, ctx {m.ctx}, dim {m.dim}, layers {m.layers}, heads {m.heads}); AdamW moments zero")
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

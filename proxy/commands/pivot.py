@@ -19,6 +19,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..bandit import bandit_for_phase
@@ -185,9 +186,7 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
 
 def _offline_state(run: RunDir, experiment, result: PivotResult, caps_path: Path) -> None:
     """.state.json for the new phase (the old one is in the archive): shown by `proxy status`."""
-    state = load_state(run.state) or RunState()
-    state.experiment = state.experiment or experiment.name
-    state.max_steps = state.max_steps or int(experiment.train.max_steps)
+    old = load_state(run.state) or RunState()
     p = result.phase
     names = experiment.arm_names
     try:
@@ -196,10 +195,11 @@ def _offline_state(run: RunDir, experiment, result: PivotResult, caps_path: Path
         bandit_state = bandit.state()
     except (ValueError, TypeError):
         caps, floors, weights, bandit_state = p.caps, p.floors, [0.0] * len(names), {}
-    state.step, state.phase, state.policy, state.status = p.start_step, p.phase, p.policy, "stopped"
-    state.arms = {n: ArmStatus(pulls=0, weight=weights[i], cap=caps[n], floor=floors[n]) for i, n in enumerate(names)}
-    state.last_checkpoint = str(run.root / p.checkpoint) if p.checkpoint else None
-    state.message = f"pivoted to phase {p.phase} at step {p.start_step} ({caps_path}); relaunch the run to continue"
-    state.bandit, state.eta_s = bandit_state, None
-    state.engine.alive = False
-    write_state(run.state, state)
+    arms = {n: ArmStatus(pulls=0, weight=weights[i], cap=caps[n], floor=floors[n]) for i, n in enumerate(names)}
+    write_state(run.state, replace(
+        old, experiment=old.experiment or experiment.name,
+        max_steps=old.max_steps or int(experiment.train.max_steps),
+        step=p.start_step, phase=p.phase, policy=p.policy, status="stopped", arms=arms,
+        last_checkpoint=str(run.root / p.checkpoint) if p.checkpoint else None,
+        message=f"pivoted to phase {p.phase} at step {p.start_step} ({caps_path}); relaunch the run to continue",
+        bandit=bandit_state, eta_s=None, engine=replace(old.engine, alive=False)))

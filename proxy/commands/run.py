@@ -24,7 +24,8 @@ def main(args) -> int:
         raise ProxyError("--max-failures must be at least 1", EXIT_USAGE)
     options = SupervisorOptions(hang_timeout=args.hang_timeout, max_failures=args.max_failures,
                                 backoff_s=args.restart_backoff)
-    from_frozen = args.experiment is None
+    experiment = args.experiment
+    from_frozen = experiment is None
     if from_frozen:  # `proxy run --run-dir DIR`: the experiment frozen there (a fork, a pivot)
         if not args.run_dir:
             raise ProxyError("proxy run: give EXPERIMENT.json, or --run-dir DIR of an existing run "
@@ -33,8 +34,8 @@ def main(args) -> int:
         if not frozen.is_file():
             raise ProxyError(f"{args.run_dir}: not a run directory (no experiment.json); give "
                              "EXPERIMENT.json to start a new run", EXIT_USAGE)
-        args.experiment = str(frozen)
-    request = RunRequest(experiment_path=Path(args.experiment), run_dir=Path(args.run_dir) if args.run_dir else None,
+        experiment = str(frozen)
+    request = RunRequest(experiment_path=Path(experiment), run_dir=Path(args.run_dir) if args.run_dir else None,
                          engine=args.engine, allow_experiment_change=args.allow_experiment_change,
                          allow_data_change=args.allow_data_change, from_frozen=from_frozen,
                          init_from=Path(args.init_from) if args.init_from else None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes
@@ -62,8 +62,7 @@ class SamplesFile:
         """Add an audit; one for the same step (a replay) is replaced. The oldest are dropped while the
         file would exceed what its readers take (READ_LIMITS): the newest always fits, as the schema
         bounds prompts, counts and lengths (config/experiment.py) and completions are cut to MAX_TEXT."""
-        for sample in audit.samples:
-            sample.completion = sample.completion[:MAX_TEXT]
+        audit = replace(audit, samples=[replace(s, completion=s.completion[:MAX_TEXT]) for s in audit.samples])
         self.audits = [a for a in self.audits if a.step != audit.step] + [audit]
         self.audits.sort(key=lambda a: a.step)
         self.audits = self.audits[-self.keep:]

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
@@ -179,11 +179,10 @@ def finite_json(obj):
 
 
 def write_state(path: str | os.PathLike, state: RunState) -> None:
-    """Stamp `updated` and replace `path` atomically. On a full disk, where no temp file can be made, the
-    snapshot is written over the old one in place if it fits in its blocks (so that a run stopped by the
-    full disk says so); StorageError otherwise."""
-    state.updated = time.time()
-    data = json_bytes(state.to_dict())
+    """Replace `path` atomically with `state`, stamped `updated` now. On a full disk, where no temp file can
+    be made, the snapshot is written over the old one in place if it fits in its blocks (so that a run
+    stopped by the full disk says so); StorageError otherwise."""
+    data = json_bytes(replace(state, updated=time.time()).to_dict())
     try:
         atomic_write_bytes(path, data)
     except StorageError as exc:

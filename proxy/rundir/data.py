@@ -237,8 +237,7 @@ def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
     merged = definition.model_copy(deep=True)
     for name, (sources, val_path, train_tokens) in arms.items():
         if name in merged.arms:
-            merged.arms[name].sources = sources
-            merged.arms[name].train_tokens = train_tokens
+            merged.arms[name] = merged.arms[name].model_copy(update={"sources": sources, "train_tokens": train_tokens})
             continue
         target = run.data_dir / val_file(name)
         atomic_copy(val_path, target)

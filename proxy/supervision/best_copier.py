@@ -60,7 +60,7 @@ class BestCopier:
         if error is not None:
             warn(f"cannot update {best}: {error}")
         else:
-            report.best_step, report.best_loss = step, loss
+            report.new_best(step, loss)
 
     def wait(self, report: RunReport, warn: Callable[[str], None]) -> None:
         """Wait for the copy in flight, if any, and collect it."""

@@ -77,7 +77,7 @@ def load_best(report: RunReport, best, loss_log) -> None:
     """The step and eval loss of an existing best.bin (its step is in its header, not its name)."""
     if not best.exists():
         return
-    report.best_step = header_step(best)
-    if report.best_step is not None:
-        entry = LossLogIndex.load(loss_log).eval(report.best_step)
-        report.best_loss = entry.loss if entry else None
+    step = header_step(best)
+    if step is not None:
+        entry = LossLogIndex.load(loss_log).eval(step)
+        report.new_best(step, entry.loss if entry else None)

@@ -108,8 +108,8 @@ class RunContext:
         self.phases = read_phases(self.run)
         return self.phase
 
-    # The run's live state changes only through these methods: the launch (segment.py) and the pivot
-    # desk call them, and nothing else assigns a field of this object (tests/repository checks it).
+    # The run's live state changes only through these methods: the setup, the launch (segment.py) and the
+    # pivot desk call them, and nothing else assigns a field of this object (tests/repository checks it).
 
     def new_bandit(self) -> Bandit:
         """A fresh bandit for the current phase, and the caps and floors in force for it: at every launch
@@ -124,6 +124,12 @@ class RunContext:
         self.samples = SamplesFile(self.run.samples, self.opts.samples_kept)
         self.new_bandit()
         return self.phase
+
+    def use_engine_paths(self, flags: list[str]) -> None:
+        """The CUDA engine's path flags, set once before the supervisor starts: they are chosen after the
+        run's identity is saved, so that a bad batch (build_context) is refused before any qualification
+        runs."""
+        self.engine_paths = list(flags)
 
     def reject_checkpoint(self, path) -> None:
         """A checkpoint the engine refused (exit 3): the next launch resumes from an older one."""

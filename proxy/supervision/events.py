@@ -23,7 +23,7 @@ from ..rundir.divergence import insanity, sane_loss
 from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms
-from .segment import Request, Segment
+from .segment import Segment
 from .live_status import say_checkpoint, say_progress, write_run_state
 
 
@@ -53,19 +53,19 @@ class EventHandlers:
 
     def _refuse(self, seg: Segment, error: str) -> None:
         """An engine that broke the protocol: say why and kill it (the segment counts as failed)."""
-        seg.last_error = error
+        seg.errored(error)
         self.ctx.warn(error + "; killing it")
         seg.kill()
 
     def on_ready(self, seg: Segment, ev: Event) -> None:
-        seg.ready = ev.fields
-        seg.ready_at, ready_wall = received_at(ev)
-        self.ctx.report.goodput.ready(seg.ready_at)
-        self.ctx.report.progress.start(ready_wall, self.ctx.report.tokens, seg.resume.step)
-        st = self.ctx.report.engine
-        st.kind = ev.get("engine", st.kind)
-        st.device, st.threads = ev.get("device"), ev.get("threads")
-        st.precision, st.mem_bytes = ev.get("precision"), ev.get("mem_bytes")
+        report = self.ctx.report
+        ready_at, ready_wall = received_at(ev)
+        seg.became_ready(ev.fields, ready_at)
+        report.goodput.ready(ready_at)
+        report.progress.start(ready_wall, report.tokens, seg.resume.step)
+        report.engine_ready(kind=ev.get("engine", report.engine.kind), device=ev.get("device"),
+                            threads=ev.get("threads"), precision=ev.get("precision"), mem_bytes=ev.get("mem_bytes"))
+        st = report.engine
         if int(ev.get("step", -1)) != seg.resume.step:
             self._refuse(seg, f"engine resumed at step {ev.get('step')} (from {ev.get('resumed_from')}), "
                               f"expected {seg.resume.step}")
@@ -94,29 +94,24 @@ class EventHandlers:
         if late:  # the bandit takes an evaluation before the next step, in the replay as live
             self._refuse(seg, f"engine reported step {t} before the evaluation of step {min(late)}")
             return
-        seg.settle("step", t)
-        del seg.mixtures[t]
-        report.tokens += int(ev.get("tokens", 0))
+        tokens = report.trained(int(ev.get("tokens", 0)))
         report.goodput.step(float(ev.get("ms", 0.0)), int(ev.get("tokens", 0)))
         entry = StepEntry(step=t, loss=float(ev["loss"]), lr=float(ev.get("lr", 0.0)),
-                          grad_norm=float(ev.get("grad_norm", 0.0)), tokens=report.tokens, time=now,
+                          grad_norm=float(ev.get("grad_norm", 0.0)), tokens=tokens, time=now,
                           ms=float(ev.get("ms", 0.0)), arms=arms,
                           mixture={n: float(w) for n, w in zip(ctx.arm_names, weights)},
                           phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)
         if t <= seg.replay_through:
             self._compare(seg, entry)
-        seg.last_step = t
-        ctx.bandit.observe(t, arms, mixture=entry.mixture)  # the same floats replay reads back
-        seg.pending_weights[t + ctx.lag] = np.array(ctx.bandit.weights(), dtype=np.float64, copy=True)
-        report.progress.observe(now, report.tokens, t, entry.loss, entry.ms, mixture=entry.mixture)
         first_of_launch = seg.last_step_wall is None
-        if not first_of_launch:
-            seg.step_walls.append(mono - seg.last_step_wall)
-        seg.last_step_wall = mono
+        seg.stepped(t, mono)
+        ctx.bandit.observe(t, arms, mixture=entry.mixture)  # the same floats replay reads back
+        seg.mixture_known(t + ctx.lag, np.array(ctx.bandit.weights(), dtype=np.float64, copy=True))
+        report.progress.observe(now, report.tokens, t, entry.loss, entry.ms, mixture=entry.mixture)
         every = int(ctx.train.ckpt_every)
         if every > 0 and t % every == 0:
-            seg.ckpt_pending, seg.ckpt_pending_step = True, t
+            seg.checkpoint_due(t)
         log_every = int(ctx.train.log_every)
         if first_of_launch or (log_every > 0 and t % log_every == 0):  # the first: training has started
             say_progress(ctx, seg)
@@ -128,8 +123,7 @@ class EventHandlers:
         """The run diverged at `step`: stop it (STOP: the engine finishes what is in flight and exits; its
         checkpoint at `step` is not sane, so no relaunch resumes from it and retention keeps the newest
         sane one). The loop ends the run with one line (supervision/loop.py)."""
-        report = self.ctx.report
-        report.diverged_step, report.diverged_why = step, why
+        self.ctx.report.diverged(step, why)
         if not seg.stop_sent:
             seg.send_stop()
 
@@ -145,23 +139,15 @@ class EventHandlers:
         self.ctx.warn(mismatch.message())
         write_run_state(self.ctx, seg, force=True)
 
-    @staticmethod
-    def _answered(seg: Segment, ev: Event, kind: str) -> Request | None:
-        """The request an eval or sample event answers; None when it is not one of this segment's."""
-        rid = int(ev.get("id", 0))
-        seg.settle(kind, rid)
-        request = seg.requests.pop(rid, None)
-        return request if request is not None and request.kind == kind else None
-
     def on_eval(self, seg: Segment, ev: Event) -> None:
         self.ctx.report.goodput.audit("eval", float(ev.get("ms", 0.0)))
-        request = self._answered(seg, ev, "eval")
+        request = seg.answered("eval", int(ev.get("id", 0)))
         if request is not None:
             self._eval_entry(seg, ev, request.step)
 
     def on_sample(self, seg: Segment, ev: Event) -> None:
         self.ctx.report.goodput.audit("sample", float(ev.get("ms", 0.0)))
-        request = self._answered(seg, ev, "sample")
+        request = seg.answered("sample", int(ev.get("id", 0)))
         if request is not None:
             self._sample_audit(ev, request.step)
 
@@ -205,9 +191,8 @@ class EventHandlers:
     def on_ckpt(self, seg: Segment, ev: Event) -> None:
         ctx, report = self.ctx, self.ctx.report
         step = int(ev["step"])
-        if step >= seg.ckpt_pending_step:
-            seg.ckpt_pending = False
-        report.ckpt_ms = max(report.ckpt_ms, float(ev.get("ms", 0.0)))
+        seg.checkpoint_written(step)
+        report.checkpoint_took(float(ev.get("ms", 0.0)))
         stall_ms = checkpoint_stall_ms(ev.fields)
         report.goodput.audit("checkpoint", stall_ms)
         path = Path(str(ev.get("path") or checkpoint_path(ctx.run.checkpoints, step)))
@@ -221,9 +206,8 @@ class EventHandlers:
         say_checkpoint(ctx, step, path.name, ev.get("reason"), float(ev.get("ms", 0)), stall_ms)
 
     def on_exit(self, seg: Segment, ev: Event) -> None:
-        seg.exit_reason = ev.get("reason")
-        seg.settle("stop", 0)
+        seg.exited(ev.get("reason"))
 
     def on_error(self, seg: Segment, ev: Event) -> None:
-        seg.last_error = str(ev.get("message"))
+        seg.errored(str(ev.get("message")))
         self.ctx.warn(f"engine error: {seg.last_error} (code {ev.get('code')})")

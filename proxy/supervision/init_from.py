@@ -19,6 +19,7 @@ other is refused.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -152,8 +153,7 @@ def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: 
     atomic_write_bytes(target, raw)
     phases = read_phases(run)
     if len(phases) == 1 and phases[0].checkpoint is None:  # the run starts from it (and retention keeps it)
-        phases[0].checkpoint = relative_checkpoint(0)
-        write_phases(run, phases)
+        write_phases(run, [replace(phases[0], checkpoint=relative_checkpoint(0))])
     console.say(f"step 0 imported from {directory}: {wanted.n_params:,} parameters "
                 f"(vocab {m.vocab}, ctx {m.ctx}, dim {m.dim}, layers {m.layers}, heads {m.heads}); AdamW moments zero")
 

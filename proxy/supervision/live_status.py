@@ -25,7 +25,7 @@ def say_progress(ctx: RunContext, seg: Segment, on_clock: bool = False) -> None:
     asked for ends with `last step 0m12s ago` (the engine is inside a step, or an audit). Before this
     launch's first step, how long the engine has been at it instead."""
     report, now = ctx.report, time.monotonic()
-    report.progress_said = now
+    report.progress_said_at(now)
     progress = report.progress
     head = f"step {seg.last_step}/{ctx.max_steps}"
     if seg.ready_at is None:
@@ -89,12 +89,11 @@ def write_run_state(ctx: RunContext, seg: Segment | None, force: bool = False) -
     now = time.monotonic()
     if not force and now - report.last_state_write < ctx.opts.state_every_s:
         return
-    report.last_state_write = now
+    report.state_written_at(now)
     if seg is not None:
         alive = seg.engine.alive()
         rss, cpu = seg.engine.usage() if alive else (None, None)
-        report.engine.alive = alive
-        report.engine.rss_bytes, report.engine.cpu_percent = rss, cpu
+        report.engine_usage(alive, rss, cpu)
     rates = report.progress.rates(ctx.max_steps)
     try:
         bandit_state = ctx.bandit.state() if ctx.bandit is not None else {}

@@ -76,11 +76,8 @@ class Supervisor:
                 ctx.warn(self._failure_line(failure, unwritten))
 
     def _record_failure(self, exc: ProxyError) -> None:
-        report = self.ctx.report
-        report.status = "stopped" if report.status == "running" else report.status
-        report.message = str(exc)
-        if isinstance(exc, StorageError):
-            report.write_failure = {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
+        self.ctx.report.failed(str(exc), {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
+                               if isinstance(exc, StorageError) else None)
 
     def _wind_down(self) -> list[str]:
         """Stop the engine (EOF: it checkpoints), finish the best.bin copy in flight, close the log, write
@@ -131,7 +128,7 @@ class Supervisor:
         ctx, report = self.ctx, self.ctx.report
         while True:
             if ctx.signals.stop:
-                report.status = "stopped"
+                report.set_status("stopped")
                 ctx.say(f"stopped at step {last_step(self.segment)} (no engine running)")
                 return EXIT_OK
             outcome = self._run_segment()
@@ -140,25 +137,22 @@ class Supervisor:
             if outcome in (Outcome.PIVOTED, Outcome.RESUME):  # a new segment: the new phase, or the same one again
                 continue
             if outcome == Outcome.FINISHED:
-                report.status = "finished"
-                report.message = f"finished at step {ctx.max_steps}"
+                report.set_status("finished", f"finished at step {ctx.max_steps}")
                 ctx.say(f"run {ctx.run.root} finished: step {ctx.max_steps}, "
                         f"last checkpoint {report.last_ckpt_path}")
                 return EXIT_OK
             if outcome == Outcome.STOPPED:
-                report.status = "stopped"
-                report.message = f"stopped at step {last_step(self.segment)}"
+                report.set_status("stopped", f"stopped at step {last_step(self.segment)}")
                 saved = (f"checkpoint {report.last_ckpt_path}" if report.last_ckpt_path
                          else "no checkpoint written (a relaunch starts from scratch)")
                 ctx.say(f"stopped at step {last_step(self.segment)}; {saved}; relaunch the same command to resume")
                 return EXIT_OK
             seg = self.segment
             if outcome == Outcome.DIVERGED:
-                report.status = "diverged"
-                report.message = self._divergence_line()
+                report.set_status("diverged", self._divergence_line())
                 raise ProxyError(report.message, EXIT_DIVERGED)
             if outcome == Outcome.FATAL:
-                report.status = "crashloop"
+                report.set_status("crashloop")
                 raise ProxyError(f"engine cannot run: {seg.last_error or 'see ' + str(ctx.run.engine_log)}",
                                  EXIT_FAILURE)
             self._restart_after_failure(seg)
@@ -183,12 +177,11 @@ class Supervisor:
         what = "hung (no event in time; killed)" if seg.hung else exit_description(seg.engine.poll())
         detail = f": {seg.last_error}" if seg.last_error else ""
         if self.failures >= opts.max_failures:
-            report.status = "crashloop"
-            report.message = (f"engine failed {self.failures} times without progress past step "
-                              f"{self.high_water} (last: {what}{detail}); see {ctx.run.engine_log}")
+            report.set_status("crashloop", f"engine failed {self.failures} times without progress past step "
+                                           f"{self.high_water} (last: {what}{detail}); see {ctx.run.engine_log}")
             raise ProxyError(f"crash loop: {report.message}; stopping", EXIT_CRASHLOOP)
         delay = min(opts.backoff_max_s, opts.backoff_s * 2 ** (self.failures - 1))
-        report.restarts += 1
+        report.restarted()
         ctx.warn(f"engine {what}{detail} at step {seg.last_step}; restarting from the newest valid "
                  f"checkpoint in {delay:.1f}s (failure {self.failures} of {opts.max_failures})")
         write_run_state(ctx, seg, force=True)
@@ -219,7 +212,7 @@ class Supervisor:
             except queue.Empty:
                 kind, payload = None, None
             if kind == EVENT:
-                seg.last_activity = time.monotonic()
+                seg.heard_at(time.monotonic())
                 self.events.dispatch(seg, payload)
             elif kind == NOISE:
                 ctx.warn(f"engine stdout: {payload[:300]}")
@@ -233,21 +226,20 @@ class Supervisor:
             if not seg.stop_sent:
                 say_progress_on_clock(ctx, seg, POLL_S)
             if self.watchdog.hung(seg, ctx.report.ckpt_ms):
-                seg.hung = True
                 ctx.warn(f"engine pid {engine.pid} sent nothing for {time.monotonic() - seg.last_activity:.0f}s "
                          f"(limit {self.watchdog.allowance(seg, ctx.report.ckpt_ms):.0f}s); killing its process group")
-                seg.kill()
+                seg.kill_hung()
         code = engine.wait(30)
         if code is None:
             engine.kill_group()
             code = engine.wait(30)
         engine.finish()
-        ctx.report.engine.alive = False
+        ctx.report.engine_exited()
         ctx.best_copier.wait(ctx.report, ctx.warn)  # a new phase, a restart or the exit starts from here
         ctx.writer.fsync()
         retain(ctx, seg)
         if seg.last_error is None and code not in (0, None):
-            seg.last_error = self._engine_log_tail()
+            seg.errored(self._engine_log_tail())
         return self._classify(seg, code)
 
     def _handle_signals(self, seg: Segment) -> None:
@@ -258,8 +250,7 @@ class Supervisor:
             seg.stop_now()
             ctx.say(f"stop requested: the engine {what} and exits")
         elif signals.stop >= 2 + seg.signals_forwarded and seg.signals_forwarded < 2:
-            seg.signals_forwarded += 1
-            if seg.signals_forwarded == 1:
+            if seg.stop_repeated() == 1:
                 ctx.warn("second stop request: the engine is still finishing its step or writing its checkpoint; "
                          "a third stop kills it (losing the steps since the last checkpoint)")
                 seg.engine.signal(signal.SIGTERM)
@@ -268,18 +259,17 @@ class Supervisor:
                 seg.kill()
         if signals.pivot and self.desk.take():
             self.desk.start(seg)
-        while signals.checkpoint:
-            signals.checkpoint -= 1
+        while signals.take_checkpoint():
             if not seg.stop_sent:
                 seg.engine.send(frames.checkpoint_frame())
-                seg.ckpt_pending, seg.ckpt_pending_step = True, seg.next_step - 1
+                seg.checkpoint_due(seg.next_step - 1)
 
     def _classify(self, seg: Segment, code: int | None) -> Outcome:
         """How the segment ended: finished, stopped, hung, failed, or fatal (the engine cannot run at all)."""
         ctx, report = self.ctx, self.ctx.report
         if report.diverged_step is None and code == EXIT_NUMERICS:  # the engine's own check: never retried,
-            report.diverged_step = seg.last_step + 1                  # the same frames diverge the same way
-            report.diverged_why = f"the engine stopped: {seg.last_error or exit_description(code)}"
+            # the same frames diverge the same way
+            report.diverged(seg.last_step + 1, f"the engine stopped: {seg.last_error or exit_description(code)}")
         if report.diverged_step is not None:
             return Outcome.DIVERGED
         if seg.hung:
@@ -292,7 +282,7 @@ class Supervisor:
             if seg.exit_reason == "signal":
                 ctx.warn("the engine was stopped by a signal sent to it directly; stopping the run")
                 return Outcome.STOPPED
-            seg.last_error = f"engine exited with reason {seg.exit_reason!r} before step {ctx.max_steps}"
+            seg.errored(f"engine exited with reason {seg.exit_reason!r} before step {ctx.max_steps}")
             return Outcome.FAILED
         if ctx.signals.stop:
             ctx.warn(f"engine {exit_description(code)} while stopping")
@@ -322,4 +312,4 @@ class Supervisor:
             seg.kill()
             seg.engine.wait(10)
         seg.engine.finish()
-        self.ctx.report.engine.alive = False
+        self.ctx.report.engine_exited()

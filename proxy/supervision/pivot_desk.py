@@ -50,8 +50,7 @@ class PivotDesk:
         """Claim the requests SIGUSR2 announced; accept one (True) or refuse them (`refuse`: why)."""
         ctx = self.ctx
         accepted = False
-        while ctx.signals.pivot:
-            ctx.signals.pivot -= 1
+        while ctx.signals.take_pivot():
             request = claim_request(ctx.run)
             if request is None:
                 ctx.warn("SIGUSR2 but no pivot request in the run directory; ignored")
@@ -148,7 +147,7 @@ class PivotDesk:
                 ctx.reload_phases()
             return self._same_phase()
         ctx.start_phase()
-        ctx.report.message = None
+        ctx.report.pivoted()
         write_run_state(ctx, seg, force=True)
         retain(ctx, seg)
         response = result.response(ctx.run, job.request.get("id"))

@@ -88,6 +88,61 @@ class Segment:
     killed: bool = False
     ready: dict | None = None
 
+    # Every field changes only through these methods, each named for what happened: feeding (below), the
+    # event handlers (events.py) and the loop (loop.py) call them.
+
+    def sent_step(self, step: int) -> None:
+        """The TRAIN frame of `step` went out: its mixture is kept until its event is logged."""
+        self.mixtures[step] = self.pending_weights.pop(step)
+        self.outstanding.append(Outstanding("step", step))
+        self.next_step = step + 1
+
+    def mixture_known(self, step: int, weights: np.ndarray) -> None:
+        """The mixture `step` will be drawn from (the bandit's weights once step - lag is observed)."""
+        self.pending_weights[step] = weights
+
+    def heard_at(self, now: float) -> None:
+        """An event came from the engine at monotonic time `now` (the watchdog counts from the last)."""
+        self.last_activity = now
+
+    def became_ready(self, fields: dict, at: float) -> None:
+        """The engine's `ready` event (its fields), read at monotonic time `at`."""
+        self.ready, self.ready_at = fields, at
+
+    def stepped(self, step: int, at: float) -> None:
+        """The event of `step`, read at monotonic time `at`, is logged: the step is no longer outstanding and
+        its mixture no longer kept."""
+        self.settle("step", step)
+        del self.mixtures[step]
+        if self.last_step_wall is not None:
+            self.step_walls.append(at - self.last_step_wall)
+        self.last_step, self.last_step_wall = step, at
+
+    def checkpoint_due(self, step: int) -> None:
+        """A checkpoint of `step` is coming (the cadence, or one asked for)."""
+        self.ckpt_pending, self.ckpt_pending_step = True, step
+
+    def checkpoint_written(self, step: int) -> None:
+        """The engine announced the checkpoint of `step`: one pending for `step` or an older step is done."""
+        if step >= self.ckpt_pending_step:
+            self.ckpt_pending = False
+
+    def exited(self, reason: str | None) -> None:
+        """The engine's `exit` event: it answers the STOP, if one was sent."""
+        self.exit_reason = reason
+        self.settle("stop", 0)
+
+    def errored(self, message: str | None) -> None:
+        """Why the engine failed: its `error` event, its last words in engine.log, or why the proxy gave up
+        on it."""
+        self.last_error = message
+
+    def stop_repeated(self) -> int:
+        """Another stop request for the engine, after the one it already has: returns how many such (1: the
+        second request, 2: the third)."""
+        self.signals_forwarded += 1
+        return self.signals_forwarded
+
     def send_stop(self) -> None:
         """STOP: the engine trains what is in flight, checkpoints and exits; nothing more is fed."""
         self.stop_sent = True
@@ -125,6 +180,11 @@ class Segment:
         self.killed = True
         self.engine.kill_group()
 
+    def kill_hung(self) -> None:
+        """The watchdog heard nothing in time: the engine counts as hung, and is killed."""
+        self.hung = True
+        self.kill()
+
     def settle(self, kind: str, key: int) -> None:
         """The event for (kind, key) came back."""
         for i, item in enumerate(self.outstanding):
@@ -132,10 +192,20 @@ class Segment:
                 del self.outstanding[i]
                 return
 
-    def add_request(self, request: Request) -> int:
+    def answered(self, kind: str, rid: int) -> Request | None:
+        """An eval or sample event for request `rid` came back: what it asked, or None when it is not one of
+        this segment's requests of `kind`."""
+        self.settle(kind, rid)
+        request = self.requests.pop(rid, None)
+        return request if request is not None and request.kind == kind else None
+
+    def add_request(self, request: Request, work: float) -> int:
+        """An EVAL or SAMPLE frame about to go out: its request id, and what it costs (in train steps, the
+        watchdog's allowance)."""
         rid = self.next_request
         self.next_request += 1
         self.requests[rid] = request
+        self.outstanding.append(Outstanding(request.kind, rid, work))
         return rid
 
 
@@ -171,15 +241,14 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> dict[int, n
     init = np.array(bandit.weights(), dtype=np.float64, copy=True)
     pending = {s: init for s in range(c + 1, c + ctx.lag + 1) if s - ctx.lag <= phase.start_step}
     known = set(ctx.arm_names)
-    dropped = ctx.report.dropped_arms
     _replay_eval(ctx, bandit, index, phase.start_step)
     for t, entry in index.iter_steps(phase.start_step + 1, c):
         arms = {a: v for a, v in entry.arms.items() if a in known}
         extra = set(entry.arms) - known
-        if extra - dropped:
+        if extra - ctx.report.dropped_arms:
             ctx.warn(f".loss.json names arm(s) {', '.join(sorted(extra))} that the experiment does not "
                      "define; dropped from the bandit's replay")
-            dropped |= extra
+            ctx.report.drop_arms(extra)
         # the mixture step t was drawn from (exp3 weights its rewards by it), as logged
         bandit.observe(t, arms, mixture=entry.mixture)
         if t + ctx.lag > c:
@@ -200,20 +269,13 @@ def launch_segment(ctx: RunContext) -> Segment:
     ctx.next_segment(index.max_segment)
     pending = _rebuild_bandit(ctx, index, c)
 
-    report = ctx.report
+    tokens, loss = 0, None
     if c > 0:
         entry = index.step(c)
         trailer = read_trailer(resume.path) if entry is None else None
-        tokens = entry.tokens if entry is not None else trailer.tokens_seen if trailer else None
-        report.tokens = int(tokens or 0)
-        report.progress.restart(entry.loss if entry is not None else None)
-    else:
-        report.tokens = 0
-        report.progress.restart(None)
-    if resume.path is not None:
-        report.checkpointed(c, str(resume.path))
-    else:  # from scratch: no checkpoint on disk is known to be valid and covered by the log
-        report.last_ckpt_step = report.last_ckpt_path = None
+        tokens = int((entry.tokens if entry is not None else trailer.tokens_seen if trailer else None) or 0)
+        loss = entry.loss if entry is not None else None
+    ctx.report.resumed(c, str(resume.path) if resume.path is not None else None, tokens, loss)
     replay_through = max((s for s, (_o, p) in index.steps.items() if s > c and p == phase.phase), default=c)
 
     meta = {"experiment": ctx.experiment.name, "phase": phase.phase}
@@ -241,7 +303,7 @@ def launch_segment(ctx: RunContext) -> Segment:
         raise
     ctx.say(f"segment {ctx.segment_number}: engine pid {engine.pid} ({choice.kind}) starting {where}"
             + (f"; steps {c + 1}..{replay_through} will be replayed and compared" if replay_through > c else ""))
-    report.engine = EngineStatus(kind=choice.kind, pid=engine.pid, alive=True, path=str(choice.path))
+    ctx.report.engine_started(EngineStatus(kind=choice.kind, pid=engine.pid, alive=True, path=str(choice.path)))
     return Segment(number=ctx.segment_number, engine=engine, resume=resume, next_step=c + 1, last_step=c,
                    pending_weights=pending, replay_index=index, replay_through=replay_through)
 
@@ -255,21 +317,19 @@ def send_evals(ctx: RunContext, seg: Segment, step: int) -> None:
     if rows <= 0:
         return
     tokens, groups = ctx.sampler.eval_batch_all(rows)
-    rid = seg.add_request(Request("eval", step))
+    rid = seg.add_request(Request("eval", step), max(1.0, len(groups) / ctx.train.rows))
     seg.engine.send(frames.eval_frame(rid, tokens, groups))
-    seg.outstanding.append(Outstanding("eval", rid, max(1.0, len(groups) / ctx.train.rows)))
 
 
 def send_samples(ctx: RunContext, seg: Segment, step: int) -> None:
     """The audit: every prompt in one SAMPLE frame, each with its own seed (one batch in the engine)."""
     cfg = ctx.experiment.samples
-    rid = seg.add_request(Request("sample", step))
     prompts = [frames.SamplePrompt(ids, int(cfg.count), sample_seed(int(ctx.train.seed), step, i))
                for i, (_prompt, ids) in enumerate(ctx.prompts)]
+    work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / ctx.train.rows)
+    rid = seg.add_request(Request("sample", step), work)
     seg.engine.send(frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature),
                                               int(cfg.top_k or 0)))
-    work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / ctx.train.rows)
-    seg.outstanding.append(Outstanding("sample", rid, work))
 
 
 def catch_up(ctx: RunContext, seg: Segment) -> None:
@@ -290,15 +350,12 @@ def feed(ctx: RunContext, seg: Segment) -> None:
     """Send every TRAIN frame whose mixture is known (at most `lag` ahead), with the evals and samples due."""
     while not seg.stop_sent and seg.next_step <= ctx.max_steps and seg.next_step in seg.pending_weights:
         s = seg.next_step
-        weights = seg.pending_weights.pop(s)
-        tokens, groups = ctx.sampler.train_batch(s, weights, ctx.train.rows)
+        tokens, groups = ctx.sampler.train_batch(s, seg.pending_weights[s], ctx.train.rows)
         seg.engine.send(frames.train_frame(s, tokens, groups))
-        seg.outstanding.append(Outstanding("step", s))
-        seg.mixtures[s] = weights  # kept until the step's event is logged
+        seg.sent_step(s)
         if due(int(ctx.train.eval_every), s, ctx.max_steps):
             send_evals(ctx, seg, s)
         if ctx.prompts and due(int(ctx.train.sample_every), s, ctx.max_steps):
             send_samples(ctx, seg, s)
-        seg.next_step += 1
         if s == ctx.max_steps:
             seg.send_stop()

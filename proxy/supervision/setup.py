@@ -14,7 +14,7 @@ with one line and exit 130.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..config.experiment import Experiment, load_experiment
@@ -41,7 +41,7 @@ from .engine_process import EngineChoice, choose_engine
 from .engine_record import reap_orphan
 from .init_from import import_model
 from .loop import Supervisor
-from .report import RunReport, carry_forward
+from .report import RunReport
 from .run_data import RunData, open_run_data
 from .signals import EARLY, SignalCounts, check_interrupted, install_interrupt
 
@@ -118,10 +118,10 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
         if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
             save_identity(run, identity)
-        ctx.engine_paths = choose_engine_paths(experiment, run, engine, request, console)
+        ctx.use_engine_paths(choose_engine_paths(experiment, run, engine, request, console))
         check_interrupted()  # a stop signal a library swallowed during the setup still ends it here
         if on_started is not None:
-            ctx.report.dashboard = on_started(run)
+            ctx.report.dashboard_started(on_started(run))
         return Supervisor(ctx).run_forever()
     finally:
         lock.release()
@@ -171,7 +171,7 @@ def build_context(experiment: Experiment, run: RunDir, data: RunData, engine: En
     writer = LossLogWriter(run.loss_log, options.fsync_every_s)
     samples = SamplesFile(run.samples, options.samples_kept)
     report = RunReport(engine=EngineStatus(kind=engine.kind, path=str(engine.path)))
-    carry_forward(report, read_state(run.state) or {}, experiment.arm_names, phases[-1], console.warn)
+    report.carry_forward(read_state(run.state) or {}, experiment.arm_names, phases[-1], console.warn)
     load_best(report, run.best, run.loss_log)
     return RunContext(experiment=experiment, run=run, data=data, engine_choice=engine, opts=options,
                       console=console, signals=signals, sampler=sampler, prompts=prompts, phases=phases,
@@ -184,6 +184,4 @@ def _mark_finished(run: RunDir) -> None:
     """A relaunch of a finished run: its `.state.json` says finished (and no engine alive)."""
     state = load_state(run.state)
     if state is not None and state.status != "finished":
-        state.status = "finished"
-        state.engine.alive = False
-        write_state(run.state, state)
+        write_state(run.state, replace(state, status="finished", engine=replace(state.engine, alive=False)))

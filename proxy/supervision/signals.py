@@ -69,6 +69,20 @@ class SignalCounts:
         else:
             self.stop += 1
 
+    def take_checkpoint(self) -> bool:
+        """One SIGUSR1 not yet acted on, now taken by the loop (False: none left)."""
+        if not self.checkpoint:
+            return False
+        self.checkpoint -= 1
+        return True
+
+    def take_pivot(self) -> bool:
+        """One SIGUSR2 not yet acted on, now taken by the pivot desk (False: none left)."""
+        if not self.pivot:
+            return False
+        self.pivot -= 1
+        return True
+
     def install(self, signals=ALL) -> dict:
         """Count `signals` from now on; returns the handlers they replace (for restore)."""
         return {sig: signal.signal(sig, self._on_signal) for sig in signals}

@@ -112,7 +112,6 @@ void check_classifier(Run &run, const std::vector<float> &logits, const std::vec
             }
     }
 }
-
 }  // namespace check
 
 #endif  // CUDA_CPU_CASES_H

@@ -20,6 +20,7 @@
 #include "../../microgpt/cuda/layernorm.cuh"
 
 #include "cases.h"
+#include "layernorm_case.h"
 
 using namespace check;
 
@@ -43,16 +44,7 @@ template <typename T> static void same_bits(Run &run, const char *what, const T 
 template <typename Tx> static void layernorm_fused_case(Run &run, int C, int accumulate, int with_next) {
     const int R = 300;
     Rng rng(31 + C + accumulate);
-    std::vector<float> x = normals(rng, (size_t)R * C), w = normals(rng, C, 0.5f), b = normals(rng, C, 0.1f);
-    for (size_t i = 0; i < x.size(); i++) x[i] += 0.5f + 0.01f * (float)(i % C);
-    for (float &v : w) v += 1.0f;
-    Tx *d_x = upload<Tx>(run, x, "x");
-    float *d_w = upload<float>(run, w, "w"), *d_b = upload<float>(run, b, "b");
-    Tx *out = run.device<Tx>((size_t)R * C, "out");
-    float *mean = run.device<float>(R, "mean"), *rstd = run.device<float>(R, "rstd");
-    layernorm_forward<Tx>(out, mean, rstd, d_x, d_w, d_b, R, C, nullptr);
-    std::vector<float> ref_mean(R), ref_rstd(R), ref_out((size_t)R * C);
-    cpu_layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), x.data(), w.data(), b.data(), R, C);
+    LayerNormCase<Tx> ln = layernorm_forward_case<Tx>(run, rng, R, C);
 
     std::vector<float> dout = normals(rng, (size_t)R * C), dx = normals(rng, (size_t)R * C);
     std::vector<float> dw = normals(rng, C), db = normals(rng, C), dnext = normals(rng, C);
@@ -65,22 +57,16 @@ template <typename Tx> static void layernorm_fused_case(Run &run, int C, int acc
     }
     if (layernorm_backward_fused_setup<Tx>(C) != cudaSuccess) run.fail("setup failed at C = %d", C);
     float *partial = run.device<float>(layernorm_backward_fused_scratch_floats(R, C), "partial");
-    layernorm_backward_fused<Tx>(d_dx, d_dw, d_db, d_dnext, d_dout, d_x, d_w, mean, rstd, R, C, accumulate, partial,
-                                 nullptr);
-    std::vector<float> dnext_ref = dnext;
-    cpu_layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), ref_mean.data(),
-                           ref_rstd.data(), R, C, accumulate);
-    std::vector<double> got_dx = result(run, "dx", d_dx, dx.size());
-    run.compare("dx", got_dx, doubles(dx), C, bound<Tx>(), row_bound<Tx>());
-    run.compare("dw", result(run, "dw", d_dw, C), doubles(dw), C, FP32_BOUND, FP32_ROW_BOUND);
-    run.compare("db", result(run, "db", d_db, C), doubles(db), C, FP32_BOUND, FP32_ROW_BOUND);
+    layernorm_backward_fused<Tx>(d_dx, d_dw, d_db, d_dnext, d_dout, ln.d_x, ln.d_w, ln.mean, ln.rstd, R, C, accumulate,
+                                 partial, nullptr);
+    std::vector<double> got_dx = check_layernorm_backward(run, ln, dout, dx, dw, db, d_dx, d_dw, d_db, accumulate);
     if (with_next) {
         // The sums of the dx the kernel stored (its own rounding), in double.
         std::vector<double> want(C);
         for (int c = 0; c < C; c++) {
             double t = 0;
             for (int r = 0; r < R; r++) t += got_dx[(size_t)r * C + c];
-            want[c] = dnext_ref[c] + t;
+            want[c] = dnext[c] + t;
         }
         run.compare("dnext", result(run, "dnext", d_dnext, C), want, C, FP32_BOUND, FP32_ROW_BOUND);
     }

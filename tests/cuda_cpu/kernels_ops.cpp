@@ -15,6 +15,7 @@
 #include "../../microgpt/cuda/layernorm.cuh"
 
 #include "cases.h"
+#include "layernorm_case.h"
 
 using namespace check;
 
@@ -56,31 +57,20 @@ template <typename Tx> static void embedding_case(Run &run) {
 template <typename Tx> static void layernorm_case(Run &run, int accumulate) {
     const int R = 300, C = 72;
     Rng rng(12 + accumulate);
-    std::vector<float> x = normals(rng, (size_t)R * C), w = normals(rng, C, 0.5f), b = normals(rng, C, 0.1f);
-    for (size_t i = 0; i < x.size(); i++) x[i] += 0.5f + 0.01f * (float)(i % C);
-    for (float &v : w) v += 1.0f;
-    Tx *d_x = upload<Tx>(run, x, "x");
-    float *d_w = upload<float>(run, w, "w"), *d_b = upload<float>(run, b, "b");
-    Tx *out = run.device<Tx>((size_t)R * C, "out");
-    float *mean = run.device<float>(R, "mean"), *rstd = run.device<float>(R, "rstd");
-    layernorm_forward<Tx>(out, mean, rstd, d_x, d_w, d_b, R, C, nullptr);
-    std::vector<float> ref((size_t)R * C), ref_mean(R), ref_rstd(R);
-    cpu_layernorm_forward(ref.data(), ref_mean.data(), ref_rstd.data(), x.data(), w.data(), b.data(), R, C);
-    run.compare("out", result(run, "out", out, ref.size()), doubles(ref), C, bound<Tx>(), row_bound<Tx>());
-    run.compare("mean", result(run, "mean", mean, R), doubles(ref_mean), 1, FP32_BOUND, FP32_ROW_BOUND);
-    run.compare("rstd", result(run, "rstd", rstd, R), doubles(ref_rstd), 1, FP32_BOUND, FP32_ROW_BOUND);
+    LayerNormCase<Tx> ln = layernorm_forward_case<Tx>(run, rng, R, C);
+    run.compare("out", result(run, "out", ln.out, ln.ref_out.size()), doubles(ln.ref_out), C, bound<Tx>(),
+                row_bound<Tx>());
+    run.compare("mean", result(run, "mean", ln.mean, R), doubles(ln.ref_mean), 1, FP32_BOUND, FP32_ROW_BOUND);
+    run.compare("rstd", result(run, "rstd", ln.rstd, R), doubles(ln.ref_rstd), 1, FP32_BOUND, FP32_ROW_BOUND);
 
     std::vector<float> dout = normals(rng, (size_t)R * C), dx = normals(rng, (size_t)R * C);
     std::vector<float> dw = normals(rng, C), db = normals(rng, C);
     Tx *d_dout = upload<Tx>(run, dout, "dout"), *d_dx = upload<Tx>(run, dx, "dx");
     float *d_dw = upload<float>(run, dw, "dw"), *d_db = upload<float>(run, db, "db");
     float *partial = run.device<float>(colsum_scratch_floats(R, C), "partial");
-    layernorm_backward<Tx>(d_dx, d_dw, d_db, d_dout, d_x, d_w, mean, rstd, R, C, accumulate, partial, nullptr);
-    cpu_layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), ref_mean.data(),
-                           ref_rstd.data(), R, C, accumulate);
-    run.compare("dx", result(run, "dx", d_dx, dx.size()), doubles(dx), C, bound<Tx>(), row_bound<Tx>());
-    run.compare("dw", result(run, "dw", d_dw, C), doubles(dw), C, FP32_BOUND, FP32_ROW_BOUND);
-    run.compare("db", result(run, "db", d_db, C), doubles(db), C, FP32_BOUND, FP32_ROW_BOUND);
+    layernorm_backward<Tx>(d_dx, d_dw, d_db, d_dout, ln.d_x, ln.d_w, ln.mean, ln.rstd, R, C, accumulate, partial,
+                           nullptr);
+    check_layernorm_backward(run, ln, dout, dx, dw, db, d_dx, d_dw, d_db, accumulate);
 }
 
 // ----------------------------------------------------------------------------

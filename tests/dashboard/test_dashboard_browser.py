@@ -77,15 +77,20 @@ def test_zoom_refines_and_resets(tmp_path, server_factory, page):
     page.wait_for_function(READY, timeout=10000)
     page.wait_for_function("() => window.__dashboard.renders >= 1")
     over = page.locator("#chart-loss .u-over")
-    box = over.bounding_box()
-    y = box["y"] + box["height"] / 2
-    # drag across a narrow slice of the x axis: the server sends that range at full resolution
-    page.mouse.move(box["x"] + box["width"] * 0.50, y)
-    page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] * 0.53, y, steps=5)
-    page.mouse.up()
-    page.wait_for_function("() => window.__dashboardZoom().raw", timeout=5000)
-    z = page.evaluate("() => window.__dashboardZoom()")
+
+    def drag_across_the_middle() -> dict:
+        """Drag across a narrow slice of the x axis; the zoom the page reports once its data came."""
+        box = over.bounding_box()
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + box["width"] * 0.50, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.53, y, steps=5)
+        page.mouse.up()
+        page.wait_for_function("() => window.__dashboardZoom().raw", timeout=5000)
+        return page.evaluate("() => window.__dashboardZoom()")
+
+    # the server sends that range at full resolution
+    z = drag_across_the_middle()
     assert z["raw"] and 2800 <= z["from"] < z["to"] <= 3300
     page.click("#reset-zoom")
     page.wait_for_function("() => !window.__dashboardZoom().zoomed", timeout=3000)
@@ -93,13 +98,7 @@ def test_zoom_refines_and_resets(tmp_path, server_factory, page):
     for mode in ("tokens", "time"):
         page.select_option("#xmode", mode)
         page.wait_for_timeout(400)
-        box = over.bounding_box()
-        page.mouse.move(box["x"] + box["width"] * 0.50, y)
-        page.mouse.down()
-        page.mouse.move(box["x"] + box["width"] * 0.53, y, steps=5)
-        page.mouse.up()
-        page.wait_for_function("() => window.__dashboardZoom().raw", timeout=5000)
-        z = page.evaluate("() => window.__dashboardZoom()")
+        z = drag_across_the_middle()
         assert 2800 <= z["from"] < z["to"] <= 3300, (mode, z)
         page.dblclick("#chart-loss .u-over")
         page.wait_for_function("() => !window.__dashboardZoom().zoomed", timeout=3000)

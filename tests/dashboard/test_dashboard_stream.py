@@ -99,12 +99,18 @@ def test_push_new_entries_and_resume_from_last_event_id(tmp_path, server_factory
     sse2.close()
 
 
-def test_torn_line_is_held_until_its_newline(tmp_path, server_factory):
+def stream_of_a_new_run(tmp_path, server_factory, runs: str):
+    """A run of 50 steps, a server indexing it, and a stream of `runs` past its hello."""
     run = make_run(tmp_path / "run-a", steps=50)
     srv = server_factory([run.root])
     srv.wait_indexed()
-    sse = SSE(srv.url + "api/stream?runs=run-a")
+    sse = SSE(srv.url + f"api/stream?runs={runs}")
     sse.next("hello")
+    return run, srv, sse
+
+
+def test_torn_line_is_held_until_its_newline(tmp_path, server_factory):
+    run, srv, sse = stream_of_a_new_run(tmp_path, server_factory, "run-a")
     line = run.step_line(51)
     run.append_text(line[:20])
     time.sleep(1.2)  # the server saw the partial line (events and a poll) ...
@@ -121,11 +127,7 @@ def test_torn_line_is_held_until_its_newline(tmp_path, server_factory):
 
 
 def test_replaced_log_sends_reset(tmp_path, server_factory):
-    run = make_run(tmp_path / "run-a", steps=50)
-    srv = server_factory([run.root])
-    srv.wait_indexed()
-    sse = SSE(srv.url + "api/stream?runs=0")
-    sse.next("hello")
+    run, srv, sse = stream_of_a_new_run(tmp_path, server_factory, "0")
     tmp = run.root / ".loss.json.new"
     tmp.write_text("".join(run.step_line(s) for s in range(1, 11)))
     os.replace(tmp, run.root / ".loss.json")

@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.engines import EngineUnderTest, engine_under_test
 from harness.gate import Gate
 from harness.reaction import react
+from proxy.formats.checkpoint import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = engine_under_test()
@@ -199,6 +201,14 @@ def read_entries(run_dir: Path) -> list[dict]:
         if isinstance(obj, dict):
             out.append(obj)
     return out
+
+
+def assert_same_checkpoint(a: Path, b: Path) -> None:
+    """Two checkpoints of two runs hold bit-identical weights and AdamW moments."""
+    ca, cb = read_checkpoint(a), read_checkpoint(b)
+    for region in ("weights", "m", "v"):
+        x, y = getattr(ca, region), getattr(cb, region)
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), f"{region} differ: {a} and {b}"
 
 
 def last_steps(run_dir: Path) -> dict[int, dict]:

@@ -13,13 +13,12 @@ import random
 import signal
 import time
 
-import numpy as np
 import pytest
 
 from harness.gate import KILL_SLACK
-from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
-from .conftest import (Proxy, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive,
+from .conftest import (Proxy, assert_same_checkpoint, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive,
                        run_args, run_cmd, state, wait_for)
 
 MAX_STEPS = 160
@@ -44,10 +43,7 @@ def assert_same_run(a, b) -> None:
     diffs = [(s, f) for s in sa for f in COMPARED if sa[s][f] != sb[s][f]]
     assert not diffs, f"steps differ: {diffs[:10]}"
     name = f"step_{MAX_STEPS:06d}.bin"
-    ca, cb = read_checkpoint(a / "checkpoints" / name), read_checkpoint(b / "checkpoints" / name)
-    for region in ("weights", "m", "v"):
-        x, y = getattr(ca, region), getattr(cb, region)
-        assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), f"{region} differ"
+    assert_same_checkpoint(a / "checkpoints" / name, b / "checkpoints" / name)
 
 
 def test_bit_exact_resume_after_random_kills(straight, gate, data_cache, tmp_path):

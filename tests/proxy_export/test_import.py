@@ -23,7 +23,7 @@ from proxy.formats import frames
 from proxy.formats.checkpoint import checkpoint_path, read_checkpoint
 from proxy.supervision.engine_process import EngineChoice
 
-from .conftest import REPO, Proxy, last_steps, max_logged_step, run_args, run_cmd, wait_for
+from .conftest import REPO, Proxy, assert_same_checkpoint, last_steps, max_logged_step, run_args, run_cmd, wait_for
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra (pip install '.[test]')")
 
@@ -131,9 +131,7 @@ def test_fine_tuning_resumes_bit_exactly_after_kill_9(imported, gpt2, gate, data
     assert sorted(a) == sorted(b) == list(range(1, TRAIN["max_steps"] + 1))
     assert [s for s in a if any(a[s][f] != b[s][f] for f in ("loss", "grad_norm", "lr", "tokens", "mixture"))] == []
     name = f"step_{TRAIN['max_steps']:06d}.bin"
-    ca, cb = read_checkpoint(imported / "checkpoints" / name), read_checkpoint(run / "checkpoints" / name)
-    for region in ("weights", "m", "v"):
-        assert np.array_equal(getattr(ca, region).view(np.uint32), getattr(cb, region).view(np.uint32)), region
+    assert_same_checkpoint(imported / "checkpoints" / name, run / "checkpoints" / name)
     assert (run / "checkpoints" / "step_000000.bin").exists()  # retention keeps the starting point
 
 

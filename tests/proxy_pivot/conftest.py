@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from proxy_e2e.conftest import (TINY, Proxy, _reap_proxies, data_cache, engine, gate,  # noqa: F401
+from proxy_e2e.conftest import (TINY, Proxy, _reap_proxies, assert_same_checkpoint, data_cache, engine, gate,  # noqa: F401
                                 last_steps, make_experiment, max_logged_step, one_line_error, read_entries,
                                 run_args, run_cmd, state, wait_for)
 

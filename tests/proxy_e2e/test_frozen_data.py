@@ -56,15 +56,21 @@ def follow_ups(run: Path, engine, cache: Path, out: Path) -> dict[str, str]:
     return result
 
 
+def train_and_stop(exp, run, step: int, gate, data_cache, tmp_path) -> None:
+    """Train `exp` into `run` with the engine held after `step`; once that step is logged and checkpointed,
+    `proxy stop`: the run exits 0."""
+    gate.hold_after(step)
+    proxy = Proxy(run_args(exp, run, engine=gate.engine_flag), data_cache, tmp_path).start()
+    ckpt = run / "checkpoints" / f"step_{step:06d}.bin"
+    wait_for(lambda: ckpt.exists() and max_logged_step(run) >= step, 240, f"the checkpoint of step {step}", proxy)
+    assert run_cmd(["stop", "--run-dir", str(run)], data_cache).returncode == 0
+    assert proxy.wait(60) == 0, proxy.output()
+
+
 def test_follow_ups_need_no_source_and_run_refuses_a_changed_one(engine, gate, data_cache, tmp_path):
     exp = relative_experiment(tmp_path)
     run = tmp_path / "run"
-    gate.hold_after(20)
-    proxy = Proxy(run_args(exp, run, engine=gate.engine_flag), data_cache, tmp_path).start()
-    wait_for(lambda: (run / "checkpoints" / "step_000020.bin").exists() and max_logged_step(run) >= 20, 240,
-             "the checkpoint of step 20", proxy)
-    assert run_cmd(["stop", "--run-dir", str(run)], data_cache).returncode == 0
-    assert proxy.wait(60) == 0, proxy.output()
+    train_and_stop(exp, run, 20, gate, data_cache, tmp_path)
     before = follow_ups(run, engine, data_cache, tmp_path / "out")
     definition = json.loads((run / "data" / "data.json").read_text())
     corpus = tmp_path / "data" / "corpus.txt"
@@ -108,12 +114,7 @@ def test_follow_ups_need_no_source_and_run_refuses_a_changed_one(engine, gate, d
 def test_allow_data_change_trains_on_and_records_it(engine, gate, data_cache, tmp_path):
     exp = relative_experiment(tmp_path, "CHANGE")
     run = tmp_path / "run"
-    gate.hold_after(10)
-    proxy = Proxy(run_args(exp, run, engine=gate.engine_flag), data_cache, tmp_path).start()
-    wait_for(lambda: (run / "checkpoints" / "step_000010.bin").exists() and max_logged_step(run) >= 10, 240,
-             "step 10", proxy)
-    assert run_cmd(["stop", "--run-dir", str(run)], data_cache).returncode == 0
-    assert proxy.wait(60) == 0
+    train_and_stop(exp, run, 10, gate, data_cache, tmp_path)
     stopped = max_logged_step(run)  # the step the stop checkpointed (the gate holds the engine after 10)
     frozen = {p.name: p.read_bytes() for p in (run / "data").iterdir()}
     (tmp_path / "data" / "corpus.txt").write_text(CORPUS + "\nOne more paragraph at the end.\n")

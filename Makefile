@@ -60,12 +60,13 @@ test:
 	$(MAKE) engines
 	$(PYTHON) -m pytest -q
 
-# The GPU tests: tests/gpu (the CUDA engine against the CPU one), then the frame gate, end-to-end,
-# pivot and kill-storm suites driving the CUDA engine (MICROGPT_TEST_ENGINE=cuda; each run compared
-# with its own uninterrupted reference on the same GPU). With no GPU visible it says so in one line
-# and fails: a skip must not read as a pass to someone who asked for the GPU tests. Run `make test`
-# first on a fresh machine (it installs the test dependencies).
-GPU_SUITES := tests/gpu tests/harness tests/proxy_e2e tests/proxy_pivot tests/faults/test_kills.py
+# The GPU tests: tests/gpu (the CUDA engine against the CPU one, and what only it has), then the
+# engine suite, the frame gate, end-to-end, pivot and kill-storm suites driving the CUDA engine
+# (MICROGPT_TEST_ENGINE=cuda; each run compared with its own uninterrupted reference on the same
+# GPU). With no GPU visible it says so in one line and fails: a skip must not read as a pass to
+# someone who asked for the GPU tests. Run `make test` first on a fresh machine (it installs the
+# test dependencies).
+GPU_SUITES := tests/gpu tests/engine tests/harness tests/proxy_e2e tests/proxy_pivot tests/faults/test_kills.py
 
 test-gpu:
 	@$(PYTHON) -c "import sys; from proxy.supervision.engine_process import gpu_visible; sys.exit(not gpu_visible())" \

@@ -12,19 +12,17 @@ from __future__ import annotations
 import signal
 import time
 
+from harness.data import make_shard, train_frames
+from harness.engine import event_path, initial_checkpoint, parse_events, run_once
+from harness.fsync_shim import shim_env
+from harness.shape import proxy_args, standalone_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
 
-from .conftest import (TINY, Cfg, event_path, initial_checkpoint, make_shard, parse_events, proxy_args, run_once,
-                       shim_env, train_frames)
+from .conftest import TINY
 
 DELAY_MS = 400
 SLOW_MS = 1000  # for the tests that act while a write must still be in flight
-
-
-def standalone_args(cfg: Cfg, shard, ckpt_dir, every: int, *extra) -> list[str]:
-    return ["--data", str(shard), "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(every), "--threads", "1",
-            *cfg.flags(), *map(str, extra)]
 
 
 def proxy_mode(ckpt_dir, *extra) -> list[str]:
@@ -50,8 +48,8 @@ def losses(events) -> dict[int, tuple[float, float]]:
 
 
 def test_training_goes_on_while_a_checkpoint_is_written(engine_bin, run_engine, tmp_path, fsync_shim):
-    cfg = TINY.but(steps=20)
-    shard = make_shard(tmp_path / "d.tok", cfg)
+    cfg = TINY.but(steps=20, threads=1)
+    shard = make_shard(tmp_path / "d.tok", cfg.vocab)
     ref = run_once(engine_bin, standalone_args(cfg, shard, tmp_path / "ref", 5), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr.decode()
 
@@ -64,7 +62,7 @@ def test_training_goes_on_while_a_checkpoint_is_written(engine_bin, run_engine, 
             on_arrival[ev["step"]] = (path.is_file() and verify_checkpoint(path) is None,
                                       path.stat().st_size if path.is_file() else None,
                                       f".step_{ev['step']:06d}.bin.tmp" in temps(ck))
-    assert eng.proc.wait(timeout=60) == 0, eng.stderr()
+    assert eng.proc.wait(timeout=60) == 0, eng.stderr
 
     ckpts = eng.of("ckpt")
     assert [(c["step"], c["reason"]) for c in ckpts] == [(s, "periodic") for s in (5, 10, 15, 20)]
@@ -88,8 +86,8 @@ def test_training_goes_on_while_a_checkpoint_is_written(engine_bin, run_engine, 
 
 
 def test_sigkill_during_a_background_write_then_resume_is_bit_exact(engine_bin, run_engine, tmp_path, fsync_shim):
-    cfg = TINY.but(steps=30)
-    shard = make_shard(tmp_path / "d.tok", cfg)
+    cfg = TINY.but(steps=30, threads=1)
+    shard = make_shard(tmp_path / "d.tok", cfg.vocab)
     ref = run_once(engine_bin, standalone_args(cfg, shard, tmp_path / "ref", 10), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr.decode()
     straight = losses(parse_events(ref.stdout))
@@ -135,7 +133,7 @@ def test_stop_eof_and_sigterm_wait_for_the_write_in_flight(run_engine, tmp_path,
             eng.close_stdin()
         else:
             eng.signal(signal.SIGTERM)
-        assert eng.finish() == 0, eng.stderr()
+        assert eng.finish() == 0, eng.stderr
         assert [(c["step"], c["reason"]) for c in eng.of("ckpt")] == [(1, "frame"), (2, reason)], how
         assert eng.events[-1].kind == "exit" and eng.events[-1]["reason"] == reason, eng.events[-1]
         assert [p.name for p in list_checkpoints(ck)] == ["step_000002.bin", "step_000001.bin"], how
@@ -154,22 +152,23 @@ def test_a_write_that_finishes_while_idle_is_announced_at_once(run_engine, tmp_p
     c = eng.wait_for("ckpt", timeout=10 * DELAY_MS / 1000)  # nothing more is sent meanwhile
     assert (c["step"], c["reason"]) == (1, "frame") and verify_checkpoint(ck / "step_000001.bin") is None
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [c["step"] for c in eng.of("ckpt")] == [1], "step 1 is saved: STOP writes nothing more"
 
 
-def test_a_failed_background_write_exits_5_and_keeps_the_previous_checkpoint(run_engine, tmp_path, fsync_shim):
+def test_a_failed_background_write_exits_5_and_keeps_the_previous_checkpoint(engine_bin, run_engine, tmp_path,
+                                                                            fsync_shim):
     """The file's fsync fails (EIO) after DELAY_MS, while training goes on: the run ends as a failed
     synchronous write ended it, with exit 5 and one line, the previous checkpoint intact, no partial file."""
-    cfg = TINY.but(steps=1000)
+    cfg = TINY.but(steps=1000, threads=1)
     ck = tmp_path / "ck"
-    prev = initial_checkpoint(lambda args: run_engine(args), cfg, ck)
+    prev = initial_checkpoint(engine_bin, cfg, ck)
     before = (prev.read_bytes(), prev.stat().st_mtime_ns)
-    shard = make_shard(tmp_path / "d.tok", cfg)
+    shard = make_shard(tmp_path / "d.tok", cfg.vocab)
     eng = run_engine(standalone_args(cfg, shard, ck, 5, "--resume", "latest"),
                      env=shim_env(fsync_shim, DELAY_MS, fail=True))
-    assert eng.finish() == 5, eng.stderr()
-    err = eng.stderr().splitlines()
+    assert eng.finish() == 5, eng.stderr
+    err = eng.stderr.splitlines()
     assert len(err) == 1 and err[0].startswith("microgpt: error: checkpoint at step 5 failed (fsync"), err
     assert "previous checkpoints are intact" in err[0]
     assert eng.events[-1].kind == "error" and eng.events[-1]["code"] == 5, eng.events[-1]

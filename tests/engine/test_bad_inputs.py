@@ -12,12 +12,14 @@ import struct
 import numpy as np
 import pytest
 
+from harness.data import make_shard, random_groups, random_rows, train_frames
+from harness.engine import parse_events, run_once
+from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import read_checkpoint
 from proxy.formats.shard import HEADER as SHARD_HEADER, SHARD_MAGIC
 
-from .conftest import (TINY, Cfg, dir_snapshot, make_shard, parse_events, proxy_args, random_groups,
-                       random_rows, run_once, train_frames)
+from .conftest import TINY, dir_snapshot
 
 CFG = TINY
 VALID_STEP = 2
@@ -47,7 +49,7 @@ def ck(tmp_path, valid_ckpt, engine_bin):
     return d
 
 
-def flags(cfg: Cfg = CFG, drop=(), **override) -> list[str]:
+def flags(cfg: Shape = CFG, drop=(), **override) -> list[str]:
     """cfg.flags() with some flags replaced (override, '_' -> '-') or removed (drop); never duplicated."""
     pairs = cfg.flags()
     d = dict(zip(pairs[::2], pairs[1::2]))
@@ -103,7 +105,7 @@ USAGE_CASES = {
 @pytest.mark.parametrize("case", list(USAGE_CASES))
 def test_usage_errors_exit_2(engine_bin, tmp_path, ck, case):
     base, extra = USAGE_CASES[case]
-    shard = make_shard(tmp_path / "d.tok", CFG, n_tokens=1000)
+    shard = make_shard(tmp_path / "d.tok", CFG.vocab, n_tokens=1000)
     before = dir_snapshot(ck)
     res = run_once(engine_bin, ["--data", shard, "--ckpt-dir", ck, *base, *extra], cwd=tmp_path)
     assert_one_line_failure(res, 2)
@@ -197,7 +199,7 @@ def test_resume_latest_skips_corrupt_newest(run_engine, ck, valid_ckpt):
     ready = eng.wait_for("ready")
     assert ready["step"] == VALID_STEP and ready["resumed_from"].endswith(VALID_NAME), ready.fields
     eng.kill()
-    assert "step_000009.bin" in eng.stderr(), f"the skipped file should be named on stderr: {eng.stderr()!r}"
+    assert "step_000009.bin" in eng.stderr, f"the skipped file should be named on stderr: {eng.stderr!r}"
     assert dir_snapshot(ck) == before
 
 
@@ -344,8 +346,8 @@ def test_bare_andrea_file_loads_with_warning(run_engine, tmp_path, valid_ckpt):
         for s, tok, grp in data:
             eng.train(s, tok, grp)
         eng.send(frames.stop_frame())
-        assert eng.finish() == 0, eng.stderr()
-        results[name] = (eng.losses(), read_checkpoint(out / f"step_{FIRST + 2:06d}.bin"), eng.stderr())
+        assert eng.finish() == 0, eng.stderr
+        results[name] = (eng.losses(), read_checkpoint(out / f"step_{FIRST + 2:06d}.bin"), eng.stderr)
 
     (lf, cf, ef), (lb, cb, eb) = results["full"], results["bare"]
     assert "no trailer" in eb and eb.startswith("microgpt"), f"bare file: expected a 'no trailer' warning, got {eb!r}"

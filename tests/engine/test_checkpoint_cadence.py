@@ -9,10 +9,12 @@ import time
 
 import pytest
 
+from harness.data import train_frames
+from harness.shape import proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import list_checkpoints, verify_checkpoint
 
-from .conftest import TINY, proxy_args, train_frames
+from .conftest import TINY
 
 S = 0.4          # seconds between timed checkpoints
 PACE = 0.05      # seconds the test waits between frames
@@ -33,7 +35,7 @@ def paced_run(run_engine, ckpt_dir, *extra):
         arrival[s] = time.monotonic()
         time.sleep(PACE)
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     return eng, arrival, ready_at
 
 
@@ -79,7 +81,7 @@ def test_a_resumed_run_measures_from_start_up(run_engine, tmp_path):
     eng = run_engine(proxy_args(TINY, ck))
     eng.wait_for("ready")
     eng.send(stdin)
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     old = ck / "step_000003.bin"
     hour_ago = time.time() - 3600
     os.utime(old, (hour_ago, hour_ago))
@@ -89,6 +91,6 @@ def test_a_resumed_run_measures_from_start_up(run_engine, tmp_path):
     for s, tok, grp in train_frames(TINY, 4, 2):
         eng.train(s, tok, grp)
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [(c["step"], c["reason"]) for c in eng.of("ckpt")] == [(5, "stop")]
     assert [p.name for p in list_checkpoints(ck)] == ["step_000005.bin", "step_000003.bin"]

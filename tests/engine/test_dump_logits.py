@@ -4,10 +4,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from harness.engine import initial_checkpoint, run_once
+from harness.shape import proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import read_checkpoint
 
-from .conftest import TINY, initial_checkpoint, proxy_args, run_once
+from .conftest import TINY, TORCH, cpu_only
 from .test_reference import shape_of
 from .torch_reference import Reference
 
@@ -19,9 +21,10 @@ def test_help_lists_dump_logits(engine_bin, tmp_path):
     assert res.returncode == 0 and b"--dump-logits" in res.stdout
 
 
-def test_dumped_logits_are_the_models_and_frames_append(run_engine, tmp_path):
+@cpu_only(TORCH)
+def test_dumped_logits_are_the_models_and_frames_append(engine_bin, run_engine, tmp_path):
     cfg = TINY
-    init = initial_checkpoint(run_engine, cfg, tmp_path / "ck")
+    init = initial_checkpoint(engine_bin, cfg, tmp_path / "ck")
     model = Reference(shape_of(cfg), read_checkpoint(init).weights)
     dump = tmp_path / "logits.f32"
     dump.write_bytes(b"stale bytes from an earlier run")  # the engine starts it empty
@@ -34,7 +37,7 @@ def test_dumped_logits_are_the_models_and_frames_append(run_engine, tmp_path):
         eng.send(frames.sample_frame(rid, prompt, count, max_new, temperature, 0, seed=11))
         events.append(eng.wait_for("sample", id=rid))
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
     raw = np.fromfile(dump, dtype="<f4")
     assert raw.size == sum(count * max_new for _p, count, max_new, _t in requests) * cfg.vocab

@@ -12,10 +12,12 @@ import zlib
 
 import numpy as np
 
+from harness.data import train_frames
+from harness.shape import proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import read_checkpoint
 
-from .conftest import TINY, proxy_args, train_frames
+from .conftest import ENGINE, TINY
 
 
 def test_numpy_reads_published_layout(run_engine, tmp_path):
@@ -27,11 +29,11 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     assert ready["n_params"] == cfg.n_params
     assert cfg.n_params == (cfg.vocab * cfg.dim + cfg.ctx * cfg.dim
                             + cfg.layers * (12 * cfg.dim ** 2 + 13 * cfg.dim) + 2 * cfg.dim)
-    assert ready["engine"] == "cpu" and ready["resumed_from"] is None and ready["step"] == 0
+    assert ready["engine"] == ENGINE.build and ready["resumed_from"] is None and ready["step"] == 0
     for s, tok, grp in train_frames(cfg, 1, 3):
         eng.train(s, tok, grp)
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     path = ck / "step_000003.bin"
     assert path.is_file(), sorted(p.name for p in ck.iterdir())
 
@@ -65,7 +67,7 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     assert seed == cfg.seed and tokens_seen == 3 * cfg.rows * cfg.ctx
     assert data[t + 96:t + 128] == b"\0" * 32
     meta_json = json.loads(data[t + 128:t + 128 + meta_bytes].decode("utf-8"))
-    assert meta_json == {"engine": "cpu", "meta": meta}
+    assert meta_json == {"engine": ENGINE.build, "meta": meta}
 
     # --- the project's reader agrees with numpy
     c = read_checkpoint(path)
@@ -84,7 +86,7 @@ def test_checkpoint_names_are_zero_padded_steps(run_engine, tmp_path):
         if s in (7, 12):
             eng.send(frames.checkpoint_frame())
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert sorted(p.name for p in ck.iterdir()) == ["step_000007.bin", "step_000012.bin"]
     for p in ck.iterdir():
         assert np.fromfile(p, dtype=np.int32, count=1)[0] == int(p.name[5:11])

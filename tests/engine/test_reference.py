@@ -13,13 +13,17 @@ import math
 import numpy as np
 import pytest
 
+from harness.data import random_rows, train_frames
+from harness.engine import event_path, initial_checkpoint
+from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import list_checkpoints, read_checkpoint
 from proxy.formats.engine_cli import engine_args
+from proxy.formats.parameters import ModelShape
 from proxy.formats.shard import write_shard
 
-from .conftest import TINY, Cfg, event_path, initial_checkpoint, proxy_args, random_rows, train_frames
-from .torch_reference import Reference, Shape, Trainer, decays, param_slices
+from .conftest import TINY, TORCH, cpu_only, lr_at
+from .torch_reference import Reference, Trainer, decays, param_slices
 
 LOSS_TOL = 1e-5      # loss from --dump-grads vs float64 torch
 GRAD_TOL = 1e-4      # every gradient element
@@ -30,17 +34,17 @@ W_TOL = 5e-5         # weights after 10 steps; decay on a LayerNorm weight would
 MOMENT_RTOL = 1e-4   # Adam m, v: relative to the largest element of each
 
 
-def shape_of(cfg: Cfg) -> Shape:
-    return Shape(cfg.vocab, cfg.ctx, cfg.dim, cfg.layers, cfg.heads)
+def shape_of(cfg: Shape) -> ModelShape:
+    return ModelShape(cfg.vocab, cfg.ctx, cfg.dim, cfg.layers, cfg.heads)
 
 
-def trainer_for(cfg: Cfg, weights: np.ndarray) -> Trainer:
+def trainer_for(cfg: Shape, weights: np.ndarray) -> Trainer:
     model = Reference(shape_of(cfg), weights)
     return Trainer(model, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps, cfg.beta1, cfg.beta2, cfg.eps,
                    cfg.weight_decay, cfg.grad_clip)
 
 
-def worst(a: np.ndarray, b: np.ndarray, cfg: Cfg) -> str:
+def worst(a: np.ndarray, b: np.ndarray, cfg: Shape) -> str:
     """Name the parameter tensor and index of the largest |a - b|, for failure messages."""
     d = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
     i = int(d.argmax())
@@ -50,7 +54,7 @@ def worst(a: np.ndarray, b: np.ndarray, cfg: Cfg) -> str:
     return f"max |diff| {d[i]:.3g} at flat index {i}"
 
 
-def per_tensor_report(a: np.ndarray, b: np.ndarray, cfg: Cfg, tol: float) -> list[str]:
+def per_tensor_report(a: np.ndarray, b: np.ndarray, cfg: Shape, tol: float) -> list[str]:
     bad = []
     for name, sl, _ in param_slices(shape_of(cfg)):
         d = float(np.abs(a[sl].astype(np.float64) - b[sl]).max())
@@ -62,11 +66,12 @@ def per_tensor_report(a: np.ndarray, b: np.ndarray, cfg: Cfg, tol: float) -> lis
 # ---------------------------------------------------------------------------
 
 
+@cpu_only(TORCH)
 @pytest.mark.parametrize("grad_accum", [1, 2])
-def test_loss_and_grads_match_torch(run_engine, tmp_path, grad_accum):
+def test_loss_and_grads_match_torch(engine_bin, run_engine, tmp_path, grad_accum):
     cfg = TINY.but(batch=4 // grad_accum, grad_accum=grad_accum)
     ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(run_engine, cfg, ckpt_dir)
+    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     weights = read_checkpoint(init).weights
     (s, rows, groups), = train_frames(cfg, 1, 1, seed=3)
 
@@ -75,7 +80,7 @@ def test_loss_and_grads_match_torch(run_engine, tmp_path, grad_accum):
     eng.wait_for("ready", step=0)
     eng.train(1, rows, groups)
     ev = eng.wait_for("grads")
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [e["reason"] for e in eng.of("exit")] == ["grads"], eng.events
     assert not eng.of("ckpt") and list_checkpoints(ckpt_dir) == [init], "--dump-grads must not checkpoint"
     assert event_path(ev, eng).resolve() == grads_path.resolve()
@@ -101,18 +106,19 @@ def test_dump_grads_step_n_is_that_steps_gradients(run_engine, tmp_path):
     for s, rows, groups in frames3:
         full.train(s, rows, groups)
     ev = full.wait_for("grads")
-    assert full.finish() == 0, full.stderr()
+    assert full.finish() == 0, full.stderr
     assert ev["step"] == 3 and [e["step"] for e in full.of("step")] == [1, 2]
     again = run_engine(proxy_args(cfg, tmp_path / "again", "--resume", tmp_path / "full" / "step_000002.bin",
                                   "--dump-grads", tmp_path / "g1.f32"))
     s, rows, groups = frames3[2]
     again.train(s, rows, groups)
     ev1 = again.wait_for("grads")
-    assert again.finish() == 0, again.stderr()
+    assert again.finish() == 0, again.stderr
     assert ev1["step"] == 3 and ev1["loss"] == ev["loss"]
     assert (tmp_path / "g1.f32").read_bytes() == (tmp_path / "g3.f32").read_bytes()
 
 
+@cpu_only(TORCH)
 def test_dump_grads_standalone_single_window(engine_bin, run_engine, tmp_path):
     """Standalone mode on a shard of exactly T+1 tokens: every row is that one window."""
     cfg = TINY
@@ -120,12 +126,12 @@ def test_dump_grads_standalone_single_window(engine_bin, run_engine, tmp_path):
     tokens = np.random.default_rng(5).integers(0, cfg.vocab, size=cfg.ctx + 1, dtype=np.uint16)
     write_shard(shard, tokens, cfg.vocab)
     ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(run_engine, cfg, ckpt_dir)
+    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     grads_path = tmp_path / "g.f32"
     eng = run_engine(engine_args(ckpt_dir, data=shard, resume=init, settings=cfg.flags(),
                                  extra=["--dump-grads", grads_path]))
     ev = eng.wait_for("grads")
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     rows = np.tile(tokens, (cfg.batch, 1))
     ref_loss, ref_grads = Reference(shape_of(cfg), read_checkpoint(init).weights).loss_and_grad(rows)
     assert abs(ev["loss"] - ref_loss) <= LOSS_TOL, f"loss: engine {ev['loss']!r}, torch {ref_loss!r}"
@@ -135,14 +141,15 @@ def test_dump_grads_standalone_single_window(engine_bin, run_engine, tmp_path):
     assert not bad, "\n".join(bad)
 
 
+@cpu_only(TORCH)
 @pytest.mark.parametrize("grad_accum,grad_clip", [(1, 0.05), (2, 0.05), (1, 0.0)],
                          ids=["accum1-clipped", "accum2-clipped", "accum1-noclip"])
-def test_adamw_steps_match_torch(run_engine, tmp_path, grad_accum, grad_clip):
+def test_adamw_steps_match_torch(engine_bin, run_engine, tmp_path, grad_accum, grad_clip):
     # warmup 3 of a 10-step horizon: warmup, cosine and its end are all exercised.
     # clip 0.05 is far below this model's gradient norm, so every step is clipped.
     cfg = TINY.but(batch=4 // grad_accum, grad_accum=grad_accum, grad_clip=grad_clip)
     ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(run_engine, cfg, ckpt_dir)
+    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     start = read_checkpoint(init)
     assert start.step == 0 and not start.m.any() and not start.v.any(), "fresh Adam moments must be zero"
     ref = trainer_for(cfg, start.weights)
@@ -175,7 +182,7 @@ def test_adamw_steps_match_torch(run_engine, tmp_path, grad_accum, grad_clip):
         assert min(e["grad_norm"] for e in eng.of("step")) > grad_clip  # clipping really happened
 
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     final = read_checkpoint(ckpt_dir / "step_000010.bin")
     assert final.step == 10
     w = ref.model.flat()
@@ -189,12 +196,13 @@ def test_adamw_steps_match_torch(run_engine, tmp_path, grad_accum, grad_clip):
     assert not bad, "Adam v differs from torch exp_avg_sq:\n" + "\n".join(bad) + "\n" + worst(final.v, v, cfg)
 
 
-def test_weight_decay_only_on_matrices(run_engine, tmp_path):
+@cpu_only(TORCH)
+def test_weight_decay_only_on_matrices(engine_bin, run_engine, tmp_path):
     """One step with a large decay (lr*wd = 5e-3, 100x the weight tolerance): 2-D tensors decay,
     LayerNorm weights and biases do not; a wrong choice shows up per tensor."""
     cfg = TINY.but(weight_decay=0.5, lr=1e-2, warmup=1, steps=10, grad_clip=0.0)
     ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(run_engine, cfg, ckpt_dir)
+    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     start = read_checkpoint(init)
     ref = trainer_for(cfg, start.weights)
     (s, rows, groups), = train_frames(cfg, 1, 1, seed=2)
@@ -203,7 +211,7 @@ def test_weight_decay_only_on_matrices(run_engine, tmp_path):
     eng.train(1, rows, groups)
     eng.wait_for("step", step=1)
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     ref.step(rows, groups)
     got = read_checkpoint(ckpt_dir / "step_000001.bin").weights
     want = ref.model.flat()
@@ -221,15 +229,16 @@ def test_lr_floor_after_horizon(run_engine, tmp_path):
     for s, rows, groups in train_frames(cfg, 1, 6):
         eng.train(s, rows, groups)
         ev = eng.wait_for("step", step=s)
-        assert math.isclose(ev["lr"], cfg.lr_at(s), rel_tol=1e-6), (s, ev["lr"], cfg.lr_at(s))
+        assert math.isclose(ev["lr"], lr_at(cfg, s), rel_tol=1e-6), (s, ev["lr"], lr_at(cfg, s))
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
 
-def test_eval_and_greedy_sample_match_torch(run_engine, tmp_path):
+@cpu_only(TORCH)
+def test_eval_and_greedy_sample_match_torch(engine_bin, run_engine, tmp_path):
     cfg = TINY
     ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(run_engine, cfg, ckpt_dir)
+    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     model = Reference(shape_of(cfg), read_checkpoint(init).weights)
 
     eng = run_engine(proxy_args(cfg, ckpt_dir, "--resume", init))
@@ -264,7 +273,7 @@ def test_eval_and_greedy_sample_match_torch(run_engine, tmp_path):
     want = ref.step(rows, groups)["loss"]
     assert abs(ev["loss"] - want) <= TRAIN_LOSS_TOL, (ev["loss"], want)
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
 
 def test_sampling_is_deterministic_per_seed(run_engine, tmp_path):
@@ -276,7 +285,7 @@ def test_sampling_is_deterministic_per_seed(run_engine, tmp_path):
         eng.send(frames.sample_frame(rid, [7, 8], count=3, max_new=10, temperature=1.0, top_k=0, seed=seed))
         out.append(eng.wait_for("sample", id=rid)["tokens"])
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     for toks in out:
         assert len(toks) == 3 and all(len(t) == 10 for t in toks), toks
         assert all(0 <= x < cfg.vocab for t in toks for x in t), toks
@@ -285,11 +294,12 @@ def test_sampling_is_deterministic_per_seed(run_engine, tmp_path):
     assert len({tuple(t) for t in out[0]}) > 1, "the `count` samples of one request are all identical"
 
 
-def test_greedy_sample_longer_than_context(run_engine, tmp_path):
+@cpu_only(TORCH)
+def test_greedy_sample_longer_than_context(engine_bin, run_engine, tmp_path):
     """max_new past the context: generation goes on over the last T tokens (a sliding window)."""
     cfg = TINY
     ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(run_engine, cfg, ckpt_dir)
+    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     model = Reference(shape_of(cfg), read_checkpoint(init).weights)
     eng = run_engine(proxy_args(cfg, ckpt_dir, "--resume", init))
     eng.wait_for("ready")

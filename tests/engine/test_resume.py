@@ -14,14 +14,16 @@ import signal
 
 import pytest
 
+from harness.data import make_shard, train_frames
+from harness.engine import event_path, parse_events, run_once
+from harness.shape import Shape, proxy_args, standalone_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
-from proxy.formats.engine_cli import engine_args
 
-from .conftest import TINY, Cfg, event_path, make_shard, parse_events, proxy_args, run_once, train_frames
+from .conftest import THREADS, TINY, cpu_only, lr_at
 
 # 64 steps of a few ms each: a signal sent after step 3 lands long before the end, even on a busy box.
-MID = Cfg(vocab=256, ctx=64, dim=64, layers=2, heads=4, batch=4, steps=64, warmup=8, lr=1e-3, min_lr=1e-4)
+MID = Shape(vocab=256, ctx=64, dim=64, layers=2, heads=4, batch=4, steps=64, warmup=8, lr=1e-3, min_lr=1e-4)
 EVERY = 16
 
 
@@ -30,16 +32,12 @@ def outcome(events) -> dict[int, tuple[float, float]]:
     return {e["step"]: (e["loss"], e["grad_norm"]) for e in events if e.kind == "step"}
 
 
-def standalone_args(cfg: Cfg, shard, ckpt_dir, *extra) -> list[str]:
-    return engine_args(ckpt_dir, data=shard, ckpt_every=EVERY, settings=cfg.flags(), extra=extra)
-
-
 @pytest.fixture(scope="module")
 def straight(engine_bin, tmp_path_factory):
     """The uninterrupted standalone MID run: (shard, losses by step, final checkpoint bytes, events)."""
     d = tmp_path_factory.mktemp("straight")
-    shard = make_shard(d / "data.tok", MID, n_tokens=50_000)
-    res = run_once(engine_bin, standalone_args(MID, shard, d / "ck", "--threads", 2), cwd=d)
+    shard = make_shard(d / "data.tok", MID.vocab, n_tokens=50_000)
+    res = run_once(engine_bin, standalone_args(MID, shard, d / "ck", EVERY, "--threads", 2), cwd=d)
     assert res.returncode == 0, res.stderr.decode()
     events = parse_events(res.stdout)
     losses = outcome(events)
@@ -57,7 +55,7 @@ def straight(engine_bin, tmp_path_factory):
 
 def resume_and_compare(engine_bin, shard, ckpt_dir, cwd, straight_losses, straight_final, *extra):
     """Relaunch with --resume latest; every later loss and the final file must equal the straight run's."""
-    res = run_once(engine_bin, standalone_args(MID, shard, ckpt_dir, "--resume", "latest", *extra), cwd=cwd)
+    res = run_once(engine_bin, standalone_args(MID, shard, ckpt_dir, EVERY, "--resume", "latest", *extra), cwd=cwd)
     assert res.returncode == 0, res.stderr.decode()
     events = parse_events(res.stdout)
     ready = next(e for e in events if e.kind == "ready")
@@ -76,10 +74,10 @@ def resume_and_compare(engine_bin, shard, ckpt_dir, cwd, straight_losses, straig
 def test_standalone_signal_then_resume_is_bit_exact(engine_bin, run_engine, tmp_path, straight, sig):
     shard, losses, final, _ = straight
     ck = tmp_path / "ck"
-    eng = run_engine(standalone_args(MID, shard, ck, "--threads", 2))
+    eng = run_engine(standalone_args(MID, shard, ck, EVERY, "--threads", 2))
     eng.wait_for("step", step=3)
     eng.signal(sig)
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     steps = [e["step"] for e in eng.of("step")]
     ckpts = eng.of("ckpt")
     assert ckpts and ckpts[-1]["reason"] == "signal", [c.fields for c in ckpts]
@@ -96,7 +94,7 @@ def test_standalone_signal_then_resume_is_bit_exact(engine_bin, run_engine, tmp_
 def test_standalone_sigkill_after_checkpoint_then_resume_is_bit_exact(engine_bin, run_engine, tmp_path, straight):
     shard, losses, final, _ = straight
     ck = tmp_path / "ck"
-    eng = run_engine(standalone_args(MID, shard, ck, "--threads", 2))
+    eng = run_engine(standalone_args(MID, shard, ck, EVERY, "--threads", 2))
     eng.wait_for("ckpt", step=EVERY)
     eng.signal(signal.SIGKILL)
     eng.proc.wait(timeout=30)
@@ -106,6 +104,7 @@ def test_standalone_sigkill_after_checkpoint_then_resume_is_bit_exact(engine_bin
     assert k >= EVERY
 
 
+@cpu_only(THREADS)
 def test_threads_do_not_change_results(engine_bin, tmp_path, straight):
     """--threads 1 and 3 give bitwise the losses and final file of the --threads 2 run."""
     shard, losses, final, events = straight
@@ -114,7 +113,7 @@ def test_threads_do_not_change_results(engine_bin, tmp_path, straight):
     for threads in (1, 3):
         d = tmp_path / f"t{threads}"
         d.mkdir()
-        res = run_once(engine_bin, standalone_args(MID, shard, d / "ck", "--threads", threads), cwd=d)
+        res = run_once(engine_bin, standalone_args(MID, shard, d / "ck", EVERY, "--threads", threads), cwd=d)
         assert res.returncode == 0, res.stderr.decode()
         ev = parse_events(res.stdout)
         assert next(e for e in ev if e.kind == "ready")["threads"] == threads
@@ -135,7 +134,7 @@ def test_proxy_sigkill_after_ckpt_then_resume_is_bit_exact(run_engine, tmp_path)
     for s, tok, grp in data:
         eng.train(s, tok, grp)
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     straight = outcome(eng.events)
     assert sorted(straight) == list(range(1, 2 * n + 1))
 
@@ -157,7 +156,7 @@ def test_proxy_sigkill_after_ckpt_then_resume_is_bit_exact(run_engine, tmp_path)
     for s, tok, grp in data[n:]:
         eng.train(s, tok, grp)
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     got = {**first, **outcome(eng.events)}
     diff = {s: (got.get(s), straight[s]) for s in straight if got.get(s) != straight[s]}
     assert not diff, f"losses (resumed, straight) differ: {diff}"
@@ -176,7 +175,7 @@ def test_resume_takes_unset_optimizer_flags_from_checkpoint(run_engine, tmp_path
     for s, tok, grp in data[:2]:
         eng.train(s, tok, grp)
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
     shape_only = ["--vocab", cfg.vocab, "--ctx", cfg.ctx, "--dim", cfg.dim, "--layers", cfg.layers,
                   "--heads", cfg.heads, "--batch", cfg.batch]
@@ -190,9 +189,9 @@ def test_resume_takes_unset_optimizer_flags_from_checkpoint(run_engine, tmp_path
     for s, tok, grp in data[2:]:
         eng.train(s, tok, grp)
         ev = eng.wait_for("step", step=s)
-        assert math.isclose(ev["lr"], cfg.lr_at(s), rel_tol=1e-6), (s, ev["lr"], cfg.lr_at(s))
+        assert math.isclose(ev["lr"], lr_at(cfg, s), rel_tol=1e-6), (s, ev["lr"], lr_at(cfg, s))
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
 
 def test_resume_with_changed_lr_needs_allow_flag(engine_bin, run_engine, tmp_path):
@@ -218,9 +217,9 @@ def test_resume_with_changed_lr_needs_allow_flag(engine_bin, run_engine, tmp_pat
     (s, tok, grp), = train_frames(cfg, 1, 1)
     eng.train(1, tok, grp)
     ev = eng.wait_for("step", step=1)
-    assert math.isclose(ev["lr"], changed.lr_at(1), rel_tol=1e-6), (ev["lr"], changed.lr_at(1))
+    assert math.isclose(ev["lr"], lr_at(changed, 1), rel_tol=1e-6), (ev["lr"], lr_at(changed, 1))
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
 
 def test_resume_latest_in_empty_dir_starts_fresh(run_engine, tmp_path):
@@ -228,12 +227,12 @@ def test_resume_latest_in_empty_dir_starts_fresh(run_engine, tmp_path):
     ready = eng.wait_for("ready")
     assert ready["step"] == 0 and ready["resumed_from"] is None, ready.fields
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
 
 def test_keep_last_keeps_newest(engine_bin, tmp_path):
     cfg = TINY.but(steps=8)
-    shard = make_shard(tmp_path / "d.tok", cfg)
+    shard = make_shard(tmp_path / "d.tok", cfg.vocab)
     ck = tmp_path / "ck"
     res = run_once(engine_bin, ["--data", shard, "--ckpt-dir", ck, "--ckpt-every", 2, "--keep-last", 2,
                                 *cfg.flags()], cwd=tmp_path)

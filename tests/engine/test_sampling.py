@@ -10,32 +10,34 @@ import itertools
 import numpy as np
 import pytest
 
+from harness.data import train_frames
+from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 from proxy.formats.frames import SamplePrompt
 
-from .conftest import TINY, Cfg, proxy_args, train_frames
+from .conftest import THREADS, TINY, cpu_only
 
 # (name, shape): odd widths too (dim 36: rows of 144 bytes, not a multiple of a 32-byte vector)
 SHAPES = {
     "tiny": TINY.but(batch=3),
-    "odd-width": Cfg(vocab=97, ctx=12, dim=36, layers=2, heads=4, batch=2, steps=10, warmup=2),
-    "long-ctx": Cfg(vocab=50, ctx=40, dim=24, layers=1, heads=3, batch=4, steps=10, warmup=2),
+    "odd-width": Shape(vocab=97, ctx=12, dim=36, layers=2, heads=4, batch=2, steps=10, warmup=2),
+    "long-ctx": Shape(vocab=50, ctx=40, dim=24, layers=1, heads=3, batch=4, steps=10, warmup=2),
 }
 SETTINGS = [(0.0, 0), (0.7, 0), (1.0, 5), (1.3, 1)]  # (temperature, top_k)
 
 
-def prompt_lengths(cfg: Cfg) -> list[int]:
+def prompt_lengths(cfg: Shape) -> list[int]:
     """Short, just under, at and beyond the context."""
     return [1, 3, cfg.ctx - 1, cfg.ctx, cfg.ctx + 5]
 
 
-def prompts_for(cfg: Cfg, seed: int) -> list[SamplePrompt]:
+def prompts_for(cfg: Shape, seed: int) -> list[SamplePrompt]:
     rng = np.random.default_rng(seed)
     return [SamplePrompt(rng.integers(0, cfg.vocab, size=n).tolist(), count=1 + i % 3, seed=seed * 10 + i)
             for i, n in enumerate(prompt_lengths(cfg))]
 
 
-def trained_engine(run_engine, tmp_path, cfg: Cfg, name: str, *extra):
+def trained_engine(run_engine, tmp_path, cfg: Shape, name: str, *extra):
     """An engine in proxy mode after 3 training steps (so the logits are not those of the initialisation)."""
     eng = run_engine([*proxy_args(cfg, tmp_path / f"ck-{name}"), *map(str, extra)])
     eng.wait_for("ready")
@@ -51,7 +53,7 @@ def sample_all(eng, frames_by_id: dict[int, bytes]) -> dict[int, list]:
     return {rid: eng.wait_for("sample", id=rid)["tokens"] for rid in frames_by_id}
 
 
-def batched_frames(cfg: Cfg, max_new: int) -> dict[int, bytes]:
+def batched_frames(cfg: Shape, max_new: int) -> dict[int, bytes]:
     """One frame per (temperature, top_k): every prompt length, counts 1-3 (more rows than --batch)."""
     return {rid: frames.sample_batch_frame(rid, prompts_for(cfg, rid), max_new, temperature, top_k)
             for rid, (temperature, top_k) in enumerate(SETTINGS, start=1)}
@@ -66,7 +68,7 @@ def test_kv_cache_tokens_equal_recompute(run_engine, tmp_path, shape):
         eng = trained_engine(run_engine, tmp_path, cfg, name, *extra)
         out[name] = sample_all(eng, batched_frames(cfg, max_new))
         eng.close_stdin()
-        assert eng.finish() == 0, eng.stderr()
+        assert eng.finish() == 0, eng.stderr
     for rid, (temperature, top_k) in enumerate(SETTINGS, start=1):
         kv, ref = out["kv"][rid], out["recompute"][rid]
         n = sum(p.count for p in prompts_for(cfg, rid))
@@ -77,6 +79,7 @@ def test_kv_cache_tokens_equal_recompute(run_engine, tmp_path, shape):
     assert len({tuple(t) for t in out["kv"][2]}) > 1
 
 
+@cpu_only(THREADS)
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kv_cache_tokens_do_not_depend_on_threads(run_engine, tmp_path, threads):
     cfg = SHAPES["odd-width"]
@@ -85,7 +88,7 @@ def test_kv_cache_tokens_do_not_depend_on_threads(run_engine, tmp_path, threads)
         eng = trained_engine(run_engine, tmp_path, cfg, f"t{t}-{threads}", "--threads", t)
         got[t] = sample_all(eng, batched_frames(cfg, cfg.ctx + 3))
         eng.close_stdin()
-        assert eng.finish() == 0, eng.stderr()
+        assert eng.finish() == 0, eng.stderr
     assert got[threads] == got[2], f"--threads {threads} samples differ from --threads 2"
 
 
@@ -101,7 +104,7 @@ def test_one_frame_of_prompts_equals_one_frame_per_prompt(run_engine, tmp_path, 
     apart = sample_all(eng, {10 + i: frames.sample_frame(10 + i, p.tokens, p.count, max_new, temperature, top_k,
                                                          p.seed) for i, p in enumerate(prompts)})
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert together == list(itertools.chain.from_iterable(apart[10 + i] for i in range(len(prompts))))
 
 
@@ -112,7 +115,7 @@ def test_sample_event_keeps_the_frame_order_and_counts(run_engine, tmp_path):
                SamplePrompt([1, 2], count=2, seed=1)]
     ev = sample_all(eng, {4: frames.sample_batch_frame(4, prompts, 6, 1.0, 0)})[4]
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert len(ev) == 5 and all(len(t) == 6 for t in ev)
     # the same prompt and seed give the same completions wherever they stand in the frame
     assert ev[0:2] == ev[3:5]

@@ -11,11 +11,14 @@ import time
 
 import numpy as np
 
+from harness.data import make_shard, train_frames
+from harness.engine import event_path, initial_checkpoint, parse_events
+from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import list_checkpoints, read_checkpoint, verify_checkpoint
 from proxy.formats.engine_cli import engine_args
 
-from .conftest import TINY, Cfg, event_path, initial_checkpoint, make_shard, parse_events, proxy_args, train_frames
+from .conftest import TINY
 
 
 def assert_only_complete_checkpoints(ckpt_dir, allow_tmp: bool):
@@ -30,7 +33,7 @@ def assert_only_complete_checkpoints(ckpt_dir, allow_tmp: bool):
 
 def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     cfg = TINY.but(steps=1_000_000)
-    shard = make_shard(tmp_path / "d.tok", cfg)
+    shard = make_shard(tmp_path / "d.tok", cfg.vocab)
     ck = tmp_path / "ck"
     eng = run_engine(engine_args(ck, data=shard, ckpt_every=0, settings=cfg.flags()))
     before = eng.wait_for("step")["step"]
@@ -48,9 +51,41 @@ def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     eng.wait_for("step", step=last + 3)  # training goes on
     assert eng.proc.poll() is None
     eng.signal(signal.SIGTERM)
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [e["reason"] for e in eng.of("exit")] == ["signal"]
     assert eng.of("ckpt")[-1]["reason"] == "signal"
+
+
+def test_a_sigusr1_checkpoint_changes_no_result(run_engine, tmp_path):
+    """Two runs of the same frames are bit-identical, and a third, sent SIGUSR1 once step 6 is trained,
+    checkpoints step 6 and goes on to the very losses of the two that were never signalled."""
+    cfg = TINY.but(steps=20)
+    data = train_frames(cfg, 1, cfg.steps, seed=8)
+    straight = []
+    for name in ("straight", "again"):
+        eng = run_engine(proxy_args(cfg, tmp_path / name))
+        for s, tok, grp in data:
+            eng.train(s, tok, grp)
+        eng.close_stdin()
+        assert eng.finish() == 0, eng.stderr
+        straight.append(eng.losses())
+    assert sorted(straight[0]) == list(range(1, cfg.steps + 1))
+    assert straight[1] == straight[0], "two runs of the same frames differ"
+
+    ck = tmp_path / "ck"
+    eng = run_engine(proxy_args(cfg, ck))
+    for s, tok, grp in data[:6]:
+        eng.train(s, tok, grp)
+    eng.wait_for("step", step=6)
+    eng.signal(signal.SIGUSR1)
+    ev = eng.wait_for("ckpt")
+    assert ev["step"] == 6 and ev["reason"] == "sigusr1", ev.fields
+    for s, tok, grp in data[6:]:
+        eng.train(s, tok, grp)
+    eng.close_stdin()
+    assert eng.finish() == 0, eng.stderr
+    assert eng.losses() == straight[0], "a SIGUSR1 checkpoint changed the losses after it"
+    assert read_checkpoint(ck / "step_000006.bin").step == 6
 
 
 def test_sigusr1_while_idle_in_proxy_mode(run_engine, tmp_path):
@@ -72,7 +107,7 @@ def test_sigusr1_while_idle_in_proxy_mode(run_engine, tmp_path):
     eng.signal(signal.SIGTERM)
     c = eng.wait_for("ckpt", timeout=20)
     assert (c["step"], c["reason"]) == (3, "signal"), c.fields
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [e["reason"] for e in eng.of("exit")] == ["signal"]
     assert [p.name for p in list_checkpoints(ck)] == ["step_000003.bin", "step_000002.bin"]
 
@@ -85,7 +120,7 @@ def test_eof_checkpoints_and_exits_0(run_engine, tmp_path):
     for s, tok, grp in train_frames(cfg, 1, 2):
         eng.train(s, tok, grp)
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "eof")]
     assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "eof")]
     assert eng.events[-1].kind == "exit"
@@ -108,7 +143,7 @@ def test_checkpoint_frame_then_stop(run_engine, tmp_path):
     eng.send(frames.checkpoint_frame())
     assert eng.wait_for("ckpt")["step"] == 2
     eng.send(frames.stop_frame())    # step 2 is saved: STOP must not write it again
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "frame"), (2, "frame")]
     assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "stop")]
     assert [p.name for p in list_checkpoints(ck)] == ["step_000002.bin", "step_000001.bin"]
@@ -126,7 +161,7 @@ def test_stop_frame_checkpoints_unsaved_step(run_engine, tmp_path):
         eng.send(b"this is never read as a frame")  # nothing after STOP is consumed
     except BrokenPipeError:
         pass
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "stop")]
     assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "stop")]
     assert verify_checkpoint(ck / "step_000002.bin") is None
@@ -141,7 +176,7 @@ def test_sigterm_while_idle_in_proxy_mode(run_engine, tmp_path):
     eng.train(*train_frames(cfg, 1, 1)[0])
     eng.wait_for("step", step=1)
     eng.signal(signal.SIGTERM)
-    assert eng.finish(timeout=20) == 0, eng.stderr()
+    assert eng.finish(timeout=20) == 0, eng.stderr
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "signal")]
     assert [e["reason"] for e in eng.of("exit")] == ["signal"]
 
@@ -150,7 +185,7 @@ def test_sigterm_while_idle_in_proxy_mode(run_engine, tmp_path):
 # SIGKILL during checkpoint writes
 
 # ~2.7M parameters: a 32 MB checkpoint, so a write (and its fsync) takes a while.
-BIG = Cfg(vocab=4096, ctx=32, dim=256, layers=2, heads=4, batch=1, steps=100, warmup=2)
+BIG = Shape(vocab=4096, ctx=32, dim=256, layers=2, heads=4, batch=1, steps=100, warmup=2)
 
 
 def test_sigkill_during_checkpoint_write_keeps_previous_valid(run_engine, tmp_path):
@@ -163,7 +198,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous_valid(run_engine, tmp_pa
     eng.send(frames.checkpoint_frame())
     first = eng.wait_for("ckpt")
     eng.send(frames.stop_frame())
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
     base = ck / "step_000000.bin"
     base_bytes = base.read_bytes()
     write_s = max(first["ms"] / 1000.0, 0.001)
@@ -202,7 +237,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous_valid(run_engine, tmp_pa
     assert_only_complete_checkpoints(ck, allow_tmp=False)
     assert ready["step"] == read_checkpoint(list_checkpoints(ck)[0]).step
     eng.close_stdin()
-    assert eng.finish() == 0, eng.stderr()
+    assert eng.finish() == 0, eng.stderr
 
 
 def test_failed_checkpoint_write_exits_5_previous_intact(engine_bin, run_engine, tmp_path):
@@ -210,7 +245,7 @@ def test_failed_checkpoint_write_exits_5_previous_intact(engine_bin, run_engine,
     once, and leaves the previous checkpoint intact and no partial step_*.bin behind."""
     cfg = TINY
     ck = tmp_path / "ck"
-    prev = initial_checkpoint(run_engine, cfg, ck)
+    prev = initial_checkpoint(engine_bin, cfg, ck)
     before = (prev.read_bytes(), prev.stat().st_mtime_ns)
     limit = prev.stat().st_size // 3
 
@@ -235,10 +270,10 @@ def test_failed_checkpoint_write_exits_5_previous_intact(engine_bin, run_engine,
 # A stop answered after the step in flight, not the frames queued behind it
 
 # about 20-40 ms a step on this machine: steps long enough to freeze the engine inside one
-QUEUED = Cfg(vocab=256, ctx=64, dim=64, layers=2, heads=4, batch=8, steps=1000, warmup=5)
+QUEUED = Shape(vocab=256, ctx=64, dim=64, layers=2, heads=4, batch=8, steps=1000, warmup=5)
 
 
-def _frozen_at_a_step(eng, cfg: Cfg, queued: int):
+def _frozen_at_a_step(eng, cfg: Shape, queued: int):
     """Feed `queued` TRAIN frames at once, let a few steps pass, SIGSTOP the engine; the last step it reported
     once frozen (every event it wrote before freezing has been read)."""
     for s, tok, grp in train_frames(cfg, 1, queued):
@@ -265,7 +300,7 @@ def test_stop_latency_is_one_step_whatever_is_queued(run_engine, tmp_path):
     reported = _frozen_at_a_step(eng, cfg, queued=40)
     eng.signal(signal.SIGTERM)
     eng.signal(signal.SIGCONT)
-    assert eng.finish(timeout=30) == 0, eng.stderr()
+    assert eng.finish(timeout=30) == 0, eng.stderr
     last = eng.of("step")[-1]["step"]
     latency = last - reported
     assert 0 <= latency <= 1, f"trained {latency} steps after SIGTERM (it had reported step {reported})"
@@ -298,7 +333,7 @@ def test_a_stop_interrupts_a_long_sample_audit(run_engine, tmp_path):
     # the answer: the audit given up and the checkpoint begun; the write itself (`ms`) is the disk's time
     answered = time.monotonic() - t0 - ckpt["ms"] / 1000.0
     assert answered < 1.0, f"the stop was answered after {answered:.2f} s (write {ckpt['ms']:.0f} ms)"
-    assert eng.finish(timeout=30) == 0, eng.stderr()
+    assert eng.finish(timeout=30) == 0, eng.stderr
     assert time.monotonic() - t0 < 5.0
     assert not eng.of("sample") and not eng.of("error")
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "signal")]
@@ -322,7 +357,7 @@ def test_a_stop_interrupts_a_long_evaluation(run_engine, tmp_path):
     eng.signal(signal.SIGTERM)
     ckpt = eng.wait_for("ckpt", timeout=30)
     assert time.monotonic() - t0 - ckpt["ms"] / 1000.0 < 1.0  # one forward pass of 8 rows, then the checkpoint
-    assert eng.finish(timeout=30) == 0, eng.stderr()
+    assert eng.finish(timeout=30) == 0, eng.stderr
     assert not eng.of("eval") and not eng.of("error")
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "signal")]
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from proxy.formats.parameters import ModelShape as Shape
+from proxy.formats.parameters import ModelShape
 
 LN_EPS = 1e-5
 
@@ -30,7 +30,7 @@ def decays(name: str) -> bool:
     return name.split(".", 1)[-1] in ("wte", "wpe", "qkv.w", "proj.w", "fc.w", "fcproj.w")
 
 
-def param_slices(s: Shape) -> list[tuple[str, slice, tuple[int, ...]]]:
+def param_slices(s: ModelShape) -> list[tuple[str, slice, tuple[int, ...]]]:
     out, off = [], 0
     for name, shape in s.layout():
         n = math.prod(shape)
@@ -42,7 +42,7 @@ def param_slices(s: Shape) -> list[tuple[str, slice, tuple[int, ...]]]:
 class Reference:
     """The model as a list of leaf tensors (one per parameter) built from a flat array."""
 
-    def __init__(self, shape: Shape, flat: np.ndarray, dtype: torch.dtype = torch.float64):
+    def __init__(self, shape: ModelShape, flat: np.ndarray, dtype: torch.dtype = torch.float64):
         flat = np.asarray(flat)
         if flat.shape != (shape.n_params,):
             raise ValueError(f"flat array has {flat.shape}, model needs {shape.n_params}")

@@ -17,13 +17,15 @@ import json
 import struct
 from pathlib import Path
 
+from harness.data import make_shard
+from harness.engine import Hang
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
 from .engine_scenarios import checkpoint_regions, with_crc
 from .proxy_checks import one_line_exit, proxy_cmd, run_cmd, temp_files
 from .proxy_harness import ProxyEnv, read_log, write_fault_experiment
 from .proxy_scenarios import copy_run, relaunch_and_compare
-from .scenarios import TINY, Hang, Outcome, make_shard, run_standalone, tail_lines
+from .scenarios import TINY, Outcome, run_standalone, tail_lines
 
 DIVERGED_CLASS = "diverged runs (non-finite or insane loss and state)"
 

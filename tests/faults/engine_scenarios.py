@@ -1,7 +1,7 @@
 """The engine's fault scenarios (tests/faults/test_kills.py, test_checkpoints.py, test_disk.py, test_signals.py,
 test_fuzz.py): kill storms, corrupt checkpoints, failed writes, signals in a write, malformed frames.
 
-The shared parts (Outcome, Proc, the model shapes, the checkpoint watcher) are in scenarios.py, whose
+The shared parts (Outcome, the model shapes, the checkpoint watcher) are in scenarios.py, whose
 docstring says how every scenario is built and seeded.
 """
 from __future__ import annotations
@@ -18,20 +18,22 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.data import make_shard
+from harness.engine import TIMEOUT, Child, Hang
+from harness.shape import Shape
 from proxy.formats import frames
 from proxy.formats.checkpoint import (FOOTER_BYTES as FOOTER, TRAILER_FIXED_BYTES as TRAILER_FIXED, body_bytes,
                                       list_checkpoints, verify_checkpoint)
 from proxy.formats.engine_cli import engine_args
 
-from .scenarios import (ENGINE, LARGE, TIMEOUT, TINY, CkptWatch, Hang, Model, Outcome, Proc, compare_files, fsize_limit,
-                        make_shard, rng_for, run_standalone, same_path, start_standalone, step_record, tail_lines,
-                        temps_in)
+from .scenarios import (ENGINE, LARGE, TINY, CkptWatch, Outcome, compare_files, fsize_limit, rng_for, run_standalone,
+                        same_path, start_standalone, step_record, tail_lines, temps_in)
 
 # ---------------------------------------------------------------------------
 # engine scenarios
 
 
-def engine_kill_storm(workdir: Path, model: Model, ckpt_every: int, n_kills: int, modes: dict[str, float],
+def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int, modes: dict[str, float],
                       name: str, fault_class: str, ref_every: int | None = None) -> Outcome:
     """SIGKILL a standalone engine at seeded random moments, relaunch with `--resume latest`.
 
@@ -137,14 +139,14 @@ def engine_kill_storm(workdir: Path, model: Model, ckpt_every: int, n_kills: int
     return out.close()
 
 
-def _check_temps_removed(p: Proc, stale: set, out: Outcome, where: str) -> None:
+def _check_temps_removed(p: Child, stale: set, out: Outcome, where: str) -> None:
     """An engine that got as far as `ready` removed every stale temp file (and said so on stderr)."""
     for name in sorted(stale):
         if not any("removed stale temp file" in ln and ln.endswith("/" + name) for ln in p.stderr_lines()):
             out.fail(f"{where}: stale temp file {name} was not removed at startup (stderr: {tail_lines(p.stderr)!r})")
 
 
-def _check_steps(p: Proc, ref_steps: dict, out: Outcome, where: str) -> None:
+def _check_steps(p: Child, ref_steps: dict, out: Outcome, where: str) -> None:
     if p.bad_lines:
         out.fail(f"{where}: stdout lines that are not events: {p.bad_lines[:3]}")
     for e in p.of("step"):
@@ -364,7 +366,7 @@ def umount(mountpoint: Path) -> None:
     subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
 
 
-def _check_failed_save(p: Proc, rc: int, ck: Path, before: dict, out: Outcome, where: str, strerror: str) -> None:
+def _check_failed_save(p: Child, rc: int, ck: Path, before: dict, out: Outcome, where: str, strerror: str) -> None:
     """A checkpoint save that failed: exit 5, one clear line, old checkpoints intact, nothing partial."""
     lines = p.stderr_lines()
     if rc != 5:
@@ -610,10 +612,10 @@ def engine_sigstop(workdir: Path, n_stops: int = 3, name: str = "engine-sigstop"
 # frames sent straight to the engine
 
 
-FUZZ_MODEL = Model(vocab=64, ctx=8, dim=16, layers=1, heads=2, batch=2, steps=10)
+FUZZ_MODEL = Shape(vocab=64, ctx=8, dim=16, layers=1, heads=2, batch=2, steps=10, warmup=4, threads=1)
 
 
-def proxy_mode_argv(model: Model, ckpt_dir: Path) -> list[str]:
+def proxy_mode_argv(model: Shape, ckpt_dir: Path) -> list[str]:
     return [str(ENGINE.path), *engine_args(ckpt_dir, ckpt_every=0, settings=model.flags())]
 
 

@@ -26,13 +26,14 @@ import psutil
 from dashboard.server import UNACKED_TIMEOUT_S
 from dashboard.stream import MAX_STREAMS, WRITE_TIMEOUT_S
 from dashboard.synthetic import build
+from harness.engine import TIMEOUT, Child, Hang
 from harness.gate import Gate
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 
 from .proxy_checks import proxy_cmd, run_cmd
 from .proxy_harness import LogTail, ProxyEnv
 from .proxy_scenarios import copy_run
-from .scenarios import ENGINE, REPO, TIMEOUT, Hang, Outcome, Proc, free_port, start_dashboard, stop_process, tail_lines
+from .scenarios import ENGINE, REPO, Outcome, free_port, start_dashboard, stop_process, tail_lines
 
 FLOOD_CLASS = "dashboard flooded by event-stream clients that never read"
 CLIENTS = 1000
@@ -238,8 +239,8 @@ def exposed_dashboard(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         argv = [a for a in env.argv(run, engine=gate.engine_flag) if a != "--no-dashboard"]
         penv = dict(os.environ, PYTHONUNBUFFERED="1")
         penv["PYTHONPATH"] = str(REPO) + os.pathsep + penv.get("PYTHONPATH", "")
-        proxy = Proc([*argv, "--host", host, "--port", str(free_port())], cwd=REPO, new_session=True,
-                     events=False, env=penv)
+        proxy = Child([*argv, "--host", host, "--port", str(free_port())], cwd=REPO, new_session=True,
+                   parse_events=False, env=penv)
         try:
             if not LogTail(run / ".loss.json").wait_step(newest + 3, proxy):
                 out.fail(f"[{host}]: the proxy exited early: {tail_lines(proxy.stderr)}")

@@ -14,11 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+from harness.engine import Child, Hang
 from .path_scenarios import tree
 from .proxy_checks import memory_limit, one_line_exit, proxy_cmd, run_cmd
 from .proxy_harness import ProxyEnv, write_fault_experiment
 from .proxy_scenarios import copy_run
-from .scenarios import ENGINE, REPO, Hang, Outcome, Proc
+from .scenarios import ENGINE, REPO, Outcome
 
 INPUT_CLASS = "unreadable inputs (eval --data, data sources)"
 SPARSE_BYTES = 2 << 30
@@ -32,10 +33,10 @@ def as_file_owner(argv: list[str]) -> list[str]:
     return ["unshare", "--user", "--map-user=1000", "--map-group=1000", "--", *argv]
 
 
-def _run(argv: list[str]) -> tuple[int, Proc]:
+def _run(argv: list[str]) -> tuple[int, Child]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    p = Proc(argv, cwd=REPO, new_session=True, events=False, env=env, preexec_fn=memory_limit())
+    p = Child(argv, cwd=REPO, new_session=True, parse_events=False, env=env, preexec_fn=memory_limit())
     return p.finish(60), p
 
 

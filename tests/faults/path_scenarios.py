@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from unittest import mock
 
+from harness.engine import TIMEOUT, Hang
 from harness.gate import Gate
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 
 from .proxy_checks import launch_and_compare, memory_limit, one_line_exit, proxy_cmd, run_cmd
 from .proxy_harness import LogTail, ProxyEnv, compare_with_reference, no_traceback, write_fault_experiment
 from .proxy_scenarios import copy_run, relaunch_and_compare
-from .scenarios import ENGINE, TIMEOUT, Hang, Outcome, tail_lines
+from .scenarios import ENGINE, Outcome, tail_lines
 
 SYMLINK_CLASS = "checkpoints/ or archive/ a symlink out of the run"
 HUGE_STEP_CLASS = "stray checkpoints with huge step numbers"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from harness.engine import TIMEOUT, Hang
 from harness.gate import Gate
 from proxy.formats import frames
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
@@ -27,7 +28,7 @@ from .proxy_harness import (LogTail, ProxyEnv, compare_with_reference, engine_al
                             read_log)
 from .proxy_scenarios import copy_run
 from .sandbox import Sentinels, require_namespace
-from .scenarios import ENGINE, TIMEOUT, Hang, Outcome, tail_lines
+from .scenarios import ENGINE, Outcome, tail_lines
 
 RECORD_CLASS = "forged engine records (pid true, 1, -1, \"12\", a live unrelated pid)"
 COPY_CLASS = "a copied live run relaunched"

@@ -11,13 +11,14 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.engine import Child, Hang
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 from proxy.formats.loss_log import parse_line
 
 from .engine_scenarios import try_mount_tmpfs, umount
 from .proxy_harness import LogTail, ProxyEnv, compare_with_reference, no_traceback
 from .proxy_scenarios import _snapshot
-from .scenarios import REPO, Hang, Outcome, Proc, tail_lines
+from .scenarios import REPO, Outcome, tail_lines
 
 MEMORY_LIMIT = 8 << 30  # RLIMIT_AS of a proxy fed a device: a regression fails, it never eats the machine
 REFUSE_TIMEOUT = 60.0  # a refusal is immediate; this only bounds a regression that hangs
@@ -31,15 +32,15 @@ def proxy_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "proxy", *map(str, args)]
 
 
-def run_cmd(argv: list[str], timeout: float = REFUSE_TIMEOUT, preexec_fn=None) -> tuple[int, Proc]:
+def run_cmd(argv: list[str], timeout: float = REFUSE_TIMEOUT, preexec_fn=None) -> tuple[int, Child]:
     """A `python -m proxy ...` command other than `run` (status, pivot, fork), in its own session."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    p = Proc(argv, cwd=REPO, new_session=True, events=False, env=env, preexec_fn=preexec_fn)
+    p = Child(argv, cwd=REPO, new_session=True, parse_events=False, env=env, preexec_fn=preexec_fn)
     return p.finish(timeout), p
 
 
-def launch(start, out: Outcome, where: str) -> tuple[int, Proc] | None:
+def launch(start, out: Outcome, where: str) -> tuple[int, Child] | None:
     """`start()` (an env.run or run_cmd call): its (exit code, process), or None after recording a hang."""
     try:
         return start()
@@ -61,7 +62,7 @@ def launch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str) -> No
     compare_with_reference(env, run, out, where=where)
 
 
-def start_training(env: ProxyEnv, run: Path, out: Outcome, past: int = 2) -> Proc | None:
+def start_training(env: ProxyEnv, run: Path, out: Outcome, past: int = 2) -> Child | None:
     """`proxy run` on a stopped run, once it has logged `past` steps beyond its newest checkpoint (None,
     with the failure recorded, when it exits first)."""
     newest = max((checkpoint_step(q) for q in list_checkpoints(run / "checkpoints")), default=0)
@@ -121,7 +122,7 @@ def checkpoints_kept(run: Path, before: dict, out: Outcome, where: str) -> None:
             out.fail(f"{where}: {p.name} does not verify ({reason}): a partial file a loader could take")
 
 
-def one_line_exit(p: Proc, rc: int, code: int, needle: str, out: Outcome, where: str) -> str | None:
+def one_line_exit(p: Child, rc: int, code: int, needle: str, out: Outcome, where: str) -> str | None:
     """Exit `code`, no traceback, exactly one stderr line containing `needle`, and it is the last."""
     no_traceback(p, out, where)
     lines = p.stderr_lines()

@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.engine import TIMEOUT, Child, Hang
 from harness.reaction import react
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
-from .scenarios import ENGINE, REPO, TIMEOUT, Hang, Outcome, Proc, compare_files
+from .scenarios import ENGINE, REPO, Outcome, compare_files
 
 # ---------------------------------------------------------------------------
 # the proxy: a tiny experiment, its uninterrupted reference run, and helpers
@@ -67,14 +68,14 @@ class ProxyEnv:
                 "--no-dashboard", "--cache-dir", str(self.cache), "--engine", engine or ENGINE.flag,
                 "--restart-backoff", "0.05", *map(str, extra)]
 
-    def start(self, run_dir: Path, *extra, preexec_fn=None, **kw) -> Proc:
+    def start(self, run_dir: Path, *extra, preexec_fn=None, **kw) -> Child:
         """`python -m proxy run` in its own process group (so the whole group can be killed)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        return Proc(self.argv(run_dir, *extra, **kw), cwd=REPO, new_session=True, events=False, env=env,
-                    preexec_fn=preexec_fn)
+        return Child(self.argv(run_dir, *extra, **kw), cwd=REPO, new_session=True, parse_events=False, env=env,
+                     preexec_fn=preexec_fn)
 
-    def run(self, run_dir: Path, *extra, timeout: float = 300.0, **kw) -> tuple[int, Proc]:
+    def run(self, run_dir: Path, *extra, timeout: float = 300.0, **kw) -> tuple[int, Child]:
         p = self.start(run_dir, *extra, **kw)
         return p.finish(timeout), p
 
@@ -163,7 +164,7 @@ class LogTail:
             except (ValueError, AttributeError, TypeError, KeyError):
                 pass
 
-    def wait_new_segment(self, after: int, proc: Proc, timeout: float = TIMEOUT) -> tuple[int, int] | None:
+    def wait_new_segment(self, after: int, proc: Child, timeout: float = TIMEOUT) -> tuple[int, int] | None:
         """(segment, resume step) of the first segment > `after` that logged a step: a segment's first
         entry is the step after the checkpoint it resumed from (.loss.json's `segment` field).
         None if the proxy exits first."""
@@ -181,7 +182,7 @@ class LogTail:
             time.sleep(0.004)
         raise Hang(f"no new engine segment in the log within {timeout:.0f}s")
 
-    def wait_step(self, target: int, proc: Proc, segment: int | None = None, timeout: float = TIMEOUT) -> bool:
+    def wait_step(self, target: int, proc: Child, segment: int | None = None, timeout: float = TIMEOUT) -> bool:
         """Until a step entry >= target (of `segment`, if given) is in the log; False if the proxy exits first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -317,7 +318,7 @@ def _samples(run_dir: Path) -> dict:
         return {}
 
 
-def no_traceback(p: Proc, out: Outcome, where: str) -> None:
+def no_traceback(p: Child, out: Outcome, where: str) -> None:
     text = p.stderr
     if "Traceback (most recent call last)" in text:
         tb = text[text.rindex("Traceback (most recent call last)"):].splitlines()

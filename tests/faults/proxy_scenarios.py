@@ -9,18 +9,20 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
+from harness.data import make_shard
+from harness.engine import TIMEOUT, Child, Hang
 from harness.gate import KILL_SLACK, Gate
+from harness.shape import Shape
 from proxy.formats.checkpoint import checkpoint_files, checkpoint_step, list_checkpoints
 
 from .engine_scenarios import checkpoint_regions, flip_bit
 from .proxy_harness import (LogTail, ProxyEnv, compare_with_reference, engine_alive, engine_record, expected_resume,
                             first_resume, kill_engine, no_traceback, read_log, wait_engine_gone, write_fault_experiment)
-from .scenarios import (ENGINE, REPO, TIMEOUT, CkptWatch, Hang, Model, Outcome, Proc, compare_files, fsize_limit,
-                        make_shard, rng_for, run_standalone, tail_lines, temps_in)
+from .scenarios import (ENGINE, CkptWatch, Outcome, compare_files, fsize_limit, rng_for, run_standalone,
+                        tail_lines, temps_in)
 
 # ---------------------------------------------------------------------------
 # proxy scenarios
@@ -31,20 +33,6 @@ PROXY_KILL_KINDS = {
     "engine": "kill -9 of the engine under the proxy",
     "both": "kill -9 of the proxy and the engine together",
 }
-
-
-SHIM_SOURCE = REPO / "tests" / "engine" / "fsync_shim.c"
-
-
-def build_fsync_shim(directory: Path) -> Path:
-    """tests/engine/fsync_shim.c as an LD_PRELOAD library: each fsync of a process that preloads it first
-    sleeps MG_TEST_FSYNC_DELAY_MS milliseconds."""
-    out = Path(directory) / "fsync_shim.so"
-    res = subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(out), str(SHIM_SOURCE),
-                          "-ldl"], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise AssertionError(f"cannot build {SHIM_SOURCE}: {res.stderr}")
-    return out
 
 
 def slow_write_engine(directory: Path, shim: Path, delay_ms: int) -> Path:
@@ -220,7 +208,7 @@ def _snapshot(run: Path) -> dict:
 
 
 def relaunch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str, samples_after: int = 0,
-                         *extra, expect_resume: int | None = None) -> Proc | None:
+                         *extra, expect_resume: int | None = None) -> Child | None:
     """Relaunch the same command on `run`; it must resume where documented, finish with exit 0, keep
     every byte `.loss.json` had (append-only), and equal the uninterrupted run."""
     before_log = (run / ".loss.json").read_bytes() if (run / ".loss.json").exists() else b""
@@ -427,7 +415,7 @@ def proxy_corrupt_checkpoint(env: ProxyEnv, template: Path, workdir: Path, name:
         out.fail(f"the proxy skipped the corrupt checkpoint without saying why: {p.stderr_lines()[-5:]}")
     # (2) another model's checkpoint under the newest name
     run = copy_run(template, workdir / "shape")
-    other = Model(vocab=300, ctx=16, dim=8, layers=1, heads=2, batch=4, steps=step)
+    other = Shape(vocab=300, ctx=16, dim=8, layers=1, heads=2, batch=4, steps=step, warmup=4, threads=1)
     shard = make_shard(workdir / "other.tok", other.vocab)
     rc, q = run_standalone(other, shard, workdir / "other", 0, resume=None)
     if rc != 0:

@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from harness.engine import TIMEOUT, Child
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
 from .engine_scenarios import umount
@@ -26,14 +27,14 @@ from .proxy_checks import (REFUSE_TIMEOUT, checkpoints_kept, fill_disk, launch, 
                            tmpfs)
 from .proxy_harness import LogTail, ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
 from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
-from .scenarios import TIMEOUT, Outcome, Proc, fsize_limit, tail_lines
+from .scenarios import Outcome, fsize_limit, tail_lines
 
 
 # ---------------------------------------------------------------------------
 # the proxy's own writes failing
 
 
-def _check_storage_stop(p: Proc, rc: int, run: Path, log: bytes, ckpts: dict, errno_name: str, out: Outcome,
+def _check_storage_stop(p: Child, rc: int, run: Path, log: bytes, ckpts: dict, errno_name: str, out: Outcome,
                         where: str) -> None:
     """docs/OPERATIONS.md, "A full disk": exit 5, one last line naming the file and the errno, no torn
     line, every line and checkpoint kept, nothing half-written, `.state.json` stopped with the cause."""
@@ -559,7 +560,7 @@ def _data_temps(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.glob(".tmp-*")) if cache.is_dir() else []
 
 
-def _wait_stderr(p: Proc, needle: str, timeout: float = TIMEOUT) -> bool:
+def _wait_stderr(p: Child, needle: str, timeout: float = TIMEOUT) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if needle in p.stderr:

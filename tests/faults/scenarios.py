@@ -15,7 +15,9 @@ the choices go (which step to kill at, which offset, which bit to flip). The
 exact instant a SIGKILL lands still depends on the machine's timing.
 
 Formats are never re-implemented here: frames, shards, checkpoint verification
-and engine command lines come from proxy/formats/.
+and engine command lines come from proxy/formats/. The child-process wrapper
+(`Child`), the shape type and the test data are the harness's
+(tests/harness/engine.py, shape.py, data.py).
 
 The engine is the CPU one unless MICROGPT_TEST_ENGINE names another
 (harness/engines.py). The proxy-level scenarios that act mid-run (kill
@@ -27,34 +29,25 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
-import re
 import resource
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from harness.engine import TIMEOUT, Child
 from harness.engines import engine_under_test
-from proxy.formats import frames
+from harness.shape import Shape, standalone_args
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
-from proxy.formats.engine_cli import engine_args, setting_flags
-from proxy.formats.parameters import ModelShape
-from proxy.formats.shard import write_shard
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = engine_under_test()
 DEFAULT_SEED = 20251122
 RESULTS_ENV = "FAULT_RESULTS"
 DEFAULT_RESULTS = REPO / "test-artifacts" / "faults" / "results.json"
-TIMEOUT = 120.0  # any single process may take this long on a busy 2-core box before it counts as hung
 
 
 def fault_seed() -> int:
@@ -167,194 +160,6 @@ def kill_counts(outcomes: list[dict]) -> dict:
 # processes
 
 
-class Hang(AssertionError):
-    pass
-
-
-class Proc:
-    """A child process with stdout lines on a queue (parsed as engine events when `events`) and
-    stderr collected through a pipe (so RLIMIT_FSIZE on the child never truncates it)."""
-
-    def __init__(self, argv, cwd, *, stdin_pipe: bool = False, preexec_fn=None, new_session: bool = False,
-                 env: dict | None = None, events: bool = True):
-        self.argv = [str(a) for a in argv]
-        self.parse = events
-        self.p = subprocess.Popen(self.argv, cwd=str(cwd), stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn,
-                                  start_new_session=new_session, env=env)
-        self.pid = self.p.pid
-        self.lines: list[str] = []
-        self.events: list[frames.Event] = []
-        self.bad_lines: list[str] = []
-        self._q: queue.Queue = queue.Queue()
-        self._err = bytearray()
-        self._eof = False
-        self._t_out = threading.Thread(target=self._read_out, daemon=True)
-        self._t_err = threading.Thread(target=self._read_err, daemon=True)
-        self._t_out.start()
-        self._t_err.start()
-
-    def _read_out(self) -> None:
-        try:
-            for raw in self.p.stdout:
-                self._q.put(raw)
-        except (OSError, ValueError):
-            pass
-        self._q.put(None)
-
-    def _read_err(self) -> None:
-        fd = self.p.stderr.fileno()
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            self._err += chunk
-
-    # -- reading
-    def next_line(self, timeout: float) -> str | None:
-        """The next stdout line (None at EOF); raises Hang after `timeout` seconds."""
-        if self._eof:
-            return None
-        try:
-            raw = self._q.get(timeout=max(0.0, timeout))
-        except queue.Empty:
-            raise Hang(f"no output from {Path(self.argv[0]).name} within {timeout:.0f}s") from None
-        if raw is None:
-            self._eof = True
-            return None
-        line = raw.decode("utf-8", "replace").rstrip("\n")
-        self.lines.append(line)
-        if self.parse and line.strip():
-            try:
-                self.events.append(frames.parse_event(line))
-            except ValueError:
-                self.bad_lines.append(line)
-        return line
-
-    def poll_lines(self) -> None:
-        """Consume whatever stdout is already there, without blocking."""
-        try:
-            while self.next_line(0.0) is not None:
-                pass
-        except Hang:
-            pass
-
-    def wait_event(self, kind: str, timeout: float = TIMEOUT, pred=None):
-        """Read until an event of `kind` (matching `pred`); None at EOF."""
-        deadline = time.monotonic() + timeout
-        while True:
-            n = len(self.events)
-            line = self.next_line(deadline - time.monotonic())
-            if line is None:
-                return None
-            for ev in self.events[n:]:
-                if ev.kind == kind and (pred is None or pred(ev)):
-                    return ev
-
-    def wait_line(self, pattern: re.Pattern, timeout: float = TIMEOUT):
-        """Read until a stdout line matches; the match, or None at EOF."""
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self.next_line(deadline - time.monotonic())
-            if line is None:
-                return None
-            m = pattern.search(line)
-            if m:
-                return m
-
-    def finish(self, timeout: float = TIMEOUT) -> int:
-        """Read to EOF and wait; the exit code. Raises Hang (after killing it) past `timeout`."""
-        deadline = time.monotonic() + timeout
-        try:
-            while self.next_line(deadline - time.monotonic()) is not None:
-                pass
-            rc = self.p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except (Hang, subprocess.TimeoutExpired):
-            self.kill_all()
-            raise Hang(f"{Path(self.argv[0]).name} did not finish within {timeout:.0f}s; "
-                       f"stderr tail: {self.stderr[-500:]!r}") from None
-        self._t_err.join(timeout=10)
-        self.close()
-        return rc
-
-    def wait(self, timeout: float = TIMEOUT) -> int:
-        """Wait for exit (after a kill), then drain the pipes."""
-        try:
-            rc = self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill_all()
-            raise Hang(f"{Path(self.argv[0]).name} did not exit within {timeout:.0f}s") from None
-        end = time.monotonic() + 10
-        while self.next_line(max(0.0, end - time.monotonic())) is not None:
-            pass
-        self._t_err.join(timeout=10)
-        self.close()
-        return rc
-
-    # -- control
-    def send(self, data: bytes) -> None:
-        try:
-            self.p.stdin.write(data)
-            self.p.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass
-
-    def send_signal(self, sig: int) -> bool:
-        try:
-            os.kill(self.pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def killpg(self, sig: int = signal.SIGKILL) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            self.send_signal(sig)
-
-    def kill_all(self) -> None:
-        if self.p.poll() is None:
-            self.killpg() if self._own_group() else self.send_signal(signal.SIGKILL)
-            try:
-                self.p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def _own_group(self) -> bool:
-        try:
-            return os.getpgid(self.pid) == self.pid
-        except ProcessLookupError:
-            return False
-
-    def alive(self) -> bool:
-        return self.p.poll() is None
-
-    def close(self) -> None:
-        for stream in (self.p.stdin, self.p.stdout, self.p.stderr):
-            try:
-                if stream:
-                    stream.close()
-            except OSError:
-                pass
-
-    @property
-    def stderr(self) -> str:
-        return bytes(self._err).decode("utf-8", "replace")
-
-    def stderr_lines(self) -> list[str]:
-        return [ln for ln in self.stderr.splitlines() if ln.strip()]
-
-    def of(self, kind: str) -> list:
-        return [e for e in self.events if e.kind == kind]
-
-    def last_step(self, default: int = 0) -> int:
-        steps = [int(e["step"]) for e in self.events if e.kind == "step"]
-        return max(steps) if steps else default
-
-
 def fsize_limit(limit: int):
     """preexec_fn: RLIMIT_FSIZE = limit bytes (the engine ignores SIGXFSZ, so writes fail with EFBIG)."""
     def apply():
@@ -366,49 +171,27 @@ def fsize_limit(limit: int):
 # engine models and runs
 
 
-@dataclass(frozen=True)
-class Model(ModelShape):
-    """An engine configuration; every setting is passed explicitly."""
-    batch: int
-    steps: int
-    warmup: int = 4
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    seed: int = 1337
-
-    def but(self, **kw) -> "Model":
-        return replace(self, **kw)
-
-    def flags(self) -> list[str]:
-        return setting_flags(**asdict(self), threads=1)
-
-
+# Every setting explicit, one thread (bit-exact results do not depend on it; one thread is fastest
+# for these tiny models on a shared box).
 # Tiny: a checkpoint of ~180 KB, a step in about a millisecond: many kills are cheap.
-TINY = Model(vocab=64, ctx=16, dim=32, layers=1, heads=4, batch=4, steps=200)
+TINY = Shape(vocab=64, ctx=16, dim=32, layers=1, heads=4, batch=4, steps=200, warmup=4, threads=1)
 # Large: a 22 MB checkpoint whose write takes tens of milliseconds, to be killed inside.
-LARGE = Model(vocab=4096, ctx=16, dim=256, layers=1, heads=4, batch=2, steps=14)
+LARGE = Shape(vocab=4096, ctx=16, dim=256, layers=1, heads=4, batch=2, steps=14, warmup=4, threads=1)
 
 
-def make_shard(path: Path, vocab: int, n_tokens: int = 20_000, seed: int = 0) -> Path:
-    tokens = np.random.default_rng(seed).integers(0, vocab, size=n_tokens, dtype=np.uint16)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_shard(path, tokens, vocab)
-    return path
-
-
-def standalone_argv(model: Model, shard: Path, ckpt_dir: Path, ckpt_every: int, resume: str | Path | None = "latest",
+def standalone_argv(model: Shape, shard: Path, ckpt_dir: Path, ckpt_every: int, resume: str | Path | None = "latest",
                     extra=()) -> list[str]:
-    return [str(ENGINE.path), *engine_args(ckpt_dir, data=shard, resume=resume, ckpt_every=ckpt_every,
-                                           settings=model.flags(), extra=extra)]
+    return [str(ENGINE.path), *standalone_args(model, shard, ckpt_dir, ckpt_every, *extra, resume=resume)]
 
 
-def start_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None) -> Proc:
-    return Proc(standalone_argv(model, shard, ckpt_dir, ckpt_every, resume, extra), cwd=Path(ckpt_dir).parent,
-                preexec_fn=preexec_fn)
+def start_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None) -> Child:
+    """The engine under test in standalone mode; its stdout lines kept, the events among them parsed."""
+    return Child(standalone_argv(model, shard, ckpt_dir, ckpt_every, resume, extra), cwd=Path(ckpt_dir).parent,
+                 preexec_fn=preexec_fn)
 
 
 def run_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None,
-                   timeout: float = TIMEOUT) -> tuple[int, Proc]:
+                   timeout: float = TIMEOUT) -> tuple[int, Child]:
     p = start_standalone(model, shard, ckpt_dir, ckpt_every, resume, extra, preexec_fn)
     return p.finish(timeout), p
 

@@ -8,6 +8,8 @@ import shutil
 
 import pytest
 
+from harness.fsync_shim import build_fsync_shim
+
 from . import engine_scenarios, proxy_scenarios
 from .scenarios import LARGE, TINY
 
@@ -57,7 +59,7 @@ def test_proxy_level_kills_inside_background_writes(proxy_env, tmp_path, record,
     but not yet announced by its ckpt event (the engine may have logged later steps). Relaunches resume
     from the newest valid checkpoint the log covers, no valid checkpoint is lost, and the finished run
     equals the uninterrupted one."""
-    engine = proxy_scenarios.slow_write_engine(tmp_path, proxy_scenarios.build_fsync_shim(tmp_path), WRITE_DELAY_MS)
+    engine = proxy_scenarios.slow_write_engine(tmp_path, build_fsync_shim(tmp_path), WRITE_DELAY_MS)
     out = record(proxy_scenarios.proxy_kill_storm(
         proxy_env, tmp_path, kind, n_kills, engine=str(engine), write_s=2.5 * WRITE_DELAY_MS / 1000.0,
         name=f"proxy-kill-{kind}-in-write",

@@ -5,14 +5,18 @@ The bf16 side runs with each attention path (--attention naive and flash);
 fp32 always runs the naive kernels, the reference."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
+from harness.data import markov_frames
+from harness.engine import initial_checkpoint
 from proxy.qualification import COSINE_MIN, LOSS_TOLERANCE
 
-from .conftest import Shape, dump_grads, initial_checkpoint, smooth, train, train_frames
+from .conftest import BASE, dump_grads, smooth, train
 
-SHAPE = Shape(batch=8, steps=200, lr=2e-3, min_lr=2e-4, warmup=20)
+SHAPE = BASE.but(batch=8, steps=200, lr=2e-3, min_lr=2e-4, warmup=20)
 
 
 ATTENTION = ["naive", "flash"]
@@ -21,7 +25,7 @@ ATTENTION = ["naive", "flash"]
 @pytest.mark.parametrize("attention", ATTENTION)
 def test_bf16_first_loss_close_to_fp32(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    frame = train_frames(SHAPE, 1, 1)[1]
+    frame = markov_frames(SHAPE, 1, 1)[1]
     l32, g32 = dump_grads(cuda_bin, SHAPE, tmp_path / "fp32", init, frame, "--precision", "fp32")
     l16, g16 = dump_grads(cuda_bin, SHAPE, tmp_path / "bf16", init, frame, "--precision", "bf16",
                           "--attention", attention)
@@ -33,7 +37,7 @@ def test_bf16_first_loss_close_to_fp32(attention, cpu_bin, cuda_bin, tmp_path):
 @pytest.mark.parametrize("attention", ATTENTION)
 def test_bf16_curve_tracks_fp32_for_200_steps(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    steps = train_frames(SHAPE, 1, 200)
+    steps = markov_frames(SHAPE, 1, 200)
     runs = {}
     for prec in ("fp32", "bf16"):
         eng = train(cuda_bin, SHAPE, tmp_path / prec, tmp_path / prec / "ckpt", steps, "--resume", str(init),
@@ -53,10 +57,10 @@ def test_bf16_curve_tracks_fp32_for_200_steps(attention, cpu_bin, cuda_bin, tmp_
 def test_fused_epilogues_match_unfused(cpu_bin, cuda_bin, tmp_path):
     """MICROGPT_CUDA_FUSE=0 runs bias/GELU/residual as separate kernels."""
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    steps = train_frames(SHAPE, 1, 20)
+    steps = markov_frames(SHAPE, 1, 20)
     fused = train(cuda_bin, SHAPE, tmp_path / "fused", tmp_path / "fused" / "ckpt", steps, "--resume", str(init))
     plain = train(cuda_bin, SHAPE, tmp_path / "plain", tmp_path / "plain" / "ckpt", steps, "--resume", str(init),
-                  env={"MICROGPT_CUDA_FUSE": "0"})
+                  env={**os.environ, "MICROGPT_CUDA_FUSE": "0"})
     lf, lp = fused.losses(), plain.losses()
     assert abs(lf[1] - lp[1]) <= 1e-2, (lf[1], lp[1])
     assert all(abs(lf[s] - lp[s]) <= 0.01 * lp[s] for s in lp), (lf, lp)
@@ -65,7 +69,7 @@ def test_fused_epilogues_match_unfused(cpu_bin, cuda_bin, tmp_path):
 @pytest.mark.parametrize("attention", ATTENTION)
 def test_bf16_is_deterministic(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    steps = train_frames(SHAPE, 1, 10)
+    steps = markov_frames(SHAPE, 1, 10)
     a = train(cuda_bin, SHAPE, tmp_path / "a", tmp_path / "a" / "ckpt", steps, "--resume", str(init),
               "--attention", attention)
     b = train(cuda_bin, SHAPE, tmp_path / "b", tmp_path / "b" / "ckpt", steps, "--resume", str(init),

@@ -7,16 +7,18 @@ import json
 
 import numpy as np
 
+from harness.data import markov_frames
+from harness.engine import initial_checkpoint
 from proxy.formats.checkpoint import read_checkpoint
 
-from .conftest import Shape, initial_checkpoint, train, train_frames
+from .conftest import BASE, train
 
-SHAPE = Shape(steps=20)
+SHAPE = BASE.but(steps=20)
 
 
 def test_cpu_checkpoint_resumes_on_gpu(cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    first, rest = train_frames(SHAPE, 1, 5), train_frames(SHAPE, 6, 8)
+    first, rest = markov_frames(SHAPE, 1, 5), markov_frames(SHAPE, 6, 8)
     train(cpu_bin, SHAPE, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", first, "--resume", str(init))
     mid = tmp_path / "cpu" / "ckpt" / "step_000005.bin"
     assert read_checkpoint(mid).step == 5
@@ -31,7 +33,7 @@ def test_cpu_checkpoint_resumes_on_gpu(cpu_bin, cuda_bin, tmp_path):
 
 def test_gpu_checkpoint_resumes_on_cpu(cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    first, rest = train_frames(SHAPE, 1, 5), train_frames(SHAPE, 6, 8)
+    first, rest = markov_frames(SHAPE, 1, 5), markov_frames(SHAPE, 6, 8)
     train(cuda_bin, SHAPE, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", first, "--resume", str(init),
           "--precision", "fp32")
     mid = tmp_path / "gpu" / "ckpt" / "step_000005.bin"
@@ -49,13 +51,13 @@ def test_gpu_checkpoint_resumes_on_cpu(cpu_bin, cuda_bin, tmp_path):
 def test_bf16_checkpoint_is_fp32_and_loads_on_cpu(cpu_bin, cuda_bin, tmp_path):
     """bf16 training still writes fp32 master weights and moments."""
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    train(cuda_bin, SHAPE, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", train_frames(SHAPE, 1, 3), "--resume",
+    train(cuda_bin, SHAPE, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", markov_frames(SHAPE, 1, 3), "--resume",
           str(init), "--precision", "bf16")
     mid = tmp_path / "gpu" / "ckpt" / "step_000003.bin"
     ck = read_checkpoint(mid)
     # fp32 masters: the weights are not all representable in bf16.
     as_bf16 = (ck.weights.view(np.uint32) & 0xFFFF) == 0
     assert not as_bf16.all()
-    cpu = train(cpu_bin, SHAPE, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", train_frames(SHAPE, 4, 4), "--resume",
+    cpu = train(cpu_bin, SHAPE, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", markov_frames(SHAPE, 4, 4), "--resume",
                 str(mid))
     assert np.isfinite(cpu.losses()[4])

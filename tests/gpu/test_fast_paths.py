@@ -13,13 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.data import markov_frames
+from harness.engine import Engine, initial_checkpoint
+from harness.shape import Shape, proxy_args
 from proxy import qualification as qual
 from proxy.formats import frames
 from proxy.formats.checkpoint import read_checkpoint
 from proxy.qualification import COSINE_MIN, LOSS_TOLERANCE
 
-from .conftest import (Engine, Shape, dump_grads_run, initial_checkpoint, markov_rows, proxy_args, train,
-                       train_frames)
+from .conftest import BASE, dump_grads_run, train
 
 ALL_FAST = ["--attention", "cudnn", "--fused", "on", "--cuda-graph", "on"]
 
@@ -42,21 +44,21 @@ CUDNN_CASES = {f"hd{hd}-T{T}": (hd, T) for hd in (64, 128) for T in (64, 100, 10
 @pytest.mark.parametrize("case", list(CUDNN_CASES))
 def test_cudnn_attention_matches_naive(case, cpu_bin, cuda_bin, tmp_path):
     hd, T = CUDNN_CASES[case]
-    shape = Shape(vocab=512, ctx=T, dim=256, heads=256 // hd, layers=2, batch=2 if T >= 1024 else 4)
+    shape = BASE.but(vocab=512, ctx=T, dim=256, heads=256 // hd, layers=2, batch=2 if T >= 1024 else 4)
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
-    frame = train_frames(shape, 1, 1)[1]
+    frame = markov_frames(shape, 1, 1)[1]
     naive = dump_grads_run(cuda_bin, shape, tmp_path / "naive", init, frame, "--attention", "naive")
     cudnn = dump_grads_run(cuda_bin, shape, tmp_path / "cudnn", init, frame, "--attention", "cudnn")
-    assert cudnn.device.endswith("attention cudnn"), (cudnn.device, cudnn.engine.stderr())
+    assert cudnn.device.endswith("attention cudnn"), (cudnn.device, cudnn.engine.stderr)
     assert_within_tolerance(shape, cudnn, naive, "cudnn against naive")
 
 
-SHAPE = Shape(vocab=512, ctx=128, dim=128, heads=2, layers=2, batch=4, steps=20)
+SHAPE = BASE.but(vocab=512, ctx=128, dim=128, heads=2, layers=2, batch=4, steps=20)
 
 
 def test_fused_kernels_match_the_verified_step(cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    frame = train_frames(SHAPE, 1, 1)[1]
+    frame = markov_frames(SHAPE, 1, 1)[1]
     verified = dump_grads_run(cuda_bin, SHAPE, tmp_path / "verified", init, frame)
     fused = dump_grads_run(cuda_bin, SHAPE, tmp_path / "fused", init, frame, "--fused", "on")
     assert fused.engine.of("ready")[0]["paths"]["fused"] is True
@@ -64,7 +66,7 @@ def test_fused_kernels_match_the_verified_step(cpu_bin, cuda_bin, tmp_path):
 
 
 def test_the_graph_replays_the_fused_step_bit_for_bit(cuda_bin, tmp_path):
-    steps = train_frames(SHAPE, 1, 10)
+    steps = markov_frames(SHAPE, 1, 10)
     runs = {}
     for name, flags in (("fused", ["--fused", "on"]), ("graph", ["--cuda-graph", "on"])):
         runs[name] = train(cuda_bin, SHAPE, tmp_path / name, tmp_path / name / "ckpt", steps, *flags)
@@ -75,11 +77,12 @@ def test_the_graph_replays_the_fused_step_bit_for_bit(cuda_bin, tmp_path):
 
 
 def test_all_fast_paths_are_deterministic_and_resume_bit_exact(cuda_bin, tmp_path):
-    steps = train_frames(SHAPE, 1, 20)
+    steps = markov_frames(SHAPE, 1, 20)
     full = Engine(cuda_bin, proxy_args(SHAPE, tmp_path / "full", "--ckpt-every", "5", *ALL_FAST), tmp_path)
     for s in range(1, 21):
         full.send(steps[s])
-    assert full.finish() == 0, full.stderr()
+    full.close_stdin()
+    assert full.finish() == 0, full.stderr
     twice = train(cuda_bin, SHAPE, tmp_path / "twice", tmp_path / "twice" / "ckpt", steps, *ALL_FAST)
     assert twice.losses() == full.losses()
     again = train(cuda_bin, SHAPE, tmp_path / "again", tmp_path / "again" / "ckpt",
@@ -93,7 +96,7 @@ def test_all_fast_paths_are_deterministic_and_resume_bit_exact(cuda_bin, tmp_pat
 def test_asynchronous_snapshots_hold_the_state_of_their_step(cuda_bin, tmp_path):
     """Checkpoints taken while training goes on (every 2 steps) hold exactly the state a run stopped at
     that step writes."""
-    steps = train_frames(SHAPE, 1, 6)
+    steps = markov_frames(SHAPE, 1, 6)
     busy = train(cuda_bin, SHAPE, tmp_path / "busy", tmp_path / "busy" / "ckpt", steps, "--ckpt-every", "2",
                  *ALL_FAST)
     assert len(busy.of("ckpt")) >= 3
@@ -109,7 +112,7 @@ def test_asynchronous_snapshots_hold_the_state_of_their_step(cuda_bin, tmp_path)
 def test_kv_cache_sampling_matches_recompute(precision, cpu_bin, cuda_bin, tmp_path):
     """The same SAMPLE frame through the KV cache and through --sample-recompute: the same tokens and
     the same logits, bit for bit (greedy and sampled, prompts of different lengths)."""
-    shape = Shape(vocab=512, ctx=64, dim=128, heads=2, layers=2, batch=4)
+    shape = BASE.but(vocab=512, ctx=64, dim=128, heads=2, layers=2, batch=4)
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
     prompts = [frames.SamplePrompt([1, 2, 3], 2, 11), frames.SamplePrompt([7] * 9, 1, 12),
                frames.SamplePrompt([5], 2, 13)]
@@ -122,7 +125,8 @@ def test_kv_cache_sampling_matches_recompute(precision, cpu_bin, cuda_bin, tmp_p
         greedy = eng.wait_for("sample", id=1)
         eng.send(frames.sample_batch_frame(2, prompts, 40, 0.9, 40))
         sampled = eng.wait_for("sample", id=2)
-        assert eng.finish() == 0, eng.stderr()
+        eng.close_stdin()
+        assert eng.finish() == 0, eng.stderr
         out[mode] = (greedy["tokens"], sampled["tokens"], logits.read_bytes())
     assert out["kv"][0] == out["recompute"][0]
     assert out["kv"][1] == out["recompute"][1]
@@ -132,7 +136,7 @@ def test_kv_cache_sampling_matches_recompute(precision, cpu_bin, cuda_bin, tmp_p
 def test_qualification_passes_on_this_gpu(cuda_bin, tmp_path):
     """Every fast path in this build passes its check here (none fails or crashes)."""
     model = {"vocab": 512, "ctx": 256, "dim": 256, "layers": 2, "heads": 4, "batch": 4, "grad_accum": 2}
-    settings = Shape(vocab=512, ctx=256, dim=256, heads=4, layers=2, batch=4, grad_accum=2).flags()
+    settings = BASE.but(vocab=512, ctx=256, dim=256, heads=4, layers=2, batch=4, grad_accum=2).flags()
     lines: list[str] = []
     q = qual.qualify(cuda_bin, settings, model, tmp_path / "cache", lines.append)
     print("\n".join(lines))

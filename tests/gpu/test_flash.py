@@ -13,16 +13,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.data import markov_frames, markov_rows
+from harness.engine import Engine, initial_checkpoint
+from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 from proxy.qualification import COSINE_MIN, LOSS_TOLERANCE as LOSS_TOL  # the qualification's tolerances
 
-from .conftest import (Engine, GradDump, Shape, dump_grads_run, initial_checkpoint, markov_rows, proxy_args, train,
-                       train_frames)
+from .conftest import BASE, GradDump, dump_grads_run, train
 
 
 def flash_shape(hd: int, T: int) -> Shape:
     """Width 256 at every head dim (8, 4 or 2 heads); fewer rows at T = 1024."""
-    return Shape(vocab=512, ctx=T, dim=256, heads=256 // hd, layers=2, batch=2 if T >= 1024 else 4)
+    return BASE.but(vocab=512, ctx=T, dim=256, heads=256 // hd, layers=2, batch=2 if T >= 1024 else 4)
 
 
 CASES = {f"hd{hd}-T{T}": (hd, T) for hd in (32, 64, 128) for T in (64, 100, 1024)}
@@ -52,7 +54,7 @@ def test_flash_gradients_match_naive_and_cpu(case, cpu_bin, cuda_bin, tmp_path):
     hd, T = CASES[case]
     shape = flash_shape(hd, T)
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
-    frame = train_frames(shape, 1, 1)[1]
+    frame = markov_frames(shape, 1, 1)[1]
     cpu = dump_grads_run(cpu_bin, shape, tmp_path / "cpu", init, frame)
     naive = dump_grads_run(cuda_bin, shape, tmp_path / "naive", init, frame, "--precision", "bf16",
                            "--attention", "naive")
@@ -60,21 +62,22 @@ def test_flash_gradients_match_naive_and_cpu(case, cpu_bin, cuda_bin, tmp_path):
                            "--attention", "flash")
     assert naive.device.endswith("attention naive"), naive.device
     assert flash.device.endswith("attention flash"), flash.device
-    assert "--attention flash" not in flash.engine.stderr(), flash.engine.stderr()  # no fallback warning
+    assert "--attention flash" not in flash.engine.stderr, flash.engine.stderr  # no fallback warning
     assert_close(shape, flash, cpu, "the CPU engine (fp32)", naive)
     assert_close(shape, flash, naive, "naive bf16")
 
 
-RESUME_SHAPE = Shape(ctx=100, dim=128, heads=2, batch=4, steps=20)  # head dim 64, a partial last tile
+RESUME_SHAPE = BASE.but(ctx=100, dim=128, heads=2, batch=4, steps=20)  # head dim 64, a partial last tile
 
 
 def test_flash_resume_is_bit_exact(cuda_bin, tmp_path):
-    steps = train_frames(RESUME_SHAPE, 1, 20)
+    steps = markov_frames(RESUME_SHAPE, 1, 20)
     full = Engine(cuda_bin, proxy_args(RESUME_SHAPE, tmp_path / "full", "--ckpt-every", "5", "--attention", "flash"),
                   tmp_path)
     for s in range(1, 21):
         full.send(steps[s])
-    assert full.finish() == 0, full.stderr()
+    full.close_stdin()
+    assert full.finish() == 0, full.stderr
     assert full.of("ready")[0]["device"].endswith("attention flash")
     losses = full.losses()
     assert sorted(losses) == list(range(1, 21))
@@ -101,6 +104,7 @@ def test_flash_eval_and_sample(cpu_bin, cuda_bin, tmp_path):
         ev = eng.wait_for("eval", id=1)
         eng.send(frames.sample_frame(2, [1, 2, 3], count=2, max_new=20, temperature=0.0))
         sample = eng.wait_for("sample", id=2)
+        eng.close_stdin()
         assert eng.finish() == 0
         results[attention] = (ev, sample)
     (ev_n, s_n), (ev_f, s_f) = results["naive"], results["flash"]
@@ -114,21 +118,21 @@ def test_flash_eval_and_sample(cpu_bin, cuda_bin, tmp_path):
 # warning on stderr, the ready event's device says so, and the numbers are
 # bit for bit those of --attention naive.
 FALLBACKS = {
-    "fp32": (Shape(steps=20), ["--precision", "fp32"], "needs --precision bf16"),
-    "head-dim-16": (Shape(dim=64, heads=4, steps=20), ["--precision", "bf16"], "head dims 32, 64 and 128"),
+    "fp32": (BASE.but(steps=20), ["--precision", "fp32"], "needs --precision bf16"),
+    "head-dim-16": (BASE.but(dim=64, heads=4, steps=20), ["--precision", "bf16"], "head dims 32, 64 and 128"),
 }
 
 
 @pytest.mark.parametrize("case", list(FALLBACKS))
 def test_flash_falls_back_to_naive(case, cuda_bin, tmp_path):
     shape, extra, says = FALLBACKS[case]
-    steps = train_frames(shape, 1, 3)
+    steps = markov_frames(shape, 1, 3)
     runs = {}
     for attention in ("naive", "flash"):
         runs[attention] = train(cuda_bin, shape, tmp_path / attention, tmp_path / attention / "ckpt", steps, *extra,
                                 "--attention", attention)
     asked = runs["flash"]
     assert asked.of("ready")[0]["device"].endswith("attention naive"), asked.of("ready")[0]["device"]
-    warnings = [l for l in asked.stderr().splitlines() if "--attention flash" in l]
-    assert len(warnings) == 1 and says in warnings[0], asked.stderr()
+    warnings = [l for l in asked.stderr.splitlines() if "--attention flash" in l]
+    assert len(warnings) == 1 and says in warnings[0], asked.stderr
     assert asked.losses() == runs["naive"].losses()

@@ -6,17 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.data import markov_frames, markov_rows
+from harness.engine import Engine, initial_checkpoint
+from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 
-from .conftest import Engine, Shape, dump_grads, initial_checkpoint, markov_rows, proxy_args, train, train_frames
+from .conftest import BASE, dump_grads, train
 
 SHAPES = {
     # head dim 32, everything a multiple of 8
-    "hd32": Shape(),
+    "hd32": BASE,
     # head dim 64, an odd vocabulary (bf16 rows not 16-byte aligned), 3 layers
-    "hd64-odd-vocab": Shape(vocab=301, ctx=64, dim=192, layers=3, heads=3, batch=3),
+    "hd64-odd-vocab": BASE.but(vocab=301, ctx=64, dim=192, layers=3, heads=3, batch=3),
     # head dim 8 (the engine suite's tiny shape) with gradient accumulation
-    "hd8-accum": Shape(vocab=64, ctx=16, dim=32, layers=2, heads=4, batch=4, grad_accum=2),
+    "hd8-accum": BASE.but(vocab=64, ctx=16, dim=32, layers=2, heads=4, batch=4, grad_accum=2),
 }
 
 
@@ -43,7 +46,7 @@ def compare_grads(shape: Shape, g_gpu: np.ndarray, g_cpu: np.ndarray, rtol: floa
 def test_first_step_loss_and_gradients_match_cpu(name, cpu_bin, cuda_bin, tmp_path):
     shape = SHAPES[name]
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
-    frame = train_frames(shape, 1, 1)[1]
+    frame = markov_frames(shape, 1, 1)[1]
     loss_cpu, g_cpu = dump_grads(cpu_bin, shape, tmp_path / "cpu", init, frame)
     loss_gpu, g_gpu = dump_grads(cuda_bin, shape, tmp_path / "gpu", init, frame, "--precision", "fp32")
     assert abs(loss_gpu - loss_cpu) <= 1e-5, (loss_gpu, loss_cpu)
@@ -55,7 +58,7 @@ def test_first_step_loss_and_gradients_match_cpu(name, cpu_bin, cuda_bin, tmp_pa
 def test_ten_steps_match_cpu(name, cpu_bin, cuda_bin, tmp_path):
     shape = SHAPES[name]
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
-    steps = train_frames(shape, 1, 10)
+    steps = markov_frames(shape, 1, 10)
     cpu = train(cpu_bin, shape, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", steps, "--resume", str(init))
     gpu = train(cuda_bin, shape, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", steps, "--resume", str(init),
                 "--precision", "fp32")
@@ -84,6 +87,7 @@ def test_eval_and_greedy_sample_match_cpu(cpu_bin, cuda_bin, tmp_path):
         ev = eng.wait_for("eval", id=1)
         eng.send(frames.sample_frame(2, prompt, count=2, max_new=shape.ctx, temperature=0.0))
         sample = eng.wait_for("sample", id=2)
+        eng.close_stdin()
         assert eng.finish() == 0
         results[binary.name] = (ev, sample)
     (ev_c, s_c), (ev_g, s_g) = results[cpu_bin.name], results[cuda_bin.name]

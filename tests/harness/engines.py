@@ -10,7 +10,10 @@ reason. The names and the GPU check are the proxy's own (proxy/supervision/engin
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,24 @@ class EngineUnderTest:
     def flag(self) -> str:
         """The `proxy run --engine` value."""
         return self.request if self.kind in ("cpu", "cuda") else str(self.path)
+
+    @property
+    def build(self) -> str | None:
+        """cpu or cuda: what the binary was built as (a path's too, by its --version); None if unknown."""
+        if self.kind in ("cpu", "cuda"):
+            return self.kind
+        return None if self.problem else built_as(self.path)
+
+
+@functools.cache
+def built_as(path: Path) -> str | None:
+    """cpu or cuda, from `ENGINE --version` (`microgpt engine 0.1.0 (cpu; ...)`); None if it does not say."""
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.match(r"microgpt engine \S+ \((cpu|cuda);", out)
+    return m.group(1) if m else None
 
 
 def engine_under_test(environ=os.environ) -> EngineUnderTest:

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.conftest import EngineError, TINY, proxy_args, start_engine, train_frames
+from harness.data import train_frames
+from harness.engine import Engine, Hang
 from harness.engines import engine_under_test
 from harness.gate import Gate
+from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 
 ENGINE = engine_under_test()
-QUIET_S = 1.0  # a held TINY engine would have sent its next step in well under this
+QUIET_S = 1.0  # a held tiny engine (Shape()) would have sent its next step in well under this
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def engine_path() -> Path:
 
 def assert_held(eng) -> None:
     """No event arrives while the gate holds the next TRAIN frame."""
-    with pytest.raises(EngineError, match="no event"):
+    with pytest.raises(Hang, match="no output"):
         ev = eng.next_event(QUIET_S)
         pytest.fail(f"the gate let an event through: {ev.fields}")
 
@@ -51,7 +53,7 @@ def wait_gone(pid: int, timeout: float = 30.0) -> None:
 
 def start(engine_path, gate: Gate | None, cfg, workdir: Path):
     binary = Path(gate.engine_flag) if gate else engine_path
-    eng = start_engine(binary, proxy_args(cfg, workdir / "ck"), workdir)
+    eng = Engine(binary, proxy_args(cfg, workdir / "ck"), workdir)
     eng.wait_for("ready", step=0)
     for s, tokens, groups in train_frames(cfg, 1, cfg.steps):
         eng.train(s, tokens, groups)
@@ -59,7 +61,7 @@ def start(engine_path, gate: Gate | None, cfg, workdir: Path):
 
 
 def test_gate_holds_train_frames_and_a_stop_passes(engine_path, tmp_path):
-    cfg = TINY.but(steps=6)
+    cfg = Shape().but(steps=6)
     gate = Gate(tmp_path / "gate", engine_path)
     gate.hold_after(3)
     eng = start(engine_path, gate, cfg, tmp_path / "gated")
@@ -73,7 +75,7 @@ def test_gate_holds_train_frames_and_a_stop_passes(engine_path, tmp_path):
         eng.wait_for("step", step=5)
         assert_held(eng)
         eng.send(frames.stop_frame())  # passes, with the held step 6 before it
-        assert eng.finish() == 0, eng.stderr()
+        assert eng.finish() == 0, eng.stderr
     finally:
         eng.kill()
     assert [e["step"] for e in eng.of("step")] == [1, 2, 3, 4, 5, 6]
@@ -82,14 +84,14 @@ def test_gate_holds_train_frames_and_a_stop_passes(engine_path, tmp_path):
 
     direct = start(engine_path, None, cfg, tmp_path / "direct")
     direct.send(frames.stop_frame())
-    assert direct.finish() == 0, direct.stderr()
+    assert direct.finish() == 0, direct.stderr
     assert eng.losses() == direct.losses()
     assert (tmp_path / "gated" / "ck" / "step_000006.bin").read_bytes() == \
         (tmp_path / "direct" / "ck" / "step_000006.bin").read_bytes()
 
 
 def test_gate_passes_everything_at_eof(engine_path, tmp_path):
-    cfg = TINY.but(steps=5)
+    cfg = Shape().but(steps=5)
     gate = Gate(tmp_path / "gate", engine_path)
     gate.hold_after(2)
     eng = start(engine_path, gate, cfg, tmp_path)
@@ -97,7 +99,7 @@ def test_gate_passes_everything_at_eof(engine_path, tmp_path):
         eng.wait_for("step", step=2)
         assert_held(eng)
         eng.close_stdin()  # as a killed proxy would: the engine trains what was sent, checkpoints, exits
-        assert eng.finish() == 0, eng.stderr()
+        assert eng.finish() == 0, eng.stderr
     finally:
         eng.kill()
     assert [e["step"] for e in eng.of("step")] == [1, 2, 3, 4, 5]
@@ -105,7 +107,7 @@ def test_gate_passes_everything_at_eof(engine_path, tmp_path):
 
 
 def test_relay_ends_with_a_killed_engine_and_launches_are_recorded(engine_path, tmp_path):
-    cfg = TINY.but(steps=4)
+    cfg = Shape().but(steps=4)
     gate = Gate(tmp_path / "gate", engine_path)
     gate.hold_after(0)  # every launch waits at its first step
     first = start(engine_path, gate, cfg, tmp_path / "a")
@@ -119,13 +121,13 @@ def test_relay_ends_with_a_killed_engine_and_launches_are_recorded(engine_path, 
     gate.open()
     second = start(engine_path, gate, cfg, tmp_path / "b")
     second.send(frames.stop_frame())
-    assert second.finish() == 0, second.stderr()
+    assert second.finish() == 0, second.stderr
     assert [e["step"] for e in second.of("step")] == [1, 2, 3, 4]
     assert [(ln.pid, ln.first_step) for ln in gate.launches()] == [(first.proc.pid, 1), (second.proc.pid, 1)]
 
 
 def test_a_checkpoint_request_waits_behind_held_steps_and_is_seen_arriving(engine_path, tmp_path):
-    cfg = TINY.but(steps=5)
+    cfg = Shape().but(steps=5)
     gate = Gate(tmp_path / "gate", engine_path)
     gate.hold_after(2)
     eng = start(engine_path, gate, cfg, tmp_path)  # steps 1..5 sent, 3..5 held
@@ -138,7 +140,7 @@ def test_a_checkpoint_request_waits_behind_held_steps_and_is_seen_arriving(engin
         gate.hold_after(5)
         ck = eng.wait_for("ckpt")
         eng.send(frames.stop_frame())
-        assert eng.finish() == 0, eng.stderr()
+        assert eng.finish() == 0, eng.stderr
     finally:
         eng.kill()
     assert (ck["step"], ck["reason"]) == (5, "frame")

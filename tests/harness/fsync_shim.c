@@ -1,4 +1,4 @@
-// fsync_shim.c: a test-only LD_PRELOAD library (tests/engine/conftest.py builds it) that makes an
+// fsync_shim.c: a test-only LD_PRELOAD library (built by tests/harness/fsync_shim.py) that makes an
 // engine's checkpoint writes as slow as a test needs, or fail late. fsync() first sleeps
 // MG_TEST_FSYNC_DELAY_MS milliseconds; with MG_TEST_FSYNC_FAIL=1 it then fails with EIO instead
 // of syncing. The engine fsyncs each checkpoint file, then its directory, so a write takes at

@@ -97,7 +97,7 @@ def test_sigkill_during_a_background_write_then_resume_is_bit_exact(engine_bin, 
     eng.wait_for("ckpt", step=10)
     eng.wait_for("step", step=22)  # step 20's write was handed over two steps ago and takes >= 2 s
     assert wait_for_temp(ck, 20) and not (ck / "step_000020.bin").exists(), "the kill must land inside the write"
-    eng.signal(signal.SIGKILL)
+    eng.send_signal(signal.SIGKILL)
     eng.proc.wait(timeout=60)
     assert verify_checkpoint(ck / "step_000010.bin") is None
     assert [p.name for p in list_checkpoints(ck)] == ["step_000010.bin"]
@@ -132,7 +132,7 @@ def test_stop_eof_and_sigterm_wait_for_the_write_in_flight(run_engine, tmp_path,
         elif how == "eof":
             eng.close_stdin()
         else:
-            eng.signal(signal.SIGTERM)
+            eng.send_signal(signal.SIGTERM)
         assert eng.finish() == 0, eng.stderr
         assert [(c["step"], c["reason"]) for c in eng.of("ckpt")] == [(1, "frame"), (2, reason)], how
         assert eng.events[-1].kind == "exit" and eng.events[-1]["reason"] == reason, eng.events[-1]

@@ -76,7 +76,7 @@ def test_standalone_signal_then_resume_is_bit_exact(engine_bin, run_engine, tmp_
     ck = tmp_path / "ck"
     eng = run_engine(standalone_args(MID, shard, ck, EVERY, "--threads", 2))
     eng.wait_for("step", step=3)
-    eng.signal(sig)
+    eng.send_signal(sig)
     assert eng.finish() == 0, eng.stderr
     steps = [e["step"] for e in eng.of("step")]
     ckpts = eng.of("ckpt")
@@ -96,7 +96,7 @@ def test_standalone_sigkill_after_checkpoint_then_resume_is_bit_exact(engine_bin
     ck = tmp_path / "ck"
     eng = run_engine(standalone_args(MID, shard, ck, EVERY, "--threads", 2))
     eng.wait_for("ckpt", step=EVERY)
-    eng.signal(signal.SIGKILL)
+    eng.send_signal(signal.SIGKILL)
     eng.proc.wait(timeout=30)
     for p in list_checkpoints(ck):
         assert verify_checkpoint(p) is None, verify_checkpoint(p)
@@ -146,7 +146,7 @@ def test_proxy_sigkill_after_ckpt_then_resume_is_bit_exact(run_engine, tmp_path)
     eng.send(frames.checkpoint_frame())
     ck = eng.wait_for("ckpt")
     assert ck["step"] == n and ck["reason"] == "frame", ck.fields
-    eng.signal(signal.SIGKILL)
+    eng.send_signal(signal.SIGKILL)
     eng.proc.wait(timeout=30)
     first = outcome(eng.events)
 

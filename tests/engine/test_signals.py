@@ -37,7 +37,7 @@ def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     ck = tmp_path / "ck"
     eng = run_engine(engine_args(ck, data=shard, ckpt_every=0, settings=cfg.flags()))
     before = eng.wait_for("step")["step"]
-    eng.signal(signal.SIGUSR1)
+    eng.send_signal(signal.SIGUSR1)
     c = eng.wait_for("ckpt")
     assert c["reason"] == "sigusr1", c.fields
     # The engine checkpoints the step it is at when it handles the signal (between steps); the
@@ -50,7 +50,7 @@ def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     assert c["bytes"] == path.stat().st_size
     eng.wait_for("step", step=last + 3)  # training goes on
     assert eng.proc.poll() is None
-    eng.signal(signal.SIGTERM)
+    eng.send_signal(signal.SIGTERM)
     assert eng.finish() == 0, eng.stderr
     assert [e["reason"] for e in eng.of("exit")] == ["signal"]
     assert eng.of("ckpt")[-1]["reason"] == "signal"
@@ -77,7 +77,7 @@ def test_a_sigusr1_checkpoint_changes_no_result(run_engine, tmp_path):
     for s, tok, grp in data[:6]:
         eng.train(s, tok, grp)
     eng.wait_for("step", step=6)
-    eng.signal(signal.SIGUSR1)
+    eng.send_signal(signal.SIGUSR1)
     ev = eng.wait_for("ckpt")
     assert ev["step"] == 6 and ev["reason"] == "sigusr1", ev.fields
     for s, tok, grp in data[6:]:
@@ -98,13 +98,13 @@ def test_sigusr1_while_idle_in_proxy_mode(run_engine, tmp_path):
     for s, tok, grp in train_frames(cfg, 1, 2):
         eng.train(s, tok, grp)
     eng.wait_for("step", step=2)
-    eng.signal(signal.SIGUSR1)
+    eng.send_signal(signal.SIGUSR1)
     c = eng.wait_for("ckpt", timeout=20)
     assert (c["step"], c["reason"]) == (2, "sigusr1"), c.fields
     for s, tok, grp in train_frames(cfg, 3, 1):  # still taking frames
         eng.train(s, tok, grp)
     eng.wait_for("step", step=3)
-    eng.signal(signal.SIGTERM)
+    eng.send_signal(signal.SIGTERM)
     c = eng.wait_for("ckpt", timeout=20)
     assert (c["step"], c["reason"]) == (3, "signal"), c.fields
     assert eng.finish() == 0, eng.stderr
@@ -175,7 +175,7 @@ def test_sigterm_while_idle_in_proxy_mode(run_engine, tmp_path):
     eng.wait_for("ready")
     eng.train(*train_frames(cfg, 1, 1)[0])
     eng.wait_for("step", step=1)
-    eng.signal(signal.SIGTERM)
+    eng.send_signal(signal.SIGTERM)
     assert eng.finish(timeout=20) == 0, eng.stderr
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "signal")]
     assert [e["reason"] for e in eng.of("exit")] == ["signal"]
@@ -279,7 +279,7 @@ def _frozen_at_a_step(eng, cfg: Shape, queued: int):
     for s, tok, grp in train_frames(cfg, 1, queued):
         eng.train(s, tok, grp)
     eng.wait_for("step", step=3)
-    eng.signal(signal.SIGSTOP)
+    eng.send_signal(signal.SIGSTOP)
     while True:
         try:
             ev = eng.next_event(timeout=1.0)
@@ -298,8 +298,8 @@ def test_stop_latency_is_one_step_whatever_is_queued(run_engine, tmp_path):
     eng = run_engine(proxy_args(cfg, ck))
     eng.wait_for("ready")
     reported = _frozen_at_a_step(eng, cfg, queued=40)
-    eng.signal(signal.SIGTERM)
-    eng.signal(signal.SIGCONT)
+    eng.send_signal(signal.SIGTERM)
+    eng.send_signal(signal.SIGCONT)
     assert eng.finish(timeout=30) == 0, eng.stderr
     last = eng.of("step")[-1]["step"]
     latency = last - reported
@@ -328,7 +328,7 @@ def test_a_stop_interrupts_a_long_sample_audit(run_engine, tmp_path):
     time.sleep(1.0)  # well inside the audit
     assert eng.proc.poll() is None
     t0 = time.monotonic()
-    eng.signal(signal.SIGTERM)
+    eng.send_signal(signal.SIGTERM)
     ckpt = eng.wait_for("ckpt", timeout=30)
     # the answer: the audit given up and the checkpoint begun; the write itself (`ms`) is the disk's time
     answered = time.monotonic() - t0 - ckpt["ms"] / 1000.0
@@ -354,7 +354,7 @@ def test_a_stop_interrupts_a_long_evaluation(run_engine, tmp_path):
     time.sleep(1.0)
     assert eng.proc.poll() is None and not eng.of("eval")
     t0 = time.monotonic()
-    eng.signal(signal.SIGTERM)
+    eng.send_signal(signal.SIGTERM)
     ckpt = eng.wait_for("ckpt", timeout=30)
     assert time.monotonic() - t0 - ckpt["ms"] / 1000.0 < 1.0  # one forward pass of 8 rows, then the checkpoint
     assert eng.finish(timeout=30) == 0, eng.stderr

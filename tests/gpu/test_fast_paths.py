@@ -8,7 +8,6 @@ on; the KV cache's tokens and logits against the recompute path's, bit for bit.
 Run first in a GPU session (scripts/gpu_session.sh): the rest of tests/gpu covers the verified path."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,7 +99,7 @@ def test_asynchronous_snapshots_hold_the_state_of_their_step(cuda_bin, tmp_path)
     busy = train(cuda_bin, SHAPE, tmp_path / "busy", tmp_path / "busy" / "ckpt", steps, "--ckpt-every", "2",
                  *ALL_FAST)
     assert len(busy.of("ckpt")) >= 3
-    quiet = train(cuda_bin, SHAPE, tmp_path / "quiet", tmp_path / "quiet" / "ckpt", {s: steps[s] for s in (1, 2, 3, 4)},
+    train(cuda_bin, SHAPE, tmp_path / "quiet", tmp_path / "quiet" / "ckpt", {s: steps[s] for s in (1, 2, 3, 4)},
                   *ALL_FAST)
     a = read_checkpoint(tmp_path / "busy" / "ckpt" / "step_000004.bin")
     b = read_checkpoint(tmp_path / "quiet" / "ckpt" / "step_000004.bin")

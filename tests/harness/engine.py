@@ -274,7 +274,6 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    signal = send_signal  # after killpg: its default must still see the `signal` module
 
 
 class Engine(Child):

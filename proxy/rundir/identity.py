@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Callable, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..atomic import atomic_write_json
 from ..processes import FileIdentity
+from ..safe_fs import UnsafeFileError
 from .layout import RunDir, RunDirError
+
+Record = TypeVar("Record", bound=BaseModel)
 
 RUN_ID_PATTERN = r"^[0-9a-f]{32}$"
 
@@ -50,20 +54,28 @@ def directory_identity(run: RunDir) -> FileIdentity:
         raise RunDirError(f"{run.root}: {exc.strerror}") from None
 
 
-def read_identity(run: RunDir) -> tuple[RunIdentity | None, str | None]:
-    """(the identity, None), or (None, why it is unusable); (None, None) when there is none."""
+def read_record(run: RunDir, path: Path, model: type[Record], what: str) -> tuple[Record | None, str | None]:
+    """A small JSON record of the run directory, trusted only once `model` validates it: (the record, None);
+    (None, why it is not one, naming `path` and the first problem); (None, None) when there is none."""
     try:
-        raw = run.read_small(run.identity)
+        raw = run.read_small(path)
     except FileNotFoundError:
         return None, None
-    except (OSError, ValueError) as exc:  # UnsafeFileError is a ValueError
+    except UnsafeFileError as exc:  # its message names the file
         return None, str(exc)
+    except OSError as exc:
+        return None, f"{path}: {exc.strerror or exc}"
     try:
-        return RunIdentity.model_validate_json(raw), None
+        return model.model_validate_json(raw), None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "(file)"
-        return None, f"{run.identity}: not a run identity ({where}: {first.get('msg')})"
+        return None, f"{path}: not {what} ({where}: {first.get('msg')})"
+
+
+def read_identity(run: RunDir) -> tuple[RunIdentity | None, str | None]:
+    """(the identity, None), or (None, why it is unusable); (None, None) when there is none."""
+    return read_record(run, run.identity, RunIdentity, "a run identity")
 
 
 def _mint(here: FileIdentity, copied_from: str | None) -> RunIdentity:

@@ -29,13 +29,12 @@ import signal
 from typing import Callable
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..atomic import atomic_write_json
 from ..processes import FileIdentity, group_leader, same_command, signal_group
-from ..rundir.identity import RUN_ID_PATTERN, RunIdentity
+from ..rundir.identity import RUN_ID_PATTERN, RunIdentity, read_record
 from ..rundir.layout import RunDir
-from ..safe_fs import UnsafeFileError
 
 TOKEN_ENV = "MICROGPT_ENGINE_TOKEN"  # in the engine's environment: the proxy that launched it set it
 PID_MAX = 1 << 22  # the kernel's largest pid_max
@@ -70,21 +69,9 @@ def record_engine(run: RunDir, identity: RunIdentity, pid: int, create_time: flo
     atomic_write_json(run.engine_record, record.model_dump(mode="json"))
 
 
-def read_record(run: RunDir) -> tuple[EngineRecord | None, str | None]:
+def read_engine_record(run: RunDir) -> tuple[EngineRecord | None, str | None]:
     """(the record, None); (None, why it is not one); (None, None) when there is none."""
-    path = run.engine_record
-    try:
-        raw = run.read_small(path)
-    except FileNotFoundError:
-        return None, None
-    except (OSError, UnsafeFileError) as exc:
-        return None, f"{path}: {getattr(exc, 'strerror', None) or exc}"
-    try:
-        return EngineRecord.model_validate_json(raw), None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "(file)"
-        return None, f"{path}: not an engine record ({where}: {first.get('msg')})"
+    return read_record(run, run.engine_record, EngineRecord, "an engine record")
 
 
 def _mismatch(record: EngineRecord, proc: psutil.Process) -> str | None:
@@ -110,7 +97,7 @@ def _mismatch(record: EngineRecord, proc: psutil.Process) -> str | None:
 def verified_engine(run: RunDir, identity: RunIdentity, warn: Callable[[str], None]) -> psutil.Process | None:
     """The live engine RUN/.engine.json names, once every check passes; None otherwise (with one line
     through `warn` for a record that fails a check, none for an engine that simply exited)."""
-    record, unusable = read_record(run)
+    record, unusable = read_engine_record(run)
     if record is None:
         if unusable:
             warn(f"{unusable}; ignored, nothing signalled")

@@ -31,6 +31,12 @@ def assert_only_complete_checkpoints(ckpt_dir, allow_tmp: bool):
         assert verify_checkpoint(p) is None, verify_checkpoint(p)
 
 
+
+def assert_one_checkpoint_and_exit(eng, step: int, reason: str) -> None:
+    """The engine checkpointed once, at `step`, for `reason`, and exited at that step for the same reason."""
+    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(step, reason)]
+    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(step, reason)]
+
 def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     cfg = TINY.but(steps=1_000_000)
     shard = make_shard(tmp_path / "d.tok", cfg.vocab)
@@ -121,8 +127,7 @@ def test_eof_checkpoints_and_exits_0(run_engine, tmp_path):
         eng.train(s, tok, grp)
     eng.close_stdin()
     assert eng.finish() == 0, eng.stderr
-    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "eof")]
-    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "eof")]
+    assert_one_checkpoint_and_exit(eng, 2, "eof")
     assert eng.events[-1].kind == "exit"
     ckpt = read_checkpoint(ck / "step_000002.bin")
     assert ckpt.step == 2 and verify_checkpoint(ck / "step_000002.bin") is None
@@ -162,8 +167,7 @@ def test_stop_frame_checkpoints_unsaved_step(run_engine, tmp_path):
     except BrokenPipeError:
         pass
     assert eng.finish() == 0, eng.stderr
-    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "stop")]
-    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "stop")]
+    assert_one_checkpoint_and_exit(eng, 2, "stop")
     assert verify_checkpoint(ck / "step_000002.bin") is None
 
 
@@ -305,8 +309,7 @@ def test_stop_latency_is_one_step_whatever_is_queued(run_engine, tmp_path):
     latency = last - reported
     assert 0 <= latency <= 1, f"trained {latency} steps after SIGTERM (it had reported step {reported})"
     assert reported + 2 < 40, "the engine reached the end of the queue before the signal: nothing was tested"
-    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(last, "signal")]
-    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(last, "signal")]
+    assert_one_checkpoint_and_exit(eng, last, "signal")
     assert not eng.of("error")
     assert verify_checkpoint(ck / f"step_{last:06d}.bin") is None
 
@@ -336,8 +339,7 @@ def test_a_stop_interrupts_a_long_sample_audit(run_engine, tmp_path):
     assert eng.finish(timeout=30) == 0, eng.stderr
     assert time.monotonic() - t0 < 5.0
     assert not eng.of("sample") and not eng.of("error")
-    assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(2, "signal")]
-    assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "signal")]
+    assert_one_checkpoint_and_exit(eng, 2, "signal")
     assert verify_checkpoint(ck / "step_000002.bin") is None
 
 

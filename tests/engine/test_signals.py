@@ -37,6 +37,15 @@ def assert_one_checkpoint_and_exit(eng, step: int, reason: str) -> None:
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(step, reason)]
     assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(step, reason)]
 
+
+def after_one_step(run_engine, cfg, ck):
+    """An engine in proxy mode that has trained and reported step 1, its checkpoints in `ck`."""
+    eng = run_engine(proxy_args(cfg, ck))
+    eng.wait_for("ready")
+    eng.train(*train_frames(cfg, 1, 1)[0])
+    eng.wait_for("step", step=1)
+    return eng
+
 def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     cfg = TINY.but(steps=1_000_000)
     shard = make_shard(tmp_path / "d.tok", cfg.vocab)
@@ -175,10 +184,7 @@ def test_sigterm_while_idle_in_proxy_mode(run_engine, tmp_path):
     """No step in flight: SIGTERM checkpoints and exits 0 promptly, without waiting for a frame."""
     cfg = TINY
     ck = tmp_path / "ck"
-    eng = run_engine(proxy_args(cfg, ck))
-    eng.wait_for("ready")
-    eng.train(*train_frames(cfg, 1, 1)[0])
-    eng.wait_for("step", step=1)
+    eng = after_one_step(run_engine, cfg, ck)
     eng.send_signal(signal.SIGTERM)
     assert eng.finish(timeout=20) == 0, eng.stderr
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "signal")]
@@ -347,10 +353,7 @@ def test_a_stop_interrupts_a_long_evaluation(run_engine, tmp_path):
     """An EVAL frame of many rows is abandoned between two forward passes, as a sample audit is."""
     cfg = QUEUED
     ck = tmp_path / "ck"
-    eng = run_engine(proxy_args(cfg, ck))
-    eng.wait_for("ready")
-    eng.train(*train_frames(cfg, 1, 1)[0])
-    eng.wait_for("step", step=1)
+    eng = after_one_step(run_engine, cfg, ck)
     rows = np.random.default_rng(3).integers(0, cfg.vocab, size=(4096, cfg.ctx + 1), dtype=np.uint16)
     eng.send(frames.eval_frame(9, rows, np.zeros(4096, np.uint16)))
     time.sleep(1.0)

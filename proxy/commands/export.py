@@ -22,12 +22,11 @@ from pathlib import Path
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
-from ..formats.checkpoint import CheckpointError, read_checkpoint
 from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
                                TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig,
                                encode_safetensors as safetensors_bytes, hf_tensors, own_tensors,
                                safetensors_metadata)
-from .model_source import ModelSource, resolve_source, run_data, say_warnings
+from .model_source import ModelSource, read_model_checkpoint, resolve_source, run_data, say_warnings
 from .targets import check_new_dir, make_parents
 
 FORMATS = ("hf", "safetensors")
@@ -35,10 +34,7 @@ FORMATS = ("hf", "safetensors")
 
 def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[str, bytes]:
     """The exported directory's files, by name."""
-    try:
-        weights = read_checkpoint(source.path).weights
-    except CheckpointError as exc:  # it verified a moment ago: the file changed since
-        raise ProxyError(f"corrupt checkpoint: {exc}", EXIT_USAGE) from None
+    weights = read_model_checkpoint(source.path).weights  # it verified a moment ago; it may have changed since
     metadata = safetensors_metadata(source.step, source.shape, source.path.name)
     if fmt == "safetensors":
         return {MODEL_FILE: safetensors_bytes(own_tensors(weights, source.shape), metadata)}

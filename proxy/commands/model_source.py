@@ -30,7 +30,7 @@ from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
 from ..data.tokenizer import Tokenizer
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError
-from ..formats.checkpoint import (CheckpointError, Trailer, checkpoint_path, header_step, read_checkpoint,
+from ..formats.checkpoint import (Checkpoint, CheckpointError, Trailer, checkpoint_path, header_step, read_checkpoint,
                                   read_trailer, verify_checkpoint)
 from ..formats.loss_log import LossLogIndex
 from ..formats.parameters import ModelShape
@@ -110,6 +110,15 @@ def _chosen(run: RunDir, step: str | int) -> Path:
     return path
 
 
+def read_model_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint a command reads a model from; ProxyError (one line, exit 2) when it does not parse (it
+    may have changed since it verified)."""
+    try:
+        return read_checkpoint(path)
+    except CheckpointError as exc:
+        raise ProxyError(f"corrupt checkpoint: {exc}", EXIT_USAGE) from None
+
+
 def _verified(path: Path) -> tuple[Trailer | None, int, list[str]]:
     """(trailer, n_params, warnings) of a checkpoint that verifies, or of a bare ANDREA file (no trailer: it
     loads with a warning, as the engine loads it); ProxyError saying why for anything else."""
@@ -117,10 +126,7 @@ def _verified(path: Path) -> tuple[Trailer | None, int, list[str]]:
     if reason is None:
         trailer = read_trailer(path)
         return trailer, trailer.shape.n_params, []
-    try:
-        ckpt = read_checkpoint(path)
-    except CheckpointError as exc:
-        raise ProxyError(f"corrupt checkpoint: {exc}", EXIT_USAGE) from None
+    ckpt = read_model_checkpoint(path)
     if ckpt.trailer is not None:  # it reads, but did not verify (a file that changed in between)
         raise ProxyError(f"corrupt checkpoint: {reason}", EXIT_USAGE)
     return None, ckpt.n_params, ckpt.warnings

@@ -19,7 +19,9 @@ validation loss over the target arms against steps, the first step at which
 it reaches uniform's final value, each arm's final validation loss, the
 mixture over time and how far it moved, with the goals checked. It writes one
 JSON summary for all mixes (--summary), the PNG plots (--plots, when
-matplotlib is installed) and, with --doc, the results tables into the doc
+matplotlib is installed; by default docs/img for the committed summary,
+else beside the summary, so an evaluation of one's own never overwrites the
+committed plots) and, with --doc, the results tables into the doc
 between its markers (scripts/mixing/report.py). --from-summary redraws the
 plots and tables from a summary already written, touching nothing else.
 --compare checks that every mix this summary holds has the same results (all
@@ -55,6 +57,8 @@ from proxy.config.experiment import load_experiment  # noqa: E402
 from proxy.config.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+COMMITTED_SUMMARY = REPO / "docs" / "bench" / "mixing-cpu.json"
+COMMITTED_PLOTS = REPO / "docs" / "img"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -71,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="SEED")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (default 2)")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "mixing-eval")
-    ap.add_argument("--summary", type=Path, default=REPO / "docs" / "bench" / "mixing-cpu.json")
-    ap.add_argument("--plots", type=Path, default=REPO / "docs" / "img", metavar="DIR")
+    ap.add_argument("--summary", type=Path, default=COMMITTED_SUMMARY)
+    ap.add_argument("--plots", type=Path, default=None, metavar="DIR",
+                    help="where the PNGs go (default: docs/img for the committed summary, else beside --summary)")
     ap.add_argument("--doc", type=Path, default=None, help="write the results tables into this doc "
                     "(e.g. docs/DATA-MIXING.md) between its markers")
     ap.add_argument("--doc-block", default="results", metavar="NAME",
@@ -148,7 +153,10 @@ def compare(summary: dict, path: Path) -> list[str]:
 
 def report(summary: dict, args) -> int:
     """The plots and, with --doc, the tables of `summary`."""
-    plots, why_not = plot_summary(summary, args.plots)
+    # an evaluation of its own (another --summary) never overwrites the committed plots
+    plots_dir = args.plots or (COMMITTED_PLOTS if args.summary.resolve() == COMMITTED_SUMMARY.resolve()
+                               else args.summary.parent)
+    plots, why_not = plot_summary(summary, plots_dir)
     print(f"eval_mixing: plots {', '.join(map(str, plots))}" if plots else f"eval_mixing: {why_not}")
     if args.doc is not None:
         try:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.data import make_shard
 from harness.engine import TIMEOUT, Child, Hang
 from harness.shape import Shape
 from proxy.formats import frames
@@ -26,8 +25,8 @@ from proxy.formats.checkpoint import (FOOTER_BYTES as FOOTER, TRAILER_FIXED_BYTE
                                       list_checkpoints, verify_checkpoint)
 from proxy.formats.engine_cli import engine_args
 
-from .scenarios import (ENGINE, LARGE, TINY, CkptWatch, Outcome, compare_files, fsize_limit, rng_for, run_standalone,
-                        same_path, start_standalone, step_record, tail_lines, temps_in)
+from .scenarios import (ENGINE, LARGE, TINY, CkptWatch, Outcome, compare_files, fsize_limit, reference_run, rng_for,
+                        run_standalone, same_path, start_standalone, step_record, tail_lines, temps_in)
 
 # ---------------------------------------------------------------------------
 # engine scenarios
@@ -47,9 +46,7 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
     """
     out = Outcome(fault_class, name)
     rng = rng_for(name)
-    shard = make_shard(workdir / "data.tok", model.vocab)
-    ref_dir = workdir / "ref"
-    rc, ref = run_standalone(model, shard, ref_dir, ckpt_every if ref_every is None else ref_every, resume=None)
+    shard, ref_dir, rc, ref = reference_run(workdir, model, ckpt_every if ref_every is None else ref_every)
     if rc != 0:
         out.fail(f"uninterrupted run exited {rc}: {tail_lines(ref.stderr)}")
         return out.close()
@@ -265,9 +262,7 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     model = TINY.but(steps=6)
-    shard = make_shard(workdir / "data.tok", model.vocab)
-    ref_dir = workdir / "ref"
-    rc, ref = run_standalone(model, shard, ref_dir, 2, resume=None)
+    shard, ref_dir, rc, ref = reference_run(workdir, model, 2)
     other_dir = workdir / "other"
     rc2, _ = run_standalone(model.but(dim=16, steps=4), shard, other_dir, 0, resume=None)
     if rc or rc2:
@@ -394,9 +389,7 @@ def engine_disk_full_tmpfs(workdir: Path, name: str = "engine-disk-full-tmpfs",
     ENOSPC. Then the files are copied to a roomy disk and the run resumes to the end, byte-identical."""
     out = Outcome(fault_class, name)
     model = TINY.but(steps=10)
-    shard = make_shard(workdir / "data.tok", model.vocab)
-    ref_dir = workdir / "ref"
-    rc, ref = run_standalone(model, shard, ref_dir, 1, resume=None)
+    shard, ref_dir, rc, ref = reference_run(workdir, model, 1)
     if rc:
         out.fail(f"uninterrupted run exited {rc}")
         return out.close()
@@ -439,9 +432,7 @@ def engine_write_error_rlimit(workdir: Path, n_trials: int = 3, name: str = "eng
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     model = TINY.but(steps=8)
-    shard = make_shard(workdir / "data.tok", model.vocab)
-    ref_dir = workdir / "ref"
-    rc, _ = run_standalone(model, shard, ref_dir, 2, resume=None)
+    shard, ref_dir, rc, _ = reference_run(workdir, model, 2)
     size = (ref_dir / "step_000002.bin").stat().st_size
     limits = [0] + [rng.randrange(1, size) for _ in range(n_trials - 1)]
     for i, limit in enumerate(limits):
@@ -476,9 +467,7 @@ def engine_sigterm_in_write(workdir: Path, n_trials: int = 4, name: str = "engin
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     model = LARGE.but(steps=2 * n_trials + 2)
-    shard = make_shard(workdir / "data.tok", model.vocab)
-    ref_dir = workdir / "ref"
-    rc, ref = run_standalone(model, shard, ref_dir, 0, resume=None)
+    shard, ref_dir, rc, ref = reference_run(workdir, model, 0)
     ref_steps = {int(e["step"]): step_record(e) for e in ref.of("step")}
     write_ms = max([float(e["ms"]) for e in ref.of("ckpt")] + [20.0])
     ck = workdir / "ck"
@@ -530,9 +519,7 @@ def engine_sigusr1_storm(workdir: Path, n_signals: int = 200, name: str = "engin
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     model = TINY.but(steps=800)  # long enough that the storm ends well before training does
-    shard = make_shard(workdir / "data.tok", model.vocab)
-    ref_dir = workdir / "ref"
-    rc, ref = run_standalone(model, shard, ref_dir, 0, resume=None)
+    shard, ref_dir, rc, ref = reference_run(workdir, model, 0)
     ref_steps = {int(e["step"]): step_record(e) for e in ref.of("step")}
     ck = workdir / "ck"
     p = start_standalone(model, shard, ck, 0, resume=None)
@@ -585,9 +572,7 @@ def engine_sigstop(workdir: Path, n_stops: int = 3, name: str = "engine-sigstop"
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     model = TINY.but(steps=60)
-    shard = make_shard(workdir / "data.tok", model.vocab)
-    ref_dir = workdir / "ref"
-    rc, ref = run_standalone(model, shard, ref_dir, 5, resume=None)
+    shard, ref_dir, rc, ref = reference_run(workdir, model, 5)
     ref_steps = {int(e["step"]): step_record(e) for e in ref.of("step")}
     ck = workdir / "ck"
     p = start_standalone(model, shard, ck, 5, resume=None)

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.data import make_shard
 from harness.engine import TIMEOUT, Child
 from harness.engines import engine_under_test
 from harness.shape import Shape, standalone_args
@@ -194,6 +195,15 @@ def run_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=()
                    timeout: float = TIMEOUT) -> tuple[int, Child]:
     p = start_standalone(model, shard, ckpt_dir, ckpt_every, resume, extra, preexec_fn)
     return p.finish(timeout), p
+
+
+def reference_run(workdir: Path, model: Shape, ckpt_every: int) -> tuple[Path, Path, int, Child]:
+    """The uninterrupted run a scenario compares with: a new shard at workdir/data.tok, the engine trained
+    from scratch into workdir/ref. (shard, ref_dir, exit code, the run)."""
+    shard = make_shard(workdir / "data.tok", model.vocab)
+    ref_dir = workdir / "ref"
+    rc, ref = run_standalone(model, shard, ref_dir, ckpt_every, resume=None)
+    return shard, ref_dir, rc, ref
 
 
 def step_record(ev) -> tuple:

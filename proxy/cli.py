@@ -13,8 +13,8 @@ import os
 import sys
 
 from .config.policies import POLICIES
-from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ProxyError
-from .safe_fs import UnsafeFileError
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, STORAGE_ERRNOS, ProxyError, StorageError, one_line
+from .safe_fs import UnsafeFileError, read_regular
 from .supervision.signals import install_interrupt
 
 
@@ -51,11 +51,50 @@ def _int_in(low: int, high: int):
     return _checked(int, "an integer", lambda v: low <= v <= high, f"must be in [{low}, {high}]")
 
 
+STEP_LATEST, STEP_BEST = "latest", "best"  # the --step words (proxy/commands/model_source.py)
+# The largest `proxy eval --data` file read: a FIFO, a device or a larger file is refused with one line
+# before anything is read. Tokenizing takes several times its size.
+EVAL_DATA_LIMIT = 64 << 20
+
+
+_step = _checked(int, "a step number", lambda v: v >= 0, "a step is >= 0")
+_step_number = _checked(int, f"a step number, {STEP_LATEST} or {STEP_BEST}", lambda v: v >= 0, "a step is >= 0")
+
+
+def _step_choice(text: str) -> str | int:
+    """`--step`: a step number, `latest` or `best`."""
+    return text if text in (STEP_LATEST, STEP_BEST) else _step_number(text)
+
+
+def _unicode_text(text: str) -> str:
+    """A text argument the tokenizer can take: one with bytes that are not UTF-8 arrives holding lone
+    surrogates, which it cannot encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("not valid Unicode text (bytes that are not UTF-8?)") from None
+    return text
+
+
+def _text_file(name: str) -> tuple[str, str]:
+    """`--data FILE`: (FILE, its text). A regular file of at most EVAL_DATA_LIMIT bytes of UTF-8: never a FIFO
+    or a device, which would block or never end."""
+    try:
+        return name, read_regular(name, EVAL_DATA_LIMIT).decode("utf-8")
+    except UnsafeFileError as exc:  # a FIFO, a device, a directory, larger than EVAL_DATA_LIMIT
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def _add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
     """Which checkpoint export, sample and eval use (proxy/commands/model_source.py)."""
     parser.add_argument("--run-dir", metavar="DIR", help="the run (default: the most recently active run under "
                         "runs/; with --checkpoint, the run holding it)")
-    parser.add_argument("--step", metavar="N|latest|best", help="its checkpoint at step N, the one a relaunch "
+    parser.add_argument("--step", type=_step_choice, metavar="N|latest|best", help="its checkpoint at step N, "
+                        "the one a relaunch "
                         "would resume from (latest, the default), or best.bin")
     parser.add_argument("--checkpoint", metavar="PATH", help="a checkpoint file instead of --step")
     parser.add_argument("--cache-dir", metavar="DIR", help="prepared-data cache, for a run made before runs froze "
@@ -118,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "\"policy\": " + "|".join(f'"{p}"' for p in POLICIES) + "} "
                        "(docs/EXPERIMENTS.md, \"Caps files\")")
     pivot.add_argument("--run-dir", metavar="DIR", help="default: the most recently active run under runs/")
-    pivot.add_argument("--at", type=int, metavar="STEP",
+    pivot.add_argument("--at", type=_step, metavar="STEP",
                        help="stopped run only: pivot at the newest valid checkpoint at or before STEP "
                        "(default: the newest valid checkpoint the log covers)")
     pivot.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
@@ -126,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fork = sub.add_parser("fork", help="a new run directory continuing DIR's run from its checkpoint at STEP")
     fork.add_argument("--run-dir", metavar="DIR", required=True, help="the run to fork (never modified)")
-    fork.add_argument("--at", type=int, metavar="STEP", required=True,
+    fork.add_argument("--at", type=_step, metavar="STEP", required=True,
                       help="fork at this step's checkpoint (or the nearest older valid one)")
     fork.add_argument("--to", metavar="NEW_DIR", required=True, help="the new run directory (must not exist, "
                       "or be empty)")
@@ -141,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sample = sub.add_parser("sample", help="text from a checkpoint (the engine's SAMPLE path)")
     _add_checkpoint_choice(sample)
-    sample.add_argument("--prompt", metavar="TEXT", required=True, help="the text to continue")
+    sample.add_argument("--prompt", type=_unicode_text, metavar="TEXT", required=True,
+                        help="the text to continue")
     sample.add_argument("--max-new", type=_int_in(1, 1 << 20), metavar="N",
                         help="new tokens per sample (default: the run's samples.max_new)")
     sample.add_argument("--temperature", type=_non_negative_float, metavar="T",
@@ -156,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", help="a checkpoint's validation loss per arm, or per text file")
     _add_checkpoint_choice(evaluate)
-    evaluate.add_argument("--data", metavar="FILE", nargs="+", help="text files to evaluate instead of the "
-                          "run's validation rows")
+    evaluate.add_argument("--data", type=_text_file, metavar="FILE", nargs="+", help="text files to evaluate "
+                          f"instead of the run's validation rows (UTF-8, at most {EVAL_DATA_LIMIT >> 20} MiB each)")
     evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
     evaluate.add_argument("--engine", metavar="cpu|cuda|PATH", help="engine binary (default: cuda when a GPU is "
                           "visible and built, else cpu)")
@@ -184,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "dashboard":
         return int(importlib.import_module("dashboard.server").main(argv[1:]) or 0)
     parser = build_parser()
+    command = "proxy"
     try:
         args = parser.parse_args(argv)
         if args.version:
@@ -191,14 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        if args.command == "run":  # from here a stop signal ends the setup with one line (supervision/signals.py)
+        command = args.command
+        if command == "run":  # from here a stop signal ends the setup with one line (supervision/signals.py)
             install_interrupt()
-        return importlib.import_module(COMMANDS[args.command]).main(args)
+        return importlib.import_module(COMMANDS[command]).main(args)
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     except (ProxyError, UnsafeFileError) as exc:  # every error that carries its exit code: one line, that code
-        print(f"proxy: {exc}", file=sys.stderr, flush=True)
+        print(f"proxy: {one_line(exc)}", file=sys.stderr, flush=True)
         return exc.code
     except KeyboardInterrupt:
         print("proxy: interrupted", file=sys.stderr, flush=True)
@@ -206,3 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `proxy status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except OSError as exc:  # one that no module made an error of its own: the file and why, exit 1 (5: storage)
+        if exc.errno in STORAGE_ERRNOS and exc.filename:
+            storage = StorageError(exc.filename, exc, "access")
+            print(f"proxy: {one_line(storage)}", file=sys.stderr, flush=True)
+            return storage.code
+        if not getattr(exc, "__notes__", None):
+            exc.add_note(command)
+        print(f"proxy: {one_line(exc)}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE

@@ -14,10 +14,12 @@ EXIT_INTERRUPTED = 130  # Ctrl-C before training started
 
 
 class ProxyError(Exception):
-    """Ends a `proxy` command with one line for the user (the message) and an exit code: `code`, the class's
+    """Ends a `proxy` command with one line for the user (`one_line`) and an exit code: `code`, the class's
     unless one is given. An error that always means one exit status subclasses this and sets `code`
     (a bad run directory, experiment file, data, engine: EXIT_USAGE), so it reaches cli.py, which prints
-    the line and returns the code, without being caught and raised again on the way."""
+    the line and returns the code, without being caught and raised again on the way. A caller that knows
+    what was being done when it was raised says so with `exc.add_note("cannot pivot")` and raises the same
+    error again: the code stays the one its raiser chose."""
 
     code = EXIT_FAILURE
 
@@ -25,6 +27,15 @@ class ProxyError(Exception):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+def one_line(exc: BaseException) -> str:
+    """The line an error ends a command with: the context its callers noted (outermost first), then its
+    message: "cannot pivot RUN: <message>". An OSError's message is its file and why."""
+    message = str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        message = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return ": ".join([*reversed(getattr(exc, "__notes__", ())), message])
 
 
 # The write failures that say the storage, not the proxy, is at fault, and what the user can do about

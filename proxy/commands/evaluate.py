@@ -7,8 +7,9 @@ group id = arm) to the same engine, and combined by the same rule
 (formats/loss_log.py `eval_loss`), so on the same build the result equals the
 eval entry the run logged at that step, bit for bit.
 
-`--data FILE ...` evaluates text files instead (read by safe_fs's rules: a
-regular file of at most EVAL_DATA_LIMIT bytes): each is encoded with the
+`--data FILE ...` evaluates text files instead (read when the arguments are
+parsed, cli.py `_text_file`: a regular file of UTF-8 text, at most
+EVAL_DATA_LIMIT bytes): each is encoded with the
 run's tokenizer as the shards encode a document (its tokens, then
 <|endoftext|>) and cut into the fewest rows of ctx + 1 tokens that cover it,
 spaced by the same rule.
@@ -27,14 +28,9 @@ from ..data.batches import eval_rows, evenly_spaced_starts
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats import frames
 from ..formats.loss_log import eval_loss
-from ..safe_fs import UnsafeFileError, read_regular
 from ..supervision.engine_process import choose_engine
 from .checkpoint_engine import CheckpointEngine
 from .model_source import HeldData, ModelSource, resolve_source, run_data, say_warnings
-
-# The largest --data file read (safe_fs.py): a regular file of at most this many bytes; a FIFO, a device or a
-# larger file is refused with one line before anything is read. Tokenizing takes several times its size.
-EVAL_DATA_LIMIT = 64 << 20
 
 
 class Part(NamedTuple):
@@ -68,22 +64,16 @@ def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
     return parts
 
 
-def file_parts(paths: list[str], data: HeldData, ctx: int) -> list[Part]:
-    """Each file as one document (its tokens, then <|endoftext|>), in the fewest rows that cover it."""
-    twice = sorted({p for p in paths if paths.count(p) > 1})
+def file_parts(files: list[tuple[str, str]], data: HeldData, ctx: int) -> list[Part]:
+    """Each file, (name, text), as one document (its tokens, then <|endoftext|>), in the fewest rows that
+    cover it."""
+    names = [name for name, _text in files]
+    twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ProxyError(f"--data names {', '.join(twice)} more than once", EXIT_USAGE)
     parts = []
     row_len = ctx + 1
-    for group, name in enumerate(paths):
-        try:
-            text = read_regular(name, EVAL_DATA_LIMIT).decode("utf-8")
-        except UnsafeFileError as exc:  # a FIFO, a device, a directory, larger than EVAL_DATA_LIMIT
-            raise ProxyError(f"--data {exc}", EXIT_USAGE) from None
-        except OSError as exc:
-            raise ProxyError(f"--data {name}: cannot read: {exc.strerror}", EXIT_USAGE) from None
-        except UnicodeDecodeError as exc:
-            raise ProxyError(f"--data {name}: not UTF-8 text ({exc.reason} at byte {exc.start})", EXIT_USAGE) from None
+    for group, (name, text) in enumerate(files):
         tokens = np.array(data.tokenizer.encode(text) + [data.tokenizer.eot_id], dtype=np.uint16)
         if tokens.size < row_len:
             raise ProxyError(f"--data {name}: {tokens.size} tokens, fewer than the {row_len} (ctx + 1) of one row",

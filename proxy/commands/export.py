@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
-from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
+from ..errors import EXIT_OK
 from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
                                TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig,
                                encode_safetensors as safetensors_bytes, hf_tensors, own_tensors,
@@ -62,14 +62,12 @@ def write_directory(out: Path, files: dict[str, bytes]) -> None:
         for name, data in files.items():
             write_synced(tmp / name, data)
         fsync_dir(tmp)
-        try:
-            check_new_dir(out, "--out")  # filled by someone else while we wrote?
-        except ProxyError as exc:
-            raise ProxyError(f"{exc} (it changed while exporting)", EXIT_USAGE) from None
+        check_new_dir(out, "--out")  # filled by someone else while we wrote?
         os.rename(tmp, out)
         fsync_dir(out.parent)
-    except OSError as exc:
-        raise ProxyError(f"cannot write {out}: {exc.strerror or exc}") from None
+    except OSError as exc:  # cli.py says which file and why (exit 1)
+        exc.add_note(f"cannot write {out}")
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

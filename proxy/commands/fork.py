@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
-from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
+from ..errors import EXIT_OK, ProxyError
 from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
 from ..formats.samples import read_audits
@@ -48,42 +48,42 @@ from ..rundir.data import copy_definition
 from ..rundir.frozen import replaced_experiments
 from ..rundir.history import check_history, write_receipt
 from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, LOSS_LOG, PHASES, PIVOT_RECEIPT,
-                             SAMPLES, STATE, RunDir, RunDirError, relative_checkpoint)
+                             SAMPLES, STATE, RunDir, relative_checkpoint)
 from ..rundir.phases import Phase
 from ..rundir.apply_pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
-from .targets import check_new_dir, make_parents
+from .targets import TargetError, check_new_dir, make_parents
 from .which_run import resolve_run, started_run
+
+
+class ForkRaced(ProxyError):
+    """The live run changed the checkpoint a fork was copying (exit 1: the user tries again)."""
 
 
 def _check_target(to: Path, source: Path) -> None:
     check_new_dir(to, "--to")
     src, dst = source.resolve(), to.resolve()
     if dst == src or src in dst.parents:
-        raise ProxyError(f"{to} is inside the run being forked ({source}); give a path outside it", EXIT_USAGE)
+        raise TargetError(f"--to {to} is inside the run being forked ({source}); give a path outside it")
 
 
 def main(args) -> int:
     run = resolve_run(args.run_dir)
     try:
         return fork(run, args.at, Path(args.to), Path(args.caps) if args.caps else None)
-    except OSError as exc:
-        raise ProxyError(f"fork of {run.root}: {exc}") from None
+    except ProxyError as exc:  # nothing was written: the new directory is built aside and renamed into place
+        exc.add_note(f"cannot fork {run.root}")
+        raise
 
 
 def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None) -> int:
     out = out or sys.stdout
-    if at < 0:
-        raise ProxyError("--at must be a step >= 0", EXIT_USAGE)
     _check_target(to, run.root)
     experiment, phases = started_run(run, "no phases (the run was never started); nothing to fork")
 
     # the checkpoint: the newest at or before `at` that verifies and whose whole history the log holds
     index = LossLogIndex.load(run.loss_log)
-    try:
-        check_history(run, phases, index)
-    except RunDirError as exc:
-        raise ProxyError(f"cannot fork: {exc}", EXIT_USAGE) from None
+    check_history(run, phases, index)
     point = newest_covered(run.checkpoints, index, phases, vocab=int(experiment.model.vocab), at_most=at)
     skipped, chosen, c = point.skipped, point.path, point.step
     if chosen is None:
@@ -105,18 +105,15 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         try:
             copy_synced(chosen, tmp / CHECKPOINTS / chosen.name)
         except FileNotFoundError:
-            raise ProxyError(f"{chosen} vanished while being copied (the live run's retention deleted it); "
-                             "try again") from None
+            raise ForkRaced(f"{chosen} vanished while being copied (the live run's retention deleted it); "
+                            "try again") from None
         reason = verify_checkpoint(tmp / CHECKPOINTS / chosen.name)
         if reason is not None:
-            raise ProxyError(f"the copy of {chosen} does not verify ({reason}); try again")
+            raise ForkRaced(f"the copy of {chosen} does not verify ({reason}); try again")
         copy_synced(run.experiment, tmp / EXPERIMENT)
         if run.experiment_seal.exists():  # checked against the frozen copy by started_run
             copy_synced(run.experiment_seal, tmp / EXPERIMENT_SEAL)
-        try:
-            copy_definition(run, tmp)
-        except RunDirError as exc:
-            raise ProxyError(f"cannot fork: {exc}", EXIT_USAGE) from None
+        copy_definition(run, tmp)
         n_steps, n_evals = _copy_log(index, c, tmp / LOSS_LOG)
         write_synced(tmp / PHASES, json_bytes([p.to_dict() for p in new_phases]))
 

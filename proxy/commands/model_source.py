@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli import STEP_BEST as BEST, STEP_LATEST as LATEST
 from ..config.errors import ExperimentError
 from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
@@ -40,22 +41,6 @@ from ..rundir.foreign import experiment_shape, foreign_reason
 from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir, RunDirError
 from ..rundir.resume import choose_resume
 from .which_run import resolve_run, started_run
-
-LATEST, BEST = "latest", "best"
-
-
-def step_choice(text: str | None) -> str | int | None:
-    """`--step`: a step number, `latest` or `best` (None: not given)."""
-    if text is None or text in (LATEST, BEST):
-        return text
-    try:
-        step = int(text)
-    except ValueError:
-        raise ProxyError(f"--step: not a step number, {LATEST} or {BEST}: {text!r}", EXIT_USAGE) from None
-    if step < 0:
-        raise ProxyError(f"--step: a step is >= 0, not {step}", EXIT_USAGE)
-    return step
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -116,7 +101,8 @@ def read_model_checkpoint(path: Path) -> Checkpoint:
     try:
         return read_checkpoint(path)
     except CheckpointError as exc:
-        raise ProxyError(f"corrupt checkpoint: {exc}", EXIT_USAGE) from None
+        exc.add_note("corrupt checkpoint")
+        raise
 
 
 def _verified(path: Path) -> tuple[Trailer | None, int, list[str]]:
@@ -146,9 +132,9 @@ def _shape_of(path: Path, trailer: Trailer | None, n_params: int, experiment: Ex
     return experiment_shape(experiment)
 
 
-def resolve_source(run_dir: str | None, step_text: str | None, checkpoint: str | None) -> ModelSource:
-    """The checkpoint `--run-dir`, `--step` and `--checkpoint` name, verified, with its shape and run."""
-    step = step_choice(step_text)
+def resolve_source(run_dir: str | None, step: str | int | None, checkpoint: str | None) -> ModelSource:
+    """The checkpoint `--run-dir`, `--step` (a step, LATEST or BEST; cli.py) and `--checkpoint` name, verified,
+    with its shape and run."""
     if checkpoint is not None and step is not None:
         raise ProxyError("give --step or --checkpoint, not both", EXIT_USAGE)
     if checkpoint is not None:
@@ -186,12 +172,14 @@ def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bo
             val = run_val_arrays(run, definition, experiment.arm_names) if need_val else {}
             return HeldData(tokenizer, raw, val)
     except RunDirError as exc:
-        raise ProxyError(f"{what} of {run.root}: {exc}", EXIT_USAGE) from None
+        exc.add_note(f"{what} of {run.root}")
+        raise
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     try:  # relative source paths resolve against the run directory (as for `proxy run --run-dir`)
         key = v1_key(experiment, run.root)
     except (DataError, ExperimentError) as exc:
-        raise ProxyError(f"the data of {run.root} (made before runs froze their data): {exc}", EXIT_USAGE) from None
+        exc.add_note(f"the data of {run.root} (made before runs froze their data)")
+        raise
     data = load_cached(experiment, run.root, cache, key)
     if data is None:
         raise ProxyError(f"{run.root} holds no frozen data (made before runs froze them), and the data it was "

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from ..bandit import bandit_for_phase
 from ..config.caps import load_pivot_caps
-from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
+from ..errors import EXIT_OK, ProxyError
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
 from ..rundir.history import check_history
-from ..rundir.layout import RunDir, RunDirError, relative_checkpoint
+from ..rundir.layout import RunDir, relative_checkpoint
 from ..rundir.identity import load_identity, save_identity
-from ..rundir.lock import Holder, LockBusy, PivotLock, RunLock, run_lock_holder
+from ..rundir.lock import Holder, PivotLock, RunLock, run_lock_holder
 from ..rundir.phases import read_phases
 from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
@@ -45,8 +45,9 @@ def main(args) -> int:
     run = resolve_run(args.run_dir)
     try:
         return pivot(run, Path(args.caps), at=args.at, timeout=args.timeout)
-    except OSError as exc:
-        raise ProxyError(f"pivot of {run.root}: {exc}") from None
+    except ProxyError as exc:  # each refusal says whether anything changed
+        exc.add_note(f"cannot pivot {run.root}")
+        raise
 
 
 def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 600.0, out=None) -> int:
@@ -54,15 +55,7 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
     out = out or sys.stdout
     experiment, phases = started_run(run, "no phases yet (the run was never started); nothing to pivot")
     caps, floors, policy = load_pivot_caps(caps_path, experiment, phases[-1])
-    if at is not None and at < 0:
-        raise ProxyError("--at must be a step >= 0", EXIT_USAGE)
-
-    try:
-        lock = PivotLock(run).acquire()
-    except LockBusy as busy:
-        who = f"pid {busy.holder.pid}" if busy.holder else "another process"
-        raise ProxyError(f"another pivot of {run.root} is in flight ({who}); "
-                         "wait for it to finish, then try again") from None
+    lock = PivotLock(run).acquire()
     try:
         owner = run_lock_holder(run)
         if owner is None:
@@ -116,7 +109,7 @@ def _live(run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, cap
                              f"it may still apply it: see `proxy status --run-dir {run.root}`")
         time.sleep(0.05)
     if not answer.get("ok"):
-        raise ProxyError(f"pivot refused by proxy pid {pid}: {answer.get('message')}")
+        raise ProxyError(f"refused by proxy pid {pid}: {answer.get('message')}")
     print(answer.get("message"), file=out, flush=True)
     return EXIT_OK
 
@@ -124,10 +117,7 @@ def _live(run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, cap
 def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, caps_path: Path,
              at: int | None, out) -> int:
     """Pivot a stopped run: under its lock, at the newest valid checkpoint the log covers."""
-    try:
-        run_lock = RunLock(run).acquire()
-    except RunDirError as exc:
-        raise ProxyError(f"{exc}; try again") from None
+    run_lock = RunLock(run).acquire()  # RunInUse when a proxy took it since we looked: the user tries again
     # `proxy checkpoint` (SIGUSR1) and a pivot request (SIGUSR2) mean nothing to this process
     old_handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
@@ -139,20 +129,13 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         if reaped:
             warn(reaped)
         index = LossLogIndex.load(run.loss_log)
-        try:
-            phases = read_phases(run)
-            check_history(run, phases, index)
-        except RunDirError as exc:
-            raise ProxyError(f"cannot pivot: {exc}", EXIT_USAGE) from None
-        try:
-            resume = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab),
-                                   at_most=at)
-        except ProxyError as exc:
-            raise ProxyError(f"cannot pivot {run.root}: {exc}") from None
+        phases = read_phases(run)
+        check_history(run, phases, index)
+        resume = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab), at_most=at)
         step = resume.step
         max_steps = int(experiment.train.max_steps)
         if step >= max_steps:
-            raise ProxyError(f"{run.root} finished at step {step} (max_steps {max_steps}); a pivot there would "
+            raise ProxyError(f"the run finished at step {step} (max_steps {max_steps}); a pivot there would "
                              "train nothing" + ("" if at is not None else " (--at STEP pivots from an earlier "
                                                 "checkpoint)"))
         for reason in resume.skipped:
@@ -163,10 +146,7 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         try:
             if unsaved:
                 save_identity(run, identity)
-            try:
-                result = apply_pivot(run, step, caps, floors, policy, checkpoint)
-            except RunDirError as exc:  # refused before anything changed (phases.json would be too large)
-                raise ProxyError(f"cannot pivot: {exc}") from None
+            result = apply_pivot(run, step, caps, floors, policy, checkpoint)  # RunDirError: nothing changed
             _offline_state(run, experiment, result, caps_path)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

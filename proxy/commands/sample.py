@@ -48,11 +48,9 @@ def sample_request(request_id: int, prompt: list[int], settings: SampleSettings)
 
 
 def encode_prompt(tokenizer, text: str, shape: ModelShape) -> list[int]:
-    """The prompt's token ids; ProxyError for a prompt that has none or that the model cannot take."""
-    try:
-        ids = prompt_ids(tokenizer, text, shape.ctx)
-    except ValueError as exc:
-        raise ProxyError(f"--prompt {exc}", EXIT_USAGE) from None
+    """The prompt's token ids (its Unicode checked by cli.py); ProxyError for a prompt that has none or that
+    the model cannot take."""
+    ids = prompt_ids(tokenizer, text, shape.ctx)
     if not ids:
         raise ProxyError(f"--prompt {text!r} encodes to no tokens", EXIT_USAGE)
     beyond = [i for i in ids if i >= shape.vocab]

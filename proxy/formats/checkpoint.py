@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import EXIT_USAGE, ProxyError
 from ..safe_fs import UnsafeFileError, open_regular
 from .engine_cli import MAX_STEP
 from .parameters import ModelShape
@@ -35,8 +36,11 @@ _FOOTER = struct.Struct("<QII8s")
 assert _FOOTER.size == FOOTER_BYTES
 
 
-class CheckpointError(ValueError):
-    """A file that is not a loadable checkpoint; the message says why."""
+class CheckpointError(ProxyError, ValueError):
+    """A file that is not a loadable checkpoint; the message says why. Given where a checkpoint is asked
+    for (a command's --step or --checkpoint), bad input: exit 2."""
+
+    code = EXIT_USAGE
 
 
 def checkpoint_name(step: int) -> str:

@@ -57,6 +57,10 @@ class RunInUse(RunDirError):
     code = EXIT_FAILURE
 
 
+class PivotInFlight(ProxyError):
+    """Another `proxy pivot` of the run holds RUN/.pivot.lock (exit 1: the user waits and tries again)."""
+
+
 class RunDirReplaced(ProxyError):
     """The run directory's path no longer leads to the directory this proxy locked."""
 
@@ -166,6 +170,10 @@ class PivotLock(KernelLock):
     def acquire(self) -> "PivotLock":
         try:
             super().acquire()
+        except LockBusy as busy:
+            who = f"pid {busy.holder.pid}" if busy.holder else "another process"
+            raise PivotInFlight(f"another pivot of this run is in flight ({who}); wait for it to finish, then "
+                                "try again") from None
         except UnsafeFileError as exc:
             raise RunDirError(str(exc)) from None
         return self

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from ..formats.checkpoint import checkpoint_path, header_step
 from ..formats.loss_log import LossLogIndex
-from ..errors import EXIT_USAGE, ProxyError
 from ..rundir.layout import RunDirError
 from ..rundir.retention import apply_retention, best_is_better, protected_by_phases
 from .context import RunContext
@@ -40,7 +39,8 @@ def retain(ctx: RunContext, seg: Segment | None) -> None:
     try:
         apply_retention(ctx.run, ctx.retention, protected, report.last_ckpt_step)
     except RunDirError as exc:  # swapped in between: as below
-        raise ProxyError(f"retention: {exc}", EXIT_USAGE) from None
+        exc.add_note("retention")
+        raise
     except OSError as exc:
         ctx.warn(f"retention: {exc}")
 
@@ -53,7 +53,8 @@ def _own_checkpoints(ctx: RunContext, what: str) -> None:
     try:
         ctx.run.check_paths()
     except RunDirError as exc:
-        raise ProxyError(f"{what}: {exc}", EXIT_USAGE) from None
+        exc.add_note(what)
+        raise
 
 
 def maybe_best(ctx: RunContext, step: int) -> None:

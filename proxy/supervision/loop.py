@@ -19,7 +19,7 @@ import queue
 import signal
 import time
 
-from ..errors import EXIT_CRASHLOOP, EXIT_DIVERGED, EXIT_FAILURE, EXIT_OK, ProxyError, StorageError
+from ..errors import EXIT_CRASHLOOP, EXIT_DIVERGED, EXIT_FAILURE, EXIT_OK, ProxyError, StorageError, one_line
 from ..formats import frames
 from ..formats.checkpoint import checkpoint_path
 from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_NUMERICS, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
@@ -76,7 +76,7 @@ class Supervisor:
                 ctx.warn(self._failure_line(failure, unwritten))
 
     def _record_failure(self, exc: ProxyError) -> None:
-        self.ctx.report.failed(str(exc), {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
+        self.ctx.report.failed(one_line(exc), {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
                                if isinstance(exc, StorageError) else None)
 
     def _wind_down(self) -> list[str]:
@@ -114,14 +114,14 @@ class Supervisor:
     def _failure_line(self, exc: ProxyError, unwritten: list[str]) -> str:
         """The one line that ends a failed run; for a failed write, what became of the engine's checkpoint."""
         if not isinstance(exc, StorageError):
-            return str(exc)
+            return one_line(exc)
         seg = self.segment
         engine = ("" if seg is None else
                   "; the engine stopped and wrote its checkpoint" if seg.engine.poll() == 0 else
                   "; the engine's own checkpoint failed too (earlier checkpoints are intact)")
         also = f"; could not update {', '.join(sorted(set(unwritten) - {exc.path}))} either" \
             if set(unwritten) - {exc.path} else ""
-        return (f"stopped at step {last_step(seg)}: {exc}{engine}{also}; every complete line of .loss.json "
+        return (f"stopped at step {last_step(seg)}: {one_line(exc)}{engine}{also}; every complete line of .loss.json "
                 "is kept; then relaunch the same command to resume")
 
     def _loop(self) -> int:

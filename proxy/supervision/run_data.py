@@ -161,7 +161,7 @@ def _arms_for_freeze(experiment: Experiment, data: PreparedData, fps: dict[str, 
     try:
         sources = _frozen_sources(experiment, fps)
     except (SourceError, OSError) as exc:
-        raise ProxyError(f"the sources changed while being prepared: {exc}", EXIT_USAGE) from None
+        raise DataError(f"the sources changed while being prepared: {exc}") from None
     return {arm: (sources[arm], data.val_shards[arm], sum(s.tokens for s in data.train[arm]))
             for arm in experiment.arm_names}
 
@@ -173,8 +173,9 @@ def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, warn) -> Prepa
         fps = fingerprints(experiment, "/")
         key = v1_key(experiment, "/", fps)
     except DataError as exc:
-        raise ProxyError(f"{run.root} trained before runs froze their data, and its sources cannot be read to "
-                         f"find the data it was prepared with: {exc}", EXIT_USAGE) from None
+        exc.add_note(f"{run.root} trained before runs froze their data, and its sources cannot be read to find "
+                     "the data it was prepared with")
+        raise
     data = load_cached(experiment, "/", cache_dir, key)
     if data is None:
         raise ProxyError(f"{run.root} trained before runs froze their data, and the data it was prepared with are "

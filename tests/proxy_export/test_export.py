@@ -47,7 +47,7 @@ def exported(trained_run, data_cache, tmp_path_factory):
 def engine_logits(run, engine, prompt: list[int], count: int, max_new: int, temperature: float, seed: int,
                   dump) -> tuple[np.ndarray, list[list[int]]]:
     """The logits the engine's SAMPLE path picked each new token from (--dump-logits), and the tokens."""
-    source = resolve_source(str(run), str(STEP), None)
+    source = resolve_source(str(run), STEP, None)
     with CheckpointEngine(EngineChoice(engine.path, engine.kind), source, extra=["--dump-logits", str(dump)]) as eng:
         event = eng.ask(frames.sample_frame(1, prompt, count, max_new, temperature, 40, seed), "sample")
     logits = np.fromfile(dump, dtype="<f4")
@@ -60,7 +60,7 @@ def test_transformers_loads_the_export_and_matches_the_engines_logits(trained_ru
                                        "'.[test]'); the export is still tested without it below")
     model = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
     assert model.dtype == torch.float32
-    shape = resolve_source(str(trained_run), str(STEP), None).shape
+    shape = resolve_source(str(trained_run), STEP, None).shape
     assert (model.config.vocab_size, model.config.n_positions, model.config.n_embd, model.config.n_layer,
             model.config.n_head) == (shape.vocab, shape.ctx, shape.dim, shape.layers, shape.heads)
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # tied, not a copy

@@ -97,7 +97,7 @@ def test_export_of_the_import_is_the_directory_bit_for_bit(imported, gpt2, data_
 def test_the_engine_computes_the_models_logits(imported, gpt2, engine, tmp_path):
     model = transformers.GPT2LMHeadModel.from_pretrained(gpt2).eval()
     prompt = Tokenizer.from_file(str(gpt2 / "tokenizer.json")).encode("def export(run, step):\n    ").ids
-    source = resolve_source(str(imported), "0", None)
+    source = resolve_source(str(imported), 0, None)
     dump = tmp_path / "logits.f32"
     max_new = SHAPE["ctx"] - len(prompt)
     with CheckpointEngine(EngineChoice(engine.path, engine.kind), source, extra=["--dump-logits", str(dump)]) as eng:

@@ -82,10 +82,10 @@ def test_eval_of_text_files_matches_a_pytorch_forward(trained_run, engine, data_
     assert list(report["files"]) == [str(short), str(long)]
 
     experiment = load_frozen_experiment(RunDir(trained_run))
-    data = run_data(resolve_source(str(trained_run), "40", None), None, "the tokenizer")  # the run's own
+    data = run_data(resolve_source(str(trained_run), 40, None), None, "the tokenizer")  # the run's own
     ckpt = read_checkpoint(checkpoint_path(trained_run / "checkpoints", 40))
     reference = Reference(ckpt.trailer.shape, ckpt.weights)
-    parts = file_parts([str(short), str(long)], data, experiment.model.ctx)
+    parts = file_parts([(str(f), f.read_text()) for f in (short, long)], data, experiment.model.ctx)
     overlapped = 0
     for name, rows, _groups, _starts in parts:
         tokens = data.tokenizer.encode((short if name == str(short) else long).read_text())

@@ -35,6 +35,24 @@ template <typename Tx> AttentionInputs attention_inputs(const AttentionShape &s,
     return in;
 }
 
+// The inputs on the device, and the outputs of a forward and a backward pass: y, lse, D, dqkv.
+template <typename Tx> struct AttentionBuffers {
+    Tx *qkv, *dy, *y, *dqkv;
+    float *lse, *D;
+};
+
+template <typename Tx> AttentionBuffers<Tx> attention_buffers(Run &run, const AttentionShape &s, AttentionInputs in) {
+    size_t BTC = (size_t)s.B * s.T * s.C(), BHT = (size_t)s.B * s.H * s.T;
+    AttentionBuffers<Tx> b;
+    b.qkv = upload<Tx>(run, in.qkv, "qkv");
+    b.dy = upload<Tx>(run, in.dy, "dy");
+    b.y = run.device<Tx>(BTC, "y");
+    b.dqkv = run.device<Tx>(3 * BTC, "dqkv");
+    b.lse = run.device<float>(BHT, "lse");
+    b.D = run.device<float>(BHT, "D");
+    return b;
+}
+
 // Compares the device's y [B,T,C], lse [B*H,T], D [B*H,T] and dqkv [B,T,3C]
 // with the CPU engine's attention and with float64 (lse; D = dY . Y, from the
 // device's own y, as the kernels compute it).

@@ -67,6 +67,31 @@ inline std::string shape(const char *op, const char *type, const std::string &di
     return std::string(op) + "/" + type + "/" + dims;
 }
 
+// A classifier case's inputs: BT rows of V logits, a random target per row but rows 5 and 20 padded (target
+// -1) and row `last_column_row` (when >= 0) aiming at the last column; uploaded, with a loss per row.
+template <typename Tx> struct ClassifierInput {
+    std::vector<float> logits;
+    std::vector<int> targets;
+    Tx *d_logits;
+    int *d_targets;
+    float *losses;
+};
+
+template <typename Tx>
+ClassifierInput<Tx> classifier_input(Run &run, int BT, int V, uint64_t seed, int last_column_row = -1) {
+    ClassifierInput<Tx> in;
+    Rng rng(seed);
+    in.logits = normals(rng, (size_t)BT * V, 3.0f);
+    in.targets.resize(BT);
+    for (int &t : in.targets) t = rng.below(V);
+    in.targets[5] = in.targets[20] = -1;
+    if (last_column_row >= 0) in.targets[last_column_row] = V - 1;
+    in.d_logits = upload<Tx>(run, in.logits, "logits");
+    in.d_targets = upload_ints(run, in.targets, "targets");
+    in.losses = run.device<float>(BT, "losses");
+    return in;
+}
+
 // After a classifier kernel ran on `logits` (as uploaded) in place at d_logits, writing `losses`: the CPU
 // engine's op on the rows that have a target, compared; a padded row (target -1) has loss 0 and, with
 // write_grad, gradient 0; without write_grad the logits stay as they were. Both classifier variants' cases.

@@ -13,15 +13,10 @@ using namespace check;
 
 template <typename Tx> static void naive_case(Run &run, AttentionShape s) {
     AttentionInputs in = attention_inputs<Tx>(s, 21 + s.hd);
-    std::vector<float> qkv = in.qkv, dy = in.dy;
-    int C = s.C();
-    size_t BTC = (size_t)s.B * s.T * C, BHT = (size_t)s.B * s.H * s.T;
-    Tx *d_qkv = upload<Tx>(run, qkv, "qkv"), *d_dy = upload<Tx>(run, dy, "dy");
-    Tx *y = run.device<Tx>(BTC, "y"), *dqkv = run.device<Tx>(3 * BTC, "dqkv");
-    float *lse = run.device<float>(BHT, "lse"), *D = run.device<float>(BHT, "D");
-    attention_forward<Tx>(y, lse, d_qkv, s.B, s.T, C, s.H, ATTENTION_NAIVE, nullptr);
-    attention_backward<Tx>(dqkv, d_dy, y, d_qkv, lse, s.B, s.T, C, s.H, D, ATTENTION_NAIVE, nullptr);
-    compare_attention<Tx>(run, s, in, y, lse, D, dqkv);
+    AttentionBuffers<Tx> b = attention_buffers<Tx>(run, s, in);
+    attention_forward<Tx>(b.y, b.lse, b.qkv, s.B, s.T, s.C(), s.H, ATTENTION_NAIVE, nullptr);
+    attention_backward<Tx>(b.dqkv, b.dy, b.y, b.qkv, b.lse, s.B, s.T, s.C(), s.H, b.D, ATTENTION_NAIVE, nullptr);
+    compare_attention<Tx>(run, s, in, b.y, b.lse, b.D, b.dqkv);
 }
 
 template <typename Tx> static void add_naive() {

@@ -14,20 +14,16 @@ using namespace check;
 static void flash_case(Run &run, AttentionShape s) {
     typedef __nv_bfloat16 bf16;
     AttentionInputs in = attention_inputs<bf16>(s, 31 + s.hd + s.T);
-    std::vector<float> qkv = in.qkv, dy = in.dy;
-    int C = s.C();
-    size_t BTC = (size_t)s.B * s.T * C, BHT = (size_t)s.B * s.H * s.T;
-    bf16 *d_qkv = upload<bf16>(run, qkv, "qkv"), *d_dy = upload<bf16>(run, dy, "dy");
-    bf16 *y = run.device<bf16>(BTC, "y"), *dqkv = run.device<bf16>(3 * BTC, "dqkv");
-    float *lse = run.device<float>(BHT, "lse"), *D = run.device<float>(BHT, "D");
+    AttentionBuffers<bf16> b = attention_buffers<bf16>(run, s, in);
     cudaError_t err = flash_attention_setup(s.hd);
-    if (err == cudaSuccess) err = flash_attention_forward(nullptr, y, lse, d_qkv, s.B, s.T, C, s.H, s.hd);
-    if (err == cudaSuccess) err = flash_attention_backward(nullptr, dqkv, D, d_dy, y, d_qkv, lse, s.B, s.T, C, s.H, s.hd);
+    if (err == cudaSuccess) err = flash_attention_forward(nullptr, b.y, b.lse, b.qkv, s.B, s.T, s.C(), s.H, s.hd);
+    if (err == cudaSuccess)
+        err = flash_attention_backward(nullptr, b.dqkv, b.D, b.dy, b.y, b.qkv, b.lse, s.B, s.T, s.C(), s.H, s.hd);
     if (err != cudaSuccess) {
         run.fail("launch: %s", cudaGetErrorString(err));
         return;
     }
-    compare_attention<bf16>(run, s, in, y, lse, D, dqkv);
+    compare_attention<bf16>(run, s, in, b.y, b.lse, b.D, b.dqkv);
 }
 
 static int registered = [] {

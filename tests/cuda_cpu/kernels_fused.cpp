@@ -100,19 +100,11 @@ template <typename Tx> static void bias_fused_case(Run &run) {
 template <typename Tx> static void classifier_smem_case(Run &run, int write_grad) {
     const int BT = 37, V = 520;
     const float grad_scale = 1.0f / BT;
-    Rng rng(35);
-    std::vector<float> logits = normals(rng, (size_t)BT * V, 3.0f);
-    std::vector<int> targets(BT);
-    for (int &t : targets) t = rng.below(V);
-    targets[5] = targets[20] = -1;
-    targets[7] = V - 1;  // the last column of the last chunk
-    Tx *d_logits = upload<Tx>(run, logits, "logits");
-    int *d_targets = upload_ints(run, targets, "targets");
-    float *losses = run.device<float>(BT, "losses");
+    ClassifierInput<Tx> in = classifier_input<Tx>(run, BT, V, 35, 7);  // row 7: the last column of the last chunk
     if (!fused_classifier_smem_applies<Tx>(V, 99 << 10)) run.fail("the shared-memory classifier does not apply at V = %d", V);
     if (fused_classifier_smem_setup<Tx>(V) != cudaSuccess) run.fail("setup failed");
-    fused_classifier_smem<Tx>(d_logits, losses, d_targets, BT, V, grad_scale, write_grad, nullptr);
-    check_classifier<Tx>(run, logits, targets, BT, V, grad_scale, write_grad, d_logits, losses);
+    fused_classifier_smem<Tx>(in.d_logits, in.losses, in.d_targets, BT, V, grad_scale, write_grad, nullptr);
+    check_classifier<Tx>(run, in.logits, in.targets, BT, V, grad_scale, write_grad, in.d_logits, in.losses);
 }
 
 // ----------------------------------------------------------------------------

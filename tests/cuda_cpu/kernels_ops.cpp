@@ -130,17 +130,9 @@ template <typename Tx> static void gelu_case(Run &run) {
 template <typename Tx> static void classifier_case(Run &run, int write_grad) {
     const int BT = 37, V = 517;
     const float grad_scale = 1.0f / BT;
-    Rng rng(15);
-    std::vector<float> logits = normals(rng, (size_t)BT * V, 3.0f);
-    std::vector<int> targets(BT);
-    for (int &t : targets) t = rng.below(V);
-    targets[5] = targets[20] = -1;
-    Tx *d_logits = upload<Tx>(run, logits, "logits");
-    int *d_targets = upload_ints(run, targets, "targets");
-    float *losses = run.device<float>(BT, "losses");
-    fused_classifier<Tx>(d_logits, losses, d_targets, BT, V, grad_scale, write_grad, nullptr);
-
-    check_classifier<Tx>(run, logits, targets, BT, V, grad_scale, write_grad, d_logits, losses);
+    ClassifierInput<Tx> in = classifier_input<Tx>(run, BT, V, 15);
+    fused_classifier<Tx>(in.d_logits, in.losses, in.d_targets, BT, V, grad_scale, write_grad, nullptr);
+    check_classifier<Tx>(run, in.logits, in.targets, BT, V, grad_scale, write_grad, in.d_logits, in.losses);
 }
 
 // The logits sampling reads: 3 of 4 rows at position 2 of 5, exactly.

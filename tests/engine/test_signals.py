@@ -38,13 +38,21 @@ def assert_one_checkpoint_and_exit(eng, step: int, reason: str) -> None:
     assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(step, reason)]
 
 
-def after_one_step(run_engine, cfg, ck):
-    """An engine in proxy mode that has trained and reported step 1, its checkpoints in `ck`."""
+def fed(run_engine, cfg, ck, steps: int):
+    """An engine in proxy mode, ready and sent the TRAIN frames of steps 1..`steps`, its checkpoints in `ck`."""
     eng = run_engine(proxy_args(cfg, ck))
     eng.wait_for("ready")
-    eng.train(*train_frames(cfg, 1, 1)[0])
+    for s, tok, grp in train_frames(cfg, 1, steps):
+        eng.train(s, tok, grp)
+    return eng
+
+
+def after_one_step(run_engine, cfg, ck):
+    """An engine in proxy mode that has trained and reported step 1, its checkpoints in `ck`."""
+    eng = fed(run_engine, cfg, ck, 1)
     eng.wait_for("step", step=1)
     return eng
+
 
 def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     cfg = TINY.but(steps=1_000_000)
@@ -108,10 +116,7 @@ def test_sigusr1_while_idle_in_proxy_mode(run_engine, tmp_path):
     (the pivot) must get it: the engine must not sleep in read() until the next frame."""
     cfg = TINY
     ck = tmp_path / "ck"
-    eng = run_engine(proxy_args(cfg, ck))
-    eng.wait_for("ready")
-    for s, tok, grp in train_frames(cfg, 1, 2):
-        eng.train(s, tok, grp)
+    eng = fed(run_engine, cfg, ck, 2)
     eng.wait_for("step", step=2)
     eng.send_signal(signal.SIGUSR1)
     c = eng.wait_for("ckpt", timeout=20)
@@ -130,10 +135,7 @@ def test_sigusr1_while_idle_in_proxy_mode(run_engine, tmp_path):
 def test_eof_checkpoints_and_exits_0(run_engine, tmp_path):
     cfg = TINY
     ck = tmp_path / "ck"
-    eng = run_engine(proxy_args(cfg, ck))
-    eng.wait_for("ready")
-    for s, tok, grp in train_frames(cfg, 1, 2):
-        eng.train(s, tok, grp)
+    eng = fed(run_engine, cfg, ck, 2)
     eng.close_stdin()
     assert eng.finish() == 0, eng.stderr
     assert_one_checkpoint_and_exit(eng, 2, "eof")
@@ -166,10 +168,7 @@ def test_checkpoint_frame_then_stop(run_engine, tmp_path):
 def test_stop_frame_checkpoints_unsaved_step(run_engine, tmp_path):
     cfg = TINY
     ck = tmp_path / "ck"
-    eng = run_engine(proxy_args(cfg, ck))
-    eng.wait_for("ready")
-    for s, tok, grp in train_frames(cfg, 1, 2):
-        eng.train(s, tok, grp)
+    eng = fed(run_engine, cfg, ck, 2)
     eng.send(frames.stop_frame())
     try:
         eng.send(b"this is never read as a frame")  # nothing after STOP is consumed
@@ -326,10 +325,7 @@ def test_a_stop_interrupts_a_long_sample_audit(run_engine, tmp_path):
     audit (no `sample` event), checkpoints the last completed step and exits within a second."""
     cfg = QUEUED
     ck = tmp_path / "ck"
-    eng = run_engine(proxy_args(cfg, ck))
-    eng.wait_for("ready")
-    for s, tok, grp in train_frames(cfg, 1, 2):
-        eng.train(s, tok, grp)
+    eng = fed(run_engine, cfg, ck, 2)
     eng.wait_for("step", step=2)
     prompts = [frames.SamplePrompt([1 + i, 2, 3], count=16, seed=i) for i in range(16)]
     eng.send(frames.sample_batch_frame(7, prompts, 4096, temperature=0.8, top_k=10))

@@ -114,14 +114,24 @@ def engine_bin() -> Path:
 
 @pytest.fixture
 def record(request):
-    """record(outcome): keep the outcome for the results file, then return it."""
+    """record(outcome): keep the outcome for the results file, then return it. An outcome whose scenario a
+    failed check ended (scenarios.FaultCheckFailed) is kept too, as it stood."""
+    scenarios.MADE.clear()
+    kept: list[scenarios.Outcome] = []
+
     def _record(outcome: scenarios.Outcome) -> scenarios.Outcome:
         outcome.close()
         d = outcome.to_dict()
         d["test"] = request.node.nodeid
         _OUTCOMES.append(d)
+        kept.append(outcome)
         return outcome
-    return _record
+
+    yield _record
+    for outcome in scenarios.MADE:  # ended by a failed check before its scenario returned it
+        if outcome.failures and not any(outcome is k for k in kept):
+            _record(outcome)
+    scenarios.MADE.clear()
 
 
 @pytest.fixture(scope="session")

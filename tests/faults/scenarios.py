@@ -5,9 +5,12 @@ and returns an `Outcome`: how many faults it injected, how many the system
 survived (every invariant checked after that fault held), how many training
 steps had to be redone (work lost, allowed), and how much data was lost
 (checkpoints that were valid and vanished or changed, log entries or final
-weights that differ from an uninterrupted run: must be zero). The tests assert
-on the outcome; the report script turns the recorded outcomes into the table
-in docs/RELIABILITY.md.
+weights that differ from an uninterrupted run: must be zero). Each check is an
+assertion: `Outcome.fail` records the broken invariant and raises
+FaultCheckFailed there, so the test fails at the check that found it. The
+report script turns the recorded outcomes (conftest.py's `record`, which also
+keeps an outcome a failed check ended early) into the table in
+docs/RELIABILITY.md.
 
 Randomness: every random choice comes from `rng_for(name)`, seeded by
 FAULT_SEED (default DEFAULT_SEED), so a run is reproducible by seed as far as
@@ -35,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import NoReturn
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -80,9 +84,24 @@ def rng_for(name: str) -> random.Random:
 # outcomes
 
 
+class FaultCheckFailed(AssertionError):
+    """A broken invariant, raised by the check that found it; `outcome` is the scenario's, as it stood."""
+
+    def __init__(self, outcome: "Outcome", message: str):
+        super().__init__(f"{outcome.scenario}: {message} (FAULT_SEED={outcome.seed})")
+        self.outcome = outcome
+
+
+# The outcomes made since the running test began (conftest.py clears it): a failed check ends its scenario
+# before the scenario returns its outcome, and the report still records it.
+MADE: list["Outcome"] = []
+
+
 @dataclass
 class Outcome:
-    """What one scenario injected and what survived. `failures` lists every broken invariant."""
+    """What one scenario injected and what survived. `failures` holds the broken invariant (one: the first
+    fails the test). In `one_storm` the checks after the storm judge all its faults: a failure fails them
+    all."""
     fault_class: str
     scenario: str
     seed: int = field(default_factory=fault_seed)
@@ -93,12 +112,21 @@ class Outcome:
     failures: list = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     seconds: float = 0.0
+    one_storm: bool = False
     _t0: float = field(default_factory=time.monotonic, repr=False)
     _open: int | None = field(default=None, repr=False)
 
-    def fail(self, message: str, data_lost: int = 0) -> None:
+    def __post_init__(self) -> None:
+        MADE.append(self)
+
+    def fail(self, message: str, data_lost: int = 0) -> NoReturn:
+        """The check failed: record it and fail the test here."""
         self.failures.append(message)
         self.data_lost += data_lost
+        self.close()
+        if self.one_storm:
+            self.survived = 0
+        raise FaultCheckFailed(self, message)
 
     def begin_fault(self) -> None:
         """One more fault injected; it survives if no failure is added before end_fault()."""

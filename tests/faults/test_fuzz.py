@@ -131,10 +131,7 @@ def test_fuzzed_frames_never_crash_or_hang_the_engine(engine_bin, tmp_path, reco
         out.begin_fault()
         rc, problems = engine_scenarios.feed_engine(tmp_path, data)
         out.bump(f"inputs that ended with exit {rc}")
-        out.end_fault()
-        if problems:
-            out.fail(f"input {data[:96].hex()}{'...' if len(data) > 96 else ''} ({len(data)} bytes): {problems}")
-            raise AssertionError(problems)
+        _settle(out, f"input {data[:96].hex()}{'...' if len(data) > 96 else ''} ({len(data)} bytes)", problems)
 
     _fuzz(out, record, check)
 
@@ -204,6 +201,33 @@ def _documents(valid: dict):
     )
 
 
+def _settle(out: Outcome, what: str, problems: list[str]) -> None:
+    """The fault's end: its problems fail this example (hypothesis then shrinks it)."""
+    out.end_fault()
+    if problems:
+        out.fail(f"{what}: {problems}")
+
+
+def _loads(load) -> bool:
+    """Whether `load()` accepts the document (an ExperimentError: it does not)."""
+    try:
+        load()
+        return True
+    except ExperimentError:
+        return False
+
+
+def _refused_in_one_line(rc: int, stderr: str, path) -> list[str]:
+    """A command given a bad file: exit 2 and one line naming it, never a traceback."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    problems = [] if rc == 2 else [f"exit {rc}, expected 2"]
+    if len(lines) != 1 or "Traceback" in stderr:
+        problems.append(f"stderr is not one line: {lines[-5:]}")
+    elif str(path) not in lines[0]:
+        problems.append(f"the line does not name the file: {lines[0][:200]}")
+    return problems
+
+
 def _exp_dir(tmp_path):
     path = proxy_harness.write_fault_experiment(tmp_path / "exp")
     return path, json.loads(path.read_text())
@@ -239,10 +263,7 @@ def test_fuzzed_experiment_files_loader(tmp_path, record):
             problems = _one_line(exc, bad)
         except Exception as exc:  # noqa: BLE001 - anything else is the bug under test
             problems = [f"{type(exc).__name__}: {exc}"]
-        out.end_fault()
-        if problems:
-            out.fail(f"{doc[:200]!r}: {problems}")
-            raise AssertionError(problems)
+        _settle(out, f"{doc[:200]!r}", problems)
 
     _fuzz(out, record, check)
 
@@ -259,29 +280,14 @@ def test_fuzzed_experiment_files_cli(proxy_env, tmp_path, record):
     @given(doc=_documents(valid))
     def check(doc):
         bad.write_bytes(doc)
-        try:
-            load_experiment(bad)
-            valid_doc = True
-        except ExperimentError:
-            valid_doc = False
-        assume(not valid_doc)  # a valid experiment would start training
+        assume(not _loads(lambda: load_experiment(bad)))  # a valid experiment would start training
         out.begin_fault()
         run_dir = tmp_path / f"run{next(counter)}"
         rc, p = proxy_env.run(run_dir, experiment=bad, timeout=60)
-        lines = p.stderr_lines()
-        problems = []
-        if rc != 2:
-            problems.append(f"exit {rc}, expected 2")
-        if len(lines) != 1 or "Traceback" in p.stderr:
-            problems.append(f"stderr is not one line: {lines[-5:]}")
-        elif str(bad) not in lines[0]:
-            problems.append(f"the line does not name the file: {lines[0][:200]}")
+        problems = _refused_in_one_line(rc, p.stderr, bad)
         if run_dir.exists():
             problems.append("a run directory was created for a bad experiment")
-        out.end_fault()
-        if problems:
-            out.fail(f"{doc[:200]!r}: {problems}")
-            raise AssertionError(problems)
+        _settle(out, f"{doc[:200]!r}", problems)
 
     _fuzz(out, record, check)
 
@@ -315,10 +321,7 @@ def test_fuzzed_caps_files_loader(tmp_path, record):
             problems = _one_line(exc, caps_path)
         except Exception as exc:  # noqa: BLE001
             problems = [f"{type(exc).__name__}: {exc}"]
-        out.end_fault()
-        if problems:
-            out.fail(f"{doc[:200]!r}: {problems}")
-            raise AssertionError(problems)
+        _settle(out, f"{doc[:200]!r}", problems)
 
     _fuzz(out, record, check)
 
@@ -346,28 +349,13 @@ def test_fuzzed_caps_files_pivot_cli(proxy_env, stopped_run, tmp_path, record):
     @given(doc=_documents(valid))
     def check(doc):
         caps_path.write_bytes(doc)
-        try:
-            load_pivot_caps(caps_path, experiment, phase)
-            valid_doc = True
-        except ExperimentError:
-            valid_doc = False
-        assume(not valid_doc)  # a valid caps file would pivot the run
+        assume(not _loads(lambda: load_pivot_caps(caps_path, experiment, phase)))  # a valid one would pivot the run
         out.begin_fault()
         r = subprocess.run([sys.executable, "-m", "proxy", "pivot", "--caps", str(caps_path), "--run-dir", str(run)],
                            capture_output=True, text=True, timeout=60, cwd=scenarios.REPO, env=env)
-        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        problems = []
-        if r.returncode != 2:
-            problems.append(f"exit {r.returncode}, expected 2")
-        if len(lines) != 1 or "Traceback" in r.stderr:
-            problems.append(f"stderr is not one line: {lines[-5:]}")
-        elif str(caps_path) not in lines[0]:
-            problems.append(f"the line does not name the file: {lines[0][:200]}")
+        problems = _refused_in_one_line(r.returncode, r.stderr, caps_path)
         if _tree(run) != before:
             problems.append("the run directory changed")
-        out.end_fault()
-        if problems:
-            out.fail(f"{doc[:200]!r}: {problems}")
-            raise AssertionError(problems)
+        _settle(out, f"{doc[:200]!r}", problems)
 
     _fuzz(out, record, check)

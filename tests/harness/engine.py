@@ -33,6 +33,9 @@ from .shape import Shape, proxy_args
 
 TIMEOUT = 120.0  # seconds one interaction may take on a busy 2-core box before it counts as hung
 
+# Every child started, in order: a suite's fixture kills those a test left running (tests/faults/conftest.py).
+LIVE: list["Child"] = []
+
 
 class EngineError(AssertionError):
     """The child did not do what the test waited for (a failed assertion, with its stderr)."""
@@ -57,6 +60,7 @@ class Child:
         self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      preexec_fn=preexec_fn, start_new_session=new_session, env=env)
         self.pid = self.proc.pid
+        LIVE.append(self)
         self.lines: list[str] = []
         self.events: list[frames.Event] = []
         self.bad_lines: list[str] = []  # stdout lines that are not events (when parsing)

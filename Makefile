@@ -54,11 +54,15 @@ install:
 	$(PYTHON) -m pip install --quiet -e .
 
 # Dependencies first: on a fresh machine they bring the cuBLAS the CUDA
-# engine links against, so a CUDA compile error fails the test run.
+# engine links against, so a CUDA compile error fails the test run. The tests
+# run in TEST_WORKERS processes (pytest-xdist): most of a test's time is spent
+# waiting on the engine and the proxy it started, so two workers keep a 2-core
+# machine busy; the suites that must share one worker are in tests/conftest.py.
+TEST_WORKERS ?= 2
 test:
 	PYTHON=$(PYTHON) scripts/install_test_deps.sh
 	$(MAKE) engines
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The GPU tests: tests/gpu (the CUDA engine against the CPU one, and what only it has), then the
 # engine suite, the frame gate, end-to-end, pivot and kill-storm suites driving the CUDA engine

@@ -46,7 +46,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_bench_report import Markers, ReportError, add_labelled_run, load_labelled_runs, render_into_doc  # noqa: E402
+from cuda_bench_report import Markers, ReportError, load_labelled_runs, print_and_keep, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
 
 MARKERS = Markers("bench_data table", "scripts/bench_data.py")
@@ -335,10 +335,7 @@ def main() -> int:
     print(f"ours {corpus_bytes / ours['wall_s'] / 1e6:.2f} MB/s, peak RSS {ours['peak_rss_bytes'] / 2**30:.2f} GiB; "
           f"peer {corpus_bytes / peer['wall_s'] / 1e6:.2f} MB/s, peak RSS {peer['peak_rss_bytes'] / 2**30:.2f} GiB; "
           f"ours/peer {ratio:.2f}x; {ours['tokens']:,} tokens each")
-    print(json.dumps(report))
-    if args.json is not None:
-        add_labelled_run(args.json, report)
-        print(f"bench_data: added {args.label!r} to {args.json}")
+    print_and_keep(report, args.json, "bench_data")
     return 0
 
 

@@ -39,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_bench_report import Markers, ReportError, add_labelled_run, load_labelled_runs, render_into_doc  # noqa: E402
+from cuda_bench_report import Markers, ReportError, load_labelled_runs, print_and_keep, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
 from proxy.formats import frames  # noqa: E402
 
@@ -189,10 +189,7 @@ def main() -> int:
               f"{statistics.median(c['loop_stall_ms']):.1f} ms, write median {statistics.median(c['write_ms']):.1f} ms "
               f"({len(c['write_ms'])} checkpoints)")
     report["load"] = [load_before, os.getloadavg()[0]]
-    print(json.dumps(report))
-    if args.json is not None:
-        add_labelled_run(args.json, report)
-        print(f"bench_goodput_engine: added {args.label!r} to {args.json}")
+    print_and_keep(report, args.json, "bench_goodput_engine")
     return 0
 
 

@@ -88,6 +88,14 @@ def add_labelled_run(path: Path, report: dict) -> None:
     atomic_write_json(path, [r for r in runs if r.get("label") != report["label"]] + [report])
 
 
+def print_and_keep(report: dict, path: Path | None, script: str) -> None:
+    """A run's report as JSON on stdout and, given a results file (--json), added to it under its label."""
+    print(json.dumps(report))
+    if path is not None:
+        add_labelled_run(path, report)
+        print(f"{script}: added {report['label']!r} to {path}")
+
+
 @dataclass
 class Side:
     """One trainer measured on one shape and batch."""

@@ -19,6 +19,7 @@
 #include "../../microgpt/cuda/global_norm.cuh"
 #include "../../microgpt/cuda/layernorm.cuh"
 
+#include "adamw_case.h"
 #include "cases.h"
 #include "layernorm_case.h"
 
@@ -180,35 +181,22 @@ static void global_norm_clip_case(Run &run, size_t n, float clip_fraction, bool 
 // change at all.
 
 template <typename Tx> static void adamw_fused_case(Run &run, bool skip) {
-    const int V = 61, T = 37, C = 24, L = 2, step = 3;
-    const float grad_mult = 0.7f, lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-    MgLayout lay = mg_layout(V, T, C, L);
-    size_t n = lay.n;
-    Rng rng(41);
-    std::vector<float> p = normals(rng, n, 0.02f), g = normals(rng, n, 0.01f), m = normals(rng, n, 0.001f), v(n);
-    for (float &x : v) x = 1e-5f * (float)rng.uniform();
-    std::vector<float> p0 = p, m0 = m, v0 = v;
-    float *d_p = upload<float>(run, p, "params"), *d_g = upload<float>(run, g, "grads");
-    float *d_m = upload<float>(run, m, "m"), *d_v = upload<float>(run, v, "v");
-    Tx *d_px = sizeof(Tx) == 4 ? nullptr : run.device<Tx>(n, "params_x");
-    DecayMap dm = decay_map(&lay, L);
-    if (!adamw_fused_applies(dm, n)) run.fail("the fused AdamW does not apply at C = %d", C);
+    AdamwCase<Tx> a(run, 41);
+    std::vector<float> p0 = a.p, m0 = a.m, v0 = a.v;
+    DecayMap dm = decay_map(&a.lay, a.L);
+    if (!adamw_fused_applies(dm, a.n)) run.fail("the fused AdamW does not apply at C = %d", a.C);
     AdamWStep *st = run.device<AdamWStep>(1, "step");
-    adamw_step_settings(st, lr, beta1, beta2, step);
-    st->mult = grad_mult;
+    adamw_step_settings(st, a.lr, a.beta1, a.beta2, a.step);
+    st->mult = a.grad_mult;
     st->skip = skip;
-    adamw_update_fused<Tx>(d_p, d_px, d_g, d_m, d_v, n, dm, L, st, beta1, beta2, eps, wd, nullptr);
+    adamw_update_fused<Tx>(a.d_p, a.d_px, a.d_g, a.d_m, a.d_v, a.n, dm, a.L, st, a.beta1, a.beta2, a.eps, a.wd, nullptr);
     if (skip) {
-        if (memcmp(d_p, p0.data(), n * 4) || memcmp(d_m, m0.data(), n * 4) || memcmp(d_v, v0.data(), n * 4))
+        if (memcmp(a.d_p, p0.data(), a.n * 4) || memcmp(a.d_m, m0.data(), a.n * 4) || memcmp(a.d_v, v0.data(), a.n * 4))
             run.fail("the update ran with the skip flag set");
-        run.output("params", d_p, n * 4);
+        run.output("params", a.d_p, a.n * 4);
         return;
     }
-    cpu_adamw_update(p.data(), g.data(), m.data(), v.data(), V, T, C, L, grad_mult, lr, beta1, beta2, eps, wd, step);
-    run.compare("params", result(run, "params", d_p, n), doubles(p), C, FP32_BOUND, FP32_ROW_BOUND);
-    run.compare("m", result(run, "m", d_m, n), doubles(m), C, FP32_BOUND, FP32_ROW_BOUND);
-    run.compare("v", result(run, "v", d_v, n), doubles(v), C, FP32_BOUND, FP32_ROW_BOUND);
-    if (d_px) run.compare("params_x", result(run, "params_x", d_px, n), doubles(p), C, bound<Tx>(), row_bound<Tx>());
+    a.check(run);
 }
 
 // ----------------------------------------------------------------------------

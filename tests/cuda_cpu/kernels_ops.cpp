@@ -14,6 +14,7 @@
 #include "../../microgpt/cuda/global_norm.cuh"
 #include "../../microgpt/cuda/layernorm.cuh"
 
+#include "adamw_case.h"
 #include "cases.h"
 #include "layernorm_case.h"
 
@@ -170,22 +171,10 @@ static void global_norm_case(Run &run, size_t n) {
 // AdamW over a whole small model's parameters (its weight-decay map checked
 // against mg_decay_ranges by decay_map), against the CPU engine's update.
 template <typename Tx> static void adamw_case(Run &run) {
-    const int V = 61, T = 37, C = 24, L = 2, step = 3;
-    const float grad_mult = 0.7f, lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-    MgLayout lay = mg_layout(V, T, C, L);
-    size_t n = lay.n;
-    Rng rng(18);
-    std::vector<float> p = normals(rng, n, 0.02f), g = normals(rng, n, 0.01f), m = normals(rng, n, 0.001f), v(n);
-    for (float &x : v) x = 1e-5f * (float)rng.uniform();
-    float *d_p = upload<float>(run, p, "params"), *d_g = upload<float>(run, g, "grads");
-    float *d_m = upload<float>(run, m, "m"), *d_v = upload<float>(run, v, "v");
-    Tx *d_px = sizeof(Tx) == 4 ? nullptr : run.device<Tx>(n, "params_x");  // fp32: the master weights are the compute copy
-    adamw_update<Tx>(d_p, d_px, d_g, d_m, d_v, n, decay_map(&lay, L), grad_mult, lr, beta1, beta2, eps, wd, step, nullptr);
-    cpu_adamw_update(p.data(), g.data(), m.data(), v.data(), V, T, C, L, grad_mult, lr, beta1, beta2, eps, wd, step);
-    run.compare("params", result(run, "params", d_p, n), doubles(p), C, FP32_BOUND, FP32_ROW_BOUND);
-    run.compare("m", result(run, "m", d_m, n), doubles(m), C, FP32_BOUND, FP32_ROW_BOUND);
-    run.compare("v", result(run, "v", d_v, n), doubles(v), C, FP32_BOUND, FP32_ROW_BOUND);
-    if (d_px) run.compare("params_x", result(run, "params_x", d_px, n), doubles(p), C, bound<Tx>(), row_bound<Tx>());
+    AdamwCase<Tx> a(run, 18);
+    adamw_update<Tx>(a.d_p, a.d_px, a.d_g, a.d_m, a.d_v, a.n, decay_map(&a.lay, a.L), a.grad_mult, a.lr, a.beta1,
+                     a.beta2, a.eps, a.wd, a.step, nullptr);
+    a.check(run);
 }
 
 // fp32 -> bf16, round to nearest even, bit for bit against a reference that

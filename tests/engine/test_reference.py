@@ -234,15 +234,20 @@ def test_lr_floor_after_horizon(run_engine, tmp_path):
     assert eng.finish() == 0, eng.stderr
 
 
+def model_and_engine(engine_bin, run_engine, cfg, ckpt_dir):
+    """A fresh model's checkpoint, its torch reference, and an engine in proxy mode that loaded it and is ready
+    at step 0."""
+    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
+    model = Reference(shape_of(cfg), read_checkpoint(init).weights)
+    eng = run_engine(proxy_args(cfg, ckpt_dir, "--resume", init))
+    eng.wait_for("ready", step=0)
+    return init, model, eng
+
+
 @cpu_only(TORCH)
 def test_eval_and_greedy_sample_match_torch(engine_bin, run_engine, tmp_path):
     cfg = TINY
-    ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
-    model = Reference(shape_of(cfg), read_checkpoint(init).weights)
-
-    eng = run_engine(proxy_args(cfg, ckpt_dir, "--resume", init))
-    eng.wait_for("ready", step=0)
+    init, model, eng = model_and_engine(engine_bin, run_engine, cfg, tmp_path / "ck")
     rows, groups = random_rows(cfg, 3, seed=21), np.array([4, 9, 4], np.uint16)  # any rows >= 1
     eng.send(frames.eval_frame(77, rows, groups))
     ev = eng.wait_for("eval", id=77)
@@ -298,11 +303,7 @@ def test_sampling_is_deterministic_per_seed(run_engine, tmp_path):
 def test_greedy_sample_longer_than_context(engine_bin, run_engine, tmp_path):
     """max_new past the context: generation goes on over the last T tokens (a sliding window)."""
     cfg = TINY
-    ckpt_dir = tmp_path / "ck"
-    init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
-    model = Reference(shape_of(cfg), read_checkpoint(init).weights)
-    eng = run_engine(proxy_args(cfg, ckpt_dir, "--resume", init))
-    eng.wait_for("ready")
+    _init, model, eng = model_and_engine(engine_bin, run_engine, cfg, tmp_path / "ck")
     prompt = list(range(10))
     eng.send(frames.sample_frame(1, prompt, count=1, max_new=2 * cfg.ctx, temperature=0.0))
     ev = eng.wait_for("sample", id=1)

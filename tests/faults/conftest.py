@@ -12,7 +12,9 @@
   SIGTERM, for the scenarios that damage a run directory and relaunch.
 - The kill count: at the end of the session, one line per kill storm and the
   total of `kill -9` faults injected and survived, on the engine under test
-  (MICROGPT_TEST_ENGINE; `make test-gpu` shows it for the CUDA engine).
+  (MICROGPT_TEST_ENGINE; `make test-gpu` shows it for the CUDA engine),
+  printed by tests/conftest.py from the results file (under `pytest -n` the
+  outcomes are a worker's).
 
 A missing engine binary is a failure with a clear message, never a skip.
 """
@@ -44,11 +46,16 @@ def pytest_runtest_makereport(item, call):
     if not item.nodeid.startswith("tests/faults/") and "/faults/" not in str(item.fspath):
         return
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        _TEST_RESULTS[item.nodeid] = report.outcome
+        _TEST_RESULTS[node_id(item)] = report.outcome
     if report.failed:
         seed = scenarios.fault_seed()
         report.sections.append(("fault seed", f"FAULT_SEED={seed}\nreproduce: FAULT_SEED={seed} "
-                                              f"python -m pytest '{item.nodeid}'"))
+                                              f"python -m pytest '{node_id(item)}'"))
+
+
+def node_id(item) -> str:
+    """The test's node id without the `@group` that `pytest -n --dist loadgroup` appends (tests/conftest.py)."""
+    return item.nodeid.partition("@")[0]
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -75,20 +82,6 @@ def pytest_sessionfinish(session, exitstatus):
         os.replace(tmp, path)
     except OSError as exc:  # the results are a by-product; never fail the session over them
         print(f"\nfaults: cannot write {path}: {exc}")
-
-
-def pytest_terminal_summary(terminalreporter):
-    storms = [o for o in _OUTCOMES if scenarios.is_kill(o)]
-    if not storms:
-        return
-    engine = scenarios.ENGINE
-    on = f"{engine.kind} engine {engine.path}" + (f" on {gpu_name(engine)}" if engine.kind == "cuda" else "")
-    terminalreporter.write_sep("-", f"kill storms ({on})")
-    for o in storms:
-        terminalreporter.write_line(f"{o['scenario']}: {o['injected']} kills, {o['survived']} survived, "
-                                    f"data lost {o['data_lost']}")
-    kills = scenarios.kill_counts(_OUTCOMES)
-    terminalreporter.write_line(f"kill -9 faults: {kills['injected']} injected, {kills['survived']} survived")
 
 
 def gpu_name(engine) -> str | None:
@@ -122,7 +115,7 @@ def record(request):
     def _record(outcome: scenarios.Outcome) -> scenarios.Outcome:
         outcome.close()
         d = outcome.to_dict()
-        d["test"] = request.node.nodeid
+        d["test"] = node_id(request.node)
         _OUTCOMES.append(d)
         kept.append(outcome)
         return outcome

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import STEP_BEST as BEST, STEP_LATEST as LATEST
-from ..config.errors import ExperimentError
+from ..config.config_file import ExperimentError
 from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
 from ..data.tokenizer import Tokenizer

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, model_validator
 
 from .bounds import check_caps_floors, range_problems
-from .errors import ExperimentError, config_error, format_validation_error, quoted, read_json, short
+from .config_file import ExperimentError, config_error, format_validation_error, quoted, read_json, short
 from .experiment import Experiment, StrictModel
 from .policies import POLICIES
 

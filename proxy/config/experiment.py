@@ -20,7 +20,7 @@ from ..formats.engine_cli import MAX_STEP, setting_flags
 from ..formats.frames import SAMPLE_MAX_COMPLETIONS
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
-from .errors import ExperimentError, config_error, format_validation_error, read_json
+from .config_file import ExperimentError, config_error, format_validation_error, read_json
 from .policies import BanditConfig, TargetConfig
 from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_problem
 from .strict import MAX_ARMS, MAX_NAME, MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported

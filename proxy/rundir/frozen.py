@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes, make_dirs, write_unique
-from ..config.errors import CONFIG_FILE_LIMIT
+from ..config.config_file import CONFIG_FILE_LIMIT
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats.checkpoint import checkpoint_step, list_checkpoints

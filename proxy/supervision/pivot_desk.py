@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.caps import check_request
-from ..config.errors import ExperimentError
+from ..config.config_file import ExperimentError
 from ..formats.checkpoint import checkpoint_path, verify_checkpoint
 from ..formats.loss_log import LossLogIndex
 from ..rundir.history import check_history

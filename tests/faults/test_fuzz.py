@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from proxy.formats import frames
 from proxy.config.caps import load_caps, load_pivot_caps
-from proxy.config.errors import ExperimentError
+from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import load_experiment
 from proxy.rundir.layout import RunDir
 from proxy.rundir.phases import read_phases

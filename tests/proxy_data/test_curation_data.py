@@ -13,7 +13,7 @@ import pytest
 from proxy.data import lowquality, prepare_data
 from proxy.data.source_readers import (RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, SourceError, load_documents,
                                        random_token_documents, source_fingerprint)
-from proxy.config.errors import ExperimentError
+from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import load_experiment
 from proxy.config.sources import parse_source
 from proxy.formats.shard import read_shard

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config.caps import CapsFile, load_caps
-from proxy.config.errors import ExperimentError
+from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import MAX_PROMPTS, MAX_SAMPLE_COUNT, Experiment, load_experiment, parse_experiment
 from proxy.formats.engine_cli import engine_args
 from proxy.formats.frames import SAMPLE_MAX_COMPLETIONS

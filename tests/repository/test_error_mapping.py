@@ -11,7 +11,7 @@ import ast
 import importlib
 from pathlib import Path
 
-from proxy.config.errors import ExperimentError
+from proxy.config.config_file import ExperimentError
 from proxy.data.batches import BatchError
 from proxy.data.prepare import DataError
 from proxy.errors import EXIT_FAILURE, EXIT_USAGE, ProxyError, one_line

@@ -1,4 +1,5 @@
-"""One line per bad config file: `path: problem; problem` (pydantic's errors turned into phrases)."""
+"""Reading an experiment or caps file, and one line per bad one: `path: problem; problem` (pydantic's errors
+turned into phrases)."""
 from __future__ import annotations
 
 import json

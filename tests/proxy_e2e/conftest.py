@@ -21,13 +21,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from harness.engine import Child, Hang
 from harness.engines import EngineUnderTest, engine_under_test
 from harness.gate import Gate
 from harness.reaction import react
@@ -95,51 +96,44 @@ def proxy_env(cache: Path) -> dict:
 
 @dataclass
 class Proxy:
-    """One `python -m proxy ...` child in its own session, output captured to files."""
+    """One `python -m proxy ...` child in its own session (harness.engine.Child: its output read as it comes).
+    `start()` launches it; a second `start()` launches the same command again (a relaunch)."""
     args: list[str]
     cache: Path
-    logs: Path
-    proc: subprocess.Popen | None = None
-    name: str = "proxy"
-    _n: list = field(default_factory=lambda: [0])
+    child: Child | None = None
     started: ClassVar[list] = []
 
     def start(self) -> "Proxy":
         require_engine_flag(self.args)
         Proxy.started.append(self)
-        self._n[0] += 1
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.out_path = self.logs / f"{self.name}-{self._n[0]}.out"
-        self.err_path = self.logs / f"{self.name}-{self._n[0]}.err"
-        self.proc = subprocess.Popen([sys.executable, "-m", "proxy", *self.args], cwd=REPO,
-                                     env=proxy_env(self.cache), stdin=subprocess.DEVNULL,
-                                     stdout=open(self.out_path, "wb"), stderr=open(self.err_path, "wb"),
-                                     start_new_session=True)
+        self.child = Child([sys.executable, "-m", "proxy", *self.args], REPO, env=proxy_env(self.cache),
+                           new_session=True, parse_events=False, timeout=RUN_TIMEOUT)
         return self
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.child.proc
 
     def wait(self, timeout: float = RUN_TIMEOUT) -> int:
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+            return self.child.finish(timeout)
+        except Hang:  # killed, with its whole session
             self.kill_group()
-            self.proc.wait(10)
             pytest.fail(f"proxy {' '.join(self.args)} did not finish in {timeout:.0f}s\n"
                         f"stdout: {self.stdout()[-3000:]}\nstderr: {self.stderr()[-3000:]}")
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        self.child.killpg(sig)
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.child is not None and self.child.alive()
 
     def stdout(self) -> str:
-        return self.out_path.read_text(errors="replace")
+        self.child.poll_lines()
+        return "".join(line + "\n" for line in self.child.lines)
 
     def stderr(self) -> str:
-        return self.err_path.read_text(errors="replace")
+        return self.child.stderr
 
     def output(self) -> str:
         return f"--- stdout\n{self.stdout()}\n--- stderr\n{self.stderr()}"

@@ -97,7 +97,7 @@ ALL_KINDS = [
 def test_every_source_kind_trains(engine, data_cache, data_dir, tmp_path):
     exp = experiment(data_dir, "KINDS", ALL_KINDS)
     run = tmp_path / "run"
-    proxy = Proxy(run_args(exp, run), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, run), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     entries = read_entries(run)
     steps = [e for e in entries if e["type"] == "step"]
@@ -123,7 +123,7 @@ def test_every_source_kind_trains(engine, data_cache, data_dir, tmp_path):
 def test_nanogpt_validation_tokens_are_the_val_file(engine, data_cache, data_dir, tmp_path):
     exp = experiment(data_dir, "VALFILE", ALL_KINDS[:1], max_steps=2, eval_every=2, sample_every=0)
     run = tmp_path / "run"
-    assert Proxy(run_args(exp, run), data_cache, tmp_path).start().wait() == 0
+    assert Proxy(run_args(exp, run), data_cache).start().wait() == 0
     frozen = np.frombuffer((run / "data" / "nanogpt.val.tok").read_bytes()[32:], dtype="<u2")
     assert np.array_equal(frozen, np.fromfile(data_dir / "val.bin", dtype="<u2"))
 

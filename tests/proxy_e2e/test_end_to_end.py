@@ -152,7 +152,7 @@ def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
     shipped = json.loads(TINY.read_text())["train"]
     assert {k: v for k, v in exp["train"].items() if k != "threads"} == {k: v for k, v in shipped.items() if k != "threads"}
     run_dir = tmp_path / "run"
-    proxy = Proxy(run_args(path, run_dir), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(path, run_dir), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     assert "finished" in proxy.stdout()
     out = proxy.stdout().splitlines()

@@ -45,8 +45,7 @@ def test_hung_engine_is_killed_and_replaced(engine, gate, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "HANG", **TRAIN)
     run_dir = tmp_path / "run"
     gate.hold_after(30)  # the engine waits at step 30 for its SIGSTOP, however fast it is
-    proxy = Proxy(run_args(exp, run_dir, "--hang-timeout", "5", engine=gate.engine_flag), data_cache,
-                  tmp_path).start()
+    proxy = Proxy(run_args(exp, run_dir, "--hang-timeout", "5", engine=gate.engine_flag), data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 30, 240, "step 30", proxy)
     hung = engine_pid(run_dir)
     os.kill(hung, signal.SIGSTOP)
@@ -70,7 +69,7 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp
     run_dir = tmp_path / "run"
     args = run_args(exp, run_dir, engine=gate.engine_flag)
     gate.hold_after(25)
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 25, 240, "step 25", proxy)
 
     # one proxy per run directory
@@ -107,7 +106,7 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp
     for sig in (signal.SIGTERM, signal.SIGINT):
         before = max_logged_step(run_dir)
         gate.hold_after(before + 5)
-        proxy = Proxy(args, data_cache, tmp_path).start()
+        proxy = Proxy(args, data_cache).start()
         wait_for(lambda: max_logged_step(run_dir) >= before + 5, 240, "progress", proxy)
         os.kill(proxy.proc.pid, sig)
         assert proxy.wait(60) == 0, proxy.output()
@@ -124,7 +123,7 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp
     assert "train.lr" in line and "--allow-experiment-change" in line
     before = max_logged_step(run_dir)
     gate.hold_after(before + 5)
-    proxy = Proxy(args + ["--allow-experiment-change"], data_cache, tmp_path).start()
+    proxy = Proxy(args + ["--allow-experiment-change"], data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= before + 5, 240, "progress after the change", proxy)
     assert f"starting from step_{before:06d}.bin" in proxy.stdout()  # resumed, not restarted from scratch
     assert "experiment changed (train.lr)" in proxy.stderr()
@@ -135,7 +134,7 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp
     # the next plain relaunch accepts the older checkpoints' optimizer settings too
     before = max_logged_step(run_dir)
     gate.hold_after(before + 3)
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= before + 3, 240, "progress", proxy)
     assert f"starting from step_{before:06d}.bin" in proxy.stdout()
     os.kill(proxy.proc.pid, signal.SIGTERM)
@@ -187,8 +186,7 @@ def test_run_starts_the_dashboard_and_it_dies_with_the_proxy(engine, gate, data_
     exp = make_experiment(tmp_path, "DASH", **{**TRAIN, "max_steps": 20000, "ckpt_every": 100})
     run_dir = tmp_path / "run"
     gate.hold_after(5)  # still training (held at step 5) when the proxy is killed, however fast the engine is
-    proxy = Proxy(run_args(exp, run_dir, "--port", port, engine=gate.engine_flag, dashboard=True), data_cache,
-                  tmp_path).start()
+    proxy = Proxy(run_args(exp, run_dir, "--port", port, engine=gate.engine_flag, dashboard=True), data_cache).start()
     url = wait_for(lambda: re.search(r"dashboard: (http://\S+)", proxy.stdout()), 120, "the dashboard URL", proxy)[1]
     assert url == f"http://127.0.0.1:{port}/"
     wait_for(lambda: max_logged_step(run_dir) >= 5, 240, "step 5", proxy)

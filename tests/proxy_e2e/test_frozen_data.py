@@ -60,7 +60,7 @@ def train_and_stop(exp, run, step: int, gate, data_cache, tmp_path) -> None:
     """Train `exp` into `run` with the engine held after `step`; once that step is logged and checkpointed,
     `proxy stop`: the run exits 0."""
     gate.hold_after(step)
-    proxy = Proxy(run_args(exp, run, engine=gate.engine_flag), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, run, engine=gate.engine_flag), data_cache).start()
     ckpt = run / "checkpoints" / f"step_{step:06d}.bin"
     wait_for(lambda: ckpt.exists() and max_logged_step(run) >= step, 240, f"the checkpoint of step {step}", proxy)
     assert run_cmd(["stop", "--run-dir", str(run)], data_cache).returncode == 0

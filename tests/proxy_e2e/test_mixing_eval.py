@@ -47,18 +47,18 @@ def test_policy_resumes_with_the_same_mixtures(engine, gate, data_cache, tmp_pat
     a target here, so the junk arm's flat validation loss moves the target policy's mixture.)"""
     exp = curation_experiment(tmp_path, "CURATE", policy, all_targets=True, eval_every=10)
     straight = tmp_path / "straight"
-    proxy = Proxy(run_args(exp, straight), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, straight), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
 
     resumed = tmp_path / "resumed"
     args = run_args(exp, resumed, engine=gate.engine_flag)
     gate.hold_after(52 + KILL_SLACK)  # however fast the engine, the kill lands near step 52
-    proxy = Proxy(args, data_cache, tmp_path, name="killed").start()
+    proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(resumed) >= 52, 240, "step 52", proxy, poll=0.005)
     proxy.kill_group()  # the engine, in its own session, is reaped by the relaunched proxy
     proxy.proc.wait(30)
     gate.open()
-    proxy = Proxy(args, data_cache, tmp_path, name="relaunched").start()
+    proxy = Proxy(args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
 
     a, b = last_steps(straight), last_steps(resumed)

@@ -29,7 +29,7 @@ def test_progress_lines_on_the_step_count(engine, data_cache, tmp_path):
     the wall clock and of the engine, ETA and the mixture; checkpoint lines name the checkpoint's own step."""
     exp = make_experiment(tmp_path, "FAST", max_steps=300, log_every=50, ckpt_every=100, eval_every=100,
                           sample_every=100)
-    proxy = Proxy(run_args(exp, tmp_path / "run"), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, tmp_path / "run"), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     out = proxy.stdout().splitlines()
     assert any(line.startswith("engine ready: ") and "(1 thread)" in line for line in out), out
@@ -55,7 +55,7 @@ def test_progress_lines_on_the_clock_when_steps_are_slow(engine, gate, data_cach
     exp = make_experiment(tmp_path, "SLOW", max_steps=20000, log_every=1000, ckpt_every=0, eval_every=0,
                           sample_every=0)
     gate.hold_after(0)  # the first step waits
-    proxy = Proxy(run_args(exp, tmp_path / "run", engine=gate.engine_flag), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, tmp_path / "run", engine=gate.engine_flag), data_cache).start()
     seen: dict[str, float] = {}
 
     def line_with(text: str) -> str | None:
@@ -99,7 +99,7 @@ def test_one_stop_ends_a_long_sample_audit_at_once(engine, gate, data_cache, tmp
     path.write_text(json.dumps(exp))
     run_dir = tmp_path / "run"
     gate.hold_after(10)  # the engine has nothing but the audit of step 10 to work on
-    proxy = Proxy(run_args(path, run_dir, engine=gate.engine_flag), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(path, run_dir, engine=gate.engine_flag), data_cache).start()
     gate.wait_frame(frames.SAMPLE, 0, proxy.running, 240)
     wait_for(lambda: max_logged_step(run_dir) >= 10, 60, "step 10", proxy)
     time.sleep(2.0)  # inside the audit

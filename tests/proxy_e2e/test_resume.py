@@ -32,7 +32,7 @@ def straight(engine, data_cache, tmp_path_factory):
     """The reference: the resume experiment run once, uninterrupted."""
     base = tmp_path_factory.mktemp("straight")
     exp = make_experiment(base, "RESUME", **TRAIN)
-    proxy = Proxy(run_args(exp, base / "run"), data_cache, base).start()
+    proxy = Proxy(run_args(exp, base / "run"), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     return base / "run"
 
@@ -56,7 +56,7 @@ def test_bit_exact_resume_after_random_kills(straight, gate, data_cache, tmp_pat
     proxy = None
     for target, mode in zip(targets, modes):
         gate.hold_after(target + KILL_SLACK)  # the kill lands at most KILL_SLACK steps past its target
-        proxy = proxy or Proxy(args, data_cache, tmp_path).start()
+        proxy = proxy or Proxy(args, data_cache).start()
         wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)
         pid = engine_pid(run_dir)
         if mode in ("engine", "both"):
@@ -68,7 +68,7 @@ def test_bit_exact_resume_after_random_kills(straight, gate, data_cache, tmp_pat
         else:  # the proxy restarts the engine by itself
             wait_for(lambda: engine_pid(run_dir) != pid, 60, "the engine's restart", proxy)
     gate.open()
-    proxy = proxy or Proxy(args, data_cache, tmp_path).start()
+    proxy = proxy or Proxy(args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
 
     assert_same_run(straight, run_dir)
@@ -88,7 +88,7 @@ def test_wall_clock_checkpoints_change_nothing_but_where_checkpoints_land(straig
     exp = make_experiment(tmp_path, "RESUME", **{**TRAIN, "ckpt_every": 0, "ckpt_every_seconds": 0.2})
     run_dir = tmp_path / "run"
     gate.hold_after(40 + KILL_SLACK)
-    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache).start()
     for target, then in ((40, 110 + KILL_SLACK), (110, None)):
         wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)
         pid = engine_pid(run_dir)
@@ -109,7 +109,7 @@ def test_engine_crash_restarts_and_stays_exact(straight, gate, data_cache, tmp_p
     exp = make_experiment(tmp_path, "RESUME", **TRAIN)
     run_dir = tmp_path / "run"
     gate.hold_after(50 + KILL_SLACK)
-    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 50, 240, "step 50", proxy)
     first = engine_pid(run_dir)
     os.kill(first, signal.SIGKILL)
@@ -127,7 +127,7 @@ def test_replayed_step_mismatch_is_reported(engine, gate, data_cache, tmp_path):
     run_dir = tmp_path / "run"
     args = run_args(exp, run_dir, engine=gate.engine_flag)
     gate.hold_after(45)  # logged past the checkpoint of step 40, and nowhere near the end
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 45, 240, "step 45", proxy)
     # freeze the proxy, kill the engine (no EOF checkpoint), then the proxy: a crash
     os.killpg(proxy.proc.pid, signal.SIGSTOP)
@@ -156,7 +156,7 @@ def test_replayed_step_mismatch_is_reported(engine, gate, data_cache, tmp_path):
     path.write_bytes(b"\n".join(lines))
 
     gate.open()
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     assert f"determinism: step {planted} " in proxy.stderr()
     st = state(run_dir)
@@ -180,7 +180,7 @@ def test_a_stop_drops_the_queued_steps_and_the_resume_is_exact(straight, gate, d
     run_dir = tmp_path / "run"
     args = run_args(exp, run_dir, engine=gate.engine_flag)
     gate.hold_after(150)  # the run cannot finish before the test acts
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 50, 240, "step 50", proxy, poll=0.005)
     pid = engine_pid(run_dir)
     os.kill(pid, signal.SIGSTOP)  # frozen inside a step, the next frame in its pipe
@@ -199,7 +199,7 @@ def test_a_stop_drops_the_queued_steps_and_the_resume_is_exact(straight, gate, d
     assert state(run_dir)["status"] == "stopped"
 
     gate.open()
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     assert f"starting from step_{stopped:06d}.bin" in proxy.stdout()
     assert_same_run(straight, run_dir)

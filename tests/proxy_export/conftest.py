@@ -28,7 +28,7 @@ def trained_run(engine, data_cache, tmp_path_factory) -> Path:
     exp = make_experiment(root, "EXPORTED", **TRAIN)
     run = root / "run"
     proxy = Proxy(["run", str(exp), "--run-dir", str(run), "--no-dashboard", "--engine", engine.flag],
-                  data_cache, root / "logs").start()
+                  data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     return run
 

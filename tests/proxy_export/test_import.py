@@ -73,7 +73,7 @@ def imported(engine, data_cache, gpt2, tmp_path_factory):
     """A run made from the directory, finished uninterrupted (the reference of the kill test)."""
     root = tmp_path_factory.mktemp("imported")
     exp = experiment(root, gpt2)
-    proxy = Proxy(run_args(exp, root / "run", "--init-from", gpt2), data_cache, root).start()
+    proxy = Proxy(run_args(exp, root / "run", "--init-from", gpt2), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     assert "step 0 imported from" in proxy.stdout()
     return root / "run"
@@ -119,12 +119,12 @@ def test_fine_tuning_resumes_bit_exactly_after_kill_9(imported, gpt2, gate, data
     proxy = None
     for target in (7, 23):
         gate.hold_after(target + KILL_SLACK)
-        proxy = Proxy(args, data_cache, tmp_path).start()
+        proxy = Proxy(args, data_cache).start()
         wait_for(lambda: max_logged_step(run) >= target, 240, f"step {target}", proxy, poll=0.005)
         proxy.kill_group(signal.SIGKILL)
         proxy.proc.wait(30)
     gate.open()
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     assert "step 0 was imported from" in proxy.stdout()  # the relaunch knew; nothing imported again
     a, b = last_steps(imported), last_steps(run)

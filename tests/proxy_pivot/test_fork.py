@@ -17,7 +17,7 @@ def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, dat
     exp = make_experiment(tmp_path, "FORKED", **TRAIN)
     rows = rows_per_batch(exp)
     src = tmp_path / "src"
-    proxy = Proxy(run_args(exp, src), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, src), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     original = tree_hashes(src)
     src_steps = last_steps(src)
@@ -79,7 +79,7 @@ def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, dat
 
     # both branches run forward (`proxy run --run-dir DIR`: the experiment frozen there)
     for fork_dir in (same, other):
-        p = Proxy(run_args(None, fork_dir), data_cache, tmp_path, name=fork_dir.name).start()
+        p = Proxy(run_args(None, fork_dir), data_cache).start()
         assert p.wait() == 0, p.output()
         assert "Traceback" not in p.stderr()
         steps = last_steps(fork_dir)

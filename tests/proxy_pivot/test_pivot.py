@@ -63,7 +63,7 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     # the gate holds the engine at the step the pivot is requested at (the pivot's STOP passes it),
     # and the new phase's engine at its first step until the test sets where it is killed
     gate.hold_after(request_at)
-    proxy = Proxy(args, data_cache, tmp_path / "live").start()
+    proxy = Proxy(args, data_cache).start()
     samples = Poller(live / ".samples.json")
     try:
         wait_for(lambda: max_logged_step(live) >= request_at, 240, f"step {request_at}", proxy, poll=0.005)
@@ -100,7 +100,7 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     proxy.kill_group()
     proxy.proc.wait(30)
     gate.open()
-    proxy = Proxy(args, data_cache, tmp_path / "live").start()
+    proxy = Proxy(args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     assert "determinism" not in proxy.stderr() and "Traceback" not in proxy.stderr()
 
@@ -127,7 +127,7 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     ref = tmp_path / "ref" / "run"
     ref_args = run_args(ref_exp, ref, engine=gate.engine_flag)
     gate.hold_after(k + 1)  # stopped past step k, nowhere near the end
-    proxy = Proxy(ref_args, data_cache, tmp_path / "ref").start()
+    proxy = Proxy(ref_args, data_cache).start()
     wait_for(lambda: max_logged_step(ref) >= k + 1, 240, f"reference step {k + 1}", proxy, poll=0.005)
     stop = run_cmd(["stop", "--run-dir", str(ref)], data_cache)
     assert stop.returncode == 0, stop.stderr
@@ -141,7 +141,7 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     assert not (ref / "checkpoints" / f"step_{stopped_at:06d}.bin").exists()  # set aside in the archive
     assert (ref / "archive" / f"pivot_{k}" / "checkpoints" / f"step_{stopped_at:06d}.bin").exists()
     gate.open()
-    proxy = Proxy(ref_args, data_cache, tmp_path / "ref").start()
+    proxy = Proxy(ref_args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
 
     ref_steps = last_steps(ref)
@@ -159,7 +159,7 @@ def test_offline_pivot_and_bad_caps_files(engine, gate, data_cache, tmp_path):
     run_dir = tmp_path / "run"
     args = run_args(exp, run_dir, engine=gate.engine_flag)
     gate.hold_after(30)  # stopped near step 30, far from the end
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 30, 240, "step 30", proxy, poll=0.005)
     assert run_cmd(["stop", "--run-dir", str(run_dir)], data_cache).returncode == 0
     assert proxy.wait() == 0, proxy.output()
@@ -202,7 +202,7 @@ def test_offline_pivot_and_bad_caps_files(engine, gate, data_cache, tmp_path):
     assert report["alive"] is False
 
     gate.open()
-    proxy = Proxy(args, data_cache, tmp_path).start()
+    proxy = Proxy(args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     assert (run_dir / ".loss.json").read_bytes().startswith(loss_before)
     steps = last_steps(run_dir)
@@ -225,8 +225,7 @@ def test_concurrent_pivots_and_restarts_are_refused(engine, gate, data_cache, tm
     # held at step 10 until the first pivot's STOP passes the gate; the new phase's engine then waits
     # at its first step until the test lets it train the three steps it waits for
     gate.hold_after(10)
-    proxy = Proxy(run_args(exp, run_dir, "--restart-backoff", "8", engine=gate.engine_flag), data_cache,
-                  tmp_path).start()
+    proxy = Proxy(run_args(exp, run_dir, "--restart-backoff", "8", engine=gate.engine_flag), data_cache).start()
     caps = write_caps(tmp_path)
     wait_for(lambda: max_logged_step(run_dir) >= 10, 240, "step 10", proxy, poll=0.005)
 
@@ -244,8 +243,7 @@ def test_concurrent_pivots_and_restarts_are_refused(engine, gate, data_cache, tm
     # a request that reaches the proxy while it is applying a pivot: refused, never interleaved
     engine_pid = json.loads((run_dir / ".engine.json").read_text())["pid"]
     os.kill(engine_pid, signal.SIGSTOP)  # the first pivot's STOP waits on this engine
-    first = Proxy(["pivot", "--caps", str(caps), "--run-dir", str(run_dir)], data_cache, tmp_path,
-                  name="pivot").start()
+    first = Proxy(["pivot", "--caps", str(caps), "--run-dir", str(run_dir)], data_cache).start()
     try:
         wait_for(lambda: (run_dir / ".pivot_claimed.json").exists(), 60, "the proxy to claim the first pivot",
                  first)
@@ -289,7 +287,7 @@ def test_a_pivot_says_it_archived_only_what_existed(engine, gate, data_cache, tm
     exp = make_experiment(tmp_path, "NOAUDIT", **{**TRAIN, "max_steps": 90, "sample_every": 0})
     run_dir = tmp_path / "run"
     gate.hold_after(20)
-    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache, tmp_path).start()
+    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 20, 240, "step 20", proxy, poll=0.005)
     assert run_cmd(["stop", "--run-dir", str(run_dir)], data_cache).returncode == 0
     assert proxy.wait() == 0, proxy.output()

@@ -70,7 +70,6 @@ def engine_non_finite(workdir: Path) -> Outcome:
     rc, p = run_standalone(TINY.but(steps=4), shard, good, 2, resume=None)
     if rc != 0:
         out.fail(f"could not train the tiny model: {tail_lines(p.stderr)}")
-        return out.close()
     bad = _with_infinities((good / "step_000004.bin").read_bytes(), 1000)
     (good / "step_000004.bin").write_bytes(bad)
     rc, p = run_standalone(TINY.but(steps=4), shard, good, 2, resume=good / "step_000004.bin")
@@ -110,7 +109,6 @@ def proxy_divergence(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
             rc, p = env.run(run, experiment=exp, timeout=300)
         except Hang as exc:
             out.fail(f"[lr 1, launch {launch}]: {exc}")
-            break
         line = one_line_exit(p, rc, 6, "the run diverged at step", out, f"[lr 1, launch {launch}]")
         lines.append(line)
         new = _segments_of_launch(run, before)

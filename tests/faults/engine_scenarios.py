@@ -49,7 +49,6 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
     shard, ref_dir, rc, ref = reference_run(workdir, model, ckpt_every if ref_every is None else ref_every)
     if rc != 0:
         out.fail(f"uninterrupted run exited {rc}: {tail_lines(ref.stderr)}")
-        return out.close()
     ref_steps = {int(e["step"]): step_record(e) for e in ref.of("step")}
     write_ms = max([float(e["ms"]) for e in ref.of("ckpt")] + [5.0])
     ck = workdir / "ck"
@@ -68,7 +67,6 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
             ready = p.wait_event("ready", TIMEOUT)
             if ready is None:
                 out.fail(f"launch {launches}: no ready event (rc {p.wait()}): {tail_lines(p.stderr)}")
-                return out.close()
             if int(ready["step"]) != expect_step or not same_path(ready["resumed_from"], expect_path):
                 out.fail(f"launch {launches}: resumed at step {ready['step']} from {ready['resumed_from']}, "
                          f"expected the newest valid checkpoint {expect_path} (step {expect_step})")
@@ -78,7 +76,6 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
                 rc = p.finish(TIMEOUT)
             except Hang as exc:
                 out.fail(f"final launch: {exc}")
-                return out.close()
             if rc != 0 or not p.of("exit") or p.of("exit")[-1]["reason"] != "done":
                 out.fail(f"final launch exited {rc} (events {[e.kind for e in p.events[-3:]]}): {tail_lines(p.stderr)}")
             _check_steps(p, ref_steps, out, f"launch {launches}")
@@ -267,7 +264,6 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
     rc2, _ = run_standalone(model.but(dim=16, steps=4), shard, other_dir, 0, resume=None)
     if rc or rc2:
         out.fail(f"reference runs failed: {rc} {rc2} {tail_lines(ref.stderr)}")
-        return out.close()
     valid = (ref_dir / "step_000004.bin").read_bytes()
     final_ref = (ref_dir / "step_000006.bin").read_bytes()
     cases = corruptions(valid, (other_dir / "step_000004.bin").read_bytes(), rng)
@@ -320,7 +316,6 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
                 not same_path(ready[0]["resumed_from"], d2 / "ck" / f"step_{want:06d}.bin"):
             out.fail(f"{where} --resume latest: exit {rc}, ready {ready[0].fields if ready else None}, expected "
                      f"a resume from step {want}; stderr {p.stderr_lines()[-3:]}")
-            continue
         if case.reasons and not any("skipping" in ln and any(r in ln for r in case.reasons) for ln in p.stderr_lines()):
             out.fail(f"{where} --resume latest skipped the file without a warning naming the reason: "
                      f"{p.stderr_lines()}")
@@ -392,7 +387,6 @@ def engine_disk_full_tmpfs(workdir: Path, name: str = "engine-disk-full-tmpfs",
     shard, ref_dir, rc, ref = reference_run(workdir, model, 1)
     if rc:
         out.fail(f"uninterrupted run exited {rc}")
-        return out.close()
     size = (ref_dir / "step_000001.bin").stat().st_size
     pages = -(-size // 4096)
     mnt = workdir / "mnt"
@@ -485,7 +479,6 @@ def engine_sigterm_in_write(workdir: Path, n_trials: int = 4, name: str = "engin
             rc = p.finish(TIMEOUT)
         except Hang as exc:
             out.fail(f"trial {trial}: {exc}")
-            continue
         out.bump("SIGTERMs that landed inside a checkpoint write (temp file present)", int(in_write))
         exits = p.of("exit")
         last = p.last_step(start)
@@ -535,7 +528,6 @@ def engine_sigusr1_storm(workdir: Path, n_signals: int = 200, name: str = "engin
         rc = p.finish(TIMEOUT)
     except Hang as exc:
         out.fail(str(exc))
-        return out.close()
     if sent < n_signals:
         out.fail(f"only {sent} signals were delivered before the run ended (the run is too short for the storm)")
     if rc != 0 or not p.of("exit") or p.of("exit")[-1]["reason"] != "done":

@@ -244,7 +244,6 @@ def exposed_dashboard(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         try:
             if not LogTail(run / ".loss.json").wait_step(newest + 3, proxy):
                 out.fail(f"[{host}]: the proxy exited early: {tail_lines(proxy.stderr)}")
-                continue
             warned = [ln for ln in proxy.stderr_lines() if "reachable from other machines" in ln]
             if bool(warned) != exposed:
                 out.fail(f"[{host}]: terminal warning {'missing' if exposed else 'given'}: {proxy.stderr_lines()}")

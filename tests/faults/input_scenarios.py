@@ -66,7 +66,6 @@ def eval_data(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
             rc, p = run_cmd(argv, preexec_fn=memory_limit())
         except Hang as exc:
             out.fail(f"[--data {what}]: {exc}")
-            continue
         line = one_line_exit(p, rc, 2, "--data", out, f"[--data {what}]")
         if line:
             out.note(f"--data {what}", f"{line} ({time.monotonic() - t0:.1f} s)")
@@ -116,7 +115,6 @@ def unreadable_sources(env: ProxyEnv, workdir: Path) -> Outcome:
                 rc, p = _run(as_file_owner(argv) if owner else argv)
             except Hang as exc:
                 out.fail(f"[{what}]: {exc}")
-                continue
             line = one_line_exit(p, rc, 2, needle, out, f"[{what}]")
             if line:
                 out.note(what, line)

@@ -62,6 +62,16 @@ def _newest(run: Path) -> int:
 # symlinks out of the run
 
 
+def _refused_then_restored(p, rc: int, run: Path, other: Path, before: dict, out: Outcome, what: str,
+                           note: str) -> None:
+    """The proxy refused checkpoints/ as a symlink with one line (exit 2) and left the other run as it was;
+    then the run's own checkpoints/ is put back."""
+    out.note(note, one_line_exit(p, rc, 2, "is a symlink", out, f"[{what}]"))
+    unchanged(other, before, out, f"[{what}]")
+    (run / "checkpoints").unlink()
+    (run / "checkpoints.own").rename(run / "checkpoints")
+
+
 def symlinked_run_dirs(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     """(1) a new run whose checkpoints/ links to a finished run's; (2) a stopped run whose checkpoints/ was
     replaced by that link; (3) a stopped run whose archive/ links elsewhere, relaunched with a changed
@@ -87,12 +97,8 @@ def symlinked_run_dirs(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     (run / "checkpoints").rename(run / "checkpoints.own")
     (run / "checkpoints").symlink_to(other / "checkpoints")
     rc, p = run_cmd(env.argv(run))
-    line = one_line_exit(p, rc, 2, "is a symlink", out, "[stopped run, checkpoints/ linked to another run]")
-    if line:
-        out.note("checkpoints/ a symlink: the line", line)
-    unchanged(other, before, out, "[stopped run]")
-    (run / "checkpoints").unlink()
-    (run / "checkpoints.own").rename(run / "checkpoints")
+    _refused_then_restored(p, rc, run, other, before, out, "stopped run, checkpoints/ linked to another run",
+                           "checkpoints/ a symlink: the line")
     relaunch_and_compare(env, run, out, "[stopped run, restored]")
 
     out.begin_fault()  # (3) archive/ linked elsewhere, and an experiment change that would archive into it
@@ -119,7 +125,6 @@ def symlinked_run_dirs(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     proxy = env.start(run, engine=gate.engine_flag)
     if not LogTail(run / ".loss.json").wait_step(newest + 3, proxy):
         out.fail(f"[swap while training]: the proxy exited early: {tail_lines(proxy.stderr)}")
-        return out.close()
     (run / "checkpoints").rename(run / "checkpoints.own")
     (run / "checkpoints").symlink_to(other / "checkpoints")
     gate.open()
@@ -127,13 +132,8 @@ def symlinked_run_dirs(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         rc = proxy.finish(TIMEOUT)
     except Hang as exc:
         out.fail(f"[swap while training]: {exc}")
-        return out.close()
-    line = one_line_exit(proxy, rc, 2, "is a symlink", out, "[swap while training]")
-    if line:
-        out.note("checkpoints/ swapped for a symlink while training: the line", line)
-    unchanged(other, before, out, "[swap while training]")
-    (run / "checkpoints").unlink()
-    (run / "checkpoints.own").rename(run / "checkpoints")
+    _refused_then_restored(proxy, rc, run, other, before, out, "swap while training",
+                           "checkpoints/ swapped for a symlink while training: the line")
     launch_and_compare(env, run, out, "[swap while training, restored]")
     return out.close()
 
@@ -176,7 +176,6 @@ def huge_step_numbers(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
             rc, p = run_cmd(argv, preexec_fn=memory_limit())
         except Hang as exc:
             out.fail(f"[{what}]: {exc}")
-            continue
         no_traceback(p, out, f"[{what}]")
         text = p.stderr + "\n".join(p.lines)
         if rc != code or (needle and needle not in text) or "MemoryError" in text:
@@ -203,7 +202,6 @@ def huge_step_numbers(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         rc, p = env.run(run, timeout=300, preexec_fn=memory_limit())
     except Hang as exc:
         out.fail(f"[run]: {exc}")
-        return out.close()
     no_traceback(p, out, "[run]")
     said = [ln for ln in p.stderr_lines() if "step_2000000000.bin" in ln and "its header holds step" in ln]
     if rc != 0 or len(said) != 1:
@@ -293,7 +291,6 @@ def foreign_checkpoint(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     rc, p = env.run(other, experiment=exp, timeout=300)
     if rc != 0:
         out.fail(f"could not train the other experiment: {tail_lines(p.stderr)}")
-        return out.close()
     run = copy_run(template, workdir / "run")
     name = f"step_{(_newest(run) // env.ckpt_every + 1) * env.ckpt_every:06d}.bin"  # the next one the run writes
     shutil.copy(other / "checkpoints" / name, run / "checkpoints" / name)

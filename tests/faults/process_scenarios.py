@@ -55,15 +55,14 @@ def _segments(run: Path) -> set[int]:
 
 def _live(env: ProxyEnv, run: Path, workdir: Path, out: Outcome, ahead: int = 3):
     """`proxy run` on a stopped run, held by a frame gate `ahead` steps past its newest checkpoint (3: no
-    checkpoint is due where it waits), once it has trained them all: (proxy, gate), or None (recorded)
-    when it exits first."""
+    checkpoint is due where it waits), once it has trained them all: (proxy, gate); a proxy that exits first
+    fails the check."""
     gate = Gate(workdir / f"gate-{run.name}", ENGINE.path)
     newest = _newest(run)
     gate.hold_after(newest + ahead)
     proxy = env.start(run, engine=gate.engine_flag)
     if not LogTail(run / ".loss.json").wait_step(newest + ahead, proxy):
         out.fail(f"the proxy on {run.name} exited early: {tail_lines(proxy.stderr)}")
-        return None
     return proxy, gate
 
 
@@ -117,7 +116,6 @@ def forged_engine_records(env: dict, template: str, workdir: str) -> Outcome:
                 rc, p = env.run(run, timeout=300)
             except Hang as exc:
                 out.fail(f"{what}: {exc}")
-                continue
             no_traceback(p, out, what)
             hits = [ln for ln in p.stderr_lines() if ".engine.json" in ln]
             if rc != 0 or len(hits) != 1 or needle not in hits[0] or "nothing signalled" not in hits[0]:
@@ -150,17 +148,13 @@ def copied_live_run(env: dict, template: str, workdir: str) -> Outcome:
     original = copy_run(template, workdir / "original")
     try:
         out.begin_fault()
-        live = _live(env, original, workdir, out)
-        if live is None:
-            return out.close()
-        proxy, gate = live
+        proxy, gate = _live(env, original, workdir, out)
         record = engine_record(original)
         segments = _segments(original)
         copy = workdir / "copy"
         cp = subprocess.run(["cp", "-a", str(original), str(copy)], capture_output=True, text=True)
         if cp.returncode != 0:
             out.fail(f"cp -a failed: {cp.stderr.strip()}")
-            return out.close()
         try:
             rc, p = env.run(copy, timeout=300)
         except Hang as exc:
@@ -208,10 +202,7 @@ def forged_lock_files(env: dict, template: str, workdir: str) -> Outcome:
     sentinels = Sentinels()
     run = copy_run(template, workdir / "run")
     try:
-        live = _live(env, run, workdir, out)
-        if live is None:
-            return out.close()
-        proxy, gate = live
+        proxy, gate = _live(env, run, workdir, out)
         record = engine_record(run)
         forged = f"{sentinels.alone.pid}\n"
 
@@ -297,10 +288,7 @@ def moved_run_directory(env: dict, template: str, workdir: str) -> Outcome:
         for impostor in ("a copy", "an empty directory"):
             out.begin_fault()
             run = copy_run(template, workdir / f"run-{impostor.split()[-1]}")
-            live = _live(env, run, workdir, out)
-            if live is None:
-                continue
-            proxy, gate = live
+            proxy, gate = _live(env, run, workdir, out)
             record = engine_record(run)
             moved = run.with_name(run.name + ".moved")
             run.rename(moved)
@@ -313,7 +301,6 @@ def moved_run_directory(env: dict, template: str, workdir: str) -> Outcome:
                 rc = proxy.finish(TIMEOUT)
             except Hang as exc:
                 out.fail(f"{impostor}: {exc}")
-                continue
             no_traceback(proxy, out, impostor)
             lines = proxy.stderr_lines()
             if rc != 1 or not lines or "moved or replaced" not in lines[-1]:

@@ -40,36 +40,31 @@ def run_cmd(argv: list[str], timeout: float = REFUSE_TIMEOUT, preexec_fn=None) -
     return p.finish(timeout), p
 
 
-def launch(start, out: Outcome, where: str) -> tuple[int, Child] | None:
-    """`start()` (an env.run or run_cmd call): its (exit code, process), or None after recording a hang."""
+def launch(start, out: Outcome, where: str) -> tuple[int, Child]:
+    """`start()` (an env.run or run_cmd call): its (exit code, process); a hang fails the check."""
     try:
         return start()
     except Hang as exc:
         out.fail(f"{where}: {exc}")
-        return None
 
 
 def launch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str) -> None:
     """Launch the same command on `run` (which resumes or trains from scratch); it must finish with exit 0
     and equal the uninterrupted run."""
-    done = launch(lambda: env.run(run, timeout=300), out, where)
-    if done is None:
-        return
-    rc, p = done
+    rc, p = launch(lambda: env.run(run, timeout=300), out, where)
     no_traceback(p, out, where)
     if rc != 0:
         out.fail(f"{where}: exited {rc}: {tail_lines(p.stderr)}")
     compare_with_reference(env, run, out, where=where)
 
 
-def start_training(env: ProxyEnv, run: Path, out: Outcome, past: int = 2) -> Child | None:
-    """`proxy run` on a stopped run, once it has logged `past` steps beyond its newest checkpoint (None,
-    with the failure recorded, when it exits first)."""
+def start_training(env: ProxyEnv, run: Path, out: Outcome, past: int = 2) -> Child:
+    """`proxy run` on a stopped run, once it has logged `past` steps beyond its newest checkpoint (a proxy
+    that exits first fails the check)."""
     newest = max((checkpoint_step(q) for q in list_checkpoints(run / "checkpoints")), default=0)
     p = env.start(run)
     if not LogTail(run / ".loss.json").wait_step(newest + past, p):
         out.fail(f"the proxy exited early: {tail_lines(p.stderr)}")
-        return None
     return p
 
 
@@ -102,7 +97,6 @@ def only_appended(run: Path, before: bytes, out: Outcome, where: str) -> None:
     after = (run / ".loss.json").read_bytes()
     if not after.startswith(before):
         out.fail(f"{where}: .loss.json lost or changed bytes it had", data_lost=1)
-        return
     if after and not after.endswith(b"\n"):
         out.fail(f"{where}: .loss.json ends in a torn line ({after[-60:]!r})")
     bad = [ln for ln in after[len(before):].split(b"\n") if ln.strip() and parse_line(ln) is None]
@@ -122,7 +116,7 @@ def checkpoints_kept(run: Path, before: dict, out: Outcome, where: str) -> None:
             out.fail(f"{where}: {p.name} does not verify ({reason}): a partial file a loader could take")
 
 
-def one_line_exit(p: Child, rc: int, code: int, needle: str, out: Outcome, where: str) -> str | None:
+def one_line_exit(p: Child, rc: int, code: int, needle: str, out: Outcome, where: str) -> str:
     """Exit `code`, no traceback, exactly one stderr line containing `needle`, and it is the last."""
     no_traceback(p, out, where)
     lines = p.stderr_lines()
@@ -130,7 +124,6 @@ def one_line_exit(p: Child, rc: int, code: int, needle: str, out: Outcome, where
     if rc != code or len(hits) != 1 or lines[-1] != hits[0]:
         out.fail(f"{where}: expected exit {code} and one last stderr line with {needle!r}; exit {rc}, "
                  f"stderr {lines[-4:]}")
-        return None
     return hits[0]
 
 

@@ -89,7 +89,6 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
         launch = gate.wait_launch(launches, p.alive, TIMEOUT)
         if launch is None:
             out.fail(f"the proxy exited {p.wait()} without launching an engine: {tail_lines(p.stderr)}")
-            return out.close()
         launches += 1
         target = None
         if kills < n_kills:
@@ -112,7 +111,6 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
         got = tail.wait_new_segment(seen, p)
         if got is None:
             out.fail(f"the proxy exited {p.wait()} without training a new segment: {tail_lines(p.stderr)}")
-            return out.close()
         seg, resume = got
         if resume != launch.first_step - 1:
             out.fail(f"segment {seg} logged step {resume + 1} first; its engine's first frame was step "
@@ -130,12 +128,10 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
             break
         if not tail.wait_step(target, p, segment=seg):
             out.fail(f"the proxy exited {p.wait()} before step {target}: {tail_lines(p.stderr)}")
-            return out.close()
         time.sleep(delay)
         rec = engine_record(run)
         if not engine_alive(rec):
             out.fail(f".engine.json names {rec}, not a running engine")
-            return out.close()
         gate.hold_after(0)  # the next launch waits at its first step for its own target
         kills += 1
         out.begin_fault()
@@ -169,7 +165,6 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
         rc = p.finish(300)
     except Hang as exc:
         out.fail(str(exc))
-        return out.close()
     if rc != 0:
         out.fail(f"the last launch exited {rc}: {tail_lines(p.stderr)}")
     no_traceback(p, out, "last launch")
@@ -219,11 +214,9 @@ def relaunch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str, sam
         rc, p = env.run(run, *extra, timeout=300)
     except Hang as exc:
         out.fail(f"{where}: {exc}")
-        return None
     no_traceback(p, out, where)
     if rc != 0:
         out.fail(f"{where}: relaunch exited {rc}: {tail_lines(p.stderr)}")
-        return p
     resumed = first_resume(run, old_segments)
     if resumed != expected:
         out.fail(f"{where}: resumed from step {resumed}, expected step {expected}")
@@ -342,7 +335,6 @@ def sidecar_cases(env: ProxyEnv, template: Path, workdir: Path, cases, name: str
             rc, p = env.run(run, timeout=TIMEOUT)
         except Hang as exc:
             out.fail(f"{where}: {exc}")
-            continue
         lines = p.stderr_lines()
         no_traceback(p, out, where)
         if rc != 2 or len(lines) != 1 or fname not in lines[0]:  # docs/CLI.md: 2 is a bad run directory
@@ -373,7 +365,6 @@ def proxy_disk_full(env: ProxyEnv, template: Path, workdir: Path, name: str = "p
         rc, p = env.run(run, preexec_fn=fsize_limit(limit), timeout=TIMEOUT)
     except Hang as exc:
         out.fail(str(exc))
-        return out.close()
     lines = p.stderr_lines()
     no_traceback(p, out, "under RLIMIT_FSIZE")
     # docs/OPERATIONS.md: an engine exit is a crash; five without progress are a crash loop (exit 3)
@@ -420,7 +411,6 @@ def proxy_corrupt_checkpoint(env: ProxyEnv, template: Path, workdir: Path, name:
     rc, q = run_standalone(other, shard, workdir / "other", 0, resume=None)
     if rc != 0:
         out.fail(f"could not make the other-shape checkpoint: {tail_lines(q.stderr)}")
-        return out.close()
     shutil.copy(workdir / "other" / newest.name, run / "checkpoints" / newest.name)
     out.begin_fault()
     view = copy_run(template, workdir / "older-view")
@@ -457,7 +447,6 @@ def proxy_hung_engine(env: ProxyEnv, template: Path, workdir: Path, n_hangs: int
         launch = gate.wait_launch(i, p.alive, TIMEOUT)
         if launch is None:
             out.fail(f"the proxy exited {p.wait()} instead of launching an engine: {tail_lines(p.stderr)}")
-            return out.close()
         target = None if i == n_hangs else min(env.max_steps - 2, launch.first_step - 1 + rng.randint(1, 6))
         if target is None:
             gate.open()
@@ -466,7 +455,6 @@ def proxy_hung_engine(env: ProxyEnv, template: Path, workdir: Path, n_hangs: int
         got = tail.wait_new_segment(seen, p)
         if got is None:
             out.fail(f"the proxy exited {p.wait()} instead of restarting the hung engine: {tail_lines(p.stderr)}")
-            return out.close()
         seg, resume = got
         if i:
             detect.append(round(time.monotonic() - stopped_at, 2))
@@ -480,7 +468,6 @@ def proxy_hung_engine(env: ProxyEnv, template: Path, workdir: Path, n_hangs: int
             break
         if not tail.wait_step(target, p, segment=seg):
             out.fail(f"the proxy exited early: {tail_lines(p.stderr)}")
-            return out.close()
         rec = engine_record(run)
         gate.hold_after(0)  # the restarted engine waits at its first step for its own target
         out.begin_fault()
@@ -523,7 +510,6 @@ def proxy_crash_loop(env: ProxyEnv, template: Path, workdir: Path, name: str = "
             rc, p = env.run(run, "--max-failures", 3, engine=str(wrapper), timeout=TIMEOUT)
         except Hang as exc:
             out.fail(f"[{case}] {exc}")
-            continue
         lines = p.stderr_lines()
         no_traceback(p, out, case)
         if rc != 3 or not lines or "crash loop" not in lines[-1]:
@@ -562,7 +548,6 @@ def proxy_sigusr1_storm(env: ProxyEnv, workdir: Path, n_signals: int = 200, name
     p = env.start(run, engine=gate.engine_flag)
     if not tail.wait_step(1, p):
         out.fail(f"the proxy exited early: {tail_lines(p.stderr)}")
-        return out.close()
     sent = 0
     while sent < n_signals and p.alive():
         paced = 1 + sent * (last - 1) // n_signals

@@ -69,10 +69,7 @@ def proxy_append_efbig(env: ProxyEnv, template: Path, workdir: Path, name: str =
         f.write(b"#" * (pad - 1) + b"\n")
     log = log_path.read_bytes()
     out.begin_fault()
-    done = launch(lambda: env.run(run, preexec_fn=fsize_limit(limit), timeout=TIMEOUT), out, "under the limit")
-    if done is None:
-        return out.close()
-    rc, p = done
+    rc, p = launch(lambda: env.run(run, preexec_fn=fsize_limit(limit), timeout=TIMEOUT), out, "under the limit")
     _check_storage_stop(p, rc, run, log, ckpts, "EFBIG", out, "append past RLIMIT_FSIZE")
     if p.stderr_lines() and "the engine stopped and wrote its checkpoint" not in p.stderr_lines()[-1]:
         out.fail(f"the engine was not stopped cleanly: {p.stderr_lines()[-1]}")
@@ -97,14 +94,9 @@ def proxy_disk_full_midrun(env: ProxyEnv, template: Path, workdir: Path, name: s
         run = copy_run(template, mnt / "run")
         ckpts, log = _snapshot(run), (run / ".loss.json").read_bytes()
         p = start_training(env, run, out)
-        if p is None:
-            return out.close()
         out.begin_fault()
         out.note("bytes written to fill the disk", fill_disk(mnt))
-        done = launch(lambda: (p.finish(TIMEOUT), p), out, "on the full disk")
-        if done is None:
-            return out.close()
-        rc = done[0]
+        rc, _ = launch(lambda: (p.finish(TIMEOUT), p), out, "on the full disk")
         _check_storage_stop(p, rc, run, log, ckpts, "ENOSPC", out, "disk filled while training")
         out.steps_lost += max(0, read_log(run / ".loss.json").max_step - expected_resume(run))
         (mnt / "filler").unlink()
@@ -126,10 +118,7 @@ def proxy_disk_full_first_launch(env: ProxyEnv, workdir: Path, name: str = "prox
         run = mnt / "run"
         fill_disk(mnt)
         out.begin_fault()
-        done = launch(lambda: env.run(run, timeout=TIMEOUT), out, "first launch on a full disk")
-        if done is None:
-            return out.close()
-        rc, p = done
+        rc, p = launch(lambda: env.run(run, timeout=TIMEOUT), out, "first launch on a full disk")
         line = one_line_exit(p, rc, 5, "(ENOSPC)", out, "first launch on a full disk")
         out.note("last line", line)
         if temp_files(run):
@@ -266,10 +255,7 @@ def unsafe_run_files(env: ProxyEnv, template: Path, workdir: Path, name: str = "
             continue
         before = _run_files(run)
         t0 = time.monotonic()
-        done = launch(lambda: env.run(run, preexec_fn=memory_limit(), timeout=REFUSE_TIMEOUT), out, where)
-        if done is None:
-            continue
-        rc, p = done
+        rc, p = launch(lambda: env.run(run, preexec_fn=memory_limit(), timeout=REFUSE_TIMEOUT), out, where)
         out.note(f"{case}: seconds to refuse", round(time.monotonic() - t0, 1))
         line = one_line_exit(p, rc, 2, refused, out, f"{where} ({what})")
         out.note(f"{case}: message", line)
@@ -303,10 +289,7 @@ def unsafe_command_line_files(env: ProxyEnv, template: Path, workdir: Path, name
     before = _run_files(run)
     for case, argv, named in cases:
         out.begin_fault()
-        done = launch(lambda: run_cmd(argv, preexec_fn=memory_limit()), out, f"[{case}]")
-        if done is None:
-            continue
-        rc, p = done
+        rc, p = launch(lambda: run_cmd(argv, preexec_fn=memory_limit()), out, f"[{case}]")
         out.note(f"{case}: message", one_line_exit(p, rc, 2, named, out, f"[{case}]"))
         if (workdir / "new-run").exists():
             out.fail(f"[{case}] a run directory was created for a refused experiment")
@@ -426,10 +409,7 @@ def phase_history(env: ProxyEnv, template: Path, workdir: Path, name: str = "pro
                  "fork": proxy_cmd("fork", "--run-dir", run, "--at", c + 4, "--to", workdir / f"fork{i}")}
         for command in commands:
             where = f"[{case}: proxy {command}]"
-            done = launch(lambda: run_cmd(argvs[command], timeout=TIMEOUT), out, where)
-            if done is None:
-                continue
-            rc, p = done
+            rc, p = launch(lambda: run_cmd(argvs[command], timeout=TIMEOUT), out, where)
             line = one_line_exit(p, rc, 2, "phases.json", out, where)
             if command == "run":
                 out.note(f"{case}: message", line)
@@ -500,10 +480,7 @@ def names_out_of_bounds(env: ProxyEnv, template: Path, workdir: Path, name: str 
         exp = _experiment_with(env, workdir / f"exp{i}", edit)
         run = workdir / f"run{i}"
         out.begin_fault()
-        done = launch(lambda: env.run(run, experiment=exp, timeout=TIMEOUT), out, f"[{case}]")
-        if done is None:
-            continue
-        rc, p = done
+        rc, p = launch(lambda: env.run(run, experiment=exp, timeout=TIMEOUT), out, f"[{case}]")
         line = one_line_exit(p, rc, 2, field, out, f"[{case}]")
         if line is not None and len(line) > 2000:
             out.fail(f"[{case}] the one line is {len(line)} characters long")
@@ -591,13 +568,9 @@ def stop_before_training(env: ProxyEnv, workdir: Path, name: str = "proxy-stop-b
         p = replace(env, cache=cache).start(run)
         if not _wait_stderr(p, "preparing data"):
             out.fail(f"[{sig.name}] the proxy never started preparing data: {tail_lines(p.stderr)}")
-            continue
         out.begin_fault()
         p.send_signal(sig)
-        done = launch(lambda: (p.finish(TIMEOUT), p), out, f"[{sig.name}]")
-        if done is None:
-            continue
-        rc = done[0]
+        rc, _ = launch(lambda: (p.finish(TIMEOUT), p), out, f"[{sig.name}]")
         line = one_line_exit(p, rc, 130, f"interrupted by {sig.name}", out, f"[{sig.name}]")
         out.note(f"{sig.name}: last line", line)
         if _data_temps(cache):
@@ -627,8 +600,6 @@ def sighup_while_training(env: ProxyEnv, template: Path, workdir: Path, name: st
     out = Outcome(fault_class, name)
     run = copy_run(template, workdir / "run")
     p = start_training(env, run, out)
-    if p is None:
-        return out.close()
     out.begin_fault()
     p.send_signal(signal.SIGHUP)
     rc = p.finish(TIMEOUT)
@@ -700,12 +671,10 @@ def bogus_checkpoints(env: ProxyEnv, workdir: Path, name: str = "proxy-bogus-che
     rc, p = kenv.run(kenv.ref)
     if rc != 0:
         out.fail(f"the keep_last 2 reference run exited {rc}: {tail_lines(p.stderr)}")
-        return out.close()
     run = workdir / "run"
     p = kenv.start(run)
     if not LogTail(run / ".loss.json").wait_step(20, p):
         out.fail(f"the proxy exited early: {tail_lines(p.stderr)}")
-        return out.close()
     p.send_signal(signal.SIGTERM)
     p.finish(TIMEOUT)
     ck = run / "checkpoints"
@@ -765,10 +734,7 @@ def frozen_experiment_edited(env: ProxyEnv, template: Path, workdir: Path, name:
         snapshot = _run_files(run)
         argv = [a for a in env.argv(run) if a != str(env.experiment)]
         out.begin_fault()
-        done = launch(lambda: run_cmd(argv, timeout=TIMEOUT), out, f"[{case}]")
-        if done is None:
-            continue
-        rc, p = done
+        rc, p = launch(lambda: run_cmd(argv, timeout=TIMEOUT), out, f"[{case}]")
         line = one_line_exit(p, rc, 2, field, out, f"[{case}]")
         out.note(f"{case}: message", line)
         if _run_files(run) != snapshot:

@@ -144,8 +144,7 @@ def proxy_divergence(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     try:
         rc, p = env.run(run, experiment=exp, timeout=300)
         line = one_line_exit(p, rc, 6, "the run diverged at step", out, "[lr 3.4e38]")
-        if line:
-            out.note("the engine's exit 6: the line", line)
+        out.note("the engine's exit 6: the line", line)
         if len(_segments_of_launch(run, set())) > 1:
             out.fail("[lr 3.4e38]: the engine was restarted")
         if "engine" not in (line or ""):

@@ -67,8 +67,7 @@ def eval_data(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         except Hang as exc:
             out.fail(f"[--data {what}]: {exc}")
         line = one_line_exit(p, rc, 2, "--data", out, f"[--data {what}]")
-        if line:
-            out.note(f"--data {what}", f"{line} ({time.monotonic() - t0:.1f} s)")
+        out.note(f"--data {what}", f"{line} ({time.monotonic() - t0:.1f} s)")
     if tree(run) != before:
         out.fail("eval --data changed the run directory", data_lost=1)
     text = workdir / "text.txt"
@@ -116,8 +115,7 @@ def unreadable_sources(env: ProxyEnv, workdir: Path) -> Outcome:
             except Hang as exc:
                 out.fail(f"[{what}]: {exc}")
             line = one_line_exit(p, rc, 2, needle, out, f"[{what}]")
-            if line:
-                out.note(what, line)
+            out.note(what, line)
     finally:
         secret.chmod(0o644)
         locked.chmod(0o755)

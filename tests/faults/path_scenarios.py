@@ -299,10 +299,9 @@ def foreign_checkpoint(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     before = tree(run)
     rc, p = run_cmd(env.argv(run))
     line = one_line_exit(p, rc, 2, "foreign checkpoint", out, "[proxy run]")
-    if line:
-        out.note("the line", line)
-        if "SOMEONE-ELSE" not in line or name not in line:
-            out.fail(f"[proxy run]: the line names neither the file nor the experiment: {line}")
+    out.note("the line", line)
+    if "SOMEONE-ELSE" not in line or name not in line:
+        out.fail(f"[proxy run]: the line names neither the file nor the experiment: {line}")
     if tree(run) != before:
         out.fail("[proxy run]: the refused launch changed the run directory", data_lost=1)
     rc, v = run_cmd(proxy_cmd("verify", "--run-dir", run))

@@ -39,8 +39,7 @@ def _check_storage_stop(p: Child, rc: int, run: Path, log: bytes, ckpts: dict, e
     """docs/OPERATIONS.md, "A full disk": exit 5, one last line naming the file and the errno, no torn
     line, every line and checkpoint kept, nothing half-written, `.state.json` stopped with the cause."""
     line = one_line_exit(p, rc, 5, f"({errno_name})", out, where)
-    if line is not None:
-        out.note(f"{where}: last line", line)
+    out.note(f"{where}: last line", line)
     only_appended(run, log, out, where)
     checkpoints_kept(run, ckpts, out, where)
     if temp_files(run):
@@ -482,7 +481,7 @@ def names_out_of_bounds(env: ProxyEnv, template: Path, workdir: Path, name: str 
         out.begin_fault()
         rc, p = launch(lambda: env.run(run, experiment=exp, timeout=TIMEOUT), out, f"[{case}]")
         line = one_line_exit(p, rc, 2, field, out, f"[{case}]")
-        if line is not None and len(line) > 2000:
+        if len(line) > 2000:
             out.fail(f"[{case}] the one line is {len(line)} characters long")
         if run.exists():
             out.fail(f"[{case}] a run directory was created")
@@ -495,7 +494,7 @@ def names_out_of_bounds(env: ProxyEnv, template: Path, workdir: Path, name: str 
     out.begin_fault()
     rc, p = run_cmd(proxy_cmd("pivot", "--run-dir", run, "--caps", caps), timeout=TIMEOUT)
     line = one_line_exit(p, rc, 2, "unknown arm", out, "[caps file: an arm name of 100000 characters]")
-    if line is not None and len(line) > 2000:
+    if len(line) > 2000:
         out.fail(f"[caps file] the one line is {len(line)} characters long")
     if _run_files(run) != snapshot:
         out.fail("[caps file] the refused pivot changed the run directory", data_lost=1)

@@ -94,8 +94,7 @@ def _add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", metavar="DIR", help="the run (default: the most recently active run under "
                         "runs/; with --checkpoint, the run holding it)")
     parser.add_argument("--step", type=_step_choice, metavar="N|latest|best", help="its checkpoint at step N, "
-                        "the one a relaunch "
-                        "would resume from (latest, the default), or best.bin")
+                        "the one a relaunch would resume from (latest, the default), or best.bin")
     parser.add_argument("--checkpoint", metavar="PATH", help="a checkpoint file instead of --step")
     parser.add_argument("--cache-dir", metavar="DIR", help="prepared-data cache, for a run made before runs froze "
                         "their data (default $MICROGPT_CACHE or ~/.cache/microgpt)")

@@ -150,8 +150,10 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         with storage_guard(to, "rename the fork into"):
             os.rename(tmp, to)  # over an empty NEW_DIR too
         fsync_dir(to.parent)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):  # cli.py says which file and why (exit 1)
+            exc.add_note(f"cannot write {to}")
         raise
 
     if c != at:

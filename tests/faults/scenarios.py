@@ -38,9 +38,9 @@ import socket
 import subprocess
 import sys
 import time
-from typing import NoReturn
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from harness.data import make_shard
 from harness.engine import TIMEOUT, Child

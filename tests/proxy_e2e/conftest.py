@@ -117,7 +117,7 @@ class Proxy:
     def wait(self, timeout: float = RUN_TIMEOUT) -> int:
         try:
             return self.child.finish(timeout)
-        except Hang:  # killed, with its whole session
+        except Hang:  # its session too: a process of it may be what holds stdout open
             self.kill_group()
             pytest.fail(f"proxy {' '.join(self.args)} did not finish in {timeout:.0f}s\n"
                         f"stdout: {self.stdout()[-3000:]}\nstderr: {self.stderr()[-3000:]}")

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine_info import cpu_model  # noqa: E402
 from mixing.report import ReportError, plot_summary, results_markdown, write_results  # noqa: E402
-from mixing.runs import LaunchOptions, LoadSampler, launch, plan_runs  # noqa: E402
+from mixing.runs import LaunchOptions, LoadSampler, finished, launch, plan_runs  # noqa: E402
 from mixing.suite import BY_NAME, SUITE, Mix  # noqa: E402
 from mixing.summary import BASELINE, SummaryError, read_run, summarize  # noqa: E402
 from proxy.atomic import atomic_write_json  # noqa: E402
@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     run_walls = {}
     all_specs = [s for m in mixes for s in specs[m.name]]
+    max_steps = max(e.train.max_steps for e in experiments.values())
+    finished_before = [s.name for s in all_specs if finished(s.run_dir, max_steps)]
     if not args.report_only:
         try:
             for m in mixes:  # once each, before the runs: two runs of a mix never prepare its data at once
@@ -220,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("eval_mixing: interrupted while preparing the data; nothing was trained", file=sys.stderr)
             return EXIT_INTERRUPTED
-        max_steps = max(e.train.max_steps for e in experiments.values())
         try:
             done = launch(all_specs, max_steps, LaunchOptions(args.jobs, args.engine, args.cache_dir,
                                                               not args.no_progress), load)
@@ -252,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(), "jobs": args.jobs, "engine_threads": threads,
         "wall_s": None if args.report_only else round(wall, 1), "run_wall_s": run_walls,
+        "finished_before": finished_before,
         "load_average_1m": None if args.report_only else load.summary(),
     }
     args.summary.parent.mkdir(parents=True, exist_ok=True)

@@ -31,23 +31,28 @@ _CLASSES: dict[type[PolicyConfig], type[Bandit]] = {
 
 
 def make_bandit(config: PolicyConfig, arm_names: Sequence[str], caps: Mapping[str, float],
-                floors: Mapping[str, float], targets: Optional[Sequence[str]] = None) -> Bandit:
+                floors: Mapping[str, float], targets: Optional[Sequence[str]] = None,
+                row_spread: Optional[Mapping[str, float]] = None) -> Bandit:
     """The configured policy over `arm_names`; `targets`: the arms whose validation loss is the objective
-    (default: all of them; only the target policy reads it)."""
+    (default: all of them), `row_spread`: each target arm's row spread (data/row_spread.py; default none:
+    the targets' even share). Only the target policy reads them."""
     cls = _CLASSES.get(type(config))
     if cls is None:
         raise ValueError(f"unknown bandit policy {config.policy!r}")
     if cls is Target:
         return Target(arm_names, caps, floors, targets=list(arm_names) if targets is None else list(targets),
-                      **config.params())
+                      row_spread=row_spread, **config.params())
     return cls(arm_names, caps, floors, **config.params())
 
 
-def bandit_for_phase(experiment: Experiment, phase) -> tuple[Bandit, dict[str, float], dict[str, float]]:
-    """A new bandit for `phase` (its policy, the caps and floors in force) and those caps and floors."""
+def bandit_for_phase(experiment: Experiment, phase, row_spread: Optional[Mapping[str, float]] = None,
+                     ) -> tuple[Bandit, dict[str, float], dict[str, float]]:
+    """A new bandit for `phase` (its policy, the caps and floors in force) and those caps and floors;
+    `row_spread` as make_bandit's."""
     caps, floors = phase_bounds(experiment, phase)
     config = switched(experiment.bandit, phase.policy)
-    return make_bandit(config, experiment.arm_names, caps, floors, experiment.target_arms), caps, floors
+    bandit = make_bandit(config, experiment.arm_names, caps, floors, experiment.target_arms, row_spread)
+    return bandit, caps, floors
 
 
 __all__ = ["Bandit", "UCB1", "EXP3", "Progress", "Target", "Uniform", "make_bandit", "bandit_for_phase",

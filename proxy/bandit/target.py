@@ -10,8 +10,15 @@ over the last `eval_window` evaluations:
     se_k    = the standard error of that slope (from the fit's residuals)
     S       = the mean speed of the target arms (how fast the objective falls)
 
-- A target arm keeps its even share while it may still learn: its value is
-  clip((speed_k + 2 se_k) / (stall * S) - 1, 0, 1), 1 while even the
+- Each target arm has a quietness q_k = (the smallest target row spread /
+  its own)^2 (data/row_spread.py, measured on the training rows before the
+  first step; 1 for every target without spreads). The first hundred steps
+  decide most of where a run ends, before any evaluation can say anything
+  (docs/DATA-MIXING.md, "What a policy cannot see"), and a batch of a few
+  rows pays for the rows' disagreement in gradient noise: the quieter arms
+  get more of the batch from the first step on.
+- A target arm keeps its share while it may still learn: its value is
+  q_k * clip((speed_k + 2 se_k) / (stall * S) - 1, 0, 1), q_k while even the
   optimistic speed is at twice `stall` of the objective's or more, 0 once it
   is at `stall` or less. An arm whose validation loss has stopped falling (a
   small arm learned by heart, one that cannot be learned) gives its rows to
@@ -29,12 +36,14 @@ arms (a stalled one keeps a few rows, to show when it learns again), the rest
 in proportion to value within the caps; what the caps leave over goes evenly
 to the target arms below their caps, then to the others (`allocate`). Until
 MIN_EVALS evaluations, and while the objective does not fall, the goal stays:
-at first the prior, the targets' even share and every other arm its floor.
+at first the prior, the allocation of the quietness (value = q_k for every
+target), every other arm at its floor.
 The mixture moves towards the goal by at most `max_move` per step for any arm
 (a convex step, so the caps, the floors and the sum hold): no arm's weight
 moves by more than 25 * max_move within 25 steps.
 
-A pure function of its observe() and observe_eval() calls in order: the
+A pure function of its arguments (the row spreads are a pure function of the
+prepared data) and its observe() and observe_eval() calls in order: the
 supervisor gives it each step's losses and, after its step, each evaluation
 logged in `.loss.json`, live and in the replay alike.
 """
@@ -77,12 +86,27 @@ def allocate(value: np.ndarray, is_target: np.ndarray, floors: np.ndarray, caps:
     return w
 
 
+def quietness(arm_names: Sequence[str], is_target: np.ndarray,
+              row_spread: Optional[Mapping[str, float]]) -> np.ndarray:
+    """Each target arm's weight in the prior, (the smallest target row spread / its own)^2: 1 for the
+    quietest, less for an arm whose rows disagree more (data/row_spread.py); 0 for the other arms. Without
+    a positive, finite spread for every target arm, 1 for each (the targets' even share)."""
+    spread = np.array([float((row_spread or {}).get(n, np.nan)) for n in arm_names])[is_target]
+    quiet = np.zeros(len(arm_names))
+    if spread.size and np.all(np.isfinite(spread)) and np.all(spread > 0):
+        quiet[is_target] = (spread.min() / spread) ** 2
+    else:
+        quiet[is_target] = 1.0
+    return quiet
+
+
 class Target(Bandit):
     policy = "target"
 
     def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 targets: Optional[Sequence[str]] = None, ema_alpha: float = 0.1, eval_window: int = 10,
-                 stall: float = 0.25, explore: float = 0.05, max_move: float = 0.006):
+                 targets: Optional[Sequence[str]] = None, row_spread: Optional[Mapping[str, float]] = None,
+                 ema_alpha: float = 0.1, eval_window: int = 10, stall: float = 0.25, explore: float = 0.05,
+                 max_move: float = 0.006):
         super().__init__(arm_names, caps, floors, ema_alpha)  # ema_alpha: the EMA .state.json shows
         names = self.arm_names if targets is None else list(targets)
         unknown = [t for t in names if t not in self.index]
@@ -93,9 +117,9 @@ class Target(Bandit):
         self.explore = float(explore)
         self.max_move = float(max_move)
         self.evals: deque = deque(maxlen=int(eval_window))  # (step, validation loss per arm) of the last evals
+        self.quiet = quietness(self.arm_names, self.is_target, row_spread)
         self.value = np.zeros(self.k)
-        self.prior = allocate(self.is_target.astype(np.float64), self.is_target, self.floors, self.caps,
-                              self.explore)
+        self.prior = allocate(self.quiet, self.is_target, self.floors, self.caps, self.explore)
         self.goal = self.prior
         self.mix = self.prior.copy()
 
@@ -123,7 +147,8 @@ class Target(Bandit):
         if objective <= 0:  # the targets no longer improve: no evidence to move on
             return
         optimistic = speed + CONFIDENCE * error
-        self.value = np.where(self.is_target, np.clip(optimistic / (self.stall * objective) - 1.0, 0.0, 1.0), 0.0)
+        learning = np.clip(optimistic / (self.stall * objective) - 1.0, 0.0, 1.0)
+        self.value = np.where(self.is_target, learning * self.quiet, 0.0)
         self.goal = allocate(self.value, self.is_target, self.floors, self.caps, self.explore)
         self._weights = None
 

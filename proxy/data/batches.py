@@ -150,16 +150,27 @@ class BatchSampler:
         tokens = np.empty((rows, self.row_len), dtype=np.uint16)
         for k in np.unique(arms):
             sel = arms == k
-            windows = self._windows[k]
-            if len(windows) == 1:
-                tokens[sel] = windows[0][offsets[sel]]
-                continue
-            rows_k = np.flatnonzero(sel)
-            run = np.searchsorted(self._run_starts[k], offsets[sel], side="right") - 1
-            for r in np.unique(run):
-                mine = run == r
-                tokens[rows_k[mine]] = windows[r][offsets[sel][mine] - self._run_starts[k][r]]
+            tokens[sel] = self._train_rows(int(k), offsets[sel])
         return tokens, arms.astype(np.uint16)
+
+    def _train_rows(self, k: int, offsets: np.ndarray) -> np.ndarray:
+        """Arm k's training rows at `offsets` (indices over all the rows its runs hold), [len, row_len]."""
+        windows = self._windows[k]
+        if len(windows) == 1:
+            return windows[0][offsets]
+        tokens = np.empty((offsets.size, self.row_len), dtype=np.uint16)
+        run = np.searchsorted(self._run_starts[k], offsets, side="right") - 1
+        for r in np.unique(run):
+            mine = run == r
+            tokens[mine] = windows[r][offsets[mine] - self._run_starts[k][r]]
+        return tokens
+
+    def spread_rows(self, arm_index: int, rows: int) -> np.ndarray:
+        """`rows` training rows of one arm, evenly spaced over all the rows it holds (the rows whose
+        unigram losses data/row_spread.py measures; the same every call)."""
+        n = int(self._n_offsets[arm_index])
+        offsets = np.linspace(0, n - 1, int(rows)).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
+        return self._train_rows(int(arm_index), offsets)
 
     def eval_offsets(self, arm_index: int, rows: int) -> np.ndarray:
         """Evenly spaced row starts over the arm's val shard (overlapping only when it is short)."""

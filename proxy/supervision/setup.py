@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..config.experiment import Experiment, load_experiment
 from ..data.batches import BatchSampler, segment_arrays
+from ..data.row_spread import row_spread
 from ..data.prepare import default_cache_dir
 from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_OK
@@ -173,11 +174,15 @@ def build_context(experiment: Experiment, run: RunDir, data: RunData, engine: En
     report = RunReport(engine=EngineStatus(kind=engine.kind, path=str(engine.path)))
     report.carry_forward(read_state(run.state) or {}, experiment.arm_names, phases[-1], console.warn)
     load_best(report, run.best, run.loss_log)
+    spread = row_spread(sampler, experiment.target_arms, int(experiment.model.vocab))
+    if len(spread) > 1:
+        console.say("row spread of the target arms (the target policy's prior): " +
+                    ", ".join(f"{arm} {value:.3f}" for arm, value in spread.items()))
     return RunContext(experiment=experiment, run=run, data=data, engine_choice=engine, opts=options,
                       console=console, signals=signals, sampler=sampler, prompts=prompts, phases=phases,
                       writer=writer, samples=samples, report=report,
                       retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)), lock=lock,
-                      identity=identity)
+                      identity=identity, row_spread=spread)
 
 
 def _mark_finished(run: RunDir) -> None:

@@ -142,6 +142,12 @@ def mix_markdown(name: str, mix: dict) -> list[str]:
     return lines
 
 
+def _trained(how: dict) -> str:
+    """How many runs the timed command trained: a run already finished in --runs-dir is only read."""
+    runs, reused = len(how["run_wall_s"]), len(how.get("finished_before", []))
+    return f"{runs} runs" if not reused else f"{runs - reused} runs ({reused} more were finished already and only read)"
+
+
 def results_markdown(summary: dict) -> str:
     """The overview, then every mix's tables, then how the evaluation ran."""
     lines = overview_markdown(summary)
@@ -151,7 +157,7 @@ def results_markdown(summary: dict) -> str:
     if how.get("wall_s") is not None:
         load = how["load_average_1m"]
         lines += ["", f"Run with `{how['command']}` on {how['machine']['cores']} cores ({how['machine']['cpu']}): "
-                  f"{how['wall_s'] / 60:.1f} min of wall time for {len(how['run_wall_s'])} runs, {how['jobs']} at a "
+                  f"{how['wall_s'] / 60:.1f} min of wall time for {_trained(how)}, {how['jobs']} at a "
                   f"time with {how['engine_threads']} engine thread(s) each, data preparation included; 1-minute "
                   f"load average {load['mean']:.1f} on average, {load['max']:.1f} at most (its own runs make about "
                   f"{how['jobs'] * how['engine_threads']})."]

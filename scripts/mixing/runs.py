@@ -102,6 +102,11 @@ def _step_of(run_dir: Path) -> int:
         return 0
 
 
+def finished(run_dir: Path, max_steps: int) -> bool:
+    """Whether a run reached `max_steps` already (launched again, it is only read)."""
+    return _step_of(run_dir) >= max_steps
+
+
 def _start(spec: RunSpec, options: LaunchOptions) -> subprocess.Popen:
     argv = [sys.executable, "-m", "proxy", "run", str(spec.experiment), "--run-dir", str(spec.run_dir),
             "--no-dashboard", "--engine", options.engine]

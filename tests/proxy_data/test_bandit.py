@@ -204,7 +204,8 @@ def test_each_policy_model_is_its_bandit_s_arguments():
     assert set(_CLASSES) == set(POLICY_MODELS.values())
     for model, cls in _CLASSES.items():
         sig = inspect.signature(cls.__init__).parameters
-        taken = {k: p.default for k, p in sig.items() if k not in ("self", "arm_names", "caps", "floors", "targets")}
+        taken = {k: p.default for k, p in sig.items() if k not in ("self", "arm_names", "caps", "floors", "targets",
+                                                                  "row_spread")}
         assert taken == model().params(), model.__name__
     b = make_bandit(bandit_config("ucb1", c=2.5, ema_alpha=0.3), NAMES, CAPS, FLOORS)
     assert b.c == 2.5 and b.ema_alpha == 0.3

@@ -218,6 +218,24 @@ def test_target_starts_from_the_declared_objective_and_stays_without_evidence():
     np.testing.assert_allclose(all_targets.weights(), 0.25)
 
 
+def test_target_prior_weighs_each_target_arm_by_its_quietness():
+    """With row spreads (data/row_spread.py), the targets' mass above the floors and `explore` goes in
+    proportion to (smallest spread / own spread)^2; a spread of a non-target arm plays no part. While both
+    targets learn, the goal stays there; without a usable spread for every target, the even share."""
+    caps = {a: 1.0 for a in ARMS}
+    spread = {"real": 0.1, "slow": 0.2, "junk": 0.001}
+    b = make_bandit(bandit_config("target"), ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread)
+    np.testing.assert_allclose(b.quiet, [1.0, 0.25, 0.0, 0.0])
+    rest = 1 - 0.08 - 0.05 * 0.92
+    np.testing.assert_allclose(b.weights(), [0.02 + 0.023 + rest * 0.8, 0.02 + 0.023 + rest * 0.2, 0.02, 0.02])
+    w = run_target(b, target_history(1, 400))
+    np.testing.assert_allclose(w[-1], w[0], atol=1e-12)  # both targets still learn: no evidence to move
+    np.testing.assert_allclose(b.value, [1.0, 0.25, 0.0, 0.0])
+    for partial in ({"real": 0.1}, {"real": 0.1, "slow": 0.0}, {"real": 0.1, "slow": float("nan")}, None):
+        even = make_bandit(bandit_config("target"), ARMS, caps, FLOORS, targets=TARGETS, row_spread=partial)
+        np.testing.assert_allclose(even.weights(), [0.48, 0.48, 0.02, 0.02])
+
+
 def test_target_keeps_junk_at_its_floor_and_feeds_the_targets():
     b = target_bandit()
     w = run_target(b, target_history(1, 400))
@@ -279,11 +297,12 @@ def test_target_mixture_moves_at_most_max_move_per_step(seed):
     assert 0.05 < moved <= 0.15 + 1e-12  # it did move, within the bound
 
 
-def test_target_replay_with_evaluations_is_exact():
+@pytest.mark.parametrize("spread", [None, {"real": 0.17, "slow": 0.13}])
+def test_target_replay_with_evaluations_is_exact(spread):
     """Rebuilt from .loss.json (steps and evaluations, JSON round trip, each evaluation after its step),
     the bandit gives the live bandit's weights before every step, bit for bit, from any resume point."""
     cfg, caps = bandit_config("target"), {a: 1.0 for a in ARMS}
-    live = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS)
+    live = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread)
     logged = []
     for step, losses, evals in target_history(8, 700, stall_at=250):
         mix = live.mixture()
@@ -293,7 +312,7 @@ def test_target_replay_with_evaluations_is_exact():
             live.observe_eval(step, evals)
     assert len({tuple(e["mixture"].values()) for e in logged}) > 50  # the evaluations did move it
     for cut in (0, 137, 250, 512, 700):
-        rebuilt = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS)
+        rebuilt = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread)
         for e in logged[:cut]:
             rebuilt.observe(e["step"], e["arms"], mixture=e["mixture"])
             if e["eval"] is not None:

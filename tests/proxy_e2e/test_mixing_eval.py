@@ -108,6 +108,7 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert set(tgt["goals"]) == {"final_loss", "no_target_arm_worse", "fewer_steps", "low_quality_at_floor", "steady"}
     assert tgt["share_after_warmup"]["junk"]["max"] == 0.02  # the target policy gives a non-target its floor
     assert whole["how"]["wall_s"] > 0 and set(whole["how"]["run_wall_s"]) == {"EVAL-uniform-s3", "EVAL-target-s3"}
+    assert whole["how"]["finished_before"] == [] and "for 2 runs, 2 at a time" in done.stdout
     assert sorted(p.name for p in plots.iterdir()) == ["mixing-mixtures.png", "mixing-target-loss.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots.iterdir())
     text = doc.read_text()
@@ -124,6 +125,8 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "matplotlib is not installed" in again.stdout and not (tmp_path / "img2").exists()
     assert json.loads(summary.read_text())["mixes"] == whole["mixes"]
+    assert sorted(json.loads(summary.read_text())["how"]["finished_before"]) == ["EVAL-target-s3", "EVAL-uniform-s3"]
+    assert "for 0 runs (2 more were finished already and only read)" in again.stdout  # the time is not theirs
     for name in ("EVAL-uniform-s3", "EVAL-target-s3"):
         assert "nothing to do" in (runs / "logs" / f"{name}.log").read_text()
 

@@ -45,7 +45,7 @@ def make_bandit(config: PolicyConfig, arm_names: Sequence[str], caps: Mapping[st
     return cls(arm_names, caps, floors, **config.params())
 
 
-def bandit_for_phase(experiment: Experiment, phase, row_spread: Optional[Mapping[str, float]] = None,
+def bandit_for_phase(experiment: Experiment, phase, row_spread: Optional[Mapping[str, float]] = None
                      ) -> tuple[Bandit, dict[str, float], dict[str, float]]:
     """A new bandit for `phase` (its policy, the caps and floors in force) and those caps and floors;
     `row_spread` as make_bandit's."""

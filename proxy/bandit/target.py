@@ -91,7 +91,8 @@ def quietness(arm_names: Sequence[str], is_target: np.ndarray,
     """Each target arm's weight in the prior, (the smallest target row spread / its own)^2: 1 for the
     quietest, less for an arm whose rows disagree more (data/row_spread.py); 0 for the other arms. Without
     a positive, finite spread for every target arm, 1 for each (the targets' even share)."""
-    spread = np.array([float((row_spread or {}).get(n, np.nan)) for n in arm_names])[is_target]
+    given = row_spread or {}
+    spread = np.array([float(given.get(n, np.nan)) for n in arm_names])[is_target]
     quiet = np.zeros(len(arm_names))
     if spread.size and np.all(np.isfinite(spread)) and np.all(spread > 0):
         quiet[is_target] = (spread.min() / spread) ** 2

@@ -39,10 +39,16 @@ class BatchError(ProxyError, ValueError):
     code = EXIT_USAGE
 
 
+def evenly_spaced(count: int, rows: int) -> np.ndarray:
+    """`rows` indices evenly spaced over 0..count-1, the first 0 and the last count-1 (repeating when
+    `count` is less than `rows`)."""
+    return np.linspace(0, count - 1, rows).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
+
+
 def evenly_spaced_starts(n_tokens: int, row_len: int, rows: int) -> np.ndarray:
     """`rows` row starts evenly spaced over `n_tokens` tokens, the first at 0 and the last ending at the end
     (overlapping only when the tokens are too few): the rule of the eval rows."""
-    return np.linspace(0, n_tokens - row_len, rows).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
+    return evenly_spaced(n_tokens - row_len + 1, rows)
 
 
 def row_counts(weights: np.ndarray, rows: int, u: float) -> np.ndarray:
@@ -168,9 +174,7 @@ class BatchSampler:
     def spread_rows(self, arm_index: int, rows: int) -> np.ndarray:
         """`rows` training rows of one arm, evenly spaced over all the rows it holds (the rows whose
         unigram losses data/row_spread.py measures; the same every call)."""
-        n = int(self._n_offsets[arm_index])
-        offsets = np.linspace(0, n - 1, int(rows)).round().astype(np.int64) if rows > 1 else np.zeros(1, np.int64)
-        return self._train_rows(int(arm_index), offsets)
+        return self._train_rows(int(arm_index), evenly_spaced(int(self._n_offsets[arm_index]), int(rows)))
 
     def eval_offsets(self, arm_index: int, rows: int) -> np.ndarray:
         """Evenly spaced row starts over the arm's val shard (overlapping only when it is short)."""

@@ -32,26 +32,33 @@ _CLASSES: dict[type[PolicyConfig], type[Bandit]] = {
 
 def make_bandit(config: PolicyConfig, arm_names: Sequence[str], caps: Mapping[str, float],
                 floors: Mapping[str, float], targets: Optional[Sequence[str]] = None,
-                row_spread: Optional[Mapping[str, float]] = None) -> Bandit:
+                row_spread: Optional[Mapping[str, float]] = None, max_steps: int = 0,
+                unigram_gap: Optional[Mapping[str, float]] = None) -> Bandit:
     """The configured policy over `arm_names`; `targets`: the arms whose validation loss is the objective
     (default: all of them), `row_spread`: each target arm's row spread (data/row_spread.py; default none:
-    the targets' even share). Only the target policy reads them."""
+    the targets' even share), `max_steps`: the run's steps when this bandit starts it at step 0, else 0
+    (no opening), `unigram_gap`: each other arm's (data/row_spread.py; default none: no arm fed in the
+    opening). Only the target policy reads them."""
     cls = _CLASSES.get(type(config))
     if cls is None:
         raise ValueError(f"unknown bandit policy {config.policy!r}")
     if cls is Target:
         return Target(arm_names, caps, floors, targets=list(arm_names) if targets is None else list(targets),
-                      row_spread=row_spread, **config.params())
+                      row_spread=row_spread, max_steps=max_steps, unigram_gap=unigram_gap, **config.params())
     return cls(arm_names, caps, floors, **config.params())
 
 
-def bandit_for_phase(experiment: Experiment, phase, row_spread: Optional[Mapping[str, float]] = None
+def bandit_for_phase(experiment: Experiment, phase, row_spread: Optional[Mapping[str, float]] = None,
+                     unigram_gap: Optional[Mapping[str, float]] = None
                      ) -> tuple[Bandit, dict[str, float], dict[str, float]]:
     """A new bandit for `phase` (its policy, the caps and floors in force) and those caps and floors;
-    `row_spread` as make_bandit's."""
+    `row_spread` and `unigram_gap` as make_bandit's; a phase that starts at step 0 starts the run (the
+    target policy's opening)."""
     caps, floors = phase_bounds(experiment, phase)
     config = switched(experiment.bandit, phase.policy)
-    bandit = make_bandit(config, experiment.arm_names, caps, floors, experiment.target_arms, row_spread)
+    max_steps = experiment.train.max_steps if phase.start_step == 0 else 0
+    bandit = make_bandit(config, experiment.arm_names, caps, floors, experiment.target_arms, row_spread, max_steps,
+                         unigram_gap)
     return bandit, caps, floors
 
 

@@ -63,6 +63,7 @@ class TargetConfig(PolicyConfig):
     stall: float = Field(default=0.25, gt=0, le=1)
     explore: float = Field(default=0.05, ge=0, le=1)
     max_move: float = Field(default=0.006, gt=0, le=1)
+    opening: float = Field(default=0.1, ge=0, le=0.5)  # the run's share that is the opening (0: none)
 
 
 POLICY_MODELS: dict[str, type[PolicyConfig]] = {cls.model_fields["policy"].default: cls for cls in (

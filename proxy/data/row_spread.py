@@ -1,4 +1,7 @@
-"""Row spread: how much an arm's rows disagree with each other, measured on the data before training.
+"""What the target policy knows of the data before the first step: each target arm's row spread, each
+other arm's unigram gap.
+
+Row spread: how much an arm's rows disagree with each other.
 
 The target policy's prior (bandit/target.py) weights each target arm by the inverse square of its row
 spread. Why: for its first hundred steps the model is close to a unigram model of what it is fed (its
@@ -39,3 +42,26 @@ def row_spread(sampler: BatchSampler, targets: Sequence[str], vocab: int, rows: 
         frequency += counts / counts.sum()
     neg_log_p = -np.log(frequency / frequency.sum())
     return {name: float(neg_log_p[arm_rows].mean(axis=1).std()) for name, arm_rows in tokens.items()}
+
+
+def unigram_gap(sampler: BatchSampler, targets: Sequence[str], vocab: int, rows: int = ROWS) -> dict[str, float]:
+    """Each arm not among `targets`: how far below the target arms its loss is at the unigram stage, over
+    ROWS training rows of every arm evenly spaced over it (bandit/target.py's opening):
+
+        p(t)    = the mean over all the arms of each arm's frequency of token t (each count + 1/2): what a
+                  model that has learned only which tokens an even mix of the arms holds predicts
+        loss_k  = the mean of -log p(t) over arm k's tokens
+        gap_k   = the mean of loss over the target arms - loss_k
+
+    Large for an arm of few distinct tokens (names repeated many times over), about 0 for text of the
+    targets' kind, shuffled or not, negative for random tokens. A pure function of the prepared tokens."""
+    tokens = {name: sampler.spread_rows(k, rows).astype(np.int64).reshape(-1)
+              for k, name in enumerate(sampler.arm_names)}
+    frequency = np.zeros(int(vocab), dtype=np.float64)
+    for arm_tokens in tokens.values():
+        counts = np.bincount(arm_tokens, minlength=int(vocab)) + 0.5
+        frequency += counts / counts.sum()
+    neg_log_p = -np.log(frequency / frequency.sum())
+    loss = {name: float(neg_log_p[arm_tokens].mean()) for name, arm_tokens in tokens.items()}
+    target_loss = float(np.mean([loss[name] for name in targets]))
+    return {name: target_loss - value for name, value in loss.items() if name not in targets}

@@ -74,6 +74,7 @@ class RunContext:
     lock: RunLock  # held for the whole run; `lock.check()` stops it if the directory is replaced
     identity: RunIdentity  # the run id every engine record of this run carries
     row_spread: dict[str, float] = field(default_factory=dict)  # each target arm's (data/row_spread.py)
+    unigram_gap: dict[str, float] = field(default_factory=dict)  # each other arm's (data/row_spread.py)
     bandit: Bandit | None = None  # the current phase's, rebuilt at every launch
     caps: dict[str, float] = field(default_factory=dict)  # in force for the bandit
     floors: dict[str, float] = field(default_factory=dict)
@@ -115,7 +116,8 @@ class RunContext:
     def new_bandit(self) -> Bandit:
         """A fresh bandit for the current phase, and the caps and floors in force for it: at every launch
         (then fed the phase's log) and when a pivot starts a new phase."""
-        self.bandit, self.caps, self.floors = bandit_for_phase(self.experiment, self.phase, self.row_spread)
+        self.bandit, self.caps, self.floors = bandit_for_phase(self.experiment, self.phase, self.row_spread,
+                                                                self.unigram_gap)
         return self.bandit
 
     def start_phase(self) -> Phase:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config.experiment import Experiment, load_experiment
 from ..data.batches import BatchSampler, segment_arrays
-from ..data.row_spread import row_spread
+from ..data.row_spread import row_spread, unigram_gap
 from ..data.prepare import default_cache_dir
 from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_OK
@@ -178,11 +178,15 @@ def build_context(experiment: Experiment, run: RunDir, data: RunData, engine: En
     if len(spread) > 1:
         console.say("row spread of the target arms (the target policy's prior): " +
                     ", ".join(f"{arm} {value:.3f}" for arm, value in spread.items()))
+    gap = unigram_gap(sampler, experiment.target_arms, int(experiment.model.vocab))
+    if gap:
+        console.say("unigram gap of the other arms to the targets (the target policy's opening): " +
+                    ", ".join(f"{arm} {value:+.2f}" for arm, value in gap.items()))
     return RunContext(experiment=experiment, run=run, data=data, engine_choice=engine, opts=options,
                       console=console, signals=signals, sampler=sampler, prompts=prompts, phases=phases,
                       writer=writer, samples=samples, report=report,
                       retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)), lock=lock,
-                      identity=identity, row_spread=spread)
+                      identity=identity, row_spread=spread, unigram_gap=gap)
 
 
 def _mark_finished(run: RunDir) -> None:

@@ -205,7 +205,7 @@ def test_each_policy_model_is_its_bandit_s_arguments():
     for model, cls in _CLASSES.items():
         sig = inspect.signature(cls.__init__).parameters
         taken = {k: p.default for k, p in sig.items() if k not in ("self", "arm_names", "caps", "floors", "targets",
-                                                                  "row_spread")}
+                                                                  "row_spread", "max_steps", "unigram_gap")}
         assert taken == model().params(), model.__name__
     b = make_bandit(bandit_config("ucb1", c=2.5, ema_alpha=0.3), NAMES, CAPS, FLOORS)
     assert b.c == 2.5 and b.ema_alpha == 0.3

@@ -1,16 +1,22 @@
-"""The uniform and progress policies: formulas, caps and floors, curation behaviour, exact replay."""
+"""The mixing policies: formulas, caps and floors, curation behaviour, the target policy's opening, exact replay."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from proxy.bandit import Progress, Uniform, make_bandit, project_capped_simplex
+from proxy.bandit import Progress, Uniform, bandit_for_phase, make_bandit, project_capped_simplex
 from proxy.bandit.learning_progress import allocate
+from proxy.bandit.target import EASY_GAP, OPENING_MOVE
 from proxy.data.batches import BatchSampler
+from proxy.config.experiment import load_experiment
 from proxy.config.policies import bandit_config
 from proxy.formats.shard import read_shard, write_shard
+from proxy.rundir.phases import Phase
+
+REPO = Path(__file__).resolve().parents[2]
 
 TOL = 1e-9
 ARMS = ["real", "slow", "junk", "dup"]
@@ -297,12 +303,15 @@ def test_target_mixture_moves_at_most_max_move_per_step(seed):
     assert 0.05 < moved <= 0.15 + 1e-12  # it did move, within the bound
 
 
-@pytest.mark.parametrize("spread", [None, {"real": 0.17, "slow": 0.13}])
-def test_target_replay_with_evaluations_is_exact(spread):
+@pytest.mark.parametrize("spread, max_steps", [(None, 0), ({"real": 0.17, "slow": 0.13}, 0),
+                                               ({"real": 0.17, "slow": 0.13}, 700)])
+def test_target_replay_with_evaluations_is_exact(spread, max_steps):
     """Rebuilt from .loss.json (steps and evaluations, JSON round trip, each evaluation after its step),
-    the bandit gives the live bandit's weights before every step, bit for bit, from any resume point."""
+    the bandit gives the live bandit's weights before every step, bit for bit, from any resume point.
+    (With max_steps 700, `dup` easy: the opening feeds it for 50 steps and gives it back by step 71.)"""
     cfg, caps = bandit_config("target"), {a: 1.0 for a in ARMS}
-    live = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread)
+    live = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread, max_steps=max_steps,
+                       unigram_gap={"dup": 1.3})
     logged = []
     for step, losses, evals in target_history(8, 700, stall_at=250):
         mix = live.mixture()
@@ -311,8 +320,9 @@ def test_target_replay_with_evaluations_is_exact(spread):
         if evals is not None:
             live.observe_eval(step, evals)
     assert len({tuple(e["mixture"].values()) for e in logged}) > 50  # the evaluations did move it
-    for cut in (0, 137, 250, 512, 700):
-        rebuilt = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread)
+    for cut in (0, 30, 60, 137, 250, 512, 700):  # 30, 60: within the opening of a 700-step run
+        rebuilt = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread, max_steps=max_steps,
+                              unigram_gap={"dup": 1.3})
         for e in logged[:cut]:
             rebuilt.observe(e["step"], e["arms"], mixture=e["mixture"])
             if e["eval"] is not None:
@@ -324,6 +334,53 @@ def test_target_replay_with_evaluations_is_exact(spread):
                 rebuilt.observe_eval(e["step"], e["eval"])
         assert np.array_equal(rebuilt.weights(), live.weights())
         assert rebuilt.state() == live.state()
+
+
+def test_target_opening_feeds_an_arm_the_data_shows_easy_then_gives_it_back():
+    """The opening of a 500-step run (its first 10%: 50 steps): `dup`, 1.3 nats below the targets at the
+    unigram stage (data/row_spread.py's unigram gap), is at its cap from the first step; `junk` (below them)
+    at its floor; from feed_until (40: a swing of 0.48 takes 10 steps at OPENING_MOVE) every arm heads back
+    to the goal, there by step 51. Within the opening no arm moves more than OPENING_MOVE a step, after it
+    no more than max_move. A gap between EASY_GAP and twice it feeds in part."""
+    gap = {"junk": -1.6, "dup": 1.3}
+    b = make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500, unigram_gap=gap)
+    assert (b.opening_steps, b.feed_until) == (50, 40)
+    no_evals = ((s, losses, None) for s, losses in curation_losses(1, 200))
+    w = run_target(b, no_evals)  # w[i]: the mixture step i + 1 is drawn from
+    np.testing.assert_allclose(w[:40], [[0.24, 0.24, 0.02, 0.5]] * 40)
+    np.testing.assert_allclose(w[50:], [[0.48, 0.48, 0.02, 0.02]] * 150)
+    moves = np.abs(np.diff(w, axis=0)).max(axis=1)  # moves[i]: from step i + 1 to step i + 2
+    assert moves[:49].max() == pytest.approx(OPENING_MOVE) and moves[49:].max() <= 0.006 + 1e-12
+    half = make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500,
+                       unigram_gap={"dup": 1.5 * EASY_GAP})
+    np.testing.assert_allclose(half.weights(), [0.36, 0.36, 0.02, 0.02 + 0.5 * 0.48])
+
+
+@pytest.mark.parametrize("gap", [{"dup": 0.9 * EASY_GAP, "junk": -1.0}, {"dup": float("nan")}, {}, None])
+def test_target_opening_feeds_no_arm_the_data_does_not_show_easy(gap):
+    b = make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500, unigram_gap=gap)
+    assert b.has_opening is False
+    np.testing.assert_allclose(b.weights(), [0.48, 0.48, 0.02, 0.02])
+
+
+def test_target_opening_only_where_it_fits():
+    """No opening (the prior from the first step): with `opening` 0, in a run too short to feed and give
+    back within its opening (100 steps: 10, the way back alone), in a phase that starts after step 0 (a
+    pivot's: the model has left its first steps behind), and for an arm marked `target` however easy."""
+    gap = {"junk": -1.6, "dup": 1.3}
+    for b in (make_bandit(bandit_config("target", opening=0), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500,
+                          unigram_gap=gap),
+              make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=100,
+                          unigram_gap=gap),
+              make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, unigram_gap=gap),
+              make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, max_steps=500, unigram_gap=gap)):
+        assert b.has_opening is False
+        np.testing.assert_allclose(b.weights(), [0.48, 0.48, 0.02, 0.02] if b.is_target.sum() == 2 else 0.25)
+    experiment = load_experiment(REPO / "experiments" / "MIXING-WORTHLESS.json", check_sources=False)  # 500 steps
+    for start, opening in ((0, True), (100, False)):
+        phase = Phase(phase=0, start_step=start, policy="target", caps={}, floors={})
+        bandit, _caps, _floors = bandit_for_phase(experiment, phase, None, {"junk": -1.6, "duplicates": 1.3})
+        assert bandit.has_opening is opening and bandit.opening_steps == (50 if opening else 0)
 
 
 def test_target_checks_its_inputs():

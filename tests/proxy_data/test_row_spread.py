@@ -1,11 +1,12 @@
-"""Row spread (data/row_spread.py): how much an arm's rows disagree under the targets' unigram, measured
-on the training rows before training; the target policy's prior weighs target arms by it."""
+"""What the data says before training (data/row_spread.py): the row spread (how much an arm's rows disagree
+under the targets' unigram; the target policy's prior weighs target arms by it) and the unigram gap (how far
+below the targets an arm's loss is at the unigram stage; the target policy's opening feeds an arm by it)."""
 from __future__ import annotations
 
 import numpy as np
 
 from proxy.data.batches import BatchSampler
-from proxy.data.row_spread import row_spread
+from proxy.data.row_spread import row_spread, unigram_gap
 
 VOCAB = 64
 ROW = 33
@@ -59,3 +60,20 @@ def test_spread_rows_are_evenly_spaced_and_never_span_two_runs():
     assert all(tuple(row) in windows for row in rows)
     assert {int(row[0]) for row in rows} >= {1, 7}  # the first run's rows and the last's
     assert np.array_equal(rows, s.spread_rows(0, 30))
+
+
+def test_unigram_gap_sets_few_repeated_tokens_apart():
+    """Two target arms of text-like tokens (a skewed distribution over a vocabulary of 1,024); `same` drawn
+    like them; `names`: a handful of tokens over and over; `random`: every token alike. Only the arms that
+    are not targets get a gap, bit for bit the same on every call."""
+    rng = np.random.default_rng(2)
+    vocab = 1024
+    skew = 1.0 / np.arange(1, vocab + 1)
+    text = lambda n: rng.choice(vocab, n, p=skew / skew.sum()).astype(np.uint16)
+    arms = {"a": [text(30_000)], "b": [text(30_000)], "same": [text(30_000)],
+            "names": [np.tile(np.arange(50, 56, dtype=np.uint16), 5_000)],
+            "random": [rng.integers(0, vocab, 30_000).astype(np.uint16)]}
+    gap = unigram_gap(sampler(arms), ["a", "b"], vocab)
+    assert list(gap) == ["same", "names", "random"]
+    assert abs(gap["same"]) < 0.1 and gap["names"] > 1.0 and gap["random"] < -0.5
+    assert gap == unigram_gap(sampler({n: [r.copy() for r in runs] for n, runs in arms.items()}), ["a", "b"], vocab)

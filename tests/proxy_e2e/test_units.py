@@ -312,9 +312,11 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
             evaluation(s, 1, 40.5)
     writer.close()
     recorder = Recorder()
-    monkeypatch.setattr(context, "bandit_for_phase", lambda experiment, phase, row_spread: (recorder, {}, {}))
+    monkeypatch.setattr(context, "bandit_for_phase",
+                        lambda experiment, phase, row_spread, unigram_gap: (recorder, {}, {}))
     ctx = SimpleNamespace(phase=SimpleNamespace(phase=1, start_step=20), experiment=None, lag=2, arm_names=["a", "b"],
-                          report=SimpleNamespace(dropped_arms=set()), warn=lambda line: None, row_spread={})
+                          report=SimpleNamespace(dropped_arms=set()), warn=lambda line: None, row_spread={},
+                          unigram_gap={})
     ctx.new_bandit = lambda: context.RunContext.new_bandit(ctx)  # the real method, on this stand-in
     segment._rebuild_bandit(ctx, LossLogIndex.load(log), 40)
     assert recorder.calls == [("eval", 20, 20.0)] + [("step", s) for s in range(21, 41)] + [("eval", 40, 40.5)]

@@ -5,10 +5,14 @@ PYTHON ?= python3
 CC     ?= gcc
 NVCC   ?= $(shell command -v nvcc 2>/dev/null)
 
-# -march=native: the engine is built on the machine that runs it. Bit-exact
-# determinism is promised for the same build on the same machine.
+# CPU_ARCH: the engine is built on the machine that runs it. What -march=native
+# picks besides the instruction set (the tuning: the vector width, which a*b+c
+# to fuse) differs from one CPU to another; the results must not
+# (docs/ENGINE.md, "Determinism"; tests/engine/test_cpu_tuning.py builds with
+# other CPUs' tunings through CPU_ARCH).
 # No -ffast-math: NaN checks and IEEE rounding must hold.
-CFLAGS  ?= -O3 -march=native
+CPU_ARCH ?= -march=native
+CFLAGS  ?= -O3 $(CPU_ARCH)
 CFLAGS  += -std=gnu11 -fopenmp -Wall -Wextra -Wno-unused-parameter
 LDLIBS  += -lm -lpthread
 # The source an engine is built from, for its --version (microgpt/common.h).

@@ -11,7 +11,10 @@
 // the thread count. Work is split across threads only along dimensions that
 // are not summed over (rows for row-wise ops, channels for sums over rows,
 // output tiles for matmuls), so the same inputs give bit-identical outputs
-// with 1 thread or 64.
+// with 1 thread or 64. Nor does it depend on the vector width the compiler
+// picks for the CPU (sum_of, below; the Makefile's -ffp-contract=off): the
+// same source and compiler give the same bits on any x86-64 CPU with AVX2
+// and FMA.
 #include "engine.h"
 #include "model.h"
 #include "train.h"
@@ -47,6 +50,54 @@ static inline float fast_expf(float x) {
 
 // tanh through exp: tanh(u) = 1 - 2 / (exp(2u) + 1), exact at the limits.
 static inline float fast_tanhf(float u) { return 1.0f - 2.0f / (fast_expf(2.0f * u) + 1.0f); }
+
+// ----------------------------------------------------------------------------
+// Sums in the source's order. `#pragma omp simd reduction` lets the compiler
+// keep as many partial sums as its vector width, and -march=native picks that
+// width by CPU model: the same source gave other bits on an AMD and an Intel
+// CPU. Here element i goes into lane i % SUM_LANES, each lane adds in element
+// order, and the lanes meet in one fixed tree; a product summed is fused by
+// the source (fmaf), not left to the compiler's tuning. With AVX2 the lanes
+// are one register; without, the same operations one float at a time.
+#define SUM_LANES 8
+
+static inline float lanes_total(const float *lane) {
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+// sum of x[0..n)
+static inline float sum_of(const float *x, int n) {
+    float lane[SUM_LANES] = {0};
+    int i = 0;
+#ifdef MG_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + SUM_LANES <= n; i += SUM_LANES) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i));
+    _mm256_storeu_ps(lane, acc);
+#else
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) lane[l] += x[i + l];
+#endif
+    for (int l = 0; i < n; i++, l++) lane[l] += x[i];
+    return lanes_total(lane);
+}
+
+// sum of a[i] * b[i] over [0, n), each product fused into its lane's sum (fmaf: the same rounding as the
+// AVX2 lanes', whatever the compiler would fuse on its own)
+static inline float dot_of(const float *a, const float *b, int n) {
+    float lane[SUM_LANES] = {0};
+    int i = 0;
+#ifdef MG_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    _mm256_storeu_ps(lane, acc);
+#else
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) lane[l] = fmaf(a[i + l], b[i + l], lane[l]);
+#endif
+    for (int l = 0; i < n; i++, l++) lane[l] = fmaf(a[i], b[i], lane[l]);
+    return lanes_total(lane);
+}
 
 // ----------------------------------------------------------------------------
 // GEMM. Every matmul of the model is one call of
@@ -458,13 +509,12 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int i = 0; i < R; i++) {
         const float *xi = x + (size_t)i * C;
-        float sum = 0.0f;
-        #pragma omp simd reduction(+:sum)
-        for (int c = 0; c < C; c++) sum += xi[c];
-        float mu = sum / C, var = 0.0f;
-        #pragma omp simd reduction(+:var)
-        for (int c = 0; c < C; c++) { float d = xi[c] - mu; var += d * d; }
-        float rs = 1.0f / sqrtf(var / C + MG_LN_EPS);
+        float mu = sum_of(xi, C) / C, lane[SUM_LANES] = {0};
+        int c = 0;
+        for (; c + SUM_LANES <= C; c += SUM_LANES)
+            for (int l = 0; l < SUM_LANES; l++) { float d = xi[c + l] - mu; lane[l] = fmaf(d, d, lane[l]); }
+        for (int l = 0; c < C; c++, l++) { float d = xi[c] - mu; lane[l] = fmaf(d, d, lane[l]); }
+        float rs = 1.0f / sqrtf(lanes_total(lane) / C + MG_LN_EPS);
         float *oi = out + (size_t)i * C;
         for (int c = 0; c < C; c++) oi[c] = (xi[c] - mu) * rs * w[c] + b[c];
         mean[i] = mu;
@@ -482,15 +532,20 @@ static void layernorm_backward(float *dx, float *dw, float *db, const float *dou
         #pragma omp for schedule(static)
         for (int i = 0; i < R; i++) {
             const float *xi = x + (size_t)i * C, *gi = dout + (size_t)i * C;
-            float mu = mean[i], rs = rstd[i], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-            #pragma omp simd reduction(+:dnorm_mean, dnorm_norm_mean)
-            for (int c = 0; c < C; c++) {
+            float mu = mean[i], rs = rstd[i], dnorm_lane[SUM_LANES] = {0}, dnorm_norm_lane[SUM_LANES] = {0};
+            int c = 0;
+            for (; c + SUM_LANES <= C; c += SUM_LANES)
+                for (int l = 0; l < SUM_LANES; l++) {
+                    float norm = (xi[c + l] - mu) * rs, dnorm = gi[c + l] * w[c + l];
+                    dnorm_lane[l] += dnorm;
+                    dnorm_norm_lane[l] = fmaf(dnorm, norm, dnorm_norm_lane[l]);
+                }
+            for (int l = 0; c < C; c++, l++) {
                 float norm = (xi[c] - mu) * rs, dnorm = gi[c] * w[c];
-                dnorm_mean += dnorm;
-                dnorm_norm_mean += dnorm * norm;
+                dnorm_lane[l] += dnorm;
+                dnorm_norm_lane[l] = fmaf(dnorm, norm, dnorm_norm_lane[l]);
             }
-            dnorm_mean /= C;
-            dnorm_norm_mean /= C;
+            float dnorm_mean = lanes_total(dnorm_lane) / C, dnorm_norm_mean = lanes_total(dnorm_norm_lane) / C;
             float *dxi = dx + (size_t)i * C;
             for (int c = 0; c < C; c++) {
                 float norm = (xi[c] - mu) * rs, dnorm = gi[c] * w[c];
@@ -652,10 +707,9 @@ static void attention_softmax_rows(float *p, int rows, int keys, int pos0, float
         float *row = p + (size_t)i * keys;
         float maxv = -INFINITY;
         for (int t2 = 0; t2 <= t; t2++) { row[t2] *= scale; maxv = row[t2] > maxv ? row[t2] : maxv; }
-        float sum = 0.0f;
-        #pragma omp simd reduction(+:sum)
-        for (int t2 = 0; t2 <= t; t2++) { row[t2] = fast_expf(row[t2] - maxv); sum += row[t2]; }
-        float inv = 1.0f / sum;
+        #pragma omp simd
+        for (int t2 = 0; t2 <= t; t2++) row[t2] = fast_expf(row[t2] - maxv);
+        float inv = 1.0f / sum_of(row, t + 1);
         for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
         for (int t2 = t + 1; t2 < keys; t2++) row[t2] = 0.0f;
     }
@@ -698,9 +752,7 @@ static void attention_backward(float *dqkv, const float *dy, const float *qkv, c
             gemm_serial(buf, T, hd, T, p, 1, T, g, C, 1, dv, C3, 0);
             for (int t = 0; t < T; t++) {
                 const float *prow = p + (size_t)t * T;
-                float *drow = ds + (size_t)t * T, pd = 0.0f;
-                #pragma omp simd reduction(+:pd)
-                for (int t2 = 0; t2 <= t; t2++) pd += prow[t2] * drow[t2];
+                float *drow = ds + (size_t)t * T, pd = dot_of(prow, drow, t + 1);
                 for (int t2 = 0; t2 <= t; t2++) drow[t2] = prow[t2] * (drow[t2] - pd) * scale;
                 for (int t2 = t + 1; t2 < T; t2++) drow[t2] = 0.0f;
             }
@@ -722,10 +774,9 @@ static void fused_classifier(float *logits, float *losses, const int *targets, i
         #pragma omp simd reduction(max:maxv)
         for (int j = 0; j < V; j++) maxv = row[j] > maxv ? row[j] : maxv;
         float target_logit = row[targets[i]];
-        float sum = 0.0f;
-        #pragma omp simd reduction(+:sum)
-        for (int j = 0; j < V; j++) { row[j] = fast_expf(row[j] - maxv); sum += row[j]; }
-        float inv = 1.0f / sum;
+        #pragma omp simd
+        for (int j = 0; j < V; j++) row[j] = fast_expf(row[j] - maxv);
+        float sum = sum_of(row, V), inv = 1.0f / sum;
         for (int j = 0; j < V; j++) row[j] *= inv;
         losses[i] = logf(sum) - (target_logit - maxv);
         if (!write_grad) continue;

@@ -44,6 +44,13 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.1f}%"
 
 
+def _with_seeds(final: dict) -> str:
+    """The change against the baseline over the seeds, then each seed's: `-3.0% (-6.7, -4.5, +2.1)`."""
+    seeds = final.get("vs_baseline_per_seed", {})
+    return _pct(final["vs_baseline"]) + (" (" + ", ".join(f"{v * 100:+.1f}" for v in seeds.values()) + ")"
+                                         if seeds else "")
+
+
 def _mark(ok: bool | None) -> str:
     return {True: "yes", False: "**no**", None: "n/a"}[ok]
 
@@ -77,7 +84,7 @@ def overview_markdown(summary: dict) -> list[str]:
         f"{g['warmup_fraction']:.0%} of the run; no arm's weight moving more than {g['max_move']:g} within "
         f"{g['move_steps']} steps after it.",
         "",
-        "| mix | final target loss vs " + base + " | fewer steps (goal) | worst target arm | low-quality arm max share "
+        "| mix | final target loss vs " + base + " (per seed) | fewer steps (goal) | worst target arm | low-quality arm max share "
         "| max move in " + str(g["move_steps"]) + " steps | goals met |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -88,7 +95,7 @@ def overview_markdown(summary: dict) -> list[str]:
             continue
         worst = p["worst_target_arm"]
         fewer = p["steps_to_baseline_final"]["fewer_steps"]
-        lines.append(f"| {name} | {_pct(p['final_target_loss']['vs_baseline'])} | {_pct(fewer)} "
+        lines.append(f"| {name} | {_with_seeds(p['final_target_loss'])} | {_pct(fewer)} "
                      f"({mix['goals']['fewer_steps']:.0%}) | {worst['arm']} {_pct(worst['vs_baseline'])} "
                      f"| {_low_quality_max(mix, p)} | {p['max_move']:.3f} | {_met(p['goals'])} |")
     return lines
@@ -119,7 +126,7 @@ def mix_markdown(name: str, mix: dict) -> list[str]:
         f"steps\" compares their mean with {base}'s own. Shares are of the mixture after the first "
         f"{mix['goals']['warmup_fraction']:.0%} of the run (max over steps and seeds / mean).",
         "",
-        "| policy | final target loss | vs " + base + " | steps to " + base + "'s final | fewer steps | worst target "
+        "| policy | final target loss | vs " + base + " (per seed) | steps to " + base + "'s final | fewer steps | worst target "
         "arm vs " + base + " | " + "".join(f"{a} share max / mean | " for a in others) + "max move | goals met |",
         "|---|---|---|---|---|---|" + "---|" * len(others) + "---|---|",
     ]
@@ -131,7 +138,7 @@ def mix_markdown(name: str, mix: dict) -> list[str]:
                          for a in others)
         met = "baseline" if pname == base else _met(p["goals"])
         label = f"**{pname}** (default)" if pname == mix["default_policy"] else pname
-        lines.append(f"| {label} | {p['final_target_loss']['mean']:.4f} | {_pct(p['final_target_loss']['vs_baseline'])} "
+        lines.append(f"| {label} | {p['final_target_loss']['mean']:.4f} | {_with_seeds(p['final_target_loss'])} "
                      f"| {per_seed} | {_pct(reach['fewer_steps'])} | {worst['arm']} {_pct(worst['vs_baseline'])} "
                      f"| {shares}{p['max_move']:.3f} | {met} |")
     lines += ["", "Final validation loss per arm (mean over seeds; change against " + base + "):", "",

@@ -2,7 +2,8 @@
 
 Per run: the mean validation loss over the target arms at every eval step,
 each arm's validation loss, and the mixture of every step. Per policy, over
-its seeds: the mean target curve, the first eval step at which each seed
+its seeds: the mean target curve, each seed's final value against uniform's
+run with the same seed, the first eval step at which each seed
 reaches the final value of uniform's run with the same seed, each arm's final
 validation loss against uniform's, the mixture over time, and how far the
 mixture moved within MOVE_STEPS steps. The goals (the issue's) are checked for
@@ -168,7 +169,10 @@ def summarize_policy(policy: str, runs: dict[int, RunSeries], baseline: dict[int
     return {
         "seeds": seeds,
         "final_target_loss": {"mean": _r(mean_curve[-1]), "per_seed": {str(s): _r(curves[s][-1]) for s in seeds},
-                              "vs_baseline": _r(final_vs_base)},
+                              "vs_baseline": _r(final_vs_base),
+                              # each seed against the baseline's run with that seed: the noise the mean hides
+                              "vs_baseline_per_seed": {str(s): _r(curves[s][-1] / base_final[s] - 1.0)
+                                                       for s in seeds}},
         "steps_to_baseline_final": {"per_seed": {str(s): reach[s] for s in seeds},
                                     "baseline_per_seed": {str(s): base_reach[s] for s in seeds},
                                     "mean": _r(np.mean(list(reach.values()))) if reached_all else None,

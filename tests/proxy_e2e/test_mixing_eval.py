@@ -117,6 +117,9 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert reach["per_seed"]["3"] in (10, 20, 30, 40)
     assert all(abs(w - 0.2) < 1e-9 for ws in uni["mixture"]["weights"].values() for w in ws)
     assert uni["max_move"] == 0 and uni["final_target_loss"]["vs_baseline"] == 0
+    assert uni["final_target_loss"]["vs_baseline_per_seed"] == {"3": 0.0}  # each seed against the same seed's
+    final = {p: s["policies"][p]["final_target_loss"]["per_seed"]["3"] for p in ("uniform", "target")}
+    assert abs(tgt["final_target_loss"]["vs_baseline_per_seed"]["3"] - (final["target"] / final["uniform"] - 1)) < 1e-4
     target_mean = sum(uni["final_arm_loss"][a] for a in ("code", "docstrings", "topics")) / 3
     assert abs(target_mean - uni["final_target_loss"]["mean"]) < 1e-4
     assert set(tgt["goals"]) == {"final_loss", "no_target_arm_worse", "fewer_steps", "low_quality_at_floor", "steady"}
@@ -128,6 +131,7 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     text = doc.read_text()
     assert "old table" not in text and text.startswith("# Doc\n\nbefore\n") and text.endswith(f"{END}\nafter\n")
     assert "| **target** (default) |" in text and "| uniform |" in text and "### EVAL" in text
+    assert "| +0.0% (+0.0) |" in text  # uniform against itself, over the seeds and then seed 3's
     assert {p.name for p in runs.iterdir()} >= {"EVAL-uniform-s3", "EVAL-target-s3"}  # the dashboard's runs
 
     # again: the finished runs are not trained twice; without matplotlib, no PNG and one line why

@@ -11,10 +11,9 @@
 // the thread count. Work is split across threads only along dimensions that
 // are not summed over (rows for row-wise ops, channels for sums over rows,
 // output tiles for matmuls), so the same inputs give bit-identical outputs
-// with 1 thread or 64. Nor does it depend on the vector width the compiler
-// picks for the CPU (sum_of, below; the Makefile's -ffp-contract=off): the
-// same source and compiler give the same bits on any x86-64 CPU with AVX2
-// and FMA.
+// with 1 thread or 64. Nor does it depend on the vector width or the fused
+// multiply-adds the compiler picks for the CPU (sum_of, below): the same
+// source and compiler give the same bits on any x86-64 CPU with AVX2 and FMA.
 #include "engine.h"
 #include "model.h"
 #include "train.h"
@@ -510,10 +509,7 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
     for (int i = 0; i < R; i++) {
         const float *xi = x + (size_t)i * C;
         float mu = sum_of(xi, C) / C, lane[SUM_LANES] = {0};
-        int c = 0;
-        for (; c + SUM_LANES <= C; c += SUM_LANES)
-            for (int l = 0; l < SUM_LANES; l++) { float d = xi[c + l] - mu; lane[l] = fmaf(d, d, lane[l]); }
-        for (int l = 0; c < C; c++, l++) { float d = xi[c] - mu; lane[l] = fmaf(d, d, lane[l]); }
+        for (int c = 0; c < C; c++) { float d = xi[c] - mu; lane[c % SUM_LANES] = fmaf(d, d, lane[c % SUM_LANES]); }
         float rs = 1.0f / sqrtf(lanes_total(lane) / C + MG_LN_EPS);
         float *oi = out + (size_t)i * C;
         for (int c = 0; c < C; c++) oi[c] = (xi[c] - mu) * rs * w[c] + b[c];
@@ -533,17 +529,10 @@ static void layernorm_backward(float *dx, float *dw, float *db, const float *dou
         for (int i = 0; i < R; i++) {
             const float *xi = x + (size_t)i * C, *gi = dout + (size_t)i * C;
             float mu = mean[i], rs = rstd[i], dnorm_lane[SUM_LANES] = {0}, dnorm_norm_lane[SUM_LANES] = {0};
-            int c = 0;
-            for (; c + SUM_LANES <= C; c += SUM_LANES)
-                for (int l = 0; l < SUM_LANES; l++) {
-                    float norm = (xi[c + l] - mu) * rs, dnorm = gi[c + l] * w[c + l];
-                    dnorm_lane[l] += dnorm;
-                    dnorm_norm_lane[l] = fmaf(dnorm, norm, dnorm_norm_lane[l]);
-                }
-            for (int l = 0; c < C; c++, l++) {
+            for (int c = 0; c < C; c++) {
                 float norm = (xi[c] - mu) * rs, dnorm = gi[c] * w[c];
-                dnorm_lane[l] += dnorm;
-                dnorm_norm_lane[l] = fmaf(dnorm, norm, dnorm_norm_lane[l]);
+                dnorm_lane[c % SUM_LANES] += dnorm;
+                dnorm_norm_lane[c % SUM_LANES] = fmaf(dnorm, norm, dnorm_norm_lane[c % SUM_LANES]);
             }
             float dnorm_mean = lanes_total(dnorm_lane) / C, dnorm_norm_mean = lanes_total(dnorm_norm_lane) / C;
             float *dxi = dx + (size_t)i * C;

@@ -350,9 +350,11 @@ def test_a_stop_interrupts_a_long_evaluation(run_engine, tmp_path):
     cfg = QUEUED
     ck = tmp_path / "ck"
     eng = after_one_step(run_engine, cfg, ck)
-    rows = np.random.default_rng(3).integers(0, cfg.vocab, size=(4096, cfg.ctx + 1), dtype=np.uint16)
-    eng.send(frames.eval_frame(9, rows, np.zeros(4096, np.uint16)))
-    time.sleep(1.0)
+    # 65,536 rows take many seconds on any CPU (4,096 took 0.8 s on a fast one, so finished before the stop).
+    n_rows = 65536
+    rows = np.random.default_rng(3).integers(0, cfg.vocab, size=(n_rows, cfg.ctx + 1), dtype=np.uint16)
+    eng.send(frames.eval_frame(9, rows, np.zeros(n_rows, np.uint16)))
+    time.sleep(0.5)
     assert eng.proc.poll() is None and not eng.of("eval")
     t0 = time.monotonic()
     eng.send_signal(signal.SIGTERM)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from proxy.atomic import atomic_write_text
 
+from .summary import mean_curve_reach
+
 try:
     import matplotlib
     matplotlib.use("Agg")
@@ -123,12 +125,15 @@ def mix_markdown(name: str, mix: dict) -> list[str]:
         f"`{mix.get('file', mix['experiment'])}`, {mix['max_steps']} steps, seeds {seeds}; target: mean validation "
         f"loss over {', '.join(targets)}" + (f"; not targets: {', '.join(others)}" if others else "") + ". Steps to "
         f"reach {base}'s final target loss are per seed (evaluations every {mix['eval_every']} steps); \"fewer "
-        f"steps\" compares their mean with {base}'s own. Shares are of the mixture after the first "
+        f"steps\" compares their mean with {base}'s own. The mean curve's step (not a goal) is the first at which "
+        f"the target loss, mean over the seeds, is at or below the mean of {base}'s final values. Shares are of "
+        f"the mixture after the first "
         f"{mix['goals']['warmup_fraction']:.0%} of the run (max over steps and seeds / mean).",
         "",
-        "| policy | final target loss | vs " + base + " (per seed) | steps to " + base + "'s final | fewer steps | worst target "
+        "| policy | final target loss | vs " + base + " (per seed) | steps to " + base + "'s final | fewer steps "
+        "| mean curve: step (fewer) | worst target "
         "arm vs " + base + " | " + "".join(f"{a} share max / mean | " for a in others) + "max move | goals met |",
-        "|---|---|---|---|---|---|" + "---|" * len(others) + "---|---|",
+        "|---|---|---|---|---|---|---|" + "---|" * len(others) + "---|---|",
     ]
     for pname, p in policies.items():
         reach = p["steps_to_baseline_final"]
@@ -136,10 +141,12 @@ def mix_markdown(name: str, mix: dict) -> list[str]:
         worst = p["worst_target_arm"]
         shares = "".join(f"{p['share_after_warmup'][a]['max']:.3f} / {p['share_after_warmup'][a]['mean']:.3f} | "
                          for a in others)
+        mean_reach, mean_fewer = mean_curve_reach(p, policies[base])
+        mean_cell = "never" if mean_reach is None else f"{mean_reach} ({_pct(mean_fewer)})"
         met = "baseline" if pname == base else _met(p["goals"])
         label = f"**{pname}** (default)" if pname == mix["default_policy"] else pname
         lines.append(f"| {label} | {p['final_target_loss']['mean']:.4f} | {_with_seeds(p['final_target_loss'])} "
-                     f"| {per_seed} | {_pct(reach['fewer_steps'])} | {worst['arm']} {_pct(worst['vs_baseline'])} "
+                     f"| {per_seed} | {_pct(reach['fewer_steps'])} | {mean_cell} | {worst['arm']} {_pct(worst['vs_baseline'])} "
                      f"| {shares}{p['max_move']:.3f} | {met} |")
     lines += ["", "Final validation loss per arm (mean over seeds; change against " + base + "):", "",
               "| policy | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]

@@ -96,6 +96,18 @@ def first_reach(steps: np.ndarray, curve: np.ndarray, threshold: float) -> int |
     return int(steps[hit[0]]) if hit.size else None
 
 
+def mean_curve_reach(policy: dict, baseline: dict) -> tuple[int | None, float | None]:
+    """Not a goal: the first eval step at which a summarised policy's target curve, mean over its seeds,
+    is at or below the mean of the baseline's final values, and how many fewer steps that is than the
+    baseline's own mean curve takes. The goal asks it of every seed; this shows the mean's answer beside it,
+    where the noise between seeds is larger than the gain (docs/DATA-MIXING.md, "Other seeds")."""
+    steps = np.array(policy["target_curve"]["steps"])
+    threshold = baseline["target_curve"]["mean"][-1]
+    reach = first_reach(steps, np.array(policy["target_curve"]["mean"], dtype=float), threshold)
+    base_reach = first_reach(steps, np.array(baseline["target_curve"]["mean"], dtype=float), threshold)
+    return reach, (None if reach is None else 1.0 - reach / base_reach)
+
+
 def low_quality_arms(experiment: Experiment) -> list[str]:
     """The arms that are not targets: the worthless or low-quality ones GOAL_LOW_QUALITY_POINTS is about."""
     return [a.name for a in experiment.arms if not a.target]

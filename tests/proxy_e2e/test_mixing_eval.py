@@ -241,3 +241,20 @@ def test_max_move_and_the_goals_of_a_mix():
     worthless = load_experiment(REPO / "experiments" / "MIXING-WORTHLESS.json")
     assert low_quality_arms(good) == [] and fewer_steps_goal(good) == 0.05
     assert low_quality_arms(worthless) == ["junk", "duplicates"] and fewer_steps_goal(worthless) == 0.15
+
+
+def test_the_mean_curve_reach_beside_the_goal():
+    """The mean curve's step: the first eval at which the policy's target loss, mean over its seeds, is at or
+    below the mean of the baseline's final values; fewer steps against the baseline's own mean curve."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from mixing.summary import mean_curve_reach  # noqa: PLC0415
+
+    def summarised(mean):
+        return {"target_curve": {"steps": [20, 40, 60, 80, 100], "mean": mean}}
+
+    baseline = summarised([6.0, 5.5, 5.2, 5.05, 5.0])
+    assert mean_curve_reach(summarised([6.0, 5.4, 5.0, 4.9, 4.8]), baseline) == (60, pytest.approx(0.4))
+    assert mean_curve_reach(summarised([6.0, 5.5, 5.2, 5.1, 5.01]), baseline) == (None, None)  # never
+    assert mean_curve_reach(baseline, baseline) == (100, pytest.approx(0.0))
+    early = summarised([6.0, 5.5, 4.99, 5.05, 5.0])  # a baseline whose curve dips below its final value first
+    assert mean_curve_reach(summarised([6.0, 4.99, 5.0, 5.0, 5.0]), early) == (40, pytest.approx(1 / 3))

@@ -23,7 +23,7 @@ launch, so the policy replayed from `.loss.json` is the policy that ran.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -32,15 +32,20 @@ from .batches import BatchSampler
 ROWS = 1024  # rows per arm: about 260K tokens at ctx 256, a fraction of a second to count
 
 
+def _neg_log_p(arm_tokens: Iterable[np.ndarray], vocab: int) -> np.ndarray:
+    """-log p(t) per token id, p the mean over the arms of each arm's token frequencies (each count + 1/2)."""
+    frequency = np.zeros(int(vocab), dtype=np.float64)
+    for tokens in arm_tokens:
+        counts = np.bincount(tokens.reshape(-1), minlength=int(vocab)) + 0.5
+        frequency += counts / counts.sum()
+    return -np.log(frequency / frequency.sum())
+
+
 def row_spread(sampler: BatchSampler, targets: Sequence[str], vocab: int, rows: int = ROWS) -> dict[str, float]:
     """Each target arm's row spread (module docstring), by name."""
     index = {n: i for i, n in enumerate(sampler.arm_names)}
     tokens = {name: sampler.spread_rows(index[name], rows).astype(np.int64) for name in targets}
-    frequency = np.zeros(int(vocab), dtype=np.float64)
-    for arm_rows in tokens.values():
-        counts = np.bincount(arm_rows.reshape(-1), minlength=int(vocab)) + 0.5
-        frequency += counts / counts.sum()
-    neg_log_p = -np.log(frequency / frequency.sum())
+    neg_log_p = _neg_log_p(tokens.values(), vocab)
     return {name: float(neg_log_p[arm_rows].mean(axis=1).std()) for name, arm_rows in tokens.items()}
 
 
@@ -57,11 +62,7 @@ def unigram_gap(sampler: BatchSampler, targets: Sequence[str], vocab: int, rows:
     targets' kind, shuffled or not, negative for random tokens. A pure function of the prepared tokens."""
     tokens = {name: sampler.spread_rows(k, rows).astype(np.int64).reshape(-1)
               for k, name in enumerate(sampler.arm_names)}
-    frequency = np.zeros(int(vocab), dtype=np.float64)
-    for arm_tokens in tokens.values():
-        counts = np.bincount(arm_tokens, minlength=int(vocab)) + 0.5
-        frequency += counts / counts.sum()
-    neg_log_p = -np.log(frequency / frequency.sum())
+    neg_log_p = _neg_log_p(tokens.values(), vocab)
     loss = {name: float(neg_log_p[arm_tokens].mean()) for name, arm_tokens in tokens.items()}
     target_loss = float(np.mean([loss[name] for name in targets]))
     return {name: target_loss - value for name, value in loss.items() if name not in targets}

@@ -100,10 +100,12 @@ USE_CUDNN := $(if $(and $(CUDNN_INC),$(CUDNN_SO),$(CUDNN_FRONTEND_INC),$(NVRTC_I
 endif
 
 ifeq ($(USE_CUDNN),1)
-CUDNN_OBJ := $(BUILD)/attention_cudnn.o $(BUILD)/cudnn_loader.o
+CUDNN_OBJ := $(BUILD)/attention_cudnn.o
+# The forwarders that object's cuDNN and NVRTC calls resolve to (cuda/cudnn_loader.h).
+CUDNN_LOADER_OBJ := $(BUILD)/cudnn_loader.o
 CUDNN_FLAGS := -DMICROGPT_CUDNN
-# No -l for either library (cuda/cudnn_loader.h): only the rpaths dlopen searches.
-CUDNN_LINK := $(CUDNN_OBJ) -ldl -Xlinker -rpath -Xlinker $(CUDNN_LIB) \
+# No -l for either library: only the rpaths dlopen searches.
+CUDNN_LINK := $(CUDNN_OBJ) $(CUDNN_LOADER_OBJ) -ldl -Xlinker -rpath -Xlinker $(CUDNN_LIB) \
               -Xlinker -rpath -Xlinker $(patsubst %/,%,$(dir $(NVRTC_SO)))
 CUDNN_NOTE := with cuDNN from $(CUDNN_LIB), loaded at run time (--attention cudnn)
 else
@@ -119,7 +121,7 @@ cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check
 # The op headers, one per op (docs/ENGINE.md, "Source layout").
 CUDA_OP_HEADERS := $(wildcard microgpt/cuda/*.cuh)
 
-$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) $(CUDNN_OBJ) | $(BUILD)
+$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) $(CUDNN_OBJ) $(CUDNN_LOADER_OBJ) | $(BUILD)
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB), $(CUDNN_NOTE)"
 	$(NVCC) $(NVCCFLAGS) $(CUDNN_FLAGS) -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu $(CUDNN_LINK) \
 		-Xlinker $(CUBLAS_SO) -Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread

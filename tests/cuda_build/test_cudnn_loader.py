@@ -4,11 +4,13 @@ The engine's own loader source is compiled with the host compiler into a small d
 (cudnn_loader_check.cpp) linked with no rpath, so where it looks is LD_LIBRARY_PATH and the
 system's directories alone. Pointed at the wheels' directories it loads the real libraries and
 calls them through the forwarders (cuDNN's version and error strings, an NVRTC compile: none
-needs a GPU). With them out of reach (LD_LIBRARY_PATH empty, and any system directory holding
-them hidden in a private mount namespace) a missing cuDNN is one line naming the library and
-dlerror's reason, the same at a second call; a missing NVRTC is one warning and an NVRTC error
-code, not a crash; a cuDNN call before loading stops the program with one line. Needs the cuDNN
-headers the CUDA build uses: skipped without nvcc, like the rest of tests/cuda_build.
+needs a GPU); a second build with an rpath to cuDNN's directory, as the engine has, loads it
+with LD_LIBRARY_PATH empty. With them out of reach (LD_LIBRARY_PATH empty, and any system
+directory holding them hidden in a private mount namespace) a missing cuDNN is one line naming
+the library and dlerror's reason, the same at a second call; a missing NVRTC is one warning and
+an NVRTC error code, not a crash; a cuDNN call before loading stops the program with one line.
+Needs the cuDNN headers the CUDA build uses: skipped without nvcc, like the rest of
+tests/cuda_build.
 """
 from __future__ import annotations
 
@@ -36,16 +38,19 @@ def info() -> dict[str, str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def checker(info, tmp_path_factory) -> Path:
-    binary = tmp_path_factory.mktemp("loader") / "cudnn_loader_check"
+def build_checker(info: dict[str, str], binary: Path, *link: str) -> Path:
     includes = [info["CUDNN_INC"], info["NVRTC_INC"], f"{info['CUDA_HOME']}/include", str(LOADER.parent)]
     command = [os.environ.get("CXX", "g++"), "-std=c++17", "-O1", "-Wall", "-Werror",
                *(f"-I{d}" for d in includes), "-o", str(binary), str(HERE / "cudnn_loader_check.cpp"), str(LOADER),
-               "-ldl"]
+               "-ldl", *link]
     out = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     return binary
+
+
+@pytest.fixture(scope="module")
+def checker(info, tmp_path_factory) -> Path:
+    return build_checker(info, tmp_path_factory.mktemp("loader") / "cudnn_loader_check")
 
 
 def run(prefix: list[str], checker: Path, what: str, library_path: str) -> subprocess.CompletedProcess:
@@ -65,6 +70,14 @@ def test_loads_cudnn_and_forwards_calls(info, checker):
     assert words[:2] == ["loaded", "cuDNN"] and words[-1] == "CUDNN_STATUS_BAD_PARAM", out.stdout
     assert int(words[2].rstrip(",")) // 10000 == int(words[5].rstrip(":")) // 10000, out.stdout
     assert out.stderr == ""
+
+
+def test_loads_cudnn_through_the_rpath(info, tmp_path):
+    # As the engine does: dlopen by soname from an executable whose rpath (DT_RUNPATH, the
+    # linker's default here) names the directory; glibc searches the calling object's.
+    binary = build_checker(info, tmp_path / "cudnn_loader_check", f"-Wl,-rpath,{Path(info['CUDNN_SO']).parent}")
+    out = run([], binary, "cudnn", "")
+    assert out.returncode == 0 and out.stdout.startswith("loaded cuDNN "), out.stdout + out.stderr
 
 
 def test_nvrtc_forwards_calls(info, checker):

@@ -12,7 +12,9 @@
 # wheel; the header-only cudnn-frontend from the nvidia-cudnn-frontend wheel
 # (CUDNN_INC=, CUDNN_LIB=, CUDNN_FRONTEND_INC= override). Found, the engine
 # is built with it; not found, or with CUDNN=0, without it (one line says
-# which). Nothing of either is vendored.
+# which). Nothing of either is vendored. The engine does not link libcudnn
+# or libnvrtc: it loads them at run time (cuda/cudnn_loader.cpp), through an
+# rpath to the directories found here, so it starts where they are missing.
 
 # The toolkit root, as nvcc itself reports it (nvcc may be a wrapper script).
 CUDA_HOME ?= $(shell $(NVCC) -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ _HERE_=\(.*\)\/bin$$/\1/p' | head -n 1)
@@ -87,8 +89,10 @@ ifeq ($(CUDNN_FRONTEND_INC),)
 CUDNN_FRONTEND_INC := $(shell $(PYTHON) -c "$(FIND_CUDNN_FRONTEND)" 2>/dev/null)
 endif
 CUDNN_SO := $(if $(CUDNN_LIB),$(firstword $(wildcard $(CUDNN_LIB)/libcudnn.so.9 $(CUDNN_LIB)/libcudnn.so)),)
-# The frontend's runtime-compiled kernels need NVRTC: the toolkit's, else the
-# one beside the wheel's cuBLAS (a dependency of nvidia-cublas).
+# The frontend's sm100 RMSNorm+SiLU engine calls NVRTC (the attention graphs
+# never do): its header to compile against, and its library (the toolkit's,
+# else the one beside the wheel's cuBLAS, a dependency of nvidia-cublas) for
+# the rpath it is loaded through, should it ever be called.
 NVRTC_INC := $(patsubst %/,%,$(dir $(firstword $(wildcard $(CUDA_HOME)/include/nvrtc.h $(CUBLAS_INC)/nvrtc.h))))
 NVRTC_SO := $(firstword $(wildcard $(CUDA_HOME)/lib64/libnvrtc.so $(CUDA_HOME)/lib64/libnvrtc.so.$(CUDA_MAJOR) \
               $(CUBLAS_LIB)/libnvrtc.so.$(CUDA_MAJOR)))
@@ -97,10 +101,13 @@ endif
 
 ifeq ($(USE_CUDNN),1)
 CUDNN_OBJ := $(BUILD)/attention_cudnn.o
+# The forwarders that object's cuDNN and NVRTC calls resolve to (cuda/cudnn_loader.h).
+CUDNN_LOADER_OBJ := $(BUILD)/cudnn_loader.o
 CUDNN_FLAGS := -DMICROGPT_CUDNN
-CUDNN_LINK := $(CUDNN_OBJ) -Xlinker $(CUDNN_SO) -Xlinker $(NVRTC_SO) -Xlinker -rpath -Xlinker $(CUDNN_LIB) \
+# No -l for either library: only the rpaths dlopen searches.
+CUDNN_LINK := $(CUDNN_OBJ) $(CUDNN_LOADER_OBJ) -ldl -Xlinker -rpath -Xlinker $(CUDNN_LIB) \
               -Xlinker -rpath -Xlinker $(patsubst %/,%,$(dir $(NVRTC_SO)))
-CUDNN_NOTE := with cuDNN from $(CUDNN_LIB) (--attention cudnn)
+CUDNN_NOTE := with cuDNN from $(CUDNN_LIB), loaded at run time (--attention cudnn)
 else
 CUDNN_NOTE := without cuDNN ($(if $(filter 0,$(CUDNN)),CUDNN=0,not found: pip install nvidia-cudnn-cu$(CUDA_MAJOR) nvidia-cudnn-frontend); --attention cudnn unavailable)
 endif
@@ -114,16 +121,22 @@ cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check
 # The op headers, one per op (docs/ENGINE.md, "Source layout").
 CUDA_OP_HEADERS := $(wildcard microgpt/cuda/*.cuh)
 
-$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) $(CUDNN_OBJ) | $(BUILD)
+$(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) $(CUDNN_OBJ) $(CUDNN_LOADER_OBJ) | $(BUILD)
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB), $(CUDNN_NOTE)"
 	$(NVCC) $(NVCCFLAGS) $(CUDNN_FLAGS) -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu $(CUDNN_LINK) \
 		-Xlinker $(CUBLAS_SO) -Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
 
 # cuDNN's attention graphs: host code only, in a translation unit of its own
 # (cudnn-frontend is a large header-only library; about a minute to compile).
-$(BUILD)/attention_cudnn.o: microgpt/cuda/attention_cudnn.cpp microgpt/cuda/attention_cudnn.h | $(BUILD)
+$(BUILD)/attention_cudnn.o: microgpt/cuda/attention_cudnn.cpp microgpt/cuda/attention_cudnn.h \
+		microgpt/cuda/cudnn_loader.h | $(BUILD)
 	$(NVCC) -O2 -std=c++17 -Xcompiler -Wall,-Wno-unused-function -I$(CUDNN_INC) -I$(CUDNN_FRONTEND_INC) \
 		-I$(NVRTC_INC) -c -o $@ microgpt/cuda/attention_cudnn.cpp
+
+# The cuDNN and NVRTC functions that object calls, forwarded to the libraries
+# loaded at run time (seconds to compile).
+$(BUILD)/cudnn_loader.o: microgpt/cuda/cudnn_loader.cpp microgpt/cuda/cudnn_loader.h | $(BUILD)
+	$(NVCC) -O2 -std=c++17 -Xcompiler -Wall -I$(CUDNN_INC) -I$(NVRTC_INC) -c -o $@ microgpt/cuda/cudnn_loader.cpp
 
 # The flash attention kernels alone against a float64 reference (tests/gpu/).
 $(BUILD)/flash_attention_check: tests/gpu/flash_attention_check.cu $(CUDA_OP_HEADERS) microgpt/common.h | $(BUILD)

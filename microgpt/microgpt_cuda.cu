@@ -57,6 +57,7 @@
 #include "cuda/attention.cuh"   // naive, and attention_flash.cuh (--attention flash)
 #ifdef MICROGPT_CUDNN
 #include "cuda/attention_cudnn.h"  // --attention cudnn (its own translation unit)
+#include "cuda/cudnn_loader.h"     // cuDNN, loaded at run time (not linked)
 #endif
 #include "cuda/classifier.cuh"
 #include "cuda/global_norm.cuh"
@@ -809,8 +810,10 @@ static const char *gpu_configure(void *impl, MgConfig *cfg) {
 // to the naive kernels with one warning, never an error. auto takes the
 // fastest that applies (cudnn, then flash, then naive), silently: it is a
 // choice, not a verdict (the proxy qualifies paths before it uses them,
-// docs/CUDA.md). The choice is appended to the device string of the ready
-// event and named in its `paths`, so every run says which it used.
+// docs/CUDA.md). One thing is said under auto too: a cuDNN library that
+// cannot be loaded (cuda/cudnn_loader.h), a fact about the machine rather
+// than about this shape. The choice is appended to the device string of the
+// ready event and named in its `paths`, so every run says which it used.
 static int flash_applies(Gpu *e, int warn) {
     size_t need = flash_attention_smem(e->hd);
     const char *why = NULL;
@@ -829,13 +832,18 @@ static int flash_applies(Gpu *e, int warn) {
     return why == NULL;
 }
 
-static int cudnn_applies(Gpu *e, int warn) {
+// `fallback` names the path the caller takes if cuDNN does not apply.
+static int cudnn_applies(Gpu *e, int warn, const char *fallback) {
     const char *why = NULL;
     char text[640];
     if (!e->bf16) why = "--attention cudnn needs --precision bf16; using the naive attention kernels (fp32)";
 #ifdef MICROGPT_CUDNN
     else {
         char reason[512] = "";
+        if (!cudnn_library_load(reason, sizeof reason)) {
+            mg_warn("--attention %s: %s; using the %s attention kernels", warn ? "cudnn" : "auto", reason, fallback);
+            return 0;
+        }
         e->cudnn = cudnn_attention_create(e->B, e->T, e->C, e->H, e->stream, reason, sizeof reason);
         if (!e->cudnn) {
             snprintf(text, sizeof text, "--attention cudnn: %s; using the naive attention kernels", reason);
@@ -855,10 +863,11 @@ static void choose_attention(Gpu *e, const char *requested) {
     } else if (strcmp(requested, "flash") == 0) {
         if (flash_applies(e, 1)) e->attention = ATTENTION_FLASH;
     } else if (strcmp(requested, "cudnn") == 0) {
-        if (cudnn_applies(e, 1)) e->attention = ATTENTION_CUDNN;
+        if (cudnn_applies(e, 1, "naive")) e->attention = ATTENTION_CUDNN;
     } else {  // auto
-        if (cudnn_applies(e, 0)) e->attention = ATTENTION_CUDNN;
-        else if (flash_applies(e, 0)) e->attention = ATTENTION_FLASH;
+        int flash = flash_applies(e, 0);
+        if (cudnn_applies(e, 0, flash ? "flash" : "naive")) e->attention = ATTENTION_CUDNN;
+        else if (flash) e->attention = ATTENTION_FLASH;
     }
     if (e->attention == ATTENTION_FLASH) CUDA_CHECK(flash_attention_setup(e->hd));
 #ifdef MICROGPT_CUDNN

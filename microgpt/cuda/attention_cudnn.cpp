@@ -11,6 +11,8 @@
 // builds without cuDNN and as a cross-check.
 #include "attention_cudnn.h"
 
+#include "cudnn_loader.h"  // cuDNN is loaded at run time: the engine does not link it
+
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
@@ -81,6 +83,7 @@ static void destroy(CudnnAttention *a) {
 }
 
 CudnnAttention *cudnn_attention_create(int B, int T, int C, int H, cudaStream_t stream, char *why, size_t why_len) {
+    if (!cudnn_library_load(why, why_len)) return nullptr;
     int hd = C / H;
     CudnnAttention *a = new CudnnAttention();
     a->C = C;

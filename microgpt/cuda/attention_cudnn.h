@@ -30,7 +30,8 @@ typedef struct CudnnAttention CudnnAttention;
 
 // The two graphs for B x T tokens of width C in H heads, on `stream`. NULL,
 // with the reason in why[why_len], when cuDNN cannot run this shape on this
-// GPU (a head dim it does not support, too old a library, no engine).
+// GPU (a head dim it does not support, too old a library, no engine) or
+// cannot be loaded at all (cudnn_loader.h).
 CudnnAttention *cudnn_attention_create(int B, int T, int C, int H, cudaStream_t stream, char *why, size_t why_len);
 // Device bytes of workspace the larger of the two graphs needs.
 size_t cudnn_attention_workspace_bytes(const CudnnAttention *a);

@@ -173,8 +173,8 @@ def judge_training(shape: dict, optimizer: dict[str, float], runs: list[CheckRun
     if first.weights.size != base.weights.size:
         return Check(verdict=Verdict.FAILED, detail=f"a state of {first.weights.size} values, the verified "
                                                     f"path's {base.weights.size}")
-    loss_diff = max((abs(a - b) for a, b in zip(first.losses, base.losses)), default=math.inf)
-    loss_diff = loss_diff if math.isfinite(loss_diff) else math.inf
+    diffs = [abs(a - b) for a, b in zip(first.losses, base.losses)]
+    loss_diff = max(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.inf  # a NaN never passes
     figures, problems = state_figures(shape, optimizer, first, base)
     bitwise = all(r.losses == first.losses and r.digests.get(CHECK_STEPS) == first.digests.get(CHECK_STEPS)
                   for r in runs[1:])

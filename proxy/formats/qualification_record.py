@@ -111,7 +111,12 @@ def read_qualification(path: Path, within: Path | None = None) -> Qualification:
         raise QualificationFileError(f"{path}: {exc}") from None
     try:
         return Qualification.model_validate(json.loads(raw))
-    except (ValueError, ValidationError, RecursionError) as exc:
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "the record"
+        where = where.encode("unicode_escape").decode("ascii")[:80]  # a planted key is one short line too
+        raise QualificationFileError(f"{path}: not a qualification record ({where}: {error['msg']})") from None
+    except (ValueError, RecursionError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise QualificationFileError(f"{path}: not a qualification record ({first})") from None
 

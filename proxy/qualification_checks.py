@@ -14,7 +14,7 @@ import json
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +100,7 @@ def run_check(binary: Path, settings: list[str], flags: list[str], shape: dict, 
         how = f"exit {proc.returncode}" if proc.returncode >= 0 else f"signal {-proc.returncode}"
         run.crashed = f"{how}: {_last_line(err.decode('utf-8', 'replace'))}"
         return run
-    _read_checkpoints(run, ckpt, initial)
+    run = _read_checkpoints(run, ckpt, initial)
     shutil.rmtree(workdir, ignore_errors=True)  # read into memory: at GPT-2 124M each checkpoint is 1.5 GB
     return run
 
@@ -124,15 +124,13 @@ def _events(out: bytes) -> CheckRun:
     return run
 
 
-def _read_checkpoints(run: CheckRun, ckpt: Path, initial: bool) -> None:
+def _read_checkpoints(run: CheckRun, ckpt: Path, initial: bool) -> CheckRun:
+    """`run` with its checkpoints' digests and states, or crashed when one cannot be read."""
     try:
-        for step in ((0,) if initial else ()) + (MID_STEP, CHECK_STEPS):
-            path = checkpoint_path(ckpt, step)
-            run.digests[step] = file_sha256(path)[1]
-        if initial:
-            run.initial = read_checkpoint(checkpoint_path(ckpt, 0)).weights
+        steps = ((0,) if initial else ()) + (MID_STEP, CHECK_STEPS)
+        digests = {step: file_sha256(checkpoint_path(ckpt, step))[1] for step in steps}
+        start = read_checkpoint(checkpoint_path(ckpt, 0)).weights if initial else None
         final = read_checkpoint(checkpoint_path(ckpt, CHECK_STEPS))
     except (OSError, UnsafeFileError, CheckpointError) as exc:
-        run.crashed = f"no readable checkpoint ({str(exc)[:200]})"
-        return
-    run.weights, run.m, run.v = final.weights, final.m, final.v
+        return replace(run, crashed=f"no readable checkpoint ({str(exc)[:200]})")
+    return replace(run, digests=digests, initial=start, weights=final.weights, m=final.m, v=final.v)

@@ -6,7 +6,6 @@ environment; a run records its verdict and a relaunch keeps it; and no planted r
 engine's command line but the flag table's flags for paths that passed."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path

@@ -94,9 +94,10 @@ class _Checker:
         self.optimizer = optimizer_of(settings)
         self.base = CheckRun()
 
-    def run(self, paths: tuple[FastPath, ...], label: str, initial: bool = False) -> CheckRun:
+    def run(self, paths: tuple[FastPath, ...], label: str, initial: bool = False, repeat: bool = False) -> CheckRun:
+        """One check run; a `repeat` is compared with the first by its losses and checkpoint hashes only."""
         return self.runner(self.binary, self.settings, path_flags(paths), self.model, self.tmp / label,
-                           timeout=self.timeout, initial=initial)
+                           timeout=self.timeout, initial=initial, read_state=not repeat)
 
     def training(self, path: FastPath, on_top: tuple[FastPath, ...] = ()) -> Check:
         """A training path's two runs (one, if the first crashed or ran another path) against the verified."""
@@ -105,7 +106,7 @@ class _Checker:
             check = Check(verdict=Verdict.UNAVAILABLE,
                           detail=f"the engine ran {first.paths or 'no named paths'} instead (see its warning)")
         else:
-            runs = [first] if first.crashed else [first, self.run((*on_top, path), f"{path.value}-2")]
+            runs = [first] if first.crashed else [first, self.run((*on_top, path), f"{path.value}-2", repeat=True)]
             check = judge_training(self.model, self.optimizer, runs, self.base)
         self.say(f"  {path.value}: {check.verdict.value}: {check.detail}")
         return check
@@ -118,7 +119,7 @@ class _Checker:
     def together(self, paths: list[FastPath]) -> Check:
         runs = [self.run(tuple(paths), "together-1")]
         if not runs[0].crashed:
-            runs.append(self.run(tuple(paths), "together-2"))
+            runs.append(self.run(tuple(paths), "together-2", repeat=True))
         check = judge_training(self.model, self.optimizer, runs, self.base)
         self.say(f"  together ({describe(paths)}): {check.verdict.value}: {check.detail}")
         return check

@@ -71,10 +71,11 @@ def _last_line(text: str) -> str:
 
 
 def run_check(binary: Path, settings: list[str], flags: list[str], shape: dict, workdir: Path,
-              timeout: float = CHECK_TIMEOUT_S, initial: bool = False) -> CheckRun:
+              timeout: float = CHECK_TIMEOUT_S, initial: bool = False, read_state: bool = True) -> CheckRun:
     """The engine at `binary` (its own session, killed past `timeout`) trains the check's steps with
-    `flags`, samples, and ends at EOF; `initial` also checkpoints step 0. Checkpoints at MID_STEP
-    and CHECK_STEPS are read back."""
+    `flags`, samples, and ends at EOF; `initial` also checkpoints step 0. The checkpoints at MID_STEP
+    and CHECK_STEPS are hashed, the final (and step 0's) state read back unless not `read_state` (a
+    repeat run is compared by its hashes: at GPT-2 124M a state is 1.5 GB of memory)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt"
     args = engine_args(ckpt, ckpt_every=MID_STEP, settings=check_settings(settings), extra=flags)
@@ -100,7 +101,7 @@ def run_check(binary: Path, settings: list[str], flags: list[str], shape: dict, 
         how = f"exit {proc.returncode}" if proc.returncode >= 0 else f"signal {-proc.returncode}"
         run.crashed = f"{how}: {_last_line(err.decode('utf-8', 'replace'))}"
         return run
-    run = _read_checkpoints(run, ckpt, initial)
+    run = _read_checkpoints(run, ckpt, initial, read_state)
     shutil.rmtree(workdir, ignore_errors=True)  # read into memory: at GPT-2 124M each checkpoint is 1.5 GB
     return run
 
@@ -124,13 +125,14 @@ def _events(out: bytes) -> CheckRun:
     return run
 
 
-def _read_checkpoints(run: CheckRun, ckpt: Path, initial: bool) -> CheckRun:
-    """`run` with its checkpoints' digests and states, or crashed when one cannot be read."""
+def _read_checkpoints(run: CheckRun, ckpt: Path, initial: bool, read_state: bool) -> CheckRun:
+    """`run` with its checkpoints' digests (and states), or crashed when one cannot be read."""
     try:
         steps = ((0,) if initial else ()) + (MID_STEP, CHECK_STEPS)
         digests = {step: file_sha256(checkpoint_path(ckpt, step))[1] for step in steps}
         start = read_checkpoint(checkpoint_path(ckpt, 0)).weights if initial else None
-        final = read_checkpoint(checkpoint_path(ckpt, CHECK_STEPS))
+        final = read_checkpoint(checkpoint_path(ckpt, CHECK_STEPS)) if read_state else None
     except (OSError, UnsafeFileError, CheckpointError) as exc:
         return replace(run, crashed=f"no readable checkpoint ({str(exc)[:200]})")
-    return replace(run, digests=digests, initial=start, weights=final.weights, m=final.m, v=final.v)
+    run = replace(run, digests=digests, initial=start)
+    return replace(run, weights=final.weights, m=final.m, v=final.v) if final is not None else run

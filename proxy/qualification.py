@@ -34,7 +34,7 @@ from .qualification_checks import CHECK_STEPS, CHECK_TIMEOUT_S, CheckRun, run_ch
 from .qualification_compare import (COSINE_MIN, LOSS_TOLERANCE, judge_kv_cache, judge_snapshot,  # noqa: F401
                                     judge_training, tensor_cosines)
 from .rundir.layout import RunDir
-from .safe_fs import file_sha256
+from .safe_fs import UnsafeFileError, file_sha256
 
 __all__ = ["COSINE_MIN", "LOSS_TOLERANCE", "VERIFIED_FLAGS", "tensor_cosines", "qualify", "run_engine_paths"]
 
@@ -200,6 +200,9 @@ def run_engine_paths(run: RunDir, binary: Path, settings: list[str], model: dict
         env = environment(binary, model)
     except GpuIdentityError as exc:
         warn(f"cannot tell which GPU the engine will use ({exc}); running the verified path")
+        return list(VERIFIED_FLAGS)
+    except (OSError, UnsafeFileError) as exc:  # the binary's hash: it was there a moment ago
+        warn(f"cannot hash the engine {binary} ({exc}); running the verified path")
         return list(VERIFIED_FLAGS)
     try:
         recorded = read_qualification(run.qualification, within=run.root)

@@ -36,6 +36,7 @@ typedef struct {
     const char *dump_logits;  // SAMPLE frames append the logits they picked from here
     int allow_hparam_change;
     int sample_recompute;
+    int sync_snapshot;  // CUDA engine: checkpoints through get_state, waiting for the copy (the verified writer)
     uint64_t given;  // bit i set: flag i of MG_FLAGS was on the command line
 } MgConfig;
 
@@ -91,7 +92,8 @@ static const MgFlag MG_FLAGS[] = {
     {"dump-grads-step", MG_INT, MG_OFF(dump_grads_step), 1, 0x7fffffff, "the step --dump-grads writes, counted from the start or resume (default 1)"},
     {"dump-logits", MG_STR, MG_OFF(dump_logits), 0, 0, "each SAMPLE frame appends the logits it picked from (f32[count, max_new, vocab]) here"},
     {"allow-hparam-change", MG_BOOL, MG_OFF(allow_hparam_change), 0, 0, "on resume, accept optimizer flags that differ from the checkpoint"},
-    {"sample-recompute", MG_BOOL, MG_OFF(sample_recompute), 0, 0, "sample without the KV cache, recomputing the window per token (tests, benchmarks)"},
+    {"sample-recompute", MG_BOOL, MG_OFF(sample_recompute), 0, 0, "sample without the KV cache, recomputing the window per token (tests, benchmarks, the verified path)"},
+    {"sync-snapshot", MG_BOOL, MG_OFF(sync_snapshot), 0, 0, "CUDA engine: copy a checkpoint's state from the GPU before training on, not asynchronously (the verified path)"},
 };
 #define MG_NFLAGS (sizeof MG_FLAGS / sizeof MG_FLAGS[0])
 

@@ -988,8 +988,10 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->h_snap_w = (float *)host_alloc(n * sizeof(float));
     e->h_snap_m = (float *)host_alloc(n * sizeof(float));
     e->h_snap_v = (float *)host_alloc(n * sizeof(float));
-    e->eng->snapshot = gpu_snapshot;
-    e->eng->snapshot_wait = gpu_snapshot_wait;
+    if (!cfg->sync_snapshot) {  // --sync-snapshot: the driver's get_state, the verified writer (qualification)
+        e->eng->snapshot = gpu_snapshot;
+        e->eng->snapshot_wait = gpu_snapshot_wait;
+    }
     // Sampling: the row-local forward (KV cache) where it applies; else the
     // training forward recomputes every window (no kv_forward).
     e->sample_rowlocal = e->bf16 ? sampling_applies<bf16>(e->C, e->H) : sampling_applies<float>(e->C, e->H);

@@ -1,292 +1,176 @@
 """Qualifying the CUDA engine's fast paths on the user's GPU (docs/CUDA.md, "Qualification").
 
 CI has no GPU, so a fast path (cuDNN or flash attention, the fused step
-kernels, the step as one CUDA graph) that has never run on this GPU model,
-engine build and shape is checked here before a run uses it: short engine
-processes, separate from the run's, train the same few steps on the same
-tokens with the verified path (naive attention, the verified kernels, no
-graph) and with the fast path, and compare the loss and every parameter
-tensor's gradient at the last step within the GPU suite's bf16 tolerances
-(LOSS_TOLERANCE, COSINE_MIN: tests/gpu uses these), and the fast path's two
-runs bit for bit. A path that fails, crashes, hangs or is not in this build
-is not used; one line says which and by how much.
+kernels, the step as one CUDA graph, sampling with the KV cache, the
+asynchronous checkpoint snapshot) that has never run on this GPU, driver,
+engine build, cuDNN and shape is checked here before a run uses it: short
+engine processes, separate from the run's, train the same steps on the same
+tokens with the verified path and with the fast path, and
+qualification_compare.py judges what they wrote. A path that fails,
+crashes, hangs or is not in this build is not used; one line says which and
+by how much.
 
-The verdict is cached per (GPU, engine build, shape) under the cache
-directory, and the choice is recorded in the run directory
-(`.qualification.json`): every relaunch of the run uses the recorded choice
-while the GPU and the build are the same, so a resumed run keeps its paths
-(and its bits).
+The verdict names paths (FastPath) and holds figures, never flags: the
+engine's command line gets the flags of engine_cli.PATH_SWITCHES for the
+paths that passed, and only where the verdict's environment (GPU, driver,
+build, cuDNN, shape: read without starting an engine, gpu_identity.py)
+matches this one. It is cached per environment under the cache directory and
+recorded in the run directory (`.qualification.json`), so every relaunch of
+the run keeps its paths (and its bits) while the environment is the same.
 """
 from __future__ import annotations
 
 import hashlib
-import signal
-import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
-from .formats import frames
-from .formats.engine_cli import engine_args
-from .formats.parameters import param_layout
-from .processes import signal_group
-from .safe_fs import file_sha256
-from .formats.qualification_record import (PathVerdict, Qualification, QualificationFileError, read_qualification,
-                                           write_qualification)
+from .formats.engine_cli import VERIFIED_FLAGS, FastPath, path_flags
+from .formats.qualification_record import (Check, Environment, Qualification, QualificationFileError, Verdict,
+                                           read_qualification, write_qualification)
+from .gpu_identity import GpuIdentityError, cudnn_version, read_gpu_identity
+from .qualification_checks import CHECK_STEPS, CHECK_TIMEOUT_S, CheckRun, run_check
+from .qualification_compare import (COSINE_MIN, LOSS_TOLERANCE, judge_kv_cache, judge_snapshot,  # noqa: F401
+                                    judge_training, tensor_cosines)
 from .rundir.layout import RunDir
+from .safe_fs import UnsafeFileError, file_sha256
 
-# The GPU suite's bf16 tolerances (tests/gpu/test_flash.py, test_bf16.py): the
-# loss within LOSS_TOLERANCE of the reference, every parameter tensor's
-# gradient at cosine above COSINE_MIN.
-LOSS_TOLERANCE = 2e-2
-COSINE_MIN = 0.99
+__all__ = ["COSINE_MIN", "LOSS_TOLERANCE", "VERIFIED_FLAGS", "tensor_cosines", "qualify", "run_engine_paths"]
 
-# The verified path: what every fast path is compared with, and what a run
-# uses where no fast path qualifies.
-VERIFIED_FLAGS = ["--attention", "naive", "--fused", "off", "--cuda-graph", "off"]
-CHECK_STEPS = 3  # steps each check trains; the gradients of the last are compared
-CHECK_TIMEOUT_S = 600.0  # one check process; past it, the path counts as crashed
+# What the engine's ready event `paths` says when it runs a training path (a path it cannot run here,
+# it replaces with the verified one after a warning: the check then calls it unavailable).
+READY_PATHS = {FastPath.ATTENTION_CUDNN: {"attention": "cudnn"}, FastPath.ATTENTION_FLASH: {"attention": "flash"},
+               FastPath.FUSED: {"fused": True}, FastPath.CUDA_GRAPH: {"cuda_graph": True, "fused": True}}
+SHAPE_KEYS = ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum")
+OPTIMIZER_FLAGS = {"lr": "--lr", "min_lr": "--min-lr", "beta1": "--beta1", "beta2": "--beta2"}
+# The most engine processes one qualification starts: the verified run, two runs of each training path
+# (flash only if cuDNN fails), one each for the KV cache and the snapshot, two of the chosen paths together.
+MAX_CHECK_PROCESSES = 1 + 2 * 4 + 1 + 1 + 2
 
-
-@dataclass(frozen=True)
-class FastPath:
-    name: str
-    flags: tuple[str, ...]  # replacing the verified value of the same switch
-    paths: dict  # what the engine's ready event `paths` says when it runs it
+Say = Callable[[str], None]
+Runner = Callable[..., CheckRun]
 
 
-ATTENTION_PATHS = (FastPath("attention cudnn", ("--attention", "cudnn"), {"attention": "cudnn"}),
-                   FastPath("attention flash", ("--attention", "flash"), {"attention": "flash"}))
-FUSED = FastPath("fused kernels", ("--fused", "on"), {"fused": True})
-GRAPH = FastPath("CUDA graph", ("--cuda-graph", "on"), {"cuda_graph": True, "fused": True})
+def environment(binary: Path, model: dict) -> Environment:
+    """This machine's GPU, driver, cuDNN, the engine build and the run's shape; GpuIdentityError when NVML
+    cannot say which GPU."""
+    gpu = read_gpu_identity()
+    return Environment(gpu=gpu.gpu, driver=gpu.driver, build=file_sha256(binary)[1], cudnn=cudnn_version(),
+                       shape={k: int(model[k]) for k in SHAPE_KEYS})
 
 
-def with_paths(*paths: FastPath) -> list[str]:
-    """The verified flags with these paths' switches set instead."""
-    flags = list(VERIFIED_FLAGS)
-    for p in paths:
-        i = flags.index(p.flags[0])
-        flags[i + 1] = p.flags[1]
-    return flags
+def cache_path(cache_dir: Path, env: Environment) -> Path:
+    key = env.model_dump_json().encode()
+    return cache_dir / "qualification" / f"{hashlib.sha256(key).hexdigest()[:32]}.json"
 
 
-# ------------------------------------------------------------------ one check process
-
-@dataclass
-class CheckRun:
-    """What one short engine process gave: the last step's loss and gradients, or why not."""
-    loss: float | None = None
-    grads: np.ndarray | None = None
-    device: str = ""
-    precision: str = ""
-    paths: dict = field(default_factory=dict)
-    crashed: str | None = None  # one line: how it ended without gradients
+def optimizer_of(settings: list[str]) -> dict[str, float]:
+    """The run's lr, min_lr and betas from its engine settings (`--flag value` pairs)."""
+    given = dict(zip(settings[::2], settings[1::2]))
+    return {name: float(given[flag]) for name, flag in OPTIMIZER_FLAGS.items()}
 
 
-def check_tokens(vocab: int, ctx: int, rows: int, steps: int) -> list[np.ndarray]:
-    """The tokens of each check step: fixed pseudo-random rows, the same for every path."""
-    rng = np.random.default_rng(20261124)
-    return [rng.integers(0, vocab, size=(rows, ctx + 1), dtype=np.uint16) for _ in range(steps)]
+def describe(paths: list[FastPath]) -> str:
+    """The paths a verdict chose, for a person."""
+    return ", ".join(p.value for p in paths) if paths else "none (the verified path)"
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
-
-
-def run_check(binary: Path, settings: list[str], flags: list[str], shape: dict, workdir: Path,
-              timeout: float = CHECK_TIMEOUT_S) -> CheckRun:
-    """The engine at `binary` trains CHECK_STEPS steps from its initial weights (proxy mode) and
-    writes the gradients of the last (--dump-grads-step); its own session, killed past `timeout`."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    grads_path = workdir / "grads.bin"
-    args = engine_args(workdir / "ckpt", ckpt_every=0, settings=settings,
-                       extra=["--dump-grads", str(grads_path), "--dump-grads-step", str(CHECK_STEPS), *flags])
-    rows = int(shape["batch"]) * int(shape["grad_accum"])
-    payload = b"".join(frames.train_frame(s + 1, tokens, np.zeros(rows, dtype=np.uint16))
-                       for s, tokens in enumerate(check_tokens(int(shape["vocab"]), int(shape["ctx"]), rows,
-                                                               CHECK_STEPS)))
-    try:
-        proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-    except OSError as exc:
-        return CheckRun(crashed=f"cannot start {binary}: {exc.strerror}")
-    try:
-        out, err = proc.communicate(payload, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        signal_group(proc.pid, signal.SIGKILL)  # our unreaped child: its group is still ours
-        proc.communicate()
-        return CheckRun(crashed=f"no gradients within {timeout:.0f} s (killed)")
-    run = CheckRun()
-    for line in out.splitlines():
-        try:
-            ev = frames.parse_event(line)
-        except ValueError:
-            continue
-        if ev.kind == "ready":
-            run.device = str(ev.get("device") or "")
-            run.precision = str(ev.get("precision") or "")
-            run.paths = dict(ev.get("paths") or {})
-        elif ev.kind == "grads":
-            run.loss = float(ev["loss"])
-    text = err.decode("utf-8", "replace")
-    if proc.returncode != 0 or run.loss is None:
-        how = f"exit {proc.returncode}" if proc.returncode >= 0 else f"signal {-proc.returncode}"
-        run.crashed = f"{how}: {_last_line(text)}"
-        return run
-    try:
-        run.grads = np.fromfile(grads_path, dtype="<f4")
-    except OSError as exc:
-        run.crashed = f"no gradients file ({exc.strerror})"
-    return run
-
-
-# ------------------------------------------------------------------ comparing
-
-def tensor_cosines(shape: dict, got: np.ndarray, ref: np.ndarray) -> list[tuple[str, float]]:
-    """(name, cosine) of every parameter tensor's gradient, in the flat order."""
-    out, at = [], 0
-    for name, dims in param_layout(int(shape["vocab"]), int(shape["ctx"]), int(shape["dim"]), int(shape["layers"])):
-        n = int(np.prod(dims))
-        x, y = got[at:at + n].astype(np.float64), ref[at:at + n].astype(np.float64)
-        at += n
-        denom = np.linalg.norm(x) * np.linalg.norm(y)
-        cos = float(np.dot(x, y) / denom) if denom > 0 else (1.0 if np.array_equal(x, y) else 0.0)
-        out.append((name, cos if np.isfinite(cos) else -1.0))
-    return out
-
-
-def judge(path: FastPath, flags: list[str], shape: dict, runs: list[CheckRun], base: CheckRun) -> PathVerdict:
-    """The verdict on a fast path's two runs against the verified run."""
-    verdict = PathVerdict(path=path.name, flags=flags, status="failed", detail="")
-    first = runs[0]
-    if first.crashed is None and any(first.paths.get(k) != v for k, v in path.paths.items()):
-        verdict.status = "unavailable"
-        verdict.detail = f"the engine ran {first.paths or 'no named paths'} instead (see its warning)"
-        return verdict
-    crashed = next((r.crashed for r in runs if r.crashed), None)
-    if crashed:
-        verdict.status = "crashed"
-        verdict.detail = f"the check crashed: {crashed}"
-        return verdict
-    n = base.grads.size
-    if any(r.grads.size != n for r in runs):
-        verdict.detail = f"gradients of {runs[0].grads.size} values, the verified path gave {n}"
-        return verdict
-    verdict.bitwise = all(r.loss == first.loss and np.array_equal(r.grads.view(np.uint32), first.grads.view(np.uint32))
-                          for r in runs[1:])
-    verdict.loss_diff = abs(first.loss - base.loss) if np.isfinite(first.loss) else float("inf")
-    cosines = tensor_cosines(shape, first.grads, base.grads)
-    worst, low = min(cosines, key=lambda nc: nc[1])
-    verdict.min_cosine, verdict.worst_tensor = low, worst
-    problems = []
-    if not np.isfinite(first.loss) or not np.all(np.isfinite(first.grads)):
-        problems.append("non-finite loss or gradients")
-    if not verdict.loss_diff <= LOSS_TOLERANCE:
-        problems.append(f"loss {first.loss:.6g} vs {base.loss:.6g} (off by {verdict.loss_diff:.3g}, "
-                        f"tolerance {LOSS_TOLERANCE:g})")
-    bad = [(name, c) for name, c in cosines if not c > COSINE_MIN]
-    if bad:
-        problems.append(f"gradient of {worst} at cosine {low:.5f} (minimum {COSINE_MIN:g}"
-                        + (f"; {len(bad)} tensors below" if len(bad) > 1 else "") + ")")
-    if not verdict.bitwise:
-        problems.append("two runs differ")
-    if problems:
-        verdict.detail = "; ".join(problems)
-        return verdict
-    verdict.status = "passed"
-    verdict.detail = (f"loss off by {verdict.loss_diff:.3g}, lowest gradient cosine {low:.6f} ({worst}), "
-                      "two runs bit-identical")
-    return verdict
+def changed(old: Environment, new: Environment) -> str:
+    """Which parts of the environment differ, for a person."""
+    names = {"gpu": "GPU", "driver": "driver", "build": "engine build", "cudnn": "cuDNN", "shape": "shape"}
+    return ", ".join(label for key, label in names.items() if getattr(old, key) != getattr(new, key))
 
 
 # ------------------------------------------------------------------ the whole qualification
 
-def device_name(ready_device: str) -> str:
-    """The GPU of a ready event's `device`, less the attention path the engine appended."""
-    return ready_device.split(", attention ")[0]
+class _Checker:
+    """The check runs of one qualification, against one verified run."""
+
+    def __init__(self, binary: Path, settings: list[str], model: dict, tmp: Path, say: Say, runner: Runner,
+                 timeout: float):
+        self.binary, self.settings, self.model, self.tmp = binary, settings, model, tmp
+        self.say, self.runner, self.timeout = say, runner, timeout
+        self.optimizer = optimizer_of(settings)
+        self.base = CheckRun()
+
+    def run(self, paths: tuple[FastPath, ...], label: str, initial: bool = False, repeat: bool = False) -> CheckRun:
+        """One check run; a `repeat` is compared with the first by its losses and checkpoint hashes only."""
+        return self.runner(self.binary, self.settings, path_flags(paths), self.model, self.tmp / label,
+                           timeout=self.timeout, initial=initial, read_state=not repeat)
+
+    def training(self, path: FastPath, on_top: tuple[FastPath, ...] = ()) -> Check:
+        """A training path's two runs (one, if the first crashed or ran another path) against the verified."""
+        first = self.run((*on_top, path), f"{path.value}-1")
+        if first.crashed is None and any(first.paths.get(k) != v for k, v in READY_PATHS[path].items()):
+            check = Check(verdict=Verdict.UNAVAILABLE,
+                          detail=f"the engine ran {first.paths or 'no named paths'} instead (see its warning)")
+        else:
+            runs = [first] if first.crashed else [first, self.run((*on_top, path), f"{path.value}-2", repeat=True)]
+            check = judge_training(self.model, self.optimizer, runs, self.base)
+        self.say(f"  {path.value}: {check.verdict.value}: {check.detail}")
+        return check
+
+    def single(self, path: FastPath, judge) -> Check:
+        check = judge(self.run((path,), path.value), self.base)
+        self.say(f"  {path.value}: {check.verdict.value}: {check.detail}")
+        return check
+
+    def together(self, paths: list[FastPath]) -> Check:
+        runs = [self.run(tuple(paths), "together-1")]
+        if not runs[0].crashed:
+            runs.append(self.run(tuple(paths), "together-2", repeat=True))
+        check = judge_training(self.model, self.optimizer, runs, self.base)
+        self.say(f"  together ({describe(paths)}): {check.verdict.value}: {check.detail}")
+        return check
 
 
-def shape_of(settings: dict, precision: str) -> dict:
-    keys = ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum")
-    return {**{k: int(settings[k]) for k in keys}, "precision": precision}
+def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say: Say, runner: Runner = run_check,
+            timeout: float = CHECK_TIMEOUT_S, env: Environment | None = None) -> Qualification | None:
+    """The fast paths this engine build runs at this shape on this GPU: cached, else checked now. None
+    when the verified path's own check fails or runs on another GPU than NVML named: nothing is qualified.
 
-
-def cache_path(cache_dir: Path, device: str, build: str, shape: dict) -> Path:
-    key = repr((device, build, sorted(shape.items()))).encode()
-    return cache_dir / "qualification" / f"{hashlib.sha256(key).hexdigest()[:32]}.json"
-
-
-Say = Callable[[str], None]
-
-
-def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say: Say,
-            runner: Callable[..., CheckRun] = run_check) -> Qualification:
-    """The paths this engine build runs at this shape on this GPU: cached, else checked now.
-
-    `settings` are the run's engine flags (shape and optimizer); `model` the same as a dict (vocab, ctx,
-    dim, layers, heads, batch, grad_accum). Never raises for a path's failure: a failure is a verdict."""
-    build = file_sha256(binary)[1]
+    `settings` are the run's engine flags (shape and optimizer); `model` its shape (vocab, ctx, dim,
+    layers, heads, batch, grad_accum); `timeout` each check process's limit. Raises GpuIdentityError
+    when `env` is not given and NVML cannot name the GPU. A path's failure is a verdict, never raised."""
+    env = env or environment(binary, model)
+    cached_at = cache_path(cache_dir, env)
+    try:
+        cached = read_qualification(cached_at)
+        if cached.environment == env:
+            say(f"fast paths: {describe(cached.chosen())} (checked on this GPU, driver, build, cuDNN and shape "
+                f"before: {cached_at})")
+            return cached
+        say(f"ignoring the cached verdict {cached_at}: made for another {changed(cached.environment, env)}")
+    except FileNotFoundError:
+        pass
+    except QualificationFileError as exc:
+        say(f"ignoring the cached verdict: {exc}")
+    say(f"checking the CUDA engine's fast paths on {env.gpu} (once per GPU, driver, build, cuDNN and shape: "
+        f"up to {MAX_CHECK_PROCESSES} engine processes of {CHECK_STEPS} steps)")
     with tempfile.TemporaryDirectory(prefix="microgpt-qualify-") as tmp:
-        tmp = Path(tmp)
-        base = runner(binary, settings, VERIFIED_FLAGS, model, tmp / "verified")
-        shape = shape_of(model, base.precision or "unknown")
-        device = device_name(base.device)
-        now = time.time()
+        checker = _Checker(binary, settings, model, Path(tmp), say, runner, timeout)
+        base = checker.base = checker.run((), "verified", initial=True)
         if base.crashed:
             say(f"the verified path's check failed ({base.crashed}); running the verified path")
-            return Qualification(device=device or "unknown", build=build, shape=shape, flags=list(VERIFIED_FLAGS),
-                                 verdicts=[PathVerdict(path="verified", flags=list(VERIFIED_FLAGS), status="crashed",
-                                                       detail=base.crashed)],
-                                 loss_tolerance=LOSS_TOLERANCE, cosine_min=COSINE_MIN, created=now)
-        cached_at = cache_path(cache_dir, device, build, shape)
-        try:
-            cached = read_qualification(cached_at)
-            if cached.device == device and cached.build == build and cached.shape == shape:
-                say(f"fast paths: {describe(cached)} (checked on this GPU, build and shape before: {cached_at})")
-                return cached
-        except FileNotFoundError:
-            pass
-        except QualificationFileError as exc:
-            say(f"ignoring the cached verdict: {exc}")
-        say(f"checking the CUDA engine's fast paths on {device} (once per GPU, build and shape)")
-
-        def check(path: FastPath, flags: list[str], label: str) -> PathVerdict:
-            runs = [runner(binary, settings, flags, model, tmp / f"{label}-{i}") for i in range(2)]
-            if runs[0].crashed is None and any(runs[0].paths.get(k) != v for k, v in path.paths.items()):
-                runs = runs[:1]  # not in this build or shape: no second run needed
-            v = judge(path, flags, shape, runs, base)
-            say(f"  {v.path}: {v.status}: {v.detail}")
-            return v
-
-        verdicts, chosen = [], []
-        for p in ATTENTION_PATHS:
-            v = check(p, with_paths(p), p.name.replace(" ", "-"))
-            verdicts.append(v)
-            if v.status == "passed":
-                chosen.append(p)
+            return None
+        if not base.device.startswith(env.gpu):
+            say(f"the engine runs on {base.device.split(', attention ')[0]!r}, not on {env.gpu!r} that NVML "
+                "names (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER?); running the verified path")
+            return None
+        paths: dict[FastPath, Check] = {}
+        for attention in (FastPath.ATTENTION_CUDNN, FastPath.ATTENTION_FLASH):
+            paths[attention] = checker.training(attention)
+            if paths[attention].verdict == Verdict.PASSED:
                 break
-        v = check(FUSED, with_paths(FUSED), "fused")
-        verdicts.append(v)
-        if v.status == "passed":
-            chosen.append(FUSED)
-            v = check(GRAPH, with_paths(GRAPH), "graph")
-            verdicts.append(v)
-            if v.status == "passed":
-                chosen.append(GRAPH)
-        flags = with_paths(*chosen)
-        if len(chosen) > 1:  # what the run will actually run, together
-            together = FastPath("all chosen paths", tuple(flags), {k: v for p in chosen for k, v in p.paths.items()})
-            v = check(together, flags, "together")
-            verdicts.append(v)
-            if v.status != "passed":
-                flags = list(VERIFIED_FLAGS)
-        q = Qualification(device=device, build=build, shape=shape, flags=flags, verdicts=verdicts,
-                          loss_tolerance=LOSS_TOLERANCE, cosine_min=COSINE_MIN, created=now)
+        paths[FastPath.FUSED] = checker.training(FastPath.FUSED)
+        if paths[FastPath.FUSED].verdict == Verdict.PASSED:
+            paths[FastPath.CUDA_GRAPH] = checker.training(FastPath.CUDA_GRAPH, on_top=(FastPath.FUSED,))
+        paths[FastPath.KV_CACHE] = checker.single(FastPath.KV_CACHE, judge_kv_cache)
+        paths[FastPath.ASYNC_SNAPSHOT] = checker.single(FastPath.ASYNC_SNAPSHOT, judge_snapshot)
+        passed = [p for p in FastPath if p in paths and paths[p].verdict == Verdict.PASSED]
+        together = checker.together(passed) if len(passed) > 1 else None
+    q = Qualification(environment=env, paths=paths, together=together, created=time.time())
     try:
         write_qualification(cached_at, q)
     except OSError as exc:
@@ -294,32 +178,32 @@ def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say
     return q
 
 
-def describe(q: Qualification) -> str:
-    """The paths a verdict chose, for a person."""
-    f = dict(zip(q.flags[::2], q.flags[1::2]))
-    parts = [f"attention {f.get('--attention', 'naive')}"]
-    if f.get("--cuda-graph") == "on":
-        parts.append("fused kernels in a CUDA graph")
-    elif f.get("--fused") == "on":
-        parts.append("fused kernels")
-    else:
-        parts.append("verified kernels")
-    return ", ".join(parts)
-
-
 def failure_lines(q: Qualification) -> list[str]:
     """One line per fast path that failed or crashed its check: which, and by how much."""
-    return [f"fast path {v.path} failed its check on {q.device}: {v.detail}; using the verified path for it"
-            for v in q.verdicts if v.status in ("failed", "crashed")]
+    bad = (Verdict.FAILED, Verdict.CRASHED)
+    lines = [f"fast path {p.value} failed its check on {q.environment.gpu}: {c.detail}; using the verified path for it"
+             for p, c in q.paths.items() if c.verdict in bad]
+    if q.together is not None and q.together.verdict in bad:
+        lines.append(f"the fast paths that passed failed together on {q.environment.gpu}: {q.together.detail}; "
+                     "using the verified path")
+    return lines
 
 
 # ------------------------------------------------------------------ a run's choice
 
 def run_engine_paths(run: RunDir, binary: Path, settings: list[str], model: dict, cache_dir: Path,
-                     say: Say, warn: Say, runner: Callable[..., CheckRun] = run_check) -> list[str]:
-    """The path flags a run's engine is launched with: the run's recorded choice when it was made with
-    this engine build (a resume keeps its paths, whatever the cache says since), else a qualification
-    (cached or run now), recorded in the run directory."""
+                     say: Say, warn: Say, runner: Runner = run_check, timeout: float = CHECK_TIMEOUT_S) -> list[str]:
+    """The path flags a run's engine is launched with: those of the paths the run's recorded verdict passed,
+    when it was made in this environment (a resume keeps its paths, whatever the cache says since), else of a
+    qualification (cached or run now), recorded in the run directory; the verified path when none can be made."""
+    try:
+        env = environment(binary, model)
+    except GpuIdentityError as exc:
+        warn(f"cannot tell which GPU the engine will use ({exc}); running the verified path")
+        return list(VERIFIED_FLAGS)
+    except (OSError, UnsafeFileError) as exc:  # the binary's hash: it was there a moment ago
+        warn(f"cannot hash the engine {binary} ({exc}); running the verified path")
+        return list(VERIFIED_FLAGS)
     try:
         recorded = read_qualification(run.qualification, within=run.root)
     except FileNotFoundError:
@@ -327,15 +211,17 @@ def run_engine_paths(run: RunDir, binary: Path, settings: list[str], model: dict
     except QualificationFileError as exc:
         warn(f"{exc}; checking the fast paths again")
         recorded = None
-    build = file_sha256(binary)[1]
     if recorded is not None:
-        if recorded.build == build:
-            say(f"fast paths: {describe(recorded)} (recorded in {run.qualification.name})")
-            return list(recorded.flags)
-        warn(f"the engine build changed since {run.qualification.name} was recorded; checking the fast paths again")
-    q = qualify(binary, settings, model, cache_dir, say, runner)
+        if recorded.environment == env:
+            say(f"fast paths: {describe(recorded.chosen())} (recorded in {run.qualification.name})")
+            return recorded.engine_flags()
+        warn(f"the {changed(recorded.environment, env)} changed since {run.qualification.name} was recorded; "
+             "checking the fast paths again")
+    q = qualify(binary, settings, model, cache_dir, say, runner, timeout, env)
+    if q is None:
+        return list(VERIFIED_FLAGS)
     for line in failure_lines(q):
         warn(line)
     write_qualification(run.qualification, q)
-    say(f"fast paths: {describe(q)}")
-    return list(q.flags)
+    say(f"fast paths: {describe(q.chosen())}")
+    return q.engine_flags()

@@ -1,4 +1,5 @@
-"""The engine's command line and exit codes (docs/ENGINE.md, docs/FORMATS.md "Engine exit codes").
+"""The engine's command line, exit codes and the CUDA engine's fast-path flags (docs/ENGINE.md, docs/FORMATS.md
+"Engine exit codes", docs/CUDA.md "Qualification").
 
 Every argv that starts an engine is built here: the proxy's, the tests' and
 the benchmarks'. A setting is a long flag named after it (`grad_accum` ->
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import dataclass
+from enum import Enum
 
 # Model and optimizer settings, in the order they are written.
 SETTINGS = ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum", "steps", "lr", "min_lr", "warmup",
@@ -75,3 +78,60 @@ def exit_description(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit {code} ({EXIT_MEANINGS.get(code, 'failure')})"
+
+
+# ------------------------------------------------------------------ the CUDA engine's fast paths
+
+class FastPath(str, Enum):
+    """The CUDA engine's named fast paths: the only names a qualification verdict holds
+    (docs/CUDA.md, "Qualification")."""
+    ATTENTION_CUDNN = "attention_cudnn"
+    ATTENTION_FLASH = "attention_flash"
+    FUSED = "fused"
+    CUDA_GRAPH = "cuda_graph"
+    KV_CACHE = "kv_cache"
+    ASYNC_SNAPSHOT = "async_snapshot"
+
+
+@dataclass(frozen=True)
+class PathSwitch:
+    switch: str  # the engine setting the path turns; one path per switch at a time
+    fast: tuple[str, ...]  # the flags that select the path
+    needs: tuple[FastPath, ...] = ()  # paths it runs on top of
+
+
+# The engine setting of each switch on the verified path, in the order they are written.
+VERIFIED_SWITCHES = {"attention": ("--attention", "naive"), "fused": ("--fused", "off"),
+                     "cuda_graph": ("--cuda-graph", "off"), "sampling": ("--sample-recompute",),
+                     "snapshot": ("--sync-snapshot",)}
+# Every flag a fast path puts on the engine's command line: this table, nothing else.
+PATH_SWITCHES = {
+    FastPath.ATTENTION_CUDNN: PathSwitch("attention", ("--attention", "cudnn")),
+    FastPath.ATTENTION_FLASH: PathSwitch("attention", ("--attention", "flash")),
+    FastPath.FUSED: PathSwitch("fused", ("--fused", "on")),
+    FastPath.CUDA_GRAPH: PathSwitch("cuda_graph", ("--cuda-graph", "on"), needs=(FastPath.FUSED,)),
+    FastPath.KV_CACHE: PathSwitch("sampling", ()),  # the engine's default: the KV cache
+    FastPath.ASYNC_SNAPSHOT: PathSwitch("snapshot", ()),  # the engine's default: the asynchronous copy
+}
+
+
+def path_flags(paths) -> list[str]:
+    """The CUDA engine's path flags running `paths` (FastPath members) and the verified path for every
+    other switch. Two paths on one switch, or a path without the paths it needs, is a programming error."""
+    chosen = {FastPath(p) for p in paths}
+    by_switch: dict[str, FastPath] = {}
+    for p in sorted(chosen, key=list(FastPath).index):
+        entry = PATH_SWITCHES[p]
+        if entry.switch in by_switch:
+            raise ValueError(f"{p.value} and {by_switch[entry.switch].value} both set {entry.switch}")
+        missing = [n.value for n in entry.needs if n not in chosen]
+        if missing:
+            raise ValueError(f"{p.value} needs {', '.join(missing)}")
+        by_switch[entry.switch] = p
+    flags: list[str] = []
+    for switch, verified in VERIFIED_SWITCHES.items():
+        flags += PATH_SWITCHES[by_switch[switch]].fast if switch in by_switch else verified
+    return flags
+
+
+VERIFIED_FLAGS = path_flags(())  # what every fast path is compared with, and what a run uses where none qualifies

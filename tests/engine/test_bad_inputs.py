@@ -128,7 +128,7 @@ def test_help_lists_every_flag(engine_bin, tmp_path):
                            "--min-lr", "--warmup", "--beta1", "--beta2", "--eps", "--weight-decay",
                            "--grad-clip", "--seed", "--threads", "--precision", "--attention", "--fused",
                            "--cuda-graph", "--meta", "--dump-grads", "--dump-grads-step",
-                           "--allow-hparam-change", "--help") if f not in out]
+                           "--allow-hparam-change", "--sample-recompute", "--sync-snapshot", "--help") if f not in out]
     assert not missing, f"--help does not list {missing}"
 
 

@@ -25,6 +25,7 @@ which also renders the table in docs/PERFORMANCE.md from it).
     python scripts/bench_cuda.py --shape gpt2-124m --batch 8 32 64 --json out.json
     python scripts/bench_cuda.py --shape andrea-12m --no-torch --attention flash
     python scripts/bench_cuda.py --shape gpt2-124m --llmc /path/to/train_gpt2cu
+    python scripts/bench_cuda.py --shape gpt2-124m --variants naive cudnn+graph --torch-modes default
 
 Shapes: ANDREA-12M (C=384, L=6, H=12, V=4608, T=1024) and GPT-2 124M
 (C=768, L=12, H=12, V=50304, T=1024). Needs an NVIDIA GPU for numbers; a
@@ -73,6 +74,15 @@ def engine_variant(attention: str, step_path: str) -> str:
     return attention if step_path == "verified" else f"{attention}+{step_path}"
 
 
+def parse_variant(name: str) -> tuple[str, str]:
+    """(attention, step path) of a variant name as engine_variant writes it; ValueError if not one."""
+    attention, _, step_path = name.partition("+")
+    step_path = step_path or "verified"
+    if attention not in ATTENTION or step_path not in STEP_PATHS or engine_variant(attention, step_path) != name:
+        raise ValueError(f"not an engine variant: {name!r} (ATTENTION or ATTENTION+STEP, e.g. naive, cudnn+graph)")
+    return attention, step_path
+
+
 TORCH_MODES = ("default", "reduce-overhead", "max-autotune")
 # Dense bf16 tensor-core peaks (datasheet, SXM parts), TFLOP/s.
 PEAKS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "4090": 165.0}
@@ -115,6 +125,26 @@ def gpu_facts() -> dict:
     nvcc = re.search(r"release ([0-9.]+), V([0-9.]+)", run_text(["nvcc", "--version"]) or "")
     return {"gpu": name, "driver": driver, "cuda": cuda.group(1) if cuda else None,
             "nvcc": nvcc.group(2) if nvcc else None}
+
+
+def cudnn_version() -> str | None:
+    """The nvidia-cudnn wheel's version (the cuDNN the engine loads, docs/CUDA.md), or None."""
+    from importlib import metadata
+    for dist in ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def source_commit() -> str | None:
+    """The commit of this checkout (with "-dirty" when it has uncommitted changes), or None without git."""
+    head = run_text(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"])
+    if not head:
+        return None
+    dirty = run_text(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    return head.strip() + ("-dirty" if dirty else "")
 
 
 def process_gpu_mib(pid: int) -> float | None:
@@ -366,6 +396,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="engine attention paths to run (default: naive flash)")
     ap.add_argument("--step-paths", nargs="+", choices=list(STEP_PATHS), default=["verified"],
                     help="engine step paths to run with each attention path (default: verified)")
+    ap.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
+                    help="engine variants to run, in this order, instead of every --attention x --step-paths "
+                         "pair: ATTENTION or ATTENTION+STEP (naive is the verified path; cudnn+graph, ...)")
+    ap.add_argument("--commit", default=None,
+                    help="the microgpt commit to record (default: git's, where this checkout has .git)")
     ap.add_argument("--no-engine", action="store_true", help="skip the engine")
     ap.add_argument("--torch-modes", nargs="+", choices=TORCH_MODES[:2], default=list(TORCH_MODES[:2]),
                     help="torch.compile modes (default: default reduce-overhead)")
@@ -379,6 +414,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--batch and --steps must be >= 1, --warmup and --ckpts >= 0")
     if args.max_autotune:
         args.torch_modes = [*args.torch_modes, "max-autotune"]
+    if args.variants is not None:
+        try:
+            args.variant_pairs = [parse_variant(v) for v in args.variants]
+        except ValueError as exc:
+            ap.error(str(exc))
+    else:
+        args.variant_pairs = [(a, p) for a in args.attention for p in args.step_paths]
     return args
 
 
@@ -414,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                          nvcc=facts["nvcc"], torch=torch_version, torch_cuda=torch_cuda,
                          command=shlex.join(["python", "scripts/bench_cuda.py", *(argv if argv is not None
                                                                                    else sys.argv[1:])]),
-                         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), runs=[])
+                         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), runs=[],
+                         cudnn=cudnn_version(), commit=args.commit or source_commit())
     shapes = list(SHAPES) if args.shape == "all" else [args.shape]
     for key in shapes:
         s = SHAPES[key]
@@ -427,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             report.runs.append(run)
             jobs = []
             if not args.no_engine:
-                variants = [(a, p) for a in args.attention for p in args.step_paths]
+                variants = args.variant_pairs
                 for attention, step_path in variants:
                     ckpts = args.ckpts if (attention, step_path) == variants[-1] else 0
                     jobs.append(lambda a=attention, p=step_path, c=ckpts: bench_engine(

@@ -495,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GPU: {facts['gpu']}, driver {facts['driver']}, CUDA {facts['cuda']}; MFU against "
           f"{peak if peak else 'unknown (pass --peak-tflops)'} TFLOP/s dense bf16")
     if args.json:
+        report.save(args.json)  # also when every side was skipped or left out (--no-engine --no-torch)
         print(f"bench_cuda: wrote {args.json}")
     return 0
 

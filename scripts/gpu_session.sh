@@ -133,7 +133,7 @@ pip_download_for_image() {
 }
 
 phase_prepare() {
-    local peers=${PEERS_DIR:-../shared/peers} inc rc
+    local peers=${PEERS_DIR:-../shared/peers} inc
     [[ -d $peers/llm.c ]] || { echo "gpu_session: $peers/llm.c not found (the llm.c peer; PEERS_DIR=...)"; return 1; }
     mkdir -p .gpu-carry
     rm -rf .gpu-carry/llm.c .gpu-carry/cudnn-frontend
@@ -142,14 +142,17 @@ phase_prepare() {
         || { echo "gpu_session: the nvidia-cudnn-frontend wheel is not installed here (scripts/install_test_deps.sh)"; return 1; }
     mkdir -p .gpu-carry/cudnn-frontend
     cp -r "$inc" .gpu-carry/cudnn-frontend/include
-    # The cuDNN attention object: compiled here once (about a minute of CPU), carried with its stamp.
-    if "$PY" scripts/cudnn_carry.py check .gpu-carry/attention_cudnn.o .gpu-carry/attention_cudnn.json \
+    # The cuDNN attention object: build/'s (compiled here when make finds it missing or out of date:
+    # about a minute of CPU), carried with its stamp. The same bytes as build/'s, so that placing it
+    # there in a dry run changes nothing.
+    make build/attention_cudnn.o PYTHON="$PY" CUDNN_FRONTEND_INC="$FRONTEND_DIR" || return 1
+    if cmp -s build/attention_cudnn.o .gpu-carry/attention_cudnn.o \
+       && "$PY" scripts/cudnn_carry.py check .gpu-carry/attention_cudnn.o .gpu-carry/attention_cudnn.json \
             "$FRONTEND_DIR" > /dev/null; then
         echo "gpu_session: .gpu-carry/attention_cudnn.o is up to date"
     else
-        echo "gpu_session: compiling build/attention_cudnn.o to carry (about a minute of CPU the first time)"
-        make build/attention_cudnn.o PYTHON="$PY" CUDNN_FRONTEND_INC="$FRONTEND_DIR" || return 1
-        cp build/attention_cudnn.o .gpu-carry/attention_cudnn.o.tmp && mv .gpu-carry/attention_cudnn.o.tmp .gpu-carry/attention_cudnn.o
+        cp build/attention_cudnn.o .gpu-carry/attention_cudnn.o.tmp \
+            && mv .gpu-carry/attention_cudnn.o.tmp .gpu-carry/attention_cudnn.o || return 1
         "$PY" scripts/cudnn_carry.py write .gpu-carry/attention_cudnn.o .gpu-carry/attention_cudnn.json || return 1
     fi
     cat .gpu-carry/attention_cudnn.json; echo

@@ -36,6 +36,7 @@ def session(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 @needs_nvcc
+@pytest.mark.xdist_group("gpu_session")  # one worker: both write .gpu-carry/ and .whl/ (prepare)
 @pytest.mark.parametrize("plan", ["lease", "lease2"])
 def test_dry_run_passes_within_the_lease_budget(plan, tmp_path):
     out = session("--dry-run", "--out", str(tmp_path), plan, timeout=900)

@@ -211,10 +211,11 @@ cudnn_wheel_dir() {
 # The carried build/attention_cudnn.o into build/, when its stamp matches this machine; else one line
 # saying why, and make compiles it here.
 place_cudnn_object() {
-    local obj=.gpu-carry/attention_cudnn.o
+    local obj=.gpu-carry/attention_cudnn.o why
     [[ -f $obj ]] || { echo "gpu_session: no carried cuDNN object ($obj): make compiles it here"; return 1; }
-    "$PY" scripts/cudnn_carry.py check "$obj" .gpu-carry/attention_cudnn.json "$FRONTEND_DIR" \
-        || { echo "gpu_session: make compiles build/attention_cudnn.o here instead"; return 1; }
+    why=$("$PY" scripts/cudnn_carry.py check "$obj" .gpu-carry/attention_cudnn.json "$FRONTEND_DIR" 2>&1) \
+        || { echo "gpu_session: ${why#cudnn_carry: }: not using it (make compiles build/attention_cudnn.o here)"
+             return 1; }
     mkdir -p build
     if ! cmp -s "$obj" build/attention_cudnn.o \
        || ! make -q build/attention_cudnn.o PYTHON="$PY" CUDNN_FRONTEND_INC="$FRONTEND_DIR" 2> /dev/null; then

@@ -141,3 +141,23 @@ def test_the_blocker_refuses_what_the_image_lacks_unless_a_carried_wheel_brings_
     out = subprocess.run([sys.executable, "-c", "import pydantic; print(pydantic.CARRIED)"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+
+
+@needs_nvcc
+@pytest.mark.xdist_group("gpu_session")
+@pytest.mark.skipif(not installed("nvidia-cudnn-cu13"), reason="no nvidia-cudnn-cu13 wheel (scripts/install_test_deps.sh)")
+def test_the_build_refuses_the_carried_object_on_another_cudnn_in_one_line(tmp_path):
+    # The GPU machine's nvidia-cudnn-cu13 is another version: a distribution record of that version,
+    # first on PYTHONPATH, is what importlib.metadata (the stamp's check) finds there.
+    prepared = session("--out", str(tmp_path / "prepare"), "prepare", timeout=600)
+    assert prepared.returncode == 0, (prepared.stdout + prepared.stderr)[-3000:]
+    fake = tmp_path / "image" / "nvidia_cudnn_cu13-9.0.0.1.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-cudnn-cu13\nVersion: 9.0.0.1\n")
+    out = subprocess.run([str(SCRIPT), "--out", str(tmp_path / "build"), "build"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, PYTHONPATH=f"{fake.parent}:{REPO}"))
+    here = metadata.version("nvidia-cudnn-cu13")
+    lines = [l for l in (out.stdout + out.stderr).splitlines() if "carried" in l]
+    assert lines == [f"gpu_session: the carried cuDNN object was compiled against nvidia-cudnn-cu13 {here}, this "
+                     f"machine has 9.0.0.1: not using it (make compiles build/attention_cudnn.o here)"], out.stdout
+    assert out.returncode == 0, out.stdout[-3000:]  # the build goes on: make decides what to compile

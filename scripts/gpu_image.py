@@ -9,8 +9,8 @@ run puts scripts/gpu_image_site/ (a sitecustomize that refuses other imports) fi
 a package the carried wheels lack fails to import here exactly as it would there.
 
     python scripts/gpu_image.py allow          # the importable top-level modules, comma-separated
-    python scripts/gpu_image.py foreign DIR    # the wheels in DIR this interpreter cannot install:
-                                               # FILE NAME==VERSION, one a line
+    python scripts/gpu_image.py pythons        # the Python versions prepare downloads wheels for
+    python scripts/gpu_image.py installable DIR   # the wheels in DIR to install here, one per project
 """
 from __future__ import annotations
 
@@ -23,9 +23,17 @@ from packaging.requirements import Requirement
 from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+# The Pythons the carried wheels are downloaded for: the image's (3.12) and its neighbours, so that a
+# dry run here and an image that moves on install the same versions.
+IMAGE_PYTHONS = ("3.11", "3.12", "3.13")  # the proxy's fastapi needs 3.11 or later
+
 # The distributions the GPU image holds that matter here (the device tool's image); their
 # dependencies come with them. Every installed nvidia-* distribution counts too.
 IMAGE_DISTS = ("pip", "torch", "numpy", "pytest", "psutil", "tqdm", "tokenizers", "safetensors", "pyarrow")
+
+
+class InstallError(Exception):
+    """The carried wheels do not fit this interpreter; the message is one line."""
 
 
 def installed() -> dict[str, metadata.Distribution]:
@@ -70,25 +78,39 @@ def allowed_modules() -> list[str]:
     return sorted({m for name in image_closure(dists) for m in top_level_modules(dists[name])})
 
 
-def foreign_wheels(directory: Path) -> list[str]:
-    """"FILE NAME==VERSION" of each wheel in directory whose tags this interpreter does not support."""
-    here = set(sys_tags())
-    out = []
+def installable_wheels(directory: Path) -> list[Path]:
+    """One wheel per project in directory: the one this interpreter prefers among those it can install
+    (prepare downloads pydantic-core for several Pythons). InstallError when a project has none."""
+    rank = {tag: i for i, tag in enumerate(sys_tags())}  # this interpreter's tags, most preferred first
+    fitting: dict[str, list[tuple[int, Path]]] = {}
     for whl in sorted(directory.glob("*.whl")):
-        name, version, _, tags = parse_wheel_filename(whl.name)
-        if not tags & here:
-            out.append(f"{whl} {name}=={version}")
-    return out
+        name, _, _, tags = parse_wheel_filename(whl.name)
+        ranks = [rank[t] for t in tags if t in rank]
+        fitting.setdefault(name, []).extend([(min(ranks), whl)] if ranks else [])
+    missing = sorted(name for name, wheels in fitting.items() if not wheels)
+    if missing:
+        here = next(iter(sys_tags()))
+        raise InstallError(f"no wheel in {directory} for this Python ({here.interpreter}, {here.platform}): "
+                           f"{', '.join(missing)} (scripts/gpu_session.sh prepare downloads them for "
+                           f"Python {', '.join(IMAGE_PYTHONS)})")
+    return [min(wheels)[1] for wheels in fitting.values()]
 
 
 def main(argv: list[str]) -> int:
     if argv == ["allow"]:
         print(",".join(allowed_modules()))
         return 0
-    if len(argv) == 2 and argv[0] == "foreign":
-        print("\n".join(foreign_wheels(Path(argv[1]))))
+    if argv == ["pythons"]:
+        print(" ".join(IMAGE_PYTHONS))
         return 0
-    print("gpu_image: usage: gpu_image.py allow | foreign DIR", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "installable":
+        try:
+            print("\n".join(str(w) for w in installable_wheels(Path(argv[1]))))
+        except InstallError as exc:
+            print(f"gpu_image: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    print("gpu_image: usage: gpu_image.py allow | pythons | installable DIR", file=sys.stderr)
     return 2
 
 

@@ -19,8 +19,11 @@
 #                (this machine's nvidia-cudnn-frontend wheel), build/attention_cudnn.o compiled here with
 #                a stamp of what it was compiled against (scripts/cudnn_carry.py), the commit; downloads
 #                into .whl/ the wheels the image lacks (pydantic, fastapi, uvicorn, watchdog with their
-#                dependencies, pytest-timeout) for its Python; prints the carried size (64 MiB at most)
-#   wheels       installs .whl/ into a target directory that every later phase has on PYTHONPATH
+#                dependencies, pytest-timeout) for Python 3.11-3.13 (the image has 3.12); prints the
+#                carried size (64 MiB at most)
+#   wheels       installs the wheels of .whl/ that fit this Python, one per project, into a target
+#                directory that every later phase of the call has on PYTHONPATH (a temporary one:
+#                name it first in any call whose phases import the proxy)
 #   build        `make -j3 engines` for this GPU's architecture with cuDNN, using the carried cuDNN
 #                object when its stamp matches this machine (else one line says why, and make compiles
 #                it here); with bench-b32 in the plan, llm.c's train_gpt2cu with cuDNN in the background
@@ -47,8 +50,7 @@
 #
 # --dry-run (no GPU needed): runs prepare, then each phase of the plan as far as it goes without a
 # GPU, in an environment holding only the GPU image's Python packages plus the carried wheels
-# (scripts/gpu_image.py; a wheel built for the image's Python is replaced by the same version built
-# for this one): wheels installs them; build checks the carried object's stamp, places it and builds
+# (scripts/gpu_image.py): wheels installs them; build checks the carried object's stamp, places it and builds
 # the engine with it for sm_90 (make reuses what is built), and checks that llm.c's Makefile gets past
 # its cuDNN check (make -n); the test phases collect their tests (pytest --collect-only); the bench
 # phases run scripts/bench_cuda.py with --no-engine --no-torch; profile and goodput check their
@@ -119,17 +121,19 @@ cd "$repo" || exit 2
 # is set in a dry run, and each phase does there what needs no GPU)
 
 # The wheels the image lacks: the proxy's packages (with their dependencies) and pytest's time limit.
-# Pinned to the versions installed here, where the tests pass with them; built for the image's Python.
-IMAGE_PYTHON=3.12
+# Pinned to the versions installed here, where the tests pass with them; downloaded for the image's
+# Python and its neighbours (scripts/gpu_image.py: the wheels phase installs the ones that fit).
 carried_requirements() {
     "$PY" -c "import importlib.metadata as m
 print(' '.join(f'{d}=={m.version(d)}' for d in ('pydantic', 'fastapi', 'uvicorn', 'watchdog')))"
 }
 carried_plugins() { "$PY" -c "import importlib.metadata as m; print(f'pytest-timeout=={m.version(\"pytest-timeout\")}')"; }
-pip_download_for_image() {
-    "$PY" -m pip download -q --only-binary=:all: --python-version "$IMAGE_PYTHON" --implementation cp \
+pip_download_for() {  # PYTHON_VERSION pip-download-arguments...
+    local version=$1
+    shift
+    "$PY" -m pip download -q --only-binary=:all: --python-version "$version" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$@"
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$@"
 }
 
 phase_prepare() {
@@ -158,15 +162,18 @@ phase_prepare() {
     cat .gpu-carry/attention_cudnn.json; echo
     git describe --always --dirty --abbrev=12 > .gpu-carry/commit 2>/dev/null || rm -f .gpu-carry/commit
     # The wheels, downloaded again only when the request changes.
-    local request
-    request="python $IMAGE_PYTHON: $(carried_requirements) + $(carried_plugins)" || return 1
+    local request pythons version
+    pythons=$("$PY" scripts/gpu_image.py pythons) || return 1
+    request="python $pythons: $(carried_requirements) + $(carried_plugins)" || return 1
     if [[ $(cat .whl/REQUEST 2>/dev/null) == "$request" ]]; then
         echo "gpu_session: .whl is up to date ($request)"
     else
         rm -rf .whl && mkdir -p .whl
-        # shellcheck disable=SC2046
-        pip_download_for_image .whl $(carried_requirements) || return 1
-        pip_download_for_image .whl --no-deps "$(carried_plugins)" || return 1
+        for version in $pythons; do
+            # shellcheck disable=SC2046
+            pip_download_for "$version" $(carried_requirements) || return 1
+            pip_download_for "$version" --no-deps "$(carried_plugins)" || return 1
+        done
         echo "$request" > .whl/REQUEST
     fi
     ls .whl
@@ -177,27 +184,12 @@ phase_prepare() {
 }
 
 phase_wheels() {
-    compgen -G ".whl/*.whl" > /dev/null || { echo "gpu_session: no wheels in .whl (run the prepare phase here first, carry .whl)"; return 1; }
-    local wheels=(.whl/*.whl) file spec name
-    if [[ -n $DRY ]]; then
-        # This Python may not be the image's: a wheel only the image can install (pydantic-core's),
-        # the same version built for this one instead.
-        mkdir -p build/gpu-dry-whl
-        while read -r file spec; do
-            [[ -n $file ]] || continue
-            wheels=("${wheels[@]/$file}")
-            name=${spec%%==*}
-            if ! compgen -G "build/gpu-dry-whl/${name//-/_}-${spec#*==}-*.whl" > /dev/null; then
-                "$PY" -m pip download -q --no-deps --only-binary=:all: -d build/gpu-dry-whl "$spec" || return 1
-            fi
-            file=$(compgen -G "build/gpu-dry-whl/${name//-/_}-${spec#*==}-*.whl" | head -n 1)
-            echo "gpu_session: dry run: $file in place of the image's wheel"
-            wheels+=("$file")
-        done < <("$PY" scripts/gpu_image.py foreign .whl)
-    fi
-    mapfile -t wheels < <(printf '%s\n' "${wheels[@]}" | grep .)
+    local wheels
+    wheels=$("$PY" scripts/gpu_image.py installable .whl) || return 1
+    [[ -n $wheels ]] || { echo "gpu_session: no wheels in .whl (run the prepare phase here first, carry .whl)"; return 1; }
+    # shellcheck disable=SC2086
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        "${wheels[@]}" || return 1
+        $wheels || return 1
     "$PY" -c "import pydantic, fastapi, uvicorn, watchdog, pytest_timeout; print('gpu_session: wheels installed:', \
         'pydantic', pydantic.VERSION, 'fastapi', fastapi.__version__)"
 }
@@ -421,11 +413,10 @@ phase_goodput() {
         --label "ANDREA-12M, $gpu" --json "$OUT_DIR/goodput-gpu.json"
 }
 
-export -f carried_requirements carried_plugins pip_download_for_image phase_prepare phase_wheels cudnn_wheel_dir \
+export -f carried_requirements carried_plugins pip_download_for phase_prepare phase_wheels cudnn_wheel_dir \
     place_cudnn_object llmc_make phase_build phase_check run_pytest phase_cpu engine_quick_args engine_quick_frames \
     phase_sanitize phase_test_fast phase_test phase_test_e2e phase_profile phase_profile_124m wait_llmc bench \
     phase_bench_124m phase_bench_12m phase_bench_b32 phase_goodput
-export IMAGE_PYTHON
 
 # ---------------------------------------------------------------------------
 # the runner

@@ -161,3 +161,21 @@ def test_the_build_refuses_the_carried_object_on_another_cudnn_in_one_line(tmp_p
     assert lines == [f"gpu_session: the carried cuDNN object was compiled against nvidia-cudnn-cu13 {here}, this "
                      f"machine has 9.0.0.1: not using it (make compiles build/attention_cudnn.o here)"], out.stdout
     assert out.returncode == 0, out.stdout[-3000:]  # the build goes on: make decides what to compile
+
+
+def test_the_wheels_phase_installs_one_fitting_wheel_per_project(tmp_path):
+    from packaging.tags import sys_tags
+
+    here = next(iter(sys_tags()))  # this interpreter's most preferred tag
+    names = [f"core-2.0-{here.interpreter}-{here.abi}-{here.platform}.whl",  # fits
+             "core-2.0-cp399-cp399-manylinux_2_17_x86_64.whl",  # another Python's: left out
+             "pure-1.0-py3-none-any.whl"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    cli = [sys.executable, str(REPO / "scripts" / "gpu_image.py"), "installable", str(tmp_path)]
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and sorted(Path(p).name for p in out.stdout.split()) == sorted([names[0], names[2]])
+    (tmp_path / "only-1.0-cp399-cp399-manylinux_2_17_x86_64.whl").write_bytes(b"")
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "no wheel in" in out.stderr and ": only (" in out.stderr

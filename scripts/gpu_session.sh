@@ -19,7 +19,7 @@
 #                (this machine's nvidia-cudnn-frontend wheel), build/attention_cudnn.o compiled here with
 #                a stamp of what it was compiled against (scripts/cudnn_carry.py), the commit; downloads
 #                into .whl/ the wheels the image lacks (pydantic, fastapi, uvicorn, watchdog with their
-#                dependencies, pytest-timeout) for Python 3.11-3.13 (the image has 3.12); prints the
+#                dependencies, pytest-timeout, pytest-xdist) for Python 3.11-3.13 (the image has 3.12); prints the
 #                carried size (64 MiB at most)
 #   wheels       installs the wheels of .whl/ that fit this Python, one per project, into a target
 #                directory that every later phase of the call has on PYTHONPATH (a temporary one:
@@ -29,9 +29,9 @@
 #                it here); with bench-b32 in the plan, llm.c's train_gpt2cu with cuDNN in the background
 #   test-fast    tests/gpu/test_fast_paths.py: every fast path against the verified one on this GPU
 #   test         the rest of tests/gpu
-#   test-e2e     `make test-gpu`'s other suites against the CUDA engine (MICROGPT_TEST_ENGINE=cuda): the
-#                engine, frame gate, end-to-end, pivot and kill-storm suites; the kill storms' results
-#                go to faults-cuda.json
+#   test-e2e     `make test-gpu`'s other suites (the Makefile's GPU_SUITES) against the CUDA engine
+#                (MICROGPT_TEST_ENGINE=cuda), in 4 pytest-xdist workers: the engine, frame gate,
+#                end-to-end, pivot and kill-storm suites; the kill storms' results go to faults-cuda.json
 #   bench-124m   scripts/bench_cuda.py at gpt2-124m B=8: naive (the verified path, the same-card
 #                anchor), cudnn+graph, cudnn+fused, flash+graph; PyTorch default and reduce-overhead
 #   bench-12m    scripts/bench_cuda.py at andrea-12m B=8: cudnn+graph against PyTorch reduce-overhead
@@ -127,7 +127,11 @@ carried_requirements() {
     "$PY" -c "import importlib.metadata as m
 print(' '.join(f'{d}=={m.version(d)}' for d in ('pydantic', 'fastapi', 'uvicorn', 'watchdog')))"
 }
-carried_plugins() { "$PY" -c "import importlib.metadata as m; print(f'pytest-timeout=={m.version(\"pytest-timeout\")}')"; }
+# pytest's plugins: its time limit (pyproject's timeout), and xdist (with execnet) for test-e2e.
+carried_plugins() {
+    "$PY" -c "import importlib.metadata as m
+print(' '.join(f'{d}=={m.version(d)}' for d in ('pytest-timeout', 'pytest-xdist', 'execnet')))"
+}
 pip_download_for() {  # PYTHON_VERSION pip-download-arguments...
     local version=$1
     shift
@@ -172,7 +176,8 @@ phase_prepare() {
         for version in $pythons; do
             # shellcheck disable=SC2046
             pip_download_for "$version" $(carried_requirements) || return 1
-            pip_download_for "$version" --no-deps "$(carried_plugins)" || return 1
+            # shellcheck disable=SC2046
+            pip_download_for "$version" --no-deps $(carried_plugins) || return 1
         done
         echo "$request" > .whl/REQUEST
     fi
@@ -190,7 +195,7 @@ phase_wheels() {
     # shellcheck disable=SC2086
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         $wheels || return 1
-    "$PY" -c "import pydantic, fastapi, uvicorn, watchdog, pytest_timeout; print('gpu_session: wheels installed:', \
+    "$PY" -c "import pydantic, fastapi, uvicorn, watchdog, pytest_timeout, xdist, execnet; print('gpu_session: wheels installed:', \
         'pydantic', pydantic.VERSION, 'fastapi', fastapi.__version__)"
 }
 
@@ -331,9 +336,16 @@ phase_test() {
     run_pytest tests/gpu --ignore=tests/gpu/test_fast_paths.py
 }
 
-phase_test_e2e() {
+phase_test_e2e() {  # the Makefile's GPU_SUITES but tests/gpu (the test and test-fast phases)
+    local suites workers=(--numprocesses 4 --dist loadgroup)
+    [[ -n $DRY ]] && workers=()
+    suites=$(sed -n 's/^GPU_SUITES := //p' Makefile | tr ' ' '\n' | grep -vx "tests/gpu")
+    [[ -n $suites ]] || { echo "gpu_session: no GPU_SUITES line in the Makefile"; return 1; }
+    # Four workers on the machine's 16 cores, one GPU; the suites that must share one worker say so
+    # (tests/conftest.py, as in `make test`). A dry run loads xdist but collects in one process.
+    # shellcheck disable=SC2086
     FAULT_RESULTS="$OUT_DIR/faults-cuda.json" MICROGPT_TEST_ENGINE=cuda \
-        run_pytest tests/engine tests/harness tests/proxy_e2e tests/proxy_pivot tests/faults/test_kills.py
+        run_pytest -p xdist "${workers[@]}" $suites
 }
 
 phase_profile() {

@@ -36,6 +36,8 @@
 #                anchor), cudnn+graph, cudnn+fused, flash+graph; PyTorch default and reduce-overhead
 #   bench-12m    scripts/bench_cuda.py at andrea-12m B=8: cudnn+graph against PyTorch reduce-overhead
 #   bench-b32    scripts/bench_cuda.py at gpt2-124m B=32: cudnn+graph, llm.c with cuDNN, PyTorch default
+#                (a bench phase fails when one of its trainers could not run: bench_cuda.py records it
+#                as skipped, with the reason)
 #   profile-124m scripts/profile_cuda.sh of cudnn+graph at gpt2-124m B=8 (per kernel with ncu)
 #   goodput      scripts/bench_goodput.py: proxy run of ANDREA-12M (300 steps) on the CUDA engine
 #   check        build/flash_attention_check: the flash kernels alone against float64, then --time
@@ -385,13 +387,24 @@ wait_llmc() {  # prints the train_gpt2cu path when llm.c was built, else nothing
 }
 
 # scripts/bench_cuda.py, results in $OUT_DIR/bench-NAME.json; a dry run measures nothing but runs the
-# same command line with neither the engine nor PyTorch.
+# same command line with neither the engine nor PyTorch. A trainer that could not run (bench_cuda.py
+# records it as skipped, with the reason) fails the phase.
 bench() {
     local name=$1 commit
     shift
     commit=$(git describe --always --dirty --abbrev=12 2>/dev/null || cat .gpu-carry/commit 2>/dev/null)
     "$PY" scripts/bench_cuda.py "$@" ${commit:+--commit "$commit"} --json "$OUT_DIR/bench-$name.json" \
-        ${DRY:+--no-engine --no-torch}
+        ${DRY:+--no-engine --no-torch} || return 1
+    "$PY" - "$OUT_DIR/bench-$name.json" <<'PYEOF'
+import sys
+from pathlib import Path
+sys.path.insert(0, "scripts")
+from cuda_bench_report import BenchReport
+skipped = [f"{s.label} at {r.shape} B={r.batch}" for r in BenchReport.load(Path(sys.argv[1])).runs
+           for s in r.sides if s.skipped]
+if skipped:
+    sys.exit(f"gpu_session: skipped (the table says why): {'; '.join(skipped)}")
+PYEOF
 }
 
 phase_bench_124m() {
@@ -489,7 +502,8 @@ done
     [[ -n $gpu ]] && echo "$gpu"
     if [[ -f $state/results/check.jsonl ]]; then
         echo "-- flash kernels (check.jsonl): worst error per output over the cases"
-        "$PY" - "$state/results/check.jsonl" <<'PYEOF' || trueimport json, sys
+        "$PY" - "$state/results/check.jsonl" <<'PYEOF' || true
+import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 cases = [r for r in rows if "nonfinite" in r]
 if cases:

@@ -254,6 +254,7 @@ phase_build() {
                 && grep -q -- "-DENABLE_CUDNN" "$STATE/results/llmc-build.log" \
                 && echo "gpu_session: llm.c's Makefile gets past its cuDNN check (make -n)" \
                 || { echo "gpu_session: llm.c's Makefile stops:"; tail -n 3 "$STATE/results/llmc-build.log"; rc=1; }
+            rm -f "$LLMC_DIR/cudnn-frontend"  # the carried tree stays free of links; the lease makes its own
         else
             echo "gpu_session: building llm.c with cuDNN in the background (llmc-build.log in results.tgz)"
             ( llmc_make > "$STATE/results/llmc-build.log" 2>&1; echo $? > "$STATE/llmc.rc" ) &

@@ -60,6 +60,8 @@ def test_dry_run_passes_within_the_lease_budget(plan, tmp_path):
     assert (tmp_path / "cuda-unknown.json").is_file() and (tmp_path / "summary.txt").is_file()
     if plan == "lease2":
         assert "llm.c's Makefile gets past its cuDNN check" in text
+        # The link that gets it past is made where llm.c is built, and not left in the carried tree.
+        assert not os.path.lexists(REPO / ".gpu-carry" / "llm.c" / "cudnn-frontend")
 
 
 # ---------------------------------------------------------------------------

@@ -135,6 +135,12 @@ def test_the_blocker_refuses_what_the_image_lacks_unless_a_carried_wheel_brings_
     code = "import json, numpy, pytest, proxy.atomic\nimport pydantic"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "No module named 'pydantic' (the GPU image does not have it" in out.stderr
+    # Without the carried wheels, the GPU tests do not even collect there (the failure the dry run
+    # exists to catch before a lease).
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          str(REPO / "tests" / "gpu" / "test_fast_paths.py")], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, env=dict(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+    assert out.returncode != 0 and "error" in out.stdout and "No module named 'pydantic'" in out.stdout, out.stdout
     # A package in the carried wheels' target directory (not a site-packages directory) imports.
     site = tmp_path / "site"
     (site / "pydantic").mkdir(parents=True)

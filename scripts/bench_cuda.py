@@ -25,6 +25,7 @@ which also renders the table in docs/PERFORMANCE.md from it).
     python scripts/bench_cuda.py --shape gpt2-124m --batch 8 32 64 --json out.json
     python scripts/bench_cuda.py --shape andrea-12m --no-torch --attention flash
     python scripts/bench_cuda.py --shape gpt2-124m --llmc /path/to/train_gpt2cu
+    python scripts/bench_cuda.py --shape gpt2-124m --variants naive cudnn+graph --torch-modes default
 
 Shapes: ANDREA-12M (C=384, L=6, H=12, V=4608, T=1024) and GPT-2 124M
 (C=768, L=12, H=12, V=50304, T=1024). Needs an NVIDIA GPU for numbers; a
@@ -60,6 +61,7 @@ from proxy.formats.parameters import n_params  # noqa: E402
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_engine import build_torch_model  # noqa: E402  (one peer model for both benchmarks)
 from cuda_bench_report import BenchReport, Run, Side  # noqa: E402  (the results file's format)
+from gpu_facts import cudnn_version, gpu_facts, gpu_peak, process_gpu_mib, source_commit  # noqa: E402
 
 SHAPES = {
     "andrea-12m": dict(dim=384, layers=6, heads=12, vocab=4608, ctx=1024),
@@ -73,9 +75,16 @@ def engine_variant(attention: str, step_path: str) -> str:
     return attention if step_path == "verified" else f"{attention}+{step_path}"
 
 
+def parse_variant(name: str) -> tuple[str, str]:
+    """(attention, step path) of a variant name as engine_variant writes it; ValueError if not one."""
+    attention, _, step_path = name.partition("+")
+    step_path = step_path or "verified"
+    if attention not in ATTENTION or step_path not in STEP_PATHS or engine_variant(attention, step_path) != name:
+        raise ValueError(f"not an engine variant: {name!r} (ATTENTION or ATTENTION+STEP, e.g. naive, cudnn+graph)")
+    return attention, step_path
+
+
 TORCH_MODES = ("default", "reduce-overhead", "max-autotune")
-# Dense bf16 tensor-core peaks (datasheet, SXM parts), TFLOP/s.
-PEAKS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "4090": 165.0}
 # llm.c's model descriptor for a shape (its -e flag), where it has one.
 LLMC_MODELS = {"gpt2-124m": "d12"}
 
@@ -83,51 +92,6 @@ LLMC_MODELS = {"gpt2-124m": "d12"}
 def flops_per_token(s: dict) -> float:
     n = n_params(s["vocab"], s["ctx"], s["dim"], s["layers"])
     return 6.0 * n + 6.0 * s["layers"] * s["dim"] * s["ctx"]
-
-
-def gpu_peak(name: str, override: float | None) -> float | None:
-    if override:
-        return override
-    for key, peak in PEAKS.items():
-        if key in name:
-            return peak
-    return None
-
-
-def run_text(cmd: list[str]) -> str | None:
-    """stdout of a short command, or None when it cannot run."""
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def gpu_facts() -> dict:
-    """GPU name, driver and CUDA version (nvidia-smi), nvcc release: None where unknown."""
-    query = run_text(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
-    name, driver = "unknown GPU", None
-    if query and query.strip():
-        parts = [p.strip() for p in query.strip().splitlines()[0].split(",")]
-        name, driver = parts[0], parts[1] if len(parts) > 1 else None
-    banner = run_text(["nvidia-smi"]) or ""
-    cuda = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
-    nvcc = re.search(r"release ([0-9.]+), V([0-9.]+)", run_text(["nvcc", "--version"]) or "")
-    return {"gpu": name, "driver": driver, "cuda": cuda.group(1) if cuda else None,
-            "nvcc": nvcc.group(2) if nvcc else None}
-
-
-def process_gpu_mib(pid: int) -> float | None:
-    """GPU memory nvidia-smi attributes to pid (MiB), or None."""
-    out = run_text(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
-    for line in (out or "").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(pid):
-            try:
-                return float(parts[1])
-            except ValueError:
-                return None
-    return None
 
 
 # ---------------------------------------------------------------------------
@@ -366,6 +330,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="engine attention paths to run (default: naive flash)")
     ap.add_argument("--step-paths", nargs="+", choices=list(STEP_PATHS), default=["verified"],
                     help="engine step paths to run with each attention path (default: verified)")
+    ap.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
+                    help="engine variants to run, in this order, instead of every --attention x --step-paths "
+                         "pair: ATTENTION or ATTENTION+STEP (naive is the verified path; cudnn+graph, ...)")
+    ap.add_argument("--commit", default=None,
+                    help="the microgpt commit to record (default: git's, where this checkout has .git)")
     ap.add_argument("--no-engine", action="store_true", help="skip the engine")
     ap.add_argument("--torch-modes", nargs="+", choices=TORCH_MODES[:2], default=list(TORCH_MODES[:2]),
                     help="torch.compile modes (default: default reduce-overhead)")
@@ -379,6 +348,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--batch and --steps must be >= 1, --warmup and --ckpts >= 0")
     if args.max_autotune:
         args.torch_modes = [*args.torch_modes, "max-autotune"]
+    if args.variants is not None:
+        try:
+            args.variant_pairs = [parse_variant(v) for v in args.variants]
+        except ValueError as exc:
+            ap.error(str(exc))
+    else:
+        args.variant_pairs = [(a, p) for a in args.attention for p in args.step_paths]
     return args
 
 
@@ -414,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                          nvcc=facts["nvcc"], torch=torch_version, torch_cuda=torch_cuda,
                          command=shlex.join(["python", "scripts/bench_cuda.py", *(argv if argv is not None
                                                                                    else sys.argv[1:])]),
-                         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), runs=[])
+                         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), runs=[],
+                         cudnn=cudnn_version(), commit=args.commit or source_commit())
     shapes = list(SHAPES) if args.shape == "all" else [args.shape]
     for key in shapes:
         s = SHAPES[key]
@@ -427,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             report.runs.append(run)
             jobs = []
             if not args.no_engine:
-                variants = [(a, p) for a in args.attention for p in args.step_paths]
+                variants = args.variant_pairs
                 for attention, step_path in variants:
                     ckpts = args.ckpts if (attention, step_path) == variants[-1] else 0
                     jobs.append(lambda a=attention, p=step_path, c=ckpts: bench_engine(
@@ -452,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GPU: {facts['gpu']}, driver {facts['driver']}, CUDA {facts['cuda']}; MFU against "
           f"{peak if peak else 'unknown (pass --peak-tflops)'} TFLOP/s dense bf16")
     if args.json:
+        report.save(args.json)  # also when every side was skipped or left out (--no-engine --no-torch)
         print(f"bench_cuda: wrote {args.json}")
     return 0
 

@@ -147,6 +147,8 @@ class BenchReport:
     command: str
     date: str
     runs: list[Run]
+    cudnn: str | None = None   # the nvidia-cudnn wheel's version the engine ran with
+    commit: str | None = None  # the microgpt commit measured ("-dirty": with uncommitted changes)
 
     def save(self, path: Path) -> None:
         atomic_write_json(path, asdict(self))
@@ -160,7 +162,7 @@ class BenchReport:
         if other.command not in self.command.split("; "):
             self.command = f"{self.command}; {other.command}"
         self.date = max(self.date, other.date)
-        for name in ("driver", "cuda", "nvcc", "torch", "torch_cuda", "peak_tflops"):
+        for name in ("driver", "cuda", "nvcc", "torch", "torch_cuda", "peak_tflops", "cudnn", "commit"):
             if getattr(self, name) is None:
                 setattr(self, name, getattr(other, name))
 
@@ -198,7 +200,9 @@ def _num(x: float | None, fmt: str) -> str:
 def render_table(report: BenchReport) -> str:
     lines = [f"{report.gpu}, driver {report.driver or '?'} (CUDA {report.cuda or '?'}), nvcc {report.nvcc or '?'}, "
              f"PyTorch {report.torch or '-'} (CUDA {report.torch_cuda or '-'}); {report.date}. "
-             f"MFU against {_num(report.peak_tflops, '.0f')} TFLOP/s dense bf16.", "",
+             f"MFU against {_num(report.peak_tflops, '.0f')} TFLOP/s dense bf16."
+             + (f" cuDNN {report.cudnn}." if report.cudnn else "")
+             + (f" microgpt {report.commit}." if report.commit else ""), "",
              *[f"`{c}`" for c in report.command.split("; ")], "",
              "| shape | B | trainer | tokens/s | vs fastest PyTorch | MFU | peak GPU memory |",
              "|---|---:|---|---:|---:|---:|---:|"]

@@ -183,3 +183,40 @@ def test_missing_engine_is_one_line_and_exit_2(tmp_path):
                           str(tmp_path / "nope"), "--no-torch"], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "not found" in res.stderr
+
+
+def test_variants_name_the_engine_runs_in_order():
+    args = bench_cuda.parse_args(["--variants", "naive", "cudnn+graph", "cudnn+fused", "flash+graph"])
+    assert args.variant_pairs == [("naive", "verified"), ("cudnn", "graph"), ("cudnn", "fused"), ("flash", "graph")]
+    # Without --variants: every --attention x --step-paths pair, as before.
+    args = bench_cuda.parse_args(["--attention", "cudnn", "flash", "--step-paths", "graph"])
+    assert args.variant_pairs == [("cudnn", "graph"), ("flash", "graph")]
+    for bad in ("fast", "cudnn+", "cudnn+verified", "cudnn+graph+x", "+graph"):
+        with pytest.raises(SystemExit):
+            bench_cuda.parse_args(["--variants", bad])
+
+
+def test_cudnn_and_commit_are_recorded_and_rendered(tmp_path):
+    doc = json.loads(FIXTURE.read_text())
+    assert "cudnn" not in doc  # an older results file still loads: both default to None
+    assert report.BenchReport.load(FIXTURE).cudnn is None
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**doc, "cudnn": "9.28.1.4", "commit": "0123456789ab-dirty"}))
+    loaded = report.BenchReport.load(path)
+    assert (loaded.cudnn, loaded.commit) == ("9.28.1.4", "0123456789ab-dirty")
+    first = report.render_table(loaded).splitlines()[0]
+    assert first.endswith("dense bf16. cuDNN 9.28.1.4. microgpt 0123456789ab-dirty.")
+
+
+def test_a_run_that_measures_nothing_still_writes_its_file(tmp_path):
+    # gpu_session.sh --dry-run runs each bench command line with --no-engine --no-torch: the file
+    # (every run, no sides) must still be written, with the commit given.
+    out_json = tmp_path / "bench.json"
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_cuda.py"), "--no-engine", "--no-torch",
+                          "--shape", "gpt2-124m", "--variants", "naive", "cudnn+graph", "--commit", "abc123",
+                          "--json", str(out_json)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert res.returncode == 0, res.stderr
+    rep = report.BenchReport.load(out_json)
+    assert [(r.shape, r.batch, r.sides) for r in rep.runs] == [("gpt2-124m", 8, [])]
+    assert rep.commit == "abc123" and "--variants naive cudnn+graph" in rep.command

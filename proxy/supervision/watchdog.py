@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .segment import Segment
@@ -43,7 +43,7 @@ BUSY_FACTOR = 2.0  # a computing engine's silence may last this many allowances
 MIN_WINDOW_S = 1.0  # the CPU time is compared over at least this much wall time (it counts in clock ticks)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Sample:
     """The engine's CPU time, read halfway through one silence."""
     segment: int
@@ -94,8 +94,8 @@ class Watchdog:
         if credit <= 0:
             return 0.0
         seg.excuse_silence(credit)
-        if self.sample is not None:
-            self.sample.silence_from += credit
+        if self.sample is not None:  # the same silence, moved with it
+            self.sample = replace(self.sample, silence_from=self.sample.silence_from + credit)
         self.paused_s += credit
         return credit
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 from types import SimpleNamespace
 
 from proxy.rundir.lock_holder import proxy_arguments
@@ -58,20 +59,18 @@ def test_hang_confirmed_by_cpu_time():
     dog = Watchdog(5.0, 0.2)
     seg = _segment(3.0)
     assert not dog.hung(seg, 0.0, False, _cpu([10.0]))  # the halfway sample
-    dog.sample.at -= 3.0  # three seconds later, silent for 6 s
-    seg.last_activity -= 3.0
-    dog.sample.silence_from = seg.last_activity
+    seg.last_activity -= 3.0  # three seconds later, silent for 6 s
+    dog.sample = replace(dog.sample, at=dog.sample.at - 3.0, silence_from=seg.last_activity)
     assert dog.hung(seg, 0.0, False, _cpu([10.0])) and "no CPU" in dog.verdict
     # computing: one more allowance, then hung whatever the CPU does
     dog = Watchdog(5.0, 0.2)
     seg = _segment(3.0)
     dog.hung(seg, 0.0, False, _cpu([10.0]))
-    dog.sample.at -= 3.0
     seg.last_activity -= 3.0
-    dog.sample.silence_from = seg.last_activity
+    dog.sample = replace(dog.sample, at=dog.sample.at - 3.0, silence_from=seg.last_activity)
     assert not dog.hung(seg, 0.0, False, _cpu([13.0]))
     seg.last_activity -= BUSY_FACTOR * 5.0
-    dog.sample.silence_from = seg.last_activity
+    dog.sample = replace(dog.sample, silence_from=seg.last_activity)
     assert dog.hung(seg, 0.0, False, _cpu([30.0])) and "computing" in dog.verdict
     # an event read but not yet handled is never a hang
     assert not Watchdog(5.0, 0.2).hung(_segment(60.0), 0.0, True, _cpu([]))

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import os
 import time
+
 import psutil
 
 from ..atomic import anchor, storage_guard, unanchor
@@ -123,7 +124,11 @@ class RunLock(KernelLock):
         try:
             super().acquire()
         except LockBusy as busy:
-            holder = holder_of(busy.holder, FileIdentity.of(self.run.root), _parent(self.run))
+            try:
+                here = FileIdentity.of(self.run.root)
+            except OSError:
+                here = None
+            holder = holder_of(busy.holder, here, _parent(self.run))
             how = (f"one proxy per run; `proxy stop --run-dir {self.run.root}` stops it" if holder.is_proxy else
                    "nothing was signalled; the run can start once that process lets go")
             raise RunInUse(f"run directory {self.run.root} is in use by {holder.describe()} ({how})") from None

@@ -99,9 +99,11 @@ def _shown(cmdline: list[str]) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
-def why_not_proxy(process: psutil.Process, run_dir: FileIdentity, parent: FileIdentity | None) -> str | None:
+def why_not_proxy(process: psutil.Process, run_dir: FileIdentity | None, parent: FileIdentity | None) -> str | None:
     """Why `process` (holding the lock of the directory `run_dir`, whose parent directory is `parent`) is
     not a proxy of that run; None when it is one."""
+    if run_dir is None:
+        return "the run directory itself cannot be examined"
     try:
         cmdline = process.cmdline()
     except psutil.Error:
@@ -119,7 +121,7 @@ def why_not_proxy(process: psutil.Process, run_dir: FileIdentity, parent: FileId
     return None
 
 
-def holder_of(process: psutil.Process | None, run_dir: FileIdentity, parent: FileIdentity | None) -> Holder:
+def holder_of(process: psutil.Process | None, run_dir: FileIdentity | None, parent: FileIdentity | None) -> Holder:
     """The Holder the kernel named, with the proof done."""
     if process is None:
         return Holder(None)

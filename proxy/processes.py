@@ -17,6 +17,7 @@ the user owns. So the proxy signals a process only through this module:
 from __future__ import annotations
 
 import os
+import select
 from typing import NamedTuple
 
 import psutil
@@ -146,3 +147,53 @@ def group_leader(pid: int) -> bool:
     except OSError:
         return False
 
+
+
+def identity_seen_by(pid: int, path: str) -> FileIdentity | None:
+    """The file `path` names for process `pid`, as that process would open it: a relative path from its
+    working directory, an absolute one from its root (the kernel's /proc/PID/cwd and /proc/PID/root, never
+    our own). None when it names nothing or the process cannot be inspected."""
+    base = f"{PROC}/{pid}/cwd" if not os.path.isabs(path) else f"{PROC}/{pid}/root"
+    try:
+        return FileIdentity.of(base + "/" + path.lstrip("/"))
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return None
+
+
+def cpu_seconds(process: psutil.Process) -> float | None:
+    """User plus system CPU time of `process` (all its threads) and of its live descendants; None when it
+    is gone or cannot be inspected. A descendant that exits meanwhile is left out, so the sum can step
+    back: callers compare it with a margin."""
+    try:
+        family = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for member in family:
+        try:
+            times = member.cpu_times()
+        except psutil.Error:
+            if member is process:
+                return None
+            continue
+        total += times.user + times.system
+    return total
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (Linux 5.3+): it keeps naming that very process, never one that reuses the pid
+    later. None where the kernel or Python has none, or the process is gone."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(_checked_pid(pid))
+    except OSError:
+        return None
+
+
+def pidfd_exited(pidfd: int) -> bool:
+    """Whether the process a pidfd names has exited (the pidfd polls readable once it has)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))

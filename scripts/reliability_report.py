@@ -168,6 +168,24 @@ WHAT = OrderedDict([
      "naming the real proxy (exit 1; the kernel holds the lock on the run directory); `proxy status` shows and "
      "`proxy checkpoint` and `stop` signal the real proxy (the checkpoint frame reaches the engine), never the "
      "sentinel; the run identical"),
+    ("a live run's engine record copied into another run",
+     "in a pid namespace of their own with sentinels: run A trains on the engine itself; runs B get A's "
+     "`.engine.json` with B's run id and directory, then with its argv's --ckpt-dir edited to B's checkpoints, "
+     "then a record naming A's proxy with its real start time and command line: each `proxy run` of B says one "
+     "line naming .engine.json (A's engine writes elsewhere: its --ckpt-dir is not B's checkpoints by device "
+     "and inode; the edited argv is not the live command line; the proxy lacks the token), signals nothing, "
+     "exit 0, B identical at once; A's proxy and engine never signalled, A stops cleanly with no restart"),
+    ("a foreign process holding the run directory's lock",
+     "`flock -x RUN sleep 300`, a Python script named proxy running `proxy run` of another run, one running "
+     "`proxy status` of this run, each holding the run's flock: `proxy checkpoint`, `pivot`, `stop --no-wait`, "
+     "`stop` and a second `run` each exit 1 with one line naming the holder's pid as not a proxy of this run, "
+     "`status` shows no proxy and one WARNING line (`--json`: proxy_pid null, lock_holder), the holder never "
+     "signalled, the run unchanged; released, the run identical"),
+    ("the proxy SIGSTOPped longer than --hang-timeout",
+     "`--hang-timeout 5`: the proxy SIGSTOPped for 15 s while its engine waits, then SIGCONT: no hang "
+     "reported, no engine killed, no step replayed, one line saying the proxy did not run; then the engine "
+     "SIGSTOPped (a real hang) and the proxy with it for 15 s: the hang is found once, 5 s of the proxy's own "
+     "running time after SIGCONT, `using no CPU`, the engine restarted; the run identical, one restart"),
     ("run directory moved or replaced under a live proxy",
      "renamed while training, a copy or an empty directory put in its place: the proxy stops (exit 1, one last "
      "line), kills its engine, writes nothing into the impostor; the moved run, relaunched, identical"),

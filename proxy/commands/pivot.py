@@ -30,7 +30,7 @@ from ..formats.state import ArmStatus, RunState, load_state, write_state
 from ..rundir.history import check_history
 from ..rundir.layout import RunDir, relative_checkpoint
 from ..rundir.identity import load_identity, save_identity
-from ..rundir.lock import Holder, PivotLock, RunLock, run_lock_holder
+from ..rundir.lock import Holder, PivotLock, RunLock, run_lock_holder, running_proxy
 from ..rundir.phases import read_phases
 from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
@@ -60,6 +60,8 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
         owner = run_lock_holder(run)
         if owner is None:
             return _offline(run, experiment, caps, floors, policy, caps_path, at, out)
+        if not owner.is_proxy:  # `flock -x RUN sleep`, or a process the kernel does not name: never signalled
+            owner = running_proxy(run, "nothing changed")
         if at is not None:
             raise ProxyError(f"--at applies to a stopped run only; {run.root} is running ({owner.describe()}); "
                              "a live pivot lands at the step the run has reached")
@@ -72,9 +74,6 @@ def _live(run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, cap
           timeout: float, out) -> int:
     """Ask the running proxy (the holder of the run's lock, as the kernel names it) to pivot at the step it
     has reached; wait for its answer."""
-    if owner.process is None:
-        raise ProxyError(f"{run.root} is locked, but the kernel names no process this user can see holding its "
-                         "lock; nothing changed")
     pid = owner.pid
     phases_before = len(read_phases(run))
     request_id = write_request(run, caps, floors, policy, str(caps_path))
@@ -125,7 +124,7 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
             print(f"proxy: {line}", file=sys.stderr, flush=True)
 
         identity, unsaved = load_identity(run, warn)
-        reaped = reap_orphan(run, identity, 60.0, warn)
+        reaped = reap_orphan(run, identity, run_lock, 60.0, warn)
         if reaped:
             warn(reaped)
         index = LossLogIndex.load(run.loss_log)

@@ -80,7 +80,7 @@ def status_report(run: RunDir) -> dict:
         phases = []
     current = phases[-1] if phases else None
     holder = run_lock_holder(run)
-    owner = None if holder is None else (holder.pid or -1)
+    owner = None if holder is None or holder.foreign else (holder.pid or -1)  # another holder is no proxy
     newest = newest_durable_checkpoint(run, state, alive=owner is not None)
     status = state.get("status") or ("running" if owner else "not started")
     if owner is None and status == "running":
@@ -110,6 +110,7 @@ def status_report(run: RunDir) -> dict:
         "replay_mismatches": int(state.get("replay_mismatch_count") or 0),
         "dashboard": _dashboard(state.get("dashboard")) if owner else None,
         "message": state.get("message"),
+        "lock_holder": holder.describe() if holder is not None and holder.foreign else None,
     }
 
 
@@ -164,6 +165,8 @@ def format_status(r: dict) -> str:
     if r["replay_mismatches"]:
         lines.append(f"WARNING:     {r['replay_mismatches']} replayed step(s) differed from the first run "
                      "(a determinism bug; see replay_mismatches in .state.json)")
+    if r.get("lock_holder"):
+        lines.append(f"WARNING:     the run directory is locked by {r['lock_holder']}; nothing signalled")
     if r.get("message"):
         lines.append(f"note:        {r['message']}")
     return "\n".join(lines)

@@ -8,9 +8,10 @@ are close-on-exec and never passed to a child, so an orphaned engine never
 keeps a run locked.
 
 Who holds a lock is asked of the kernel (proxy/processes.py: /proc/locks, then
-the holder's own fdinfo), never read from a file of the run, so `proxy
-checkpoint`, `stop` and `pivot` signal only the process that holds this very
-directory's lock: the proxy of this run.
+the holder's own fdinfo), never read from a file of the run; whether that
+holder is the proxy of this run is proven from the kernel's view of it too
+(rundir/lock_holder.py), so `proxy checkpoint`, `stop` and `pivot` signal only
+a proxy of this very directory, and `status` shows no other holder as one.
 
 The running proxy also checks that the path it was given still leads to the
 directory it locked (`RunLock.check`): a run directory moved away or
@@ -26,7 +27,6 @@ import errno
 import fcntl
 import os
 import time
-from dataclasses import dataclass
 
 import psutil
 
@@ -35,6 +35,7 @@ from ..errors import EXIT_FAILURE, ProxyError
 from ..processes import FileIdentity, flock_holder, send
 from ..safe_fs import NO_FOLLOW, UnsafeFileError, open_own
 from .layout import RunDir, RunDirError
+from .lock_holder import Holder, holder_of
 
 # A lock file is ours: never a symlink, and opening it never blocks (a FIFO there is refused).
 LOCK_FLAGS = os.O_RDWR | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -63,19 +64,6 @@ class PivotInFlight(ProxyError):
 
 class RunDirReplaced(ProxyError):
     """The run directory's path no longer leads to the directory this proxy locked."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A held lock: the process holding it, when the kernel names one this user can see."""
-    process: psutil.Process | None
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def describe(self) -> str:
-        return f"proxy pid {self.pid}" if self.process is not None else "a process this user cannot identify"
 
 
 class KernelLock:
@@ -136,8 +124,14 @@ class RunLock(KernelLock):
         try:
             super().acquire()
         except LockBusy as busy:
-            raise RunInUse(f"run directory {self.run.root} is in use by {Holder(busy.holder).describe()} "
-                              f"(one proxy per run; `proxy stop --run-dir {self.run.root}` stops it)") from None
+            try:
+                here = FileIdentity.of(self.run.root)
+            except OSError:
+                here = None
+            holder = holder_of(busy.holder, here, _parent(self.run))
+            how = (f"one proxy per run; `proxy stop --run-dir {self.run.root}` stops it" if holder.is_proxy else
+                   "nothing was signalled; the run can start once that process lets go")
+            raise RunInUse(f"run directory {self.run.root} is in use by {holder.describe()} ({how})") from None
         except OSError as exc:
             raise RunInUse(f"cannot lock run directory {self.run.root}: {exc.strerror}") from None
         anchor(self.run.root, self.fd)  # the run's own files are replaced in the directory locked
@@ -179,9 +173,17 @@ class PivotLock(KernelLock):
         return self
 
 
+def _parent(run: RunDir) -> FileIdentity | None:
+    try:
+        return FileIdentity.of(os.path.join(run.root, os.pardir))
+    except OSError:
+        return None
+
+
 def run_lock_holder(run: RunDir) -> Holder | None:
-    """Who holds the run's lock: None when no process does; a Holder (its process None when the kernel
-    names none this user can see) otherwise. Only looks: the lock is never taken here."""
+    """Who holds the run's lock: None when no process does; otherwise a Holder, proven the run's proxy or
+    not (lock_holder.py; its process None when the kernel names none this user can see). Only looks: the
+    lock is never taken here."""
     try:
         fd = os.open(run.root, DIR_FLAGS)
     except OSError:  # no such directory: no proxy can hold it
@@ -189,26 +191,36 @@ def run_lock_holder(run: RunDir) -> Holder | None:
     try:
         identity = FileIdentity.of_fd(fd)
         holder = flock_holder(identity)
-        if holder is not None:
-            return Holder(holder)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return Holder(flock_holder(identity))  # held, by a process the kernel did not name a moment ago
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        if holder is None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:  # held, by a process the kernel did not name a moment ago
+                holder = flock_holder(identity)
+                return holder_of(holder, identity, _parent(run))
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        return holder_of(holder, identity, _parent(run))
     finally:
         os.close(fd)
 
 
-def signal_proxy(run: RunDir, signum: int) -> int:
-    """Send signum to the proxy holding run's lock (the kernel's word); return its pid."""
+def running_proxy(run: RunDir, nothing_done: str) -> Holder:
+    """The proxy of this run holding its lock, proven (lock_holder.py); ProxyError, one line ending in
+    `nothing_done`, when no process holds it, the kernel names none, or the holder is no proxy of this run."""
     holder = run_lock_holder(run)
     if holder is None:
         raise ProxyError(f"no proxy is running for {run.root}")
     if holder.process is None:
         raise ProxyError(f"{run.root} is locked, but the kernel names no process this user can see holding its "
-                         "lock; nothing was signalled")
+                         f"lock; {nothing_done}")
+    if not holder.is_proxy:
+        raise ProxyError(f"{run.root} is locked by {holder.describe()}; {nothing_done}")
+    return holder
+
+
+def signal_proxy(run: RunDir, signum: int) -> int:
+    """Send signum to the proxy holding run's lock, once proven this run's proxy; return its pid."""
+    holder = running_proxy(run, "nothing was signalled")
     if not send(holder.process, signum):
         raise ProxyError(f"proxy pid {holder.pid} for {run.root} is gone")
     return holder.pid

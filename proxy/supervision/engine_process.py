@@ -26,7 +26,7 @@ import psutil
 from ..atomic import append_whole, open_append
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats.frames import parse_event
-from ..processes import signal_group
+from ..processes import cpu_seconds, signal_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
@@ -118,6 +118,7 @@ class EngineProcess:
         except psutil.Error:
             self._ps, self.create_time = None, None
         self.write_error: str | None = None
+        self.events_read = 0  # events the reader thread has queued (the watchdog: one not yet handled is no hang)
         self._reader = threading.Thread(target=self._read, name=f"engine-{self.pid}-reader", daemon=True)
         self._writer = threading.Thread(target=self._write, name=f"engine-{self.pid}-writer", daemon=True)
         self._reader.start()
@@ -132,6 +133,7 @@ class EngineProcess:
                     continue
                 try:  # stamped here, not when the loop gets to it: the time the engine finished the work
                     self.events.put((EVENT, parse_event(line, received=time.monotonic())))
+                    self.events_read += 1  # only this thread writes it
                 except ValueError:
                     self.events.put((NOISE, line.decode("utf-8", errors="replace")))
         except (OSError, ValueError):
@@ -200,6 +202,12 @@ class EngineProcess:
             return self._ps.memory_info().rss, self._ps.cpu_percent(None)
         except psutil.Error:
             return None, None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the engine (its threads and live descendants) used so far, or None."""
+        if self._ps is None or not self.alive():
+            return None
+        return cpu_seconds(self._ps)
 
     def finish(self) -> None:
         """After the process ended: let the threads finish and release the pipes."""

@@ -37,6 +37,7 @@ from .live_status import last_step, say_progress_on_clock, write_run_state
 from .watchdog import Watchdog
 
 POLL_S = 0.2  # how long the loop waits for an event before it looks at signals and the clock
+PAUSE_NOTICE_S = 5.0  # a pause of the proxy this long is said on stderr (a shorter one, a busy machine's, is not)
 
 
 class Supervisor:
@@ -44,7 +45,7 @@ class Supervisor:
         self.ctx = ctx
         self.events = EventHandlers(ctx)
         self.desk = PivotDesk(ctx)
-        self.watchdog = Watchdog(ctx.opts.hang_timeout)
+        self.watchdog = Watchdog(ctx.opts.hang_timeout, POLL_S)
         self.segment: Segment | None = None
         self.failures = 0  # consecutive, without progress past high_water
         self.high_water = 0  # the highest step an engine of this process reached
@@ -203,6 +204,7 @@ class Supervisor:
         catch_up(ctx, seg)
         write_run_state(ctx, seg, force=True)
         engine = seg.engine
+        self.watchdog.begin()
         while True:
             ctx.lock.check()
             self._handle_signals(seg)
@@ -225,10 +227,7 @@ class Supervisor:
             write_run_state(ctx, seg)
             if not seg.stop_sent:
                 say_progress_on_clock(ctx, seg, POLL_S)
-            if self.watchdog.hung(seg, ctx.report.ckpt_ms):
-                ctx.warn(f"engine pid {engine.pid} sent nothing for {time.monotonic() - seg.last_activity:.0f}s "
-                         f"(limit {self.watchdog.allowance(seg, ctx.report.ckpt_ms):.0f}s); killing its process group")
-                seg.kill_hung()
+            self._watch(seg)
         code = engine.wait(30)
         if code is None:
             engine.kill_group()
@@ -241,6 +240,20 @@ class Supervisor:
         if seg.last_error is None and code not in (0, None):
             seg.errored(self._engine_log_tail())
         return self._classify(seg, code)
+
+    def _watch(self, seg: Segment) -> None:
+        """The hang watchdog's look of this iteration (watchdog.py): the proxy's own pause is said and not
+        counted; a confirmed hang kills the engine's process group."""
+        ctx, watchdog, engine = self.ctx, self.watchdog, seg.engine
+        paused = watchdog.look(seg, time.monotonic())
+        if paused >= PAUSE_NOTICE_S:
+            ctx.warn(f"the proxy itself did not run for {paused:.0f}s (stopped or starved); not counted as the "
+                     f"engine's silence")
+        if watchdog.hung(seg, ctx.report.ckpt_ms, engine.events_read > seg.events_heard, engine.cpu_seconds):
+            ctx.warn(f"engine pid {engine.pid} sent nothing for {watchdog.quiet(seg, time.monotonic()):.0f}s of the "
+                     f"proxy's running time (limit {watchdog.allowance(seg, ctx.report.ckpt_ms):.0f}s), "
+                     f"{watchdog.verdict}; killing its process group")
+            seg.kill_hung()
 
     def _handle_signals(self, seg: Segment) -> None:
         """Stop requests (the second SIGTERMs the engine, the third kills it), pivot requests, checkpoints."""

@@ -73,6 +73,7 @@ class Segment:
     requests: dict[int, Request] = field(default_factory=dict)  # request id -> what it asked
     next_request: int = 1
     last_activity: float = field(default_factory=time.monotonic)
+    events_heard: int = 0  # the engine's events the loop has handled
     started: float = field(default_factory=time.monotonic)
     step_walls: deque = field(default_factory=lambda: deque(maxlen=64))  # seconds between step events
     last_step_wall: float | None = None  # monotonic time of the last step event
@@ -104,6 +105,12 @@ class Segment:
     def heard_at(self, now: float) -> None:
         """An event came from the engine at monotonic time `now` (the watchdog counts from the last)."""
         self.last_activity = now
+        self.events_heard += 1
+
+    def excuse_silence(self, seconds: float) -> None:
+        """The proxy itself did not run for `seconds` of the engine's silence (watchdog.py): not the engine's
+        fault, so not counted."""
+        self.last_activity += seconds
 
     def became_ready(self, fields: dict, at: float) -> None:
         """The engine's `ready` event (its fields), read at monotonic time `at`."""

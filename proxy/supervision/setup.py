@@ -100,7 +100,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
             console.warn(f"experiment changed ({', '.join(changed)}); continuing with the new one "
                          "(--allow-experiment-change)")
         identity, unsaved = load_identity(run, console.warn)
-        reaped = reap_orphan(run, identity, request.options.orphan_grace_s, console.warn)
+        reaped = reap_orphan(run, identity, lock, request.options.orphan_grace_s, console.warn)
         if reaped:
             console.warn(reaped)
 

@@ -10,7 +10,7 @@ eval entry the run logged at that step, bit for bit.
 `--data FILE ...` evaluates text files instead (read when the arguments are
 parsed, cli.py `_text_file`: a regular file of UTF-8 text, at most
 EVAL_DATA_LIMIT bytes): each is encoded with the
-run's tokenizer as the shards encode a document (its tokens, then
+run's tokenizer as the shards encode a document (in pieces; its tokens, then
 <|endoftext|>) and cut into the fewest rows of ctx + 1 tokens that cover it,
 spaced by the same rule.
 """
@@ -74,7 +74,7 @@ def file_parts(files: list[tuple[str, str]], data: HeldData, ctx: int) -> list[P
     parts = []
     row_len = ctx + 1
     for group, (name, text) in enumerate(files):
-        tokens = np.array(data.tokenizer.encode(text) + [data.tokenizer.eot_id], dtype=np.uint16)
+        tokens = np.append(data.tokenizer.encode_document(text), np.uint16(data.tokenizer.eot_id))
         if tokens.size < row_len:
             raise ProxyError(f"--data {name}: {tokens.size} tokens, fewer than the {row_len} (ctx + 1) of one row",
                              EXIT_USAGE)

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
                               ParquetSource, Source, TokensSource, is_token_source)
-from ..safe_fs import UnsafeFileError, file_sha256, open_regular
+from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, file_sha256, open_regular, regular_file_problem
 from . import lowquality, tabular
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 
@@ -127,8 +127,11 @@ def _matches(kind: str, pattern_text: str, base: Path) -> list[Path]:
 
 def _one_file(kind: str, target: str, base: Path) -> list[Path]:
     p = base / target
-    if not p.is_file():
+    problem = regular_file_problem(p)
+    if problem == NO_SUCH_FILE:
         raise SourceError(f"{kind} source: no such file {target!r} (looked at {p})")
+    if problem is not None:
+        raise SourceError(f"{kind} source {target!r}: {problem} (at {p}); not read")
     return [p]
 
 

@@ -1,0 +1,143 @@
+"""Data and storage a run trusts too much (issue 40): a frozen validation file holding an id beyond the
+vocabulary, a full disk that only the engine's checkpoint writes meet, files that are not regular files
+given where a data file or a checkpoint is expected.
+
+Each runs the real `python -m proxy` against a copy of the stopped template run and asserts one line,
+its exit code, no traceback, nothing changed; where the cause can be removed, a relaunch that finishes
+bit-identical to the uninterrupted run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from harness.engine import TIMEOUT
+
+from .proxy_checks import (checkpoints_kept, fill_disk, launch, one_line_exit, only_appended, proxy_cmd, run_cmd,
+                           run_state, start_training, temp_files, tmpfs)
+from .proxy_harness import ProxyEnv, expected_resume, read_log
+from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
+from .run_dir_scenarios import _run_files
+from .scenarios import ENGINE, Outcome
+
+DATA_CLASS = "frozen validation ids beyond the vocabulary"
+ENGINE_DISK_CLASS = "full disk that only the engine's checkpoints meet (tmpfs at checkpoints/, ENOSPC)"
+NOT_REGULAR_CLASS = "a device or FIFO where a checkpoint is named (eval --checkpoint)"
+
+
+def _with_sources(env: ProxyEnv, run: Path) -> Path:
+    for corpus in env.experiment.parent.glob("*.txt"):  # the frozen copy's sources resolve against the run
+        shutil.copy(corpus, run / corpus.name)
+    return run
+
+
+def _poison_val(run: Path, arm: str, position: int, token: int) -> str:
+    """Set one id of RUN/data/<arm>.val.tok and update its size and SHA-256 in data.json (a consistent
+    forgery: only the ids themselves can tell)."""
+    val = run / "data" / f"{arm}.val.tok"
+    raw = bytearray(val.read_bytes())
+    header = len(raw) - 2 * json.loads((run / "data" / "data.json").read_text())["arms"][arm]["val"]["tokens"]
+    raw[header + 2 * position:header + 2 * position + 2] = np.array([token], "<u2").tobytes()
+    val.write_bytes(bytes(raw))
+    definition = json.loads((run / "data" / "data.json").read_text())
+    definition["arms"][arm]["val"]["sha256"] = hashlib.sha256(raw).hexdigest()
+    (run / "data" / "data.json").write_text(json.dumps(definition, indent=1))
+    return f"data/{arm}.val.tok"
+
+
+def frozen_val_beyond_vocab(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-frozen-val-vocab",
+                            fault_class: str = DATA_CLASS) -> Outcome:
+    """A frozen `<arm>.val.tok` holding id 65535 (vocab 300), its hash updated in data.json: `proxy run`
+    (relaunch) and `proxy eval` refuse at once with one line naming the file and the id (exit 2), no
+    engine started, nothing changed. (Before: five engine restarts and a crash loop, exit 3.)"""
+    out = Outcome(fault_class, name)
+    run = _with_sources(env, copy_run(template, workdir / "run"))
+    original = {p.name: p.read_bytes() for p in (run / "data").iterdir()}
+    where = _poison_val(run, "semis", 7, 65535)
+    snapshot = _run_files(run)
+    argv = [a for a in env.argv(run) if a != str(env.experiment)]
+    for what, command in (("run", argv), ("eval", proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache,
+                                                             "--engine", ENGINE.flag))):
+        out.begin_fault()
+        rc, p = launch(lambda: run_cmd(command, timeout=TIMEOUT), out, f"[{what}]")
+        line = one_line_exit(p, rc, 2, where, out, f"[{what}]")
+        if "token id 65535 at position 7" not in line:
+            out.fail(f"[{what}] the line does not name the id and where it is: {line}")
+        out.note(f"{what}: message", line)
+        if _run_files(run) != snapshot:
+            out.fail(f"[{what}] the refused command changed the run directory (an engine started?)", data_lost=1)
+    for name_, raw in original.items():
+        (run / "data" / name_).write_bytes(raw)
+    relaunch_and_compare(env, run, out, "frozen data restored")
+    return out.close()
+
+
+def engine_disk_full(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-engine-disk-full",
+                     fault_class: str = ENGINE_DISK_CLASS) -> Outcome | str:
+    """RUN/checkpoints is a small tmpfs of its own, filled while the run trains: the engine's next checkpoint
+    fails with ENOSPC (exit 5) while the proxy's own files still take writes. The proxy stops at once with
+    exit 5 (not five restarts and a crash loop, exit 3), one line naming ENOSPC and the checkpoint a
+    relaunch resumes from (the resume rule's, not the step reached), `.state.json` stopped with ENOSPC,
+    every line and checkpoint kept; after the filler is removed the relaunch finishes bit-identical."""
+    out = Outcome(fault_class, name)
+    run = copy_run(template, workdir / "run")
+    stash = workdir / "checkpoints-before"
+    shutil.move(run / "checkpoints", stash)
+    mnt = run / "checkpoints"
+    with tmpfs(mnt, 4 << 20) as why:
+        if why is not None:
+            return f"cannot mount a tmpfs here ({why})"
+        for p in sorted(stash.iterdir()):
+            shutil.copy2(p, mnt / p.name)
+        ckpts, log = _snapshot(run), (run / ".loss.json").read_bytes()
+        p = start_training(env, run, out, past=1)
+        out.begin_fault()
+        out.note("bytes written to fill checkpoints/", fill_disk(mnt))
+        rc, _ = launch(lambda: (p.finish(TIMEOUT), p), out, "checkpoints/ full")
+        line = one_line_exit(p, rc, 5, "(ENOSPC)", out, "checkpoints/ full")
+        out.note("last line", line)
+        if "cannot write the engine's checkpoint" not in line:
+            out.fail(f"the line does not say the engine's checkpoint write failed: {line}")
+        resume = expected_resume(run)
+        if f"step_{resume:06d}.bin (step {resume}), the newest intact checkpoint" not in line:
+            out.fail(f"the line does not name the checkpoint a relaunch resumes from (step {resume}): {line}")
+        restarts = [ln for ln in p.stderr_lines() if "restarting from the newest valid checkpoint" in ln]
+        if restarts:
+            out.fail(f"the engine was restarted on a full disk: {restarts[0]}")
+        only_appended(run, log, out, "checkpoints/ full")
+        checkpoints_kept(run, ckpts, out, "checkpoints/ full")
+        if temp_files(run):
+            out.fail(f"temp files left behind: {temp_files(run)}")
+        state = run_state(run)
+        if state.get("status") != "stopped" or (state.get("write_failure") or {}).get("errno") != "ENOSPC":
+            out.fail(f".state.json status {state.get('status')!r}, write_failure {state.get('write_failure')}")
+        out.steps_lost += max(0, read_log(run / ".loss.json").max_step - resume)
+        (mnt / "filler").unlink()
+        relaunch_and_compare(env, run, out, "relaunch after freeing space")
+    return out.close()
+
+
+def checkpoint_not_regular(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-eval-checkpoint-device",
+                           fault_class: str = NOT_REGULAR_CLASS) -> Outcome:
+    """`proxy eval --checkpoint X` for X /dev/zero, a FIFO, a directory: exit 2, one line saying what X is
+    (never "no such checkpoint file", which it is not), at once; a missing file is still "no such"."""
+    out = Outcome(fault_class, name)
+    run = _with_sources(env, copy_run(template, workdir / "run"))
+    fifo = workdir / "fifo"
+    os.mkfifo(fifo)
+    folder = workdir / "folder"
+    folder.mkdir()
+    for what, target, needle in (("/dev/zero", "/dev/zero", "a character device, not a regular file"),
+                                 ("a FIFO", fifo, "a FIFO, not a regular file"),
+                                 ("a directory", folder, "a directory, not a regular file"),
+                                 ("a missing file", workdir / "nothing.bin", "no such checkpoint file")):
+        out.begin_fault()
+        rc, p = launch(lambda: run_cmd(proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache,
+                                                 "--engine", ENGINE.flag, "--checkpoint", target)), out, what)
+        out.note(what, one_line_exit(p, rc, 2, needle, out, f"[--checkpoint {what}]"))
+    return out.close()

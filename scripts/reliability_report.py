@@ -208,6 +208,10 @@ WHAT = OrderedDict([
     ("a device or FIFO where a checkpoint is named (eval --checkpoint)",
      "`proxy eval --checkpoint` /dev/zero, a FIFO, a directory: exit 2, one line saying what it is (not "
      "\"no such checkpoint file\"); a missing file: \"no such checkpoint file\""),
+    ("forged steps and clock jumps in .loss.json (proxy status)",
+     "five steps whose times jump a year ahead and back, and a forged step 999999999999: `proxy status` shows "
+     "the last real step (at most 100%) and one warning naming the forged step; its tokens/s stays that of the "
+     "log without the jumps (a jump counts as the step's compute time), never days or unknown"),
     ("dashboard flooded by event-stream clients that never read",
      "1000 raw-socket clients against a real uvicorn server, none reading, while the run grows: at most 32 "
      "streams served, the rest 503; /healthz answers within 2 s throughout; every non-reader's stream dropped "

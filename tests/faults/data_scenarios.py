@@ -1,6 +1,6 @@
 """Data and storage a run trusts too much (issue 40): a frozen validation file holding an id beyond the
 vocabulary, a full disk that only the engine's checkpoint writes meet, files that are not regular files
-given where a data file or a checkpoint is expected.
+given where a checkpoint is expected, forged steps and clock jumps in `.loss.json` shown by `proxy status`.
 
 Each runs the real `python -m proxy` against a copy of the stopped template run and asserts one line,
 its exit code, no traceback, nothing changed; where the cause can be removed, a relaunch that finishes
@@ -12,15 +12,17 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from harness.engine import TIMEOUT
+from proxy.formats.loss_log import StepEntry, encode_line, parse_line
 
 from .proxy_checks import (checkpoints_kept, fill_disk, launch, one_line_exit, only_appended, proxy_cmd, run_cmd,
                            run_state, start_training, temp_files, tmpfs)
-from .proxy_harness import ProxyEnv, expected_resume, read_log
+from .proxy_harness import ProxyEnv, expected_resume, no_traceback, read_log
 from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
 from .run_dir_scenarios import _run_files
 from .scenarios import ENGINE, Outcome
@@ -140,4 +142,56 @@ def checkpoint_not_regular(env: ProxyEnv, template: Path, workdir: Path, name: s
         rc, p = launch(lambda: run_cmd(proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache,
                                                  "--engine", ENGINE.flag, "--checkpoint", target)), out, what)
         out.note(what, one_line_exit(p, rc, 2, needle, out, f"[--checkpoint {what}]"))
+    return out.close()
+
+
+STATUS_CLASS = "forged steps and clock jumps in .loss.json (proxy status)"
+FORGED_STEP = 999_999_999_999
+YEAR_S = 365 * 86400.0
+
+
+def _status_json(run: Path, out: Outcome, where: str) -> dict:
+    rc, p = launch(lambda: run_cmd(proxy_cmd("status", "--run-dir", run, "--json")), out, where)
+    no_traceback(p, out, where)
+    if rc != 0:
+        out.fail(f"{where}: exit {rc}: {p.stderr_lines()[-2:]}")
+    return json.loads("\n".join(p.lines))
+
+
+def status_forged_steps(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-status-forged-steps",
+                        fault_class: str = STATUS_CLASS) -> Outcome:
+    """`.loss.json` of a stopped run given five more steps whose times jump a year ahead, then back, and a
+    forged step 999999999999: `proxy status` shows the last real step (at most 100%) with one warning
+    naming the forged step, and the same tokens/s as the log without the jumps (each jump counted as the
+    step's compute time), never an absurd rate; exit 0, no traceback."""
+    out = Outcome(fault_class, name)
+    steady = copy_run(template, workdir / "steady")
+    jumped = copy_run(template, workdir / "jumped")
+    last = max((e for e in map(parse_line, (steady / ".loss.json").read_bytes().splitlines())
+                if isinstance(e, StepEntry)), key=lambda e: e.step)
+    for run, jump in ((steady, 0.0), (jumped, YEAR_S)):
+        with open(run / ".loss.json", "ab") as f:
+            for k in range(1, 6):
+                shift = jump if k in (2, 3) else -jump if k == 4 else 0.0
+                entry = replace(last, step=last.step + k, tokens=last.tokens + k * 64, time=last.time + k + shift)
+                f.write(encode_line(entry.to_dict()))
+    with open(jumped / ".loss.json", "ab") as f:
+        f.write(encode_line(replace(last, step=FORGED_STEP, tokens=last.tokens + 6 * 64, time=last.time + 6).to_dict()))
+    out.begin_fault()
+    want, got = _status_json(steady, out, "steady"), _status_json(jumped, out, "jumped")
+    if got["step"] != last.step + 5 or got["step"] > got["max_steps"] or got.get("steps_beyond_max") != [FORGED_STEP]:
+        out.fail(f"status --json: step {got['step']} of {got['max_steps']}, steps_beyond_max "
+                 f"{got.get('steps_beyond_max')}; expected {last.step + 5} and [{FORGED_STEP}]")
+    rate, sane = got.get("tokens_per_s"), want.get("tokens_per_s")
+    if rate is None or sane is None or not 0.2 * sane <= rate <= 5 * sane:
+        out.fail(f"tokens/s {rate} with the clock jumps, {sane} without: a jump counted as time")
+    out.note("tokens/s with and without the jumps", [rate, sane])
+    rc, p = launch(lambda: run_cmd(proxy_cmd("status", "--run-dir", jumped)), out, "status")
+    no_traceback(p, out, "status")
+    step_line = next((ln for ln in p.lines if ln.startswith("step:")), "")
+    warning = [ln for ln in p.lines if str(FORGED_STEP) in ln]
+    percent = float(step_line.split("(")[1].split("%")[0]) if "%" in step_line else None
+    if rc != 0 or percent is None or percent > 100 or len(warning) != 1 or "beyond max_steps" not in warning[0]:
+        out.fail(f"status: exit {rc}, step line {step_line!r}, warnings {warning}")
+    out.note("status", [step_line, warning[0]])
     return out.close()

@@ -20,3 +20,7 @@ def test_engine_disk_full_ends_with_exit_5(proxy_env, stopped_run, tmp_path, rec
 
 def test_eval_checkpoint_that_is_not_a_regular_file(proxy_env, stopped_run, tmp_path, record):
     record(ds.checkpoint_not_regular(proxy_env, stopped_run, tmp_path)).check()
+
+
+def test_status_of_forged_steps_and_clock_jumps(proxy_env, stopped_run, tmp_path, record):
+    record(ds.status_forged_steps(proxy_env, stopped_run, tmp_path)).check()

@@ -212,6 +212,10 @@ WHAT = OrderedDict([
      "five steps whose times jump a year ahead and back, and a forged step 999999999999: `proxy status` shows "
      "the last real step (at most 100%) and one warning naming the forged step; its tokens/s stays that of the "
      "log without the jumps (a jump counts as the step's compute time), never days or unknown"),
+    ("a huge single-word document (eval --data)",
+     "`proxy eval --data` of a 20 MiB file of one word under RLIMIT_AS 3 GiB: encoded in words of at most "
+     "4096 characters, its 1.3M rows sent in two EVAL frames (the engine takes 1M a frame): exit 0 within 3 "
+     "minutes, every token counted"),
     ("dashboard flooded by event-stream clients that never read",
      "1000 raw-socket clients against a real uvicorn server, none reading, while the run grows: at most 32 "
      "streams served, the rest 503; /healthz answers within 2 s throughout; every non-reader's stream dropped "

@@ -24,3 +24,7 @@ def test_eval_checkpoint_that_is_not_a_regular_file(proxy_env, stopped_run, tmp_
 
 def test_status_of_forged_steps_and_clock_jumps(proxy_env, stopped_run, tmp_path, record):
     record(ds.status_forged_steps(proxy_env, stopped_run, tmp_path)).check()
+
+
+def test_eval_of_a_huge_single_word_is_bounded(proxy_env, stopped_run, tmp_path, record):
+    record(ds.eval_huge_word(proxy_env, stopped_run, tmp_path)).check()

@@ -216,6 +216,10 @@ WHAT = OrderedDict([
      "`proxy eval --data` of a 20 MiB file of one word under RLIMIT_AS 3 GiB: encoded in words of at most "
      "4096 characters, its 1.3M rows sent in two EVAL frames (the engine takes 1M a frame): exit 0 within 3 "
      "minutes, every token counted"),
+    ("hostile table sources (hf_dataset, Parquet)",
+     "`proxy run` of an arm whose hf_dataset Arrow file is a symlink to /dev/zero, a FIFO, or truncated: exit 2 "
+     "at once, one line naming the arm, the file and what it is (never \"missing\"); a Parquet text column "
+     "stored dictionary-encoded trains (exit 0)"),
     ("dashboard flooded by event-stream clients that never read",
      "1000 raw-socket clients against a real uvicorn server, none reading, while the run grows: at most 32 "
      "streams served, the rest 503; /healthz answers within 2 s throughout; every non-reader's stream dropped "

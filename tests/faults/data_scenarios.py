@@ -24,7 +24,7 @@ from proxy.formats.loss_log import StepEntry, encode_line, parse_line
 
 from .proxy_checks import (checkpoints_kept, fill_disk, launch, one_line_exit, only_appended, proxy_cmd, run_cmd,
                            run_state, start_training, temp_files, tmpfs)
-from .proxy_harness import ProxyEnv, expected_resume, no_traceback, read_log
+from .proxy_harness import ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
 from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
 from .run_dir_scenarios import _run_files
 from .scenarios import ENGINE, Outcome
@@ -236,3 +236,81 @@ def eval_huge_word(env: ProxyEnv, template: Path, workdir: Path, name: str = "pr
         out.fail(f"eval --data of the word: loss {loss}, {tokens} tokens")
     out.note("seconds, loss, tokens", [round(seconds, 1), loss, tokens])
     return out.close()
+
+
+TABLE_CLASS = "hostile table sources (hf_dataset, Parquet)"
+
+
+def _save_to_disk(directory: Path, rows: list[str]) -> Path:
+    """A `datasets` save_to_disk directory of one Arrow stream file (pyarrow only)."""
+    import pyarrow as pa  # noqa: PLC0415 - the [parquet] extra, present in the test environment
+    directory.mkdir(parents=True)
+    table = pa.table({"text": rows})
+    with pa.OSFile(str(directory / "data-00000-of-00001.arrow"), "wb") as sink, \
+            pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=50):
+            writer.write_batch(batch)
+    (directory / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    return directory
+
+
+def table_sources(env: ProxyEnv, workdir: Path) -> Outcome:
+    """`proxy run` of a new run whose arm reads an hf_dataset whose Arrow file is a symlink to /dev/zero, a
+    FIFO, or truncated: exit 2 at once, one line naming the arm and the file and what it is (never
+    "missing", never a bare pyarrow message), nothing prepared; a Parquet file whose text column is stored
+    dictionary-encoded prepares and trains (exit 0)."""
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    out = Outcome(TABLE_CLASS, "proxy-table-sources")
+    exp_dir = workdir / "exp"
+    base = json.loads(write_fault_experiment(exp_dir).read_text())
+    rows = (exp_dir / "semis.txt").read_text().splitlines()
+    arrow = _save_to_disk(exp_dir / "ds", rows) / "data-00000-of-00001.arrow"
+    whole = arrow.read_bytes()
+
+    def as_device():
+        arrow.unlink()
+        os.symlink("/dev/zero", arrow)
+
+    def as_fifo():
+        arrow.unlink()
+        os.mkfifo(arrow)
+
+    def truncated():
+        arrow.unlink()
+        arrow.write_bytes(whole[:len(whole) // 2])
+    cases = [("Arrow file a symlink to /dev/zero", as_device, "is a character device, not a regular file"),
+             ("Arrow file a FIFO", as_fifo, "is a FIFO, not a regular file"),
+             ("Arrow file truncated", truncated, "data-00000-of-00001.arrow: record batch")]
+    for i, (what, damage, needle) in enumerate(cases):
+        damage()
+        exp = json.loads(json.dumps(base))
+        exp["arms"][1]["sources"] = [{"hf_dataset": "ds"}]
+        path = exp_dir / f"case-{i}.json"
+        path.write_text(json.dumps(exp))
+        out.begin_fault()
+        argv = env.argv(workdir / f"run-{i}", experiment=path)
+        argv[argv.index("--cache-dir") + 1] = str(workdir / f"cache-{i}")
+        rc, p = launch(lambda: run_cmd(argv, timeout=TIMEOUT, preexec_fn=_memory_limit), out, f"[{what}]")
+        line = one_line_exit(p, rc, 2, needle, out, f"[{what}]")
+        if "arm 'semis'" not in line or "missing" in line:
+            out.fail(f"[{what}] the line does not name the arm, or calls the file missing: {line}")
+        out.note(what, line)
+        if any((workdir / f"run-{i}" / "checkpoints").glob("step_*.bin")):
+            out.fail(f"[{what}] a refused run trained")
+    pq.write_table(pa.table({"text": pa.array(rows).dictionary_encode()}), exp_dir / "semis.parquet")
+    exp = json.loads(json.dumps(base))
+    exp["arms"][1]["sources"] = [{"parquet": "semis.parquet"}]
+    (exp_dir / "dictionary.json").write_text(json.dumps(exp))
+    out.begin_fault()
+    argv = env.argv(workdir / "run-dictionary", experiment=exp_dir / "dictionary.json")
+    argv[argv.index("--cache-dir") + 1] = str(workdir / "cache-dictionary")
+    rc, p = launch(lambda: run_cmd(argv, timeout=TIMEOUT), out, "[dictionary-encoded Parquet]")
+    no_traceback(p, out, "[dictionary-encoded Parquet]")
+    if rc != 0:
+        out.fail(f"[dictionary-encoded Parquet] exit {rc}: {p.stderr_lines()[-2:]}")
+    return out.close()
+
+
+def _memory_limit():
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))

@@ -28,3 +28,7 @@ def test_status_of_forged_steps_and_clock_jumps(proxy_env, stopped_run, tmp_path
 
 def test_eval_of_a_huge_single_word_is_bounded(proxy_env, stopped_run, tmp_path, record):
     record(ds.eval_huge_word(proxy_env, stopped_run, tmp_path)).check()
+
+
+def test_hostile_table_sources(proxy_env, tmp_path, record):
+    record(ds.table_sources(proxy_env, tmp_path)).check()

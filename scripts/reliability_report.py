@@ -220,6 +220,10 @@ WHAT = OrderedDict([
      "`proxy run` of an arm whose hf_dataset Arrow file is a symlink to /dev/zero, a FIFO, or truncated: exit 2 "
      "at once, one line naming the arm, the file and what it is (never \"missing\"); a Parquet text column "
      "stored dictionary-encoded trains (exit 0)"),
+    ("non-finite weights given to --init-from",
+     "`proxy run --init-from` a GPT-2 directory whose model.safetensors holds a NaN, a +inf, a -inf: exit 2 at "
+     "once, one line naming the tensor and what it holds, nothing written to checkpoints/; the same directory "
+     "with finite weights imports and trains (exit 0)"),
     ("dashboard flooded by event-stream clients that never read",
      "1000 raw-socket clients against a real uvicorn server, none reading, while the run grows: at most 32 "
      "streams served, the rest 503; /healthz answers within 2 s throughout; every non-reader's stream dropped "

@@ -24,7 +24,8 @@ from proxy.formats.loss_log import StepEntry, encode_line, parse_line
 
 from .proxy_checks import (checkpoints_kept, fill_disk, launch, one_line_exit, only_appended, proxy_cmd, run_cmd,
                            run_state, start_training, temp_files, tmpfs)
-from .proxy_harness import ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
+from .proxy_harness import (FAULT_EXPERIMENT, ProxyEnv, expected_resume, no_traceback, read_log,
+                            write_fault_experiment)
 from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
 from .run_dir_scenarios import _run_files
 from .scenarios import ENGINE, Outcome
@@ -314,3 +315,57 @@ def table_sources(env: ProxyEnv, workdir: Path) -> Outcome:
 
 def _memory_limit():
     resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+
+IMPORT_CLASS = "non-finite weights given to --init-from"
+
+
+def _gpt2_directory(directory: Path, tokenizer: Path, poison: tuple[str, float] | None) -> Path:
+    """A Hugging Face GPT-2 directory of the fault experiment's model (made with the proxy's own export
+    mapping, no torch): random weights, `poison` = (tensor, value) set at one place."""
+    from proxy.formats.hf_gpt2 import SAFETENSORS_FORMAT, HFConfig, encode_safetensors, hf_tensors  # noqa: PLC0415
+    from proxy.formats.parameters import ModelShape  # noqa: PLC0415
+    m = FAULT_EXPERIMENT["model"]
+    shape = ModelShape(m["vocab"], m["ctx"], m["dim"], m["layers"], m["heads"])
+    directory.mkdir(parents=True)
+    tensors = hf_tensors(np.random.default_rng(5).normal(0, 0.05, shape.n_params).astype(np.float32), shape)
+    if poison is not None:
+        tensors[poison[0]].reshape(-1)[3] = poison[1]
+    (directory / "model.safetensors").write_bytes(encode_safetensors(tensors, SAFETENSORS_FORMAT))
+    (directory / "config.json").write_text(json.dumps(HFConfig(shape, 0).to_dict()))
+    shutil.copy(tokenizer, directory / "tokenizer.json")
+    return directory
+
+
+def init_from_non_finite(env: ProxyEnv, workdir: Path) -> Outcome:
+    """`proxy run --init-from DIR` whose model.safetensors holds a NaN, a +inf or a -inf: exit 2 at once, one
+    line naming the tensor and what it holds, no checkpoint written (before: a non-finite step 0 was
+    written, passed over as diverged, and a random model trained to `finished`, exit 0). The same
+    directory with finite weights imports and trains (exit 0)."""
+    out = Outcome(IMPORT_CLASS, "proxy-init-from-non-finite")
+    exp_dir = workdir / "exp"
+    base = json.loads(write_fault_experiment(exp_dir).read_text())
+    shutil.copy(env.ref / "data" / "tokenizer.json", exp_dir / "tokenizer.json")
+    base["tokenizer"] = "tokenizer.json"
+    (exp_dir / "init.json").write_text(json.dumps(base))
+    cases = [("NaN", ("transformer.h.0.attn.c_attn.weight", float("nan"))),
+             ("+inf", ("transformer.wpe.weight", float("inf"))),
+             ("-inf", ("transformer.ln_f.bias", float("-inf"))),
+             ("finite", None)]
+    for i, (what, poison) in enumerate(cases):
+        directory = _gpt2_directory(workdir / f"gpt2-{i}", exp_dir / "tokenizer.json", poison)
+        run = workdir / f"run-{i}"
+        argv = env.argv(run, "--init-from", directory, experiment=exp_dir / "init.json")
+        out.begin_fault()
+        rc, p = launch(lambda: run_cmd(argv, timeout=TIMEOUT), out, f"[{what}]")
+        if poison is None:
+            no_traceback(p, out, "[finite]")
+            if rc != 0 or not any("step 0 imported from" in ln for ln in p.lines):
+                out.fail(f"[finite weights] exit {rc}, not imported: {p.stderr_lines()[-2:]}")
+            continue
+        line = one_line_exit(p, rc, 2, f"tensor {poison[0]} holds {what} (at flat index 3); nothing imported",
+                             out, f"[{what}]")
+        out.note(what, line)
+        if any((run / "checkpoints").glob("*")) if (run / "checkpoints").is_dir() else False:
+            out.fail(f"[{what}] something was written to checkpoints/: {sorted((run / 'checkpoints').iterdir())}")
+    return out.close()

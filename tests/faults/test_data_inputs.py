@@ -32,3 +32,7 @@ def test_eval_of_a_huge_single_word_is_bounded(proxy_env, stopped_run, tmp_path,
 
 def test_hostile_table_sources(proxy_env, tmp_path, record):
     record(ds.table_sources(proxy_env, tmp_path)).check()
+
+
+def test_init_from_non_finite_weights(proxy_env, tmp_path, record):
+    record(ds.init_from_non_finite(proxy_env, tmp_path)).check()

@@ -25,8 +25,8 @@ way, whatever the number of workers.
 **No word is longer than WORD_CHARS.** A pre-token of GPT-2's pattern lies
 within one run of non-whitespace characters (plus at most one space before
 it) or one run of whitespace, and BPE's cost grows with a word's length
-without bound (encoding a 1 MiB word took 500 MB; training on one never
-ended). So a run of either kind longer than WORD_CHARS is cut every
+without bound (a 4 MiB word encoded in 1 MiB pieces took 520 MB; training
+a tokenizer on a 16 MiB one never ended). So a run of either kind longer than WORD_CHARS is cut every
 WORD_CHARS characters from its start, and its parts are pieces of their own:
 such a text's tokens are those of its parts, not of the whole (text with
 no such run, which is all ordinary text, is not affected). With PIECE_CHARS,

@@ -121,7 +121,8 @@ def _matches(kind: str, pattern_text: str, base: Path) -> list[Path]:
     matches = sorted({os.path.normpath(m) for m in _glob.glob(pattern, recursive=True)})
     files = [Path(m) for m in matches if Path(m).is_file()]
     if not files:
-        raise SourceError(f"{kind} source: pattern {pattern_text!r} matches no file (looked for {pattern})")
+        other = f": only {matches[0]}, {regular_file_problem(matches[0])}" if matches else ""
+        raise SourceError(f"{kind} source: pattern {pattern_text!r} matches no file (looked for {pattern}){other}")
     return files
 
 

@@ -180,3 +180,16 @@ def test_rows_are_decoded_a_few_at_a_time(tmp_path):
         tracemalloc.stop()
     bound = (tabular.BATCH_ROWS + 8) << 20
     assert count == 64 and arrow_peak < bound and python_peak < bound, (arrow_peak, python_peak)
+
+
+def test_a_source_that_is_a_fifo_or_a_device_is_named_so(tmp_path):
+    import os
+    os.mkfifo(tmp_path / "pipe.txt")
+    os.symlink("/dev/zero", tmp_path / "zero.parquet")
+    with pytest.raises(SourceError, match=r"file source 'pipe.txt': a FIFO, not a regular file \(at .*\); not read"):
+        load_documents(src(file="pipe.txt"), tmp_path)
+    with pytest.raises(SourceError, match=r"matches no file \(looked for .*\): only .*zero.parquet, a character "
+                                          r"device, not a regular file"):
+        load_documents(src(parquet="zero.parquet"), tmp_path)
+    with pytest.raises(SourceError, match="file source: no such file 'gone.txt'"):
+        load_documents(src(file="gone.txt"), tmp_path)

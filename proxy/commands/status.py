@@ -76,7 +76,7 @@ def status_report(run: RunDir) -> dict:
         if isinstance(e, StepEntry):
             steps[e.step] = e  # last entry per step wins
     ordered = [steps[s] for s in sorted(steps)]
-    # a step past max_steps is none this run trains (a forged or foreign line): shown, flagged, not counted
+    # a step past max_steps is none this run trains (a forged or foreign line): named in a warning, not counted
     beyond = [e for e in ordered if max_steps and e.step > max_steps]
     if max_steps:
         ordered = [e for e in ordered if e.step <= max_steps]

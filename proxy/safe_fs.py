@@ -53,6 +53,21 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+NO_SUCH_FILE = "no such file"  # regular_file_problem's answer for a path that does not exist
+
+
+def regular_file_problem(path: str | os.PathLike) -> str | None:
+    """None when `path` (symlinks followed) is a regular file; else why it is not, in words, for a message
+    about a file that was asked for: "no such file", "a FIFO, not a regular file", a stat error."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return NO_SUCH_FILE
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None if stat.S_ISREG(st.st_mode) else f"{file_kind(st.st_mode)}, not a regular file"
+
+
 def inside(path: str | os.PathLike, within: str | os.PathLike) -> bool:
     """Whether `path`, with every symlink followed, is `within` or below it."""
     real, base = os.path.realpath(path), os.path.realpath(within)

@@ -10,7 +10,7 @@ The CUDA engine's section comes from docs/reliability-cuda.json (`--gpu-results`
 
 The scenarios live in tests/faults/*_scenarios.py (engine_scenarios.py, proxy_scenarios.py,
 run_dir_scenarios.py, process_scenarios.py, path_scenarios.py, divergence_scenarios.py,
-input_scenarios.py, dashboard_scenarios.py, flood_scenarios.py; shared parts in scenarios.py and
+input_scenarios.py, data_scenarios.py, dashboard_scenarios.py, flood_scenarios.py; shared parts in scenarios.py and
 proxy_harness.py); the tests in tests/faults/
 record every scenario's outcome (faults injected, survived, steps lost, data
 lost) to a JSON file, which this script turns into the table. Nothing in the
@@ -215,6 +215,33 @@ WHAT = OrderedDict([
      "`proxy eval --data` /dev/zero, a FIFO, a 2 GiB file, a directory, /proc/self/mem under RLIMIT_AS 8 GiB, "
      "and sources that refuse reads (EACCES as the files' owner in a user namespace, a directory that cannot be "
      "listed, /proc/self, /proc/self/mem, EISDIR, ENOTDIR): exit 2 with one line, no traceback, the run unchanged"),
+    ("frozen validation ids beyond the vocabulary",
+     "a frozen <arm>.val.tok holding id 65535 (vocab 300) with its SHA-256 updated in data.json: `run` and `eval` "
+     "exit 2 at once with one line naming the file, the id and its position, no engine started, the run "
+     "unchanged; with the file restored the relaunch finishes bit-identical"),
+    ("full disk that only the engine's checkpoints meet (tmpfs at checkpoints/, ENOSPC)",
+     "checkpoints/ a filled tmpfs while the run trains: the engine's checkpoint fails (its exit 5) and the proxy "
+     "stops at once with exit 5, no restart, one line naming ENOSPC and the checkpoint a relaunch resumes from, "
+     ".state.json stopped with ENOSPC, every line and checkpoint kept; after freeing space bit-identical"),
+    ("a device or FIFO where a checkpoint is named (eval --checkpoint)",
+     "`proxy eval --checkpoint` /dev/zero, a FIFO, a directory: exit 2, one line saying what it is (not "
+     "\"no such checkpoint file\"); a missing file: \"no such checkpoint file\""),
+    ("forged steps and clock jumps in .loss.json (proxy status)",
+     "five steps whose times jump a year ahead and back, and a forged step 999999999999: `proxy status` shows "
+     "the last real step (at most 100%) and one warning naming the forged step; its tokens/s stays that of the "
+     "log without the jumps (a jump counts as the step's compute time), never days or unknown"),
+    ("a huge single-word document (eval --data)",
+     "`proxy eval --data` of a 20 MiB file of one word under RLIMIT_AS 3 GiB: encoded in words of at most "
+     "4096 characters, its 1.3M rows sent in two EVAL frames (the engine takes 1M a frame): exit 0 within 3 "
+     "minutes, every token counted"),
+    ("hostile table sources (hf_dataset, Parquet)",
+     "`proxy run` of an arm whose hf_dataset Arrow file is a symlink to /dev/zero, a FIFO, or truncated: exit 2 "
+     "at once, one line naming the arm, the file and what it is (never \"missing\"); a Parquet text column "
+     "stored dictionary-encoded trains (exit 0)"),
+    ("non-finite weights given to --init-from",
+     "`proxy run --init-from` a GPT-2 directory whose model.safetensors holds a NaN, a +inf, a -inf: exit 2 at "
+     "once, one line naming the tensor and what it holds, nothing written to checkpoints/; the same directory "
+     "with finite weights imports and trains (exit 0)"),
     ("dashboard flooded by event-stream clients that never read",
      "1000 raw-socket clients against a real uvicorn server, none reading, while the run grows: at most 32 "
      "streams served, the rest 503; /healthz answers within 2 s throughout; every non-reader's stream dropped "

@@ -10,7 +10,7 @@ eval entry the run logged at that step, bit for bit.
 `--data FILE ...` evaluates text files instead (read when the arguments are
 parsed, cli.py `_text_file`: a regular file of UTF-8 text, at most
 EVAL_DATA_LIMIT bytes): each is encoded with the
-run's tokenizer as the shards encode a document (its tokens, then
+run's tokenizer as the shards encode a document (in pieces; its tokens, then
 <|endoftext|>) and cut into the fewest rows of ctx + 1 tokens that cover it,
 spaced by the same rule.
 """
@@ -74,7 +74,7 @@ def file_parts(files: list[tuple[str, str]], data: HeldData, ctx: int) -> list[P
     parts = []
     row_len = ctx + 1
     for group, (name, text) in enumerate(files):
-        tokens = np.array(data.tokenizer.encode(text) + [data.tokenizer.eot_id], dtype=np.uint16)
+        tokens = np.append(data.tokenizer.encode_document(text), np.uint16(data.tokenizer.eot_id))
         if tokens.size < row_len:
             raise ProxyError(f"--data {name}: {tokens.size} tokens, fewer than the {row_len} (ctx + 1) of one row",
                              EXIT_USAGE)
@@ -87,11 +87,23 @@ def file_parts(files: list[tuple[str, str]], data: HeldData, ctx: int) -> list[P
 
 def evaluate(engine: CheckpointEngine, parts: list[Part]) -> list[tuple[float, float]]:
     """(loss, tokens) of each part: every part's rows in one EVAL frame (each part its own group id), the
-    way the run's evals send every arm's rows."""
+    way the run's evals send every arm's rows. Rows past the engine's frame limit (a long `--data` file of a
+    short-context model) go in further frames, in order, and each part's loss is the token-weighted mean
+    of its frames' (one frame, as every run's eval is, gives the engine's figure itself)."""
     tokens = np.concatenate([p.tokens for p in parts])
     groups = np.concatenate([p.groups for p in parts])
-    event = engine.ask(frames.eval_frame(1, tokens, groups), "eval")
-    return [frames.group_result(event, int(p.groups[0])) for p in parts]
+    events = [engine.ask(frames.eval_frame(1 + k, tokens[at:at + frames.MAX_FRAME_ROWS],
+                                           groups[at:at + frames.MAX_FRAME_ROWS]), "eval")
+              for k, at in enumerate(range(0, len(tokens), frames.MAX_FRAME_ROWS))]
+    if len(events) == 1:
+        return [frames.group_result(events[0], int(p.groups[0])) for p in parts]
+    out = []
+    for p in parts:
+        group = int(p.groups[0])
+        present = [frames.group_result(e, group) for e in events if str(group) in (e.get("group_loss") or {})]
+        total = sum(n for _loss, n in present)
+        out.append((sum(loss * n for loss, n in present) / total, total))
+    return out
 
 
 def eval_report(source: ModelSource, key: str, parts: list[Part], results: list[tuple[float, float]]) -> dict:

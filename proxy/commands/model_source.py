@@ -40,6 +40,7 @@ from ..rundir.data import checked_definition, run_tokenizer, run_val_arrays
 from ..rundir.foreign import experiment_shape, foreign_reason
 from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir, RunDirError
 from ..rundir.resume import choose_resume
+from ..safe_fs import NO_SUCH_FILE, regular_file_problem
 from .which_run import resolve_run, started_run
 
 @dataclass(frozen=True)
@@ -139,8 +140,11 @@ def resolve_source(run_dir: str | None, step: str | int | None, checkpoint: str 
         raise ProxyError("give --step or --checkpoint, not both", EXIT_USAGE)
     if checkpoint is not None:
         path = Path(checkpoint)
-        if not path.is_file():
+        problem = regular_file_problem(path)
+        if problem == NO_SUCH_FILE:
             raise ProxyError(f"{path}: no such checkpoint file", EXIT_USAGE)
+        if problem is not None:  # /dev/zero, a FIFO: never read
+            raise ProxyError(f"{path}: {problem}; a checkpoint is a regular file", EXIT_USAGE)
         run = resolve_run(run_dir) if run_dir else _run_holding(path)
     else:
         run = resolve_run(run_dir)

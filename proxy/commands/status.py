@@ -46,6 +46,14 @@ def _dashboard(recorded) -> dict | None:
     return {"url": url, "host": recorded["host"], "warning": exposure_warning(recorded["host"])}
 
 
+def _int(value, at_most: int | None) -> int:
+    """A count `.state.json` holds (a snapshot anyone can edit): a non-negative int, at most `at_most` when
+    that is known, else 0."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 0
+    return min(value, at_most) if at_most else value
+
+
 def status_report(run: RunDir) -> dict:
     """Everything `proxy status` shows, as a dict (also `--json`)."""
     state = read_state(run.state) or {}
@@ -68,6 +76,10 @@ def status_report(run: RunDir) -> dict:
         if isinstance(e, StepEntry):
             steps[e.step] = e  # last entry per step wins
     ordered = [steps[s] for s in sorted(steps)]
+    # a step past max_steps is none this run trains (a forged or foreign line): named in a warning, not counted
+    beyond = [e for e in ordered if max_steps and e.step > max_steps]
+    if max_steps:
+        ordered = [e for e in ordered if e.step <= max_steps]
     evals = [e for e in tail if isinstance(e, EvalEntry)]
     progress = Progress()  # the same window as the running proxy's figures
     for e in ordered[-WINDOW_STEPS:]:
@@ -89,10 +101,11 @@ def status_report(run: RunDir) -> dict:
     return {
         "run_dir": str(run.root), "experiment": experiment.get("name"), "alive": owner is not None,
         "proxy_pid": owner if owner and owner > 0 else None, "status": status,
-        "step": last.step if last else int(state.get("step") or 0), "max_steps": max_steps,
+        "step": last.step if last else _int(state.get("step"), max_steps), "max_steps": max_steps,
+        "steps_beyond_max": [e.step for e in beyond][-3:],
         "loss": last.loss if last else None, "loss_smoothed": progress.smoothed,
         "val_loss": evals[-1].loss if evals else None, "val_step": evals[-1].step if evals else None,
-        "tokens": last.tokens if last else int(state.get("tokens") or 0),
+        "tokens": last.tokens if last else _int(state.get("tokens"), None),
         "tokens_per_s": rates.tokens_per_s, "engine_tokens_per_s": rates.engine_tokens_per_s,
         "eta_s": rates.eta_s if owner else None, "goodput": state.get("goodput"),
         "mixture": last.mixture if last else {},
@@ -128,6 +141,9 @@ def format_status(r: dict) -> str:
     lines.append(f"status:      {r['status']} ({alive})")
     pct = f" ({100 * r['step'] / r['max_steps']:.1f}%)" if r["max_steps"] else ""
     lines.append(f"step:        {r['step']} / {r['max_steps']}{pct}")
+    if r.get("steps_beyond_max"):
+        lines.append(f"WARNING:     .loss.json logs step {r['steps_beyond_max'][-1]}, beyond max_steps "
+                     f"{r['max_steps']}: a line this run did not write (not counted)")
     if r["loss"] is not None:
         val = f"; val {r['val_loss']:.4f} at step {r['val_step']}" if r["val_loss"] is not None else ""
         lines.append(f"loss:        {r['loss']:.4f} (smoothed {r['loss_smoothed']:.4f}){val}")

@@ -55,8 +55,8 @@ from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens
 from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
 from .workers import Task, Workers, default_workers
 
-FORMAT_VERSION = 3  # 3: long texts with Windows line ends are cut before a \r\n (text.safe_cut)
-FORMATS_READ = (1, 2, FORMAT_VERSION)  # 2 differs from 3 only in that cut: its entries hold a run's tokens
+FORMAT_VERSION = 4  # 4: runs longer than text.WORD_CHARS are cut; 3: before a \r\n (text.safe_cut)
+FORMATS_READ = (1, 2, 3, FORMAT_VERSION)  # 2 and 3 differ from 4 only in those cuts: they hold a run's tokens
 # The cache entries of format 1 (before preparation streamed), read for runs trained on one: their key's
 # parts, as that version wrote them (it trained the tokenizer on every training document, split by whole
 # documents in the order of their hash).

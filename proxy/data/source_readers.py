@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
                               ParquetSource, Source, TokensSource, is_token_source)
-from ..safe_fs import UnsafeFileError, file_sha256, open_regular
+from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, file_sha256, open_regular, regular_file_problem
 from . import lowquality, tabular
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 
@@ -121,14 +121,18 @@ def _matches(kind: str, pattern_text: str, base: Path) -> list[Path]:
     matches = sorted({os.path.normpath(m) for m in _glob.glob(pattern, recursive=True)})
     files = [Path(m) for m in matches if Path(m).is_file()]
     if not files:
-        raise SourceError(f"{kind} source: pattern {pattern_text!r} matches no file (looked for {pattern})")
+        other = f": only {matches[0]}, {regular_file_problem(matches[0])}" if matches else ""
+        raise SourceError(f"{kind} source: pattern {pattern_text!r} matches no file (looked for {pattern}){other}")
     return files
 
 
 def _one_file(kind: str, target: str, base: Path) -> list[Path]:
     p = base / target
-    if not p.is_file():
+    problem = regular_file_problem(p)
+    if problem == NO_SUCH_FILE:
         raise SourceError(f"{kind} source: no such file {target!r} (looked at {p})")
+    if problem is not None:
+        raise SourceError(f"{kind} source {target!r}: {problem} (at {p}); not read")
     return [p]
 
 

@@ -18,13 +18,17 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from ..safe_fs import UnsafeFileError, read_regular
+from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, read_regular, regular_file_problem
 
 INSTALL_HINT = "pip install 'microgpt[parquet]' (or pip install pyarrow)"
 DATASET_JSON_LIMIT = 16 << 20  # the largest state.json / dataset_dict.json read
 STATE = "state.json"
 DATASET_DICT = "dataset_dict.json"
 DEFAULT_SPLIT = "train"
+# Rows decoded at a time (a Parquet batch; Python strings made of an Arrow batch): what a unit holds of
+# its source at once is BATCH_ROWS rows, however large its row group (a dictionary-encoded file of a few
+# hundred bytes can stand for gigabytes of rows).
+BATCH_ROWS = 16
 
 
 class TabularError(ValueError):
@@ -80,8 +84,11 @@ def dataset_files(src, base: Path) -> list[Path]:
         if not isinstance(name, str) or not name or os.sep in name or name in (".", ".."):
             raise TabularError(f"{root / STATE}: a data file entry that is not a file name: {str(entry)[:60]}")
         path = root / name
-        if not path.is_file():
+        problem = regular_file_problem(path)
+        if problem == NO_SUCH_FILE:
             raise TabularError(f"{where}: data file {name} listed in {STATE} is missing (looked at {path})")
+        if problem is not None:  # a FIFO would block, a device never end
+            raise TabularError(f"{where}: data file {name} listed in {STATE} is {problem} (at {path}); not read")
         files.append(path)
     return files
 
@@ -93,19 +100,24 @@ def _string_column(schema, column: str, path) -> None:
         names = ", ".join(schema.names[:20]) + (", ..." if len(schema.names) > 20 else "")
         raise TabularError(f"{path}: no column {column!r} (columns: {names})")
     kind = schema.field(column).type
+    if pa.types.is_dictionary(kind):  # dictionary-encoded strings (a pandas category) are text too
+        kind = kind.value_type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise TabularError(f"{path}: column {column!r} holds {kind}, not text")
 
 
 def _open_arrow(pa, path: Path):
     """An Arrow IPC stream (what save_to_disk writes) or file, memory-mapped."""
-    source = pa.memory_map(str(path))
+    try:
+        source = pa.memory_map(str(path))
+    except (pa.ArrowException, OSError) as exc:
+        raise TabularError(f"{path}: cannot read ({str(exc).splitlines()[0][:120]})") from None
     try:
         return pa.ipc.open_stream(source)
-    except pa.ArrowInvalid:
+    except (pa.ArrowInvalid, OSError):
         try:
             reader = pa.ipc.open_file(source)
-        except pa.ArrowInvalid as exc:
+        except (pa.ArrowInvalid, OSError) as exc:
             raise TabularError(f"{path}: not an Arrow file ({str(exc).splitlines()[0][:120]})") from None
 
         class Batches:  # the file format's batches, read like a stream
@@ -136,13 +148,16 @@ def plan(src, files: list[Path], unit_bytes: int) -> Iterator[tuple[str, tuple, 
             _string_column(reader.schema, src.column, path)
             runs, sizes = [], []
             first = count = run_bytes = 0
-            for batch in reader:
-                count += 1
-                run_bytes += batch.nbytes
-                if run_bytes >= unit_bytes:
-                    runs.append((str(path), first, count))
-                    sizes.append(run_bytes)
-                    first, run_bytes = count, 0
+            try:
+                for batch in reader:
+                    count += 1
+                    run_bytes += batch.nbytes
+                    if run_bytes >= unit_bytes:
+                        runs.append((str(path), first, count))
+                        sizes.append(run_bytes)
+                        first, run_bytes = count, 0
+            except (pa.ArrowException, OSError) as exc:  # a truncated or damaged file
+                raise TabularError(f"{path}: record batch {count}: {str(exc).splitlines()[0][:120]}") from None
             if first < count or not runs:
                 runs.append((str(path), first, count))
                 sizes.append(run_bytes)
@@ -159,24 +174,39 @@ def _shares(reader: str, items: list[tuple], sizes: list[int], file_size: int) -
         yield reader, (item,), share
 
 
+def _parquet_chunks(pa, path: str, first: int, stop: int, column: str) -> Iterator:
+    """The column's values in the row groups [first, stop), BATCH_ROWS rows decoded at a time."""
+    try:
+        for batch in pa.parquet.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS,
+                                                               row_groups=list(range(first, stop)),
+                                                               columns=[column], use_threads=False):
+            yield batch.column(0)
+    except (pa.ArrowException, OSError) as exc:
+        raise TabularError(f"{path}: row group {first}: {str(exc).splitlines()[0][:120]}") from None
+
+
+def _arrow_chunks(pa, path: str, first: int, stop: int, column: str) -> Iterator:
+    """The column of the Arrow file's record batches [first, stop) (memory-mapped: nothing is copied)."""
+    at = 0
+    try:
+        for batch in _open_arrow(pa, Path(path)):
+            if at >= stop:
+                break
+            if at >= first:
+                yield batch.column(batch.schema.get_field_index(column))
+            at += 1
+    except (pa.ArrowException, OSError) as exc:
+        raise TabularError(f"{path}: record batch {at}: {str(exc).splitlines()[0][:120]}") from None
+
+
 def read(reader: str, items: tuple, column: str) -> Iterator[str]:
-    """The non-empty strings of `column` in the unit's rows, in order."""
+    """The non-empty strings of `column` in the unit's rows, in order; at most BATCH_ROWS of them made
+    Python strings at a time."""
     for path, first, stop in items:
         pa = pyarrow(path)
-        if reader == "parquet":
-            try:
-                tables = [pa.parquet.ParquetFile(path).read_row_groups(list(range(first, stop)), columns=[column])]
-            except (pa.ArrowException, OSError) as exc:
-                raise TabularError(f"{path}: row group {first}: {str(exc).splitlines()[0][:120]}") from None
-            chunks = [c for t in tables for c in t.column(0).chunks]
-        else:
-            chunks = []
-            for i, batch in enumerate(_open_arrow(pa, Path(path))):
-                if i >= stop:
-                    break
-                if i >= first:
-                    chunks.append(batch.column(batch.schema.get_field_index(column)))
+        chunks = (_parquet_chunks if reader == "parquet" else _arrow_chunks)(pa, path, first, stop, column)
         for chunk in chunks:
-            for value in chunk.to_pylist():
-                if value:
-                    yield value
+            for at in range(0, len(chunk), BATCH_ROWS):
+                for value in chunk.slice(at, BATCH_ROWS).to_pylist():
+                    if value:
+                        yield value

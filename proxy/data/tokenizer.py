@@ -13,15 +13,19 @@ most `model.vocab` tokens.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+import numpy as np
+
 from ..atomic import atomic_write_text
 from ..rundir.layout import READ_LIMITS, TOKENIZER
+from .text import PIECE_CHARS, pieces
 
 EOT = "<|endoftext|>"
+ENCODE_CHARS = 4 * PIECE_CHARS  # the most text given to one encode_batch call (its Encodings are large)
 SAMPLE_BYTES = 64 << 20  # the most text a tokenizer is trained on (a deterministic sample of the pieces)
 GIVEN_LIMIT = READ_LIMITS[TOKENIZER]  # the largest tokenizer.json read (GPT-2's is 1.4 MB)
 # Everything that changes what training produces (part of the data cache key).
@@ -32,7 +36,7 @@ TOKENIZER_SETTINGS = {
     "use_regex": True,
     "min_frequency": 2,
     "sample_bytes": SAMPLE_BYTES,
-    "version": 2,
+    "version": 3,  # 3: runs longer than text.WORD_CHARS are cut (the sample's pieces change)
 }
 
 
@@ -63,6 +67,26 @@ class Tokenizer:
         # encode_batch_fast skips the character offsets nothing here uses (same ids, less work)
         encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
         return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+
+    def encode_pieces(self, texts: Iterable[str]) -> Iterator[np.ndarray]:
+        """Each text's ids (uint16), in order, encoded in batches of at most about ENCODE_CHARS characters:
+        the tokenizer's per-token objects live for one batch only."""
+        batch: list[str] = []
+        held = 0
+        for text in texts:
+            batch.append(text)
+            held += len(text)
+            if held >= ENCODE_CHARS:
+                yield from (np.asarray(ids, dtype=np.uint16) for ids in self.encode_batch(batch))
+                batch, held = [], 0
+        if batch:
+            yield from (np.asarray(ids, dtype=np.uint16) for ids in self.encode_batch(batch))
+
+    def encode_document(self, text: str) -> np.ndarray:
+        """A whole document's ids (uint16) as the preparation encodes it: in pieces (text.pieces), so memory
+        and time stay bounded whatever one word of it holds."""
+        parts = list(self.encode_pieces(pieces(text)))
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint16)
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids if 0 <= int(i) < self.trained_size]

@@ -103,30 +103,26 @@ def run_task(task: Task) -> UnitResult:
         result.skipped = notes.skipped
         return result
     tok = _tokenizer
-    items = list(_pieces(task, notes))
-    ids = tok.encode_batch([piece for _s, piece, _l in items]) if items else []
-    out = {TRAIN: [], VAL: []}
+    items: list[tuple[str, int, bool]] = []  # (split, chars, last) of each piece, in the order encoded
+
+    def texts() -> Iterator[str]:  # the pieces, read as the encoder asks for them (a batch at a time)
+        for split, piece, last in _pieces(task, notes):
+            items.append((split, len(piece), last))
+            yield piece
+
+    out: dict[str, list[np.ndarray]] = {TRAIN: [], VAL: []}
     docs = val_docs = chars = 0
-    eot = [tok.eot_id]
-    for (split, piece, last), piece_ids in zip(items, ids):
+    eot = np.array([tok.eot_id], dtype=np.uint16)
+    for k, piece_ids in enumerate(tok.encode_pieces(texts())):
+        split, length, last = items[k]
         out[split].append(piece_ids)
-        chars += len(piece)
+        chars += length
         if last:
             out[split].append(eot)
             docs += 1
             val_docs += split == VAL
-    arrays = {s: _concat(parts) for s, parts in out.items()}
+    arrays = {s: np.concatenate(parts) if parts else np.zeros(0, np.uint16) for s, parts in out.items()}
     return UnitResult(arrays[TRAIN], arrays[VAL], docs, val_docs, chars, notes.skipped)
-
-
-def _concat(parts: list[list[int]]) -> np.ndarray:
-    n = sum(len(p) for p in parts)
-    out = np.empty(n, dtype=np.uint16)
-    at = 0
-    for p in parts:
-        out[at:at + len(p)] = p
-        at += len(p)
-    return out
 
 
 def _init_worker(tokenizer_json: Optional[str], vocab: int) -> None:

@@ -20,6 +20,7 @@ TRAIN, EVAL, SAMPLE, CHECKPOINT, STOP = 1, 2, 3, 4, 5
 SAMPLE_PARAMS = struct.Struct("<IIIf")   # n_prompts, max_new, top_k, temperature
 SAMPLE_PROMPT = struct.Struct("<IIQ")    # n_tokens, count, seed (one per prompt)
 SAMPLE_MAX_COMPLETIONS = 4096            # in one SAMPLE frame, all prompts together (the engine's limit)
+MAX_FRAME_ROWS = 1 << 20                 # rows in one TRAIN or EVAL frame (the engine's limit, train.h)
 
 
 def _header(kind: int, frame_id: int, rows: int, row_len: int, payload_bytes: int) -> bytes:

@@ -124,8 +124,10 @@ def _npy(path: str, f, size: int) -> TokenFile:
             shape, fortran, dtype = npy_format.read_array_header_2_0(f)
         else:
             raise ValueError(f"version {version}")
-    except (ValueError, OSError, SyntaxError) as exc:
-        raise TokenFileError(f"{path}: not a NumPy array file ({exc})") from None
+    except (ValueError, OSError, SyntaxError) as exc:  # numpy's first line says it (the rest is advice on
+        # loading untrusted files, e.g. a header over its 10,000-byte max_header_size)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise TokenFileError(f"{path}: not a NumPy array file ({first})") from None
     if dtype not in NPY_DTYPES:
         raise TokenFileError(f"{path}: NumPy array of {dtype}, not uint16 or uint32 token ids")
     if len(shape) != 1 and not (len(shape) == 2 and 1 in shape):

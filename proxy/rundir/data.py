@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..atomic import atomic_copy, atomic_write_bytes, copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer, TokenizerError
 from ..formats.shard import HEADER, ShardError, shard_segment
+from ..formats.token_files import first_out_of_range
 from ..safe_fs import UnsafeFileError, file_sha256, read_regular
 from .layout import ARCHIVE, DATA, DATA_DEFINITION, READ_LIMITS, TOKENIZER, RunDir, RunDirError
 
@@ -143,8 +144,12 @@ def problems(run: RunDir, definition: DataDefinition) -> list[str]:
         if problem is None and isinstance(frozen, FrozenShard):
             try:
                 segment, _vocab = shard_segment(run.data_dir / frozen.file)
+                bad = first_out_of_range(segment, definition.vocab)
                 if segment.tokens != frozen.tokens:
                     problem = f"{DATA}/{frozen.file} holds {segment.tokens} tokens, data.json says {frozen.tokens}"
+                elif bad is not None:  # the engine would refuse its eval frames, restart after restart
+                    problem = (f"{DATA}/{frozen.file} holds token id {bad[1]} at position {bad[0]}, at or above "
+                               f"the vocabulary ({definition.vocab})")
             except (ShardError, OSError) as exc:
                 problem = f"{DATA}/{frozen.file}: {exc}"
         if problem is not None:

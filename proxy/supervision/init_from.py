@@ -80,7 +80,23 @@ def read_tensors(directory: Path) -> dict[str, np.ndarray]:
                 out[name] = f.get_tensor(name).astype(np.float32, copy=False)
     except (SafetensorError, OSError, ValueError) as exc:
         raise _fail(directory, f"{MODEL_FILE} unreadable ({str(exc)[:200]})") from None
+    bad = non_finite(out)
+    if bad is not None:  # else the import would write a diverged step 0 that the resume rule passes over
+        raise _fail(directory, f"{MODEL_FILE}: {bad}; nothing imported")
     return out
+
+
+def non_finite(tensors: dict[str, np.ndarray]) -> str | None:
+    """'tensor NAME holds NaN (at index I)' (or inf) for the first tensor, in name order, that is not all
+    finite; None when every value of every tensor is finite."""
+    for name in sorted(tensors):
+        flat = tensors[name].reshape(-1)
+        finite = np.isfinite(flat)
+        if not finite.all():
+            index = int(np.argmin(finite))  # the first False
+            kind = "NaN" if np.isnan(flat[index]) else ("+inf" if flat[index] > 0 else "-inf")
+            return f"tensor {name} holds {kind} (at flat index {index})"
+    return None
 
 
 def _trailer(experiment: Experiment, shape: ModelShape, meta: dict) -> Trailer:

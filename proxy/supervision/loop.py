@@ -33,6 +33,7 @@ from .events import EventHandlers
 from .pivot_desk import PivotDesk
 from .segment import Outcome, Segment, catch_up, feed, launch_segment
 from .signals import SignalCounts
+from .storage_stop import EngineStorageError, engine_full_disk, resume_line
 from .live_status import last_step, say_progress_on_clock, write_run_state
 from .watchdog import Watchdog
 
@@ -117,13 +118,13 @@ class Supervisor:
         if not isinstance(exc, StorageError):
             return one_line(exc)
         seg = self.segment
-        engine = ("" if seg is None else
+        engine = ("" if seg is None or isinstance(exc, EngineStorageError) else
                   "; the engine stopped and wrote its checkpoint" if seg.engine.poll() == 0 else
-                  "; the engine's own checkpoint failed too (earlier checkpoints are intact)")
+                  "; the engine's own checkpoint failed too")
         also = f"; could not update {', '.join(sorted(set(unwritten) - {exc.path}))} either" \
             if set(unwritten) - {exc.path} else ""
-        return (f"stopped at step {last_step(seg)}: {one_line(exc)}{engine}{also}; every complete line of .loss.json "
-                "is kept; then relaunch the same command to resume")
+        return (f"stopped at step {last_step(seg)}: {one_line(exc)}{engine}{also}; {resume_line(self.ctx)}; every "
+                "complete line of .loss.json is kept; then relaunch the same command to resume")
 
     def _loop(self) -> int:
         ctx, report = self.ctx, self.ctx.report
@@ -300,6 +301,9 @@ class Supervisor:
         if ctx.signals.stop:
             ctx.warn(f"engine {exit_description(code)} while stopping")
             return Outcome.STOPPED
+        full_disk = engine_full_disk(ctx, code, seg.last_error)
+        if full_disk is not None:  # a restart would fail the same way until space is freed
+            raise full_disk
         if code == ENGINE_EXIT_USAGE:
             return Outcome.FATAL
         if code == EXIT_CHECKPOINT and seg.resume.path is not None:

@@ -7,6 +7,12 @@ from typing import NamedTuple
 
 WINDOW_S = 300.0  # the throughput is measured over the steps of the last five minutes...
 WINDOW_STEPS = 5000  # ...but at most this many steps
+# The wall clock can jump (NTP, a suspended machine, a hand-set date, a forged log): an interval between two
+# steps that is negative, or longer than JUMP_FACTOR times the engine's own compute time of the step
+# (its `ms`, measured on the engine's monotonic clock) and than JUMP_MIN_S, is taken as a jump and counted
+# as that compute time instead. Audits (evals, checkpoints) between steps stay well inside the bound.
+JUMP_FACTOR = 1000.0
+JUMP_MIN_S = 600.0
 
 
 class Rates(NamedTuple):
@@ -27,7 +33,9 @@ class Progress:
 
     def __init__(self, window_s: float = WINDOW_S, window_steps: int = WINDOW_STEPS):
         self.window_s = window_s
-        self.window: deque = deque(maxlen=window_steps)  # (wall time, tokens, step, ms)
+        self.window: deque = deque(maxlen=window_steps)  # (sane clock, tokens, step, ms)
+        self.clock = 0.0  # seconds of the wall clock with its jumps taken out (sane_interval)
+        self.last_wall: float | None = None
         self.window_ms = 0.0  # the ms of every entry but the oldest (whose tokens are the baseline)
         self.last_loss: float | None = None
         self.smoothed: float | None = None
@@ -35,6 +43,11 @@ class Progress:
 
     def observe(self, time: float, tokens: int, step: int, loss: float, ms: float = 0.0,
                 mixture: dict[str, float] | None = None) -> None:
+        """`time` is the wall-clock time of the step; the window keeps the sane clock instead."""
+        if self.last_wall is not None:
+            self.clock += sane_interval(time - self.last_wall, ms)
+        self.last_wall = time
+        time = self.clock
         self.last_loss = loss
         if mixture is not None:
             self.mixture = dict(mixture)
@@ -63,7 +76,8 @@ class Progress:
         """The engine is ready at `step`: the baseline of the window, so the first step has a rate (its
         wall time counted from the engine being ready)."""
         if not self.window:
-            self.window.append((time, tokens, step, 0.0))
+            self.last_wall = time
+            self.window.append((self.clock, tokens, step, 0.0))
 
     def rates(self, max_steps: int) -> Rates:
         """The rates over the window and the ETA at the wall-clock rate; Nones before two points (a
@@ -75,6 +89,15 @@ class Progress:
             return Rates(None, None, None)
         engine = (k1 - k0) / (self.window_ms / 1000.0) if self.window_ms > 0 else None
         return Rates((k1 - k0) / (t1 - t0), engine, max(0, max_steps - s1) * (t1 - t0) / (s1 - s0))
+
+
+def sane_interval(seconds: float, ms: float) -> float:
+    """The wall-clock interval before a step whose engine compute took `ms`, or that compute time when the
+    interval is a clock jump (negative, not finite, or past JUMP_FACTOR x the compute and JUMP_MIN_S)."""
+    compute = max(0.0, ms / 1000.0) if math.isfinite(ms) else 0.0
+    if math.isfinite(seconds) and 0.0 <= seconds <= max(JUMP_FACTOR * compute, JUMP_MIN_S):
+        return seconds
+    return compute
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -622,10 +622,11 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-NON_FINITE_LINES = [  # a step and an eval past any the run logged, so that they are the newest
-    b'{"type": "step", "step": 9999, "loss": NaN, "lr": Infinity, "grad_norm": -Infinity, "tokens": 1, "time": 1.0, '
+NON_FINITE_LINES = [  # a step and an eval past any the run logged, so that they are the newest (within
+    # max_steps 48: `proxy status` leaves a step beyond it out, as no step of this run)
+    b'{"type": "step", "step": 47, "loss": NaN, "lr": Infinity, "grad_norm": -Infinity, "tokens": 1, "time": 1.0, '
     b'"ms": NaN, "arms": {"dots": NaN}, "mixture": {"dots": Infinity, "semis": 0.5}, "phase": 0, "segment": 9}\n',
-    b'{"type": "eval", "step": 9999, "loss": Infinity, "arms": {"dots": NaN}, "time": 2.0, "phase": 0, "segment": 9}\n',
+    b'{"type": "eval", "step": 47, "loss": Infinity, "arms": {"dots": NaN}, "time": 2.0, "phase": 0, "segment": 9}\n',
 ]
 
 

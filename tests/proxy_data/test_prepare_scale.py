@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import resource
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +23,7 @@ from proxy.config.sources import parse_source
 from proxy.data import DataError, SourceError, load_documents, prepare_data, train_tokenizer
 from proxy.data.progress_bars import Progress
 from proxy.data.source_readers import stdlib_files
-from proxy.data.text import binary_reason, pieces, safe_cut
+from proxy.data.text import WORD_CHARS, binary_reason, pieces, safe_cut
 from proxy.formats.shard import read_shard
 
 
@@ -141,3 +146,78 @@ def test_binary_data_is_not_text(tmp_path):
     exp = experiment({"a": [{"file": "ids.bin"}]}, vocab=300)
     with pytest.raises(DataError, match=r"arm 'a': .*ids.bin: binary data \(NUL bytes\)"):
         prepare_data(exp, tmp_path, tmp_path / "cache", progress=False)
+
+
+def test_no_piece_holds_a_run_longer_than_a_word(code_text, tokenizer):
+    """Runs of non-whitespace or of whitespace longer than WORD_CHARS are cut every WORD_CHARS characters;
+    ordinary text is not (its pieces still encode as the whole, test_safe_cuts_encode_as_the_whole)."""
+    text = (code_text[:50_000] + "x" * (3 * WORD_CHARS + 5) + "!" * WORD_CHARS + " " * (2 * WORD_CHARS + 1)
+            + "é" * (WORD_CHARS + 1) + code_text[50_000:60_000])
+    parts = pieces(text, size=20_000)
+    assert "".join(parts) == text
+    longest = max(len(run) for part in parts for run in re.findall(r"\S+|\s+", part))
+    assert longest == WORD_CHARS
+    assert pieces(text, size=20_000) == parts  # a function of the text alone
+    assert len(pieces("a" * (16 << 20))) == (16 << 20) // WORD_CHARS
+    huge = "z" * (2 * WORD_CHARS + 3)
+    assert list(tokenizer.encode_document(huge)) == [i for p in pieces(huge) for i in tokenizer.encode(p)]
+    assert list(tokenizer.encode_document(code_text[:300_000])) == tokenizer.encode(code_text[:300_000])
+
+
+PREPARE_ONE = """
+import json, resource, sys, time
+from pathlib import Path
+from proxy.config.experiment import parse_experiment
+from proxy.data import prepare_data
+
+def main():
+    d = Path(sys.argv[1])
+    exp = parse_experiment({"name": "word", "model": {"vocab": 4608, "ctx": 32, "dim": 16, "layers": 1, "heads": 2},
+        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+        "arms": [{"name": "a", "sources": [json.loads(sys.argv[2])]}]})
+    data = prepare_data(exp, d, d / "cache", progress=False)
+    rss = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(json.dumps({"kib": rss, "stats": data.stats["a"]}))
+
+if __name__ == "__main__":
+    main()
+"""
+WORD_LIMIT_S = 120  # it takes seconds; before documents were cut, training the tokenizer did not end
+WORD_RSS_KIB = 1 << 20  # 1 GiB; before, a 4 MiB word took 520 MB and a 4 MiB x 100 Parquet 21.6 GB
+
+
+def _prepare_in_a_child(tmp_path, source: dict) -> tuple[dict, float]:
+    """Data preparation of one source in its own process (its workers its children), under RLIMIT_AS 8 GiB:
+    (its report: the largest RSS of it or a worker, in KiB, and the arm's stats), and its seconds."""
+    (tmp_path / "prepare_one.py").write_text(PREPARE_ONE)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(tmp_path / "prepare_one.py"), str(tmp_path), json.dumps(source)],
+                          capture_output=True, text=True, timeout=WORD_LIMIT_S, preexec_fn=limit,
+                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    seconds = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), seconds
+
+
+def test_a_16_mib_word_prepares_in_bounded_memory_and_time(tmp_path):
+    """A document of one 16 MiB word, the run training its own tokenizer on it: seconds, not hours, and a
+    bounded peak RSS in the preparing process and each worker."""
+    (tmp_path / "word.txt").write_text("a" * (16 << 20))
+    report, seconds = _prepare_in_a_child(tmp_path, {"file": "word.txt"})
+    assert report["stats"]["chars"] == 16 << 20 and report["stats"]["docs"] == 1
+    assert report["kib"] < WORD_RSS_KIB and seconds < WORD_LIMIT_S, (report, seconds)
+
+
+def test_a_tiny_parquet_file_of_huge_rows_prepares_in_bounded_memory(tmp_path):
+    """A zstd Parquet file of a few hundred bytes holding 24 rows of 4 MiB of one letter (96 MiB of text):
+    its rows are decoded a few at a time and each cut into words of WORD_CHARS."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": ["q" * (4 << 20)] * 24}), tmp_path / "rows.parquet", compression="zstd")
+    assert (tmp_path / "rows.parquet").stat().st_size < 4096
+    report, seconds = _prepare_in_a_child(tmp_path, {"parquet": "rows.parquet"})
+    assert report["stats"]["docs"] == 24 and report["stats"]["chars"] == 24 << 22
+    assert report["kib"] < WORD_RSS_KIB and seconds < WORD_LIMIT_S, (report, seconds)

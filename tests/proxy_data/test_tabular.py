@@ -108,3 +108,88 @@ def test_prepare_parquet_and_dataset_arms_with_workers(tmp_path, monkeypatch):
         assert Path(one.train[arm][0].path).read_bytes() == Path(two.train[arm][0].path).read_bytes()
         assert Path(one.val_shards[arm]).read_bytes() == Path(two.val_shards[arm]).read_bytes()
         assert one.stats[arm]["docs"] == len(rows)
+
+
+def test_dictionary_encoded_strings_are_text(tmp_path):
+    """A string column stored dictionary-encoded (a pandas category, or pyarrow's dictionary_encode)."""
+    pq.write_table(pa.table({"text": pa.array(ROWS[:40]).dictionary_encode()}), tmp_path / "d.parquet")
+    assert pa.types.is_dictionary(pq.ParquetFile(tmp_path / "d.parquet").schema_arrow.field("text").type)
+    assert load_documents(src(parquet="d.parquet"), tmp_path) == ROWS[:40]
+    ints = pa.array([1, 2, 3]).dictionary_encode()
+    pq.write_table(pa.table({"text": ints}), tmp_path / "i.parquet")
+    with pytest.raises(SourceError, match="i.parquet: column 'text' holds int64, not text"):
+        load_documents(src(parquet="i.parquet"), tmp_path)
+
+
+def _prepare_one(tmp_path, source: dict):
+    from proxy.config.experiment import parse_experiment
+    exp = parse_experiment({
+        "name": "tab", "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
+        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+        "arms": [{"name": "rows", "sources": [source]}]})
+    return prepare_data(exp, tmp_path, tmp_path / "cache", progress=False, workers=1)
+
+
+def test_a_truncated_arrow_file_is_one_line_naming_arm_and_file(tmp_path):
+    from proxy.data import DataError
+    save_to_disk(tmp_path / "ds", ROWS * 30, files=1)
+    arrow = tmp_path / "ds" / "data-00000-of-00001.arrow"
+    raw = arrow.read_bytes()
+    for cut in (len(raw) // 2, 9, 0):
+        arrow.write_bytes(raw[:cut])
+        with pytest.raises(DataError) as exc:
+            _prepare_one(tmp_path, {"hf_dataset": "ds"})
+        line = str(exc.value)
+        assert line.startswith("arm 'rows': ") and str(arrow) in line and "\n" not in line, (cut, line)
+
+
+def test_a_dataset_file_that_is_not_a_regular_file_is_named_so(tmp_path):
+    import os
+    save_to_disk(tmp_path / "ds", ROWS, files=1)
+    arrow = tmp_path / "ds" / "data-00000-of-00001.arrow"
+    for what, make in (("a character device", lambda: os.symlink("/dev/zero", arrow)),
+                       ("a FIFO", lambda: os.mkfifo(arrow)), ("a directory", lambda: arrow.mkdir())):
+        arrow.unlink() if not arrow.is_dir() else arrow.rmdir()
+        make()
+        with pytest.raises(SourceError) as exc:
+            load_documents(src(hf_dataset="ds"), tmp_path)
+        assert f"data-00000-of-00001.arrow listed in state.json is {what}, not a regular file" in str(exc.value)
+        assert "missing" not in str(exc.value)
+    arrow.rmdir()
+    with pytest.raises(SourceError, match="listed in state.json is missing"):
+        load_documents(src(hf_dataset="ds"), tmp_path)
+
+
+def test_rows_are_decoded_a_few_at_a_time(tmp_path):
+    """One row group of 64 rows of 1 MiB each (a zstd file of a few hundred bytes): while its rows are read,
+    Arrow and Python hold about BATCH_ROWS of them at a time, never the whole 64 MiB group."""
+    import tracemalloc
+    from proxy.data import tabular
+    rows = ["b" * (1 << 20)] * 64
+    pq.write_table(pa.table({"text": rows}), tmp_path / "z.parquet", compression="zstd")
+    assert (tmp_path / "z.parquet").stat().st_size < 4096
+    arrow_peak = count = 0
+    tracemalloc.start()
+    try:
+        for text in tabular.read("parquet", ((str(tmp_path / "z.parquet"), 0, 1),), "text"):
+            count += len(text) == 1 << 20
+            arrow_peak = max(arrow_peak, pa.total_allocated_bytes())
+            del text
+        python_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    bound = (tabular.BATCH_ROWS + 8) << 20
+    assert count == 64 and arrow_peak < bound and python_peak < bound, (arrow_peak, python_peak)
+
+
+def test_a_source_that_is_a_fifo_or_a_device_is_named_so(tmp_path):
+    import os
+    os.mkfifo(tmp_path / "pipe.txt")
+    os.symlink("/dev/zero", tmp_path / "zero.parquet")
+    with pytest.raises(SourceError, match=r"file source 'pipe.txt': a FIFO, not a regular file \(at .*\); not read"):
+        load_documents(src(file="pipe.txt"), tmp_path)
+    with pytest.raises(SourceError, match=r"matches no file \(looked for .*\): only .*zero.parquet, a character "
+                                          r"device, not a regular file"):
+        load_documents(src(parquet="zero.parquet"), tmp_path)
+    with pytest.raises(SourceError, match="file source: no such file 'gone.txt'"):
+        load_documents(src(file="gone.txt"), tmp_path)

@@ -63,6 +63,14 @@ def test_formats_read_in_place(tmp_path):
     assert detect_format(b"\x93NUMPY\x01\x00") == "npy" and detect_format(b"ab") == "uint16"
 
 
+def _npy_with_header_of(length: int, ids: np.ndarray) -> bytes:
+    """A version 2.0 .npy file of `ids` whose header is padded with spaces to about `length` bytes (numpy reads
+    at most 10,000 unless told the file is trusted)."""
+    header = "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }" % ids.size + " " * length
+    header += " " * (-(len(header) + 1 + 12) % 64) + "\n"
+    return b"\x93NUMPY\x02\x00" + struct.pack("<I", len(header)) + header.encode() + ids.astype("<u2").tobytes()
+
+
 def test_format_errors_are_one_line(tmp_path):
     ids = ids_of(100)
     cases = {
@@ -77,6 +85,7 @@ def test_format_errors_are_one_line(tmp_path):
         "float.npy": (None, None, "NumPy array of float32, not uint16 or uint32 token ids"),
         "cut.npy": (None, None, "truncated: its header says 100 tokens"),
         "plain.npy": (ids.tobytes(), "npy", "not a NumPy array file"),
+        "wide.npy": (_npy_with_header_of(12_000, ids), None, "not a NumPy array file (Header info length (12"),
     }
     np.save(tmp_path / "float.npy", ids.astype(np.float32))
     np.save(tmp_path / "cut.npy", ids)

@@ -188,6 +188,28 @@ def test_rates_window_spans_the_last_minutes():
     assert Progress().rates(10) == (None, None, None)
 
 
+def test_a_clock_jump_is_not_an_interval():
+    """Steps 1 s apart (0.5 s of compute) with the wall clock set a year ahead after step 10 and back two
+    years after step 20: each jump counts as the step's compute time, so the rates and the ETA are the
+    steady ones (never days, never unknown); a real 5-minute audit still counts in full."""
+    steady = Progress()
+    jumped = Progress()
+    t = year = 365 * 86400.0
+    for s in range(1, 31):
+        t += 1.0
+        steady.observe(t, 1000 * s, s, 4.0, ms=500.0)
+        jumped.observe(t + (year if 10 < s <= 20 else -year if s > 20 else 0.0), 1000 * s, s, 4.0, ms=500.0)
+    want = steady.rates(max_steps=130)
+    got = jumped.rates(max_steps=130)
+    assert want.eta_s == pytest.approx(100 * 29 / 29)
+    assert got.eta_s is not None and got.eta_s == pytest.approx(100 * 28.0 / 29)  # two intervals became 0.5 s
+    assert got.tokens_per_s == pytest.approx(29000 / 28.0)
+    audit = Progress(window_s=1e9)
+    for s in range(1, 5):
+        audit.observe(1000.0 + s + (300.0 if s > 2 else 0.0), 1000 * s, s, 4.0, ms=500.0)
+    assert audit.rates(max_steps=4 + 3).eta_s == pytest.approx(3 * 303.0 / 3)
+
+
 def test_goodput_meter_splits_the_wall_time():
     m = GoodputMeter()
     m.seen(5.0)

@@ -158,6 +158,17 @@ def test_refusals_are_one_line(gpt2, engine, data_cache, tmp_path):
     bare.mkdir()
     shutil.copy(gpt2 / "config.json", bare)
     cases.append((experiment(tmp_path, gpt2, "BARE"), bare, "no model.safetensors"))
+    from safetensors.numpy import save_file
+    for kind, value, tensor in (("NaN", np.nan, "transformer.h.1.mlp.c_fc.weight"),
+                                ("+inf", np.inf, "transformer.ln_f.bias"),
+                                ("-inf", -np.inf, "transformer.wte.weight")):
+        poisoned = tmp_path / f"poisoned-{kind}"
+        shutil.copytree(gpt2, poisoned)
+        tensors = load_file(poisoned / "model.safetensors")
+        tensors[tensor].reshape(-1)[7] = value
+        save_file(tensors, poisoned / "model.safetensors", metadata={"format": "pt"})
+        cases.append((experiment(tmp_path, gpt2, f"POISON{len(cases)}"), poisoned,
+                      f"model.safetensors: tensor {tensor} holds {kind} (at flat index 7); nothing imported"))
     for i, (exp, directory, needle) in enumerate(cases):
         run = tmp_path / f"run{i}"
         result = run_cmd(run_args(exp, run, "--init-from", directory), data_cache)
@@ -165,6 +176,7 @@ def test_refusals_are_one_line(gpt2, engine, data_cache, tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert line.startswith(f"proxy: --init-from {directory}: ") and needle in line, (needle, line)
         assert not checkpoint_path(run / "checkpoints", 0).exists()
+        assert not any((run / "checkpoints").glob("*")) if (run / "checkpoints").exists() else True
 
 
 def test_the_proxys_checkpoint_writer_is_the_engines(imported):

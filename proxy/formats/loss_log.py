@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from . import bounded_json
 from ..atomic import append_whole, open_append, sync_fd
 from ..config.strict import MAX_ARMS, MAX_NAME
 from ..rundir.divergence import lowest_bound
@@ -107,7 +108,7 @@ _KINDS = {"step": StepEntry, "eval": EvalEntry}
 def parse_line(line: bytes | str) -> StepEntry | EvalEntry | None:
     """One line of the log, or None for anything that is not a complete known entry."""
     try:
-        obj = json.loads(line)
+        obj = bounded_json.loads(line)
         kind = _KINDS.get(obj.get("type")) if isinstance(obj, dict) else None
         return kind.from_dict(obj) if kind else None
     except (ValueError, TypeError, KeyError, AttributeError):

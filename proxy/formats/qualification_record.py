@@ -10,12 +10,12 @@ that does not parse or validate is refused with one line
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import bounded_json
 from ..atomic import atomic_write_json, make_dirs
 from ..rundir.layout import QUALIFICATION, READ_LIMITS
 from ..safe_fs import UnsafeFileError, read_regular
@@ -67,7 +67,7 @@ def read_qualification(path: Path, within: Path | None = None) -> Qualification:
     except (UnsafeFileError, OSError) as exc:
         raise QualificationFileError(f"{path}: {exc}") from None
     try:
-        return Qualification.model_validate(json.loads(raw))
+        return Qualification.model_validate(bounded_json.loads(raw))
     except (ValueError, ValidationError, RecursionError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise QualificationFileError(f"{path}: not a qualification record ({first})") from None

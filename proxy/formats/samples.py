@@ -1,11 +1,11 @@
 """`.samples.json`: the sample audits, a JSON array rewritten atomically, newest last (docs/FORMATS.md)."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from . import bounded_json
 from ..atomic import atomic_write_bytes, json_bytes
 from ..rundir.layout import READ_LIMITS, SAMPLES
 from ..safe_fs import UnsafeFileError, read_regular
@@ -42,7 +42,7 @@ def read_audits(path: str | os.PathLike) -> list[SampleAudit]:
     a regular file within its size cap raises UnsafeFileError."""
     path = Path(path)
     try:
-        raw = json.loads(read_regular(path, READ_LIMITS[SAMPLES], within=path.parent))
+        raw = bounded_json.loads(read_regular(path, READ_LIMITS[SAMPLES], within=path.parent))
         return [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
     except UnsafeFileError:
         raise

@@ -178,7 +178,7 @@ def run_tokenizer(run: RunDir, definition: DataDefinition) -> tuple[Tokenizer, b
         raw = read_regular(path, GIVEN_LIMIT, within=run.root)
         return Tokenizer.from_json(raw, definition.vocab, str(path)), raw
     except (OSError, UnsafeFileError, TokenizerError) as exc:
-        raise RunDirError(f"{path}: {exc}") from None
+        raise RunDirError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None  # named once
 
 
 def run_val_arrays(run: RunDir, definition: DataDefinition, arm_names: list[str]) -> dict[str, np.ndarray]:

@@ -16,3 +16,15 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"no pid namespace: {_W
 
 def test_deep_json_is_a_damaged_line_or_one_line(proxy_env, stopped_run, tmp_path, record):
     record(_in_sandbox("nesting_scenarios.deep_json", proxy_env, stopped_run, tmp_path)).check()
+
+
+def test_planted_temp_names_are_never_followed(proxy_env, stopped_run, tmp_path, record):
+    record(_in_sandbox("temp_scenarios.planted_temp_names", proxy_env, stopped_run, tmp_path)).check()
+
+
+def test_kill9_leftovers_are_removed_by_the_next_command(proxy_env, stopped_run, tmp_path, record):
+    record(_in_sandbox("temp_scenarios.kill9_leftovers", proxy_env, stopped_run, tmp_path)).check()
+
+
+def test_a_forks_data_is_what_run_eval_and_export_accept(proxy_env, stopped_run, tmp_path, record):
+    record(_in_sandbox("temp_scenarios.fork_data", proxy_env, stopped_run, tmp_path)).check()

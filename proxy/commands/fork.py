@@ -178,7 +178,8 @@ def _copy_log(index: LossLogIndex, c: int, dst: Path) -> tuple[int, int]:
     if index.path.exists():
         with open_log(index.path) as f:
             def read(offset: int) -> bytes:
-                obj = bounded_json.loads(read_raw_line(f, offset))  # the whole line: fields this version does not know too
+                # the whole line: fields this version does not know too
+                obj = bounded_json.loads(read_raw_line(f, offset))
                 obj["inherited"] = True
                 return encode_line(obj)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..formats import bounded_json
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..safe_fs import UnsafeFileError, read_regular
 from .strict import TAG
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from . import bounded_json
 from ..atomic import append_whole, open_append, sync_fd
 from ..config.strict import MAX_ARMS, MAX_NAME
 from ..rundir.divergence import lowest_bound
 from ..rundir.layout import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
+from . import bounded_json
 
 
 @dataclass

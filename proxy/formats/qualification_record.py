@@ -15,10 +15,10 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import bounded_json
 from ..atomic import atomic_write_json, make_dirs
 from ..rundir.layout import QUALIFICATION, READ_LIMITS
 from ..safe_fs import UnsafeFileError, read_regular
+from . import bounded_json
 
 READ_LIMIT = READ_LIMITS[QUALIFICATION]  # a few KB in practice; the cache's files too
 VERSION = 1

@@ -5,10 +5,10 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import bounded_json
 from ..atomic import atomic_write_bytes, json_bytes
 from ..rundir.layout import READ_LIMITS, SAMPLES
 from ..safe_fs import UnsafeFileError, read_regular
+from . import bounded_json
 
 
 MAX_TEXT = 4000  # characters of a completion kept in an audit (the dashboard shows as many)

@@ -14,11 +14,11 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from . import bounded_json
 from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
 from ..errors import FULL_DISK, StorageError
 from ..rundir.layout import READ_LIMITS, STATE
 from ..safe_fs import UnsafeFileError, read_regular
+from . import bounded_json
 
 STATUSES = ("running", "stopped", "finished", "crashloop", "diverged")
 

@@ -26,11 +26,11 @@ import re
 import time
 from pathlib import Path
 
-from ..formats import bounded_json
 from ..atomic import atomic_write_bytes, json_bytes, make_dirs, write_unique
 from ..config.config_file import CONFIG_FILE_LIMIT
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_step, list_checkpoints
 from ..formats.loss_log import LossLogIndex
 from ..safe_fs import UnsafeFileError, read_regular

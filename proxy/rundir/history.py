@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..formats import bounded_json
 from ..atomic import json_bytes, write_new
+from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files, checkpoint_step, read_trailer
 from ..formats.loss_log import LossLogIndex
 from .layout import PIVOT_RECEIPT, RunDir, RunDirError

@@ -11,8 +11,8 @@ import os
 import time
 import uuid
 
-from ..formats import bounded_json
 from ..atomic import atomic_write_json
+from ..formats import bounded_json
 from .layout import RunDir
 
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats import bounded_json
 from ..atomic import atomic_write_bytes, make_dirs
 from ..config.experiment import Experiment
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..formats.checkpoint import Trailer, checkpoint_path, encode_checkpoint, read_trailer
 from ..formats.engine_cli import meta_text
 from ..formats.hf_gpt2 import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, config_shape, flat_weights

@@ -65,7 +65,7 @@ PIVOT_RECEIPT = "phase.json"  # in a pivot's archive directory: the phase it com
 
 # The directories inside a run that the proxy and the engine write and delete in: each must be a real
 # directory of the run, never a symlink (a `checkpoints` linked to another run would have this run's
-# retention delete that run's checkpoints).
+# retention delete that run's checkpoints; a `data` linked elsewhere, the data freeze replace what is there).
 OWN_DIRS = (CHECKPOINTS, ARCHIVE, DATA)
 
 # Files whose modification time says when a run was last active.

@@ -197,7 +197,8 @@ WHAT = OrderedDict([
      "a process that made the proxy's temp files and directories (and the older `.NAME.fork-PID`, "
      "`.NAME.export-PID`, `..state.json.PID.tmp` names, one a symlink out) killed with SIGKILL: the next fork, "
      "export and run remove them all (the symlink unlinked, its target untouched), a live process's stay; "
-     "the run identical"),
+     "the run identical; real `proxy fork`, `export` and `run` SIGKILLed while their temp exists: the same "
+     "command again removes it and finishes (the run identical)"),
     ("a fork's frozen data (accepted by run, eval, export; refused alike)",
      "a fork at step 24 is evaluated, exported and run to the end identical to the reference; a tokenizer or "
      "a validation shard replaced with data.json's hashes updated (an id >= vocab): fork and eval exit 2 with "

@@ -10,7 +10,8 @@
 - Leftovers: a process that made the proxy's temp files and directories (proxy/temp_names.py, and the
   older names `.NAME.fork-PID`, `.NAME.export-PID`, `..state.json.PID.tmp`, one a symlink out) killed with
   SIGKILL: the next fork, export and run remove them (a symlink unlinked, its target untouched); those of
-  a live process stay.
+  a live process stay. And real `proxy fork`, `proxy export` and `proxy run` processes SIGKILLed while their
+  first temp exists (held there by a test hook): the same command again removes it.
 - A fork's frozen data: a fork of a finished run is accepted by `run` (finishing as the reference), `eval`
   and `export`; frozen data they would refuse (a tokenizer or a shard replaced, data.json's hashes
   updated) is refused by `fork` with one line and no fork made, as by them.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -243,6 +245,78 @@ def kill9_leftovers(env: dict, template: str, workdir: str) -> Outcome:
     finally:
         live.kill()
         live.wait()
+    return out.close()
+
+
+# A real `python -m proxy` command held the moment it has made its first temp directory (or, with
+# `.state.json` named, its first temp file for it), so that SIGKILL lands while that temp exists.
+_HELD = """
+import sys, time
+from proxy import temp_names as t
+from proxy.cli import main
+
+made_dir, made_file = t.make_dir, t.create_file
+def held(name):
+    print("TEMP", name, flush=True)
+    time.sleep(600)
+def make_dir(*a, **k):
+    d = made_dir(*a, **k)
+    held(d)
+    return d
+def create_file(directory, target, dir_fd=None):
+    fd, name = made_file(directory, target, dir_fd)
+    if target == sys.argv[1]:
+        held(name)
+    return fd, name
+t.make_dir, t.create_file = make_dir, create_file
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _killed_holding(argv: list, hold: str, out: Outcome, where: str) -> Path:
+    """`python -m proxy *argv`, SIGKILLed while the temp it made first exists; that temp's path."""
+    penv = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-c", _HELD, hold, *map(str, argv)], env=penv, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = ""
+        while not line.startswith("TEMP "):
+            line = proc.stdout.readline()
+            if not line:
+                out.fail(f"{where}: the command ended without making a temp: {proc.stderr.read()[-500:]}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the command and any engine it started
+        proc.wait()
+    temp = Path(line[5:].strip())
+    return temp if temp.is_absolute() else Path(argv[argv.index("--run-dir") + 1]) / temp
+
+
+def real_kill9_leftovers(env: dict, template: str, workdir: str) -> Outcome:
+    """`proxy fork`, `proxy export` and `proxy run` each SIGKILLed while their temp exists (the fork's and the
+    export's directory beside the target, the run's `..state.json.<pid>.<random>.tmp`): the same command
+    again removes it and finishes (the run as the reference)."""
+    require_namespace()
+    env, template, workdir = _env(env), Path(template), Path(workdir)
+    out = Outcome(LEFTOVER_CLASS, "real-kill9-leftovers")
+    run = copy_run(template, workdir / "run")
+    cache = ("--cache-dir", env.cache)
+    commands = [
+        ("fork", ["fork", "--run-dir", run, "--at", expected_resume(run), "--to", workdir / "forked"], ""),
+        ("export", ["export", "--run-dir", run, "--out", workdir / "exported", *cache], ""),
+        ("run", env.argv(run)[3:], ".state.json"),
+    ]
+    for what, argv, hold in commands:
+        out.begin_fault()
+        temp = _killed_holding(argv, hold, out, f"[{what}]")
+        if not temp.exists():
+            out.fail(f"[{what}]: killed, but its temp {temp} is not there to clean")
+        out.bump("temps left by kill -9")
+        if what == "run":
+            relaunch_and_compare(env, run, out, "[run after kill -9]")
+        else:
+            _ok(proxy_cmd(*argv), out, f"[{what} after kill -9]")
+        if os.path.lexists(temp):
+            out.fail(f"[{what} after kill -9]: {temp.name} not removed")
     return out.close()
 
 

@@ -26,5 +26,9 @@ def test_kill9_leftovers_are_removed_by_the_next_command(proxy_env, stopped_run,
     record(_in_sandbox("temp_scenarios.kill9_leftovers", proxy_env, stopped_run, tmp_path)).check()
 
 
+def test_real_kill9_leftovers_are_removed_by_the_same_command(proxy_env, stopped_run, tmp_path, record):
+    record(_in_sandbox("temp_scenarios.real_kill9_leftovers", proxy_env, stopped_run, tmp_path)).check()
+
+
 def test_a_forks_data_is_what_run_eval_and_export_accept(proxy_env, stopped_run, tmp_path, record):
     record(_in_sandbox("temp_scenarios.fork_data", proxy_env, stopped_run, tmp_path)).check()

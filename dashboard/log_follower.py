@@ -14,11 +14,11 @@ follower starts over from byte 0 and says so (`Chunk.reset`).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.formats import bounded_json
 from proxy.rundir.layout import LOSS_LINE_LIMIT
 
 from .run_files import open_in_root
@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         return f
 
     def _loads(line: bytes):
-        return json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+        return bounded_json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def loads_object(line: bytes) -> dict | None:

@@ -4,9 +4,9 @@ malformed content reads as None (the page shows "unknown"), never an error.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from proxy.formats import bounded_json
 from proxy.formats.checkpoint import checkpoint_step
 from proxy.formats.samples import MAX_TEXT
 from proxy.rundir.layout import BEST, CHECKPOINTS, EXPERIMENT, PHASES, READ_LIMITS, SAMPLES, STATE
@@ -28,7 +28,7 @@ def read_json(root: Path, name: str):
     if data is None:
         return None
     try:
-        return json.loads(data, parse_constant=_reject_constant)
+        return bounded_json.loads(data, parse_constant=_reject_constant)
     except (ValueError, RecursionError):
         return None
 

@@ -10,6 +10,9 @@ A write that fails because of the storage (disk full, file too large, I/O
 error, read-only file system: errors.STORAGE_ERRNOS) raises StorageError,
 one line naming the file; no temp file is left behind.
 
+Temp files and directories are named and created by temp_names.py: exclusively,
+under names no one can predict, so nothing planted under a temp name is followed.
+
 A directory can be *anchored* to a descriptor of it (the run's lock holds one:
 rundir/lock.py): a replacing write of a file directly in it then creates,
 renames and syncs relative to that descriptor, so it lands in the directory
@@ -25,14 +28,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from . import temp_names
 from .errors import STORAGE_ERRNOS, StorageError
 from .safe_fs import NO_FOLLOW, open_own, open_regular
+from .temp_names import NEW_FLAGS
 
 APPEND_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0)
                 | getattr(os, "O_CLOEXEC", 0))
-# A file the proxy creates (a temp file, a file in a fresh directory): new, never through a symlink a
-# user or another process left under its name.
-NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW | getattr(os, "O_CLOEXEC", 0)
 UNIQUE_TRIES = 1000  # write_unique's names: stem, stem_2, ... stem_1000
 
 
@@ -75,75 +77,53 @@ def unanchor(directory: str | os.PathLike) -> None:
     _ANCHORS.pop(str(Path(directory)), None)
 
 
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
 def _create_new(path: str | os.PathLike) -> BinaryIO:
     """`path` created for writing: a new file (O_EXCL), so no symlink or file left there is written through."""
     return os.fdopen(os.open(path, NEW_FLAGS, 0o644), "wb")
 
 
-def _create_temp(tmp: Path) -> BinaryIO:
-    """A temp file of ours, new: a stale one (a killed writer's, or anything planted under its name, a
-    symlink included) is unlinked first, never written through."""
-    _remove(tmp)
-    return _create_new(tmp)
-
-
-def _remove(path: Path) -> None:
+def _unlink(name: str | os.PathLike, dir_fd: int | None = None) -> None:
     try:
-        path.unlink(missing_ok=True)
-    except OSError:  # a read-only file system: nothing was written there either
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:  # gone already, or a read-only file system: nothing was written there either
         pass
 
 
 @contextmanager
-def _anchored_writer(path: Path, dir_fd: int) -> Iterator[BinaryIO]:
-    """atomic_writer for a file of an anchored directory: every step relative to its descriptor."""
-    tmp = _temp_name(path).name
+def _temp_writer(path: Path, dir_fd: int | None) -> Iterator[BinaryIO]:
+    """A new temp file beside `path` (temp_names.py: a name no one can predict, created exclusively),
+    written in the block, fsynced, renamed over `path`; removed if anything fails. With `dir_fd` (an
+    anchored directory) every step is relative to that descriptor."""
+    with storage_guard(path):
+        fd, name = temp_names.create_file(path.parent, path.name, dir_fd)
+    tmp = name if dir_fd is not None else path.parent / name
     try:
         with storage_guard(path):
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
-            with os.fdopen(os.open(tmp, NEW_FLAGS, 0o644, dir_fd=dir_fd), "wb") as f:
+            with os.fdopen(fd, "wb") as f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            if dir_fd is not None:
+                os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            else:
+                os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        _unlink(tmp, dir_fd)
         raise
-    with storage_guard(path.parent, "sync"):
-        os.fsync(dir_fd)
+    if dir_fd is not None:
+        with storage_guard(path.parent, "sync"):
+            os.fsync(dir_fd)
+    else:
+        fsync_dir(path.parent)
 
 
 @contextmanager
 def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file that replaces `path` atomically and durably when the block ends without an error."""
+    """A binary file that replaces `path` atomically and durably when the block ends without an error.
+    A `path` that is a symlink is replaced (the link itself), never written through."""
     path = Path(path)
-    dir_fd = _ANCHORS.get(str(path.parent))
-    if dir_fd is not None:
-        with _anchored_writer(path, dir_fd) as f:
-            yield f
-        return
-    tmp = _temp_name(path)
-    try:
-        with storage_guard(path):
-            with _create_temp(tmp) as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-    except BaseException:
-        _remove(tmp)
-        raise
-    fsync_dir(path.parent)
+    with _temp_writer(path, _ANCHORS.get(str(path.parent))) as f:
+        yield f
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -200,16 +180,18 @@ def write_new(path: str | os.PathLike, data: bytes) -> None:
     written and fsynced, then hard-linked to `path` (link(2) fails with FileExistsError when the name is
     taken), then removed; the directory is fsynced."""
     path = Path(path)
-    tmp = _temp_name(path)
+    with storage_guard(path):
+        fd, name = temp_names.create_file(path.parent, path.name)
+    tmp = path.parent / name
     try:
         with storage_guard(path):
-            with _create_temp(tmp) as f:
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.link(tmp, path)
     finally:
-        _remove(tmp)
+        _unlink(tmp)
     fsync_dir(path.parent)
 
 

@@ -205,6 +205,27 @@ WHAT = OrderedDict([
      "a same-shape checkpoint written by another experiment copied under the next step's name: `proxy run` "
      "exits 2 with one line naming it, nothing changed; verify says the next launch would stop; moved away, "
      "the run identical"),
+    ("temp names planted (symlinks, files, directories)",
+     "300 symlinks `RUN/.data.tmp-<n>` to a directory outside a new run, the same names as files and "
+     "directories with `.data.old-<n>` links, `.<to>.fork-<n>`, `.<out>.export-<n>` and "
+     "`archive/.pivot_<s>.tmp-<n>` links, `..state.json.<n>.tmp` and `checkpoints/.step_<s>.bin.tmp` linked to "
+     "a file outside (in a pid namespace, so pids 1..300 are every pid there): exit 0, RUN/data, the fork, "
+     "the export and the archive real directories, nothing outside changed, verify clean, runs identical"),
+    ("temp files and directories left by kill -9",
+     "a process that made the proxy's temp files and directories (and the older `.NAME.fork-PID`, "
+     "`.NAME.export-PID`, `..state.json.PID.tmp` names, one a symlink out) killed with SIGKILL: the next fork, "
+     "export and run remove them all (the symlink unlinked, its target untouched), a live process's stay; "
+     "the run identical; real `proxy fork`, `export` and `run` SIGKILLed while their temp exists: the same "
+     "command again removes it and finishes (the run identical)"),
+    ("a fork's frozen data (accepted by run, eval, export; refused alike)",
+     "a fork at step 24 is evaluated, exported and run to the end identical to the reference; a tokenizer or "
+     "a validation shard replaced with data.json's hashes updated (an id >= vocab): fork and eval exit 2 with "
+     "one line naming the file, no fork directory or temp left"),
+    ("JSON nested 4,000 to 200,000 deep in run files",
+     "a 200,000-deep line in `.loss.json` and checkpoint metadata nested 4,000 deep (valid CRC): verify, "
+     "status, eval, export, sample, fork, an offline pivot exit 0 without a traceback, the line treated as "
+     "damaged, the metadata as unreadable; the relaunches finish identical; a deep `.state.json` is rebuilt; "
+     "deep phases.json, experiment and caps files: exit 2, one line naming the file, nothing changed"),
     ("diverged runs (non-finite or insane loss and state)",
      "the engine refuses to write a non-finite state (exit 6, one line, no file) and to load one (exit 3; "
      "--resume latest falls back); lr 1 (loss past 2 ln(vocab) at step 6): exit 6, one last line naming the "

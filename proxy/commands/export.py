@@ -15,10 +15,10 @@ created (targets.py). The run is only read.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
+from .. import temp_names
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
 from ..errors import EXIT_OK
@@ -52,13 +52,14 @@ def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[s
 
 
 def write_directory(out: Path, files: dict[str, bytes]) -> None:
-    """`out` with `files`, whole or not at all: a temp directory beside it, fsynced, renamed into place (over
-    an empty directory too)."""
+    """`out` with `files`, whole or not at all: a temp directory beside it (temp_names.py: created
+    exclusively, under a name no one can predict), fsynced, renamed into place (over an empty directory
+    too). The temp directories of exports and forks killed there earlier are removed first."""
     make_parents(out, "--out")
-    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    temp_names.remove_leftovers(out.parent, (temp_names.FORK, temp_names.EXPORT))
+    tmp = None
     try:
-        tmp.mkdir()
+        tmp = temp_names.make_dir(out.parent, out.name, temp_names.EXPORT)
         for name, data in files.items():
             write_synced(tmp / name, data)
         fsync_dir(tmp)
@@ -69,7 +70,8 @@ def write_directory(out: Path, files: dict[str, bytes]) -> None:
         exc.add_note(f"cannot write {out}")
         raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            temp_names.remove_entry(tmp)
 
 
 def main(args, out=None) -> int:

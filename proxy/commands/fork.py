@@ -24,22 +24,24 @@ NEW_DIR gets:
 - `.state.json`: a snapshot saying where the fork came from (status
   `stopped`).
 
-Everything is built in a temp directory next to NEW_DIR and renamed into
-place, so a failed fork leaves nothing behind. DIR is only read (it may even
+Everything is built in a temp directory next to NEW_DIR (temp_names.py: created
+exclusively under a name no one can predict) and renamed into place, so a
+failed fork leaves nothing behind; the temp directories of forks and exports
+killed there earlier are removed first. DIR is only read (it may even
 be running); no file in it is created, changed or removed.
 """
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from .. import temp_names
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
 from ..errors import EXIT_OK, ProxyError
+from ..formats import bounded_json
 from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
 from ..formats.samples import read_audits
@@ -98,8 +100,9 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
                                 checkpoint=relative_checkpoint(c)))
 
     make_parents(to, "--to")
-    tmp = to.parent / f".{to.name}.fork-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    temp_names.remove_leftovers(to.parent, (temp_names.FORK, temp_names.EXPORT))  # of killed forks, exports
+    with storage_guard(to, "create a temp directory beside"):
+        tmp = temp_names.make_dir(to.parent, to.name, temp_names.FORK)
     try:
         make_dirs(tmp / CHECKPOINTS)
         try:
@@ -113,7 +116,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         copy_synced(run.experiment, tmp / EXPERIMENT)
         if run.experiment_seal.exists():  # checked against the frozen copy by started_run
             copy_synced(run.experiment_seal, tmp / EXPERIMENT_SEAL)
-        copy_definition(run, tmp)
+        copy_definition(run, tmp, experiment.arm_names)
         n_steps, n_evals = _copy_log(index, c, tmp / LOSS_LOG)
         write_synced(tmp / PHASES, json_bytes([p.to_dict() for p in new_phases]))
 
@@ -151,7 +154,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
             os.rename(tmp, to)  # over an empty NEW_DIR too
         fsync_dir(to.parent)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        temp_names.remove_entry(tmp)
         if isinstance(exc, OSError):  # cli.py says which file and why (exit 1)
             exc.add_note(f"cannot write {to}")
         raise
@@ -175,7 +178,8 @@ def _copy_log(index: LossLogIndex, c: int, dst: Path) -> tuple[int, int]:
     if index.path.exists():
         with open_log(index.path) as f:
             def read(offset: int) -> bytes:
-                obj = json.loads(read_raw_line(f, offset))  # the whole line: fields this version does not know too
+                # the whole line: fields this version does not know too
+                obj = bounded_json.loads(read_raw_line(f, offset))
                 obj["inherited"] = True
                 return encode_line(obj)
 

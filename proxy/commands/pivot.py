@@ -123,6 +123,7 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         def warn(line: str) -> None:
             print(f"proxy: {line}", file=sys.stderr, flush=True)
 
+        run.remove_leftovers()  # temp files of a proxy killed here before
         identity, unsaved = load_identity(run, warn)
         reaped = reap_orphan(run, identity, run_lock, 60.0, warn)
         if reaped:

@@ -13,6 +13,7 @@ from pathlib import Path
 from dashboard.server import exposure_warning
 
 from ..errors import EXIT_OK
+from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
 from ..formats.state import Goodput, finite_json, read_state
@@ -58,7 +59,7 @@ def status_report(run: RunDir) -> dict:
     """Everything `proxy status` shows, as a dict (also `--json`)."""
     state = read_state(run.state) or {}
     try:
-        experiment = json.loads(run.read_small(run.experiment))
+        experiment = bounded_json.loads(run.read_small(run.experiment))
     except UnsafeFileError:
         raise
     except (OSError, ValueError, RecursionError):

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..safe_fs import UnsafeFileError, read_regular
 from .strict import TAG
 
@@ -112,7 +113,9 @@ def read_json(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise config_error(path, [f"cannot read: {e}"]) from None
     try:
-        return json.loads(text)
+        return bounded_json.loads(text)
+    except bounded_json.TooDeep as e:
+        raise config_error(path, [f"not JSON this reader takes: {e}"]) from None
     except json.JSONDecodeError as e:
         raise config_error(path, [f"not JSON: {e.msg} at line {e.lineno} column {e.colno}"]) from None
     except RecursionError:

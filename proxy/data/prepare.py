@@ -44,6 +44,7 @@ from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
 from ..config.experiment import ArmConfig, Experiment
 from ..config.sources import BuiltinSource, TokensSource
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..formats.shard import ShardWriter, shard_segment
 from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
 from ..safe_fs import UnsafeFileError, read_regular
@@ -440,7 +441,7 @@ def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> 
     """The cache entry at `entry`, or None when absent, incomplete, or naming token files other than the
     experiment's (`external`: a token-file arm's files as they are now)."""
     try:
-        manifest = json.loads(read_regular(entry / MANIFEST, MANIFEST_LIMIT))
+        manifest = bounded_json.loads(read_regular(entry / MANIFEST, MANIFEST_LIMIT))
     except (OSError, ValueError, UnsafeFileError, RecursionError):
         return None
     if not isinstance(manifest, dict) or manifest.get("key") != key or \

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
                               ParquetSource, Source, TokensSource, is_token_source)
+from ..formats import bounded_json
 from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, file_sha256, open_regular, regular_file_problem
 from . import lowquality, tabular
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
@@ -576,7 +577,7 @@ def _read_jsonl(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
             if not text.strip():
                 continue
             try:
-                obj = json.loads(text)
+                obj = bounded_json.loads(text)
             except json.JSONDecodeError as e:
                 raise SourceError(f"{path}:{_line_number(path, at)}: not JSON ({e.msg})") from None
             except RecursionError:

@@ -13,11 +13,11 @@ source's column; a null or empty string is no document.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterator
 
+from ..formats import bounded_json
 from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, read_regular, regular_file_problem
 
 INSTALL_HINT = "pip install 'microgpt[parquet]' (or pip install pyarrow)"
@@ -48,7 +48,7 @@ def pyarrow(where: str):
 
 def _read_json(path: Path):
     try:
-        return json.loads(read_regular(path, DATASET_JSON_LIMIT))
+        return bounded_json.loads(read_regular(path, DATASET_JSON_LIMIT))
     except FileNotFoundError:
         raise TabularError(f"{path}: no such file") from None
     except UnsafeFileError as exc:

@@ -6,11 +6,12 @@ of the wire format on the Python side.
 """
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 
 import numpy as np
+
+from . import bounded_json
 
 FRAME_MAGIC = b"MGF1"
 HEADER = struct.Struct("<4sHHQIIII")
@@ -105,7 +106,7 @@ def group_result(event: Event, group: int) -> tuple[float, float]:
 
 def parse_event(line: str | bytes, received: float | None = None) -> Event:
     """Parse one event line; raise ValueError on anything that is not an event object."""
-    obj = json.loads(line)
+    obj = bounded_json.loads(line)
     if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
         raise ValueError(f"not an engine event: {line!r:.200}")
     return Event(obj["event"], obj, received)

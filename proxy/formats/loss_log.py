@@ -33,6 +33,7 @@ from ..config.strict import MAX_ARMS, MAX_NAME
 from ..rundir.divergence import lowest_bound
 from ..rundir.layout import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
+from . import bounded_json
 
 
 @dataclass
@@ -107,7 +108,7 @@ _KINDS = {"step": StepEntry, "eval": EvalEntry}
 def parse_line(line: bytes | str) -> StepEntry | EvalEntry | None:
     """One line of the log, or None for anything that is not a complete known entry."""
     try:
-        obj = json.loads(line)
+        obj = bounded_json.loads(line)
         kind = _KINDS.get(obj.get("type")) if isinstance(obj, dict) else None
         return kind.from_dict(obj) if kind else None
     except (ValueError, TypeError, KeyError, AttributeError):

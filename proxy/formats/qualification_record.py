@@ -16,7 +16,6 @@ the caller treats it as absent.
 """
 from __future__ import annotations
 
-import json
 from enum import Enum
 from pathlib import Path
 from typing import Literal, Optional
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..atomic import atomic_write_json, make_dirs
 from ..rundir.layout import QUALIFICATION, READ_LIMITS
 from ..safe_fs import UnsafeFileError, read_regular
+from . import bounded_json
 from .engine_cli import FastPath, path_flags
 
 READ_LIMIT = READ_LIMITS[QUALIFICATION]  # a few KB in practice; the cache's files too
@@ -110,7 +110,7 @@ def read_qualification(path: Path, within: Path | None = None) -> Qualification:
     except (UnsafeFileError, OSError) as exc:
         raise QualificationFileError(f"{path}: {exc}") from None
     try:
-        return Qualification.model_validate(json.loads(raw))
+        return Qualification.model_validate(bounded_json.loads(raw))
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"]) or "the record"

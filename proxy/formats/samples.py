@@ -1,7 +1,6 @@
 """`.samples.json`: the sample audits, a JSON array rewritten atomically, newest last (docs/FORMATS.md)."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 from ..atomic import atomic_write_bytes, json_bytes
 from ..rundir.layout import READ_LIMITS, SAMPLES
 from ..safe_fs import UnsafeFileError, read_regular
+from . import bounded_json
 
 
 MAX_TEXT = 4000  # characters of a completion kept in an audit (the dashboard shows as many)
@@ -42,7 +42,7 @@ def read_audits(path: str | os.PathLike) -> list[SampleAudit]:
     a regular file within its size cap raises UnsafeFileError."""
     path = Path(path)
     try:
-        raw = json.loads(read_regular(path, READ_LIMITS[SAMPLES], within=path.parent))
+        raw = bounded_json.loads(read_regular(path, READ_LIMITS[SAMPLES], within=path.parent))
         return [SampleAudit.from_dict(a) for a in raw] if isinstance(raw, list) else []
     except UnsafeFileError:
         raise

@@ -8,7 +8,6 @@ pivot). Every writer writes a RunState, so every `.state.json` has one shape.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -19,6 +18,7 @@ from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
 from ..errors import FULL_DISK, StorageError
 from ..rundir.layout import READ_LIMITS, STATE
 from ..safe_fs import UnsafeFileError, read_regular
+from . import bounded_json
 
 STATUSES = ("running", "stopped", "finished", "crashloop", "diverged")
 
@@ -195,7 +195,7 @@ def read_state(path: str | os.PathLike) -> dict | None:
     file within its size cap (a FIFO, a device, a symlink out of the run) raises UnsafeFileError."""
     path = Path(path)
     try:
-        obj = json.loads(read_regular(path, READ_LIMITS[STATE], within=path.parent))
+        obj = bounded_json.loads(read_regular(path, READ_LIMITS[STATE], within=path.parent))
     except UnsafeFileError:
         raise
     except (OSError, ValueError, RecursionError):

@@ -7,11 +7,11 @@ its archive the same way. docs/OPERATIONS.md, "Pivot".
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import temp_names
 from ..atomic import atomic_write_json, copy_synced, fsync_dir, make_dirs, storage_guard
 from ..formats.checkpoint import checkpoint_step, list_checkpoints
 from .history import write_receipt
@@ -85,19 +85,18 @@ def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
     name = archive_name(phases, step, number)
     make_dirs(run.archive)
     final = run.archive / name
-    tmp = run.archive / f".{name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    temp_names.remove_leftovers(run.archive)  # of a pivot killed before its rename
+    with storage_guard(run.archive, "create a temp directory in"):
+        tmp = temp_names.make_dir(run.archive, name, temp_names.ARCHIVE_TMP)
     archived = []
     try:
-        make_dirs(tmp)
         for src in (run.samples, run.state):
             if src.exists():
                 copy_synced(src, tmp / src.name)
                 archived.append(src.name)
         fsync_dir(tmp)
     except BaseException:  # a full disk, a sidecar that is not a regular file: nothing is left half-made
-        shutil.rmtree(tmp, ignore_errors=True)
+        temp_names.remove_entry(tmp)
         raise
     with storage_guard(final, "rename into"):  # a rename may need a directory block: a full disk is one line
         if final.exists() or final.is_symlink():  # left by a pivot interrupted before its commit: kept, aside

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Optional
@@ -27,6 +26,7 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import temp_names
 from ..atomic import atomic_copy, atomic_write_bytes, copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer, TokenizerError
 from ..formats.shard import HEADER, ShardError, shard_segment
@@ -178,7 +178,7 @@ def run_tokenizer(run: RunDir, definition: DataDefinition) -> tuple[Tokenizer, b
         raw = read_regular(path, GIVEN_LIMIT, within=run.root)
         return Tokenizer.from_json(raw, definition.vocab, str(path)), raw
     except (OSError, UnsafeFileError, TokenizerError) as exc:
-        raise RunDirError(f"{path}: {exc}") from None
+        raise RunDirError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None  # named once
 
 
 def run_val_arrays(run: RunDir, definition: DataDefinition, arm_names: list[str]) -> dict[str, np.ndarray]:
@@ -197,12 +197,12 @@ def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tok
            given: Optional[str], arms: dict[str, tuple[list[FrozenSource], Path, int]]) -> DataDefinition:
     """Write RUN/data/ whole: the tokenizer's bytes, each arm's validation shard (copied from `arms`' paths)
     and data.json, built in a temp directory beside it and swapped in, so that data.json names only files
-    that are there. `arms`: name -> (its sources, its validation shard, its training tokens)."""
-    tmp = run.root / f".{DATA}.tmp-{os.getpid()}"
-    old = run.root / f".{DATA}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    that are there. `arms`: name -> (its sources, its validation shard, its training tokens). The temp
+    directories are temp_names.py's: nothing planted under a temp name is written through."""
+    run.check_paths()  # data/ a symlink or not a directory: one line, nothing written
+    tmp = temp_names.make_dir(run.root, DATA, temp_names.DATA_TMP)
+    old = None
     try:
-        make_dirs(tmp)
         write_synced(tmp / TOKENIZER, tokenizer_json)
         frozen_arms = {}
         for name, (sources, val_path, train_tokens) in arms.items():
@@ -219,14 +219,16 @@ def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tok
         write_synced(tmp / DATA_DEFINITION, json_bytes(definition.model_dump(mode="json")))
         fsync_dir(tmp)
         with storage_guard(run.data_dir, "replace"):
-            if run.data_dir.exists() or run.data_dir.is_symlink():
+            if os.path.lexists(run.data_dir):  # a real directory (check_paths): renamed over a new empty one
+                old = temp_names.make_dir(run.root, DATA, temp_names.DATA_OLD)
                 os.rename(run.data_dir, old)
             os.rename(tmp, run.data_dir)
         fsync_dir(run.root)
         return definition
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        temp_names.remove_entry(tmp)
+        if old is not None:
+            temp_names.remove_entry(old)
 
 
 def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
@@ -255,11 +257,15 @@ def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
     return merged
 
 
-def copy_definition(source: RunDir, target_dir: Path) -> None:
-    """RUN/data/ copied into a new run being built in `target_dir` (a fork), each file verified first."""
+def copy_definition(source: RunDir, target_dir: Path, arm_names: list[str]) -> None:
+    """RUN/data/ copied into a new run being built in `target_dir` (a fork), after the checks that `run`,
+    `eval` and `export` make of it (every file against data.json, the tokenizer loaded, a validation shard
+    for each of `arm_names`, the experiment's arms), so that a fork holds only data they accept."""
     definition = checked_definition(source)
     if definition is None:
         return
+    run_tokenizer(source, definition)
+    run_val_arrays(source, definition, arm_names)
     make_dirs(target_dir / DATA)
     names = [definition.tokenizer.file] + [arm.val.file for arm in definition.arms.values()] + [DATA_DEFINITION]
     for name in names:

@@ -14,9 +14,8 @@ proxy then falls back to the next older one.
 """
 from __future__ import annotations
 
-import json
-
 from ..config.experiment import Experiment
+from ..formats import bounded_json
 from ..formats.checkpoint import Trailer, list_checkpoints, read_trailer
 from ..formats.parameters import ModelShape
 from ..safe_fs import read_regular
@@ -39,7 +38,8 @@ def experiment_names(run: RunDir, experiment: Experiment) -> set[str]:
     names = {experiment.name}
     for replaced in [run.experiment, *replaced_experiments(run)]:
         try:  # by safe_fs's rules: a frozen copy that is /dev/zero or a FIFO is refused elsewhere, never read
-            names.add(str(json.loads(read_regular(replaced, READ_LIMITS[EXPERIMENT], within=run.root)).get("name")))
+            raw = read_regular(replaced, READ_LIMITS[EXPERIMENT], within=run.root)
+            names.add(str(bounded_json.loads(raw).get("name")))
         except (OSError, ValueError, AttributeError, RecursionError):  # UnsafeFileError is a ValueError
             pass
     return names
@@ -48,7 +48,7 @@ def experiment_names(run: RunDir, experiment: Experiment) -> set[str]:
 def meta_experiment(trailer: Trailer) -> str | None:
     """The experiment name the proxy wrote into the checkpoint's metadata (engine_args' --meta), if any."""
     try:
-        meta = json.loads(trailer.meta).get("meta")
+        meta = bounded_json.loads(trailer.meta).get("meta")
     except (ValueError, AttributeError):
         return None
     name = meta.get("experiment") if isinstance(meta, dict) else None

@@ -22,7 +22,6 @@ frozen before seals existed is sealed as it is found.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from ..atomic import atomic_write_bytes, json_bytes, make_dirs, write_unique
 from ..config.config_file import CONFIG_FILE_LIMIT
 from ..config.experiment import Experiment, load_experiment
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_step, list_checkpoints
 from ..formats.loss_log import LossLogIndex
 from ..safe_fs import UnsafeFileError, read_regular
@@ -65,7 +65,7 @@ def _normalized(obj) -> dict:
 
 def _parse(raw: bytes, path: Path):
     try:
-        return json.loads(raw)
+        return bounded_json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise RunDirError(f"{path}: frozen experiment unreadable ({exc}); fix or delete it to start again") from None
 
@@ -87,7 +87,7 @@ def _write_seal(run: RunDir, raw: bytes) -> None:
 def _read_seal(run: RunDir) -> dict | None:
     """The seal, or None when there is none (a run frozen before seals) or it is damaged (resealed)."""
     try:
-        seal = json.loads(run.read_small(run.experiment_seal))
+        seal = bounded_json.loads(run.read_small(run.experiment_seal))
     except FileNotFoundError:
         return None
     except UnsafeFileError as exc:

@@ -18,10 +18,10 @@ docs/OPERATIONS.md, "Pivot".
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..atomic import json_bytes, write_new
+from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files, checkpoint_step, read_trailer
 from ..formats.loss_log import LossLogIndex
 from .layout import PIVOT_RECEIPT, RunDir, RunDirError
@@ -106,7 +106,7 @@ def _checkpoint_phase(path: Path) -> int | None:
     """The phase in a checkpoint's metadata (the proxy's --meta), or None when it names none."""
     trailer = read_trailer(path)
     try:
-        meta = json.loads(trailer.meta)["meta"] if trailer is not None else None
+        meta = bounded_json.loads(trailer.meta)["meta"] if trailer is not None else None
     except (ValueError, TypeError, KeyError, RecursionError):
         return None
     number = meta.get("phase") if isinstance(meta, dict) else None

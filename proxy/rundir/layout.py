@@ -25,14 +25,15 @@ The proxy and the dashboard both name files through this module.
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import temp_names
 from ..atomic import make_dirs
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_name
 from ..safe_fs import UnsafeFileError, file_kind, read_regular
 
@@ -64,8 +65,8 @@ PIVOT_RECEIPT = "phase.json"  # in a pivot's archive directory: the phase it com
 
 # The directories inside a run that the proxy and the engine write and delete in: each must be a real
 # directory of the run, never a symlink (a `checkpoints` linked to another run would have this run's
-# retention delete that run's checkpoints).
-OWN_DIRS = (CHECKPOINTS, ARCHIVE)
+# retention delete that run's checkpoints; a `data` linked elsewhere, the data freeze replace what is there).
+OWN_DIRS = (CHECKPOINTS, ARCHIVE, DATA)
 
 # Files whose modification time says when a run was last active.
 ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
@@ -205,6 +206,17 @@ class RunDir:
                 kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
                 raise RunDirError(f"{path} is {kind}, not a directory (nothing was changed)")
 
+    def remove_leftovers(self) -> list[str]:
+        """Remove the temp files and directories (temp_names.py) that killed processes left in the run:
+        in its root, in OWN_DIRS and in archive/'s subdirectories (a pivot's). For a holder of the run's
+        lock, before it writes; the paths removed, relative to the run."""
+        dirs = [self.root] + [self.root / name for name in OWN_DIRS]
+        try:
+            dirs += [self.archive / e.name for e in os.scandir(self.archive) if e.is_dir(follow_symlinks=False)]
+        except OSError:  # no archive/, or not a directory (check_paths says so)
+            pass
+        return [str((d / name).relative_to(self.root)) for d in dirs for name in temp_names.remove_leftovers(d)]
+
     def read_small(self, path: Path) -> bytes:
         """One of this run's small files (`path.name` in READ_LIMITS), by safe_fs's rules: FileNotFoundError
         when absent; UnsafeFileError (one line) for anything but a regular file within its cap, reached
@@ -215,7 +227,7 @@ class RunDir:
         """One of this run's small JSON files, parsed: FileNotFoundError when absent; RunDirError (one line)
         when it is not a regular file within its cap (read_small), or not JSON."""
         try:
-            return json.loads(self.read_small(path))
+            return bounded_json.loads(self.read_small(path))
         except FileNotFoundError:
             raise
         except UnsafeFileError as exc:

@@ -7,12 +7,12 @@ and answers in .pivot_response.json with the request's id.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
 
 from ..atomic import atomic_write_json
+from ..formats import bounded_json
 from .layout import RunDir
 
 
@@ -36,7 +36,7 @@ def withdraw_request(run: RunDir) -> bool:
 def read_response(run: RunDir, request_id: str) -> dict | None:
     """`proxy pivot`'s side: the answer to our request, or None while there is none."""
     try:
-        obj = json.loads(run.read_small(run.pivot_response))
+        obj = bounded_json.loads(run.read_small(run.pivot_response))
     except (OSError, ValueError, RecursionError):  # UnsafeFileError is a ValueError: no answer there
         return None
     return obj if isinstance(obj, dict) and obj.get("id") == request_id else None
@@ -49,7 +49,7 @@ def claim_request(run: RunDir) -> dict | None:
     except FileNotFoundError:
         return None
     try:
-        obj = json.loads(run.read_small(run.pivot_claimed))
+        obj = bounded_json.loads(run.read_small(run.pivot_claimed))
     except (OSError, ValueError, RecursionError):  # UnsafeFileError is a ValueError: a malformed request
         obj = None
     return obj if isinstance(obj, dict) else {"id": None, "malformed": True}

@@ -27,6 +27,7 @@ import numpy as np
 from ..atomic import atomic_write_bytes, make_dirs
 from ..config.experiment import Experiment
 from ..errors import EXIT_USAGE, ProxyError
+from ..formats import bounded_json
 from ..formats.checkpoint import Trailer, checkpoint_path, encode_checkpoint, read_trailer
 from ..formats.engine_cli import meta_text
 from ..formats.hf_gpt2 import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, config_shape, flat_weights
@@ -47,7 +48,7 @@ def _fail(directory: Path, why: str) -> ProxyError:
 
 def read_config(directory: Path) -> ModelShape:
     try:
-        config = json.loads(read_regular(directory / CONFIG_FILE, CONFIG_LIMIT))
+        config = bounded_json.loads(read_regular(directory / CONFIG_FILE, CONFIG_LIMIT))
     except FileNotFoundError:
         raise _fail(directory, f"no {CONFIG_FILE} (a Hugging Face GPT-2 directory holds config.json and "
                                f"{MODEL_FILE})") from None
@@ -104,7 +105,7 @@ def _trailer(experiment: Experiment, shape: ModelShape, meta: dict) -> Trailer:
     return Trailer(shape=shape, batch=t.batch, grad_accum=t.grad_accum, warmup=t.warmup, max_steps=t.max_steps,
                    lr=t.lr, min_lr=t.min_lr, beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
                    grad_clip=t.grad_clip, seed=t.seed, tokens_seen=0,
-                   meta=json.dumps({"engine": ENGINE_NAME, "meta": json.loads(meta_text(meta))},
+                   meta=json.dumps({"engine": ENGINE_NAME, "meta": bounded_json.loads(meta_text(meta))},
                                    separators=(",", ":")))
 
 
@@ -112,7 +113,7 @@ def _imported_from(path: Path) -> dict | None:
     """What an existing step_000000.bin says it was imported from, or None."""
     trailer = read_trailer(path)
     try:
-        meta = json.loads(trailer.meta) if trailer is not None else None
+        meta = bounded_json.loads(trailer.meta) if trailer is not None else None
     except ValueError:
         return None
     inner = meta.get("meta") if isinstance(meta, dict) and meta.get("engine") == ENGINE_NAME else None

@@ -86,6 +86,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
     run.create()
     lock = RunLock(run).acquire()  # RunInUse: exit 1
     try:
+        run.remove_leftovers()  # temp files of a proxy killed here before
         index = LossLogIndex.load(run.loss_log)
         recorded = read_phases(run)
         binding = started_training(run, index, recorded)

@@ -118,7 +118,7 @@ def read_log(path: Path, max_segment: int | None = None) -> LogView:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a line nested too deep (nesting_scenarios.py) is damaged too
             bad.append(line)
             continue
         if not isinstance(obj, dict) or obj.get("type") not in ("step", "eval"):
@@ -266,7 +266,7 @@ def first_resume(run_dir: Path, after_segment: int) -> int | None:
             if obj.get("type") == "step" and int(obj.get("segment", 0)) > after_segment:
                 seg = int(obj["segment"])
                 firsts[seg] = min(firsts.get(seg, 1 << 62), int(obj["step"]))
-        except (ValueError, AttributeError, TypeError, KeyError):
+        except (ValueError, AttributeError, TypeError, KeyError, RecursionError):  # damaged lines
             continue
     return firsts[min(firsts)] - 1 if firsts else None
 

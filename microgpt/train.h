@@ -1,7 +1,8 @@
 // train.h: the training driver both engines share. One train step (forward,
 // backward, clip, AdamW through the engine table), evals, checkpoint
 // emission, the proxy-mode frame loop, the standalone loop over a token
-// shard, and mg_main, the entry point an engine's main() calls.
+// shard, and mg_main, the entry point an engine's main() calls with its
+// engine (engine.h).
 #ifndef MICROGPT_TRAIN_H
 #define MICROGPT_TRAIN_H
 
@@ -102,8 +103,8 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     double t0 = mg_now_ms();
     mg_ckpt_settle(d, 1);
     double t1 = mg_now_ms();
-    if (d->eng->snapshot) d->eng->snapshot(d->eng->impl, &d->st.weights, &d->st.m, &d->st.v);
-    else d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
+    if (d->eng->caps.snapshot) d->eng->ops->snapshot(d->eng->impl, &d->st.weights, &d->st.m, &d->st.v);
+    else d->eng->ops->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
     d->st.step = d->step;
     d->st.tokens_seen = d->tokens_seen;
     d->ckpt_reason = reason;
@@ -112,7 +113,7 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     d->last_ckpt_ms = t0;
     d->saved_step = d->step;
     mg_writer_submit(&d->writer, &d->ckdir, &d->cfg, d->eng->name, &d->st,
-                     d->eng->snapshot ? d->eng->snapshot_wait : NULL, d->eng->impl);
+                     d->eng->caps.snapshot ? d->eng->ops->snapshot_wait : NULL, d->eng->impl);
 }
 
 static void mg_emit_exit(MgDriver *d, const char *reason) {
@@ -160,7 +161,7 @@ static void mg_print_groups(const float *row_loss, const uint16_t *groups, int r
 
 static void mg_write_grads_file(MgDriver *d, float loss) {
     float *grads = (float *)mg_malloc(d->lay.n * sizeof(float));
-    d->eng->get_grads(d->eng->impl, grads);
+    d->eng->ops->get_grads(d->eng->impl, grads);
     FILE *f = fopen(d->cfg.dump_grads, "wb");
     if (!f || fwrite(grads, sizeof(float), d->lay.n, f) != d->lay.n || fclose(f))
         mg_fail(MG_EXIT_IO, "cannot write gradients to %s: %s", d->cfg.dump_grads, strerror(errno));
@@ -202,25 +203,25 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
     int dump = c->dump_grads && d->steps_here + 1 == c->dump_grads_step;
     double norm;
     float loss;
-    if (d->eng->train_step) {
-        norm = d->eng->train_step(d->eng->impl, tokens, K, grad_scale, s, lr, c->grad_clip, d->row_loss);
+    if (d->eng->caps.train_step) {
+        norm = d->eng->ops->train_step(d->eng->impl, tokens, K, grad_scale, s, lr, c->grad_clip, d->row_loss);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);
         if (dump) mg_write_grads_file(d, loss);  // the update does not touch the gradients
         if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
     } else {
-        d->eng->zero_grads(d->eng->impl);
+        d->eng->ops->zero_grads(d->eng->impl);
         for (int k = 0; k < K; k++)
-            d->eng->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale,
-                                     d->row_loss + (size_t)k * B);
+            d->eng->ops->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale,
+                                          d->row_loss + (size_t)k * B);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);
         if (dump) mg_write_grads_file(d, loss);
-        norm = d->eng->grad_norm(d->eng->impl);
+        norm = d->eng->ops->grad_norm(d->eng->impl);
         if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
-        d->eng->update(d->eng->impl, s, lr, mg_clip_factor(norm, c->grad_clip));
+        d->eng->ops->update(d->eng->impl, s, lr, mg_clip_factor(norm, c->grad_clip));
     }
     d->step = s;
     d->steps_here++;
@@ -264,7 +265,7 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
     for (int r0 = 0; r0 < rows; r0 += B) {
         if (mg_stop_requested) return;
         int n = rows - r0 < B ? rows - r0 : B;
-        d->eng->forward_loss(d->eng->impl, tokens + (size_t)r0 * (T + 1), n, d->row_loss + r0);
+        d->eng->ops->forward_loss(d->eng->impl, tokens + (size_t)r0 * (T + 1), n, d->row_loss + r0);
     }
     for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
     printf("{\"event\":\"eval\",\"id\":%llu,\"step\":%d,\"loss\":", (unsigned long long)id, d->step);
@@ -358,8 +359,9 @@ static void mg_standalone_loop(MgDriver *d, const MgShard *sh) {
     mg_finish(d, "done", "done");
 }
 
-// The driver's entry point: parse, load or initialise, `ready`, then the
-// standalone or the proxy loop (neither returns). MG_ENGINE_MAIN calls it.
+// The driver's entry point, called by an engine's main() with its engine:
+// parse, load or initialise, `ready`, then the standalone or the proxy loop
+// (neither returns).
 static int mg_main(int argc, char **argv, MgEngine *eng) {
     setvbuf(stdout, NULL, _IOFBF, 1 << 16);
     mg_crc_init();
@@ -367,7 +369,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     memset(&d, 0, sizeof d);
     d.eng = eng;
     mg_parse_args(&d.cfg, argc, argv);
-    const char *bad = eng->configure(eng->impl, &d.cfg);
+    const char *bad = eng->ops->configure(eng->impl, &d.cfg);
     if (bad) mg_fail(MG_EXIT_USAGE, "%s", bad);
     mg_install_signals();
     if (d.cfg.dump_logits) {  // start empty: every SAMPLE frame appends to it
@@ -406,9 +408,9 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     mg_fail_hook.fn = mg_ckpt_settle_before_fail;
     mg_fail_hook.ctx = &d;
 
-    eng->mem_bytes = eng->init(eng->impl, c);
+    eng->mem_bytes = eng->ops->init(eng->impl, c);
     if (resumed_from[0]) {
-        eng->set_state(eng->impl, loaded.weights, loaded.m, loaded.v);
+        eng->ops->set_state(eng->impl, loaded.weights, loaded.m, loaded.v);
         d.step = loaded.step;
         d.tokens_seen = loaded.has_trailer ? loaded.tokens_seen : (uint64_t)loaded.step * c->batch * c->grad_accum * c->ctx;
         d.saved_step = d.durable_step = loaded.step;
@@ -417,9 +419,9 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
         mg_init_params(d.st.weights, c);
         memset(d.st.m, 0, d.lay.n * sizeof(float));
         memset(d.st.v, 0, d.lay.n * sizeof(float));
-        eng->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
+        eng->ops->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
     }
-    if (eng->snapshot) {  // snapshots land in the engine's own host buffers
+    if (eng->caps.snapshot) {  // snapshots land in the engine's own host buffers
         free(d.st.weights);
         free(d.st.m);
         free(d.st.v);
@@ -442,34 +444,5 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     else mg_proxy_loop(&d);
     return 0;
 }
-
-// The main() of an engine binary. An engine names its compute functions
-// <prefix>_<slot> for the slots of MgEngine (cpu_init, gpu_init, ...), keeps
-// a back-pointer `MgEngine *eng` in its state struct Impl (configure fills
-// in the device, threads and precision through it), and ends with
-//     MG_ENGINE_MAIN(Cpu, cpu, "cpu", cpu_kv_forward)
-// (NULL for an engine without a KV cache), so both engines bind their
-// tables the same way, by name.
-#define MG_ENGINE_MAIN(Impl, prefix, engine_name, kv)  \
-    int main(int argc, char **argv) {                  \
-        static Impl impl;                              \
-        static MgEngine eng;                           \
-        impl.eng = &eng;                               \
-        eng.name = engine_name;                        \
-        eng.impl = &impl;                              \
-        eng.configure = prefix##_configure;            \
-        eng.init = prefix##_init;                      \
-        eng.set_state = prefix##_set_state;            \
-        eng.get_state = prefix##_get_state;            \
-        eng.zero_grads = prefix##_zero_grads;          \
-        eng.forward_backward = prefix##_forward_backward; \
-        eng.forward_loss = prefix##_forward_loss;      \
-        eng.grad_norm = prefix##_grad_norm;            \
-        eng.update = prefix##_update;                  \
-        eng.get_grads = prefix##_get_grads;            \
-        eng.last_logits = prefix##_last_logits;        \
-        eng.kv_forward = kv;                           \
-        return mg_main(argc, argv, &eng);              \
-    }
 
 #endif  // MICROGPT_TRAIN_H

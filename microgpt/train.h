@@ -14,6 +14,8 @@
 #include "model.h"
 #include "protocol.h"
 #include "sampler.h"
+#include "shard.h"
+#include "signals.h"
 
 #include <string.h>
 
@@ -31,10 +33,9 @@ typedef struct {
     int durable_step;    // step of the last checkpoint announced (durable) or loaded, -1 if none
     int steps_here;      // optimizer steps this process has trained (--dump-grads-step counts them)
     uint64_t tokens_seen;
-    float *row_loss;     // [batch * grad_accum] or eval rows chunk
-    uint16_t *rows_buf;  // [batch * grad_accum * (T+1)] tokens
-    uint16_t *groups_buf;
-    uint32_t rows_cap;
+    MgTokenFrame frame;  // the rows of a TRAIN or EVAL frame (standalone: of the step), [batch * grad_accum] or more
+    float *row_loss;     // each row's loss
+    uint32_t row_loss_cap;
     MgCkptWriter writer;
     const char *ckpt_reason;  // of the write in flight
     double ckpt_wait_ms;      // how long it waited for the write before it
@@ -49,9 +50,10 @@ typedef struct {
 // later step event, sometimes.
 
 // Announces the write in flight once it has finished (waiting for it if
-// `wait`): the ckpt event, then --keep-last pruning (standalone mode), which
-// so only ever sees durable files. Returns the write's errno value (0 for a
-// success, or nothing finished); the caller decides what a failure means.
+// `wait`): the ckpt event, then --keep-last pruning (standalone mode), so
+// that pruning only ever sees durable files. Returns the write's errno value
+// (0 for a success, or nothing finished); the caller decides what a failure
+// means.
 static int mg_ckpt_announce(MgDriver *d, int wait, MgWriteResult *r) {
     if (!mg_writer_collect(&d->writer, wait, r)) return 0;  // nothing finished
     if (r->err) return r->err;
@@ -275,6 +277,15 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
     fflush(stdout);
 }
 
+// The row losses grow with the token frame (an EVAL frame may hold more rows
+// than a step).
+static void mg_reserve_row_loss(MgDriver *d) {
+    if (d->row_loss_cap >= d->frame.cap) return;
+    d->row_loss = (float *)realloc(d->row_loss, (size_t)d->frame.cap * sizeof(float));
+    if (!d->row_loss) mg_fail(MG_EXIT_IO, "out of memory for a %u-row frame", d->frame.cap);
+    d->row_loss_cap = d->frame.cap;
+}
+
 // Reads and executes frames until EOF, STOP or a signal. A stop signal is
 // answered after the step in flight: the frames queued behind it are not
 // trained (a TRAIN frame read after the signal landed is dropped too); the
@@ -282,47 +293,23 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
 // of a step depends only on the seed, the step and the mixture.
 static void mg_proxy_loop(MgDriver *d) {
     const MgConfig *c = &d->cfg;
-    int rowlen = c->ctx + 1;
     for (;;) {
         mg_ckpt_settle(d, 0);  // a write that finished while idle or during the last frame
         mg_handle_signals(d);  // signals that arrived then
         if (!mg_wait_for_input(0, mg_writer_fd(&d->writer))) continue;
         MgFrameHeader h;
-        if (mg_read_exact(0, &h, sizeof h, 1) == 0) mg_finish(d, "eof", "eof");
-        if (memcmp(h.magic, "MGF1", 4)) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: bad magic");
-        if (h.flags || h.reserved) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: nonzero flags or reserved field");
+        if (!mg_read_frame_header(&h)) mg_finish(d, "eof", "eof");
         switch (h.type) {
         case MG_FRAME_TRAIN:
-        case MG_FRAME_EVAL: {
-            const char *kind = h.type == MG_FRAME_TRAIN ? "TRAIN" : "EVAL";
-            if (h.row_len != (uint32_t)rowlen)
-                mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: row_len %u, expected ctx+1 = %d", kind, h.row_len, rowlen);
-            if (h.type == MG_FRAME_TRAIN && h.rows != (uint32_t)(c->batch * c->grad_accum))
-                mg_fail(MG_EXIT_PROTOCOL, "malformed TRAIN frame: %u rows, expected batch*grad_accum = %d", h.rows, c->batch * c->grad_accum);
-            if (h.rows == 0 || h.rows > (1u << 20)) mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: %u rows", kind, h.rows);
-            uint64_t expect = (uint64_t)h.rows * rowlen * 2 + (uint64_t)h.rows * 2;
-            if (h.payload_bytes != expect)
-                mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: payload %u bytes, expected %llu", kind, h.payload_bytes, (unsigned long long)expect);
-            if (h.type == MG_FRAME_TRAIN && h.id != (uint64_t)d->step + 1)
-                mg_fail(MG_EXIT_PROTOCOL, "TRAIN frame for step %llu, but the engine is at step %d (expects %d)",
-                        (unsigned long long)h.id, d->step, d->step + 1);
-            if (h.rows > d->rows_cap) {
-                d->rows_cap = h.rows;
-                d->rows_buf = (uint16_t *)realloc(d->rows_buf, (size_t)h.rows * rowlen * 2);
-                d->groups_buf = (uint16_t *)realloc(d->groups_buf, (size_t)h.rows * 2);
-                d->row_loss = (float *)realloc(d->row_loss, (size_t)h.rows * sizeof(float));
-                if (!d->rows_buf || !d->groups_buf || !d->row_loss) mg_fail(MG_EXIT_IO, "out of memory for a %u-row frame", h.rows);
-            }
-            mg_read_exact(0, d->rows_buf, (size_t)h.rows * rowlen * 2, 0);
-            mg_read_exact(0, d->groups_buf, (size_t)h.rows * 2, 0);
-            mg_check_tokens(d->rows_buf, (size_t)h.rows * rowlen, c->vocab);
+        case MG_FRAME_EVAL:
+            mg_read_token_frame(&h, c->ctx + 1, c->batch * c->grad_accum, d->step, c->vocab, &d->frame);
+            mg_reserve_row_loss(d);
             if (mg_stop_requested) break;  // a stop came while the frame was read: not trained
             if (h.type == MG_FRAME_TRAIN) {
-                mg_train_step(d, d->rows_buf, d->groups_buf);
+                mg_train_step(d, d->frame.tokens, d->frame.groups);
                 mg_periodic_checkpoint(d);
-            } else mg_eval(d, h.id, d->rows_buf, d->groups_buf, (int)h.rows);
+            } else mg_eval(d, h.id, d->frame.tokens, d->frame.groups, (int)d->frame.rows);
             break;
-        }
         case MG_FRAME_SAMPLE: {
             MgSampleRequest req;
             mg_read_sample_request(&h, c->vocab, &req);
@@ -349,8 +336,8 @@ static void mg_standalone_loop(MgDriver *d, const MgShard *sh) {
     int rows = c->batch * c->grad_accum;
     uint16_t *groups = (uint16_t *)mg_calloc((size_t)rows, sizeof(uint16_t));
     while (d->step < c->steps) {
-        mg_shard_batch(sh, c->seed, d->step + 1, rows, c->ctx + 1, d->rows_buf);
-        mg_train_step(d, d->rows_buf, groups);
+        mg_shard_batch(sh, c->seed, d->step + 1, rows, c->ctx + 1, d->frame.tokens);
+        mg_train_step(d, d->frame.tokens, groups);
         mg_periodic_checkpoint(d);
         mg_ckpt_settle(d, 0);
         mg_handle_signals(d);
@@ -399,10 +386,9 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     d.st.weights = (float *)mg_malloc(d.lay.n * sizeof(float));
     d.st.m = (float *)mg_malloc(d.lay.n * sizeof(float));
     d.st.v = (float *)mg_malloc(d.lay.n * sizeof(float));
-    d.rows_cap = (uint32_t)(c->batch * c->grad_accum);
-    d.rows_buf = (uint16_t *)mg_malloc((size_t)d.rows_cap * (c->ctx + 1) * sizeof(uint16_t));
-    d.groups_buf = (uint16_t *)mg_calloc(d.rows_cap, sizeof(uint16_t));
-    d.row_loss = (float *)mg_malloc((size_t)d.rows_cap * sizeof(float));
+    mg_token_frame_alloc(&d.frame, (uint32_t)(c->batch * c->grad_accum), c->ctx + 1);
+    d.row_loss_cap = d.frame.cap;
+    d.row_loss = (float *)mg_malloc((size_t)d.row_loss_cap * sizeof(float));
     d.saved_step = d.durable_step = -1;
     mg_writer_start(&d.writer);
     mg_fail_hook.fn = mg_ckpt_settle_before_fail;

@@ -192,6 +192,35 @@ static void mg_fail_nonfinite(const MgDriver *d, float loss) {
             isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
 }
 
+// ----------------------------------------------------------------------------
+// The data-parallel seams. A step's rows reach the engine, and its gradients
+// become the step's, through these two functions and nowhere else. This
+// process is the only rank: its share is every micro-batch of the step, and
+// its gradients are already the step's sum. With several ranks,
+// mg_rows_of_rank gives this rank its micro-batches (rank 0 scatters the
+// frame's, in order) and mg_reduce_gradients sums the gradients over ranks in
+// one fixed order and gathers the row losses to rank 0. The engine's whole
+// step (caps.train_step) runs on the device with no host wait inside, so
+// there the reduction has to be the engine's own, between its backward and
+// its norm.
+
+// This rank's share of a step: `micro` micro-batches of batch rows of T+1
+// tokens, their row losses written at row_loss (inside the step's).
+typedef struct {
+    const uint16_t *tokens;
+    int micro;
+    float *row_loss;
+} MgRankRows;
+
+static MgRankRows mg_rows_of_rank(MgDriver *d, const uint16_t *tokens) {
+    MgRankRows mine = {tokens, d->cfg.grad_accum, d->row_loss};
+    return mine;
+}
+
+// After this rank's backward: every rank then holds the step's gradients,
+// and d->row_loss every row's loss. One rank: nothing to do.
+static void mg_reduce_gradients(MgDriver *d) { (void)d; }
+
 // One optimizer update from rows = batch * grad_accum rows of T+1 tokens:
 // through the engine's train_step where it has one (the whole step on the
 // device, one wait), else call by call.
@@ -205,8 +234,10 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
     int dump = c->dump_grads && d->steps_here + 1 == c->dump_grads_step;
     double norm;
     float loss;
+    MgRankRows mine = mg_rows_of_rank(d, tokens);
     if (d->eng->caps.train_step) {
-        norm = d->eng->ops->train_step(d->eng->impl, tokens, K, grad_scale, s, lr, c->grad_clip, d->row_loss);
+        norm = d->eng->ops->train_step(d->eng->impl, mine.tokens, mine.micro, grad_scale, s, lr, c->grad_clip,
+                                       mine.row_loss);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);
@@ -214,9 +245,10 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
         if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
     } else {
         d->eng->ops->zero_grads(d->eng->impl);
-        for (int k = 0; k < K; k++)
-            d->eng->ops->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale,
-                                          d->row_loss + (size_t)k * B);
+        for (int k = 0; k < mine.micro; k++)
+            d->eng->ops->forward_backward(d->eng->impl, mine.tokens + (size_t)k * B * (T + 1), B, grad_scale,
+                                          mine.row_loss + (size_t)k * B);
+        mg_reduce_gradients(d);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);

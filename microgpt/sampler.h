@@ -7,6 +7,7 @@
 #include "engine.h"
 #include "model.h"
 #include "protocol.h"
+#include "signals.h"
 
 #include <string.h>
 

@@ -24,7 +24,8 @@ BUILD := build
 # The headers both engines include (docs/ENGINE.md, "Source layout"): editing
 # any of them rebuilds both engines.
 ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h microgpt/checkpoint_writer.h \
-                  microgpt/protocol.h microgpt/engine.h microgpt/sampler.h microgpt/train.h
+                  microgpt/signals.h microgpt/protocol.h microgpt/shard.h microgpt/engine.h microgpt/sampler.h \
+                  microgpt/train.h
 
 .PHONY: all engines cpu cuda cuda-cpu install test test-gpu clean
 

@@ -81,8 +81,8 @@ def test_frame_types():
 
 def test_frame_header_layout_and_magic():
     assert c_struct("protocol.h", "MgFrameHeader") == py_struct(frames.HEADER.format)
-    # The magic is checked where the header is read (train.h's frame loop), against the header's 4 bytes.
-    magics = set(re.findall(r'memcmp\(h\.magic,\s*"([^"]*)",\s*4\)', _header("train.h")))
+    # The magic is checked where the header is read (protocol.h's mg_read_frame_header), against its 4 bytes.
+    magics = set(re.findall(r'memcmp\(h->magic,\s*"([^"]*)",\s*4\)', _header("protocol.h")))
     assert magics == {frames.FRAME_MAGIC.decode()}
 
 
@@ -113,7 +113,7 @@ def test_checkpoint_trailer_and_footer():
 
 def test_token_shard_header():
     # The loader reads the header by offsets: the magic's 8 bytes, then version, vocab, n_tokens.
-    loader = _header("protocol.h")
+    loader = _header("shard.h")
     assert re.findall(r'memcmp\(head,\s*"([^"]*)",\s*8\)', loader) == [shard.SHARD_MAGIC.decode()]
     assert re.findall(r"version != (\d+)", loader) == [str(shard.SHARD_VERSION)]
     offsets = [int(n) for n in re.findall(r"memcpy\(&\w+(?:\.\w+)?,\s*head \+ (\d+),", loader)]

@@ -2,7 +2,7 @@
 
 Never deleted: any checkpoint a resume or a pivot needs (the caller passes
 those steps as `protected`: the newest checkpoint the log covers, the one the
-current segment resumed from, and every checkpoint named in phases.json).
+current engine launch resumed from, and every checkpoint named in phases.json).
 best.bin is a copy, written atomically; it is never a resume candidate
 (loaders consider only step_*.bin).
 """

@@ -11,7 +11,7 @@ from ..rundir.layout import RunDirError
 from ..rundir.retention import apply_retention, best_is_better, protected_by_phases
 from .context import RunContext
 from .report import RunReport
-from .segment import Segment
+from .launch import EngineLaunch
 
 
 def durable(report: RunReport, step: int) -> bool:
@@ -21,18 +21,18 @@ def durable(report: RunReport, step: int) -> bool:
     return report.last_ckpt_step is not None and step <= report.last_ckpt_step
 
 
-def retain(ctx: RunContext, seg: Segment | None) -> None:
+def retain(ctx: RunContext, launch: EngineLaunch | None) -> None:
     """Apply the retention policy to the durable checkpoints, never deleting what a resume or a pivot
     needs: the checkpoints phases.json names, the newest one announced, the newest sane one
-    (rundir/divergence.py), the one this segment resumed from."""
+    (rundir/divergence.py), the one this launch resumed from."""
     report = ctx.report
     if report.last_ckpt_step is None:
         return  # nothing announced yet: no file is known to be complete
     protected = protected_by_phases(ctx.phases) | {report.last_ckpt_step}
     if report.last_sane_ckpt_step is not None:  # never the newest sane one, whatever diverged after it
         protected.add(report.last_sane_ckpt_step)
-    if seg is not None and seg.resume.path is not None:
-        protected.add(seg.resume.step)
+    if launch is not None and launch.resume.path is not None:
+        protected.add(launch.resume.step)
     if ctx.best_copier.busy_step is not None:
         protected.add(ctx.best_copier.busy_step)
     _own_checkpoints(ctx, "retention")

@@ -43,7 +43,7 @@ class RunReport:
     progress_said: float | None = None  # monotonic time of the last progress line printed
 
     # Every field changes only through these methods, each named for what happened: the setup, the launch
-    # (segment.py), the event handlers, the loop, the live status and the pivot desk call them
+    # (launcher.py), the event handlers, the loop, the live status and the pivot desk call them
     # (tests/repository/test_attribute_owners.py checks that no other code assigns them).
 
     def carry_forward(self, prev: dict, arm_names: list[str], phase: Phase, warn: Callable[[str], None]) -> None:
@@ -100,9 +100,14 @@ class RunReport:
     def engine_exited(self) -> None:
         self.engine = replace(self.engine, alive=False)
 
-    def trained(self, tokens: int) -> int:
-        """A step's event: `tokens` more trained. Returns the run's cumulative count, as logged."""
+    def record_step(self, step: int, tokens: int, ms: float, loss: float, mixture: dict[str, float],
+                    now: float) -> int:
+        """A step's event, read at wall-clock time `now`: `tokens` more trained in the engine's `ms` of step
+        compute, its `loss`, the `mixture` it was drawn from. Returns the run's cumulative token count, as
+        logged."""
         self.tokens += tokens
+        self.goodput.step(ms, tokens)
+        self.progress.observe(now, self.tokens, step, loss, ms, mixture=mixture)
         return self.tokens
 
     def checkpoint_took(self, write_ms: float) -> None:

@@ -23,7 +23,7 @@ from proxy.supervision.checkpoints import maybe_best
 from proxy.supervision.goodput import GoodputMeter, checkpoint_stall_ms, overhead_summary
 from proxy.supervision.throughput import Progress
 from proxy.supervision.report import RunReport
-from proxy.supervision.segment import sample_seed
+from proxy.supervision.feeding import sample_seed
 
 
 def step(n: int, loss: float = 4.0, segment: int = 1, phase: int = 0) -> StepEntry:
@@ -301,7 +301,7 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
     then every step, each evaluation of this phase right after its step; an evaluation left in the log by
     the phase before the pivot, past its start, is not this phase's and is not given (live, this phase
     never gave it)."""
-    from proxy.supervision import context, segment  # noqa: PLC0415
+    from proxy.supervision import context, launcher  # noqa: PLC0415
 
     class Recorder:
         def __init__(self):
@@ -342,7 +342,7 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
                           report=SimpleNamespace(dropped_arms=set()), warn=lambda line: None, row_spread={},
                           unigram_gap={})
     ctx.new_bandit = lambda: context.RunContext.new_bandit(ctx)  # the real method, on this stand-in
-    segment._rebuild_bandit(ctx, LossLogIndex.load(log), 40)
+    launcher._rebuild_bandit(ctx, LossLogIndex.load(log), 40)
     assert recorder.calls == [("eval", 20, 20.0)] + [("step", s) for s in range(21, 41)] + [("eval", 40, 40.5)]
     assert ctx.bandit is recorder
 

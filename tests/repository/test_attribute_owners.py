@@ -14,7 +14,7 @@ or be listed in ALLOWED below. Anything deeper (`x.a.b = ...`, `x.a[k].b = ...`,
 ...`) changes an object that `x` or `self` merely holds, and is refused whoever `x` is. An item of a plain
 name (`out[k] = ...`) is a local container's and is not checked.
 
-The live state of `proxy run` (RunContext, RunReport, Segment, SignalCounts) is also checked for the other way
+The live state of `proxy run` (RunContext, RunReport, EngineLaunch, MixtureSchedule, SignalCounts) is also checked for the other way
 to change a field: a mutating call on one of its containers (`seg.outstanding.append(...)`,
 `ctx.rejected.add(...)`) outside the object's own methods.
 """
@@ -25,9 +25,10 @@ import typing
 from collections import deque
 from pathlib import Path
 
+from proxy.bandit.schedule import MixtureSchedule
 from proxy.supervision.context import RunContext
 from proxy.supervision.report import RunReport
-from proxy.supervision.segment import Segment
+from proxy.supervision.launch import EngineLaunch
 from proxy.supervision.signals import SignalCounts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,7 +171,7 @@ def test_every_allowed_assignment_is_still_there():
 
 # The live state of `proxy run`: their container fields change only in their own methods, like their other
 # fields (a call such as `seg.outstanding.append(...)` elsewhere is an assignment in all but name).
-STATE_CLASSES = (RunContext, RunReport, Segment, SignalCounts)
+STATE_CLASSES = (RunContext, RunReport, EngineLaunch, MixtureSchedule, SignalCounts)
 MUTATORS = {"add", "append", "appendleft", "clear", "difference_update", "discard", "extend", "extendleft",
             "insert", "intersection_update", "pop", "popitem", "popleft", "remove", "reverse", "rotate",
             "setdefault", "sort", "symmetric_difference_update", "update"}
@@ -199,7 +200,7 @@ def foreign_mutations(tree: ast.Module, fields: set[str]) -> list[tuple[int, str
 
 def test_no_module_changes_the_run_state_containers_of_another():
     fields = _container_fields()
-    assert {"outstanding", "mixtures", "pending_weights", "requests", "dropped_arms", "rejected"} <= fields
+    assert {"outstanding", "mixtures", "requests", "dropped_arms", "rejected"} <= fields
     offenders = []
     for path in sorted((ROOT / "proxy").rglob("*.py")):
         rel = str(path.relative_to(ROOT))

@@ -59,7 +59,7 @@ def writes(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_only_run_context_changes_its_fields():
-    assert {"bandit", "caps", "floors", "phases", "samples", "segment_number"} <= FIELDS
+    assert {"bandit", "caps", "floors", "phases", "samples", "launch_number"} <= FIELDS
     assert {"caps", "floors", "rejected", "eval_loss"} <= CONTAINERS
     offenders = []
     for path in sorted((ROOT / "proxy").rglob("*.py")):
@@ -72,7 +72,7 @@ def test_only_run_context_changes_its_fields():
 
 
 def test_the_check_can_fail():
-    code = ("ctx.bandit, ctx.caps = 1, 2\nself.ctx.segment_number += 1\nctx.eval_loss[3] = 1.0\n"
+    code = ("ctx.bandit, ctx.caps = 1, 2\nself.ctx.launch_number += 1\nctx.eval_loss[3] = 1.0\n"
             "ctx.rejected.add('x')\nctx.writer.append(e)\nseg.last_step = 4\n")
-    assert writes(ast.parse(code)) == [(1, "bandit"), (1, "caps"), (2, "segment_number"), (3, "eval_loss"),
+    assert writes(ast.parse(code)) == [(1, "bandit"), (1, "caps"), (2, "launch_number"), (3, "eval_loss"),
                                        (4, "rejected")]

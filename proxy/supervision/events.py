@@ -18,6 +18,7 @@ import numpy as np
 from ..formats.checkpoint import checkpoint_path
 from ..formats.frames import Event, group_result
 from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
+from ..formats.step_fields import engine_metrics
 from ..formats.samples import Sample, SampleAudit
 from ..rundir.divergence import insanity, sane_loss
 from .checkpoints import maybe_best, retain
@@ -96,9 +97,7 @@ class EventHandlers:
             return
         tokens = report.trained(int(ev.get("tokens", 0)))
         report.goodput.step(float(ev.get("ms", 0.0)), int(ev.get("tokens", 0)))
-        entry = StepEntry(step=t, loss=float(ev["loss"]), lr=float(ev.get("lr", 0.0)),
-                          grad_norm=float(ev.get("grad_norm", 0.0)), tokens=tokens, time=now,
-                          ms=float(ev.get("ms", 0.0)), arms=arms,
+        entry = StepEntry(step=t, **engine_metrics(ev), tokens=tokens, time=now, arms=arms,
                           mixture={n: float(w) for n, w in zip(ctx.arm_names, weights)},
                           phase=ctx.phase.phase, segment=seg.number)
         ctx.writer.append(entry)

@@ -192,6 +192,13 @@ class StepFields:
     mixture: dict[str, float]
     values: dict[str, float]
 
+    def __getattr__(self, name: str) -> float:
+        """A plotted field by name (`f.loss`, `f.ms`), as the fixed fields are read."""
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
 
 def step_fields(obj: Mapping[str, Any]) -> StepFields | None:
     """Lenient: a step entry's plotted fields (None: not a step entry, or no usable step)."""

@@ -10,9 +10,14 @@ dashboard's value columns, the engine's event-key check (tests/engine) and the
 field table of docs/FORMATS.md (`markdown_table`, checked by a test).
 
 Adding a metric the engine computes: one field in the engine's step `printf`
-(microgpt/train.h) and one field here, declared with `source=COPIED` (and a
-`Plot` to chart it). Nothing else changes: the entry, both readers, the
-dashboard's columns and its page follow from this table.
+(microgpt/train.h) and one field here, declared with `source=COPIED`, a
+`missing` value for older lines and a `default` (so code that builds entries
+by keyword keeps working), placed after `segment` (a new key goes last on a
+line); a `StepPlot` charts it. The entry, both readers, the replay comparison, the
+dashboard's columns and its page follow from this table; the tests that pin
+today's table (tests/unit/proxy/formats/test_step_fields.py,
+tests/unit/dashboard/test_columns.py) and the copy in docs/FORMATS.md say what
+changed.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from typing import Any, Mapping
 from ..config.strict import MAX_ARMS, MAX_NAME
 
 
-class Kind(Enum):
+class StepValueKind(Enum):
     """How a value is written and read back."""
     INT = "integer"
     FLOAT = "number"
@@ -32,7 +37,7 @@ class Kind(Enum):
     FLAG = "true, or absent"  # written only when true
 
 
-class Source(Enum):
+class StepValueSource(Enum):
     """Where the proxy gets a field's value from."""
     COPIED = "the engine's step event, copied"
     ENGINE = "the engine's step event, converted"  # named and handled in supervision/events.py
@@ -40,7 +45,7 @@ class Source(Enum):
 
 
 @dataclass(frozen=True)
-class Plot:
+class StepPlot:
     """How the dashboard plots a field: `label` names it on the page; `envelope`: sent as min/max/mean per
     bucket (spikes survive downsampling), else the mean; `chart`: the id of a line chart of its own on the
     page, or None (plotted by a chart of several fields, or only sent)."""
@@ -53,21 +58,21 @@ class Plot:
 class StepField:
     """One row of the table (`name` is the key in `.loss.json`)."""
     name: str
-    kind: Kind
+    kind: StepValueKind
     unit: str
     doc: str
-    source: Source
+    source: StepValueSource
     engine_key: str | None  # its key in the engine's step event, if it comes from there
     missing: Any  # what the strict reader takes when an old line lacks it; None: the field is required
-    plot: Plot | None
+    plot: StepPlot | None
     compared: bool  # a step re-trained after a restart must repeat it bit for bit (compare_replayed)
 
 
 _META = "step_field"
 
 
-def _field(kind: Kind, unit: str, doc: str, source: Source, engine_key: str | None = None,
-           missing: Any = None, plot: Plot | None = None, compared: bool = False, default: Any = None) -> Any:
+def _field(kind: StepValueKind, unit: str, doc: str, source: StepValueSource, engine_key: str | None = None,
+           missing: Any = None, plot: StepPlot | None = None, compared: bool = False, default: Any = None) -> Any:
     """A dataclass field of StepEntry carrying its table row (the name is filled in from the attribute)."""
     row = StepField("", kind, unit, doc, source, engine_key, missing, plot, compared)
     if default is None:
@@ -75,38 +80,40 @@ def _field(kind: Kind, unit: str, doc: str, source: Source, engine_key: str | No
     return field(default=default, metadata={_META: row})
 
 
+# the table's words, short
+INT, FLOAT, ARM_MAP, FLAG = StepValueKind.INT, StepValueKind.FLOAT, StepValueKind.ARM_MAP, StepValueKind.FLAG
+COPIED, ENGINE, PROXY = StepValueSource.COPIED, StepValueSource.ENGINE, StepValueSource.PROXY
+
+
 @dataclass
 class StepEntry:
     """One training step as `.loss.json` stores it; the declaration order is the key order of a line."""
-    step: int = _field(Kind.INT, "", "the step trained (the first is 1)", Source.ENGINE, "step")
-    loss: float = _field(Kind.FLOAT, "nats/token", "mean training loss of the step's tokens", Source.COPIED,
-                         "loss", plot=Plot("loss", envelope=True), compared=True)
-    lr: float = _field(Kind.FLOAT, "", "learning rate of the update", Source.COPIED, "lr", 0.0,
-                       Plot("learning rate", chart="chart-lr"), compared=True)
-    grad_norm: float = _field(Kind.FLOAT, "", "gradient norm before clipping", Source.COPIED, "grad_norm", 0.0,
-                              Plot("gradient norm", envelope=True, chart="chart-gn"),
-                              compared=True)
-    tokens: int = _field(Kind.INT, "tokens", "tokens trained so far, this step's included (the engine reports the "
-                         "step's own)", Source.ENGINE, "tokens", 0, compared=True)
-    time: float = _field(Kind.FLOAT, "s", "wall clock (Unix time) when the proxy read the step's event",
-                         Source.PROXY, None, 0.0)
-    ms: float = _field(Kind.FLOAT, "ms", "the engine's time for the step", Source.COPIED, "ms", 0.0,
-                       Plot("step time (ms)"))
-    arms: dict[str, float] = _field(Kind.ARM_MAP, "nats/token", "mean loss of each arm's tokens in the step "
-                                    "(the engine's group_loss, by arm name)", Source.ENGINE, "group_loss", {},
-                                    compared=True)
-    mixture: dict[str, float] = _field(Kind.ARM_MAP, "", "the mixture weights the step's batch was drawn with",
-                                       Source.PROXY, None, {}, compared=True)
-    phase: int = _field(Kind.INT, "", "the experiment phase (phases.json)", Source.PROXY, None, 0)
-    segment: int = _field(Kind.INT, "", "the engine launch that trained it", Source.PROXY, None, 0)
-    inherited: bool = _field(Kind.FLAG, "", "copied from the parent run by a fork", Source.PROXY, None, False,
-                             default=False)
+    step: int = _field(INT, "", "the step trained (the first is 1)", ENGINE, "step")
+    loss: float = _field(FLOAT, "nats/token", "mean training loss of the step's tokens", COPIED, "loss",
+                         plot=StepPlot("loss", envelope=True), compared=True)
+    lr: float = _field(FLOAT, "", "learning rate of the update", COPIED, "lr", 0.0,
+                       StepPlot("learning rate", chart="chart-lr"), compared=True)
+    grad_norm: float = _field(FLOAT, "", "gradient norm before clipping", COPIED, "grad_norm", 0.0,
+                              StepPlot("gradient norm", envelope=True, chart="chart-gn"), compared=True)
+    tokens: int = _field(INT, "tokens", "tokens trained so far, this step's included (the engine reports the "
+                         "step's own)", ENGINE, "tokens", 0, compared=True)
+    time: float = _field(FLOAT, "s", "wall clock (Unix time) when the proxy read the step's event", PROXY, None,
+                         0.0)
+    ms: float = _field(FLOAT, "ms", "the engine's time for the step", COPIED, "ms", 0.0,
+                       StepPlot("step time (ms)"))
+    arms: dict[str, float] = _field(ARM_MAP, "nats/token", "mean loss of each arm's tokens in the step (the "
+                                    "engine's group_loss, by arm name)", ENGINE, "group_loss", {}, compared=True)
+    mixture: dict[str, float] = _field(ARM_MAP, "", "the mixture weights the step's batch was drawn with", PROXY,
+                                       None, {}, compared=True)
+    phase: int = _field(INT, "", "the experiment phase (phases.json)", PROXY, None, 0)
+    segment: int = _field(INT, "", "the engine launch that trained it", PROXY, None, 0)
+    inherited: bool = _field(FLAG, "", "copied from the parent run by a fork", PROXY, None, False, default=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "step"}
         for f in STEP_FIELDS:
             value = getattr(self, f.name)
-            if f.kind is not Kind.FLAG or value:
+            if f.kind is not FLAG or value:
                 out[f.name] = value
         return out
 
@@ -121,7 +128,7 @@ def _arm_floats(v: Any) -> dict[str, float]:
     return {str(k): float(x) for k, x in dict(v or {}).items()}
 
 
-_STRICT = {Kind.INT: int, Kind.FLOAT: float, Kind.ARM_MAP: _arm_floats, Kind.FLAG: bool}
+_STRICT = {INT: int, FLOAT: float, ARM_MAP: _arm_floats, FLAG: bool}
 
 
 def _rows() -> tuple[StepField, ...]:
@@ -141,7 +148,7 @@ ENGINE_KEYS: frozenset[str] = frozenset(f.engine_key for f in STEP_FIELDS if f.e
 def engine_metrics(event: Mapping[str, Any]) -> dict[str, float]:
     """The COPIED fields of an engine step event, as StepEntry keyword arguments."""
     return {f.name: float(event[f.engine_key] if f.missing is None else event.get(f.engine_key, f.missing))
-            for f in STEP_FIELDS if f.source is Source.COPIED and f.engine_key}
+            for f in STEP_FIELDS if f.source is StepValueSource.COPIED and f.engine_key}
 
 
 # ---------------------------------------------------------------- reading for display

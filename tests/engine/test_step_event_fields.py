@@ -6,7 +6,7 @@ from __future__ import annotations
 from harness.data import make_shard
 from harness.engine import parse_events, run_once
 from harness.shape import standalone_args
-from proxy.formats.step_fields import ENGINE_KEYS, STEP_FIELDS, Source
+from proxy.formats.step_fields import ENGINE_KEYS, STEP_FIELDS, StepValueSource
 
 from .conftest import TINY
 
@@ -19,5 +19,5 @@ def test_step_event_keys_are_the_tables(engine_bin, tmp_path):
     assert steps, "the engine reported no step"
     for ev in steps:
         assert set(ev.fields) - {"event"} == ENGINE_KEYS, (sorted(ev.fields), sorted(ENGINE_KEYS))
-    copied = [f for f in STEP_FIELDS if f.source is Source.COPIED]
+    copied = [f for f in STEP_FIELDS if f.source is StepValueSource.COPIED]
     assert all(isinstance(steps[0][f.engine_key], (int, float)) for f in copied), steps[0].fields

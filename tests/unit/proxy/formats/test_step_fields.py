@@ -10,8 +10,9 @@ import math
 from pathlib import Path
 
 from proxy.formats.loss_log import LossLogWriter, encode_line, iter_lines, parse_line
-from proxy.formats.step_fields import (COMPARED_FIELDS, ENGINE_KEYS, PLOTTED, STEP_FIELDS, Kind, Source,
-                                       StepEntry, engine_metrics, markdown_table, step_fields)
+from proxy.formats.step_fields import (COMPARED_FIELDS, ENGINE_KEYS, PLOTTED, STEP_FIELDS, StepEntry,
+                                       StepValueKind, StepValueSource, engine_metrics, markdown_table,
+                                       step_fields)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[4]
@@ -58,7 +59,7 @@ def test_table_is_the_entry():
     assert [f.name for f in STEP_FIELDS] == list(StepEntry.__dataclass_fields__)
     assert list(StepEntry(step=1, loss=2.0, lr=0.0, grad_norm=0.0, tokens=0, time=0.0, ms=0.0, arms={},
                           mixture={}, phase=0, segment=0).to_dict()) == ["type"] + [
-        f.name for f in STEP_FIELDS if f.kind is not Kind.FLAG]
+        f.name for f in STEP_FIELDS if f.kind is not StepValueKind.FLAG]
     assert ENGINE_KEYS == {"step", "loss", "group_loss", "lr", "grad_norm", "ms", "tokens"}
     assert COMPARED_FIELDS == ("loss", "lr", "grad_norm", "tokens", "arms", "mixture")
     assert [f.name for f in PLOTTED] == ["loss", "lr", "grad_norm", "ms"]
@@ -70,7 +71,7 @@ def test_engine_metrics_copies_the_copied_fields():
     assert engine_metrics(ev) == {"loss": 4.0, "lr": 0.5, "grad_norm": 1.25, "ms": 2.0}
     assert all(type(v) is float for v in engine_metrics(ev).values())
     assert engine_metrics({"loss": 1.0}) == {"loss": 1.0, "lr": 0.0, "grad_norm": 0.0, "ms": 0.0}
-    assert {f.name for f in STEP_FIELDS if f.source is Source.COPIED} == set(engine_metrics(ev))
+    assert {f.name for f in STEP_FIELDS if f.source is StepValueSource.COPIED} == set(engine_metrics(ev))
 
 
 def test_a_missing_required_field_refuses_the_line():

@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from . import payload
+from .columns import columns_payload
 from .run_index import RunIndex
 from .runs import Registry
 from .stream import EventStreamResponse, Hub, StreamSlots, event_stream, parse_positions
@@ -164,6 +165,11 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     def healthz() -> dict:
         return {"ok": True, "runs": len(registry.runs), "time": time.time(), "streams": slots.active,
                 "streams_dropped": slots.dropped}
+
+    @app.get("/api/columns")
+    def columns() -> list[dict[str, object]]:
+        """The per-step value columns the series carry, and how the page charts them (dashboard/columns.py)."""
+        return columns_payload()
 
     @app.get("/api/runs", response_model=list[RunInfo])
     def list_runs() -> list[dict]:

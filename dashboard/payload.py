@@ -13,11 +13,9 @@ import numpy as np
 
 from proxy.formats.loss_log import EvalFields, StepFields
 
-from .columns import tokens_per_s
+from .columns import BASE_COLS, ENVELOPE_COLS, MEAN_COLS, row_values
 from .downsample import Agg
 
-ENVELOPE_COLS = ("loss", "grad_norm")  # sent as min/max/mean so spikes survive
-MEAN_COLS = ("lr", "ms", "tok_s")
 WALL_COL = "wall_tok_s"  # from the x fields (tokens and time), not a column of the store
 WALL_WINDOW_S = 10.0  # a wall-clock rate spans at least this much wall time (docs/DASHBOARD.md)
 
@@ -151,28 +149,26 @@ def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None, 
     entry before them, for tok_s; returns the new one. `window` holds the stream's recent steps for
     wall_tok_s and takes these rows in (without one, the rates start from these rows alone)."""
     steps, tokens, times = [], [], []
-    loss, gn, lr, ms, tps = [], [], [], [], []
+    values: list[list[float]] = []
     mix: dict[str, list] = {}
     for k, f in enumerate(rows):
         steps.append(f.step)
         tokens.append(f.tokens)
         times.append(f.time)
-        loss.append(f.loss)
-        gn.append(f.grad_norm)
-        lr.append(f.lr)
-        ms.append(f.ms)
-        tps.append(tokens_per_s(f, prev[0] if prev else None, prev[1] if prev else None))
+        values.append(row_values(f, prev[0] if prev else None, prev[1] if prev else None))
         for arm, w in f.mixture.items():
             mix.setdefault(arm, [float("nan")] * k).append(w)
         for arm, col in mix.items():
             if len(col) < k + 1:
                 col.append(float("nan"))
         prev = (f.step, f.tokens, f.time)
-    out = {"n": len(steps), "raw": True, "step": steps, "tokens": round_sig(tokens, 12),
-           "time": round_dec(times, 3), "loss": {"mean": round_sig(loss)}, "grad_norm": {"mean": round_sig(gn)},
-           "lr": round_sig(lr), "ms": round_sig(ms), "tok_s": round_sig(tps),
-           WALL_COL: round_sig((window or WallWindow()).rates(tokens, times)),
-           "mix": {arm: round_sig(col) for arm, col in mix.items()}}
+    out: dict = {"n": len(steps), "raw": True, "step": steps, "tokens": round_sig(tokens, 12),
+                 "time": round_dec(times, 3)}
+    for j, c in enumerate(BASE_COLS):
+        col = round_sig([v[j] for v in values])
+        out[c] = {"mean": col} if c in ENVELOPE_COLS else col
+    out[WALL_COL] = round_sig((window or WallWindow()).rates(tokens, times))
+    out["mix"] = {arm: round_sig(col) for arm, col in mix.items()}
     return out, prev
 
 

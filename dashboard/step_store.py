@@ -21,7 +21,7 @@ import numpy as np
 from proxy.formats.loss_log import StepFields, step_fields
 
 from . import downsample
-from .columns import BASE_COLS, tokens_per_s
+from .columns import BASE_COLS, row_values
 from .downsample import Agg
 from .log_follower import parse_lines
 
@@ -87,8 +87,7 @@ class StepStore:
     # ---------------------------------------------------------------- ingest
 
     def _values(self, f: StepFields, prev: tuple[int, float] | None) -> list[float]:
-        vals = [f.loss, f.lr, f.grad_norm, f.ms,
-                tokens_per_s(f, prev[0] if prev else None, prev[1] if prev else None)]
+        vals = row_values(f, prev[0] if prev else None, prev[1] if prev else None)
         if f.mixture:
             mixcol = self._mixcol
             vals.extend([np.nan] * (len(self.cols) - len(vals)))

@@ -260,6 +260,7 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
     d->step = s;
     d->steps_here++;
     d->tokens_seen += (uint64_t)rows * T;
+    // its keys are the step-field table's (proxy/formats/step_fields.py; tests/engine/test_step_event_fields.py)
     printf("{\"event\":\"step\",\"step\":%d,\"loss\":", s);
     mg_json_float(stdout, loss);
     mg_print_groups(d->row_loss, groups, rows, T, 0);

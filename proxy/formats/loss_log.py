@@ -9,6 +9,8 @@ Reading: any line that is not a complete JSON object of a known type is
 skipped; for a step seen twice the last entry wins. The index keeps byte
 offsets, not entries, so a run of a million steps replays in little memory.
 
+A step line's fields are declared once, in step_fields.py (the field table).
+
 Reading for display (the dashboard): every field is checked on its own; a
 malformed value becomes NaN and an entry whose step is not a non-negative
 integer is dropped (`step_fields`, `eval_fields`), so one bad field never hides
@@ -29,45 +31,12 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from ..atomic import append_whole, open_append, sync_fd
-from ..config.strict import MAX_ARMS, MAX_NAME
 from ..rundir.divergence import lowest_bound
 from ..rundir.layout import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
 from . import bounded_json
-
-
-@dataclass
-class StepEntry:
-    step: int
-    loss: float
-    lr: float
-    grad_norm: float
-    tokens: int  # cumulative
-    time: float
-    ms: float
-    arms: dict[str, float]
-    mixture: dict[str, float]
-    phase: int
-    segment: int
-    inherited: bool = False
-
-    def to_dict(self) -> dict:
-        out = {"type": "step", "step": self.step, "loss": self.loss, "lr": self.lr,
-               "grad_norm": self.grad_norm, "tokens": self.tokens, "time": self.time, "ms": self.ms,
-               "arms": self.arms, "mixture": self.mixture, "phase": self.phase, "segment": self.segment}
-        if self.inherited:
-            out["inherited"] = True
-        return out
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "StepEntry":
-        return cls(step=int(obj["step"]), loss=float(obj["loss"]), lr=float(obj.get("lr", 0.0)),
-                   grad_norm=float(obj.get("grad_norm", 0.0)), tokens=int(obj.get("tokens", 0)),
-                   time=float(obj.get("time", 0.0)), ms=float(obj.get("ms", 0.0)),
-                   arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
-                   mixture={str(k): float(v) for k, v in dict(obj.get("mixture") or {}).items()},
-                   phase=int(obj.get("phase", 0)), segment=int(obj.get("segment", 0)),
-                   inherited=bool(obj.get("inherited", False)))
+from .step_fields import (COMPARED_FIELDS, NAN, StepEntry, StepFields, arm_map, num, step_fields,  # noqa: F401
+                          step_of)
 
 
 @dataclass
@@ -297,72 +266,11 @@ def read_tail(path: str | os.PathLike, max_bytes: int = 1 << 20) -> list[StepEnt
 
 # ---------------------------------------------------------------- reading for display
 
-NAN = float("nan")
-
-
-def num(v) -> float:
-    """A finite float, or NaN for anything else (None, strings, bools, inf)."""
-    t = type(v)
-    if t is float:
-        return v if v - v == 0.0 else NAN
-    if t is int and -(1 << 1000) < v < (1 << 1000):
-        return float(v)
-    return NAN
-
-
-def step_of(v) -> int | None:
-    t = type(v)
-    if t is int:
-        return v if 0 <= v < 1 << 53 else None
-    if t is float and v.is_integer() and 0 <= v < 2 ** 53:
-        return int(v)
-    return None
-
-
-def arm_map(v) -> dict[str, float]:
-    """{arm: finite float} from an entry's "arms"/"mixture" object (bad values dropped)."""
-    if type(v) is not dict:
-        return {}
-    out = {}
-    for k, x in v.items():
-        if type(x) is float and x - x == 0.0 or type(x) is int and -(1 << 1000) < x < (1 << 1000):
-            if type(k) is str and 0 < len(k) <= MAX_NAME:
-                out[k] = float(x)
-                if len(out) >= MAX_ARMS:
-                    break
-    return out
-
-
-class StepFields(NamedTuple):
-    step: int
-    tokens: float
-    time: float
-    loss: float
-    lr: float
-    grad_norm: float
-    ms: float
-    mixture: dict
-
-
 class EvalFields(NamedTuple):
     step: int
     loss: float
     arms: dict
     time: float
-
-
-def step_fields(obj: dict) -> StepFields | None:
-    """A step entry's plotted fields (None: not a step entry, or no usable step)."""
-    if obj.get("type") != "step":
-        return None
-    step = obj.get("step")
-    if type(step) is not int or not 0 <= step < 1 << 53:
-        step = step_of(step)
-        if step is None:
-            return None
-    g = obj.get
-    return StepFields(step, num(g("tokens")), num(g("time")), num(g("loss")), num(g("lr")),
-                      num(g("grad_norm")), num(g("ms")), arm_map(g("mixture")))
 
 
 def eval_fields(obj: dict) -> EvalFields | None:
@@ -397,9 +305,6 @@ class ReplayMismatch:
         parts = [f"{f} {self.replayed.get(f)!r} != {self.recorded.get(f)!r}" for f in self.fields]
         return (f"determinism: step {self.step} replayed in segment {self.replayed_segment} differs "
                 f"from segment {self.recorded_segment}: " + "; ".join(parts))
-
-
-COMPARED_FIELDS = ("loss", "grad_norm", "lr", "tokens", "arms", "mixture")
 
 
 def compare_replayed(recorded: StepEntry, replayed: StepEntry) -> ReplayMismatch | None:

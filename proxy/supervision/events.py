@@ -16,6 +16,7 @@ from pathlib import Path
 from ..formats.checkpoint import checkpoint_path
 from ..formats.frames import Event, group_result
 from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
+from ..formats.step_fields import engine_metrics
 from ..formats.samples import Sample, SampleAudit
 from ..rundir.divergence import insanity, sane_loss
 from .checkpoints import maybe_best, retain
@@ -94,10 +95,7 @@ class EventHandlers:
         mixture = launch.schedule.named(t)
         tokens = report.record_step(t, int(ev.get("tokens", 0)), float(ev.get("ms", 0.0)), float(ev["loss"]),
                                     mixture, now)
-        entry = StepEntry(step=t, loss=float(ev["loss"]), lr=float(ev.get("lr", 0.0)),
-                          grad_norm=float(ev.get("grad_norm", 0.0)), tokens=tokens, time=now,
-                          ms=float(ev.get("ms", 0.0)), arms=arms,
-                          mixture=mixture,
+        entry = StepEntry(step=t, **engine_metrics(ev), tokens=tokens, time=now, arms=arms, mixture=mixture,
                           phase=ctx.phase.phase, segment=launch.number)
         ctx.writer.append(entry)
         if t <= launch.replay_through:

@@ -133,3 +133,14 @@ def test_classify_changed_paths():
     assert classify(root, "/r/.state.json.123.tmp") is None
     assert classify(root, "/r/engine.log") is None
     assert classify(root, "/r/archive/pivot_100/.state.json") is None
+
+
+def test_columns_and_every_column_in_the_series(client):
+    from dashboard.columns import ENVELOPE_COLS, columns_payload
+    cols = client.get("/api/columns").json()
+    assert cols == columns_payload()
+    for path in ("/api/runs/0/series?width=100", "/api/runs/0/series?from=10&to=20&width=100"):
+        p = client.get(path).json()
+        for c in cols:
+            col = p[c["name"]]["mean"] if c["name"] in ENVELOPE_COLS else p[c["name"]]
+            assert len(col) == p["n"] > 0, (path, c["name"])

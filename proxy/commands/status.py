@@ -10,8 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from dashboard.server import exposure_warning
-
+from ..dashboard_address import exposure_warning
 from ..errors import EXIT_OK
 from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from ..atomic import append_whole, open_append, sync_fd
-from ..config.strict import MAX_ARMS, MAX_NAME
-from ..rundir.divergence import lowest_bound
-from ..rundir.layout import LOSS_LINE_LIMIT
+from ..divergence import lowest_bound
+from ..run_names import LOSS_LINE_LIMIT, MAX_ARMS, MAX_NAME
 from ..safe_fs import capped_lines, open_regular
 from . import bounded_json
 

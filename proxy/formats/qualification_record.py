@@ -23,7 +23,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..atomic import atomic_write_json, make_dirs
-from ..rundir.layout import QUALIFICATION, READ_LIMITS
+from ..run_names import QUALIFICATION, READ_LIMITS
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
 from .engine_cli import FastPath, path_flags

@@ -29,7 +29,7 @@ class RunReport:
     goodput: GoodputMeter = field(default_factory=GoodputMeter)
     last_ckpt_step: int | None = None
     last_ckpt_path: str | None = None
-    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (rundir/divergence.py)
+    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (proxy/divergence.py)
     diverged_step: int | None = None  # the first step this launch found not sane
     diverged_why: str | None = None
     ckpt_ms: float = 0.0  # the slowest checkpoint write seen (the watchdog allows for it)

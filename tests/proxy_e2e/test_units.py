@@ -350,7 +350,7 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
 def test_the_index_names_the_first_diverged_step_of_a_phase_and_forgets_one_trained_again(tmp_path):
     """The resume rule passes over a checkpoint trained after a diverged step of its phase (a frame in flight
     when the proxy saw the loss): the index keeps the losses that may not be sane, by step, last entry wins."""
-    from proxy.rundir.divergence import sane_loss  # noqa: PLC0415
+    from proxy.divergence import sane_loss  # noqa: PLC0415
 
     log = tmp_path / ".loss.json"
     writer = LossLogWriter(log)

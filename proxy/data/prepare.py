@@ -49,12 +49,12 @@ from ..formats.shard import ShardWriter, shard_segment
 from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
 from ..safe_fs import UnsafeFileError, read_regular
 from . import source_readers
-from .progress_bars import Progress
+from .progress_bars import ProgressBars
 from .source_readers import (SourceError, _matches, hash_file, limited_units, random_token_documents,
                              repeated_names, source_bytes, source_fingerprint)
 from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens, val_doc_max
 from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
-from .workers import Task, Workers, default_workers
+from .workers import UnitTask, Workers, default_workers
 
 FORMAT_VERSION = 4  # 4: runs longer than text.WORD_CHARS are cut; 3: before a \r\n (text.safe_cut)
 FORMATS_READ = (1, 2, 3, FORMAT_VERSION)  # 2 and 3 differ from 4 only in those cuts: they hold a run's tokens
@@ -199,7 +199,7 @@ def _is_random_arm(arm: ArmConfig) -> bool:
     return isinstance(arm.sources[0], BuiltinSource) and not arm.sources[0].is_text
 
 
-def _build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress: Progress) -> tuple[list, dict]:
+def _build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress: ProgressBars) -> tuple[list, dict]:
     """Check a token-file arm's files (headers, sizes, every id < vocab); its validation tokens (the val
     files, or the training stream's tail by split.py's rule) copied into `<arm>.val.tok`."""
     src: TokensSource = arm.sources[0]
@@ -297,7 +297,7 @@ class TextArms:
     def total(self) -> int:
         return sum(self.bytes.values())
 
-    def tasks(self, rate: float = 0.0) -> Iterator[tuple[str, int, Task]]:
+    def tasks(self, rate: float = 0.0) -> Iterator[tuple[str, int, UnitTask]]:
         """(arm, source index, task) of every unit, in order."""
         for arm in self.arms:
             largest = val_doc_max(self.bytes[arm.name])
@@ -308,13 +308,13 @@ class TextArms:
                 self.docs.setdefault((arm.name, i), 0)
                 try:
                     for unit in limited_units(src, self.base, decide):
-                        yield arm.name, i, Task(unit, largest, rate)
+                        yield arm.name, i, UnitTask(unit, largest, rate)
                 except SourceError as exc:
                     raise DataError(f"arm {arm.name!r}: {exc}") from None
 
-    def run(self, workers: Workers, rate: float = 0.0, stop=lambda: False) -> Iterator[tuple[str, Task, object]]:
+    def run(self, workers: Workers, rate: float = 0.0, stop=lambda: False) -> Iterator[tuple[str, UnitTask, object]]:
         """(arm, task, result) of every unit, in order; a source's error is one line naming its arm."""
-        order: deque[tuple[str, int, Task]] = deque()  # handed out, no result yet (bounded by the workers' window)
+        order: deque[tuple[str, int, UnitTask]] = deque()  # handed out, no result yet (bounded by the workers' window)
 
         def tasks():
             for arm, i, task in self.tasks(rate):
@@ -336,12 +336,12 @@ class TextArms:
                     raise DataError(f"arm {arm.name!r}: {src.describe()}: no text documents")
 
 
-def _skipped_note(progress: Progress, skipped: int, first: str | None) -> None:
+def _skipped_note(progress: ProgressBars, skipped: int, first: str | None) -> None:
     if skipped:
         progress.note(f"skipped {skipped} file(s) that are not text (first: {first})")
 
 
-def _train_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: Progress) -> Tokenizer:
+def _train_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: ProgressBars) -> Tokenizer:
     rate = sample_rate(arms.total)
     sample: list[str] = []
     size = 0
@@ -360,7 +360,7 @@ def _train_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: Progr
     return tok
 
 
-def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Progress, given: Optional[bytes],
+def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: ProgressBars, given: Optional[bytes],
            hashes: Hashes, n_workers: Optional[int]) -> None:
     vocab = experiment.model.vocab
     arms = TextArms(experiment, base, hashes)
@@ -540,7 +540,7 @@ def _external(experiment: Experiment, base: Path) -> dict[str, list[str]]:
 
 
 def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                 progress: bool | Progress = True, tokenizer_json: Optional[bytes] = None,
+                 progress: bool | ProgressBars = True, tokenizer_json: Optional[bytes] = None,
                  workers: Optional[int] = None, fps: Optional[dict[str, list[str]]] = None) -> PreparedData:
     """Tokenizer and per-arm train/val tokens for `experiment`, built on first use and cached.
 
@@ -549,9 +549,9 @@ def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cach
     `workers`: processes that encode (default: workers.default_workers); `fps`: the sources' fingerprints
     when computed already (a launch's comparison with its run's frozen sources: each file is read once).
     `progress`: True for a bar on
-    stderr, False for silence, or a Progress. Raises DataError (one line) on a bad source, a bad
+    stderr, False for silence, or a ProgressBars. Raises DataError (one line) on a bad source, a bad
     tokenizer, or an arm too small for the context length."""
-    prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    prog = progress if isinstance(progress, ProgressBars) else ProgressBars(enabled=bool(progress))
     experiment_dir = Path(experiment_dir)
     cache_dir = Path(cache_dir)
     given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)

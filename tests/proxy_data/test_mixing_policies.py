@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.bandit import Progress, Uniform, bandit_for_phase, make_bandit, project_capped_simplex
+from proxy.bandit import LearningProgress, Uniform, bandit_for_phase, make_bandit, project_capped_simplex
 from proxy.bandit.learning_progress import allocate
 from proxy.bandit.target import EASY_GAP, OPENING_MOVE
 from proxy.data.batches import BatchSampler
@@ -88,7 +88,7 @@ def test_uniform_batches_are_stratified(tmp_path, rows):
 # --- progress ------------------------------------------------------------------
 
 def test_progress_speed_is_the_slope_of_the_record_low():
-    b = Progress(["a", "b"], {"a": 1, "b": 1}, {"a": 0, "b": 0}, record_alpha=1.0, window=20, explore=0.0,
+    b = LearningProgress(["a", "b"], {"a": 1, "b": 1}, {"a": 0, "b": 0}, record_alpha=1.0, window=20, explore=0.0,
                  smoothing=0.0)
     for t in range(1, 41):  # a falls by 0.03 per step; b falls for 10 steps, then rises
         b.observe(t, {"a": 6.0 - 0.03 * t, "b": 5.0 - 0.1 * min(t, 10) + 0.05 * max(0, t - 10)})

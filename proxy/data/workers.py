@@ -28,7 +28,8 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .source_readers import Doc, Unit, UnitNotes, read_unit
+from .source_readers import read_unit
+from .work_units import Doc, Unit, UnitNotes
 from .split import TRAIN, VAL, by_hash, in_sample
 from .text import pieces
 from .tokenizer import Tokenizer

@@ -10,7 +10,6 @@ starts its own child without waiting (proxy/commands/run.py, `start_dashboard`).
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import socket
@@ -19,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from proxy.dashboard_address import exposure_warning, is_loopback
 from proxy.rundir.layout import RUNS_ROOT, RunDirError, most_recent_run
 
 from .runs import RUN_MARKERS, expand
@@ -34,22 +34,6 @@ SEND_BUFFER = 256 << 10  # SO_SNDBUF of every connection: what the kernel holds 
 
 class DashboardError(Exception):
     """A problem the user can fix; the message is one line."""
-
-
-def exposure_warning(host: str) -> str | None:
-    """The warning for a dashboard bound to an address other machines can reach (None for loopback)."""
-    if is_loopback(host):
-        return None
-    return f"the dashboard listens on {host}, reachable from other machines, with no authentication (read-only)"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def url_for(host: str, port: int) -> str:

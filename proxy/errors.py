@@ -9,7 +9,7 @@ EXIT_FAILURE = 1  # runtime failure: run in use, no proxy to signal, engine cann
 EXIT_USAGE = 2  # bad input: arguments, experiment or caps file, run directory, engine binary
 EXIT_CRASHLOOP = 3  # the engine failed --max-failures times in a row without progress
 EXIT_STORAGE = 5  # a write of the proxy's failed: disk full, file too large, I/O error, read-only (as the engine's 5)
-EXIT_DIVERGED = 6  # the run diverged: a loss or a state not finite or not sane (as the engine's 6; rundir/divergence.py)
+EXIT_DIVERGED = 6  # the run diverged: a loss or a state not finite or not sane (as the engine's 6; proxy/divergence.py)
 EXIT_INTERRUPTED = 130  # Ctrl-C before training started
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Data preparation at scale (issue 24): ours against a nanoGPT-style preparation, same text, same tokenizer.
+"""Data preparation at scale: ours against a nanoGPT-style preparation, same text, same tokenizer.
 
 1. **Corpus**: real text found on this machine, one document per file: the Python installation's `.py`,
    `.txt`, `.rst` and `.md` files, `/usr/share/doc` (gzip'ed files decompressed), the man pages
@@ -23,7 +23,7 @@
     nice -n 0 python scripts/bench_data.py --gb 2 --label '2 GB' --json docs/bench/data-cpu.json
     python scripts/bench_data.py --render docs/bench/data-cpu.json --doc docs/PERFORMANCE.md
 
-Goals (issue 24): ours under 2 GB peak RSS on at least 2 GB of text, at least 1.0x the peer's MB/s.
+Goals: ours under 2 GB peak RSS on at least 2 GB of text, at least 1.0x the peer's MB/s.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Goodput of a whole `proxy run` (issue 12): wall time against the engine's step compute, and where the rest goes.
+"""Goodput of a whole `proxy run`: wall time against the engine's step compute, and where the rest goes.
 
     python scripts/bench_goodput.py run [EXPERIMENT.json] [--steps N] [--threads N] [--train KEY=VALUE]
                                         [--engine cpu|cuda] [--repo DIR] [--label NAME] [--json FILE]

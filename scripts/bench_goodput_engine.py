@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The engine side of goodput (issue 12): what a sample audit and a checkpoint cost the step loop.
+"""The engine side of goodput: what a sample audit and a checkpoint cost the step loop.
 
 Shape: vocab 4608, ctx 256, dim 128, layers 4, heads 4, batch 8 (proxy mode, fresh weights).
 

@@ -18,7 +18,7 @@ from ..config.policies import (EXP3Config, PolicyConfig, ProgressConfig, TargetC
                                switched)
 from .base import Bandit
 from .exp3 import EXP3
-from .learning_progress import Progress
+from .learning_progress import LearningProgress
 from .simplex import project_capped_simplex
 from .target import Target
 from .ucb1 import UCB1
@@ -27,7 +27,7 @@ from .uniform import Uniform
 
 # One bandit class per policy model of config/policies.py; each constructor takes the model's params() by name.
 _CLASSES: dict[type[PolicyConfig], type[Bandit]] = {
-    UCB1Config: UCB1, EXP3Config: EXP3, UniformConfig: Uniform, ProgressConfig: Progress, TargetConfig: Target}
+    UCB1Config: UCB1, EXP3Config: EXP3, UniformConfig: Uniform, ProgressConfig: LearningProgress, TargetConfig: Target}
 
 
 def make_bandit(config: PolicyConfig, arm_names: Sequence[str], caps: Mapping[str, float],
@@ -62,5 +62,5 @@ def bandit_for_phase(experiment: Experiment, phase, row_spread: Optional[Mapping
     return bandit, caps, floors
 
 
-__all__ = ["Bandit", "UCB1", "EXP3", "Progress", "Target", "Uniform", "make_bandit", "bandit_for_phase",
+__all__ = ["Bandit", "UCB1", "EXP3", "LearningProgress", "Target", "Uniform", "make_bandit", "bandit_for_phase",
            "project_capped_simplex"]

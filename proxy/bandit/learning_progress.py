@@ -73,7 +73,7 @@ def fitted_slope(points) -> float:
     return float(dt @ (value - value.mean())) / float(dt @ dt)
 
 
-class Progress(Bandit):
+class LearningProgress(Bandit):
     policy = "progress"
 
     def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import STEP_BEST as BEST, STEP_LATEST as LATEST
+from ..arguments import STEP_BEST as BEST, STEP_LATEST as LATEST
 from ..config.config_file import ExperimentError
 from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key

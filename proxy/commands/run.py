@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dashboard.server import exposure_warning
-
 from ..atomic import open_append
+from ..dashboard_address import exposure_warning
 from ..errors import EXIT_USAGE, ProxyError
 from ..rundir.layout import EXPERIMENT
 from ..supervision.context import SupervisorOptions
@@ -95,7 +94,7 @@ def start_dashboard(run_root: Path, host: str, port: int, log_path: Path) -> tup
         return None
     log = open_append(log_path)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "proxy", "dashboard", "--run-dir", str(run_root),
+        proc = subprocess.Popen([sys.executable, "-m", "dashboard", "--run-dir", str(run_root),
                                  "--host", host, "--port", str(free)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
     finally:

@@ -10,8 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from dashboard.server import exposure_warning
-
+from ..dashboard_address import exposure_warning
 from ..errors import EXIT_OK
 from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files
@@ -22,7 +21,7 @@ from ..rundir.lock import run_lock_holder
 from ..rundir.phases import read_phases
 from ..safe_fs import UnsafeFileError
 from ..supervision.goodput import overhead_summary
-from ..supervision.throughput import WINDOW_STEPS, Progress, fmt_duration, fmt_rate
+from ..supervision.throughput import WINDOW_STEPS, ThroughputMeter, fmt_duration, fmt_rate
 from .which_run import resolve_run
 
 
@@ -82,7 +81,7 @@ def status_report(run: RunDir) -> dict:
     if max_steps:
         ordered = [e for e in ordered if e.step <= max_steps]
     evals = [e for e in tail if isinstance(e, EvalEntry)]
-    progress = Progress()  # the same window as the running proxy's figures
+    progress = ThroughputMeter()  # the same window as the running proxy's figures
     for e in ordered[-WINDOW_STEPS:]:
         progress.observe(e.time, e.tokens, e.step, e.loss, e.ms)
     rates = progress.rates(max_steps)

@@ -34,7 +34,7 @@ VALID, UNVERIFIED, CORRUPT, GONE = "valid", "unverified", "corrupt", "gone"
 
 
 @dataclass
-class Verdict:
+class CheckpointVerdict:
     name: str  # relative to the run directory
     verdict: str
     step: int | None
@@ -42,35 +42,35 @@ class Verdict:
     refused: bool = False  # the engine refuses to load it (another model shape): a launch falls back past it
 
 
-def check_file(path: Path, run: RunDir, experiment: Experiment) -> Verdict:
+def check_file(path: Path, run: RunDir, experiment: Experiment) -> CheckpointVerdict:
     """One checkpoint's verdict: does it read and verify, and is it the run's model."""
     name = _name(path)
     reason = verify_checkpoint(path)
     if reason is not None and not path.exists():
-        return Verdict(name, GONE, None, "deleted while verifying (the live run's retention)")
+        return CheckpointVerdict(name, GONE, None, "deleted while verifying (the live run's retention)")
     step = header_step(path)
     if reason is None:
         trailer = read_trailer(path)
         foreign = foreign_reason(run, experiment, trailer, trailer.shape.n_params)
         if foreign is not None:
-            return Verdict(name, CORRUPT, step, f"foreign: {foreign}", trailer.shape != experiment_shape(experiment))
+            return CheckpointVerdict(name, CORRUPT, step, f"foreign: {foreign}", trailer.shape != experiment_shape(experiment))
         wrong_name = misnamed(path)
         if wrong_name is not None:
-            return Verdict(name, CORRUPT, step, wrong_name)
-        return Verdict(name, VALID, step)
+            return CheckpointVerdict(name, CORRUPT, step, wrong_name)
+        return CheckpointVerdict(name, VALID, step)
     try:
         ckpt = read_checkpoint(path)
     except CheckpointError as exc:
-        return Verdict(name, CORRUPT, step, str(exc).removeprefix(f"{path}: "))
+        return CheckpointVerdict(name, CORRUPT, step, str(exc).removeprefix(f"{path}: "))
     if ckpt.trailer is not None:  # it changed between the two reads
-        return Verdict(name, CORRUPT, step, reason.removeprefix(f"{path}: "))
+        return CheckpointVerdict(name, CORRUPT, step, reason.removeprefix(f"{path}: "))
     foreign = foreign_reason(run, experiment, None, ckpt.n_params)
     if foreign is not None:
-        return Verdict(name, CORRUPT, step, f"foreign: {foreign}", refused=True)
-    return Verdict(name, UNVERIFIED, step, "bare ANDREA file: no trailer, no checksum (a resume skips it)")
+        return CheckpointVerdict(name, CORRUPT, step, f"foreign: {foreign}", refused=True)
+    return CheckpointVerdict(name, UNVERIFIED, step, "bare ANDREA file: no trailer, no checksum (a resume skips it)")
 
 
-def resume_point(run: RunDir, experiment: Experiment, verdicts: list[Verdict]) -> dict:
+def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointVerdict]) -> dict:
     """Where the next `proxy run` would resume, by the one resume rule, and why newer files were passed over.
 
     The rule checks a file's checksum and the log's coverage, not its shape: a checkpoint of another shape

@@ -11,11 +11,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..run_names import MAX_ARMS, MAX_NAME  # noqa: F401  (the bounds of names, with the file names)
+
 MAX_PATH = 4096  # characters of a source path or pattern (PATH_MAX)
 MAX_WORD = 255  # characters of a suffix, a JSON Lines field, a column, a module name, a split
-MAX_NAME = 64  # characters of an arm or experiment name (ASCII, by experiment.py's ARM_NAME)
 TAG = "="  # how a tagged union's member shows in pydantic's error paths; config/config_file.py drops it
-MAX_ARMS = 64  # arms of an experiment: the most a `.loss.json` entry names (its readers keep no more)
 
 PathText = Annotated[str, Field(max_length=MAX_PATH)]
 Word = Annotated[str, Field(max_length=MAX_WORD)]

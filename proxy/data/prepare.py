@@ -33,28 +33,27 @@ import os
 import shutil
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
 from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
-from ..config.experiment import ArmConfig, Experiment
-from ..config.sources import BuiltinSource, TokensSource
-from ..errors import EXIT_USAGE, ProxyError
+from ..config.experiment import Experiment
 from ..formats import bounded_json
 from ..formats.shard import ShardWriter, shard_segment
-from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
+from ..formats.token_files import TokenSegment, open_token_file
 from ..safe_fs import UnsafeFileError, read_regular
-from . import source_readers
-from .progress_bars import Progress
-from .source_readers import (SourceError, _matches, hash_file, limited_units, random_token_documents,
-                             repeated_names, source_bytes, source_fingerprint)
-from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens, val_doc_max
-from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
-from .workers import Task, Workers, default_workers
+from .progress_bars import ProgressBars
+from .builtin_sources import random_token_documents
+from .source_readers import SourceError, source_fingerprint
+from .split import SPLIT_SETTINGS
+from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError
+from .workers import Workers, default_workers
+from .data_error import DataError, unreadable
+from .text_arms import ArmWriter, Hashes, TextArms, skipped_note, train_arms_tokenizer
+from .token_arms import build_token_arm, is_random_arm, is_token_file_arm, token_layout
 
 FORMAT_VERSION = 4  # 4: runs longer than text.WORD_CHARS are cut; 3: before a \r\n (text.safe_cut)
 FORMATS_READ = (1, 2, 3, FORMAT_VERSION)  # 2 and 3 differ from 4 only in those cuts: they hold a run's tokens
@@ -69,12 +68,6 @@ MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under way (renamed into place when whole)
 MANIFEST_LIMIT = 16 << 20
-
-
-class DataError(ProxyError, ValueError):
-    """Data preparation failed; the message is one line saying which arm/source and why."""
-
-    code = EXIT_USAGE
 
 
 @dataclass
@@ -103,13 +96,6 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "microgpt"
 
 
-def unreadable(exc: OSError) -> str:
-    """A source read that failed (permission denied, a directory, a /proc file that refuses reads): the
-    file and the reason, for a one-line DataError."""
-    where = f" {exc.filename}" if exc.filename else ""
-    return f"cannot read{where}: {exc.strerror or exc}"
-
-
 def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> Optional[bytes]:
     """The bytes of the tokenizer.json the experiment names (relative to its directory), or None."""
     if experiment.tokenizer is None:
@@ -123,20 +109,6 @@ def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> 
         raise DataError(f"tokenizer: {exc}") from None
     except OSError as exc:
         raise DataError(f"tokenizer: cannot read {path}: {exc.strerror}") from None
-
-
-class Hashes(dict):
-    """path -> hex SHA-256 of its bytes. Kept only for the files larger than a work unit (their train/val
-    decision is made from it, after the key, in the main process), so that it stays small however many
-    files a corpus has."""
-
-    def __call__(self, p: Path) -> str:
-        if p in self:
-            return self[p]
-        digest = hash_file(p)
-        if p.stat().st_size > source_readers.UNIT_BYTES:
-            self[p] = digest
-        return digest
 
 
 def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None
@@ -177,190 +149,7 @@ def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: Optional[dic
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------
-# Token-file arms: read in place.
-
-def _token_layout(arm: ArmConfig, base: Path) -> tuple[list[Path], list[Path]]:
-    """(the training files, the validation files) of a token-file arm, absolute, in order."""
-    src = arm.sources[0]
-    try:
-        train = [p.resolve() for p in _matches("tokens", src.tokens, base)]
-        val = [p.resolve() for p in _matches("tokens val", src.val, base)] if src.val else []
-    except SourceError as exc:
-        raise DataError(f"arm {arm.name!r}: {exc}") from None
-    return train, val
-
-
-def _is_token_file_arm(arm: ArmConfig) -> bool:
-    return isinstance(arm.sources[0], TokensSource)
-
-
-def _is_random_arm(arm: ArmConfig) -> bool:
-    return isinstance(arm.sources[0], BuiltinSource) and not arm.sources[0].is_text
-
-
-def _build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress: Progress) -> tuple[list, dict]:
-    """Check a token-file arm's files (headers, sizes, every id < vocab); its validation tokens (the val
-    files, or the training stream's tail by split.py's rule) copied into `<arm>.val.tok`."""
-    src: TokensSource = arm.sources[0]
-    train_files, val_files = _token_layout(arm, base)
-    try:
-        train = [open_token_file(p, src.format) for p in train_files]
-        val = [open_token_file(p, src.format) for p in val_files]
-    except TokenFileError as exc:
-        raise DataError(f"arm {arm.name!r}: {exc}") from None
-    total = sum(p.stat().st_size for p in train_files + val_files)
-    with progress.task(f"checking {arm.name} (token ids < {vocab})", total=total, unit="B") as t:
-        for tf in train + val:
-            bad = first_out_of_range(tf.segment(), vocab, t.advance)
-            if bad is not None:
-                raise DataError(f"arm {arm.name!r}: {tf.path}: token id {bad[1]} at position {bad[0]} is at or "
-                                f"above model.vocab {vocab} (the file was made with another tokenizer, or is not "
-                                f"{tf.format} token ids)")
-    segments = [tf.segment() for tf in train if tf.count]
-    if val:
-        val_segments = [tf.segment() for tf in val if tf.count]
-    else:
-        need = tail_tokens(sum(s.tokens for s in segments), 0)
-        val_segments = []
-        while need > 0 and segments:  # the tail of the stream, across files if one is short
-            last = segments.pop()
-            take = min(need, last.tokens)
-            val_segments.insert(0, TokenSegment(last.path, last.dtype, last.offset, last.stop - take, last.stop))
-            if take < last.tokens:
-                segments.append(TokenSegment(last.path, last.dtype, last.offset, last.start, last.stop - take))
-            need -= take
-    writer = ShardWriter(tmp / f"{arm.name}.val.tok", vocab)
-    try:
-        copy_ids(val_segments, writer.append)
-        n_val = writer.finish()
-    finally:
-        writer.close()
-    stats = {"kind": "tokens", "files": len(train) + len(val), "format": sorted({tf.format for tf in train + val}),
-             "train_tokens": sum(s.tokens for s in segments), "val_tokens": n_val, "val_split": not val}
-    return segments, stats
-
-
-# ---------------------------------------------------------------------------
-# Text arms: the workers.
-
-class ArmWriter:
-    """One text arm's two shards, written as the units' results come in order."""
-
-    def __init__(self, name: str, tmp: Path, vocab: int):
-        self.name = name
-        self.train = ShardWriter(tmp / f"{name}.train.tok", vocab)
-        self.val = ShardWriter(tmp / f"{name}.val.tok", vocab)
-        self.stats = {"kind": "text", "docs": 0, "val_docs": 0, "chars": 0}
-
-    def add(self, result) -> None:
-        self.train.append(result.train)
-        self.val.append(result.val)
-        self.stats["docs"] += result.docs
-        self.stats["val_docs"] += result.val_docs
-        self.stats["chars"] += result.chars
-
-    def finish(self) -> dict:
-        """The validation split's tail (split.py rule 2) moved over; both shards closed; the arm's stats."""
-        tail = tail_tokens(self.train.count, self.val.count)
-        if tail:
-            self.val.append(self.train.take_tail(tail))
-        self.stats.update(train_tokens=self.train.finish(), val_tokens=self.val.finish(), val_tail_tokens=tail)
-        return self.stats
-
-    def close(self) -> None:
-        self.train.close()
-        self.val.close()
-
-
-def source_size(src, base: Path) -> int:
-    """A text source's bytes, for the validation split's bound and the progress bar."""
-    if isinstance(src, BuiltinSource) and src.builtin == "repeated_names":
-        return sum(len(d) for d in repeated_names())
-    return source_bytes(src, base)
-
-
-class TextArms:
-    """The text arms' work: their units in order, the bound on a validation document per arm."""
-
-    def __init__(self, experiment: Experiment, base: Path, hashes: Hashes):
-        self.arms = [a for a in experiment.arms if a.sources[0].is_text]
-        self.base = base
-        self.hashes = hashes
-        try:
-            self.bytes = {a.name: sum(source_size(s, base) for s in a.sources) for a in self.arms}
-        except SourceError as exc:
-            raise DataError(str(exc)) from None
-        self.docs: dict[tuple[str, int], int] = {}
-
-    @property
-    def total(self) -> int:
-        return sum(self.bytes.values())
-
-    def tasks(self, rate: float = 0.0) -> Iterator[tuple[str, int, Task]]:
-        """(arm, source index, task) of every unit, in order."""
-        for arm in self.arms:
-            largest = val_doc_max(self.bytes[arm.name])
-
-            def decide(path: Path, size: int, largest=largest) -> str:
-                return by_hash(size, bytes.fromhex(self.hashes(path)), largest)
-            for i, src in enumerate(arm.sources):
-                self.docs.setdefault((arm.name, i), 0)
-                try:
-                    for unit in limited_units(src, self.base, decide):
-                        yield arm.name, i, Task(unit, largest, rate)
-                except SourceError as exc:
-                    raise DataError(f"arm {arm.name!r}: {exc}") from None
-
-    def run(self, workers: Workers, rate: float = 0.0, stop=lambda: False) -> Iterator[tuple[str, Task, object]]:
-        """(arm, task, result) of every unit, in order; a source's error is one line naming its arm."""
-        order: deque[tuple[str, int, Task]] = deque()  # handed out, no result yet (bounded by the workers' window)
-
-        def tasks():
-            for arm, i, task in self.tasks(rate):
-                order.append((arm, i, task))
-                yield task
-        try:
-            for result in workers.map(tasks(), stop):
-                arm, i, task = order.popleft()
-                self.docs[(arm, i)] += result.docs
-                yield arm, task, result
-        except (SourceError, OSError) as exc:  # the unit at the head of the order failed
-            why = str(exc) if isinstance(exc, SourceError) else unreadable(exc)
-            raise DataError(f"arm {order[0][0] if order else '?'!r}: {why}") from None
-
-    def check_documents(self) -> None:
-        for arm in self.arms:
-            for i, src in enumerate(arm.sources):
-                if self.docs.get((arm.name, i), 0) == 0:
-                    raise DataError(f"arm {arm.name!r}: {src.describe()}: no text documents")
-
-
-def _skipped_note(progress: Progress, skipped: int, first: str | None) -> None:
-    if skipped:
-        progress.note(f"skipped {skipped} file(s) that are not text (first: {first})")
-
-
-def _train_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: Progress) -> Tokenizer:
-    rate = sample_rate(arms.total)
-    sample: list[str] = []
-    size = 0
-    with progress.task(f"sampling text for the tokenizer ({100 * rate:.3g}% of {arms.total / 1e6:.1f} MB)",
-                       total=arms.total, unit="B") as t, Workers(n_workers, None) as workers:
-        for _arm, task, result in arms.run(workers, rate, stop=lambda: size >= SAMPLE_CAP):
-            for piece in result.sample:
-                if size < SAMPLE_CAP:
-                    sample.append(piece)
-                    size += len(piece)
-            t.advance(task.unit.nbytes)
-        t.done(f"{size / 1e6:.1f}M characters")
-    with progress.task(f"training tokenizer (vocab {vocab})", total=None) as t:
-        tok = train_tokenizer(sample, vocab)
-        t.done(f"{tok.trained_size} tokens learned from {size / 1e6:.1f}M characters")
-    return tok
-
-
-def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Progress, given: Optional[bytes],
+def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: ProgressBars, given: Optional[bytes],
            hashes: Hashes, n_workers: Optional[int]) -> None:
     vocab = experiment.model.vocab
     arms = TextArms(experiment, base, hashes)
@@ -372,7 +161,7 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
             raise DataError(str(exc)) from None
         tokenizer_json = given
     elif arms.arms:
-        tok = _train_tokenizer(arms, vocab, n, progress)
+        tok = train_arms_tokenizer(arms, vocab, n, progress)
         arms.docs.clear()
         tokenizer_json = tok.to_str().encode("utf-8")
     else:
@@ -403,14 +192,14 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
             t.done(", ".join(f"{name} {s['train_tokens']:,} + {s['val_tokens']:,}" for name, s in info.items())
                    + " train + val tokens")
         arms.check_documents()
-        _skipped_note(progress, skipped, first_skipped)
+        skipped_note(progress, skipped, first_skipped)
 
     train_segments: dict[str, list[dict]] = {}
     for arm in experiment.arms:
-        if _is_token_file_arm(arm):
-            segments, info[arm.name] = _build_token_arm(arm, base, vocab, tmp, progress)
+        if is_token_file_arm(arm):
+            segments, info[arm.name] = build_token_arm(arm, base, vocab, tmp, progress)
             train_segments[arm.name] = [s.to_dict() for s in segments]
-        elif _is_random_arm(arm):
+        elif is_random_arm(arm):
             tr, va = (random_token_documents(split, tok.trained_size, tok.eot_id) for split in ("train", "val"))
             for split, docs in (("train", tr), ("val", va)):
                 writer = ShardWriter(tmp / f"{arm.name}.{split}.tok", vocab)
@@ -535,12 +324,12 @@ def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache
 
 def _external(experiment: Experiment, base: Path) -> dict[str, list[str]]:
     """Each token-file arm's training files as they are now (a cache entry must name these)."""
-    return {arm.name: [str(p) for p in _token_layout(arm, base)[0]] for arm in experiment.arms
-            if _is_token_file_arm(arm)}
+    return {arm.name: [str(p) for p in token_layout(arm, base)[0]] for arm in experiment.arms
+            if is_token_file_arm(arm)}
 
 
 def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                 progress: bool | Progress = True, tokenizer_json: Optional[bytes] = None,
+                 progress: bool | ProgressBars = True, tokenizer_json: Optional[bytes] = None,
                  workers: Optional[int] = None, fps: Optional[dict[str, list[str]]] = None) -> PreparedData:
     """Tokenizer and per-arm train/val tokens for `experiment`, built on first use and cached.
 
@@ -549,9 +338,9 @@ def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cach
     `workers`: processes that encode (default: workers.default_workers); `fps`: the sources' fingerprints
     when computed already (a launch's comparison with its run's frozen sources: each file is read once).
     `progress`: True for a bar on
-    stderr, False for silence, or a Progress. Raises DataError (one line) on a bad source, a bad
+    stderr, False for silence, or a ProgressBars. Raises DataError (one line) on a bad source, a bad
     tokenizer, or an arm too small for the context length."""
-    prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    prog = progress if isinstance(progress, ProgressBars) else ProgressBars(enabled=bool(progress))
     experiment_dir = Path(experiment_dir)
     cache_dir = Path(cache_dir)
     given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)

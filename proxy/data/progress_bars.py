@@ -33,10 +33,10 @@ def _held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-class Task:
+class ProgressBar:
     """One step of the preparation: `advance(n)` as work is done, `done(note)` at the end."""
 
-    def __init__(self, progress: "Progress", label: str, total: Optional[float], unit: str):
+    def __init__(self, progress: "ProgressBars", label: str, total: Optional[float], unit: str):
         self.p = progress
         self.live = progress.enabled and progress.tty
         options = dict(total=total, desc=label, unit=unit or "it", unit_scale=bool(unit),
@@ -76,7 +76,7 @@ class Task:
         with _held():
             self.bar.close()
 
-    def __enter__(self) -> "Task":
+    def __enter__(self) -> "ProgressBar":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -90,8 +90,8 @@ class Task:
                 self.p.write(f"{self.bar.desc}: failed\n")
 
 
-class Progress:
-    """`Progress(enabled)`; `with progress.task("encoding x", total=n, unit="B") as t: t.advance(k)`."""
+class ProgressBars:
+    """`ProgressBars(enabled)`; `with progress.task("encoding x", total=n, unit="B") as t: t.advance(k)`."""
 
     def __init__(self, enabled: bool = True, stream: Optional[TextIO] = None):
         self.enabled = enabled
@@ -108,8 +108,8 @@ class Progress:
         except (OSError, ValueError):
             pass
 
-    def task(self, label: str, total: Optional[float] = None, unit: str = "") -> Task:
-        return Task(self, label, total, unit)
+    def task(self, label: str, total: Optional[float] = None, unit: str = "") -> ProgressBar:
+        return ProgressBar(self, label, total, unit)
 
     def note(self, text: str) -> None:
         if self.enabled:

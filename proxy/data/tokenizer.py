@@ -21,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 import numpy as np
 
 from ..atomic import atomic_write_text
-from ..rundir.layout import READ_LIMITS, TOKENIZER
+from ..run_names import READ_LIMITS, TOKENIZER
 from .text import PIECE_CHARS, pieces
 
 EOT = "<|endoftext|>"

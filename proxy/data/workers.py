@@ -28,7 +28,8 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .source_readers import Doc, Unit, UnitNotes, read_unit
+from .source_readers import read_unit
+from .work_units import Doc, Unit, UnitNotes
 from .split import TRAIN, VAL, by_hash, in_sample
 from .text import pieces
 from .tokenizer import Tokenizer
@@ -67,13 +68,13 @@ class UnitResult:
 
 
 @dataclass(frozen=True)
-class Task:
+class UnitTask:
     unit: Unit
     largest_val_doc: int  # split.val_doc_max of the unit's arm
     sample_rate: float = 0.0  # > 0: sample mode (no tokenizer yet): return the sample, not ids
 
 
-def _pieces(task: Task, notes: UnitNotes) -> Iterator[tuple[str, str, bool]]:
+def _pieces(task: UnitTask, notes: UnitNotes) -> Iterator[tuple[str, str, bool]]:
     """(split, piece, whether its document ends with it) for every non-empty document of the unit, in
     order."""
     for doc in read_unit(task.unit, notes):
@@ -90,7 +91,7 @@ def _decide(doc: Doc, largest: int) -> str:
     return by_hash(len(raw), hashlib.sha256(raw).digest(), largest)
 
 
-def run_task(task: Task) -> UnitResult:
+def run_task(task: UnitTask) -> UnitResult:
     """One unit read and encoded (or sampled) with this process's tokenizer."""
     notes = UnitNotes()
     if task.sample_rate > 0:
@@ -162,7 +163,7 @@ class Workers:
                                          tok.vocab_size if tok is not None else 0))
         return self
 
-    def map(self, tasks: Iterable[Task], stop: Callable[[], bool] = lambda: False) -> Iterator[UnitResult]:
+    def map(self, tasks: Iterable[UnitTask], stop: Callable[[], bool] = lambda: False) -> Iterator[UnitResult]:
         """Each task's result in order; no new task is handed out once `stop()` is true."""
         if self.pool is None:
             for task in tasks:

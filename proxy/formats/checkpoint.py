@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EXIT_USAGE, ProxyError
+from ..run_names import checkpoint_name
 from ..safe_fs import UnsafeFileError, open_regular
 from .engine_cli import MAX_STEP
 from .parameters import ModelShape
@@ -41,11 +42,6 @@ class CheckpointError(ProxyError, ValueError):
     for (a command's --step or --checkpoint), bad input: exit 2."""
 
     code = EXIT_USAGE
-
-
-def checkpoint_name(step: int) -> str:
-    """`step_NNNNNN.bin`: the step zero-padded to six digits (more past 999,999)."""
-    return f"step_{step:06d}.bin"
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:

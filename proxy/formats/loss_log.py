@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from ..atomic import append_whole, open_append, sync_fd
-from ..rundir.divergence import lowest_bound
-from ..rundir.layout import LOSS_LINE_LIMIT
+from ..divergence import lowest_bound
+from ..run_names import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
 from . import bounded_json
 from .step_fields import (COMPARED_FIELDS, NAN, StepEntry, StepFields, arm_map, num, step_fields,  # noqa: F401

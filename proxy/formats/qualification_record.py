@@ -23,7 +23,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..atomic import atomic_write_json, make_dirs
-from ..rundir.layout import QUALIFICATION, READ_LIMITS
+from ..run_names import QUALIFICATION, READ_LIMITS
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
 from .engine_cli import FastPath, path_flags
@@ -43,11 +43,13 @@ class QualificationFileError(Exception):
     """A verdict file that cannot be used; the message is one line."""
 
 
-class _Strict(BaseModel):
+class FrozenRecord(BaseModel):
+    """Unknown keys refused, and immutable once read. Not strict (config/strict.py:StrictModel): the record is
+    the proxy's own JSON, whose enum values arrive as strings."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Figures(_Strict):
+class Figures(FrozenRecord):
     """What a check measured against the verified path (None: not measured, e.g. after a crash)."""
     loss_diff: Optional[float] = None  # the largest |loss - verified loss| over the check's steps
     update_rel: Optional[float] = None  # the worst tensor's |Δw - Δw_verified| / |Δw_verified| (Δw: the steps' update)
@@ -60,14 +62,14 @@ class Figures(_Strict):
     bytes_equal: Optional[bool] = None  # checkpoint files equal the verified path's (the snapshot)
 
 
-class Check(_Strict):
+class Check(FrozenRecord):
     """One check against the verified path: a named path alone, or the chosen paths together."""
     verdict: Verdict
     detail: str = Field(max_length=1000)  # one line: by how much it passed or failed, or why it could not run
     figures: Figures = Field(default_factory=Figures)
 
 
-class Environment(_Strict):
+class Environment(FrozenRecord):
     """What a verdict holds for: it is used only where all of it matches."""
     gpu: str = Field(max_length=256)  # NVML's name of the device the engine uses
     driver: str = Field(max_length=64)
@@ -76,7 +78,7 @@ class Environment(_Strict):
     shape: dict[Literal["vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum"], int]
 
 
-class Qualification(_Strict):
+class Qualification(FrozenRecord):
     """Which fast paths an engine build runs on a GPU at a shape, and why."""
     version: Literal[2] = VERSION
     environment: Environment

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes
-from ..rundir.layout import READ_LIMITS, SAMPLES
+from ..run_names import READ_LIMITS, SAMPLES
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
 from ..errors import FULL_DISK, StorageError
-from ..rundir.layout import READ_LIMITS, STATE
+from ..run_names import READ_LIMITS, STATE
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
 

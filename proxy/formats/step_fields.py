@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Mapping
 
-from ..config.strict import MAX_ARMS, MAX_NAME
+from ..run_names import MAX_ARMS, MAX_NAME
 
 
 class StepValueKind(Enum):

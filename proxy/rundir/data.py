@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from .. import temp_names
 from ..atomic import atomic_copy, atomic_write_bytes, copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
+from ..config.strict import StrictModel
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer, TokenizerError
 from ..formats.shard import HEADER, ShardError, shard_segment
 from ..formats.token_files import first_out_of_range
@@ -39,11 +40,8 @@ SHA256 = r"^[0-9a-f]{64}$"
 REPLACED_NAME = "data_{time:.0f}.json"  # in RUN/archive/: a definition a data change replaced
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
-
-class FrozenFile(_Strict):
+class FrozenFile(StrictModel):
     """A file of RUN/data/: its name there, size and SHA-256."""
     file: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=128)
     bytes: int = Field(ge=0)
@@ -60,7 +58,7 @@ class FrozenShard(FrozenFile):
     tokens: int = Field(ge=0)
 
 
-class FrozenSource(_Strict):
+class FrozenSource(StrictModel):
     """One source as the run read it: its kind, its path fields made absolute, its fingerprint, and the number
     and total size of the files it read (to say what changed)."""
     kind: str
@@ -70,20 +68,20 @@ class FrozenSource(_Strict):
     bytes: int = Field(ge=0)
 
 
-class FrozenArm(_Strict):
+class FrozenArm(StrictModel):
     sources: list[FrozenSource]
     val: FrozenShard
     train_tokens: int = Field(ge=0)
 
 
-class DataChange(_Strict):
+class DataChange(StrictModel):
     """A launch that continued with sources other than the frozen ones (`--allow-data-change`)."""
     time: float
     step: int = Field(ge=0)  # the step training continued from
     changes: list[str]
 
 
-class DataDefinition(_Strict):
+class DataDefinition(StrictModel):
     format: int
     vocab: int = Field(ge=1)
     cache_key: str = Field(pattern=SHA256)  # the prepared-data cache entry it came from

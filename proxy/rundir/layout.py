@@ -19,7 +19,7 @@
     RUN/archive/pivot_<k>/phase.json   a committed pivot's receipt (rundir/history.py)
     RUN/.pivot.lock            one `proxy pivot` at a time (rundir/lock.py)
     RUN/.pivot_request.json    a live pivot's request, .pivot_claimed.json once taken, and the answer in
-    RUN/.pivot_response.json   (formats/pivot_request.py)
+    RUN/.pivot_response.json   (rundir/pivot_request.py)
 
 The proxy and the dashboard both name files through this module.
 """
@@ -34,52 +34,15 @@ from .. import temp_names
 from ..atomic import make_dirs
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats import bounded_json
-from ..formats.checkpoint import checkpoint_name
 from ..safe_fs import UnsafeFileError, file_kind, read_regular
 
-RUNS_ROOT = Path("runs")
-
-EXPERIMENT = "experiment.json"
-EXPERIMENT_SEAL = ".experiment.seal.json"
-CHECKPOINTS = "checkpoints"
-BEST = "best.bin"
-LOSS_LOG = ".loss.json"
-SAMPLES = ".samples.json"
-STATE = ".state.json"
-PHASES = "phases.json"
-DATA = "data"  # the frozen data definition (rundir/data.py): these three names, inside it
-DATA_DEFINITION = "data.json"
-TOKENIZER = "tokenizer.json"
-VAL_SHARD_SUFFIX = ".val.tok"  # <arm>.val.tok
-ARCHIVE = "archive"
-ENGINE_LOG = "engine.log"
-DASHBOARD_LOG = "dashboard.log"
-IDENTITY = ".run.json"
-ENGINE_RECORD = ".engine.json"
-QUALIFICATION = ".qualification.json"
-PIVOT_LOCK = ".pivot.lock"
-PIVOT_REQUEST = ".pivot_request.json"
-PIVOT_CLAIMED = ".pivot_claimed.json"
-PIVOT_RESPONSE = ".pivot_response.json"
-PIVOT_RECEIPT = "phase.json"  # in a pivot's archive directory: the phase it committed (rundir/history.py)
-
-# The directories inside a run that the proxy and the engine write and delete in: each must be a real
-# directory of the run, never a symlink (a `checkpoints` linked to another run would have this run's
-# retention delete that run's checkpoints; a `data` linked elsewhere, the data freeze replace what is there).
-OWN_DIRS = (CHECKPOINTS, ARCHIVE, DATA)
-
-# Files whose modification time says when a run was last active.
-ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
-
-# The most bytes a reader takes from each small file of a run directory (proxy/safe_fs.py refuses a
-# larger one, with one line). The writers stay far below: samples.py trims `.samples.json` to its cap.
-READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
-               ENGINE_RECORD: 64 << 10, IDENTITY: 4 << 10, QUALIFICATION: 64 << 10,
-               PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
-               PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20, DATA_DEFINITION: 4 << 20, TOKENIZER: 64 << 20}
-# A validation shard in data/ may be as large as data.json says (its size and SHA-256 are checked there).
-LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is skipped like a torn one
-ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason
+# The names themselves live in the leaf proxy/run_names.py (formats/ reads them there too); every other
+# module takes them from here, with the directory they name.
+from ..run_names import (RUNS_ROOT, EXPERIMENT, EXPERIMENT_SEAL, CHECKPOINTS, BEST, LOSS_LOG, SAMPLES, STATE, PHASES, DATA,
+                         DATA_DEFINITION, TOKENIZER, VAL_SHARD_SUFFIX, ARCHIVE, ENGINE_LOG, DASHBOARD_LOG,
+                         IDENTITY, ENGINE_RECORD, QUALIFICATION, PIVOT_LOCK, PIVOT_REQUEST, PIVOT_CLAIMED,
+                         PIVOT_RESPONSE, PIVOT_RECEIPT, OWN_DIRS, ACTIVITY_FILES, READ_LIMITS,
+                         LOSS_LINE_LIMIT, ENGINE_LOG_TAIL, checkpoint_name)  # noqa: F401
 
 
 class RunDirError(ProxyError):

@@ -84,8 +84,8 @@ def proxy_arguments(cmdline: list[str]) -> list[str] | None:
 
 
 def _parsed(arguments: list[str]):
-    """The proxy's own reading of `arguments` (cli.build_parser), or None when it refuses them."""
-    from ..cli import build_parser  # the parser imports the commands' options; the proof needs it only here
+    """The proxy's own reading of `arguments` (arguments.build_parser), or None when it refuses them."""
+    from ..arguments import build_parser  # the parser loads the policies (pydantic); the proof needs it only here
     quiet = io.StringIO()  # a `--help` there prints: never into this command's own output
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):

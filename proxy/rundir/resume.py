@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import EXIT_FAILURE, ProxyError
 from ..formats.checkpoint import checkpoint_step, list_checkpoints, misnamed, verify_checkpoint
 from ..formats.loss_log import LossLogIndex
-from .divergence import insanity, sane_loss
+from ..divergence import insanity, sane_loss
 from .phases import Phase, owned_steps
 
 
@@ -43,7 +43,7 @@ def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase
                    since: Phase | None = None, at_most: int | None = None,
                    rejected: set[str] = frozenset()) -> ResumePoint:
     """The newest checkpoint (at or before `at_most`) that verifies, whose steps the log covers, and that is
-    sane (rundir/divergence.py: the loss logged for its step; `vocab` is the model's).
+    sane (proxy/divergence.py: the loss logged for its step; `vocab` is the model's).
 
     With `since` (a phase): only checkpoints from its start step on count, and only its own steps must be
     in the log (the earlier phases' steps are history). Without: every step from 1. `rejected` names

@@ -24,7 +24,7 @@ def durable(report: RunReport, step: int) -> bool:
 def retain(ctx: RunContext, launch: EngineLaunch | None) -> None:
     """Apply the retention policy to the durable checkpoints, never deleting what a resume or a pivot
     needs: the checkpoints phases.json names, the newest one announced, the newest sane one
-    (rundir/divergence.py), the one this launch resumed from."""
+    (proxy/divergence.py), the one this launch resumed from."""
     report = ctx.report
     if report.last_ckpt_step is None:
         return  # nothing announced yet: no file is known to be complete

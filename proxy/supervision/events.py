@@ -18,7 +18,7 @@ from ..formats.frames import Event, group_result
 from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
 from ..formats.step_fields import engine_metrics
 from ..formats.samples import Sample, SampleAudit
-from ..rundir.divergence import insanity, sane_loss
+from ..divergence import insanity, sane_loss
 from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms

@@ -12,7 +12,7 @@ from typing import Callable
 from ..formats.state import EngineStatus
 from ..rundir.phases import Phase
 from .goodput import GoodputMeter
-from .throughput import Progress
+from .throughput import ThroughputMeter
 
 MISMATCHES_KEPT = 50  # replay mismatches kept in .state.json, newest last
 
@@ -25,11 +25,11 @@ class RunReport:
     write_failure: dict | None = None  # {"path", "errno", "error"} when a failed write stopped the run
     dashboard: dict | None = None  # {"url", "host"} of the dashboard this proxy started
     tokens: int = 0  # cumulative, as logged
-    progress: Progress = field(default_factory=Progress)
+    progress: ThroughputMeter = field(default_factory=ThroughputMeter)
     goodput: GoodputMeter = field(default_factory=GoodputMeter)
     last_ckpt_step: int | None = None
     last_ckpt_path: str | None = None
-    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (rundir/divergence.py)
+    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (proxy/divergence.py)
     diverged_step: int | None = None  # the first step this launch found not sane
     diverged_why: str | None = None
     ckpt_ms: float = 0.0  # the slowest checkpoint write seen (the watchdog allows for it)

@@ -23,7 +23,7 @@ class Rates(NamedTuple):
     eta_s: float | None
 
 
-class Progress:
+class ThroughputMeter:
     """Fed (wall time, cumulative tokens, step, loss, step ms, mixture) once per step, in step order.
 
     The window spans the steps of the last WINDOW_S seconds, so it holds many

@@ -1,4 +1,4 @@
-"""Data and storage a run trusts too much (issue 40): a frozen validation file holding an id beyond the
+"""Data and storage a run trusts too much: a frozen validation file holding an id beyond the
 vocabulary, a full disk that only the engine's checkpoint writes meet, files that are not regular files
 given where a checkpoint is expected, forged steps and clock jumps in `.loss.json` shown by `proxy status`.
 

@@ -2,7 +2,7 @@
 
 The adversarial test found a checkpoint with 135,168 of 136,960 weights infinite announced, verified and
 resumed from in a crash loop, and a run whose loss reached 1.4e15 while finite, whose retention deleted
-every good checkpoint. rundir/divergence.py defines "sane"; these scenarios check each half of the rule:
+every good checkpoint. proxy/divergence.py defines "sane"; these scenarios check each half of the rule:
 
 - the engine refuses to write a state with a non-finite weight or moment (exit 6, one line) and to load
   one (exit 3; `--resume latest` falls back past it);

@@ -1,4 +1,4 @@
-"""JSON nested without bound in the files of a run (issue 40, point 7).
+"""JSON nested without bound in the files of a run.
 
 Python's json module recurses once per `[`: a line of 200,000 `[` (under the
 loss log's 1 MiB line cap) or a checkpoint's metadata nested 4,000 deep (under
@@ -17,7 +17,7 @@ proxy/formats/bounded_json.py (depth 64 at most):
   of theirs that is not JSON.
 
 Real processes against real run directories, in a pid namespace of their own
-(sandbox.py), as the other scenarios of issue 40.
+(sandbox.py), as the other scenarios of hostile files.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Processes proven ours, and hang detection that knows the proxy's own pauses (issue 40, points 3, 4, 8).
+"""Processes proven ours, and hang detection that knows the proxy's own pauses.
 
 - A live run's engine record copied into another run (its own run identity fields put in): the other
   run's relaunch must leave the live engine alone (one line), as must a record whose argv was edited to

@@ -1,4 +1,4 @@
-"""Temp names planted, temp leftovers of kill -9, a fork's frozen data (issue 40, point 2 and point 9).
+"""Temp names planted, temp leftovers of kill -9, a fork's frozen data.
 
 - Temp names planted before a command runs: 300 symlinks `RUN/.data.tmp-<n>` to a directory outside (the
   data freeze once wrote its files there and left RUN/data a link to it), the same names as regular files

@@ -1,4 +1,4 @@
-"""The fast paths of issue 28 on a GPU: cuDNN attention, the fused step kernels, the step as one
+"""The CUDA engine's fast paths on a GPU: cuDNN attention, the fused step kernels, the step as one
 CUDA graph, sampling with the KV cache, the asynchronous checkpoint snapshot, and the qualification
 that decides which of them a run uses (proxy/qualification.py). Each fast path against the verified
 path (naive attention, verified kernels, no graph) within the suite's bf16 tolerances; the graph

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from proxy.data import lowquality, prepare_data
-from proxy.data.source_readers import (RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, SourceError, load_documents,
-                                       random_token_documents, source_fingerprint)
+from proxy.data.builtin_sources import RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, random_token_documents
+from proxy.data.source_readers import SourceError, load_documents, source_fingerprint
 from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import load_experiment
 from proxy.config.sources import parse_source

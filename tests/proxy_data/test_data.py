@@ -12,7 +12,7 @@ from proxy.data.split import VAL, by_hash, val_doc_max
 from proxy.data.tokenizer import EOT
 from proxy.data import (DataError, SourceError, Tokenizer, data_key, load_documents, prepare_data,
                         source_files, train_tokenizer)
-from proxy.data.progress_bars import Progress
+from proxy.data.progress_bars import ProgressBars
 from proxy.config.experiment import load_experiment, parse_experiment
 from proxy.config.sources import parse_source
 from proxy.formats.shard import read_shard
@@ -175,7 +175,7 @@ def test_split_single_document(tmp_path):
 def test_prepare_and_cache(tmp_path, corpus):
     exp = small_experiment([{"dir": "corpus", "suffix": ".py"}], [{"jsonl": "docs.jsonl"}])
     err = io.StringIO()
-    data = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err))
+    data = prepare_data(exp, corpus, tmp_path / "cache", progress=ProgressBars(True, err))
     assert not data.cached
     log = err.getvalue()
     assert "training tokenizer" in log and "encoding 2 arm(s)" in log and "\x1b" not in log
@@ -191,7 +191,7 @@ def test_prepare_and_cache(tmp_path, corpus):
 
     # second call: no work, same files
     err2 = io.StringIO()
-    again = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err2))
+    again = prepare_data(exp, corpus, tmp_path / "cache", progress=ProgressBars(True, err2))
     assert again.cached and again.path == data.path and again.train == data.train
     assert err2.getvalue() == ""
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [data.path.name]

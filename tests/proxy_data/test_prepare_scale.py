@@ -21,8 +21,8 @@ import pytest
 from proxy.config.experiment import parse_experiment
 from proxy.config.sources import parse_source
 from proxy.data import DataError, SourceError, load_documents, prepare_data, train_tokenizer
-from proxy.data.progress_bars import Progress
-from proxy.data.source_readers import stdlib_files
+from proxy.data.progress_bars import ProgressBars
+from proxy.data.builtin_sources import stdlib_files
 from proxy.data.text import WORD_CHARS, binary_reason, pieces, safe_cut
 from proxy.formats.shard import read_shard
 
@@ -113,9 +113,9 @@ def test_the_tokenizer_trains_on_a_bounded_sample(tmp_path, code_text, monkeypat
     exp = experiment({"a": [{"file": "big.txt"}]})
     monkeypatch.setattr("proxy.data.source_readers.UNIT_BYTES", 64 * 1024)
     monkeypatch.setattr("proxy.data.split.SAMPLE_BYTES", 300_000)
-    monkeypatch.setattr("proxy.data.prepare.SAMPLE_CAP", 600_000)
+    monkeypatch.setattr("proxy.data.text_arms.SAMPLE_CAP", 600_000)
     err = io.StringIO()
-    data = prepare_data(exp, tmp_path, tmp_path / "cache", progress=Progress(True, err), workers=1)
+    data = prepare_data(exp, tmp_path, tmp_path / "cache", progress=ProgressBars(True, err), workers=1)
     log = err.getvalue()
     sampled = float(log.split("training tokenizer (vocab 1024)")[1].split("learned from ")[1].split("M")[0])
     assert 0.15 < sampled <= 0.6, log  # about 300 KB of 2 MB, never past the cap

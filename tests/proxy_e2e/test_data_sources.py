@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.data.source_readers import stdlib_files
+from proxy.data.builtin_sources import stdlib_files
 from proxy.data.tokenizer import train_tokenizer
 from proxy.formats.token_files import LLMC_MAGIC
 

@@ -114,6 +114,7 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert uni["target_curve"]["steps"] == [10, 20, 30, 40] == tgt["target_curve"]["steps"]
     reach = uni["steps_to_baseline_final"]  # uniform against itself: the same steps, none fewer
     assert reach["per_seed"] == reach["baseline_per_seed"] and reach["fewer_steps"] == 0
+    assert reach["mean_curve"] == {"step": reach["per_seed"]["3"], "fewer_steps": 0.0}  # its mean curve: one seed
     assert reach["per_seed"]["3"] in (10, 20, 30, 40)
     assert all(abs(w - 0.2) < 1e-9 for ws in uni["mixture"]["weights"].values() for w in ws)
     assert uni["max_move"] == 0 and uni["final_target_loss"]["vs_baseline"] == 0
@@ -258,3 +259,27 @@ def test_the_mean_curve_reach_beside_the_goal():
     assert mean_curve_reach(baseline, baseline) == (100, pytest.approx(0.0))
     early = summarised([6.0, 5.5, 4.99, 5.05, 5.0])  # a baseline whose curve dips below its final value first
     assert mean_curve_reach(summarised([6.0, 4.99, 5.0, 5.0, 5.0]), early) == (40, pytest.approx(1 / 3))
+
+
+def test_the_fewer_steps_goal_reads_the_mean_curve():
+    """The goal is met when the mean curve over the seeds reaches the baseline's mean final value early
+    enough, even where a seed never reaches its own baseline's (the per-seed figures stay beside it), and
+    missed when the mean curve is too late, even where the per-seed mean says more."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from mixing.summary import with_mean_curve_goal  # noqa: PLC0415
+
+    def summarised(mean, per_seed_fewer):
+        return {"target_curve": {"steps": [20, 40, 60, 80, 100], "mean": mean},
+                "steps_to_baseline_final": {"per_seed": {"1": None}, "fewer_steps": per_seed_fewer},
+                "goals": {"final_loss": True, "fewer_steps": None, "steady": True}}
+
+    policies = with_mean_curve_goal({"uniform": summarised([6.0, 5.5, 5.2, 5.05, 5.0], 0.0),
+                                     "early": summarised([6.0, 5.4, 5.0, 4.9, 4.8], None),
+                                     "late": summarised([6.0, 5.5, 5.2, 5.0, 4.9], 0.5)}, goal=0.15)
+    early, late, base = policies["early"], policies["late"], policies["uniform"]
+    assert early["steps_to_baseline_final"]["mean_curve"] == {"step": 60, "fewer_steps": 0.4}
+    assert early["goals"]["fewer_steps"] is True and early["steps_to_baseline_final"]["fewer_steps"] is None
+    assert late["steps_to_baseline_final"]["mean_curve"] == {"step": 80, "fewer_steps": 0.2}
+    assert with_mean_curve_goal({"uniform": base, "late": late}, goal=0.25)["late"]["goals"]["fewer_steps"] is False
+    assert base["goals"]["fewer_steps"] is False  # the baseline is 0% ahead of itself
+    assert list(early["goals"]) == ["final_loss", "fewer_steps", "steady"]  # the order of the summary's keys kept

@@ -1,4 +1,4 @@
-"""Issue 40, point 1: a planted `.qualification.json` or cached verdict puts nothing on the engine's command
+"""A planted `.qualification.json` or cached verdict puts nothing on the engine's command
 line but the flag table's flags (engine_cli.PATH_SWITCHES) for paths that passed, and only where its
 environment matches; and the GPU's identity is read through NVML's own calls (a fake libnvidia-ml.so.1
 built here), without an engine."""
@@ -27,7 +27,7 @@ TABLE_WORDS = set(VERIFIED_FLAGS) | {w for entry in PATH_SWITCHES.values() for w
 
 
 def attack(build: str, elsewhere: Path) -> dict:
-    """Issue 40's record: the binary's real SHA-256 and flags that write outside the run."""
+    """A forged record: the binary's real SHA-256 and flags that write outside the run."""
     return {"version": 1, "device": "Fake GPU", "build": build, "shape": {**MODEL, "precision": "bf16"},
             "flags": ["--attention", "naive", "--ckpt-dir", str(elsewhere), "--dump-logits",
                       str(elsewhere / "precious.txt")],
@@ -149,7 +149,7 @@ def test_the_gpu_identity_comes_from_nvml(fake_nvml):
 # ------------------------------------------------------------------ through `proxy run --engine cuda`
 
 def test_proxy_run_keeps_planted_flags_off_the_engine(fake_nvml, tmp_path):
-    """Issue 40's attack through the real command: a copy of the proxy whose build/microgpt_cuda logs its
+    """The planted-record attack through the real command: a copy of the proxy whose build/microgpt_cuda logs its
     arguments and runs the CPU engine; NVML (the fake) names the CPU engine's device, so the whole
     qualification runs against a real engine. Both planted files are refused, nothing is written outside
     the run, and the engine's arguments hold only the table's path flags."""

@@ -1,4 +1,4 @@
-"""Every JSON the proxy and the dashboard read goes through proxy/formats/bounded_json.py (issue 40, point 7):
+"""Every JSON the proxy and the dashboard read goes through proxy/formats/bounded_json.py:
 Python's json module recurses once per `[`, so a 200,000-deep line under any size cap would otherwise be a
 RecursionError, which no handler of malformed JSON catches. This scans proxy/ and dashboard/ for any other
 JSON parser call; the few that remain are listed here, each with why it is safe."""

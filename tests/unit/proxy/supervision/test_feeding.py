@@ -12,7 +12,7 @@ from proxy.bandit.schedule import MixtureSchedule
 from proxy.config.policies import EXP3Config
 from proxy.formats import frames
 from proxy.rundir.resume import ResumePoint
-from proxy.supervision.feeding import FrameFeeder, due
+from proxy.supervision.feeding import FrameFeeder, due, sample_seed
 from proxy.supervision.launch import EngineLaunch
 
 ARMS = ["a", "b"]
@@ -67,3 +67,9 @@ def test_evaluations_when_due_and_stop_after_the_last_step():
     assert kinds == ["step", "step", "eval", "stop"] and launch.stop_sent
     assert launch.engine.sent[-1] == frames.stop_frame()
     assert due(2, 2, 2) and not due(2, 1, 5) and not due(0, 4, 4)
+
+
+def test_sample_seeds_are_pure_and_distinct():
+    assert sample_seed(1337, 100, 0) == sample_seed(1337, 100, 0)
+    seeds = {sample_seed(1337, s, i) for s in range(0, 1000, 100) for i in range(3)}
+    assert len(seeds) == 30 and all(0 <= x < 2**64 for x in seeds)

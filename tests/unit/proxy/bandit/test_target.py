@@ -1,4 +1,4 @@
-"""The mixing policies: formulas, caps and floors, curation behaviour, the target policy's opening, exact replay."""
+"""The target policy (bandit/target.py)."""
 from __future__ import annotations
 
 import json
@@ -7,178 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.bandit import Progress, Uniform, bandit_for_phase, make_bandit, project_capped_simplex
-from proxy.bandit.learning_progress import allocate
+from proxy.bandit import bandit_for_phase, make_bandit
 from proxy.bandit.target import EASY_GAP, OPENING_MOVE
-from proxy.data.batches import BatchSampler
 from proxy.config.experiment import load_experiment
 from proxy.config.policies import bandit_config
-from proxy.formats.shard import read_shard, write_shard
 from proxy.rundir.phases import Phase
-
-REPO = Path(__file__).resolve().parents[2]
-
-TOL = 1e-9
-ARMS = ["real", "slow", "junk", "dup"]
-CAPS = {a: 0.5 for a in ARMS}
-FLOORS = {a: 0.02 for a in ARMS}
+from .four_arms import ARMS, CAPS, FLOORS, TOL, check_bounds, curation_losses
 
 
-def check_bounds(bandit) -> np.ndarray:
-    w = bandit.weights()
-    assert abs(w.sum() - 1) < TOL
-    assert np.all(w >= bandit.floors - TOL) and np.all(w <= bandit.caps + TOL)
-    return w
-
-
-def curation_losses(seed: int, steps: int):
-    """`real` and `slow` keep learning (slow at a third of the pace), `junk` is flat noise around
-    7.6, `dup` falls fast and is learned by step 60, then flat."""
-    rng = np.random.default_rng(seed)
-    for s in range(1, steps + 1):
-        yield s, {"real": 7.0 - 2.0 * np.log1p(s / 30) + rng.normal(0, 0.3),
-                  "slow": 7.0 - 0.7 * np.log1p(s / 30) + rng.normal(0, 0.3),
-                  "junk": 7.6 + rng.normal(0, 0.05),
-                  "dup": max(1.5, 7.0 - 0.1 * s) + rng.normal(0, 0.1)}
-
-
-def run(bandit, history):
-    """Observe `history` as the supervisor does: each step with the mixture it was drawn from."""
-    weights = []
-    for step, losses in history:
-        mix = bandit.mixture()
-        weights.append(bandit.weights())
-        bandit.observe(step, losses, mixture=mix)
-        check_bounds(bandit)
-    return np.array(weights)
-
-
-# --- uniform -------------------------------------------------------------------
-
-def test_uniform_ignores_losses_and_keeps_bounds():
-    b = make_bandit(bandit_config("uniform"), ARMS, CAPS, FLOORS)
-    assert isinstance(b, Uniform)
-    w = run(b, curation_losses(0, 50))
-    np.testing.assert_allclose(w, 0.25)
-    st = b.state()
-    assert st["policy"] == "uniform" and st["arms"]["junk"]["pulls"] == 50 and st["arms"]["dup"]["reward"] == 0.0
-    capped = make_bandit(bandit_config("uniform"), ["a", "b", "c"], {"a": 0.1, "b": 1, "c": 1},
-                         {"a": 0, "b": 0, "c": 0})
-    np.testing.assert_allclose(capped.weights(), [0.1, 0.45, 0.45])  # the cap holds, the rest shared evenly
-
-
-@pytest.mark.parametrize("rows", [5, 8, 13])
-def test_uniform_batches_are_stratified(tmp_path, rows):
-    """Equal weights give every arm floor(rows / K) or ceil(rows / K) rows in every batch."""
-    shards = {}
-    for i, name in enumerate(ARMS):
-        shards[name] = tmp_path / f"{name}.tok"
-        write_shard(shards[name], np.full(100, i + 1, dtype=np.uint16), 64)
-    ids = {name: read_shard(path)[0] for name, path in shards.items()}
-    sampler = BatchSampler({name: [t] for name, t in ids.items()}, ids, ARMS, seed=3, row_len=9)
-    w = make_bandit(bandit_config("uniform"), ARMS, {a: 1.0 for a in ARMS}, {a: 0.0 for a in ARMS}).weights()
-    for step in range(1, 60):
-        _tokens, groups = sampler.train_batch(step, w, rows)
-        counts = np.bincount(groups, minlength=len(ARMS))
-        assert set(counts) <= {rows // len(ARMS), -(-rows // len(ARMS))}, counts
-        again = sampler.train_batch(step, w, rows)[1]
-        assert np.array_equal(groups, again)  # a pure function of (seed, step)
-
-
-# --- progress ------------------------------------------------------------------
-
-def test_progress_speed_is_the_slope_of_the_record_low():
-    b = Progress(["a", "b"], {"a": 1, "b": 1}, {"a": 0, "b": 0}, record_alpha=1.0, window=20, explore=0.0,
-                 smoothing=0.0)
-    for t in range(1, 41):  # a falls by 0.03 per step; b falls for 10 steps, then rises
-        b.observe(t, {"a": 6.0 - 0.03 * t, "b": 5.0 - 0.1 * min(t, 10) + 0.05 * max(0, t - 10)})
-    np.testing.assert_allclose(b.speed(), [0.03, 0.0], atol=1e-12)  # b's record has not moved in 20 pulls
-    np.testing.assert_allclose(b.weights(), [1.0, 0.0])
-    assert list(b.record) == pytest.approx([6.0 - 0.03 * 40, 4.0])
-
-
-def test_progress_allocation_keeps_caps_floors_and_explore():
-    floors, caps = np.array([0.02] * 4), np.array([0.5] * 4)
-    w = allocate(np.array([3.0, 1.0, 0.0, 0.0]), floors, caps, explore=0.05)
-    spare = 0.05 * (1 - floors.sum()) / 4
-    np.testing.assert_allclose(w[2:], 0.02 + spare)  # no progress: floor and a part of explore, no more
-    np.testing.assert_allclose(w[0], 0.5)             # capped; its excess went to b, not evenly
-    np.testing.assert_allclose(w.sum(), 1.0)
-    # the Euclidean projection would have lifted the arms without progress above that
-    v = floors + spare + (1 - 4 * (0.02 + spare)) * np.array([0.75, 0.25, 0, 0])
-    assert project_capped_simplex(v, floors, caps)[2] > w[2] + 0.05
-    # all capped but one: the caps leave nowhere else to go
-    np.testing.assert_allclose(allocate(np.array([1.0, 1.0, 1.0, 0.0]), floors, np.array([0.3, 0.3, 0.3, 1.0]),
-                                        0.0), [0.3, 0.3, 0.3, 0.1])
-    np.testing.assert_allclose(allocate(np.zeros(4), floors, caps, 0.05), 0.25)  # nothing known: uniform
-
-
-def test_progress_starts_uniform_and_stays_without_evidence():
-    b = make_bandit(bandit_config("progress"), ARMS, CAPS, FLOORS)
-    np.testing.assert_allclose(b.weights(), 0.25)
-    for t in range(1, 60):
-        b.observe(t, {a: 5.0 for a in ARMS}, mixture=b.mixture())
-    np.testing.assert_allclose(b.speed(), 0.0)
-    np.testing.assert_allclose(b.weights(), 0.25)
-
-
-def test_progress_curates_junk_and_learned_duplicates():
-    b = make_bandit(bandit_config("progress"), ARMS, CAPS, FLOORS)
-    w = run(b, curation_losses(1, 400))
-    junk, dup, real, slow = (ARMS.index(a) for a in ("junk", "dup", "real", "slow"))
-    assert w[80:, junk].max() <= FLOORS["junk"] + 0.05     # junk: about its floor (the issue's goal)
-    assert w[10:50, dup].mean() > 0.3                          # duplicates while they are being learned...
-    assert w[250:, dup].max() <= 0.1                           # ... and not once they are
-    assert w[250:, real].mean() > w[250:, slow].mean() > 0.15
-    st = b.state()["arms"]
-    assert st["real"]["reward"] > st["slow"]["reward"] > 0 == st["junk"]["reward"] and st["real"]["pulls"] == 400
-
-
-def test_progress_is_not_fooled_by_noise_or_recovery():
-    """ucb1's max(0, EMA - loss) pays a noisy flat arm; progress does not, nor an arm whose loss
-    rose and falls back to where it was (random tokens while the model sharpens elsewhere)."""
-    rng = np.random.default_rng(5)
-    history = [(s, {"flat_noisy": 6.0 + rng.normal(0, 0.5), "learning": 6.0 - 0.002 * s,
-                    "recovering": 7.6 + 0.4 * np.sin(np.pi * min(s, 400) / 400)}) for s in range(1, 601)]
-    names = ["flat_noisy", "learning", "recovering"]
-    caps, floors = {n: 1.0 for n in names}, {n: 0.02 for n in names}
-    ucb = run(make_bandit(bandit_config("ucb1"), names, caps, floors), history)
-    prog = run(make_bandit(bandit_config("progress"), names, caps, floors), history)
-    assert ucb[300:, 0].mean() > 0.5                  # the noisy arm wins under ucb1
-    assert prog[300:, [0, 2]].max() < 0.1             # both get about their floor under progress
-    assert prog[300:, 1].mean() > 0.9
-
-
-def test_progress_window_must_fit_a_line():
-    with pytest.raises(ValueError, match="window"):
-        bandit_config("progress", window=2)
-
-
-@pytest.mark.parametrize("policy", ["uniform", "progress"])
-def test_replay_from_the_log_is_exact(policy):
-    """A bandit rebuilt from .loss.json entries (JSON round trip, with their mixtures) gives the
-    live bandit's weights before every step, bit for bit, and the same state."""
-    cfg = bandit_config(policy)
-    live = make_bandit(cfg, ARMS, CAPS, FLOORS)
-    logged = []
-    for step, losses in curation_losses(7, 300):
-        mix = live.mixture()
-        logged.append(json.loads(json.dumps({"step": step, "arms": losses, "mixture": mix})))
-        live.observe(step, losses, mixture=mix)
-    for cut in (0, 137, 300):  # a resume at any step: replay up to it, then go on live
-        rebuilt = make_bandit(cfg, ARMS, CAPS, FLOORS)
-        for e in logged[:cut]:
-            rebuilt.observe(e["step"], e["arms"], mixture=e["mixture"])
-        for e in logged[cut:]:
-            assert np.array_equal(rebuilt.weights(), np.array([e["mixture"][a] for a in ARMS]))
-            rebuilt.observe(e["step"], e["arms"], mixture=e["mixture"])
-        assert np.array_equal(rebuilt.weights(), live.weights())
-        assert rebuilt.state() == live.state()
-    assert json.loads(json.dumps(live.state())) == live.state()
-
-
-# --- target --------------------------------------------------------------------
-
+REPO = Path(__file__).resolve().parents[4]
 TARGETS = ["real", "slow"]
 
 
@@ -212,6 +49,7 @@ def run_target(bandit, history):
 
 def target_bandit(**params):
     return make_bandit(bandit_config("target", **params), ARMS, CAPS, FLOORS, targets=TARGETS)
+
 
 
 def test_target_starts_from_the_declared_objective_and_stays_without_evidence():

@@ -13,7 +13,7 @@ from proxy.config.experiment import MAX_PROMPTS, MAX_SAMPLE_COUNT, Experiment, l
 from proxy.formats.engine_cli import engine_args
 from proxy.formats.frames import SAMPLE_MAX_COMPLETIONS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 EXPERIMENTS = ROOT / "experiments"
 
 BASE = {

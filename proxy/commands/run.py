@@ -40,7 +40,7 @@ def main(args) -> int:
                          allow_data_change=args.allow_data_change, from_frozen=from_frozen,
                          init_from=Path(args.init_from) if args.init_from else None,
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options,
-                         engine_paths=args.engine_paths)
+                         engine_paths=args.engine_paths, overrides=args.overrides)
     dashboard: list[subprocess.Popen] = []
 
     def on_started(run) -> dict | None:

@@ -13,10 +13,12 @@ from dashboard.server import exposure_warning
 
 from ..atomic import open_append
 from ..errors import EXIT_USAGE, ProxyError
+from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import EXPERIMENT
 from ..supervision.context import SupervisorOptions
 from ..supervision.setup import RunRequest, start_run
 from ..supervision.signals import default_stops
+from ..tracking.launch import start_tracker, stop_tracker
 
 
 def main(args) -> int:
@@ -42,8 +44,12 @@ def main(args) -> int:
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options,
                          engine_paths=args.engine_paths, overrides=args.overrides)
     dashboard: list[subprocess.Popen] = []
+    tracker: list[subprocess.Popen] = []
 
     def on_started(run) -> dict | None:
+        started_tracker = start_tracker(run, load_frozen_experiment(run))
+        if started_tracker is not None:
+            tracker.append(started_tracker)
         if args.no_dashboard:
             return None
         started = start_dashboard(run.root, args.host, args.port, run.dashboard_log)
@@ -57,6 +63,8 @@ def main(args) -> int:
         return start_run(request, on_started=on_started)
     finally:
         default_stops()  # training is over: a stop signal now is no interrupted setup
+        for proc in tracker:
+            stop_tracker(proc)
         for proc in dashboard:
             proc.terminate()
             try:

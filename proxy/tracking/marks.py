@@ -1,0 +1,47 @@
+"""A sink's high-water mark: the last step, evaluation, sample audit and phase it wrote, and for TensorBoard
+how many bytes of its event file that covers (RUN/tensorboard/.marks.json, RUN/wandb/.marks.json).
+
+Saved atomically after the sink's writes are durable, so a relaunch (after
+kill -9 too) resumes exactly there: TensorBoard truncates its event file to
+`size` and writes every later step again from `.loss.json`, never one twice.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from ..atomic import atomic_write_bytes, json_bytes
+from ..config.strict import StrictModel
+from ..safe_fs import UnsafeFileError, read_regular
+from .records import SAMPLES_TAG, Note
+
+MARKS_LIMIT = 64 << 10
+
+
+class Marks(StrictModel):
+    step: int = Field(default=-1, ge=-1)  # the last training step written
+    eval: int = Field(default=-1, ge=-1)  # the last evaluation's step
+    sample: int = Field(default=-1, ge=-1)  # the last sample audit's step
+    phase: int = Field(default=0, ge=0)  # the phase of the last step written (a higher one is a pivot)
+    size: int = Field(default=0, ge=0)  # TensorBoard: the event file's bytes these marks cover
+
+    @classmethod
+    def load(cls, path: Path) -> "Marks":
+        """The saved marks; fresh ones (everything is written again) when there are none or they are damaged."""
+        try:
+            return cls.model_validate(json.loads(read_regular(path, MARKS_LIMIT, within=path.parent)))
+        except (OSError, UnsafeFileError, ValueError, RecursionError, ValidationError):
+            return cls()
+
+    def save(self, path: Path) -> None:
+        atomic_write_bytes(path, json_bytes(self.model_dump(mode="json")))
+
+
+def note_is_new(note: Note, marks: Marks) -> bool:
+    """Whether a sink has not written this note yet: a sample audit past its last one, a pivot of a later
+    phase, a fork's note past its last step."""
+    if note.tag == SAMPLES_TAG:
+        return note.step > marks.sample
+    return note.phase > marks.phase or note.step > marks.step

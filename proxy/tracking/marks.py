@@ -14,11 +14,9 @@ from pydantic import Field, ValidationError
 
 from ..atomic import atomic_write_bytes, json_bytes
 from ..config.strict import StrictModel
+from ..rundir.layout import READ_LIMITS, TRACKER_MARKS
 from ..safe_fs import UnsafeFileError, read_regular
 from .records import SAMPLES_TAG, Note
-
-MARKS_LIMIT = 64 << 10
-
 
 class Marks(StrictModel):
     step: int = Field(default=-1, ge=-1)  # the last training step written
@@ -31,7 +29,7 @@ class Marks(StrictModel):
     def load(cls, path: Path) -> "Marks":
         """The saved marks; fresh ones (everything is written again) when there are none or they are damaged."""
         try:
-            return cls.model_validate(json.loads(read_regular(path, MARKS_LIMIT, within=path.parent)))
+            return cls.model_validate(json.loads(read_regular(path, READ_LIMITS[TRACKER_MARKS], within=path.parent)))
         except (OSError, UnsafeFileError, ValueError, RecursionError, ValidationError):
             return cls()
 

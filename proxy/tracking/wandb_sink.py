@@ -15,10 +15,13 @@ import secrets
 import string
 from pathlib import Path
 
+from pydantic import Field
+
 from ..atomic import atomic_write_bytes, json_bytes, make_dirs
+from ..config.strict import StrictModel
 from ..config.tracking import WandbConfig
-from ..errors import EXIT_USAGE, ProxyError
-from ..rundir.layout import TRACKER_MARKS, WANDB_RUN_ID, RunDir
+from ..errors import EXIT_USAGE, ProxyError, one_line
+from ..rundir.layout import READ_LIMITS, TRACKER_MARKS, WANDB_RUN_ID, RunDir
 from ..safe_fs import UnsafeFileError, read_regular
 from .marks import Marks, note_is_new
 from .records import SAMPLES_TAG, EvalPoint, Note, StepPoint
@@ -27,20 +30,24 @@ STEP_AXIS = "train/step"
 ID_CHARS = string.ascii_lowercase + string.digits
 
 
+class RunIdRecord(StrictModel):
+    """RUN/wandb/.run_id.json."""
+    id: str = Field(pattern=r"^[a-z0-9]{1,64}$")
+
+
 def run_id(directory: Path) -> str:
-    """The W&B run id of this run directory, minted and saved durably on first use."""
+    """The W&B run id of this run directory, minted and saved durably on first use. A damaged record is an
+    error, never a new W&B run in its place."""
     path = directory / WANDB_RUN_ID
     try:
-        saved = json.loads(read_regular(path, 4 << 10, within=directory)).get("id")
-        if isinstance(saved, str) and saved and all(c in ID_CHARS for c in saved):
-            return saved
+        return RunIdRecord.model_validate(json.loads(read_regular(path, READ_LIMITS[WANDB_RUN_ID], within=directory))).id
     except FileNotFoundError:
         pass
-    except (OSError, UnsafeFileError, ValueError, AttributeError, RecursionError) as exc:
-        raise ProxyError(f"{path}: not a W&B run id record ({exc}); delete it to start a new W&B run",
+    except (OSError, UnsafeFileError, ValueError, RecursionError) as exc:  # ValidationError is a ValueError
+        raise ProxyError(f"{path}: not a W&B run id record ({one_line(exc)}); delete it to start a new W&B run",
                          EXIT_USAGE) from None
     minted = "".join(secrets.choice(ID_CHARS) for _ in range(8))
-    atomic_write_bytes(path, json_bytes({"id": minted}))
+    atomic_write_bytes(path, json_bytes(RunIdRecord(id=minted).model_dump(mode="json")))
     return minted
 
 

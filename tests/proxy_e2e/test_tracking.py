@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.tracking_readers import tensorboard_scalars, tensorboard_texts, wandb_history_steps, wandb_records
+
 from .conftest import TINY, Proxy, last_steps, max_logged_step, read_entries, run_args, run_cmd, wait_for
-from .tracking_readers import tensorboard_scalars, tensorboard_texts, wandb_history_steps, wandb_records
 
 OVERRIDES = ["--set", "train.max_steps=120", "--set", "train.lr=0.002", "--set", "log.tensorboard=true"]
 

@@ -15,18 +15,22 @@ BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar by tag as EventAccumulator reads it, with no purging: a duplicate step stays visible."""
+def _accumulator(directory: Path, purge: bool):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0}, purge_orphaned_data=False)
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0}, purge_orphaned_data=purge)
     acc.Reload()
+    return acc
+
+
+def tensorboard_scalars(directory: Path, purge: bool = False) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar by tag as EventAccumulator reads it; with no purging (the default) a duplicate step stays
+    visible, with it a pivot's SessionLog START drops the old phase's later points as TensorBoard shows them."""
+    acc = _accumulator(directory, purge)
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def tensorboard_texts(directory: Path, tag: str) -> list[tuple[int, str]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    acc = EventAccumulator(str(directory), size_guidance={"tensors": 0}, purge_orphaned_data=False)
-    acc.Reload()
+    acc = _accumulator(directory, False)
     if tag not in acc.Tags()["tensors"]:
         return []
     return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]

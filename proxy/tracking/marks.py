@@ -14,9 +14,16 @@ from pydantic import Field, ValidationError
 
 from ..atomic import atomic_write_bytes, json_bytes
 from ..config.strict import StrictModel
+from ..errors import EXIT_FAILURE, ProxyError
 from ..rundir.layout import READ_LIMITS, TRACKER_MARKS
 from ..safe_fs import UnsafeFileError, read_regular
 from .records import SAMPLES_TAG, Note
+
+class TrackerError(ProxyError):
+    """A sink that cannot go on: the tracker reports it in one line and drops that sink (follow.py)."""
+
+    code = EXIT_FAILURE
+
 
 class Marks(StrictModel):
     step: int = Field(default=-1, ge=-1)  # the last training step written
@@ -32,6 +39,22 @@ class Marks(StrictModel):
             return cls.model_validate(json.loads(read_regular(path, READ_LIMITS[TRACKER_MARKS], within=path.parent)))
         except (OSError, UnsafeFileError, ValueError, RecursionError, ValidationError):
             return cls()
+
+    def wrote_step(self, step: int, phase: int) -> None:
+        self.step, self.phase = step, phase
+
+    def wrote_eval(self, step: int) -> None:
+        self.eval = step
+
+    def wrote_sample(self, step: int) -> None:
+        self.sample = step
+
+    def rewound(self, step: int) -> None:
+        """A pivot re-trains from `step`: evaluations from there on are the new phase's to write."""
+        self.eval = min(self.eval, step - 1)
+
+    def covers(self, size: int) -> None:
+        self.size = size
 
     def save(self, path: Path) -> None:
         atomic_write_bytes(path, json_bytes(self.model_dump(mode="json")))

@@ -53,19 +53,19 @@ class TensorBoardSink:
                 if p.phase > m.phase and p.step <= m.step:  # a pivot: readers drop the old points from here
                     self._add(pb.Event(wall_time=p.wall, step=p.step,
                                        session_log=pb.SessionLog(status=pb.SessionLog.START)))
-                    m.eval = min(m.eval, p.step - 1)
+                    m.rewound(p.step)
                 elif p.step <= m.step:
                     continue
                 self._scalars(p.step, p.wall, p.scalars)
-                m.step, m.phase = p.step, p.phase
+                m.wrote_step(p.step, p.phase)
             elif isinstance(p, EvalPoint):
                 if p.step > m.eval or p.phase > m.phase:
                     self._scalars(p.step, p.wall, p.scalars)
-                    m.eval = p.step
+                    m.wrote_eval(p.step)
             elif note_is_new(p, m):
                 self._text(p.step, p.wall, p.tag, p.text)
                 if p.tag == SAMPLES_TAG:
-                    m.sample = p.step
+                    m.wrote_sample(p.step)
 
     def _scalars(self, step: int, wall: float, scalars: dict[str, float]) -> None:
         s = self._summary_pb2
@@ -84,7 +84,7 @@ class TensorBoardSink:
         """Make what was written durable, then move the marks past it."""
         self.file.flush()
         sync_fd(self.file.fileno(), self.path)
-        self.marks.size = self.file.tell()
+        self.marks.covers(self.file.tell())
         self.marks.save(self.marks_path)
 
     def close(self) -> None:

@@ -20,10 +20,10 @@ from pydantic import Field
 from ..atomic import atomic_write_bytes, json_bytes, make_dirs
 from ..config.strict import StrictModel
 from ..config.tracking import WandbConfig
-from ..errors import EXIT_USAGE, ProxyError, one_line
+from ..errors import one_line
 from ..rundir.layout import READ_LIMITS, TRACKER_MARKS, WANDB_RUN_ID, RunDir
 from ..safe_fs import UnsafeFileError, read_regular
-from .marks import Marks, note_is_new
+from .marks import Marks, TrackerError, note_is_new
 from .records import SAMPLES_TAG, EvalPoint, Note, StepPoint
 
 STEP_AXIS = "train/step"
@@ -44,8 +44,8 @@ def run_id(directory: Path) -> str:
     except FileNotFoundError:
         pass
     except (OSError, UnsafeFileError, ValueError, RecursionError) as exc:  # ValidationError is a ValueError
-        raise ProxyError(f"{path}: not a W&B run id record ({one_line(exc)}); delete it to start a new W&B run",
-                         EXIT_USAGE) from None
+        raise TrackerError(f"{path}: not a W&B run id record ({one_line(exc)}); delete it to start a new "
+                           "W&B run") from None
     minted = "".join(secrets.choice(ID_CHARS) for _ in range(8))
     atomic_write_bytes(path, json_bytes(RunIdRecord(id=minted).model_dump(mode="json")))
     return minted
@@ -58,8 +58,7 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            raise ProxyError("the wandb package is not installed (pip install 'microgpt[wandb]')",
-                             EXIT_USAGE) from None
+            raise TrackerError("the wandb package is not installed (pip install 'microgpt[wandb]')") from None
         self.wandb = wandb
         make_dirs(run.wandb)
         self.marks_path = run.wandb / TRACKER_MARKS
@@ -82,11 +81,11 @@ class WandbSink:
                 if p.step <= m.step and p.phase <= m.phase:
                     continue
                 self.run.log({STEP_AXIS: p.step, **p.scalars})
-                m.step, m.phase = p.step, p.phase
+                m.wrote_step(p.step, p.phase)
             elif isinstance(p, EvalPoint):
                 if p.step > m.eval or p.phase > m.phase:
                     self.run.log({STEP_AXIS: p.step, **p.scalars})
-                    m.eval = p.step
+                    m.wrote_eval(p.step)
             elif note_is_new(p, m):
                 self._note(p)
 
@@ -95,11 +94,11 @@ class WandbSink:
             for prompt, completion in note.rows:
                 self.samples.add_data(note.step, prompt, completion)
             self.run.log({STEP_AXIS: note.step, "samples": self.samples})
-            self.marks.sample = note.step
+            self.marks.wrote_sample(note.step)
         else:
             self.events.add_data(note.step, note.text)
             self.run.log({STEP_AXIS: note.step, "events": self.events})
-            self.run.summary["last_event"] = note.text
+            self.run.summary.update({"last_event": note.text})
 
     def commit(self) -> None:
         self.marks.save(self.marks_path)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from proxy.errors import ProxyError
+from proxy.tracking.marks import TrackerError
 from proxy.tracking.wandb_sink import ID_CHARS, run_id
 
 
@@ -19,5 +19,5 @@ def test_minted_once_then_reused(tmp_path):
 @pytest.mark.parametrize("text", ["not json", '{"id": "../x"}', '{"id": 7}', "[1]"])
 def test_a_damaged_record_is_one_line_not_a_new_run(tmp_path, text):
     (tmp_path / ".run_id.json").write_text(text)
-    with pytest.raises(ProxyError, match="delete it to start a new W&B run"):
+    with pytest.raises(TrackerError, match="delete it to start a new W&B run"):
         run_id(tmp_path)

@@ -8,11 +8,13 @@ kill -9 too) resumes exactly there: TensorBoard truncates its event file to
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from pydantic import Field, ValidationError
 
-from ..atomic import atomic_write_bytes, json_bytes
+from ..atomic import atomic_write_bytes, json_bytes, make_dirs
 from ..config.strict import StrictModel
 from ..errors import EXIT_FAILURE, ProxyError
 from ..rundir.layout import READ_LIMITS, TRACKER_MARKS
@@ -23,6 +25,14 @@ class TrackerError(ProxyError):
     """A sink that cannot go on: the tracker reports it in one line and drops that sink (follow.py)."""
 
     code = EXIT_FAILURE
+
+
+def own_directory(directory: Path) -> None:
+    """Create a sink's directory in the run; one that is a symlink (or not a directory) is refused: a sink
+    never writes outside the run through a link someone left there."""
+    make_dirs(directory)
+    if not stat.S_ISDIR(os.lstat(directory).st_mode):
+        raise TrackerError(f"{directory}: not a directory of the run (a symlink?); not writing there")
 
 
 class Marks(StrictModel):

@@ -10,12 +10,13 @@ that step tells TensorBoard's readers to drop the old phase's later points.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 
-from ..atomic import make_dirs, sync_fd
+from ..atomic import sync_fd
 from ..rundir.layout import TRACKER_MARKS
-from .marks import Marks, note_is_new
+from .marks import Marks, TrackerError, note_is_new, own_directory
 from .records import SAMPLES_TAG, EvalPoint, Note, StepPoint
 
 EVENT_FILE = "events.out.tfevents.0000000000.microgpt"  # TensorBoard finds files by this prefix
@@ -30,11 +31,15 @@ class TensorBoardSink:
         from tensorboard.summary.writer.record_writer import RecordWriter
         self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
         self._tensor_pb2, self._shape_pb2, self._text_metadata = tensor_pb2, tensor_shape_pb2, text_metadata
-        make_dirs(directory)
+        own_directory(directory)
         self.marks_path = directory / TRACKER_MARKS
         self.marks = Marks.load(self.marks_path)
         self.path = directory / EVENT_FILE
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # no link followed, and no blocking on a FIFO left under the name (ENXIO without a reader)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise TrackerError(f"{self.path}: not a regular file; not writing there")
         if os.fstat(fd).st_size < self.marks.size:  # the file is not the one the marks describe
             self.marks = Marks()
         os.ftruncate(fd, self.marks.size)

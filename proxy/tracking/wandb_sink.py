@@ -17,13 +17,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from ..atomic import atomic_write_bytes, json_bytes, make_dirs
+from ..atomic import atomic_write_bytes, json_bytes
 from ..config.strict import StrictModel
 from ..config.tracking import WandbConfig
 from ..errors import one_line
 from ..rundir.layout import READ_LIMITS, TRACKER_MARKS, WANDB_RUN_ID, RunDir
 from ..safe_fs import UnsafeFileError, read_regular
-from .marks import Marks, TrackerError, note_is_new
+from .marks import Marks, TrackerError, note_is_new, own_directory
 from .records import SAMPLES_TAG, EvalPoint, Note, StepPoint
 
 STEP_AXIS = "train/step"
@@ -60,7 +60,7 @@ class WandbSink:
         except ImportError:
             raise TrackerError("the wandb package is not installed (pip install 'microgpt[wandb]')") from None
         self.wandb = wandb
-        make_dirs(run.wandb)
+        own_directory(run.wandb)
         self.marks_path = run.wandb / TRACKER_MARKS
         self.marks = Marks.load(self.marks_path)
         self.id = run_id(run.wandb)

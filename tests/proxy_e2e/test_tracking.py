@@ -132,3 +132,16 @@ def test_wandb_offline_run_resumes_the_same_run(data_cache, tmp_path, monkeypatc
         steps += wandb_history_steps(records)
     assert steps == list(range(1, 71))  # the resumed launch went on from step 41, nothing twice
     assert not (run_dir / "tracker.log").read_text().strip()
+
+
+def test_a_failing_sink_is_one_line_and_training_goes_on(data_cache, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("a file where the tracker wants its directory")
+    result = run_cmd(run_args(TINY, run_dir, "--set", "train.max_steps=30", "--set", "log.tensorboard=true"),
+                     data_cache)
+    assert result.returncode == 0, result.stderr
+    assert max_logged_step(run_dir) == 30
+    lines = (run_dir / "tracker.log").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tracker: tensorboard: ") and "not logging to TensorBoard" in lines[0]
+    assert (run_dir / "tensorboard").read_text().startswith("a file")

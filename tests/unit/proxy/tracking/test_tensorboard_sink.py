@@ -1,13 +1,15 @@
 """proxy/tracking/tensorboard_sink.py: one event file, cut back to its durable marks, each step written once."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from proxy.tracking.marks import Marks
 from proxy.tracking.records import EvalPoint, Note, StepPoint
 
 pytest.importorskip("tensorboard")
-from proxy.tracking.tensorboard_sink import TensorBoardSink  # noqa: E402
+from proxy.tracking.tensorboard_sink import EVENT_FILE, TensorBoardSink  # noqa: E402
 
 from harness.tracking_readers import tensorboard_scalars as scalars_of, tensorboard_texts as texts_of  # noqa: E402
 
@@ -60,3 +62,22 @@ def test_an_event_file_shorter_than_its_marks_is_written_anew(tmp_path):
     again.write(points(1, 3))
     again.close()
     assert [s for s, _ in scalars_of(tmp_path)["train/loss"]] == [1, 2, 3]
+
+
+def test_a_link_or_a_fifo_is_refused_not_followed(tmp_path):
+    from proxy.tracking.marks import TrackerError
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").symlink_to(elsewhere)
+    with pytest.raises(TrackerError, match="not a directory of the run"):
+        TensorBoardSink(tmp_path / "linked")
+    fifo_dir = tmp_path / "fifo"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / EVENT_FILE)
+    with pytest.raises(OSError):  # ENXIO: no reader, and no waiting for one
+        TensorBoardSink(fifo_dir)
+    (tmp_path / "link_file").mkdir()
+    (tmp_path / "link_file" / EVENT_FILE).symlink_to(elsewhere / "x")
+    with pytest.raises(OSError):  # ELOOP
+        TensorBoardSink(tmp_path / "link_file")
+    assert list(elsewhere.iterdir()) == []

@@ -2,13 +2,14 @@
 
 A sink that fails (to open, to write) is reported in one line and dropped;
 the others go on, and training never notices: the tracker is a process of its
-own (launch.py). SIGTERM (the proxy is done, or died) ends the loop after one
-last poll, so the sinks hold every step the run logged.
+own (launch.py). The end of its stdin (the proxy is done, or died) or SIGTERM
+ends the loop after one last poll, so the sinks hold every step the run logged.
 """
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 
 from ..config.experiment import Experiment
@@ -68,6 +69,9 @@ class Tracker:
             except Exception as exc:
                 self.warn(f"{sink.name}: {one_line(exc)} while closing")
 
+    def use(self, sinks: list) -> None:
+        self.sinks = sinks
+
     def stop(self, *_args) -> None:
         self.stopping = True
 
@@ -76,12 +80,25 @@ def warn(message: str) -> None:
     print(f"tracker: {message}", file=sys.stderr, flush=True)
 
 
+def _stop_at_end_of_input(tracker: Tracker) -> None:
+    """The proxy holds the other end of stdin: its end (a close, or the proxy's death) stops the tracker."""
+    def wait() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        tracker.stop()
+    threading.Thread(target=wait, name="stdin", daemon=True).start()
+
+
 def follow(run: RunDir, experiment: Experiment) -> int:
     tracker = Tracker(run, [], warn)
     # before the sinks open (wandb takes seconds): a run that ends meanwhile still gets its last sweep
+    _stop_at_end_of_input(tracker)
     signal.signal(signal.SIGTERM, tracker.stop)
     signal.signal(signal.SIGINT, tracker.stop)
-    tracker.sinks = open_sinks(run, experiment, warn)
+    tracker.use(open_sinks(run, experiment, warn))
     signal.signal(signal.SIGTERM, tracker.stop)  # again: a library may have put in a handler of its own
     tracker.run_forever()
     return 0

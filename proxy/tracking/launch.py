@@ -1,10 +1,13 @@
 """`proxy run` starts the tracker as a child process when the experiment's `log` block asks for any, and
-stops it when training ends: SIGTERM, then it writes what is left and exits (follow.py)."""
+stops it when training ends by closing the tracker's stdin: it writes what is left and exits (follow.py).
+
+A pipe, not a signal: its end comes however the proxy ends (the kernel closes it when the proxy is
+killed), and it cannot arrive before the tracker is ready to hear it (a SIGTERM in its first second, a
+short relaunch, would end it before it wrote anything).
+"""
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 
@@ -15,21 +18,13 @@ from ..rundir.layout import RunDir
 FINISH_S = 60.0  # how long `proxy run` waits for the tracker's last sweep before killing it
 
 
-def _die_with_parent() -> None:
-    """In the tracker: SIGTERM when the proxy dies, however it dies (Linux): it finishes its sweep and exits."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def start_tracker(run: RunDir, experiment: Experiment) -> subprocess.Popen | None:
     if not experiment.log.enabled:
         return None
     log = open_append(run.tracker_log)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "proxy.tracking", "--run-dir", str(run.root)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent,
+                                stdin=subprocess.PIPE, stdout=log, stderr=log,
                                 start_new_session=True)  # a Ctrl-C goes to the proxy; the tracker is told after
     finally:
         os.close(log)
@@ -41,7 +36,7 @@ def start_tracker(run: RunDir, experiment: Experiment) -> subprocess.Popen | Non
 
 def stop_tracker(proc: subprocess.Popen) -> None:
     """Let the tracker write the run's last steps, then make sure it is gone (it is our own child)."""
-    proc.terminate()
+    proc.stdin.close()
     try:
         proc.wait(FINISH_S)
     except subprocess.TimeoutExpired:

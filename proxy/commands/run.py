@@ -13,7 +13,6 @@ from dashboard.server import exposure_warning
 
 from ..atomic import open_append
 from ..errors import EXIT_USAGE, ProxyError
-from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import EXPERIMENT
 from ..supervision.context import SupervisorOptions
 from ..supervision.setup import RunRequest, start_run
@@ -47,7 +46,7 @@ def main(args) -> int:
     tracker: list[subprocess.Popen] = []
 
     def on_started(run) -> dict | None:
-        started_tracker = start_tracker(run, load_frozen_experiment(run))
+        started_tracker = start_tracker(run)
         if started_tracker is not None:
             tracker.append(started_tracker)
         if args.no_dashboard:

@@ -1,5 +1,6 @@
-"""A sink's high-water mark: the last step, evaluation, sample audit and phase it wrote, and for TensorBoard
-how many bytes of its event file that covers (RUN/tensorboard/.marks.json, RUN/wandb/.marks.json).
+"""A sink's high-water mark: the last step, evaluation, sample audit and phase it wrote, whether it wrote the
+config, and for TensorBoard how many bytes of its event file that covers (RUN/tensorboard/.marks.json,
+RUN/wandb/.marks.json).
 
 Saved atomically after the sink's writes are durable, so a relaunch (after
 kill -9 too) resumes exactly there: TensorBoard truncates its event file to
@@ -19,7 +20,7 @@ from ..config.strict import StrictModel
 from ..errors import EXIT_FAILURE, ProxyError
 from ..rundir.layout import READ_LIMITS, TRACKER_MARKS
 from ..safe_fs import UnsafeFileError, read_regular
-from .records import SAMPLES_TAG, Note
+from .records import CONFIG_TAG, SAMPLES_TAG, Note
 
 class TrackerError(ProxyError):
     """A sink that cannot go on: the tracker reports it in one line and drops that sink (follow.py)."""
@@ -41,6 +42,7 @@ class Marks(StrictModel):
     sample: int = Field(default=-1, ge=-1)  # the last sample audit's step
     phase: int = Field(default=0, ge=0)  # the phase of the last step written (a higher one is a pivot)
     size: int = Field(default=0, ge=0)  # TensorBoard: the event file's bytes these marks cover
+    config: bool = False  # the experiment was written (TensorBoard: as text at step 0)
 
     @classmethod
     def load(cls, path: Path) -> "Marks":
@@ -59,6 +61,9 @@ class Marks(StrictModel):
     def wrote_sample(self, step: int) -> None:
         self.sample = step
 
+    def wrote_config(self) -> None:
+        self.config = True
+
     def rewound(self, step: int) -> None:
         """A pivot re-trains from `step`: evaluations from there on are the new phase's to write."""
         self.eval = min(self.eval, step - 1)
@@ -75,4 +80,6 @@ def note_is_new(note: Note, marks: Marks) -> bool:
     phase, a fork's note past its last step."""
     if note.tag == SAMPLES_TAG:
         return note.step > marks.sample
+    if note.tag == CONFIG_TAG:
+        return not marks.config
     return note.phase > marks.phase or note.step > marks.step

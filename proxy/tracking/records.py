@@ -7,7 +7,9 @@ same step again (the proxy checks it is bit-identical) and is read once.
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,11 +17,13 @@ from ..formats.loss_log import EvalEntry, StepEntry, iter_lines, parse_line
 from ..formats.samples import SampleAudit, read_audits
 from ..rundir.layout import RunDir
 from ..rundir.phases import read_phases
+from ..safe_fs import UnsafeFileError
 from ..supervision.throughput import Progress
 
 
 SAMPLES_TAG = "samples"  # a sample audit's note; EVENTS_TAG a pivot's or a fork's
 EVENTS_TAG = "events"
+CONFIG_TAG = "config"  # the effective experiment, at step 0 (W&B takes it as the run's config instead)
 
 
 @dataclass
@@ -74,9 +78,21 @@ class RunRecords:
         self.inherited = False
         self.samples_seen = -1
         self.samples_mtime: float | None = None
+        self.config_read = False
 
     def poll(self) -> list[StepPoint | EvalPoint | Note]:
-        return self._log() + self._samples()
+        return self._config() + self._log() + self._samples()
+
+    def _config(self) -> list[Note]:
+        """The frozen (effective) experiment, once, as indented JSON."""
+        if self.config_read:
+            return []
+        self.config_read = True
+        try:
+            text = json.dumps(json.loads(self.run.read_small(self.run.experiment)), indent=2)
+        except (OSError, UnsafeFileError, ValueError, RecursionError):
+            return []
+        return [Note(0, time.time(), CONFIG_TAG, "```\n" + text + "\n```")]
 
     def _log(self) -> list[StepPoint | EvalPoint | Note]:
         out: list[StepPoint | EvalPoint | Note] = []

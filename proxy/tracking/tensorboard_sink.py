@@ -17,7 +17,7 @@ from pathlib import Path
 from ..atomic import sync_fd
 from ..rundir.layout import TRACKER_MARKS
 from .marks import Marks, TrackerError, note_is_new, own_directory
-from .records import SAMPLES_TAG, EvalPoint, Note, StepPoint
+from .records import CONFIG_TAG, SAMPLES_TAG, EvalPoint, Note, StepPoint
 
 EVENT_FILE = "events.out.tfevents.0000000000.microgpt"  # TensorBoard finds files by this prefix
 
@@ -71,6 +71,8 @@ class TensorBoardSink:
                 self._text(p.step, p.wall, p.tag, p.text)
                 if p.tag == SAMPLES_TAG:
                     m.wrote_sample(p.step)
+                elif p.tag == CONFIG_TAG:
+                    m.wrote_config()
 
     def _scalars(self, step: int, wall: float, scalars: dict[str, float]) -> None:
         s = self._summary_pb2

@@ -24,7 +24,7 @@ from ..errors import one_line
 from ..rundir.layout import READ_LIMITS, TRACKER_MARKS, WANDB_RUN_ID, RunDir
 from ..safe_fs import UnsafeFileError, read_regular
 from .marks import Marks, TrackerError, note_is_new, own_directory
-from .records import SAMPLES_TAG, EvalPoint, Note, StepPoint
+from .records import CONFIG_TAG, SAMPLES_TAG, EvalPoint, Note, StepPoint
 
 STEP_AXIS = "train/step"
 ID_CHARS = string.ascii_lowercase + string.digits
@@ -86,7 +86,7 @@ class WandbSink:
                 if p.step > m.eval or p.phase > m.phase:
                     self.run.log({STEP_AXIS: p.step, **p.scalars})
                     m.wrote_eval(p.step)
-            elif note_is_new(p, m):
+            elif p.tag != CONFIG_TAG and note_is_new(p, m):  # the config went to wandb.init
                 self._note(p)
 
     def _note(self, note: Note) -> None:

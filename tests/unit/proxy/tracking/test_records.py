@@ -56,3 +56,13 @@ def test_a_fork_is_noted_where_its_own_steps_begin(tmp_path):
 def test_garbage_lines_are_skipped(tmp_path):
     append(tmp_path, step(1), b"not json\n", b'{"type": "step"}\n', step(2))
     assert steps(RunRecords(RunDir(tmp_path)).poll()) == [1, 2]
+
+
+def test_the_frozen_experiment_first_then_never_again(tmp_path):
+    (tmp_path / "experiment.json").write_text('{"name": "x"}')
+    append(tmp_path, step(1))
+    records = RunRecords(RunDir(tmp_path))
+    first = records.poll()
+    assert isinstance(first[0], Note) and first[0].tag == "config" and '"name": "x"' in first[0].text
+    append(tmp_path, step(2))
+    assert [type(p) for p in records.poll()] == [StepPoint]

@@ -81,3 +81,16 @@ def test_a_link_or_a_fifo_is_refused_not_followed(tmp_path):
     with pytest.raises(OSError):  # ELOOP
         TensorBoardSink(tmp_path / "link_file")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_the_config_once(tmp_path):
+    sink = TensorBoardSink(tmp_path)
+    config = Note(0, 1000.0, "config", "{}")
+    sink.write([config])
+    sink.commit()
+    sink.write([config] + points(1, 2))
+    sink.close()
+    again = TensorBoardSink(tmp_path)
+    again.write([config] + points(1, 2))
+    again.close()
+    assert texts_of(tmp_path, "config") == [(0, "{}")]

@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
     run.add_argument("--port", type=_port, default=8000, help="dashboard port; the next free one is used "
                      "if taken (default 8000)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                     help="override one field of the experiment, e.g. --set train.lr=0.001 (repeatable; dotted "
+                     "KEY, VALUE as JSON or else a string; checked by the experiment's schema)")
     run.add_argument("--allow-experiment-change", action="store_true",
                      help="continue a run whose experiment file differs from its frozen copy")
     run.add_argument("--allow-data-change", action="store_true",

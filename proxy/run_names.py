@@ -28,6 +28,12 @@ DASHBOARD_LOG = "dashboard.log"
 IDENTITY = ".run.json"
 ENGINE_RECORD = ".engine.json"
 QUALIFICATION = ".qualification.json"
+OVERRIDES = ".overrides.json"
+TENSORBOARD = "tensorboard"
+WANDB = "wandb"
+TRACKER_LOG = "tracker.log"
+TRACKER_MARKS = ".marks.json"  # in tensorboard/ and in wandb/: the last step each sink wrote (tracking/marks.py)
+WANDB_RUN_ID = ".run_id.json"  # in wandb/: the W&B run id a resumed run appends to
 PIVOT_LOCK = ".pivot.lock"
 PIVOT_REQUEST = ".pivot_request.json"
 PIVOT_CLAIMED = ".pivot_claimed.json"
@@ -45,7 +51,8 @@ ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
 # The most bytes a reader takes from each small file of a run directory (proxy/safe_fs.py refuses a
 # larger one, with one line). The writers stay far below: samples.py trims `.samples.json` to its cap.
 READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
-               ENGINE_RECORD: 64 << 10, IDENTITY: 4 << 10, QUALIFICATION: 64 << 10,
+               ENGINE_RECORD: 64 << 10, OVERRIDES: 64 << 10, TRACKER_MARKS: 64 << 10,
+               WANDB_RUN_ID: 4 << 10, IDENTITY: 4 << 10, QUALIFICATION: 64 << 10,
                PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
                PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20, DATA_DEFINITION: 4 << 20, TOKENIZER: 64 << 20}
 # A validation shard in data/ may be as large as data.json says (its size and SHA-256 are checked there).

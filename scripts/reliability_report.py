@@ -10,7 +10,7 @@ The CUDA engine's section comes from docs/reliability-cuda.json (`--gpu-results`
 
 The scenarios live in tests/faults/*_scenarios.py (engine_scenarios.py, proxy_scenarios.py,
 run_dir_scenarios.py, process_scenarios.py, path_scenarios.py, divergence_scenarios.py,
-input_scenarios.py, data_scenarios.py, dashboard_scenarios.py, flood_scenarios.py; shared parts in scenarios.py and
+input_scenarios.py, data_scenarios.py, dashboard_scenarios.py, flood_scenarios.py, tracking_scenarios.py; shared parts in scenarios.py and
 proxy_harness.py); the tests in tests/faults/
 record every scenario's outcome (faults injected, survived, steps lost, data
 lost) to a JSON file, which this script turns into the table. Nothing in the

@@ -16,6 +16,7 @@ from ..rundir.layout import EXPERIMENT
 from ..supervision.context import SupervisorOptions
 from ..supervision.setup import RunRequest, start_run
 from ..supervision.signals import default_stops
+from ..tracking.tracker_process import start_tracker, stop_tracker
 
 
 def main(args) -> int:
@@ -39,10 +40,14 @@ def main(args) -> int:
                          allow_data_change=args.allow_data_change, from_frozen=from_frozen,
                          init_from=Path(args.init_from) if args.init_from else None,
                          cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options,
-                         engine_paths=args.engine_paths)
+                         engine_paths=args.engine_paths, overrides=args.overrides)
     dashboard: list[subprocess.Popen] = []
+    tracker: list[subprocess.Popen] = []
 
     def on_started(run) -> dict | None:
+        started_tracker = start_tracker(run)
+        if started_tracker is not None:
+            tracker.append(started_tracker)
         if args.no_dashboard:
             return None
         started = start_dashboard(run.root, args.host, args.port, run.dashboard_log)
@@ -56,6 +61,8 @@ def main(args) -> int:
         return start_run(request, on_started=on_started)
     finally:
         default_stops()  # training is over: a stop signal now is no interrupted setup
+        for proc in tracker:
+            stop_tracker(proc)
         for proc in dashboard:
             proc.terminate()
             try:

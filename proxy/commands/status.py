@@ -15,8 +15,9 @@ from ..errors import EXIT_OK
 from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
+from ..rundir.overrides_record import OverridesRecord, read_overrides
 from ..formats.state import Goodput, finite_json, read_state
-from ..rundir.layout import RunDir, RunDirError
+from ..rundir.layout import EXPERIMENT, RunDir, RunDirError
 from ..rundir.lock import run_lock_holder
 from ..rundir.phases import read_phases
 from ..safe_fs import UnsafeFileError
@@ -124,6 +125,8 @@ def status_report(run: RunDir) -> dict:
         "dashboard": _dashboard(state.get("dashboard")) if owner else None,
         "message": state.get("message"),
         "lock_holder": holder.describe() if holder is not None and holder.foreign else None,
+        # the frozen experiment is the effective one; these are the `--set` values the last launch gave it
+        "overrides": (read_overrides(run) or OverridesRecord()).overrides,
     }
 
 
@@ -139,6 +142,9 @@ def format_status(r: dict) -> str:
         if eng.get("rss_bytes"):
             alive += f", rss {eng['rss_bytes'] / 2**20:.0f} MiB"
     lines.append(f"status:      {r['status']} ({alive})")
+    if r.get("overrides"):
+        lines.append("overrides:   " + ", ".join(r["overrides"]) + " (--set; the effective experiment is "
+                     f"{Path(r['run_dir']) / EXPERIMENT})")
     pct = f" ({100 * r['step'] / r['max_steps']:.1f}%)" if r["max_steps"] else ""
     lines.append(f"step:        {r['step']} / {r['max_steps']}{pct}")
     if r.get("steps_beyond_max"):

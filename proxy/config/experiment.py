@@ -23,6 +23,7 @@ from .bounds import cap_below_floor, check_caps_floors
 from .config_file import ExperimentError, config_error, format_validation_error, read_json
 from .policies import BanditConfig, TargetConfig
 from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_problem
+from .tracking import LogConfig
 from .strict import MAX_ARMS, MAX_NAME, MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -168,6 +169,7 @@ class Experiment(StrictModel):
     tokenizer: Optional[PathText] = None
     arms: list[ArmConfig] = Field(max_length=MAX_ARMS)
     samples: SampleConfig = Field(default_factory=SampleConfig)
+    log: LogConfig = Field(default_factory=LogConfig)  # TensorBoard and W&B (config/tracking.py)
 
     @field_validator("arms")
     @classmethod

@@ -139,16 +139,17 @@ def started_training(run: RunDir, index: LossLogIndex, phases: list) -> bool:
 
 
 def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_change: bool,
-                      provisional: bool = False) -> list[str]:
+                      provisional: bool = False, effective: bytes | None = None) -> list[str]:
     """Write the frozen copy (and its seal) on the first run, or over a provisional one (no step trained
     yet); on later runs check the seal and compare.
 
     Returns the dotted names of the fields that changed (empty when none).
     A changed experiment without `allow_change` raises RunDirError; with it, the
-    frozen copy is replaced by the new experiment.
+    frozen copy is replaced by the new experiment. `effective`: the bytes to freeze instead of the file's,
+    the experiment with its `--set` overrides applied (config/overrides.py).
     """
     try:
-        raw = read_regular(source, CONFIG_FILE_LIMIT)
+        raw = effective if effective is not None else read_regular(source, CONFIG_FILE_LIMIT)
     except (OSError, UnsafeFileError) as exc:  # it was just read and validated; it changed meanwhile
         raise RunDirError(f"{source}: cannot read it again ({exc})") from None
     if provisional or not run.experiment.exists():

@@ -17,6 +17,10 @@
                                (supervision/engine_record.py)
     RUN/.qualification.json    the CUDA engine's fast paths this run uses, and their checks (qualification.py)
     RUN/archive/pivot_<k>/phase.json   a committed pivot's receipt (rundir/history.py)
+    RUN/.overrides.json        the `--set` overrides of the last launch (rundir/overrides_record.py)
+    RUN/tensorboard/           TensorBoard event files and the tracker's marks (tracking/)
+    RUN/wandb/                 the W&B run (offline files, its id) the tracker writes (tracking/)
+    RUN/tracker.log            the tracker's output when `proxy run` started it
     RUN/.pivot.lock            one `proxy pivot` at a time (rundir/lock.py)
     RUN/.pivot_request.json    a live pivot's request, .pivot_claimed.json once taken, and the answer in
     RUN/.pivot_response.json   (rundir/pivot_request.py)
@@ -40,7 +44,8 @@ from ..safe_fs import UnsafeFileError, file_kind, read_regular
 # module takes them from here, with the directory they name.
 from ..run_names import (RUNS_ROOT, EXPERIMENT, EXPERIMENT_SEAL, CHECKPOINTS, BEST, LOSS_LOG, SAMPLES, STATE, PHASES, DATA,
                          DATA_DEFINITION, TOKENIZER, VAL_SHARD_SUFFIX, ARCHIVE, ENGINE_LOG, DASHBOARD_LOG,
-                         IDENTITY, ENGINE_RECORD, QUALIFICATION, PIVOT_LOCK, PIVOT_REQUEST, PIVOT_CLAIMED,
+                         IDENTITY, ENGINE_RECORD, QUALIFICATION, OVERRIDES, TENSORBOARD, WANDB, TRACKER_LOG,
+                         TRACKER_MARKS, WANDB_RUN_ID, PIVOT_LOCK, PIVOT_REQUEST, PIVOT_CLAIMED,
                          PIVOT_RESPONSE, PIVOT_RECEIPT, OWN_DIRS, ACTIVITY_FILES, READ_LIMITS,
                          LOSS_LINE_LIMIT, ENGINE_LOG_TAIL, checkpoint_name)  # noqa: F401
 
@@ -70,6 +75,22 @@ class RunDir:
     @property
     def best(self) -> Path:
         return self.checkpoints / BEST
+
+    @property
+    def overrides(self) -> Path:
+        return self.root / OVERRIDES
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / TENSORBOARD
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / WANDB
+
+    @property
+    def tracker_log(self) -> Path:
+        return self.root / TRACKER_LOG
 
     @property
     def loss_log(self) -> Path:

@@ -17,13 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..config.experiment import Experiment, load_experiment
+from ..config.experiment import Experiment
+from ..config.overrides import load_effective
 from ..data.batches import BatchSampler, segment_arrays
 from ..data.row_spread import row_spread, unigram_gap
 from ..data.prepare import default_cache_dir
 from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_OK
 from ..formats.loss_log import LossLogIndex, LossLogWriter
+from ..rundir.overrides_record import OverridesRecord, write_overrides
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
 from ..qualification import VERIFIED_FLAGS, run_engine_paths
@@ -59,6 +61,7 @@ class RunRequest:
     cache_dir: Path | None = None
     options: SupervisorOptions = field(default_factory=SupervisorOptions)
     engine_paths: str = "qualified"  # the CUDA engine's fast paths: "qualified" (checked on this GPU) or "verified"
+    overrides: list[str] = field(default_factory=list)  # `--set KEY=VALUE` (config/overrides.py)
 
 
 def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
@@ -80,7 +83,8 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
     starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises ProxyError for anything the user must fix; returns the exit code
     otherwise."""
     # a run's frozen experiment: its sources are where the run's data definition says (run_data.py)
-    experiment = load_experiment(request.experiment_path, check_sources=not request.from_frozen)
+    experiment, effective = load_effective(request.experiment_path, request.overrides,
+                                           check_sources=not request.from_frozen)
     engine = choose_engine(request.engine)
     run = RunDir(Path(request.run_dir) if request.run_dir else default_run_dir(experiment.name))
     run.create()
@@ -95,7 +99,8 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         if foreign is not None:
             raise RunDirError(foreign)
         changed = freeze_experiment(run, Path(request.experiment_path), experiment,
-                                    request.allow_experiment_change, provisional=not binding)
+                                    request.allow_experiment_change, provisional=not binding, effective=effective)
+        write_overrides(run, OverridesRecord.of(request.overrides))
         phases = ensure_phases(run, experiment, provisional=not binding)
         if changed:
             console.warn(f"experiment changed ({', '.join(changed)}); continuing with the new one "

@@ -26,6 +26,7 @@ LAYERS = (
     "rundir",
     "qualification_checks", "qualification_compare", "qualification",
     "supervision",
+    "tracking",  # follows the run's records off the training path (commands/run.py starts it)
     "commands",
     "cli", "__main__", "__init__",
 )

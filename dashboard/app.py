@@ -13,7 +13,8 @@ import mimetypes
 import time
 from pathlib import Path
 
-from fastapi import FastAPI, Header, HTTPException, Path as PathParam, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import Response
 from pydantic import BaseModel
 

@@ -7,7 +7,7 @@ gets this list from /api/columns (`columns_payload`) and draws from it: a field 
 """
 from __future__ import annotations
 
-from proxy.formats.step_fields import NAN, PLOTTED, StepPlot, StepFields
+from proxy.formats.step_fields import NAN, PLOTTED, StepFields, StepPlot
 
 TOK_S = "tok_s"  # the engine's throughput of one step (tokens_per_s); app.js draws it beside the wall clock's
 COLUMN_PLOTS: dict[str, StepPlot] = {**{f.name: f.plot for f in PLOTTED if f.plot is not None},

@@ -158,7 +158,7 @@ def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None, 
         values.append(row_values(f, prev[0] if prev else None, prev[1] if prev else None))
         for arm, w in f.mixture.items():
             mix.setdefault(arm, [float("nan")] * k).append(w)
-        for arm, col in mix.items():
+        for col in mix.values():
             if len(col) < k + 1:
                 col.append(float("nan"))
         prev = (f.step, f.tokens, f.time)
@@ -178,7 +178,7 @@ def evals_payload(evals: list[EvalFields]) -> dict:
     for k, e in enumerate(evals):
         for a, v in e.arms.items():
             arms.setdefault(a, [float("nan")] * k).append(v)
-        for a, col in arms.items():
+        for col in arms.values():
             if len(col) < k + 1:
                 col.append(float("nan"))
     return {"n": len(evals), "step": [e.step for e in evals], "loss": round_sig([e.loss for e in evals]),

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from proxy.formats.loss_log import EvalFields, eval_fields
 from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
@@ -161,7 +161,7 @@ class RunIndex:
             exp = self.side["experiment"] or {}
             arms = [c[4:] for c in st.cols if c.startswith("mix:")]
             for p in self.side["phases"] or []:
-                for a in list((p.get("caps") or {})) if isinstance(p.get("caps"), dict) else []:
+                for a in list(p.get("caps") or {}) if isinstance(p.get("caps"), dict) else []:
                     if a not in arms:
                         arms.append(a)
             return {

@@ -23,7 +23,6 @@ from proxy.rundir.layout import RUNS_ROOT, RunDirError, most_recent_run
 
 from .runs import RUN_MARKERS, expand
 
-
 # Bounds on what clients may hold (docs/DASHBOARD.md, "Safety"); the event streams' own are in stream.py.
 MAX_CONNECTIONS = 128  # open connections (uvicorn's limit_concurrency): a request beyond is answered 503
 UNACKED_TIMEOUT_S = 30  # TCP_USER_TIMEOUT: a connection whose data stays unread (a zero window) this long is

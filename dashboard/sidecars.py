@@ -4,6 +4,7 @@ malformed content reads as None (the page shows "unknown"), never an error.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from proxy.formats import bounded_json

@@ -14,7 +14,7 @@ Not thread-safe: the owner (RunIndex) serializes access.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class StepStore:
         self.b_x[:n] = old[1][:n]
         self.b_rows[:n] = old[2][:n]
         self.b_span[:n] = old[3][:n]
-        for new, o in zip((self.b_min, self.b_max, self.b_sum, self.b_cnt), old[4:]):
+        for new, o in zip((self.b_min, self.b_max, self.b_sum, self.b_cnt), old[4:], strict=False):
             new[:n, :c] = o[:n, :c]
 
     def _col(self, name: str) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi.responses import StreamingResponse
 
@@ -199,7 +199,7 @@ def _entries(run: RunIndex, data: bytes, base: int, prev, window: payload.WallWi
 async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None], hub: Hub,
                        is_disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
     pos: list[tuple[int, int]] = []
-    for run, p in zip(runs, start):
+    for run, p in zip(runs, start, strict=False):
         pos.append(p if p is not None else run.position())
     seen = [{k: -1 for k in SIDECAR_KINDS} for _ in runs]
     prev: list = [None] * len(runs)

@@ -62,7 +62,7 @@ class SyntheticRun:
         n = len(self.arms)
         raw = [1.0 + 0.8 * math.sin(step / 900.0 + 2.1 * i + self.phase) for i in range(n)]
         total = sum(raw)
-        return {a: round(w / total, 6) for a, w in zip(self.arms, raw)}
+        return {a: round(w / total, 6) for a, w in zip(self.arms, raw, strict=False)}
 
     def loss(self, step: int) -> float:
         base = 2.0 + 3.0 * math.exp(-step / 4000.0) - 0.1 * self.phase

@@ -14,8 +14,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
 
@@ -49,7 +49,7 @@ def classify(root: str, path: str) -> str | None:
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, watcher: "Watcher", idx: int, root: str):
+    def __init__(self, watcher: Watcher, idx: int, root: str):
         self.watcher, self.idx, self.root = watcher, idx, root
 
     def on_any_event(self, event) -> None:

@@ -24,9 +24,10 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from . import temp_names
 from .errors import STORAGE_ERRNOS, StorageError

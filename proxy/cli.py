@@ -12,10 +12,18 @@ import os
 import sys
 
 from .arguments import UsageError, build_parser
-from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, STORAGE_ERRNOS, ProxyError, StorageError, one_line
+from .errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STORAGE_ERRNOS,
+    ProxyError,
+    StorageError,
+    one_line,
+)
 from .safe_fs import UnsafeFileError
 from .supervision.signals import install_interrupt
-
 
 # The module that carries out each command (its `main(args)`). Only that one is imported, so that
 # `proxy status`, `checkpoint` and `stop` start at once instead of loading what training needs

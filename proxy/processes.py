@@ -31,12 +31,12 @@ class FileIdentity(NamedTuple):
     ino: int
 
     @classmethod
-    def of(cls, path: str | os.PathLike, follow: bool = True) -> "FileIdentity":
+    def of(cls, path: str | os.PathLike, follow: bool = True) -> FileIdentity:
         st = os.stat(path, follow_symlinks=follow)
         return cls(st.st_dev, st.st_ino)
 
     @classmethod
-    def of_fd(cls, fd: int) -> "FileIdentity":
+    def of_fd(cls, fd: int) -> FileIdentity:
         st = os.fstat(fd)
         return cls(st.st_dev, st.st_ino)
 

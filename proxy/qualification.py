@@ -23,16 +23,29 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .formats.engine_cli import VERIFIED_FLAGS, FastPath, path_flags
-from .formats.qualification_record import (Check, Environment, Qualification, QualificationFileError, Verdict,
-                                           read_qualification, write_qualification)
+from .formats.qualification_record import (
+    Check,
+    Environment,
+    Qualification,
+    QualificationFileError,
+    Verdict,
+    read_qualification,
+    write_qualification,
+)
 from .gpu_identity import GpuIdentityError, cudnn_version, read_gpu_identity
 from .qualification_checks import CHECK_STEPS, CHECK_TIMEOUT_S, CheckRun, run_check
-from .qualification_compare import (COSINE_MIN, LOSS_TOLERANCE, judge_kv_cache, judge_snapshot,  # noqa: F401
-                                    judge_training, tensor_cosines)
+from .qualification_compare import (  # noqa: F401
+    COSINE_MIN,
+    LOSS_TOLERANCE,
+    judge_kv_cache,
+    judge_snapshot,
+    judge_training,
+    tensor_cosines,
+)
 from .rundir.layout import RunDir
 from .safe_fs import UnsafeFileError, file_sha256
 
@@ -67,7 +80,7 @@ def cache_path(cache_dir: Path, env: Environment) -> Path:
 
 def optimizer_of(settings: list[str]) -> dict[str, float]:
     """The run's lr, min_lr and betas from its engine settings (`--flag value` pairs)."""
-    given = dict(zip(settings[::2], settings[1::2]))
+    given = dict(zip(settings[::2], settings[1::2], strict=False))
     return {name: float(given[flag]) for name, flag in OPTIMIZER_FLAGS.items()}
 
 

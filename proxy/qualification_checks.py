@@ -62,7 +62,7 @@ def check_tokens(vocab: int, ctx: int, rows: int) -> list[np.ndarray]:
 def sample_prompts(vocab: int) -> list[frames.SamplePrompt]:
     rng = np.random.default_rng(20261128)
     return [frames.SamplePrompt(rng.integers(0, vocab, size=n).tolist(), 2, seed)
-            for n, seed in zip((3, 5), SAMPLE_SEEDS)]
+            for n, seed in zip((3, 5), SAMPLE_SEEDS, strict=False)]
 
 
 def _last_line(text: str) -> str:

@@ -173,7 +173,7 @@ def judge_training(shape: dict, optimizer: dict[str, float], runs: list[CheckRun
     if first.weights.size != base.weights.size:
         return Check(verdict=Verdict.FAILED, detail=f"a state of {first.weights.size} values, the verified "
                                                     f"path's {base.weights.size}")
-    diffs = [abs(a - b) for a, b in zip(first.losses, base.losses)]
+    diffs = [abs(a - b) for a, b in zip(first.losses, base.losses, strict=False)]
     loss_diff = max(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.inf  # a NaN never passes
     figures, problems = state_figures(shape, optimizer, first, base)
     bitwise = all(r.losses == first.losses and r.digests.get(CHECK_STEPS) == first.digests.get(CHECK_STEPS)

@@ -21,7 +21,8 @@ import errno
 import hashlib
 import os
 import stat
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from .errors import EXIT_USAGE
 

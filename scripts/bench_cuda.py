@@ -111,9 +111,9 @@ def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int,
                                                  *STEP_PATHS[step_path]])]
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True).start()
         err_lines: list[bytes] = []
-        threading.Thread(target=lambda: [err_lines.append(l) for l in proc.stderr], daemon=True).start()
+        threading.Thread(target=lambda: [err_lines.append(line) for line in proc.stderr], daemon=True).start()
 
         def event(kind: str | tuple[str, ...], timeout: float = 600.0):
             deadline = time.monotonic() + timeout

@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from cuda_bench_report import Markers, ReportError, read_results_list, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
+
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.supervision.goodput import checkpoint_stall_ms  # noqa: E402
 
@@ -113,7 +114,7 @@ class GoodputRun:
         return out
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "GoodputRun":
+    def from_dict(cls, obj: dict) -> GoodputRun:
         names = set(cls.__dataclass_fields__)
         values = {k: v for k, v in obj.items() if k in names}
         values["audits"] = {k: Audit(**a) for k, a in (obj.get("audits") or {}).items()}

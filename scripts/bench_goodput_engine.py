@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from cuda_bench_report import Markers, ReportError, load_labelled_runs, print_and_keep, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
+
 from proxy.formats import frames  # noqa: E402
 
 MARKERS = Markers("bench_goodput_engine table", "scripts/bench_goodput_engine.py")
@@ -89,7 +90,7 @@ def audit(binary: str, threads: int, repeats: int) -> dict:
             extra = ["--threads", str(threads)] + (["--sample-recompute"] if mode == "old" else [])
             eng = Engine(binary, Path(tmp) / mode, "--ckpt-every", "0", *extra)
             times, tokens = [], None
-            for rep in range(repeats):
+            for _rep in range(repeats):
                 if mode == "old":
                     for i, p in enumerate(prompts):
                         eng.send(frames.sample_frame(i + 1, p.tokens, p.count, MAX_NEW, TEMPERATURE, TOP_K, p.seed))

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from proxy.atomic import atomic_write_json, atomic_write_text  # noqa: E402
-
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ class BenchReport:
     def save(self, path: Path) -> None:
         atomic_write_json(path, asdict(self))
 
-    def merge(self, other: "BenchReport") -> None:
+    def merge(self, other: BenchReport) -> None:
         """Adds other's runs; a run of the same shape and batch replaces the earlier one."""
         if other.gpu != self.gpu:
             raise ReportError(f"cannot merge results from different GPUs: {self.gpu!r} and {other.gpu!r}")
@@ -167,7 +166,7 @@ class BenchReport:
                 setattr(self, name, getattr(other, name))
 
     @staticmethod
-    def from_dict(doc: dict) -> "BenchReport":
+    def from_dict(doc: dict) -> BenchReport:
         try:
             runs = []
             for r in doc["runs"]:
@@ -181,7 +180,7 @@ class BenchReport:
             raise ReportError(f"not a bench_cuda results file: {exc}") from None
 
     @staticmethod
-    def load(path: Path) -> "BenchReport":
+    def load(path: Path) -> BenchReport:
         try:
             doc = json.loads(path.read_text())
         except OSError as exc:

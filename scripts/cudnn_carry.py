@@ -42,7 +42,7 @@ class Stamp:
     object_sha256: str
 
     @staticmethod
-    def load(path: Path) -> "Stamp":
+    def load(path: Path) -> Stamp:
         try:
             doc = json.loads(path.read_text())
             return Stamp(**{f.name: str(doc[f.name]) for f in fields(Stamp)})

@@ -50,11 +50,12 @@ from mixing.report import ReportError, plot_summary, results_markdown, write_res
 from mixing.runs import LaunchOptions, LoadSampler, finished, launch, plan_runs  # noqa: E402
 from mixing.suite import BY_NAME, SUITE, Mix  # noqa: E402
 from mixing.summary import BASELINE, SummaryError, read_run, summarize  # noqa: E402
+
 from proxy.atomic import atomic_write_json  # noqa: E402
-from proxy.data.prepare import DataError, default_cache_dir, prepare_data  # noqa: E402
 from proxy.config.config_file import ExperimentError  # noqa: E402
 from proxy.config.experiment import load_experiment  # noqa: E402
 from proxy.config.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
+from proxy.data.prepare import DataError, default_cache_dir, prepare_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED_SUMMARY = REPO / "docs" / "bench" / "mixing-cpu.json"

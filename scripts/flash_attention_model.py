@@ -228,7 +228,7 @@ def forward(mode: Mode, y, lse, qkv, B, T, C, H, hd):
             load_tile(sm, vs, qkv, vg, ld, 0, T, BN, hd)
             o = np.zeros((4, hd // 8, 32, 4), np.float32)
             m = np.full((4, 2, 32), -np.inf, np.float32)
-            l = np.zeros((4, 2, 32), np.float32)
+            l = np.zeros((4, 2, 32), np.float32)  # noqa: E741 (the paper's name for the running softmax sum)
             for j in range(n_tiles):
                 next_kv(sm, ks, vs, qkv, kg, vg, ld, j, n_tiles, T, BN, hd)
                 kt, vt = ks + (j & 1) * BN * LD, vs + (j & 1) * BN * LD
@@ -437,7 +437,8 @@ def reference(qkv, dy, B, T, C, H, hd):
     dq = ds @ k / np.sqrt(hd)
     dk = ds.transpose(0, 1, 3, 2) @ q / np.sqrt(hd)
     dv = p.transpose(0, 1, 3, 2) @ g
-    to_rows = lambda a: a.transpose(0, 2, 1, 3).reshape(B, T, C)
+    def to_rows(a):
+        return a.transpose(0, 2, 1, 3).reshape(B, T, C)
     dqkv = np.stack([to_rows(dq), to_rows(dk), to_rows(dv)], axis=2).reshape(-1)
     return to_rows(y).reshape(-1), lse.reshape(-1), dqkv
 

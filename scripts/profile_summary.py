@@ -30,9 +30,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from proxy.formats import frames  # noqa: E402
-from proxy.atomic import atomic_write_json  # noqa: E402
 from bench_cuda import SHAPES  # noqa: E402  (the one definition of the benchmark shapes)
+
+from proxy.atomic import atomic_write_json  # noqa: E402
+from proxy.formats import frames  # noqa: E402
 
 TIME_METRIC = "gpu__time_duration.sum"
 UNIT_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3,
@@ -85,7 +86,7 @@ def category(name: str) -> str:
 
 def parse_ncu_csv(text: str) -> list[tuple[str, float]]:
     """(kernel name, ms) per launch from ncu --csv output, details or raw page."""
-    lines = [l for l in text.splitlines() if l.startswith('"')]  # drop ==PROF== and other chatter
+    lines = [line for line in text.splitlines() if line.startswith('"')]  # drop ==PROF== and other chatter
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     if not rows:
         raise SummaryError("no CSV rows in the ncu output")
@@ -136,7 +137,7 @@ def summarize_ncu(label: str, launches: list[tuple[str, float]]) -> Profile:
 
 
 def summarize_events(label: str, stderr_text: str) -> Profile:
-    line = next((l for l in stderr_text.splitlines() if l.startswith(PROFILE_PREFIX)), None)
+    line = next((line for line in stderr_text.splitlines() if line.startswith(PROFILE_PREFIX)), None)
     if line is None:
         raise SummaryError(f"no '{PROFILE_PREFIX}' line in the engine's stderr (was the profiled step reached?)")
     try:

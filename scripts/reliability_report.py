@@ -338,7 +338,7 @@ def run_suite(results: Path, pytest_args: list[str]) -> tuple[int, float]:
     return rc, time.monotonic() - t0
 
 
-def aggregate(outcomes: list[dict]) -> "OrderedDict[str, dict]":
+def aggregate(outcomes: list[dict]) -> OrderedDict[str, dict]:
     rows: OrderedDict[str, dict] = OrderedDict((k, None) for k in WHAT)
     for o in outcomes:
         row = rows.get(o["fault_class"])
@@ -357,7 +357,7 @@ def aggregate(outcomes: list[dict]) -> "OrderedDict[str, dict]":
     return OrderedDict((k, v) for k, v in rows.items() if v is not None)
 
 
-_TMP = re.compile(r"(?:/tmp|/var/tmp|%s)/[^\s'\")]*/" % re.escape(tempfile.gettempdir()))
+_TMP = re.compile(rf"(?:/tmp|/var/tmp|{re.escape(tempfile.gettempdir())})/[^\s'\")]*/")
 
 
 def _cell(text) -> str:
@@ -471,7 +471,7 @@ def render(doc: dict, suite_rc: int | None, suite_seconds: float | None, command
         what = WHAT.get(cls, "")
         tnames = ", ".join(sorted({f"`{t.split('::', 1)[-1]}`" for t, _ in row["tests"]}))
         out.append(f"- **{_cell(cls)}** ({tnames}; {row['seconds']:.0f} s): {what}")
-        for scen, key, value in row["notes"]:
+        for _scen, key, value in row["notes"]:
             if isinstance(value, (list, dict)):
                 value = json.dumps(value)
             out.append(f"  - {key}: {_cell(value)}")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -31,8 +31,8 @@ class Bandit:
         self.pulls = np.zeros(k, dtype=np.int64)
         self.ema = np.full(k, np.nan)
         self.observations = 0      # observe() calls
-        self.last_step: Optional[int] = None
-        self._weights: Optional[np.ndarray] = None
+        self.last_step: int | None = None
+        self._weights: np.ndarray | None = None
 
     @property
     def k(self) -> int:
@@ -66,7 +66,7 @@ class Bandit:
         self.observations += 1
         self.last_step = int(step)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         raise NotImplementedError
 
     def observe_eval(self, step: int, arm_losses: Mapping[str, float]) -> None:
@@ -84,7 +84,7 @@ class Bandit:
         return self._weights.copy()
 
     def mixture(self) -> dict[str, float]:
-        return dict(zip(self.arm_names, map(float, self.weights())))
+        return dict(zip(self.arm_names, map(float, self.weights()), strict=False))
 
     def _reward(self) -> np.ndarray:
         raise NotImplementedError
@@ -106,7 +106,7 @@ class Bandit:
             },
         }
 
-    def replay(self, entries: Iterable[tuple[int, Mapping[str, float]]]) -> "Bandit":
+    def replay(self, entries: Iterable[tuple[int, Mapping[str, float]]]) -> Bandit:
         """observe() each (step, arm_losses) in order; returns self."""
         for step, losses in entries:
             self.observe(step, losses)

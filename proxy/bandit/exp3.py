@@ -13,7 +13,7 @@ in `.loss.json`), else the bandit's current weights.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class EXP3(Bandit):
         self.smoothing = float(smoothing)
         self.estimate = np.zeros(self.k)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         parsed = self._parse(step, arm_losses)
         if mixture is not None:
             p = np.array([float(mixture.get(n, 0.0)) for n in self.arm_names])

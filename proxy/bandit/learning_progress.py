@@ -27,7 +27,7 @@ the observe() calls, so a replay of .loss.json rebuilds it.
 from __future__ import annotations
 
 from collections import deque
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -88,7 +88,7 @@ class LearningProgress(Bandit):
         self.points = [deque(maxlen=int(window)) for _ in range(self.k)]  # (step, record) of the last pulls
         self.mix = allocate(np.zeros(self.k), self.floors, self.caps, self.explore)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         for k, loss in self._parse(step, arm_losses):
             self._update_ema(k, loss)
             prev = self.smooth[k]

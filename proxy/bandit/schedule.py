@@ -10,7 +10,7 @@ same two methods in the same order and get the same floats.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class MixtureSchedule:
         weights = self.mixtures.get(step)
         if weights is None:
             raise KeyError(f"the mixture of step {step} is not known")
-        return {name: float(w) for name, w in zip(self.bandit.arm_names, weights)}
+        return {name: float(w) for name, w in zip(self.bandit.arm_names, weights, strict=False)}
 
     def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float]) -> None:
         """Step `step` trained with per-arm losses `arm_losses`, drawn from `mixture` (as logged: the floats the

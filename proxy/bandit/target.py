@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def others_then_targets(share: np.ndarray, quiet: np.ndarray, is_target: np.ndar
 
 
 def easiness(arm_names: Sequence[str], is_target: np.ndarray,
-             unigram_gap: Optional[Mapping[str, float]]) -> np.ndarray:
+             unigram_gap: Mapping[str, float] | None) -> np.ndarray:
     """Per arm not a target, how far the model learns it faster than the targets from the first step:
     clip(gap / EASY_GAP - 1, 0, 1) of its unigram gap (data/row_spread.py); 0 for the target arms and for
     an arm without a finite gap."""
@@ -130,7 +130,7 @@ def easiness(arm_names: Sequence[str], is_target: np.ndarray,
 
 
 def quietness(arm_names: Sequence[str], is_target: np.ndarray,
-              row_spread: Optional[Mapping[str, float]]) -> np.ndarray:
+              row_spread: Mapping[str, float] | None) -> np.ndarray:
     """Each target arm's weight in the prior, (the smallest target row spread / its own)^2: 1 for the
     quietest, less for an arm whose rows disagree more (data/row_spread.py); 0 for the other arms. Without
     a positive, finite spread for every target arm, 1 for each (the targets' even share)."""
@@ -148,10 +148,10 @@ class Target(Bandit):
     policy = "target"
 
     def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 targets: Optional[Sequence[str]] = None, row_spread: Optional[Mapping[str, float]] = None,
+                 targets: Sequence[str] | None = None, row_spread: Mapping[str, float] | None = None,
                  ema_alpha: float = 0.1, eval_window: int = 10, stall: float = 0.25, explore: float = 0.05,
                  max_move: float = 0.006, opening: float = 0.1, max_steps: int = 0,
-                 unigram_gap: Optional[Mapping[str, float]] = None):
+                 unigram_gap: Mapping[str, float] | None = None):
         super().__init__(arm_names, caps, floors, ema_alpha)  # ema_alpha: the EMA .state.json shows
         names = self.arm_names if targets is None else list(targets)
         unknown = [t for t in names if t not in self.index]
@@ -175,7 +175,7 @@ class Target(Bandit):
                                        self.is_target, self.floors, self.caps)
         self.mix = (self.fed if self.has_opening else self.prior).copy()
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         self._observe_losses(step, arm_losses)
         nxt = int(step) + 1  # the mixture set here is the next step's
         opening = self.has_opening and nxt <= self.opening_steps

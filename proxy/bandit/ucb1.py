@@ -12,7 +12,7 @@ score (ties: first arm) before the projection. Arms never observed score
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ class UCB1(Bandit):
         self.reward_sum = np.zeros(self.k)
         self.last_reward = np.zeros(self.k)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         for k, loss in self._parse(step, arm_losses):
             prev = self._update_ema(k, loss)
             r = 0.0 if math.isnan(prev) else max(0.0, prev - loss) * self.reward_scale

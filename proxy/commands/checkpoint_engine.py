@@ -36,7 +36,7 @@ class CheckpointEngine:
         self.process: EngineProcess | None = None
         self.ready: Event | None = None
 
-    def __enter__(self) -> "CheckpointEngine":
+    def __enter__(self) -> CheckpointEngine:
         self.tmp = Path(tempfile.mkdtemp(prefix="microgpt-engine-"))
         try:
             args = engine_args(self.tmp / "checkpoints", resume=self.source.path, ckpt_every=0,

@@ -111,7 +111,7 @@ def eval_report(source: ModelSource, key: str, parts: list[Part], results: list[
     the run's evals weigh arms), and each part's loss and the distinct tokens its rows predict."""
     ctx = source.shape.ctx
     return {"checkpoint": str(source.path), "step": source.step, "loss": eval_loss(results),
-            key: {p.name: loss for p, (loss, _t) in zip(parts, results)},
+            key: {p.name: loss for p, (loss, _t) in zip(parts, results, strict=False)},
             "tokens": {p.name: predicted_tokens(p.starts, ctx) for p in parts}}
 
 

@@ -22,10 +22,20 @@ from .. import temp_names
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
 from ..errors import EXIT_OK
-from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
-                               TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig,
-                               encode_safetensors as safetensors_bytes, hf_tensors, own_tensors,
-                               safetensors_metadata)
+from ..formats.hf_gpt2 import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    MODEL_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    HFConfig,
+    HFGenerationConfig,
+    HFTokenizerConfig,
+    hf_tensors,
+    own_tensors,
+    safetensors_metadata,
+)
+from ..formats.hf_gpt2 import encode_safetensors as safetensors_bytes
 from .model_source import ModelSource, read_model_checkpoint, resolve_source, run_data, say_warnings
 from .targets import check_new_dir, make_parents
 

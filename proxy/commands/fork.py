@@ -46,13 +46,24 @@ from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
 from ..formats.samples import read_audits
 from ..formats.state import ArmStatus, RunState
+from ..rundir.apply_pivot import archive_dir_for, archive_name
 from ..rundir.data import copy_definition
 from ..rundir.frozen import replaced_experiments
 from ..rundir.history import check_history, write_receipt
-from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, LOSS_LOG, PHASES, PIVOT_RECEIPT,
-                             SAMPLES, STATE, RunDir, relative_checkpoint)
+from ..rundir.layout import (
+    ARCHIVE,
+    CHECKPOINTS,
+    EXPERIMENT,
+    EXPERIMENT_SEAL,
+    LOSS_LOG,
+    PHASES,
+    PIVOT_RECEIPT,
+    SAMPLES,
+    STATE,
+    RunDir,
+    relative_checkpoint,
+)
 from ..rundir.phases import Phase
-from ..rundir.apply_pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
 from .targets import TargetError, check_new_dir, make_parents
 from .which_run import resolve_run, started_run

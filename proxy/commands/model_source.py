@@ -25,14 +25,23 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arguments import STEP_BEST as BEST, STEP_LATEST as LATEST
+from ..arguments import STEP_BEST as BEST
+from ..arguments import STEP_LATEST as LATEST
 from ..config.config_file import ExperimentError
 from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
 from ..data.tokenizer import Tokenizer
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError
-from ..formats.checkpoint import (Checkpoint, CheckpointError, Trailer, checkpoint_path, header_step, read_checkpoint,
-                                  read_trailer, verify_checkpoint)
+from ..formats.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    Trailer,
+    checkpoint_path,
+    header_step,
+    read_checkpoint,
+    read_trailer,
+    verify_checkpoint,
+)
 from ..formats.loss_log import LossLogIndex
 from ..formats.parameters import ModelShape
 from ..formats.shard import shard_segment
@@ -42,6 +51,7 @@ from ..rundir.layout import CHECKPOINTS, EXPERIMENT, RunDir, RunDirError
 from ..rundir.resume import choose_resume
 from ..safe_fs import NO_SUCH_FILE, regular_file_problem
 from .which_run import resolve_run, started_run
+
 
 @dataclass(frozen=True)
 class ModelSource:

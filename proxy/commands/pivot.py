@@ -27,15 +27,15 @@ from ..config.caps import load_pivot_caps
 from ..errors import EXIT_OK, ProxyError
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
+from ..processes import send
+from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.history import check_history
-from ..rundir.layout import RunDir, relative_checkpoint
 from ..rundir.identity import load_identity, save_identity
+from ..rundir.layout import RunDir, relative_checkpoint
 from ..rundir.lock import Holder, PivotLock, RunLock, run_lock_holder, running_proxy
 from ..rundir.phases import read_phases
-from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
-from ..processes import send
 from ..supervision.engine_record import reap_orphan
 from ..supervision.signals import STOPS
 from .which_run import resolve_run, started_run

@@ -15,10 +15,10 @@ from ..errors import EXIT_OK
 from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
-from ..rundir.overrides_record import OverridesRecord, read_overrides
 from ..formats.state import Goodput, finite_json, read_state
 from ..rundir.layout import EXPERIMENT, RunDir, RunDirError
 from ..rundir.lock import run_lock_holder
+from ..rundir.overrides_record import OverridesRecord, read_overrides
 from ..rundir.phases import read_phases
 from ..safe_fs import UnsafeFileError
 from ..supervision.goodput import overhead_summary

@@ -18,16 +18,23 @@ from pathlib import Path
 
 from ..config.experiment import Experiment
 from ..errors import EXIT_FAILURE, EXIT_OK, ProxyError
-from ..formats.checkpoint import (CheckpointError, header_step, list_checkpoints, misnamed, read_checkpoint,
-                                  read_trailer, verify_checkpoint)
+from ..formats.checkpoint import (
+    CheckpointError,
+    header_step,
+    list_checkpoints,
+    misnamed,
+    read_checkpoint,
+    read_trailer,
+    verify_checkpoint,
+)
 from ..formats.loss_log import LossLogIndex
 from ..rundir.data import problems as data_problems
 from ..rundir.data import read_definition
+from ..rundir.foreign import experiment_shape, foreign_checkpoints, foreign_reason
 from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import RunDir, RunDirError
 from ..rundir.phases import read_phases
 from ..rundir.resume import choose_resume
-from ..rundir.foreign import experiment_shape, foreign_checkpoints, foreign_reason
 from .which_run import resolve_run
 
 VALID, UNVERIFIED, CORRUPT, GONE = "valid", "unverified", "corrupt", "gone"

@@ -8,7 +8,7 @@ experiment file, caps files, pivot requests and the bandit all check these.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 TOLERANCE = 1e-9  # sums within this of 1 count as 1
 

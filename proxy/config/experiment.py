@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
@@ -20,11 +20,11 @@ from ..formats.engine_cli import MAX_STEP, setting_flags
 from ..formats.frames import SAMPLE_MAX_COMPLETIONS
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
-from .config_file import ExperimentError, config_error, format_validation_error, read_json
+from .config_file import config_error, format_validation_error, read_json
 from .policies import BanditConfig, TargetConfig
 from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_problem
-from .tracking import LogConfig
 from .strict import MAX_ARMS, MAX_NAME, MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
+from .tracking import LogConfig
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
@@ -99,7 +99,7 @@ class TrainConfig(StrictModel):
     lag: int = Field(default=2, ge=1)
     keep_last: int = Field(default=3, ge=0)
     milestone_every: int = Field(default=1000, ge=0)
-    threads: Optional[int] = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _lr_order(self):
@@ -166,7 +166,7 @@ class Experiment(StrictModel):
     train: TrainConfig
     bandit: BanditConfig = Field(default_factory=TargetConfig)  # policies.py: one model per policy
     # a Hugging Face tokenizer.json to use instead of training a byte-level BPE on the arms' text
-    tokenizer: Optional[PathText] = None
+    tokenizer: PathText | None = None
     arms: list[ArmConfig] = Field(max_length=MAX_ARMS)
     samples: SampleConfig = Field(default_factory=SampleConfig)
     log: LogConfig = Field(default_factory=LogConfig)  # TensorBoard and W&B (config/tracking.py)

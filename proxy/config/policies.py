@@ -109,7 +109,8 @@ def _own_params(value: Any) -> Any:
 
 
 BanditConfig = Annotated[
-    Union[tuple(Annotated[cls, Tag(TAG + name)] for name, cls in POLICY_MODELS.items())],
+    # A Union built from a tuple at run time: there is no `|` spelling of it.
+    Union[tuple(Annotated[cls, Tag(TAG + name)] for name, cls in POLICY_MODELS.items())],  # noqa: UP007
     Discriminator(_policy_of, custom_error_type="policy", custom_error_message=f"the policies: {POLICY_LIST}"),
     BeforeValidator(_own_params),
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, model_validator
 
@@ -54,7 +54,7 @@ class Source(StrictModel):
         against the experiment file's directory."""
         return []
 
-    def resolved(self, base_dir: str | os.PathLike) -> "Source":
+    def resolved(self, base_dir: str | os.PathLike) -> Source:
         """A copy whose path fields are absolute (relative ones joined to `base_dir`)."""
         update = {name: os.path.normpath(value if os.path.isabs(value) else os.path.join(os.path.abspath(base_dir),
                                                                                           value))
@@ -81,7 +81,7 @@ class Source(StrictModel):
 
 class TextSource(Source):
     """A source of text documents: `max_chars` keeps documents in order until that many characters."""
-    max_chars: Optional[int] = Field(default=None, ge=1)
+    max_chars: int | None = Field(default=None, ge=1)
 
 
 class FileSource(TextSource):
@@ -107,7 +107,7 @@ class DirSource(TextSource):
     sorted by relative path, one document each; files that are not text skipped."""
     kind: ClassVar[str] = "dir"
     dir: PathText
-    suffix: Optional[Word] = None
+    suffix: Word | None = None
 
     def path_fields(self):
         return [("dir", self.dir, DIRECTORY)]
@@ -117,7 +117,7 @@ class JsonlSource(TextSource):
     """One document per non-blank line: the string in `field` (default "text")."""
     kind: ClassVar[str] = "jsonl"
     jsonl: PathText
-    field: Optional[Word] = None
+    field: Word | None = None
 
     def path_fields(self):
         return [("jsonl", self.jsonl, FILE)]
@@ -138,7 +138,7 @@ class HFDatasetSource(TextSource):
     column; a DatasetDict's `split` (default "train"). Read with pyarrow, not the `datasets` package."""
     kind: ClassVar[str] = "hf_dataset"
     hf_dataset: PathText
-    split: Optional[Word] = None
+    split: Word | None = None
     column: Word = "text"
 
     def path_fields(self):
@@ -153,8 +153,8 @@ class TokensSource(Source):
     kind: ClassVar[str] = "tokens"
     holds: ClassVar[str] = TOKENS
     tokens: PathText
-    val: Optional[PathText] = None
-    format: Optional[Literal[TOKEN_FORMATS]] = None
+    val: PathText | None = None
+    format: Literal[TOKEN_FORMATS] | None = None
 
     def path_fields(self):
         return [("tokens", self.tokens, PATTERN)] + ([("val", self.val, PATTERN)] if self.val is not None else [])
@@ -164,7 +164,7 @@ class BuiltinSource(TextSource):
     """Real text present on any machine with Python, or the curation tests' sources (docs/EXPERIMENTS.md)."""
     kind: ClassVar[str] = "builtin"
     builtin: Literal[BUILTIN_SOURCES]
-    modules: Optional[list[Word]] = Field(default=None, max_length=MAX_MODULES)  # stdlib_*: only these
+    modules: list[Word] | None = Field(default=None, max_length=MAX_MODULES)  # stdlib_*: only these
 
     @property
     def is_text(self) -> bool:
@@ -216,7 +216,8 @@ def _one_kind(value: Any) -> Any:
 
 
 SourceConfig = Annotated[
-    Union[tuple(Annotated[cls, Tag(TAG + kind)] for kind, cls in SOURCE_KINDS.items())],
+    # A Union built from a tuple at run time: there is no `|` spelling of it.
+    Union[tuple(Annotated[cls, Tag(TAG + kind)] for kind, cls in SOURCE_KINDS.items())],  # noqa: UP007
     Discriminator(_kind_of, custom_error_type="source_kind",
                   custom_error_message=f"a source needs exactly one of {KIND_LIST}"),
     BeforeValidator(_one_kind),

@@ -8,7 +8,7 @@ stop training.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field
 
@@ -19,15 +19,15 @@ class WandbConfig(StrictModel):
     """A Weights & Biases run (the optional `wandb` extra). Offline runs are written under RUN/wandb/ and
     can be uploaded later with `wandb sync`."""
     project: Word = Field(min_length=1)
-    entity: Optional[Word] = None
+    entity: Word | None = None
     mode: Literal["offline", "online"] = "offline"
-    name: Optional[Word] = None  # the W&B run's display name (default: the experiment's name)
+    name: Word | None = None  # the W&B run's display name (default: the experiment's name)
     tags: list[Word] = Field(default_factory=list, max_length=MAX_NAME)
 
 
 class LogConfig(StrictModel):
     tensorboard: bool = False  # event files in RUN/tensorboard/
-    wandb: Optional[WandbConfig] = None
+    wandb: WandbConfig | None = None
 
     @property
     def enabled(self) -> bool:

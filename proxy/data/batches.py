@@ -19,7 +19,7 @@ hold. An arm of one run (any text arm) draws exactly as a single shard.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -119,7 +119,7 @@ class BatchSampler:
         # each arm's runs long enough for a row, and the rows they hold
         self.train = [[t for t in train[n] if t.size >= self.row_len] for n in self.arm_names]
         self.val = [val[n] for n in self.arm_names]
-        for name, runs, va in zip(self.arm_names, self.train, self.val):
+        for name, runs, va in zip(self.arm_names, self.train, self.val, strict=False):
             if not runs or va.size < self.row_len:
                 raise BatchError(f"arm {name!r}: {sum(t.size for t in train[name])} train / {va.size} val tokens, "
                                  f"fewer than one row of {self.row_len}")
@@ -207,4 +207,4 @@ class BatchSampler:
         return self._eval_all_cache[rows]
 
     def tokens_per_arm(self) -> dict[str, int]:
-        return {n: int(sum(t.size for t in runs)) for n, runs in zip(self.arm_names, self.train)}
+        return {n: int(sum(t.size for t in runs)) for n, runs in zip(self.arm_names, self.train, strict=False)}

@@ -11,7 +11,6 @@ import inspect
 import os
 import sysconfig
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def module_name(rel: str) -> str:
     return mod[: -len(".__init__")] if mod.endswith(".__init__") else mod
 
 
-def stdlib_files(modules: Optional[list[str]] = None) -> list[Path]:
+def stdlib_files(modules: list[str] | None = None) -> list[Path]:
     """The standard library's .py files (no tests, no site-packages), sorted by relative path."""
     root = stdlib_root()
     out = []
@@ -93,7 +92,7 @@ def builtin_files(src: BuiltinSource, _base: Path) -> list[Path]:
         raise SourceError(f"builtin pydoc_topics: pydoc_data.topics is not available ({e})") from None
 
 
-def machine_text(p: Path) -> Optional[str]:
+def machine_text(p: Path) -> str | None:
     """A file of the machine's own text (the low-quality built-ins' material) as text, or None when it is
     binary (holds a NUL) or not UTF-8: such a file is skipped, as a glob skips it."""
     with open_regular(p, None) as f:

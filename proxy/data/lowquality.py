@@ -26,8 +26,8 @@ import gzip
 import hashlib
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 LICENSES_DIR = Path("/usr/share/common-licenses")
 MAN_DE_DIR = Path("/usr/share/man/de")

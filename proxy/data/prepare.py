@@ -35,7 +35,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -45,15 +44,15 @@ from ..formats import bounded_json
 from ..formats.shard import ShardWriter, shard_segment
 from ..formats.token_files import TokenSegment, open_token_file
 from ..safe_fs import UnsafeFileError, read_regular
-from .progress_bars import ProgressBars
 from .builtin_sources import random_token_documents
+from .data_error import DataError, unreadable
+from .progress_bars import ProgressBars
 from .source_readers import SourceError, source_fingerprint
 from .split import SPLIT_SETTINGS
-from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError
-from .workers import Workers, default_workers
-from .data_error import DataError, unreadable
 from .text_arms import ArmWriter, Hashes, TextArms, skipped_note, train_arms_tokenizer
 from .token_arms import build_token_arm, is_random_arm, is_token_file_arm, token_layout
+from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError
+from .workers import Workers, default_workers
 
 FORMAT_VERSION = 4  # 4: runs longer than text.WORD_CHARS are cut; 3: before a \r\n (text.safe_cut)
 FORMATS_READ = (1, 2, 3, FORMAT_VERSION)  # 2 and 3 differ from 4 only in those cuts: they hold a run's tokens
@@ -96,7 +95,7 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "microgpt"
 
 
-def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> Optional[bytes]:
+def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> bytes | None:
     """The bytes of the tokenizer.json the experiment names (relative to its directory), or None."""
     if experiment.tokenizer is None:
         return None
@@ -111,7 +110,7 @@ def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> 
         raise DataError(f"tokenizer: cannot read {path}: {exc.strerror}") from None
 
 
-def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None
+def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Hashes | None = None
                  ) -> dict[str, list[str]]:
     """Each arm's sources' fingerprints (source_readers.source_fingerprint), in order; DataError naming the arm."""
     hashes = hashes if hashes is not None else Hashes()
@@ -126,8 +125,8 @@ def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Opt
     return out
 
 
-def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json: Optional[bytes] = None,
-             hashes: Optional[Hashes] = None, fps: Optional[dict[str, list[str]]] = None) -> str:
+def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json: bytes | None = None,
+             hashes: Hashes | None = None, fps: dict[str, list[str]] | None = None) -> str:
     """The cache key: a hash of everything the prepared data depend on. `tokenizer_json`: a given
     tokenizer's bytes (default: the one the experiment names, if any); `fps`: the fingerprints, when
     computed already."""
@@ -140,7 +139,7 @@ def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: Optional[dict[str, list[str]]] = None) -> str:
+def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: dict[str, list[str]] | None = None) -> str:
     """The key format 1 gave the same experiment and sources (its trained tokenizer, its split)."""
     fps = fps if fps is not None else fingerprints(experiment, experiment_dir)
     arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
@@ -149,8 +148,8 @@ def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: Optional[dic
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: ProgressBars, given: Optional[bytes],
-           hashes: Hashes, n_workers: Optional[int]) -> None:
+def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: ProgressBars, given: bytes | None,
+           hashes: Hashes, n_workers: int | None) -> None:
     vocab = experiment.model.vocab
     arms = TextArms(experiment, base, hashes)
     n = n_workers or default_workers(arms.total)
@@ -226,7 +225,7 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
 # ---------------------------------------------------------------------------
 # The cache entry.
 
-def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> Optional[PreparedData]:
+def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> PreparedData | None:
     """The cache entry at `entry`, or None when absent, incomplete, or naming token files other than the
     experiment's (`external`: a token-file arm's files as they are now)."""
     try:
@@ -307,7 +306,7 @@ def check_lengths(data: PreparedData, experiment: Experiment) -> None:
 
 
 def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                key: str) -> Optional[PreparedData]:
+                key: str) -> PreparedData | None:
     """The cache entry of `key` if it is there whole (a run's recorded entry, or one of format 1), else
     None."""
     try:
@@ -329,8 +328,8 @@ def _external(experiment: Experiment, base: Path) -> dict[str, list[str]]:
 
 
 def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                 progress: bool | ProgressBars = True, tokenizer_json: Optional[bytes] = None,
-                 workers: Optional[int] = None, fps: Optional[dict[str, list[str]]] = None) -> PreparedData:
+                 progress: bool | ProgressBars = True, tokenizer_json: bytes | None = None,
+                 workers: int | None = None, fps: dict[str, list[str]] | None = None) -> PreparedData:
     """Tokenizer and per-arm train/val tokens for `experiment`, built on first use and cached.
 
     `experiment_dir` is where relative source paths are resolved (the experiment file's directory).

@@ -10,8 +10,9 @@ import io
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional, TextIO
+from typing import TextIO
 
 from tqdm import tqdm
 
@@ -36,7 +37,7 @@ def _held() -> Iterator[None]:
 class ProgressBar:
     """One step of the preparation: `advance(n)` as work is done, `done(note)` at the end."""
 
-    def __init__(self, progress: "ProgressBars", label: str, total: Optional[float], unit: str):
+    def __init__(self, progress: ProgressBars, label: str, total: float | None, unit: str):
         self.p = progress
         self.live = progress.enabled and progress.tty
         options = dict(total=total, desc=label, unit=unit or "it", unit_scale=bool(unit),
@@ -76,7 +77,7 @@ class ProgressBar:
         with _held():
             self.bar.close()
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -93,7 +94,7 @@ class ProgressBar:
 class ProgressBars:
     """`ProgressBars(enabled)`; `with progress.task("encoding x", total=n, unit="B") as t: t.advance(k)`."""
 
-    def __init__(self, enabled: bool = True, stream: Optional[TextIO] = None):
+    def __init__(self, enabled: bool = True, stream: TextIO | None = None):
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stderr
         try:
@@ -108,7 +109,7 @@ class ProgressBars:
         except (OSError, ValueError):
             pass
 
-    def task(self, label: str, total: Optional[float] = None, unit: str = "") -> ProgressBar:
+    def task(self, label: str, total: float | None = None, unit: str = "") -> ProgressBar:
         return ProgressBar(self, label, total, unit)
 
     def note(self, text: str) -> None:

@@ -23,7 +23,7 @@ launch, so the policy replayed from `.loss.json` is the policy that ran.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

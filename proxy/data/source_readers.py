@@ -35,16 +35,34 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
-from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
-                              ParquetSource, Source, TokensSource, is_token_source)
+from ..config.sources import (
+    BuiltinSource,
+    DirSource,
+    FileSource,
+    GlobSource,
+    HFDatasetSource,
+    JsonlSource,
+    ParquetSource,
+    Source,
+    TokensSource,
+    is_token_source,
+)
 from ..formats import bounded_json
 from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, file_sha256, open_regular, regular_file_problem
 from . import lowquality, tabular
-from .builtin_sources import (FROM_DOCSTRINGS, builtin_files, machine_text, module_docstrings, module_name,
-                              pydoc_topics, repeated_names, stdlib_root)
+from .builtin_sources import (
+    FROM_DOCSTRINGS,
+    builtin_files,
+    machine_text,
+    module_docstrings,
+    module_name,
+    pydoc_topics,
+    repeated_names,
+    stdlib_root,
+)
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 from .work_units import Doc, FilePart, SourceError, Unit, UnitNotes  # noqa: F401  (re-exported: data/__init__.py)
 
@@ -137,7 +155,7 @@ def _fingerprint_root(src: Source, base: Path) -> Path | None:
 
 
 def source_fingerprint(src: Source, base_dir: Path | str,
-                       file_hash: Optional[Callable[[Path], str]] = None) -> str:
+                       file_hash: Callable[[Path], str] | None = None) -> str:
     """A content hash of everything that determines this source's documents:
     its options and the bytes of each file it reads (not where they live)."""
     file_hash = file_hash or hash_file
@@ -185,7 +203,7 @@ def source_bytes(src: Source, base_dir: Path | str) -> int:
 
 
 def _file_units(files: list[Path], src: Source, strict: bool, decide: Callable[[Path, int], str],
-                modules: Optional[dict[Path, str]] = None) -> Iterator[Unit]:
+                modules: dict[Path, str] | None = None) -> Iterator[Unit]:
     """Small files grouped into units of about UNIT_BYTES; a large file in parts of UNIT_BYTES (its
     train/val decision made here, by `decide(path, size)`; a glob's or dir's large file is checked for
     text first, and skipped if it is not)."""
@@ -301,7 +319,7 @@ def _cut_in_file(f, nominal: int, size: int) -> int:
     return nominal - 1 + safe_cut(window, 1)
 
 
-def _read_part(part: FilePart, unit: Unit, notes: UnitNotes) -> Optional[tuple[bytes, int, int]]:
+def _read_part(part: FilePart, unit: Unit, notes: UnitNotes) -> tuple[bytes, int, int] | None:
     """A part's bytes and where they start and end in the file; None when a lenient unit skips the file."""
     try:
         with open_regular(part.path, None) as f:
@@ -419,7 +437,7 @@ READERS: dict[str, Callable[[Unit, UnitNotes], Iterator[Doc]]] = {
 }
 
 
-def read_unit(unit: Unit, notes: Optional[UnitNotes] = None) -> Iterator[Doc]:
+def read_unit(unit: Unit, notes: UnitNotes | None = None) -> Iterator[Doc]:
     """The documents (and pieces of documents) of one unit, in order; empty documents included."""
     return READERS[unit.reader](unit, notes if notes is not None else UnitNotes())
 
@@ -428,7 +446,7 @@ def read_unit(unit: Unit, notes: Optional[UnitNotes] = None) -> Iterator[Doc]:
 # Whole documents (here, in order): max_chars, and small uses.
 
 def whole_documents(src: Source, base_dir: Path | str, decide: Callable[[Path, int], str] | None = None,
-                    on_unit: Optional[Callable[[int], None]] = None) -> Iterator[str]:
+                    on_unit: Callable[[int], None] | None = None) -> Iterator[str]:
     """The documents of one text source in order, pieces joined, empty ones dropped, max_chars applied."""
     decide = decide or (lambda _p, _n: "train")
     left = getattr(src, "max_chars", None)
@@ -460,7 +478,7 @@ def limited_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int
     yield from _literal_units(list(whole_documents(src, base_dir, decide)), src)
 
 
-def load_documents(src: Source, base_dir: Path | str, on_file: Optional[Callable[[int], None]] = None) -> list[str]:
+def load_documents(src: Source, base_dir: Path | str, on_file: Callable[[int], None] | None = None) -> list[str]:
     """The documents of one source, in deterministic order (empty ones dropped); SourceError when none."""
     if is_token_source(src):
         raise SourceError(f"{describe(src)}: its documents are token ids, not text")

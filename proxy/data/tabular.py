@@ -14,8 +14,8 @@ source's column; a null or empty string is no document.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..formats import bounded_json
 from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, read_regular, regular_file_problem
@@ -168,7 +168,7 @@ def _shares(reader: str, items: list[tuple], sizes: list[int], file_size: int) -
     """Each item with its share of the file's size (the last takes the rounding)."""
     total = sum(sizes) or 1
     done = 0
-    for k, (item, s) in enumerate(zip(items, sizes)):
+    for k, (item, s) in enumerate(zip(items, sizes, strict=False)):
         share = file_size - done if k == len(items) - 1 else file_size * s // total
         done += share
         yield reader, (item,), share

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..config.experiment import Experiment
 from ..config.sources import BuiltinSource
 from ..formats.shard import ShardWriter
 from . import source_readers
-from .progress_bars import ProgressBars
 from .builtin_sources import repeated_names
+from .data_error import DataError, unreadable
+from .progress_bars import ProgressBars
 from .source_readers import SourceError, hash_file, limited_units, source_bytes
 from .split import SAMPLE_CAP, by_hash, sample_rate, tail_tokens, val_doc_max
 from .tokenizer import Tokenizer, train_tokenizer
 from .workers import UnitTask, Workers
-from .data_error import DataError, unreadable
 
 
 class Hashes(dict):
@@ -136,7 +136,7 @@ def train_arms_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: P
     size = 0
     with progress.task(f"sampling text for the tokenizer ({100 * rate:.3g}% of {arms.total / 1e6:.1f} MB)",
                        total=arms.total, unit="B") as t, Workers(n_workers, None) as workers:
-        for _arm, task, result in arms.run(workers, rate, stop=lambda: size >= SAMPLE_CAP):
+        for _arm, task, result in arms.run(workers, rate, stop=lambda: size >= SAMPLE_CAP):  # noqa: B023 (reads the live count on purpose)
             for piece in result.sample:
                 if size < SAMPLE_CAP:
                     sample.append(piece)

@@ -7,11 +7,11 @@ from pathlib import Path
 from ..config.experiment import ArmConfig
 from ..config.sources import BuiltinSource, TokensSource
 from ..formats.shard import ShardWriter
-from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
+from ..formats.token_files import TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file
+from .data_error import DataError
 from .progress_bars import ProgressBars
 from .source_readers import SourceError, _matches
 from .split import tail_tokens
-from .data_error import DataError
 
 
 def token_layout(arm: ArmConfig, base: Path) -> tuple[list[Path], list[Path]]:

@@ -13,12 +13,11 @@ most `model.vocab` tokens.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator, Optional, Sequence
-
-from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ..atomic import atomic_write_text
 from ..run_names import READ_LIMITS, TOKENIZER
@@ -49,7 +48,7 @@ class Tokenizer:
     experiment's), at least the number of trained tokens; ids at or above the
     trained count never come out of `encode` and decode to nothing."""
 
-    def __init__(self, hf: _HFTokenizer, vocab_size: Optional[int] = None):
+    def __init__(self, hf: _HFTokenizer, vocab_size: int | None = None):
         self.hf = hf
         self.trained_size = hf.get_vocab_size(with_added_tokens=True)
         self.vocab_size = vocab_size if vocab_size is not None else self.trained_size
@@ -100,11 +99,11 @@ class Tokenizer:
         atomic_write_text(path, self.to_str())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, vocab_size: Optional[int] = None) -> "Tokenizer":
+    def load(cls, path: str | os.PathLike, vocab_size: int | None = None) -> Tokenizer:
         return cls(_HFTokenizer.from_file(str(path)), vocab_size)
 
     @classmethod
-    def from_json(cls, raw: bytes, vocab_size: int, where: str) -> "Tokenizer":
+    def from_json(cls, raw: bytes, vocab_size: int, where: str) -> Tokenizer:
         """A tokenizer.json's bytes as the model's tokenizer; TokenizerError (one line naming `where`) when
         it does not parse, has no <|endoftext|>, or holds more tokens than the model's vocabulary."""
         try:

@@ -5,7 +5,6 @@ of files it reads, the documents it yields, and the one error a source that cann
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 class SourceError(ValueError):
@@ -22,8 +21,8 @@ class FilePart:
     start: int
     stop: int
     size: int
-    split: Optional[str] = None
-    module: Optional[str] = None  # stdlib_docstrings: the module whose docstrings the file's document is
+    split: str | None = None
+    module: str | None = None  # stdlib_docstrings: the module whose docstrings the file's document is
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,8 @@ class Doc:
     document spread over several units; else None (decided by its hash, prepare.py)."""
     text: str
     last: bool = True
-    split: Optional[str] = None
-    raw: Optional[bytes] = None  # the document's UTF-8 bytes when read whole from a file (its hash)
+    split: str | None = None
+    raw: bytes | None = None  # the document's UTF-8 bytes when read whole from a file (its hash)
 
 
 @dataclass

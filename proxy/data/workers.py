@@ -21,24 +21,24 @@ import multiprocessing
 import os
 import signal
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from .source_readers import read_unit
-from .work_units import Doc, Unit, UnitNotes
 from .split import TRAIN, VAL, by_hash, in_sample
 from .text import pieces
 from .tokenizer import Tokenizer
+from .work_units import Doc, Unit, UnitNotes
 
 SMALL_BYTES = 8 << 20  # below this much text, one worker (the main process): a pool's start costs more
 WINDOW_PER_WORKER = 3
 ENV_WORKERS = "MICROGPT_DATA_WORKERS"  # overrides the number of workers (at least 1)
 
-_tokenizer: Optional[Tokenizer] = None  # a worker's own copy
+_tokenizer: Tokenizer | None = None  # a worker's own copy
 
 
 def cpu_count() -> int:
@@ -126,7 +126,7 @@ def run_task(task: UnitTask) -> UnitResult:
     return UnitResult(arrays[TRAIN], arrays[VAL], docs, val_docs, chars, notes.skipped)
 
 
-def _init_worker(tokenizer_json: Optional[str], vocab: int) -> None:
+def _init_worker(tokenizer_json: str | None, vocab: int) -> None:
     global _tokenizer
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -146,12 +146,12 @@ class WorkerError(RuntimeError):
 class Workers:
     """`with Workers(n, tokenizer) as w: for result in w.map(tasks): ...`: results in task order."""
 
-    def __init__(self, n: int, tokenizer: Optional[Tokenizer]):
+    def __init__(self, n: int, tokenizer: Tokenizer | None):
         self.n = max(1, int(n))
         self.tokenizer = tokenizer
-        self.pool: Optional[ProcessPoolExecutor] = None
+        self.pool: ProcessPoolExecutor | None = None
 
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         global _tokenizer
         if self.n == 1:
             _tokenizer = self.tokenizer

@@ -62,7 +62,7 @@ def sample_batch_frame(request_id: int, prompts: list[SamplePrompt], max_new: in
     The `sample` event lists them prompt by prompt; each is deterministic per (seed, its index)."""
     tokens = [np.ascontiguousarray(p.tokens, dtype="<u2") for p in prompts]
     head = SAMPLE_PARAMS.pack(len(prompts), max_new, top_k, temperature)
-    heads = b"".join(SAMPLE_PROMPT.pack(len(t), p.count, p.seed) for p, t in zip(prompts, tokens))
+    heads = b"".join(SAMPLE_PROMPT.pack(len(t), p.count, p.seed) for p, t in zip(prompts, tokens, strict=False))
     payload = b"".join((head, heads, *(t.tobytes() for t in tokens)))
     return _header(SAMPLE, request_id, 0, 0, len(payload)) + payload
 

@@ -35,8 +35,7 @@ from ..divergence import lowest_bound
 from ..run_names import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
 from . import bounded_json
-from .step_fields import (COMPARED_FIELDS, NAN, StepEntry, StepFields, arm_map, num, step_fields,  # noqa: F401
-                          step_of)
+from .step_fields import COMPARED_FIELDS, NAN, StepEntry, StepFields, arm_map, num, step_fields, step_of  # noqa: F401
 
 
 @dataclass
@@ -57,7 +56,7 @@ class EvalEntry:
         return out
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "EvalEntry":
+    def from_dict(cls, obj: dict) -> EvalEntry:
         return cls(step=int(obj["step"]), loss=float(obj["loss"]),
                    arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
                    time=float(obj.get("time", 0.0)), phase=int(obj.get("phase", 0)),
@@ -68,7 +67,7 @@ def eval_loss(parts) -> float:
     """An eval entry's `loss`: the (loss, tokens) of each arm, weighted by tokens, summed in the order given."""
     parts = list(parts)
     total = sum(t for _, t in parts)
-    return sum(l * t for l, t in parts) / total
+    return sum(loss * t for loss, t in parts) / total
 
 
 _KINDS = {"step": StepEntry, "eval": EvalEntry}
@@ -176,7 +175,7 @@ class LossLogIndex:
     skipped: int = 0
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "LossLogIndex":
+    def load(cls, path: str | os.PathLike) -> LossLogIndex:
         index = cls(Path(path))
         if not index.path.exists():
             return index

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -51,15 +51,15 @@ class FrozenRecord(BaseModel):
 
 class Figures(FrozenRecord):
     """What a check measured against the verified path (None: not measured, e.g. after a crash)."""
-    loss_diff: Optional[float] = None  # the largest |loss - verified loss| over the check's steps
-    update_rel: Optional[float] = None  # the worst tensor's |Δw - Δw_verified| / |Δw_verified| (Δw: the steps' update)
-    m_rel: Optional[float] = None  # the same for Adam's first moment
-    v_rel: Optional[float] = None  # and its second moment
-    element_excess: Optional[float] = None  # the worst element's difference over its tolerance (> 1 fails)
-    worst: Optional[str] = None  # the tensor and quantity of the worst figure, e.g. "m of h1.qkv.w"
-    bitwise: Optional[bool] = None  # two runs gave the same losses and checkpoint, bit for bit
-    tokens_equal: Optional[bool] = None  # sampled tokens equal the verified path's (the KV cache)
-    bytes_equal: Optional[bool] = None  # checkpoint files equal the verified path's (the snapshot)
+    loss_diff: float | None = None  # the largest |loss - verified loss| over the check's steps
+    update_rel: float | None = None  # the worst tensor's |Δw - Δw_verified| / |Δw_verified| (Δw: the steps' update)
+    m_rel: float | None = None  # the same for Adam's first moment
+    v_rel: float | None = None  # and its second moment
+    element_excess: float | None = None  # the worst element's difference over its tolerance (> 1 fails)
+    worst: str | None = None  # the tensor and quantity of the worst figure, e.g. "m of h1.qkv.w"
+    bitwise: bool | None = None  # two runs gave the same losses and checkpoint, bit for bit
+    tokens_equal: bool | None = None  # sampled tokens equal the verified path's (the KV cache)
+    bytes_equal: bool | None = None  # checkpoint files equal the verified path's (the snapshot)
 
 
 class Check(FrozenRecord):
@@ -83,7 +83,7 @@ class Qualification(FrozenRecord):
     version: Literal[2] = VERSION
     environment: Environment
     paths: dict[FastPath, Check]  # the paths checked (a path not here was not checked: not used)
-    together: Optional[Check] = None  # every passed path at once, where more than one passed
+    together: Check | None = None  # every passed path at once, where more than one passed
     created: float  # time.time() of the check
 
     def chosen(self) -> list[FastPath]:

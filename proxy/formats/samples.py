@@ -10,7 +10,6 @@ from ..run_names import READ_LIMITS, SAMPLES
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
 
-
 MAX_TEXT = 4000  # characters of a completion kept in an audit (the dashboard shows as many)
 
 
@@ -31,7 +30,7 @@ class SampleAudit:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "SampleAudit":
+    def from_dict(cls, obj: dict) -> SampleAudit:
         return cls(step=int(obj["step"]), time=float(obj.get("time", 0.0)),
                    samples=[Sample(str(s.get("prompt", "")), str(s.get("completion", "")),
                                    [int(t) for t in s.get("tokens", [])]) for s in obj.get("samples", [])])

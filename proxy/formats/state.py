@@ -84,7 +84,7 @@ class Goodput:
     tokens_per_s: float | None = None
 
     @classmethod
-    def from_dict(cls, obj) -> "Goodput | None":
+    def from_dict(cls, obj) -> Goodput | None:
         """The account as read back from `.state.json`, or None unless its figures are numbers (the
         snapshot is never trusted)."""
         if not isinstance(obj, dict) or not isinstance(obj.get("audits"), dict):
@@ -149,7 +149,7 @@ class RunState:
         return finite_json(out)
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "RunState":
+    def from_dict(cls, obj: dict) -> RunState:
         """A snapshot as read back: known fields as written (not validated: it is never trusted), arms and
         engine as their dataclasses, anything else in `extra`."""
         values = _known(cls, obj)

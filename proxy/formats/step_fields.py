@@ -22,9 +22,10 @@ changed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 from ..run_names import MAX_ARMS, MAX_NAME
 
@@ -118,7 +119,7 @@ class StepEntry:
         return out
 
     @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> "StepEntry":
+    def from_dict(cls, obj: Mapping[str, Any]) -> StepEntry:
         """Strict: a value of the wrong type raises (ValueError, TypeError, KeyError, AttributeError)."""
         return cls(**{f.name: _STRICT[f.kind](obj[f.name] if f.missing is None else obj.get(f.name, f.missing))
                       for f in STEP_FIELDS})

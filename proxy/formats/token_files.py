@@ -65,7 +65,7 @@ class TokenSegment:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "TokenSegment":
+    def from_dict(cls, obj: dict) -> TokenSegment:
         seg = cls(path=str(obj["path"]), dtype=str(obj["dtype"]), offset=int(obj["offset"]), start=int(obj["start"]),
                   stop=int(obj["stop"]))
         if seg.dtype not in ("<u2", "<u4") or not 0 <= seg.start <= seg.stop or seg.offset < 0:

@@ -21,13 +21,21 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 from pydantic import Field, ValidationError
 
 from .. import temp_names
-from ..atomic import atomic_copy, atomic_write_bytes, copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
+from ..atomic import (
+    atomic_copy,
+    atomic_write_bytes,
+    copy_synced,
+    fsync_dir,
+    json_bytes,
+    make_dirs,
+    storage_guard,
+    write_synced,
+)
 from ..config.strict import StrictModel
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer, TokenizerError
 from ..formats.shard import HEADER, ShardError, shard_segment
@@ -49,7 +57,7 @@ class FrozenFile(StrictModel):
 
 
 class FrozenTokenizer(FrozenFile):
-    given: Optional[str] = None  # the experiment's tokenizer file (absolute) it was copied from; None: trained
+    given: str | None = None  # the experiment's tokenizer file (absolute) it was copied from; None: trained
     eot_id: int = Field(ge=0)
     tokens: int = Field(ge=1)  # its size (the model's vocabulary may be larger)
 
@@ -91,7 +99,7 @@ class DataDefinition(StrictModel):
     changes: list[DataChange] = Field(default_factory=list)
 
 
-def read_definition(run: RunDir) -> Optional[DataDefinition]:
+def read_definition(run: RunDir) -> DataDefinition | None:
     """RUN/data/data.json, checked against its schema; None when there is none; RunDirError (one line) when
     it is unreadable or malformed."""
     path = run.data_definition
@@ -116,7 +124,7 @@ def read_definition(run: RunDir) -> Optional[DataDefinition]:
     return definition
 
 
-def _check_file(run: RunDir, frozen: FrozenFile) -> Optional[str]:
+def _check_file(run: RunDir, frozen: FrozenFile) -> str | None:
     """Why one file of RUN/data/ is not the one data.json names, or None."""
     path = run.data_dir / frozen.file  # a plain name (the schema's pattern)
     try:
@@ -155,7 +163,7 @@ def problems(run: RunDir, definition: DataDefinition) -> list[str]:
     return out
 
 
-def checked_definition(run: RunDir) -> Optional[DataDefinition]:
+def checked_definition(run: RunDir) -> DataDefinition | None:
     """The definition with every file it names verified; None when the run has none; RunDirError naming what is
     wrong otherwise."""
     definition = read_definition(run)
@@ -192,7 +200,7 @@ def val_file(arm: str) -> str:
 
 
 def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tokenizer_json: bytes,
-           given: Optional[str], arms: dict[str, tuple[list[FrozenSource], Path, int]]) -> DataDefinition:
+           given: str | None, arms: dict[str, tuple[list[FrozenSource], Path, int]]) -> DataDefinition:
     """Write RUN/data/ whole: the tokenizer's bytes, each arm's validation shard (copied from `arms`' paths)
     and data.json, built in a temp directory beside it and swapped in, so that data.json names only files
     that are there. `arms`: name -> (its sources, its validation shard, its training tokens). The temp

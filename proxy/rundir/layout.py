@@ -38,16 +38,42 @@ from .. import temp_names
 from ..atomic import make_dirs
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats import bounded_json
-from ..safe_fs import UnsafeFileError, file_kind, read_regular
 
 # The names themselves live in the leaf proxy/run_names.py (formats/ reads them there too); every other
 # module takes them from here, with the directory they name.
-from ..run_names import (RUNS_ROOT, EXPERIMENT, EXPERIMENT_SEAL, CHECKPOINTS, BEST, LOSS_LOG, SAMPLES, STATE, PHASES, DATA,
-                         DATA_DEFINITION, TOKENIZER, VAL_SHARD_SUFFIX, ARCHIVE, ENGINE_LOG, DASHBOARD_LOG,
-                         IDENTITY, ENGINE_RECORD, QUALIFICATION, OVERRIDES, TENSORBOARD, WANDB, TRACKER_LOG,
-                         TRACKER_MARKS, WANDB_RUN_ID, PIVOT_LOCK, PIVOT_REQUEST, PIVOT_CLAIMED,
-                         PIVOT_RESPONSE, PIVOT_RECEIPT, OWN_DIRS, ACTIVITY_FILES, READ_LIMITS,
-                         LOSS_LINE_LIMIT, ENGINE_LOG_TAIL, checkpoint_name)  # noqa: F401
+from ..run_names import (
+    ACTIVITY_FILES,
+    ARCHIVE,
+    BEST,
+    CHECKPOINTS,
+    DASHBOARD_LOG,
+    DATA,
+    DATA_DEFINITION,
+    ENGINE_LOG,
+    ENGINE_RECORD,
+    EXPERIMENT,
+    EXPERIMENT_SEAL,
+    IDENTITY,
+    LOSS_LINE_LIMIT,  # noqa: F401
+    LOSS_LOG,
+    OVERRIDES,
+    OWN_DIRS,
+    PHASES,
+    PIVOT_CLAIMED,
+    PIVOT_LOCK,
+    PIVOT_REQUEST,
+    PIVOT_RESPONSE,
+    QUALIFICATION,
+    READ_LIMITS,
+    RUNS_ROOT,
+    SAMPLES,
+    STATE,
+    TENSORBOARD,
+    TRACKER_LOG,
+    WANDB,
+    checkpoint_name,
+)
+from ..safe_fs import UnsafeFileError, file_kind, read_regular
 
 
 class RunDirError(ProxyError):

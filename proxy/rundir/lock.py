@@ -81,7 +81,7 @@ class KernelLock:
         with storage_guard(self.path, "open"):
             return open_own(self.path, LOCK_FLAGS, "a lock file")
 
-    def acquire(self) -> "KernelLock":
+    def acquire(self) -> KernelLock:
         fd = self._open()
         try:
             for attempt in range(BUSY_TRIES):
@@ -106,7 +106,7 @@ class KernelLock:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
-    def __enter__(self) -> "KernelLock":
+    def __enter__(self) -> KernelLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -120,7 +120,7 @@ class RunLock(KernelLock):
         super().__init__(run.root, directory=True)
         self.run = run
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             super().acquire()
         except LockBusy as busy:
@@ -161,7 +161,7 @@ class PivotLock(KernelLock):
     def __init__(self, run: RunDir):
         super().__init__(run.pivot_lock)
 
-    def acquire(self) -> "PivotLock":
+    def acquire(self) -> PivotLock:
         try:
             super().acquire()
         except LockBusy as busy:

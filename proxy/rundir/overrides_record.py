@@ -23,7 +23,7 @@ class OverridesRecord(StrictModel):
     overrides: list[str] = Field(default_factory=list, max_length=MAX_OVERRIDES)
 
     @classmethod
-    def of(cls, texts: list[str]) -> "OverridesRecord":
+    def of(cls, texts: list[str]) -> OverridesRecord:
         return cls(overrides=[t[:MAX_PATH] for t in texts])
 
 

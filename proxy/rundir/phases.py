@@ -24,7 +24,7 @@ class Phase:
     checkpoint: str | None = None
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "Phase":
+    def from_dict(cls, obj: dict) -> Phase:
         try:
             return cls(phase=int(obj["phase"]), start_step=int(obj["start_step"]), policy=str(obj["policy"]),
                        caps={str(k): float(v) for k, v in dict(obj.get("caps") or {}).items()},

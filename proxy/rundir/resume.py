@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..divergence import insanity, sane_loss
 from ..errors import EXIT_FAILURE, ProxyError
 from ..formats.checkpoint import checkpoint_step, list_checkpoints, misnamed, verify_checkpoint
 from ..formats.loss_log import LossLogIndex
-from ..divergence import insanity, sane_loss
 from .phases import Phase, owned_steps
 
 

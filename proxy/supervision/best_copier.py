@@ -15,8 +15,8 @@ was, with one warning.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import StorageError
 from ..rundir.retention import copy_best

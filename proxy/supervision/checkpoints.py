@@ -10,8 +10,8 @@ from ..formats.loss_log import LossLogIndex
 from ..rundir.layout import RunDirError
 from ..rundir.retention import apply_retention, best_is_better, protected_by_phases
 from .context import RunContext
-from .report import RunReport
 from .launch import EngineLaunch
+from .report import RunReport
 
 
 def durable(report: RunReport, step: int) -> bool:

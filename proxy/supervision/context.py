@@ -59,7 +59,7 @@ class Console:
 class RunContext:
     experiment: Experiment
     run: RunDir
-    data: "RunData"  # the tokenizer, the training and validation tokens (run_data.py)
+    data: RunData  # the tokenizer, the training and validation tokens (run_data.py)
     engine_choice: EngineChoice
     opts: SupervisorOptions
     console: Console

@@ -39,14 +39,22 @@ import os
 import secrets
 import signal
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..atomic import atomic_write_json
-from ..processes import (FileIdentity, group_leader, identity_seen_by, open_pidfd, pidfd_exited, same_command,
-                         signal_group)
+from ..processes import (
+    FileIdentity,
+    group_leader,
+    identity_seen_by,
+    open_pidfd,
+    pidfd_exited,
+    same_command,
+    signal_group,
+)
 from ..rundir.identity import RUN_ID_PATTERN, RunIdentity, read_record
 from ..rundir.layout import RunDir
 
@@ -166,7 +174,7 @@ def verified_engine(run: RunDir, identity: RunIdentity, warn: Callable[[str], No
     return proc
 
 
-def reap_orphan(run: RunDir, identity: RunIdentity, lock: "RunLock", grace_s: float,
+def reap_orphan(run: RunDir, identity: RunIdentity, lock: RunLock, grace_s: float,
                 warn: Callable[[str], None]) -> str | None:
     """An engine a killed proxy left running gets `grace_s` to finish its EOF checkpoint, then its process
     group is killed. Only under `lock`, this run's lock held by the caller: no live proxy of the run owns

@@ -13,12 +13,12 @@ import math
 import time
 from pathlib import Path
 
+from ..divergence import insanity, sane_loss
 from ..formats.checkpoint import checkpoint_path
 from ..formats.frames import Event, group_result
 from ..formats.loss_log import EvalEntry, StepEntry, compare_replayed, eval_loss
-from ..formats.step_fields import engine_metrics
 from ..formats.samples import Sample, SampleAudit
-from ..divergence import insanity, sane_loss
+from ..formats.step_fields import engine_metrics
 from .checkpoints import maybe_best, retain
 from .context import RunContext
 from .goodput import checkpoint_stall_ms
@@ -158,7 +158,7 @@ class EventHandlers:
                      "not logged")
             return
         mean = eval_loss(parts)
-        entry = EvalEntry(step=step, loss=mean, arms={name: l for name, (l, _t) in zip(ctx.arm_names, parts)},
+        entry = EvalEntry(step=step, loss=mean, arms={name: loss for name, (loss, _t) in zip(ctx.arm_names, parts, strict=False)},
                           time=received_at(ev)[1], phase=ctx.phase.phase, segment=launch.number)
         ctx.writer.append(entry)
         ctx.record_eval(step, mean)

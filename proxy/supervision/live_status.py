@@ -7,9 +7,9 @@ import time
 from ..formats.state import ArmStatus, RunState, write_state
 from .context import Console, RunContext
 from .goodput import overhead_summary
+from .launch import EngineLaunch
 from .report import RunReport
 from .throughput import fmt_duration, fmt_rate
-from .launch import EngineLaunch
 
 
 def last_step(launch: EngineLaunch | None) -> int:

@@ -22,7 +22,8 @@ import time
 from ..errors import EXIT_CRASHLOOP, EXIT_DIVERGED, EXIT_FAILURE, EXIT_OK, ProxyError, StorageError, one_line
 from ..formats import frames
 from ..formats.checkpoint import checkpoint_path
-from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_NUMERICS, EXIT_USAGE as ENGINE_EXIT_USAGE, exit_description
+from ..formats.engine_cli import EXIT_CHECKPOINT, EXIT_NUMERICS, exit_description
+from ..formats.engine_cli import EXIT_USAGE as ENGINE_EXIT_USAGE
 from ..rundir.layout import ENGINE_LOG_TAIL
 from ..rundir.lock import RunDirReplaced
 from ..safe_fs import UnsafeFileError, open_regular
@@ -30,13 +31,13 @@ from .checkpoints import retain
 from .context import RunContext
 from .engine_process import EOF, EVENT, NOISE, WRITE_FAILED
 from .events import EventHandlers
-from .pivot_desk import PivotDesk
 from .feeding import FrameFeeder
 from .launch import EngineLaunch, Outcome
 from .launcher import start_launch
+from .live_status import last_step, say_progress_on_clock, write_run_state
+from .pivot_desk import PivotDesk
 from .signals import SignalCounts
 from .storage_stop import EngineStorageError, engine_full_disk, resume_line
-from .live_status import last_step, say_progress_on_clock, write_run_state
 from .watchdog import Watchdog
 
 POLL_S = 0.2  # how long the loop waits for an event before it looks at signals and the clock

@@ -17,14 +17,14 @@ from ..config.caps import check_request
 from ..config.config_file import ExperimentError
 from ..formats.checkpoint import checkpoint_path, verify_checkpoint
 from ..formats.loss_log import LossLogIndex
+from ..rundir.apply_pivot import apply_pivot
 from ..rundir.history import check_history
 from ..rundir.layout import RunDirError, relative_checkpoint
 from ..rundir.phases import read_phases
-from ..rundir.apply_pivot import apply_pivot
 from ..rundir.pivot_request import answer_request, claim_request
 from .checkpoints import retain
 from .context import RunContext
-from .launch import Outcome, EngineLaunch
+from .launch import EngineLaunch, Outcome
 from .live_status import write_run_state
 
 

@@ -6,8 +6,8 @@ snapshot is never trusted, so anything malformed there is ignored.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from ..formats.state import EngineStatus
 from ..rundir.phases import Phase

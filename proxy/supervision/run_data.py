@@ -42,8 +42,15 @@ from ..data.source_readers import SourceError, source_files, source_fingerprint
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats.token_files import TokenSegment
-from ..rundir.data import (DataDefinition, FrozenSource, checked_definition, freeze, record_change, run_tokenizer,
-                          run_val_arrays)
+from ..rundir.data import (
+    DataDefinition,
+    FrozenSource,
+    checked_definition,
+    freeze,
+    record_change,
+    run_tokenizer,
+    run_val_arrays,
+)
 from ..rundir.layout import RunDir
 from ..safe_fs import UnsafeFileError, read_regular
 
@@ -87,7 +94,7 @@ def _frozen_sources(experiment: Experiment, fingerprints: dict[str, list[str]]) 
     out = {}
     for arm in experiment.arms:
         sources = []
-        for src, fp in zip(arm.sources, fingerprints[arm.name]):
+        for src, fp in zip(arm.sources, fingerprints[arm.name], strict=False):
             files = source_files(src, "/")
             sources.append(FrozenSource(kind=src.kind, paths={n: v for n, v, _w in src.path_fields()},
                                         fingerprint=fp, files=len(files),
@@ -115,7 +122,7 @@ def compare(definition: DataDefinition, experiment: Experiment) -> tuple[list[st
                            f"{', '.join(s.kind for s in frozen.sources)}")
             continue
         arm_fps = []
-        for i, (src, was) in enumerate(zip(arm.sources, frozen.sources)):
+        for i, (src, was) in enumerate(zip(arm.sources, frozen.sources, strict=False)):
             what = f"arm {arm.name!r} source {i} ({_describe(src)})"
             try:
                 now = source_fingerprint(src, "/", hashes)

@@ -20,12 +20,11 @@ from pathlib import Path
 from ..config.experiment import Experiment
 from ..config.overrides import load_effective
 from ..data.batches import BatchSampler, segment_arrays
-from ..data.row_spread import row_spread, unigram_gap
 from ..data.prepare import default_cache_dir
+from ..data.row_spread import row_spread, unigram_gap
 from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_OK
 from ..formats.loss_log import LossLogIndex, LossLogWriter
-from ..rundir.overrides_record import OverridesRecord, write_overrides
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
 from ..qualification import VERIFIED_FLAGS, run_engine_paths
@@ -35,6 +34,7 @@ from ..rundir.history import check_history
 from ..rundir.identity import RunIdentity, load_identity, save_identity
 from ..rundir.layout import RunDir, RunDirError, default_run_dir
 from ..rundir.lock import RunLock
+from ..rundir.overrides_record import OverridesRecord, write_overrides
 from ..rundir.phases import ensure_phases, first_phase, read_phases
 from ..rundir.resume import choose_resume
 from ..rundir.retention import RetentionPolicy

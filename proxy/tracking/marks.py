@@ -46,7 +46,7 @@ class Marks(StrictModel):
     config: bool = False  # the experiment was written (TensorBoard: as text at step 0)
 
     @classmethod
-    def load(cls, path: Path) -> "Marks":
+    def load(cls, path: Path) -> Marks:
         """The saved marks; fresh ones (everything is written again) when there are none or they are damaged."""
         try:
             return cls.model_validate(bounded_json.loads(read_regular(path, READ_LIMITS[TRACKER_MARKS], within=path.parent)))

@@ -207,7 +207,7 @@ def plot_summary(summary: dict, out_dir: Path) -> tuple[list[Path], str | None]:
 def _plot_loss(summary: dict, path: Path) -> Path:
     mixes = summary["mixes"]
     fig, axes = plt.subplots(1, len(mixes), figsize=(4.2 * len(mixes), 4.0), squeeze=False)
-    for ax, (name, mix) in zip(axes[0], mixes.items()):
+    for ax, (name, mix) in zip(axes[0], mixes.items(), strict=False):
         half = mix["max_steps"] // 2
         base = mix["policies"][mix["baseline"]]
         for pname, p in mix["policies"].items():
@@ -234,9 +234,9 @@ def _plot_mixtures(summary: dict, path: Path) -> Path:
     mixes = summary["mixes"]
     cols = max(len(m["policies"]) for m in mixes.values())
     fig, axes = plt.subplots(len(mixes), cols, figsize=(3.4 * cols, 2.6 * len(mixes)), squeeze=False, sharey=True)
-    for row, (name, mix) in zip(axes, mixes.items()):
+    for row, (name, mix) in zip(axes, mixes.items(), strict=False):
         arms = [a["name"] for a in mix["arms"]]
-        for ax, (pname, p) in zip(row, mix["policies"].items()):
+        for ax, (pname, p) in zip(row, mix["policies"].items(), strict=False):
             m = p["mixture"]
             ax.stackplot(m["steps"], [m["weights"][a] for a in arms], labels=arms)
             ax.set_title(f"{name}: {pname}", fontsize=9)

@@ -140,7 +140,7 @@ def max_move(steps: np.ndarray, mixture: np.ndarray, after: float, window: int =
 def _binned(steps: np.ndarray, mixture: np.ndarray, bins: int) -> tuple[list[int], np.ndarray]:
     """Mean mixture over `bins` equal spans of steps; each labelled by its last step."""
     edges = np.linspace(0, len(steps), min(bins, len(steps)) + 1).round().astype(int)
-    means = np.array([mixture[a:b].mean(axis=0) for a, b in zip(edges[:-1], edges[1:])])
+    means = np.array([mixture[a:b].mean(axis=0) for a, b in zip(edges[:-1], edges[1:], strict=False)])
     return [int(steps[b - 1]) for b in edges[1:]], means
 
 

@@ -165,7 +165,7 @@ def test_the_build_refuses_the_carried_object_on_another_cudnn_in_one_line(tmp_p
     out = subprocess.run([str(SCRIPT), "--out", str(tmp_path / "build"), "build"], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=f"{fake.parent}:{REPO}"))
     here = metadata.version("nvidia-cudnn-cu13")
-    lines = [l for l in (out.stdout + out.stderr).splitlines() if "carried" in l]
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if "carried" in line]
     assert lines == [f"gpu_session: the carried cuDNN object was compiled against nvidia-cudnn-cu13 {here}, this "
                      f"machine has 9.0.0.1: not using it (make compiles build/attention_cudnn.o here)"], out.stdout
     assert out.returncode == 0, out.stdout[-3000:]  # the build goes on: make decides what to compile

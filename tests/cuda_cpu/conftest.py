@@ -41,7 +41,7 @@ class CaseResult:
     differs: str | None = None
 
     @classmethod
-    def parse(cls, line: str) -> "CaseResult":
+    def parse(cls, line: str) -> CaseResult:
         doc = json.loads(line)
         doc["errors"] = {k: OutputError(**v) for k, v in doc["errors"].items()}
         return cls(**doc)
@@ -71,10 +71,10 @@ def kernel_checks() -> dict[str, CheckRun]:
     """Both variants built and run: hazard twice per case (in order, then
     reversed), asan once."""
     try:
-        binaries = dict(zip(builder.VARIANTS, builder.build_all([builder.plan(v) for v in builder.VARIANTS])))
+        binaries = dict(zip(builder.VARIANTS, builder.build_all([builder.plan(v) for v in builder.VARIANTS]), strict=False))
     except builder.BuildError as exc:
         pytest.fail(f"building the kernel checks failed: {exc}", pytrace=False)
     runs = {"hazard": ["--runs", "2"], "asan": ["--runs", "1"]}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(runs, pool.map(lambda v: run_checks(binaries[v], v, runs[v]), runs)))
+        done = dict(zip(runs, pool.map(lambda v: run_checks(binaries[v], v, runs[v]), runs), strict=False))
     return done

@@ -25,7 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -122,7 +122,7 @@ def _demangle(names: list[str]) -> dict[str, str]:
         return {}
     out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True)
     lines = out.stdout.splitlines()
-    return dict(zip(names, lines)) if out.returncode == 0 and len(lines) == len(names) else {}
+    return dict(zip(names, lines, strict=False)) if out.returncode == 0 and len(lines) == len(names) else {}
 
 
 def machine_code(binary: Path) -> dict[str, dict[str, KernelCode]]:

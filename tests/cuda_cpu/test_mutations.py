@@ -117,7 +117,7 @@ def mutation_runs(kernel_checks) -> dict[str, CheckRun]:
         with ThreadPoolExecutor(max_workers=2) as pool:
             runs = list(pool.map(lambda m: run_mutation(m, kernel_checks[m.variant].binary.parent, Path(scratch)),
                                  order))
-    return {m.name: r for m, r in zip(order, runs)}
+    return {m.name: r for m, r in zip(order, runs, strict=False)}
 
 
 def test_mutations_cover_what_the_issue_names():

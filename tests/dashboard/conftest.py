@@ -75,7 +75,7 @@ class LiveWriter:
             if self.run.step % 10 == 0:
                 self.run.write_state()
 
-    def __enter__(self) -> "LiveWriter":
+    def __enter__(self) -> LiveWriter:
         self._thread.start()
         return self
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import make_run
 from fastapi.testclient import TestClient
 
+from conftest import make_run
 from dashboard.app import LOOPBACK_HOSTS, create_app
 
 

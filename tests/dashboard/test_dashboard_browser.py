@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from conftest import ARTIFACTS, make_run
 
 READY = "() => window.__dashboard && window.__dashboard.ready"

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import httpx
-from conftest import REPO, free_port, make_run
 
+from conftest import REPO, free_port, make_run
 from dashboard import server
 
 

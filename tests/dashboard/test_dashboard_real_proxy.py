@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-from conftest import ARTIFACTS, REPO
 
+from conftest import ARTIFACTS, REPO
 from harness.engines import engine_under_test
 from harness.gate import Gate
 
@@ -86,9 +86,9 @@ def test_wall_clock_rate_of_a_real_run_never_beats_the_engine(tmp_path):
     import json
 
     from dashboard import payload
-    from proxy.formats.loss_log import step_fields
     from dashboard.log_follower import parse_lines
     from dashboard.run_index import RunIndex
+    from proxy.formats.loss_log import step_fields
 
     exp = json.loads((REPO / "experiments" / "TINY-TRAIN.json").read_text())
     exp["name"] = "TINY-WALL"
@@ -119,7 +119,7 @@ def test_wall_clock_rate_of_a_real_run_never_beats_the_engine(tmp_path):
         """(points with a rate, the highest wall/engine ratio): each point against the engine over the steps
         since the newest candidate start (`starts`, before it) at least 10 s older."""
         n, top = 0, 0.0
-        for i, (end, rate) in enumerate(zip(ends, rates)):
+        for _i, (end, rate) in enumerate(zip(ends, rates, strict=False)):
             if rate is None:
                 continue
             since = max(s for s in starts if s < end and log[s].time <= log[end].time - payload.WALL_WINDOW_S)

@@ -79,7 +79,7 @@ def test_replayed_steps_last_entry_wins(tmp_path):
     assert run.store.n_steps == 3 * K + 5
     p = run.series(None, None, 1000)
     assert p["raw"]
-    by_step = dict(zip(p["step"], p["loss"]["mean"]))
+    by_step = dict(zip(p["step"], p["loss"]["mean"], strict=False))
     assert by_step[3] == 7.5 and by_step[3 * K + 2] == 8.5 and len(p["step"]) == 3 * K + 5
     # summaries of the dirty block are recomputed from the log: the old value is gone
     p = run.series(None, None, 2)

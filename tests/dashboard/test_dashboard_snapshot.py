@@ -7,8 +7,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, make_run
 
+from conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, make_run
 from dashboard.synthetic import SyntheticRun
 
 READY = "() => window.__dashboard && window.__dashboard.ready"

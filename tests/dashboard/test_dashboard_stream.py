@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+
 from conftest import make_run
 
 

@@ -17,7 +17,8 @@ from harness.engine import parse_events, run_once
 from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import read_checkpoint
-from proxy.formats.shard import HEADER as SHARD_HEADER, SHARD_MAGIC
+from proxy.formats.shard import HEADER as SHARD_HEADER
+from proxy.formats.shard import SHARD_MAGIC
 
 from .conftest import TINY, dir_snapshot
 
@@ -52,7 +53,7 @@ def ck(tmp_path, valid_ckpt, engine_bin):
 def flags(cfg: Shape = CFG, drop=(), **override) -> list[str]:
     """cfg.flags() with some flags replaced (override, '_' -> '-') or removed (drop); never duplicated."""
     pairs = cfg.flags()
-    d = dict(zip(pairs[::2], pairs[1::2]))
+    d = dict(zip(pairs[::2], pairs[1::2], strict=False))
     for k, v in override.items():
         d["--" + k.replace("_", "-")] = str(v)
     for k in drop:

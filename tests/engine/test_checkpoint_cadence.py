@@ -47,7 +47,7 @@ def test_ckpt_every_seconds_checkpoints_on_the_clock_and_changes_no_result(run_e
     elapsed = arrival[N_STEPS] - ready_at
     assert 2 <= len(timed) <= elapsed / S + 1, f"{len(timed)} timed checkpoints in {elapsed:.2f} s: {ckpts}"
     assert arrival[timed[0]] - ready_at >= S - TOLERANCE, "the first is due S seconds after start-up"
-    for a, b in zip(timed, timed[1:]):
+    for a, b in zip(timed, timed[1:], strict=False):
         assert arrival[b] - arrival[a] >= S - TOLERANCE, f"timed checkpoints at steps {a} and {b} are closer than {S} s"
         assert arrival[b - 1] - arrival[a] < S + TOLERANCE, f"step {b - 1} was already due: it ended {S} s after {a}"
     assert {reason for _, reason in ckpts} <= {"timed", "stop"}
@@ -69,7 +69,7 @@ def test_the_step_cadence_and_the_clock_whichever_comes_first(run_engine, tmp_pa
     timed = [s for s, reason in ckpts if reason == "timed"]
     assert timed, f"7 steps take >= {7 * PACE:.2f} s, more than {clock} s: some timed checkpoint must come first; {ckpts}"
     steps = [s for s, _ in ckpts]
-    for prev, cur in zip(steps, steps[1:]):  # the clock restarts at every checkpoint, whatever started it
+    for prev, cur in zip(steps, steps[1:], strict=False):  # the clock restarts at every checkpoint, whatever started it
         if cur in timed:
             assert arrival[cur] - arrival[prev] >= clock - TOLERANCE, f"timed at {cur}, only just after {prev}: {ckpts}"
 

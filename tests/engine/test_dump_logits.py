@@ -42,7 +42,7 @@ def test_dumped_logits_are_the_models_and_frames_append(engine_bin, run_engine, 
     raw = np.fromfile(dump, dtype="<f4")
     assert raw.size == sum(count * max_new for _p, count, max_new, _t in requests) * cfg.vocab
     offset = 0
-    for (prompt, count, max_new, temperature), event in zip(requests, events):
+    for (prompt, count, max_new, temperature), event in zip(requests, events, strict=False):
         block = raw[offset: offset + count * max_new * cfg.vocab].reshape(count, max_new, cfg.vocab)
         offset += block.size
         for k, new in enumerate(event["tokens"]):

@@ -28,7 +28,7 @@ def slots() -> list[str]:
 
 def table(source: str, name: str) -> list[tuple[str, str]]:
     """The `.slot = value` pairs of `static const MgEngineOps name = {...};`, in order."""
-    m = re.search(r"static\s+const\s+MgEngineOps\s+%s\s*=\s*\{(.*?)\};" % name, source, re.DOTALL)
+    m = re.search(rf"static\s+const\s+MgEngineOps\s+{name}\s*=\s*\{{(.*?)\}};", source, re.DOTALL)
     assert m, f"no `static const MgEngineOps {name}` table"
     return re.findall(r"\.(\w+)\s*=\s*(\w+)", m.group(1))
 
@@ -44,7 +44,7 @@ def test_the_table_names_every_slot_in_order(file: str):
         # A slot is empty or the engine's function of the same name, defined in this file.
         assert value == "NULL" or value == prefix + slot, (file, slot, value)
         if value != "NULL":
-            assert re.search(r"^static\s[^;{]*\b%s\(" % value, source, re.MULTILINE), f"{file} defines no {value}"
+            assert re.search(rf"^static\s[^;{{]*\b{value}\(", source, re.MULTILINE), f"{file} defines no {value}"
 
 
 @pytest.mark.parametrize("file", sorted(ENGINES))
@@ -52,8 +52,8 @@ def test_the_table_is_fixed_at_build_time(file: str):
     """Options change flags (MgEngineCaps), never a slot: no slot is assigned at run time, nothing is pasted."""
     source = _source(file)
     for slot in slots():
-        assert not re.search(r"(->|\.)ops\s*->\s*%s\s*=[^=]" % slot, source), (file, slot)
-        assert not re.search(r"eng\s*->\s*%s\s*=[^=]" % slot, source), (file, slot)
+        assert not re.search(rf"(->|\.)ops\s*->\s*{slot}\s*=[^=]", source), (file, slot)
+        assert not re.search(rf"eng\s*->\s*{slot}\s*=[^=]", source), (file, slot)
     for header in ("train.h", "engine.h", file):
         assert "##" not in _source(header), f"token pasting in microgpt/{header}"
 

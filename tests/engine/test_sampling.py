@@ -48,7 +48,7 @@ def trained_engine(run_engine, tmp_path, cfg: Shape, name: str, *extra):
 
 
 def sample_all(eng, frames_by_id: dict[int, bytes]) -> dict[int, list]:
-    for rid, frame in frames_by_id.items():
+    for _rid, frame in frames_by_id.items():
         eng.send(frame)
     return {rid: eng.wait_for("sample", id=rid)["tokens"] for rid in frames_by_id}
 

@@ -213,7 +213,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous_valid(run_engine, tmp_pa
     write_s = max(first["ms"] / 1000.0, 0.001)
 
     killed_mid_write = 0
-    for attempt in range(5):
+    for _attempt in range(5):
         eng = run_engine(proxy_args(cfg, ck, "--resume", "latest"))
         ready = eng.wait_for("ready")
         assert_only_complete_checkpoints(ck, allow_tmp=False)  # stale temp files are gone at start

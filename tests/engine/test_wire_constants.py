@@ -30,21 +30,21 @@ def c_enum(header: str, prefix: str) -> dict[str, int]:
     """Every `PREFIX_NAME = value` of the header's enums."""
     found = {}
     for body in re.findall(r"enum\s*\{([^}]*)\}", _header(header)):
-        for name, value in re.findall(r"\b(%s\w+)\s*=\s*(\d+)" % prefix, body):
+        for name, value in re.findall(rf"\b({prefix}\w+)\s*=\s*(\d+)", body):
             found[name] = int(value)
     assert found, f"no {prefix}* enum in microgpt/{header}"
     return found
 
 
 def c_define(header: str, name: str) -> str:
-    m = re.search(r"^#define\s+%s\s+(.+?)\s*$" % name, _header(header), re.MULTILINE)
+    m = re.search(rf"^#define\s+{name}\s+(.+?)\s*$", _header(header), re.MULTILINE)
     assert m, f"no #define {name} in microgpt/{header}"
     return m.group(1)
 
 
 def c_struct(header: str, name: str) -> list[str]:
     """A `typedef struct { ... } name;` as struct codes, one per value (`9i` is nine `i`; a char array is `Ns`)."""
-    m = re.search(r"typedef\s+struct\s*\{([^}]*)\}\s*%s\s*;" % name, _header(header))
+    m = re.search(rf"typedef\s+struct\s*\{{([^}}]*)\}}\s*{name}\s*;", _header(header))
     assert m, f"no struct {name} in microgpt/{header}"
     codes = []
     for decl in filter(None, (d.strip() for d in m.group(1).split(";"))):

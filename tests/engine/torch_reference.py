@@ -53,7 +53,7 @@ class Reference:
             t = torch.tensor(flat[sl].astype(np.float64), dtype=dtype).reshape(shp).requires_grad_(True)
             self.names.append(name)
             self.params.append(t)
-        self.p = dict(zip(self.names, self.params))
+        self.p = dict(zip(self.names, self.params, strict=False))
 
     # ---------------------------------------------------------------- model
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
@@ -63,8 +63,8 @@ class Reference:
         hd = C // H
         x = p["wte"][idx] + p["wpe"][:T]
         mask = torch.ones(T, T, dtype=torch.bool).tril()
-        for l in range(s.layers):
-            q_ = f"h{l}."
+        for layer in range(s.layers):
+            q_ = f"h{layer}."
             h = F.layer_norm(x, (C,), p[q_ + "ln1.w"], p[q_ + "ln1.b"], LN_EPS)
             qkv = h @ p[q_ + "qkv.w"].T + p[q_ + "qkv.b"]
             q, k, v = qkv.split(C, dim=-1)
@@ -141,8 +141,8 @@ class Trainer:
         self.model = model
         self.sched = dict(lr=lr, min_lr=min_lr, warmup=warmup, steps=steps)
         self.grad_clip = grad_clip
-        dec = [t for n, t in zip(model.names, model.params) if decays(n)]
-        nodec = [t for n, t in zip(model.names, model.params) if not decays(n)]
+        dec = [t for n, t in zip(model.names, model.params, strict=False) if decays(n)]
+        nodec = [t for n, t in zip(model.names, model.params, strict=False) if not decays(n)]
         self.opt = torch.optim.AdamW([{"params": dec, "weight_decay": weight_decay},
                                       {"params": nodec, "weight_decay": 0.0}],
                                      lr=lr, betas=(beta1, beta2), eps=eps, foreach=False)

@@ -22,10 +22,20 @@ import numpy as np
 from harness.engine import TIMEOUT
 from proxy.formats.loss_log import StepEntry, encode_line, parse_line
 
-from .proxy_checks import (checkpoints_kept, fill_disk, launch, one_line_exit, only_appended, proxy_cmd, run_cmd,
-                           run_state, start_training, temp_files, tmpfs)
-from .proxy_harness import (FAULT_EXPERIMENT, ProxyEnv, expected_resume, no_traceback, read_log,
-                            write_fault_experiment)
+from .proxy_checks import (
+    checkpoints_kept,
+    fill_disk,
+    launch,
+    one_line_exit,
+    only_appended,
+    proxy_cmd,
+    run_cmd,
+    run_state,
+    start_training,
+    temp_files,
+    tmpfs,
+)
+from .proxy_harness import FAULT_EXPERIMENT, ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
 from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
 from .run_dir_scenarios import _run_files
 from .scenarios import ENGINE, Outcome

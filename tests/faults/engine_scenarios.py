@@ -21,12 +21,28 @@ import numpy as np
 from harness.engine import TIMEOUT, Child, Hang
 from harness.shape import Shape
 from proxy.formats import frames
-from proxy.formats.checkpoint import (FOOTER_BYTES as FOOTER, TRAILER_FIXED_BYTES as TRAILER_FIXED, body_bytes,
-                                      list_checkpoints, verify_checkpoint)
+from proxy.formats.checkpoint import FOOTER_BYTES as FOOTER
+from proxy.formats.checkpoint import TRAILER_FIXED_BYTES as TRAILER_FIXED
+from proxy.formats.checkpoint import body_bytes, list_checkpoints, verify_checkpoint
 from proxy.formats.engine_cli import engine_args
 
-from .scenarios import (ENGINE, LARGE, TINY, CkptWatch, Outcome, compare_files, fsize_limit, reference_run, rng_for,
-                        run_standalone, same_path, start_standalone, step_record, tail_lines, temps_in)
+from .scenarios import (
+    ENGINE,
+    LARGE,
+    TINY,
+    CkptWatch,
+    Outcome,
+    compare_files,
+    fsize_limit,
+    reference_run,
+    rng_for,
+    run_standalone,
+    same_path,
+    start_standalone,
+    step_record,
+    tail_lines,
+    temps_in,
+)
 
 # ---------------------------------------------------------------------------
 # engine scenarios
@@ -55,7 +71,7 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
     watch = CkptWatch(ck)
     kills = launches = 0
     stale: set[str] = set()
-    mode_names, weights = zip(*modes.items())
+    mode_names, weights = zip(*modes.items(), strict=False)
     while True:
         expect_path, expect_step = watch.newest_valid()
         p = start_standalone(model, shard, ck, ckpt_every)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from harness.engine import Child, Hang
+
 from .path_scenarios import tree
 from .proxy_checks import memory_limit, one_line_exit, proxy_cmd, run_cmd
 from .proxy_harness import ProxyEnv, write_fault_experiment

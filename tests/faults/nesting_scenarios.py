@@ -31,8 +31,14 @@ from proxy.formats.checkpoint import encode_checkpoint, list_checkpoints, read_c
 
 from .process_scenarios import _env
 from .proxy_checks import one_line_exit, proxy_cmd, run_cmd
-from .proxy_harness import (ProxyEnv, compare_with_reference, first_resume, no_traceback, read_log,
-                            write_fault_experiment)
+from .proxy_harness import (
+    ProxyEnv,
+    compare_with_reference,
+    first_resume,
+    no_traceback,
+    read_log,
+    write_fault_experiment,
+)
 from .proxy_scenarios import copy_run, relaunch_and_compare
 from .sandbox import require_namespace
 from .scenarios import ENGINE, Outcome, tail_lines

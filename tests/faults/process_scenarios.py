@@ -24,8 +24,15 @@ from proxy.rundir.identity import ensure_identity
 from proxy.rundir.layout import RunDir
 
 from .proxy_checks import proxy_cmd, run_cmd
-from .proxy_harness import (LogTail, ProxyEnv, compare_with_reference, engine_alive, engine_record, no_traceback,
-                            read_log)
+from .proxy_harness import (
+    LogTail,
+    ProxyEnv,
+    compare_with_reference,
+    engine_alive,
+    engine_record,
+    no_traceback,
+    read_log,
+)
 from .proxy_scenarios import copy_run
 from .sandbox import Sentinels, require_namespace
 from .scenarios import ENGINE, Outcome, tail_lines

@@ -33,8 +33,15 @@ from proxy.rundir.layout import RunDir
 
 from .process_scenarios import _env, _newest, _segments, _tree, _watch
 from .proxy_checks import proxy_cmd, run_cmd
-from .proxy_harness import (LogTail, compare_with_reference, engine_alive, engine_record, no_traceback, read_log,
-                            write_fault_experiment)
+from .proxy_harness import (
+    LogTail,
+    compare_with_reference,
+    engine_alive,
+    engine_record,
+    no_traceback,
+    read_log,
+    write_fault_experiment,
+)
 from .proxy_scenarios import copy_run
 from .sandbox import Sentinels, require_namespace
 from .scenarios import ENGINE, Outcome, tail_lines

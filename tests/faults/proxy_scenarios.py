@@ -19,10 +19,31 @@ from harness.shape import Shape
 from proxy.formats.checkpoint import checkpoint_files, checkpoint_step, list_checkpoints
 
 from .engine_scenarios import checkpoint_regions, flip_bit
-from .proxy_harness import (LogTail, ProxyEnv, compare_with_reference, engine_alive, engine_record, expected_resume,
-                            first_resume, kill_engine, no_traceback, read_log, wait_engine_gone, write_fault_experiment)
-from .scenarios import (ENGINE, CkptWatch, Outcome, compare_files, fsize_limit, rng_for, run_standalone,
-                        tail_lines, temps_in)
+from .proxy_harness import (
+    LogTail,
+    ProxyEnv,
+    compare_with_reference,
+    engine_alive,
+    engine_record,
+    expected_resume,
+    first_resume,
+    kill_engine,
+    no_traceback,
+    read_log,
+    wait_engine_gone,
+    write_fault_experiment,
+)
+from .scenarios import (
+    ENGINE,
+    CkptWatch,
+    Outcome,
+    compare_files,
+    fsize_limit,
+    rng_for,
+    run_standalone,
+    tail_lines,
+    temps_in,
+)
 
 # ---------------------------------------------------------------------------
 # proxy scenarios

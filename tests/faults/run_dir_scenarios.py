@@ -22,13 +22,25 @@ from harness.engine import TIMEOUT, Child
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
 from .engine_scenarios import umount
-from .proxy_checks import (REFUSE_TIMEOUT, checkpoints_kept, fill_disk, launch, launch_and_compare, memory_limit,
-                           one_line_exit, only_appended, proxy_cmd, run_cmd, run_state, start_training, temp_files,
-                           tmpfs)
+from .proxy_checks import (
+    REFUSE_TIMEOUT,
+    checkpoints_kept,
+    fill_disk,
+    launch,
+    launch_and_compare,
+    memory_limit,
+    one_line_exit,
+    only_appended,
+    proxy_cmd,
+    run_cmd,
+    run_state,
+    start_training,
+    temp_files,
+    tmpfs,
+)
 from .proxy_harness import LogTail, ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
 from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
 from .scenarios import Outcome, fsize_limit, tail_lines
-
 
 # ---------------------------------------------------------------------------
 # the proxy's own writes failing
@@ -503,7 +515,7 @@ def names_out_of_bounds(env: ProxyEnv, template: Path, workdir: Path, name: str 
 
     def at_bounds(doc):
         doc["name"] = longest["name"]
-        for arm, arm_name in zip(doc["arms"], longest["arms"]):
+        for arm, arm_name in zip(doc["arms"], longest["arms"], strict=False):
             arm["name"] = arm_name
         doc["train"]["max_steps"] = 8
     exp = _experiment_with(env, workdir / "exp-bounds", at_bounds)

@@ -87,14 +87,14 @@ def rng_for(name: str) -> random.Random:
 class FaultCheckFailed(AssertionError):
     """A broken invariant, raised by the check that found it; `outcome` is the scenario's, as it stood."""
 
-    def __init__(self, outcome: "Outcome", message: str):
+    def __init__(self, outcome: Outcome, message: str):
         super().__init__(f"{outcome.scenario}: {message} (FAULT_SEED={outcome.seed})")
         self.outcome = outcome
 
 
 # The outcomes made since the running test began (conftest.py clears it): a failed check ends its scenario
 # before the scenario returns its outcome, and the report still records it.
-MADE: list["Outcome"] = []
+MADE: list[Outcome] = []
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Outcome:
     def bump(self, key: str, by: int = 1) -> None:
         self.notes[key] = self.notes.get(key, 0) + by
 
-    def close(self) -> "Outcome":
+    def close(self) -> Outcome:
         self.end_fault()
         self.seconds = round(time.monotonic() - self._t0, 2)
         return self

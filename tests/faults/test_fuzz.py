@@ -17,10 +17,10 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from proxy.formats import frames
 from proxy.config.caps import load_caps, load_pivot_caps
 from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import load_experiment
+from proxy.formats import frames
 from proxy.rundir.layout import RunDir
 from proxy.rundir.phases import read_phases
 

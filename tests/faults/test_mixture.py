@@ -37,9 +37,9 @@ def bounds_and_point(draw):
             scale = (1 + draw(st.sampled_from([0.0, TOLERANCE / 2, -TOLERANCE / 2, 1e-16, -1e-16]))) / total
             target[:] = [min(1.0, t * scale) for t in target]
             if which == "caps":
-                floors = [min(f, c) for f, c in zip(floors, caps)]
+                floors = [min(f, c) for f, c in zip(floors, caps, strict=False)]
             else:
-                caps = [max(f, c) for f, c in zip(floors, caps)]
+                caps = [max(f, c) for f, c in zip(floors, caps, strict=False)]
     v = [draw(st.floats(-10, 10)) for _ in range(k)]
     return np.array(v), np.array(floors), np.array(caps)
 

@@ -8,7 +8,6 @@ on; the KV cache's tokens and logits against the recompute path's, bit for bit.
 Run first in a GPU session (scripts/gpu_session.sh): the rest of tests/gpu covers the verified path."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -17,7 +17,8 @@ from harness.data import markov_frames, markov_rows
 from harness.engine import Engine, initial_checkpoint
 from harness.shape import Shape, proxy_args
 from proxy.formats import frames
-from proxy.qualification import COSINE_MIN, LOSS_TOLERANCE as LOSS_TOL  # the qualification's tolerances
+from proxy.qualification import COSINE_MIN  # the qualification's tolerances
+from proxy.qualification import LOSS_TOLERANCE as LOSS_TOL
 
 from .conftest import BASE, GradDump, dump_grads_run, train
 
@@ -133,6 +134,6 @@ def test_flash_falls_back_to_naive(case, cuda_bin, tmp_path):
                                 "--attention", attention)
     asked = runs["flash"]
     assert asked.of("ready")[0]["device"].endswith("attention naive"), asked.of("ready")[0]["device"]
-    warnings = [l for l in asked.stderr.splitlines() if "--attention flash" in l]
+    warnings = [line for line in asked.stderr.splitlines() if "--attention flash" in line]
     assert len(warnings) == 1 and says in warnings[0], asked.stderr
     assert asked.losses() == runs["naive"].losses()

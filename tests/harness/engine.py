@@ -34,7 +34,7 @@ from .shape import Shape, proxy_args
 TIMEOUT = 120.0  # seconds one interaction may take on a busy 2-core box before it counts as hung
 
 # Every child started, in order: tests/conftest.py kills those a test left running.
-LIVE: list["Child"] = []
+LIVE: list[Child] = []
 
 
 class EngineError(AssertionError):

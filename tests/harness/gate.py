@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from proxy.atomic import atomic_write_text
 from proxy.formats import frames

@@ -43,7 +43,7 @@ class Shape(ModelShape):
         """Token rows per optimizer step (a TRAIN frame's rows)."""
         return self.batch * self.grad_accum
 
-    def but(self, **changes) -> "Shape":
+    def but(self, **changes) -> Shape:
         return replace(self, **changes)
 
     def flags(self) -> list[str]:

@@ -8,13 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from proxy.data.split import VAL, by_hash, val_doc_max
-from proxy.data.tokenizer import EOT
-from proxy.data import (DataError, SourceError, Tokenizer, data_key, load_documents, prepare_data,
-                        source_files, train_tokenizer)
-from proxy.data.progress_bars import ProgressBars
 from proxy.config.experiment import load_experiment, parse_experiment
 from proxy.config.sources import parse_source
+from proxy.data import (
+    DataError,
+    SourceError,
+    Tokenizer,
+    data_key,
+    load_documents,
+    prepare_data,
+    source_files,
+    train_tokenizer,
+)
+from proxy.data.progress_bars import ProgressBars
+from proxy.data.split import VAL, by_hash, val_doc_max
+from proxy.data.tokenizer import EOT
 from proxy.formats.shard import read_shard
 
 

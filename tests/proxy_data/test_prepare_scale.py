@@ -21,8 +21,8 @@ import pytest
 from proxy.config.experiment import parse_experiment
 from proxy.config.sources import parse_source
 from proxy.data import DataError, SourceError, load_documents, prepare_data, train_tokenizer
-from proxy.data.progress_bars import ProgressBars
 from proxy.data.builtin_sources import stdlib_files
+from proxy.data.progress_bars import ProgressBars
 from proxy.data.text import WORD_CHARS, binary_reason, pieces, safe_cut
 from proxy.formats.shard import read_shard
 

@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -103,7 +103,7 @@ class Proxy:
     child: Child | None = None
     started: ClassVar[list] = []
 
-    def start(self) -> "Proxy":
+    def start(self) -> Proxy:
         require_engine_flag(self.args)
         Proxy.started.append(self)
         self.child = Child([sys.executable, "-m", "proxy", *self.args], REPO, env=proxy_env(self.cache),

@@ -11,9 +11,15 @@ import pytest
 from proxy.config.experiment import load_experiment
 from proxy.data.batches import BatchSampler
 from proxy.formats import frames
-from proxy.formats.shard import read_shard
-from proxy.formats.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats.checkpoint import (
+    checkpoint_path,
+    checkpoint_step,
+    list_checkpoints,
+    read_checkpoint,
+    verify_checkpoint,
+)
 from proxy.formats.engine_cli import engine_args
+from proxy.formats.shard import read_shard
 from proxy.formats.state import AUDIT_KINDS
 
 from .conftest import ENGINE, TINY, Proxy, make_experiment, read_entries, run_args, run_cmd
@@ -138,8 +144,8 @@ def check_evals_against_per_arm_frames(run_dir, path, data_cache, tmp_path) -> N
         out = subprocess.run(argv, input=feed, capture_output=True, timeout=120, check=True).stdout
         events = {e["id"]: e for e in map(json.loads, out.splitlines()) if e["event"] == "eval"}
         parts = [(events[a + 1]["group_loss"][str(a)], events[a + 1]["group_tokens"][str(a)]) for a in range(len(arms))]
-        assert logged["arms"] == {name: loss for name, (loss, _t) in zip(arms, parts)}, step
-        assert logged["loss"] == sum(l * t for l, t in parts) / sum(t for _l, t in parts), step
+        assert logged["arms"] == {name: loss for name, (loss, _t) in zip(arms, parts, strict=False)}, step
+        assert logged["loss"] == sum(loss * t for loss, t in parts) / sum(t for _loss, t in parts), step
         compared += 1
     assert compared >= 2, f"only {compared} evals had a checkpoint to compare on"
 

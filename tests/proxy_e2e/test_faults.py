@@ -7,8 +7,20 @@ import signal
 
 from proxy.formats import frames
 
-from .conftest import (ENGINE, Proxy, engine_pid, last_steps, make_experiment, max_logged_step, one_line_error,
-                       pid_alive, run_args, run_cmd, state, wait_for)
+from .conftest import (
+    ENGINE,
+    Proxy,
+    engine_pid,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    one_line_error,
+    pid_alive,
+    run_args,
+    run_cmd,
+    state,
+    wait_for,
+)
 
 TRAIN = dict(max_steps=200, ckpt_every=20, eval_every=50, sample_every=50, keep_last=2, milestone_every=0)
 

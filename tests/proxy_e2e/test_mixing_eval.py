@@ -225,6 +225,7 @@ def test_max_move_and_the_goals_of_a_mix():
     sys.path.insert(0, str(REPO / "scripts"))
     import numpy as np  # noqa: PLC0415
     from mixing.summary import fewer_steps_goal, low_quality_arms, max_move  # noqa: PLC0415
+
     from proxy.config.experiment import load_experiment  # noqa: PLC0415
 
     steps = np.arange(1, 201)

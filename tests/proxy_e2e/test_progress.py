@@ -39,7 +39,7 @@ def test_progress_lines_on_the_step_count(engine, data_cache, tmp_path):
     assert progress[-1][7] == "0m00s"  # ETA at the last step
     checkpoints = [line for line in out if line.startswith("checkpoint ")]
     assert [line.split(" (")[0] for line in checkpoints] == [f"checkpoint step_{s:06d}.bin" for s in (100, 200, 300)]
-    for line, step in zip(checkpoints, (100, 200, 300)):
+    for line, step in zip(checkpoints, (100, 200, 300), strict=False):
         assert line.startswith(f"checkpoint step_{step:06d}.bin (step {step}; periodic, write "), line
         assert re.search(r"\| overhead \d+\.\d% \(sample \d+\.\d%, eval \d+\.\d%, checkpoint \d+\.\d%, "
                          r"other -?\d+\.\d%\)$", line), line

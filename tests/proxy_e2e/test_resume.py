@@ -18,8 +18,19 @@ import pytest
 from harness.gate import KILL_SLACK
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
-from .conftest import (Proxy, assert_same_checkpoint, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive,
-                       run_args, run_cmd, state, wait_for)
+from .conftest import (
+    Proxy,
+    assert_same_checkpoint,
+    engine_pid,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    pid_alive,
+    run_args,
+    run_cmd,
+    state,
+    wait_for,
+)
 
 MAX_STEPS = 160
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=40, keep_last=2,
@@ -54,7 +65,7 @@ def test_bit_exact_resume_after_random_kills(straight, gate, data_cache, tmp_pat
     targets = sorted(rng.sample(range(8, MAX_STEPS - 15), 3))
     modes = [rng.choice(["proxy-group", "engine", "both"]) for _ in targets]
     proxy = None
-    for target, mode in zip(targets, modes):
+    for target, mode in zip(targets, modes, strict=False):
         gate.hold_after(target + KILL_SLACK)  # the kill lands at most KILL_SLACK steps past its target
         proxy = proxy or Proxy(args, data_cache).start()
         wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)

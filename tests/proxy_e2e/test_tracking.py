@@ -125,7 +125,7 @@ def test_wandb_offline_run_resumes_the_same_run(data_cache, tmp_path, monkeypatc
     files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert [f.name for f in files] == [f"run-{run_id}.wandb"] * 2  # one per launch, both of the same W&B run
     steps = []
-    for i, f in enumerate(files):
+    for _i, f in enumerate(files):
         records = wandb_records(f)
         runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
         assert [r.run_id for r in runs] == [run_id] and runs[0].project == "microgpt-tests"

@@ -11,9 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from proxy_e2e.conftest import (REPO, Proxy, _reap_proxies, assert_same_checkpoint, data_cache, engine, gate,  # noqa: F401
-                                last_steps, make_experiment, max_logged_step, proxy_env, run_args, run_cmd,
-                                wait_for)
+from proxy_e2e.conftest import (  # noqa: F401
+    REPO,
+    Proxy,
+    _reap_proxies,
+    assert_same_checkpoint,
+    data_cache,
+    engine,
+    gate,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    proxy_env,
+    run_args,
+    run_cmd,
+    wait_for,
+)
 from proxy_pivot.conftest import one_line_error, tree_hashes  # noqa: F401
 
 MAX_STEPS = 60

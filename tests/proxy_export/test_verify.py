@@ -8,7 +8,7 @@ from proxy.formats import frames
 from proxy.formats.engine_cli import engine_args, setting_flags
 from proxy.formats.frames import parse_event
 
-from .conftest import run_cmd, one_line_error, tree_hashes
+from .conftest import one_line_error, run_cmd, tree_hashes
 
 TINY_SHAPE = dict(vocab=512, ctx=64, dim=64, layers=2, heads=4)  # experiments/TINY-TRAIN.json's model
 

@@ -6,9 +6,24 @@ import hashlib
 import json
 from pathlib import Path
 
-from proxy_e2e.conftest import (TINY, Proxy, _reap_proxies, assert_same_checkpoint, data_cache, engine, gate,  # noqa: F401
-                                last_steps, make_experiment, max_logged_step, one_line_error, read_entries,
-                                run_args, run_cmd, state, wait_for)
+from proxy_e2e.conftest import (  # noqa: F401
+    TINY,
+    Proxy,
+    _reap_proxies,
+    assert_same_checkpoint,
+    data_cache,
+    engine,
+    gate,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    one_line_error,
+    read_entries,
+    run_args,
+    run_cmd,
+    state,
+    wait_for,
+)
 
 ARMS = ["code", "docstrings", "topics"]
 # the pivot's caps file: another policy, a cap that binds, a floor that binds (topics keeps its 0.1)

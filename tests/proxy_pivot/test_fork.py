@@ -3,11 +3,25 @@ from __future__ import annotations
 
 import json
 
-
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 
-from .conftest import (COMPARED, Proxy, assert_same_checkpoint, check_new_phase_steps, last_steps, make_experiment, one_line_error,
-                       phases, read_entries, rows_per_batch, run_args, run_cmd, state, tree_hashes, write_caps)
+from .conftest import (
+    COMPARED,
+    Proxy,
+    assert_same_checkpoint,
+    check_new_phase_steps,
+    last_steps,
+    make_experiment,
+    one_line_error,
+    phases,
+    read_entries,
+    rows_per_batch,
+    run_args,
+    run_cmd,
+    state,
+    tree_hashes,
+    write_caps,
+)
 
 MAX_STEPS = 120
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=20, keep_last=1000, milestone_every=0)

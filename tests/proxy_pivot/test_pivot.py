@@ -19,9 +19,26 @@ import time
 
 from harness.gate import KILL_SLACK
 
-from .conftest import (ARMS, COMPARED, Proxy, assert_same_checkpoint, check_new_phase_steps, last_steps, make_experiment,
-                       max_logged_step, one_line_error, phases, read_entries, rows_per_batch, run_args, run_cmd,
-                       state, tree_hashes, wait_for, write_caps)
+from .conftest import (
+    ARMS,
+    COMPARED,
+    Proxy,
+    assert_same_checkpoint,
+    check_new_phase_steps,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    one_line_error,
+    phases,
+    read_entries,
+    rows_per_batch,
+    run_args,
+    run_cmd,
+    state,
+    tree_hashes,
+    wait_for,
+    write_caps,
+)
 
 MAX_STEPS = 200
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=25, keep_last=2, milestone_every=0)

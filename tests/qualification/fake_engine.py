@@ -81,7 +81,7 @@ class Fake:
         a = np.random.default_rng(int(tokens.astype(np.int64).sum())).normal(size=self.n).astype(np.float32)
         g = a + np.float32(0.5) * self.w
         loss = 4.0 + float(np.mean(a * self.w)) + (0.1 if self.broken("loss") else 0.0)
-        for k, p in enumerate(p for p in self.active if p in ("cudnn", "flash", "fused", "graph")):
+        for k, _p in enumerate(p for p in self.active if p in ("cudnn", "flash", "fused", "graph")):
             g *= np.float32(1.0 + 1e-4 * (1 + k))  # a fast path's small, fixed difference
         if self.broken("scale"):
             g *= np.float32(1.5)
@@ -171,9 +171,8 @@ def main(argv):
             return 5
         elif how == "hang":
             time.sleep(3600)
-    print('{"event":"ready","step":0,"device":"Fake GPU (sm_90, 132 SMs, 79.6 GiB), attention %s","precision":"bf16",'
-          '"paths":{"attention":"%s","fused":%s,"cuda_graph":%s}}'
-          % (attention, attention, "true" if fused else "false", "true" if graph else "false"), flush=True)
+    print('{{"event":"ready","step":0,"device":"Fake GPU (sm_90, 132 SMs, 79.6 GiB), attention {}","precision":"bf16",'
+          '"paths":{{"attention":"{}","fused":{},"cuda_graph":{}}}}}'.format(attention, attention, "true" if fused else "false", "true" if graph else "false"), flush=True)
     fake = Fake(args, active, breaks)
     stdin = sys.stdin.buffer
     while True:

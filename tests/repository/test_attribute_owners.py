@@ -27,8 +27,8 @@ from pathlib import Path
 
 from proxy.bandit.schedule import MixtureSchedule
 from proxy.supervision.context import RunContext
-from proxy.supervision.report import RunReport
 from proxy.supervision.launch import EngineLaunch
+from proxy.supervision.report import RunReport
 from proxy.supervision.signals import SignalCounts
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 # A path is named from one of the repository's own top-level directories (run directories, build outputs and the
 # like are not repository files).
 TOP_DIRS = ("microgpt", "proxy", "dashboard", "scripts", "tests", "docs", "experiments")
-PATH_RE = re.compile(r"(?<![\w./<-])((?:%s)/[\w./-]*[\w/])" % "|".join(TOP_DIRS))
+PATH_RE = re.compile(r"(?<![\w./<-])((?:{})/[\w./-]*[\w/])".format("|".join(TOP_DIRS)))
 
 # Files a doc names as the output of a command it describes, not yet produced in this tree. Each is written by
 # the command named beside it (a benchmark or the GPU script), so it exists once that command has run.
@@ -78,7 +78,7 @@ def test_the_diary_check_can_fail():
 
 
 # "One step, end to end": `file:function` or `file:Class.method`.
-HOP_RE = re.compile(r"`((?:%s)/[\w./-]+):([A-Za-z_][\w.]*)`" % "|".join(TOP_DIRS))
+HOP_RE = re.compile(r"`((?:{})/[\w./-]+):([A-Za-z_][\w.]*)`".format("|".join(TOP_DIRS)))
 
 
 def _end_to_end_hops() -> list[tuple[str, str]]:
@@ -101,7 +101,7 @@ def _python_defines(path: Path, dotted: str) -> bool:
 
 def _c_defines(path: Path, name: str) -> bool:
     # A definition: the name, its parameter list, then the body's brace (a call or a prototype has no brace).
-    return re.search(r"^[\w \t*]*\b%s\([^;{]*\)\s*\{" % re.escape(name),
+    return re.search(rf"^[\w \t*]*\b{re.escape(name)}\([^;{{]*\)\s*\{{",
                      path.read_text(encoding="utf-8"), re.MULTILINE) is not None
 
 

@@ -21,7 +21,7 @@ def test_columns_are_the_tables_plotted_fields():
     assert ENVELOPE_COLS == tuple(f.name for f in PLOTTED if f.plot.envelope)
     sent = columns_payload()
     assert [c["name"] for c in sent] == list(BASE_COLS)
-    for c, f in zip(sent, PLOTTED):
+    for c, f in zip(sent, PLOTTED, strict=False):
         assert (c["label"], c["envelope"], c["chart"]) == (f.plot.label, f.plot.envelope, f.plot.chart)
     # the charts the page has had: the learning rate's and the gradient norm's, now from the table
     assert [c["chart"] for c in sent if c["chart"]] == ["chart-lr", "chart-gn"]
@@ -32,7 +32,7 @@ def test_the_page_names_no_column_of_the_table():
         text = (STATIC / name).read_text(encoding="utf-8")
         for c in columns_payload():
             if c["name"] not in DRAWN_BY_NAME:
-                assert not re.search(r"\b%s\b" % re.escape(c["name"]), text), (name, c["name"])
+                assert not re.search(r"\b{}\b".format(re.escape(c["name"])), text), (name, c["name"])
             if c["chart"]:
                 assert c["chart"] not in text, (name, c["chart"])
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 TOL = 1e-9
 ARMS = ["real", "slow", "junk", "dup"]
 CAPS = {a: 0.5 for a in ARMS}

@@ -8,6 +8,7 @@ import pytest
 
 from proxy.bandit import make_bandit
 from proxy.config.policies import bandit_config
+
 from .three_arms import CAPS, FLOORS, NAMES, losses
 
 
@@ -66,6 +67,7 @@ def test_each_policy_model_is_its_bandit_s_arguments():
     """A policy's parameters are declared once, in its model (config/policies.py): the bandit class takes
     exactly those keywords, with the same defaults, and a pivot keeps the parameters two policies share."""
     import inspect  # noqa: PLC0415
+
     from proxy.bandit import _CLASSES  # noqa: PLC0415
     from proxy.config.policies import POLICY_MODELS, switched  # noqa: PLC0415
     assert set(_CLASSES) == set(POLICY_MODELS.values())

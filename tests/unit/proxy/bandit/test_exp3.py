@@ -7,7 +7,8 @@ import pytest
 from proxy.bandit import EXP3, make_bandit
 from proxy.bandit.exp3 import exploration
 from proxy.config.policies import bandit_config
-from .three_arms import CAPS, FLOORS, NAMES, TOL, check_weights, losses
+
+from .three_arms import CAPS, FLOORS, NAMES, check_weights, losses
 
 
 def test_exp3_favors_the_arm_with_highest_loss():

@@ -7,7 +7,8 @@ import pytest
 from proxy.bandit import LearningProgress, make_bandit, project_capped_simplex
 from proxy.bandit.learning_progress import allocate
 from proxy.config.policies import bandit_config
-from .four_arms import ARMS, CAPS, FLOORS, TOL, check_bounds, curation_losses, run
+
+from .four_arms import ARMS, CAPS, FLOORS, curation_losses, run
 
 
 def test_progress_speed_is_the_slope_of_the_record_low():

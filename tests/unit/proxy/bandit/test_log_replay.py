@@ -8,6 +8,7 @@ import pytest
 
 from proxy.bandit import make_bandit
 from proxy.config.policies import bandit_config
+
 from .four_arms import ARMS, CAPS, FLOORS, curation_losses
 
 

@@ -7,6 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from proxy.bandit import project_capped_simplex
+
 from .three_arms import TOL
 
 

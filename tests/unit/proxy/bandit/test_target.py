@@ -12,8 +12,8 @@ from proxy.bandit.target import EASY_GAP, OPENING_MOVE
 from proxy.config.experiment import load_experiment
 from proxy.config.policies import bandit_config
 from proxy.rundir.phases import Phase
-from .four_arms import ARMS, CAPS, FLOORS, TOL, check_bounds, curation_losses
 
+from .four_arms import ARMS, CAPS, FLOORS, check_bounds, curation_losses
 
 REPO = Path(__file__).resolve().parents[4]
 TARGETS = ["real", "slow"]

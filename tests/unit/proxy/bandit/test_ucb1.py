@@ -6,7 +6,8 @@ import pytest
 
 from proxy.bandit import UCB1, make_bandit
 from proxy.config.policies import bandit_config
-from .three_arms import CAPS, FLOORS, NAMES, TOL, check_weights, losses
+
+from .three_arms import CAPS, FLOORS, NAMES, check_weights, losses
 
 
 def test_ucb1_favors_the_arm_that_learns_fastest():

@@ -8,7 +8,8 @@ from proxy.bandit import Uniform, make_bandit
 from proxy.config.policies import bandit_config
 from proxy.data.batches import BatchSampler
 from proxy.formats.shard import read_shard, write_shard
-from .four_arms import ARMS, CAPS, FLOORS, TOL, check_bounds, curation_losses, run
+
+from .four_arms import ARMS, CAPS, FLOORS, curation_losses, run
 
 
 def test_uniform_ignores_losses_and_keeps_bounds():

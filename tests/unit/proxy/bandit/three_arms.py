@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 TOL = 1e-9
 NAMES = ["a", "b", "c"]
 CAPS = {"a": 0.8, "b": 0.8, "c": 0.8}

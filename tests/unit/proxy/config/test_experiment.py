@@ -80,7 +80,7 @@ def test_defaults(tmp_path):
 def test_engine_flags(tmp_path):
     exp = load_experiment(write(tmp_path, BASE))
     flags = exp.engine_flags()
-    pairs = dict(zip(flags[::2], flags[1::2]))
+    pairs = dict(zip(flags[::2], flags[1::2], strict=False))
     assert pairs == {
         "--vocab": "512", "--ctx": "64", "--dim": "64", "--layers": "2", "--heads": "4",
         "--batch": "8", "--grad-accum": "1", "--steps": "300", "--lr": "0.003", "--min-lr": "0.0003",

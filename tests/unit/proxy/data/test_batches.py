@@ -39,7 +39,7 @@ def test_shapes_and_rows_are_windows(shards):
     tokens, groups = s.train_batch(3, [0.5, 0.3, 0.2], 16)
     assert tokens.shape == (16, ROW) and tokens.dtype == np.uint16
     assert groups.shape == (16,) and groups.dtype == np.uint16
-    for row, g in zip(tokens, groups):
+    for row, g in zip(tokens, groups, strict=False):
         assert np.all(row // 1000 == g)                     # row from its arm
         assert np.all(np.diff(row.astype(int) % 1000) % 1000 == 1)  # a contiguous window
     frame = train_frame(3, tokens, groups)

@@ -69,7 +69,8 @@ def test_unigram_gap_sets_few_repeated_tokens_apart():
     rng = np.random.default_rng(2)
     vocab = 1024
     skew = 1.0 / np.arange(1, vocab + 1)
-    text = lambda n: rng.choice(vocab, n, p=skew / skew.sum()).astype(np.uint16)
+    def text(n):
+        return rng.choice(vocab, n, p=skew / skew.sum()).astype(np.uint16)
     arms = {"a": [text(30_000)], "b": [text(30_000)], "same": [text(30_000)],
             "names": [np.tile(np.arange(50, 56, dtype=np.uint16), 5_000)],
             "random": [rng.integers(0, vocab, 30_000).astype(np.uint16)]}

@@ -164,6 +164,7 @@ def test_rows_are_decoded_a_few_at_a_time(tmp_path):
     """One row group of 64 rows of 1 MiB each (a zstd file of a few hundred bytes): while its rows are read,
     Arrow and Python hold about BATCH_ROWS of them at a time, never the whole 64 MiB group."""
     import tracemalloc
+
     from proxy.data import tabular
     rows = ["b" * (1 << 20)] * 64
     pq.write_table(pa.table({"text": rows}), tmp_path / "z.parquet", compression="zstd")

@@ -10,9 +10,18 @@ import math
 from pathlib import Path
 
 from proxy.formats.loss_log import LossLogWriter, encode_line, iter_lines, parse_line
-from proxy.formats.step_fields import (COMPARED_FIELDS, ENGINE_KEYS, PLOTTED, STEP_FIELDS, StepEntry,
-                                       StepValueKind, StepValueSource, engine_metrics, markdown_table,
-                                       step_fields)
+from proxy.formats.step_fields import (
+    COMPARED_FIELDS,
+    ENGINE_KEYS,
+    PLOTTED,
+    STEP_FIELDS,
+    StepEntry,
+    StepValueKind,
+    StepValueSource,
+    engine_metrics,
+    markdown_table,
+    step_fields,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[4]
@@ -26,7 +35,7 @@ def test_old_lines_read_and_write_the_same():
     lines = (FIXTURES / "loss_log_v1.jsonl").read_bytes().splitlines(keepends=True)
     expected = json.loads((FIXTURES / "loss_log_v1.expected.json").read_text())
     assert len(lines) == len(expected)
-    for line, want in zip(lines, expected):
+    for line, want in zip(lines, expected, strict=False):
         entry = parse_line(line)
         got = None if entry is None else [type(entry).__name__, entry.to_dict()]
         assert got == want["strict"], line

@@ -13,8 +13,7 @@ from proxy.data import DataError, prepare_data
 from proxy.data.batches import BatchSampler, segment_arrays
 from proxy.data.split import val_target
 from proxy.formats.shard import read_shard
-from proxy.formats.token_files import (LLMC_MAGIC, TokenFileError, detect_format, first_out_of_range,
-                                       open_token_file)
+from proxy.formats.token_files import LLMC_MAGIC, TokenFileError, detect_format, first_out_of_range, open_token_file
 
 VOCAB = 512
 
@@ -66,7 +65,7 @@ def test_formats_read_in_place(tmp_path):
 def _npy_with_header_of(length: int, ids: np.ndarray) -> bytes:
     """A version 2.0 .npy file of `ids` whose header is padded with spaces to about `length` bytes (numpy reads
     at most 10,000 unless told the file is trusted)."""
-    header = "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }" % ids.size + " " * length
+    header = f"{{'descr': '<u2', 'fortran_order': False, 'shape': ({ids.size},), }}" + " " * length
     header += " " * (-(len(header) + 1 + 12) % 64) + "\n"
     return b"\x93NUMPY\x02\x00" + struct.pack("<I", len(header)) + header.encode() + ids.astype("<u2").tobytes()
 

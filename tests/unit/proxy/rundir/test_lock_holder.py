@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from proxy.rundir.lock_holder import proxy_arguments
 
-
 PY = "/usr/bin/python3.11"
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from proxy.rundir.overrides_record import OverridesRecord, read_overrides, write_overrides
 from proxy.rundir.layout import RunDir
+from proxy.rundir.overrides_record import OverridesRecord, read_overrides, write_overrides
 
 
 def test_round_trip(tmp_path):

@@ -24,7 +24,7 @@ def test_rates_window_spans_the_last_minutes():
     p = ThroughputMeter(window_s=60.0, window_steps=1000)
     for s in range(1, 301):  # a step a second, 100 ms of compute; a 20 s stall every 50 steps
         p.observe(s + 20.0 * (s // 50), 10 * s, s, 4.0, ms=100.0)
-    (t0, _k, s0, _ms), (t1, _k1, s1, _ms1) = p.window[0], p.window[-1]
+    (t0, _k, _s0, _ms), (t1, _k1, _s1, _ms1) = p.window[0], p.window[-1]
     assert t1 - t0 >= 60.0 and p.window[1][0] > t1 - 60.0  # just over a minute, no more
     assert p.window_ms == pytest.approx(100.0 * (len(p.window) - 1))
     short = ThroughputMeter(window_s=1e9, window_steps=5)

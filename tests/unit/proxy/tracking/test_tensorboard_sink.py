@@ -9,9 +9,9 @@ from proxy.tracking.marks import Marks
 from proxy.tracking.records import EvalPoint, Note, StepPoint
 
 pytest.importorskip("tensorboard")
+from harness.tracking_readers import tensorboard_scalars as scalars_of  # noqa: E402
+from harness.tracking_readers import tensorboard_texts as texts_of
 from proxy.tracking.tensorboard_sink import EVENT_FILE, TensorBoardSink  # noqa: E402
-
-from harness.tracking_readers import tensorboard_scalars as scalars_of, tensorboard_texts as texts_of  # noqa: E402
 
 
 def points(first: int, last: int, phase: int = 0) -> list:

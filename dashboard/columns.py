@@ -5,13 +5,16 @@ The columns are the step-field table's plotted fields (proxy/formats/step_fields
 gets this list from /api/columns (`columns_payload`) and draws from it: a field added to the table with a
 `StepPlot` is stored, downsampled, sent and charted without an edit here, in payload.py or in app.js.
 """
+
 from __future__ import annotations
 
 from proxy.formats.step_fields import NAN, PLOTTED, StepFields, StepPlot
 
 TOK_S = "tok_s"  # the engine's throughput of one step (tokens_per_s); app.js draws it beside the wall clock's
-COLUMN_PLOTS: dict[str, StepPlot] = {**{f.name: f.plot for f in PLOTTED if f.plot is not None},
-                                 TOK_S: StepPlot("tokens / s")}
+COLUMN_PLOTS: dict[str, StepPlot] = {
+    **{f.name: f.plot for f in PLOTTED if f.plot is not None},
+    TOK_S: StepPlot("tokens / s"),
+}
 # value columns every run has, in store order; the mixture weights follow as "mix:<arm>"
 BASE_COLS: tuple[str, ...] = tuple(COLUMN_PLOTS)
 ENVELOPE_COLS: tuple[str, ...] = tuple(c for c, p in COLUMN_PLOTS.items() if p.envelope)  # sent as min/max/mean

@@ -4,6 +4,7 @@ Floats are rounded to 6 significant digits (short JSON), non-finite values
 become null, and the shape is the same for a zoomed read, an overview and a
 live push, so the page has one code path.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,7 @@ def ints(a) -> list:
     return np.asarray(a, dtype=np.int64).tolist()
 
 
-def wall_tokens_per_s(tok_end, time_end, anchor_tok=(), anchor_time=(), window_s: float = WALL_WINDOW_S
-                      ) -> np.ndarray:
+def wall_tokens_per_s(tok_end, time_end, anchor_tok=(), anchor_time=(), window_s: float = WALL_WINDOW_S) -> np.ndarray:
     """Wall-clock tokens/s at each point (a bucket's last step, points in step order): the tokens added since
     the latest earlier point at least `window_s` seconds before it, over the wall time between them.
 
@@ -118,17 +118,29 @@ def agg_payload(agg: Agg, cols: list[str], raw: bool, before: tuple[np.ndarray, 
     n = len(agg)
     ncol = agg.vmin.shape[1] if agg.vmin.ndim == 2 else 0
     mean = agg.mean if n else np.zeros((0, ncol))
-    out: dict = {"n": n, "raw": raw, "step": ints(agg.step0), "tokens": round_sig(agg.tok0, 12),
-                 "time": round_dec(agg.time0, 3)}
+    out: dict = {
+        "n": n,
+        "raw": raw,
+        "step": ints(agg.step0),
+        "tokens": round_sig(agg.tok0, 12),
+        "time": round_dec(agg.time0, 3),
+    }
     if not raw:
-        out.update(step_end=ints(agg.step1), tokens_end=round_sig(agg.tok1, 12),
-                   time_end=round_dec(agg.time1, 3), rows=ints(agg.rows))
+        out.update(
+            step_end=ints(agg.step1),
+            tokens_end=round_sig(agg.tok1, 12),
+            time_end=round_dec(agg.time1, 3),
+            rows=ints(agg.rows),
+        )
     mix = {}
     for j, c in enumerate(cols[:ncol]):
         col_mean = round_sig(mean[:, j])
         if c in ENVELOPE_COLS:
-            out[c] = {"mean": col_mean} if raw else {
-                "min": round_sig(agg.vmin[:, j]), "max": round_sig(agg.vmax[:, j]), "mean": col_mean}
+            out[c] = (
+                {"mean": col_mean}
+                if raw
+                else {"min": round_sig(agg.vmin[:, j]), "max": round_sig(agg.vmax[:, j]), "mean": col_mean}
+            )
         elif c.startswith("mix:"):
             mix[c[4:]] = col_mean
         else:
@@ -143,8 +155,9 @@ def agg_payload(agg: Agg, cols: list[str], raw: bool, before: tuple[np.ndarray, 
     return out
 
 
-def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None, window: WallWindow | None = None
-                 ) -> tuple[dict, tuple[int, float, float] | None]:
+def rows_payload(
+    rows: list[StepFields], prev: tuple[int, float, float] | None, window: WallWindow | None = None
+) -> tuple[dict, tuple[int, float, float] | None]:
     """Raw payload of freshly read step entries (a live push). `prev` is the (step, tokens, time) of the
     entry before them, for tok_s; returns the new one. `window` holds the stream's recent steps for
     wall_tok_s and takes these rows in (without one, the rates start from these rows alone)."""
@@ -162,8 +175,13 @@ def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None, 
             if len(col) < k + 1:
                 col.append(float("nan"))
         prev = (f.step, f.tokens, f.time)
-    out: dict = {"n": len(steps), "raw": True, "step": steps, "tokens": round_sig(tokens, 12),
-                 "time": round_dec(times, 3)}
+    out: dict = {
+        "n": len(steps),
+        "raw": True,
+        "step": steps,
+        "tokens": round_sig(tokens, 12),
+        "time": round_dec(times, 3),
+    }
     for j, c in enumerate(BASE_COLS):
         col = round_sig([v[j] for v in values])
         out[c] = {"mean": col} if c in ENVELOPE_COLS else col
@@ -181,9 +199,13 @@ def evals_payload(evals: list[EvalFields]) -> dict:
         for col in arms.values():
             if len(col) < k + 1:
                 col.append(float("nan"))
-    return {"n": len(evals), "step": [e.step for e in evals], "loss": round_sig([e.loss for e in evals]),
-            "time": round_dec([e.time for e in evals], 3),
-            "arms": {a: round_sig(col) for a, col in arms.items()}}
+    return {
+        "n": len(evals),
+        "step": [e.step for e in evals],
+        "loss": round_sig([e.loss for e in evals]),
+        "time": round_dec([e.time for e in evals], 3),
+        "arms": {a: round_sig(col) for a, col in arms.items()},
+    }
 
 
 def dumps(obj) -> bytes:

@@ -12,6 +12,7 @@ spans, read back in file order, the next time it is queried.
 
 Not thread-safe: the owner (RunIndex) serializes access.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -171,8 +172,9 @@ class StepStore:
         for j, s in enumerate(steps):
             v = rows[s][2]
             vals[j, : len(v)] = v
-        return downsample.from_rows(np.array(steps, dtype=np.int64), [rows[s][0] for s in steps],
-                                    [rows[s][1] for s in steps], vals)
+        return downsample.from_rows(
+            np.array(steps, dtype=np.int64), [rows[s][0] for s in steps], [rows[s][1] for s in steps], vals
+        )
 
     # ---------------------------------------------------------------- read back
 
@@ -213,11 +215,20 @@ class StepStore:
         if i1 < i0 or n == 0:
             return downsample.empty(len(self.cols))
         c = len(self.cols)
-        x = self.b_x[i0:i1 + 1]
-        return Agg(x[:, 0].astype(np.int64), x[:, 1].astype(np.int64), x[:, 2].copy(), x[:, 3].copy(),
-                   x[:, 4].copy(), x[:, 5].copy(), self.b_rows[i0:i1 + 1].copy(),
-                   self.b_min[i0:i1 + 1, :c].astype(np.float64), self.b_max[i0:i1 + 1, :c].astype(np.float64),
-                   self.b_sum[i0:i1 + 1, :c].astype(np.float64), self.b_cnt[i0:i1 + 1, :c].astype(np.int64))
+        x = self.b_x[i0 : i1 + 1]
+        return Agg(
+            x[:, 0].astype(np.int64),
+            x[:, 1].astype(np.int64),
+            x[:, 2].copy(),
+            x[:, 3].copy(),
+            x[:, 4].copy(),
+            x[:, 5].copy(),
+            self.b_rows[i0 : i1 + 1].copy(),
+            self.b_min[i0 : i1 + 1, :c].astype(np.float64),
+            self.b_max[i0 : i1 + 1, :c].astype(np.float64),
+            self.b_sum[i0 : i1 + 1, :c].astype(np.float64),
+            self.b_cnt[i0 : i1 + 1, :c].astype(np.int64),
+        )
 
     def query(self, first: int, last: int, width: int, raw_limit: int) -> tuple[Agg, bool]:
         """Steps [first, last] in at most `width` buckets; (agg, True) when every row is its own bucket.
@@ -236,7 +247,7 @@ class StepStore:
             i0, i1 = 0, -1
         use_open = bool(self.open) and last >= self.open_start
         self._clean(i0, i1)
-        est = int(self.b_rows[i0:i1 + 1].sum()) + (len(self.open) if use_open else 0)
+        est = int(self.b_rows[i0 : i1 + 1].sum()) + (len(self.open) if use_open else 0)
         if est <= raw_limit:
             rows: dict[int, tuple] = {}
             if i1 >= i0:

@@ -8,6 +8,7 @@ whose destination is the sidecar), or a checkpoint appears. A slow poll (every
 `poll_s`) backs the events up, so a missed event (inotify limits, network file
 systems, a directory that did not exist yet) costs at most that long.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,7 +35,7 @@ except ImportError:  # pragma: no cover - watchdog is a dependency; polling stil
 
 
 def classify(root: str, path: str) -> str | None:
-    """"log", "side" or None (ignored: temp files, engine.log, ...) for a changed path."""
+    """ "log", "side" or None (ignored: temp files, engine.log, ...) for a changed path."""
     if not path:
         return None
     rel = os.path.relpath(path, root)
@@ -55,8 +56,10 @@ class _Handler(FileSystemEventHandler):
     def on_any_event(self, event) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return
-        kinds = {classify(self.root, os.fsdecode(event.src_path)),
-                 classify(self.root, os.fsdecode(getattr(event, "dest_path", "") or ""))}
+        kinds = {
+            classify(self.root, os.fsdecode(event.src_path)),
+            classify(self.root, os.fsdecode(getattr(event, "dest_path", "") or "")),
+        }
         kinds.discard(None)
         if kinds:
             self.watcher.wake(self.idx, kinds)

@@ -5,6 +5,7 @@ The dispatch of every subcommand (its arguments: proxy/arguments.py) to the
 one module that carries it out (proxy/commands/). Every bad input ends with one line on
 stderr and a non-zero exit (proxy/errors.py), never a traceback.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -28,10 +29,18 @@ from .supervision.signals import install_interrupt
 # The module that carries out each command (its `main(args)`). Only that one is imported, so that
 # `proxy status`, `checkpoint` and `stop` start at once instead of loading what training needs
 # (numpy, pydantic, the tokenizer, the dashboard).
-COMMANDS = {"run": "proxy.commands.run", "status": "proxy.commands.status", "checkpoint": "proxy.commands.checkpoint_now",
-            "stop": "proxy.commands.stop", "pivot": "proxy.commands.pivot", "fork": "proxy.commands.fork",
-            "export": "proxy.commands.export", "sample": "proxy.commands.sample", "eval": "proxy.commands.evaluate",
-            "verify": "proxy.commands.verify"}
+COMMANDS = {
+    "run": "proxy.commands.run",
+    "status": "proxy.commands.status",
+    "checkpoint": "proxy.commands.checkpoint_now",
+    "stop": "proxy.commands.stop",
+    "pivot": "proxy.commands.pivot",
+    "fork": "proxy.commands.fork",
+    "export": "proxy.commands.export",
+    "sample": "proxy.commands.sample",
+    "eval": "proxy.commands.evaluate",
+    "verify": "proxy.commands.verify",
+}
 
 
 # `proxy dashboard ...` becomes `python -m dashboard ...` in the same process (exec): the proxy imports

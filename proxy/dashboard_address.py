@@ -3,6 +3,7 @@
 Here, below both, because `proxy run` (which starts the dashboard as its own process) and `proxy status`
 repeat the warning, and the proxy imports nothing of dashboard/; dashboard/server.py imports it too.
 """
+
 from __future__ import annotations
 
 import ipaddress

@@ -17,6 +17,7 @@ run ends with one line naming the step and the newest sane checkpoint, and a
 relaunch resumes there (rundir/resume.py passes over checkpoints that are not
 sane); checkpoint retention never deletes the newest sane checkpoint.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,5 +44,7 @@ def insanity(loss: float, vocab: int) -> str:
     """Why a loss is not sane, for a message."""
     if not math.isfinite(loss):
         return f"loss {loss}"
-    return (f"loss {loss:.6g}, above {loss_bound(vocab):.4g} ({SANE_LOSS_FACTOR:g} x ln(vocab {vocab}): "
-            f"{SANE_LOSS_FACTOR:g} times the loss of a uniform guess)")
+    return (
+        f"loss {loss:.6g}, above {loss_bound(vocab):.4g} ({SANE_LOSS_FACTOR:g} x ln(vocab {vocab}): "
+        f"{SANE_LOSS_FACTOR:g} times the loss of a uniform guess)"
+    )

@@ -1,4 +1,5 @@
 """Exit codes of the `proxy` command, and the errors that carry one (docs/CLI.md, "Exit status")."""
+
 from __future__ import annotations
 
 import errno
@@ -40,9 +41,13 @@ def one_line(exc: BaseException) -> str:
 
 # The write failures that say the storage, not the proxy, is at fault, and what the user can do about
 # each; every one stops a command with StorageError. Any other OSError keeps its own handling.
-STORAGE_ERRNOS = {errno.ENOSPC: "free space", errno.EDQUOT: "free space or raise the disk quota",
-                  errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EIO: "check the disk",
-                  errno.EROFS: "make the file system writable"}
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "free space",
+    errno.EDQUOT: "free space or raise the disk quota",
+    errno.EFBIG: "raise the file-size limit (ulimit -f)",
+    errno.EIO: "check the disk",
+    errno.EROFS: "make the file system writable",
+}
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no new block can be had (but the blocks a file holds can be rewritten)
 
 
@@ -55,5 +60,6 @@ class StorageError(ProxyError):
         self.errno = exc.errno
         self.errno_name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.strerror = exc.strerror or os.strerror(exc.errno or 0)
-        super().__init__(f"cannot {action} {path}: {self.strerror} ({self.errno_name}); "
-                         f"{STORAGE_ERRNOS[exc.errno]}", EXIT_STORAGE)
+        super().__init__(
+            f"cannot {action} {path}: {self.strerror} ({self.errno_name}); {STORAGE_ERRNOS[exc.errno]}", EXIT_STORAGE
+        )

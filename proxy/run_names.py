@@ -4,6 +4,7 @@ The leaf both formats/ (each file's format) and rundir/ (the directory as a whol
 it imports nothing of the proxy, so neither package has to import the other for a name. rundir/layout.py
 describes the directory; docs/FORMATS.md each file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,11 +51,25 @@ ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
 
 # The most bytes a reader takes from each small file of a run directory (proxy/safe_fs.py refuses a
 # larger one, with one line). The writers stay far below: samples.py trims `.samples.json` to its cap.
-READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
-               ENGINE_RECORD: 64 << 10, OVERRIDES: 64 << 10, TRACKER_MARKS: 64 << 10,
-               WANDB_RUN_ID: 4 << 10, IDENTITY: 4 << 10, QUALIFICATION: 64 << 10,
-               PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
-               PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20, DATA_DEFINITION: 4 << 20, TOKENIZER: 64 << 20}
+READ_LIMITS = {
+    EXPERIMENT: 1 << 20,
+    EXPERIMENT_SEAL: 4 << 20,
+    PHASES: 4 << 20,
+    STATE: 4 << 20,
+    SAMPLES: 32 << 20,
+    ENGINE_RECORD: 64 << 10,
+    OVERRIDES: 64 << 10,
+    TRACKER_MARKS: 64 << 10,
+    WANDB_RUN_ID: 4 << 10,
+    IDENTITY: 4 << 10,
+    QUALIFICATION: 64 << 10,
+    PIVOT_REQUEST: 1 << 20,
+    PIVOT_CLAIMED: 1 << 20,
+    PIVOT_RESPONSE: 1 << 20,
+    PIVOT_RECEIPT: 1 << 20,
+    DATA_DEFINITION: 4 << 20,
+    TOKENIZER: 64 << 20,
+}
 # A validation shard in data/ may be as large as data.json says (its size and SHA-256 are checked there).
 LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is skipped like a torn one
 ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason

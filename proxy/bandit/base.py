@@ -1,4 +1,5 @@
 """What every bandit shares: arms, caps and floors, state bookkeeping."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,9 @@ class Bandit:
 
     policy = "base"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 ema_alpha: float = 0.1):
+    def __init__(
+        self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float], ema_alpha: float = 0.1
+    ):
         self.arm_names = list(arm_names)
         if not self.arm_names:
             raise ValueError("a bandit needs at least one arm")
@@ -30,7 +32,7 @@ class Bandit:
         k = len(self.arm_names)
         self.pulls = np.zeros(k, dtype=np.int64)
         self.ema = np.full(k, np.nan)
-        self.observations = 0      # observe() calls
+        self.observations = 0  # observe() calls
         self.last_step: int | None = None
         self._weights: np.ndarray | None = None
 
@@ -100,8 +102,14 @@ class Bandit:
             "observations": self.observations,
             "last_step": self.last_step,
             "arms": {
-                n: {"pulls": int(self.pulls[i]), "ema": num(self.ema[i]), "reward": num(r[i]),
-                    "weight": float(w[i]), "cap": float(self.caps[i]), "floor": float(self.floors[i])}
+                n: {
+                    "pulls": int(self.pulls[i]),
+                    "ema": num(self.ema[i]),
+                    "reward": num(r[i]),
+                    "weight": float(w[i]),
+                    "cap": float(self.caps[i]),
+                    "floor": float(self.floors[i]),
+                }
                 for i, n in enumerate(self.arm_names)
             },
         }

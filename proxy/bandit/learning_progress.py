@@ -24,6 +24,7 @@ evenly where no arm below its cap shows progress), smoothed over steps:
 It starts uniform (within the caps and floors), and is a pure function of
 the observe() calls, so a replay of .loss.json rebuilds it.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -76,9 +77,17 @@ def fitted_slope(points) -> float:
 class LearningProgress(Bandit):
     policy = "progress"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 ema_alpha: float = 0.1, window: int = 100, explore: float = 0.05, smoothing: float = 0.9,
-                 record_alpha: float = 0.05):
+    def __init__(
+        self,
+        arm_names: Sequence[str],
+        caps: Mapping[str, float],
+        floors: Mapping[str, float],
+        ema_alpha: float = 0.1,
+        window: int = 100,
+        explore: float = 0.05,
+        smoothing: float = 0.9,
+        record_alpha: float = 0.05,
+    ):
         super().__init__(arm_names, caps, floors, ema_alpha)  # ema_alpha: the EMA .state.json shows
         self.record_alpha = float(record_alpha)
         self.smooth = np.full(self.k, np.nan)

@@ -8,6 +8,7 @@ from the moment it is known until step s is observed, so the live run (the
 engine's step events) and the replay of `.loss.json` at a launch call the
 same two methods in the same order and get the same floats.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -37,7 +38,8 @@ class MixtureSchedule:
         self.start_step = int(start_step)
         initial = self._snapshot()
         self.mixtures = {
-            s: initial for s in range(first_step, first_step + self.lag) if s - self.lag <= self.start_step}
+            s: initial for s in range(first_step, first_step + self.lag) if s - self.lag <= self.start_step
+        }
 
     def _snapshot(self) -> np.ndarray:
         return np.array(self.bandit.weights(), dtype=np.float64, copy=True)

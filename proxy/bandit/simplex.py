@@ -6,6 +6,7 @@ and the hyperplane). g(tau) = sum_i clip(v_i - tau, floor_i, cap_i) is
 continuous and non-increasing, so tau is found by bisection; the free
 coordinates (strictly inside their bounds) then give tau exactly.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -9,6 +9,7 @@ projected onto the capped simplex; temperature 0 puts all mass on the best
 score (ties: first arm) before the projection. Arms never observed score
 +infinity: while any exists, the target is uniform over them.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,16 @@ from .base import Bandit
 class UCB1(Bandit):
     policy = "ucb1"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 c: float = 1.0, ema_alpha: float = 0.1, reward_scale: float = 1000.0, temperature: float = 10.0):
+    def __init__(
+        self,
+        arm_names: Sequence[str],
+        caps: Mapping[str, float],
+        floors: Mapping[str, float],
+        c: float = 1.0,
+        ema_alpha: float = 0.1,
+        reward_scale: float = 1000.0,
+        temperature: float = 10.0,
+    ):
         super().__init__(arm_names, caps, floors, ema_alpha)
         self.c = float(c)
         self.reward_scale = float(reward_scale)

@@ -7,6 +7,7 @@ ceil(rows / K) rows of every step, a pure function of (seed, step).
 Observations only keep the per-arm pull counts and loss EMAs shown in
 .state.json; they never move the mixture.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

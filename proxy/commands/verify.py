@@ -9,6 +9,7 @@ resume point comes from the proxy's one resume rule (rundir/resume.py). Exit
 1 when any checkpoint is corrupt. Only reads: safe on a live run (a file its
 retention deletes meanwhile is reported as gone, not as corrupt).
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,9 @@ def check_file(path: Path, run: RunDir, experiment: Experiment) -> CheckpointVer
         trailer = read_trailer(path)
         foreign = foreign_reason(run, experiment, trailer, trailer.shape.n_params)
         if foreign is not None:
-            return CheckpointVerdict(name, CORRUPT, step, f"foreign: {foreign}", trailer.shape != experiment_shape(experiment))
+            return CheckpointVerdict(
+                name, CORRUPT, step, f"foreign: {foreign}", trailer.shape != experiment_shape(experiment)
+            )
         wrong_name = misnamed(path)
         if wrong_name is not None:
             return CheckpointVerdict(name, CORRUPT, step, wrong_name)
@@ -95,11 +98,16 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointV
     skipped, at_most = [], None
     while True:
         try:
-            point = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab),
-                                  at_most=at_most)
+            point = choose_resume(
+                run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab), at_most=at_most
+            )
         except ProxyError as exc:
-            return {"checkpoint": None, "step": None, "reason": f"the next launch would stop: {exc}",
-                    "skipped": skipped}
+            return {
+                "checkpoint": None,
+                "step": None,
+                "reason": f"the next launch would stop: {exc}",
+                "skipped": skipped,
+            }
         skipped += [why.removeprefix(f"{run.checkpoints}/") for why in point.skipped]
         name = _name(point.path) if point.path is not None else None
         if name not in refused:
@@ -107,10 +115,17 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointV
         skipped.append(f"{point.path.name}: the engine refuses it ({refused[name]})")
         at_most = point.step - 1
     if point.path is None:
-        return {"checkpoint": None, "step": 0, "reason": "no usable checkpoint: the next launch starts fresh",
-                "skipped": skipped}
-    warning = (f"it is corrupt ({corrupt[name]}), but the next launch would use it: move it aside first"
-               if name in corrupt else None)
+        return {
+            "checkpoint": None,
+            "step": 0,
+            "reason": "no usable checkpoint: the next launch starts fresh",
+            "skipped": skipped,
+        }
+    warning = (
+        f"it is corrupt ({corrupt[name]}), but the next launch would use it: move it aside first"
+        if name in corrupt
+        else None
+    )
     return {"checkpoint": name, "step": point.step, "reason": warning, "skipped": skipped}
 
 
@@ -127,10 +142,16 @@ def data_report(run: RunDir) -> dict | None:
         return {"tokenizer": None, "arms": {}, "changes": 0, "problems": [str(exc)]}
     if definition is None:
         return None
-    return {"tokenizer": {"file": definition.tokenizer.file, "sha256": definition.tokenizer.sha256,
-                          "given": definition.tokenizer.given},
-            "arms": {name: arm.val.tokens for name, arm in definition.arms.items()},
-            "changes": len(definition.changes), "problems": data_problems(run, definition)}
+    return {
+        "tokenizer": {
+            "file": definition.tokenizer.file,
+            "sha256": definition.tokenizer.sha256,
+            "given": definition.tokenizer.given,
+        },
+        "arms": {name: arm.val.tokens for name, arm in definition.arms.items()},
+        "changes": len(definition.changes),
+        "problems": data_problems(run, definition),
+    }
 
 
 def verify_run(run: RunDir) -> dict:
@@ -138,12 +159,19 @@ def verify_run(run: RunDir) -> dict:
     files = list_checkpoints(run.checkpoints) + ([run.best] if run.best.is_file() else [])
     verdicts = [check_file(p, run, experiment) for p in files]
     foreign = foreign_checkpoints(run, experiment)
-    resume = ({"checkpoint": None, "step": None, "reason": f"the next launch would stop: {foreign}", "skipped": []}
-              if foreign is not None else resume_point(run, experiment, verdicts))
+    resume = (
+        {"checkpoint": None, "step": None, "reason": f"the next launch would stop: {foreign}", "skipped": []}
+        if foreign is not None
+        else resume_point(run, experiment, verdicts)
+    )
     data = data_report(run)
-    return {"run_dir": str(run.root), "checkpoints": [asdict(v) for v in verdicts],
-            "corrupt": sum(v.verdict == CORRUPT for v in verdicts) + (len(data["problems"]) if data else 0),
-            "resume": resume, "data": data}
+    return {
+        "run_dir": str(run.root),
+        "checkpoints": [asdict(v) for v in verdicts],
+        "corrupt": sum(v.verdict == CORRUPT for v in verdicts) + (len(data["problems"]) if data else 0),
+        "resume": resume,
+        "data": data,
+    }
 
 
 def format_report(report: dict) -> str:
@@ -154,11 +182,15 @@ def format_report(report: dict) -> str:
     width = max((len(r["name"]) for r in rows), default=0)
     for r in rows:
         step = f"step {r['step']}" if r["step"] is not None else "-"
-        lines.append(f"  {r['verdict']:<10}  {r['name']:<{width}}  {step}" + (f"  {r['reason']}" if r["reason"] else ""))
+        lines.append(
+            f"  {r['verdict']:<10}  {r['name']:<{width}}  {step}" + (f"  {r['reason']}" if r["reason"] else "")
+        )
     resume = report["resume"]
     if resume["checkpoint"]:
-        lines.append(f"next launch resumes from {resume['checkpoint']} (step {resume['step']})"
-                     + (f": WARNING: {resume['reason']}" if resume["reason"] else ""))
+        lines.append(
+            f"next launch resumes from {resume['checkpoint']} (step {resume['step']})"
+            + (f": WARNING: {resume['reason']}" if resume["reason"] else "")
+        )
     else:
         lines.append(f"next launch: {resume['reason']}")
     lines += [f"  passed over: {why}" for why in resume["skipped"]]
@@ -169,8 +201,11 @@ def format_report(report: dict) -> str:
         lines.append(f"data: CORRUPT: {'; '.join(data['problems'])}")
     else:
         changed = f"; {data['changes']} recorded data change(s)" if data["changes"] else ""
-        lines.append(f"data: {data['tokenizer']['file']} and {len(data['arms'])} validation shard(s) verified ("
-                     + ", ".join(f"{name} {tokens:,} tokens" for name, tokens in data["arms"].items()) + f"){changed}")
+        lines.append(
+            f"data: {data['tokenizer']['file']} and {len(data['arms'])} validation shard(s) verified ("
+            + ", ".join(f"{name} {tokens:,} tokens" for name, tokens in data["arms"].items())
+            + f"){changed}"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ problem found is reported on one line that names the file, e.g.
 
     experiments/x.json: train.lr: expected a number, got "fast"; arms[1].sources: at least one source is required
 """
+
 from __future__ import annotations
 
 import os
@@ -44,21 +45,26 @@ assert MAX_PROMPTS * MAX_SAMPLE_COUNT <= SAMPLE_MAX_COMPLETIONS
 
 def _name_check(what: str, why: str) -> AfterValidator:
     """Arm and experiment names: letters, digits, '_', '.', '-', not starting with '.' or '-'."""
+
     def check(value: str) -> str:
         if not ARM_NAME.match(value):
             raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.', '-' ({why})")
         return value
+
     return AfterValidator(check)
 
 
-ArmName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
-                    _name_check("arm name", "not starting with '.' or '-'")]
-RunName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
-                    _name_check("name", "it names the run directory")]  # the run directory's default name
+ArmName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME), _name_check("arm name", "not starting with '.' or '-'")
+]
+RunName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME), _name_check("name", "it names the run directory")
+]  # the run directory's default name
 
 
 class ModelConfig(StrictModel):
     """The network's shape: GPT-2 style, weights tied (docs/ARCHITECTURE.md, "The model and its parameters")."""
+
     vocab: int = Field(ge=258, le=MAX_TOKEN_ID)
     ctx: int = Field(ge=1)
     dim: int = Field(ge=1)
@@ -78,6 +84,7 @@ class ModelConfig(StrictModel):
 
 class TrainConfig(StrictModel):
     """Optimizer, schedule and the proxy's cadence (checkpoints, evals, samples)."""
+
     batch: int = Field(ge=1)
     grad_accum: int = Field(default=1, ge=1)
     max_steps: int = Field(ge=1, le=MAX_STEP)  # the engine's steps are int32
@@ -115,6 +122,7 @@ class TrainConfig(StrictModel):
 
 class ArmConfig(StrictModel):
     """A bandit arm: a named data source (one or more sources, concatenated)."""
+
     name: ArmName
     sources: list[SourceConfig]
     cap: float = Field(default=1.0, ge=0, le=1)
@@ -129,8 +137,9 @@ class ArmConfig(StrictModel):
             raise ValueError("at least one source is required")
         if len(v) > 1 and any(is_token_source(src) for src in v):
             token = next(src for src in v if is_token_source(src))
-            raise ValueError(f"a {token.kind} {token.target} source must be its arm's only source "
-                             "(its documents are token ids)")
+            raise ValueError(
+                f"a {token.kind} {token.target} source must be its arm's only source (its documents are token ids)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -143,8 +152,10 @@ class ArmConfig(StrictModel):
 
 class SampleConfig(StrictModel):
     """What the periodic sample audits generate (every train.sample_every steps)."""
+
     prompts: list[Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]] = Field(
-        default_factory=lambda: ["def ", "import ", "The "], max_length=MAX_PROMPTS)
+        default_factory=lambda: ["def ", "import ", "The "], max_length=MAX_PROMPTS
+    )
     max_new: int = Field(default=64, ge=1, le=MAX_SAMPLE_TOKENS)
     temperature: float = Field(default=0.8, ge=0)
     top_k: int = Field(default=40, ge=0)
@@ -193,8 +204,10 @@ class Experiment(StrictModel):
             raise ValueError("tokenizer must not be empty")
         token_arms = [a.name for a in self.arms if any(isinstance(s, TokensSource) for s in a.sources)]
         if token_arms and self.tokenizer is None:
-            raise ValueError(f"arm {token_arms[0]!r} reads token files: the experiment must name their tokenizer "
-                             '("tokenizer": "path/to/tokenizer.json"), so that samples and exports decode')
+            raise ValueError(
+                f"arm {token_arms[0]!r} reads token files: the experiment must name their tokenizer "
+                '("tokenizer": "path/to/tokenizer.json"), so that samples and exports decode'
+            )
         return self
 
     @property
@@ -216,10 +229,26 @@ class Experiment(StrictModel):
     def engine_flags(self) -> list[str]:
         """The engine's command-line flags for this experiment's model and optimizer (docs/ENGINE.md)."""
         m, t = self.model, self.train
-        return setting_flags(vocab=m.vocab, ctx=m.ctx, dim=m.dim, layers=m.layers, heads=m.heads, batch=t.batch,
-                             grad_accum=t.grad_accum, steps=t.max_steps, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup,
-                             beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
-                             grad_clip=t.grad_clip, seed=t.seed, threads=t.threads)
+        return setting_flags(
+            vocab=m.vocab,
+            ctx=m.ctx,
+            dim=m.dim,
+            layers=m.layers,
+            heads=m.heads,
+            batch=t.batch,
+            grad_accum=t.grad_accum,
+            steps=t.max_steps,
+            lr=t.lr,
+            min_lr=t.min_lr,
+            warmup=t.warmup,
+            beta1=t.beta1,
+            beta2=t.beta2,
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+            grad_clip=t.grad_clip,
+            seed=t.seed,
+            threads=t.threads,
+        )
 
 
 def source_problems(experiment: Experiment, experiment_dir: Path | str) -> list[str]:

@@ -9,6 +9,7 @@ and exit 2. The effective experiment, not the file, is what the run freezes
 (RUN/experiment.json), and a started run treats it as any changed file:
 --allow-experiment-change (rundir/frozen.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -64,8 +65,9 @@ def apply_overrides(data: Any, overrides: list[Override]) -> Any:
                     node = node.setdefault(part, {})
             elif isinstance(node, list):
                 if not part.isdigit() or int(part) >= len(node):
-                    raise ExperimentError(f"--set {short(o.text)}: {where} is a list of {len(node)}; "
-                                          f"{short(part)} is no index in it")
+                    raise ExperimentError(
+                        f"--set {short(o.text)}: {where} is a list of {len(node)}; {short(part)} is no index in it"
+                    )
                 if last:
                     node[int(part)] = o.value
                 else:

@@ -11,6 +11,7 @@ What each kind's documents are: text (read, split, encoded with the
 tokenizer) or token ids (`tokens`, `builtin: random_tokens`: never encoded,
 and no part of a trained tokenizer). A token source is its arm's only source.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,17 @@ FILE, DIRECTORY, PATTERN = "file", "directory", "pattern"  # what a path field n
 # Built-in sources. random_tokens is the one whose documents are token ids, not text: it is made after the
 # tokenizer and trains no part of it.
 # The last four are realistic low-quality text for curation tests (proxy/data/lowquality.py).
-BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics", "random_tokens", "repeated_names",
-                   "shuffled_words", "boilerplate", "near_duplicates", "man_pages_de")
+BUILTIN_SOURCES = (
+    "stdlib_code",
+    "stdlib_docstrings",
+    "pydoc_topics",
+    "random_tokens",
+    "repeated_names",
+    "shuffled_words",
+    "boilerplate",
+    "near_duplicates",
+    "man_pages_de",
+)
 TOKEN_BUILTINS = ("random_tokens",)
 STDLIB_BUILTINS = ("stdlib_code", "stdlib_docstrings")
 MAX_MODULES = 1000
@@ -37,6 +47,7 @@ TOKEN_FORMATS = ("uint16", "llmc", "npy")  # formats/token_files.py
 
 class Source(StrictModel):
     """What every kind has: its kind key (the class's `kind`), and what its documents are."""
+
     kind: ClassVar[str]
     holds: ClassVar[str] = TEXT
 
@@ -56,9 +67,10 @@ class Source(StrictModel):
 
     def resolved(self, base_dir: str | os.PathLike) -> Source:
         """A copy whose path fields are absolute (relative ones joined to `base_dir`)."""
-        update = {name: os.path.normpath(value if os.path.isabs(value) else os.path.join(os.path.abspath(base_dir),
-                                                                                          value))
-                  for name, value, _what in self.path_fields()}
+        update = {
+            name: os.path.normpath(value if os.path.isabs(value) else os.path.join(os.path.abspath(base_dir), value))
+            for name, value, _what in self.path_fields()
+        }
         return self.model_copy(update=update)
 
     def options(self) -> dict[str, Any]:
@@ -81,11 +93,13 @@ class Source(StrictModel):
 
 class TextSource(Source):
     """A source of text documents: `max_chars` keeps documents in order until that many characters."""
+
     max_chars: int | None = Field(default=None, ge=1)
 
 
 class FileSource(TextSource):
     """The whole file is one document (UTF-8 text; binary data is refused)."""
+
     kind: ClassVar[str] = "file"
     file: PathText
 
@@ -95,6 +109,7 @@ class FileSource(TextSource):
 
 class GlobSource(TextSource):
     """Every matching file (recursive `**`), sorted by path, one document each; files that are not text skipped."""
+
     kind: ClassVar[str] = "glob"
     glob: PathText
 
@@ -105,6 +120,7 @@ class GlobSource(TextSource):
 class DirSource(TextSource):
     """Every file under the directory whose name ends with `suffix` (default: any), hidden ones skipped,
     sorted by relative path, one document each; files that are not text skipped."""
+
     kind: ClassVar[str] = "dir"
     dir: PathText
     suffix: Word | None = None
@@ -115,6 +131,7 @@ class DirSource(TextSource):
 
 class JsonlSource(TextSource):
     """One document per non-blank line: the string in `field` (default "text")."""
+
     kind: ClassVar[str] = "jsonl"
     jsonl: PathText
     field: Word | None = None
@@ -125,6 +142,7 @@ class JsonlSource(TextSource):
 
 class ParquetSource(TextSource):
     """One document per row of a string column of Parquet files (a path or a pattern, sorted); needs pyarrow."""
+
     kind: ClassVar[str] = "parquet"
     parquet: PathText
     column: Word = "text"
@@ -136,6 +154,7 @@ class ParquetSource(TextSource):
 class HFDatasetSource(TextSource):
     """A Hugging Face `save_to_disk` directory (Arrow files and their JSON): one document per row of a string
     column; a DatasetDict's `split` (default "train"). Read with pyarrow, not the `datasets` package."""
+
     kind: ClassVar[str] = "hf_dataset"
     hf_dataset: PathText
     split: Word | None = None
@@ -150,6 +169,7 @@ class TokensSource(Source):
     or a pattern, in sorted order), memory-mapped. `val`: the validation tokens (else split off the end);
     `format`: one of TOKEN_FORMATS (default: told by the file's first bytes). Needs the experiment's
     tokenizer, so that samples and exports decode."""
+
     kind: ClassVar[str] = "tokens"
     holds: ClassVar[str] = TOKENS
     tokens: PathText
@@ -162,6 +182,7 @@ class TokensSource(Source):
 
 class BuiltinSource(TextSource):
     """Real text present on any machine with Python, or the curation tests' sources (docs/EXPERIMENTS.md)."""
+
     kind: ClassVar[str] = "builtin"
     builtin: Literal[BUILTIN_SOURCES]
     modules: list[Word] | None = Field(default=None, max_length=MAX_MODULES)  # stdlib_*: only these
@@ -181,8 +202,19 @@ class BuiltinSource(TextSource):
         return self
 
 
-SOURCE_KINDS: dict[str, type[Source]] = {cls.kind: cls for cls in (
-    FileSource, GlobSource, DirSource, JsonlSource, ParquetSource, HFDatasetSource, TokensSource, BuiltinSource)}
+SOURCE_KINDS: dict[str, type[Source]] = {
+    cls.kind: cls
+    for cls in (
+        FileSource,
+        GlobSource,
+        DirSource,
+        JsonlSource,
+        ParquetSource,
+        HFDatasetSource,
+        TokensSource,
+        BuiltinSource,
+    )
+}
 KIND_LIST = ", ".join(SOURCE_KINDS)
 
 
@@ -218,8 +250,9 @@ def _one_kind(value: Any) -> Any:
 SourceConfig = Annotated[
     # A Union built from a tuple at run time: there is no `|` spelling of it.
     Union[tuple(Annotated[cls, Tag(TAG + kind)] for kind, cls in SOURCE_KINDS.items())],  # noqa: UP007
-    Discriminator(_kind_of, custom_error_type="source_kind",
-                  custom_error_message=f"a source needs exactly one of {KIND_LIST}"),
+    Discriminator(
+        _kind_of, custom_error_type="source_kind", custom_error_message=f"a source needs exactly one of {KIND_LIST}"
+    ),
     BeforeValidator(_one_kind),
 ]
 _ADAPTER = TypeAdapter(SourceConfig)

@@ -5,6 +5,7 @@ column name, a module name, a split) at most 255. Every later use holds by
 these: a message quotes at most 40 characters of a value it rejects, and a
 path it cannot find whole.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -23,4 +24,5 @@ Word = Annotated[str, Field(max_length=MAX_WORD)]
 
 class StrictModel(BaseModel):
     """Unknown keys and values of the wrong type are errors, never coerced."""
+
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -6,6 +6,7 @@ Both are off by default. The tracker (proxy/tracking/) follows the run
 directory's records from a process of its own, so nothing here can slow or
 stop training.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -18,6 +19,7 @@ from .strict import MAX_NAME, StrictModel, Word
 class WandbConfig(StrictModel):
     """A Weights & Biases run (the optional `wandb` extra). Offline runs are written under RUN/wandb/ and
     can be uploaded later with `wandb sync`."""
+
     project: Word = Field(min_length=1)
     entity: Word | None = None
     mode: Literal["offline", "online"] = "offline"

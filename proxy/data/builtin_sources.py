@@ -2,6 +2,7 @@
 the language reference topics, and the documents made in memory (repeated_names, random_tokens, and the
 low-quality ones made from docstrings, lowquality.py). source_readers.py plans and reads them like any source.
 """
+
 from __future__ import annotations
 
 import ast
@@ -64,6 +65,7 @@ def stdlib_files(modules: list[str] | None = None) -> list[Path]:
 
 def pydoc_topics_file() -> Path:
     import pydoc_data.topics as topics  # noqa: PLC0415 - stdlib, imported on demand
+
     return Path(topics.__file__)
 
 
@@ -152,6 +154,7 @@ def repeated_names() -> list[str]:
 
 def pydoc_topics() -> list[str]:
     import pydoc_data.topics as topics  # noqa: PLC0415
+
     return [topics.topics[k] for k in sorted(topics.topics)]
 
 

@@ -1,4 +1,5 @@
 """The one error of data preparation (exit 2): which arm or source, and why, on one line."""
+
 from __future__ import annotations
 
 from ..errors import EXIT_USAGE, ProxyError

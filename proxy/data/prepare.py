@@ -25,6 +25,7 @@ a time, the shards are written as the units come, and the tokenizer sample
 is bounded. The same inputs give the same bytes whatever the number of
 workers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,10 +60,18 @@ FORMATS_READ = (1, 2, 3, FORMAT_VERSION)  # 2 and 3 differ from 4 only in those 
 # The cache entries of format 1 (before preparation streamed), read for runs trained on one: their key's
 # parts, as that version wrote them (it trained the tokenizer on every training document, split by whole
 # documents in the order of their hash).
-V1 = {"format": 1,
-      "tokenizer": {"kind": "byte_level_bpe", "special_tokens": ["<|endoftext|>"], "add_prefix_space": False,
-                    "use_regex": True, "min_frequency": 2, "version": 1},
-      "split": {"fraction": 0.01, "min_chars": 64 * 1024, "max_fraction": 0.1, "method": "sha256-docs-v1"}}
+V1 = {
+    "format": 1,
+    "tokenizer": {
+        "kind": "byte_level_bpe",
+        "special_tokens": ["<|endoftext|>"],
+        "add_prefix_space": False,
+        "use_regex": True,
+        "min_frequency": 2,
+        "version": 1,
+    },
+    "split": {"fraction": 0.01, "min_chars": 64 * 1024, "max_fraction": 0.1, "method": "sha256-docs-v1"},
+}
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under way (renamed into place when whole)
@@ -71,14 +80,14 @@ MANIFEST_LIMIT = 16 << 20
 
 @dataclass
 class PreparedData:
-    key: str                       # the content hash naming the cache entry
-    path: Path                     # cache_dir/data-<key>
+    key: str  # the content hash naming the cache entry
+    path: Path  # cache_dir/data-<key>
     tokenizer: Tokenizer
-    tokenizer_json: bytes          # the tokenizer file's bytes: what a run freezes and an export writes
+    tokenizer_json: bytes  # the tokenizer file's bytes: what a run freezes and an export writes
     train: dict[str, list[TokenSegment]]  # arm name -> its training tokens (our shard, or token files in place)
-    val_shards: dict[str, Path]    # arm name -> its validation shard
+    val_shards: dict[str, Path]  # arm name -> its validation shard
     stats: dict[str, dict] = field(default_factory=dict)  # arm -> docs, bytes, train_tokens, val_tokens
-    cached: bool = False           # True when nothing had to be built
+    cached: bool = False  # True when nothing had to be built
     fingerprints: dict[str, list[str]] = field(default_factory=dict)  # arm -> its sources' (when computed)
 
     @property
@@ -110,8 +119,9 @@ def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> 
         raise DataError(f"tokenizer: cannot read {path}: {exc.strerror}") from None
 
 
-def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Hashes | None = None
-                 ) -> dict[str, list[str]]:
+def fingerprints(
+    experiment: Experiment, experiment_dir: Path | str, hashes: Hashes | None = None
+) -> dict[str, list[str]]:
     """Each arm's sources' fingerprints (source_readers.source_fingerprint), in order; DataError naming the arm."""
     hashes = hashes if hashes is not None else Hashes()
     out = {}
@@ -125,8 +135,13 @@ def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Has
     return out
 
 
-def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json: bytes | None = None,
-             hashes: Hashes | None = None, fps: dict[str, list[str]] | None = None) -> str:
+def data_key(
+    experiment: Experiment,
+    experiment_dir: Path | str,
+    tokenizer_json: bytes | None = None,
+    hashes: Hashes | None = None,
+    fps: dict[str, list[str]] | None = None,
+) -> str:
     """The cache key: a hash of everything the prepared data depend on. `tokenizer_json`: a given
     tokenizer's bytes (default: the one the experiment names, if any); `fps`: the fingerprints, when
     computed already."""
@@ -134,8 +149,13 @@ def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json:
     fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
     arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
     tokenizer = {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
-    obj = {"format": FORMAT_VERSION, "vocab": experiment.model.vocab, "tokenizer": tokenizer,
-           "split": SPLIT_SETTINGS, "arms": arms}
+    obj = {
+        "format": FORMAT_VERSION,
+        "vocab": experiment.model.vocab,
+        "tokenizer": tokenizer,
+        "split": SPLIT_SETTINGS,
+        "arms": arms,
+    }
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
@@ -143,13 +163,26 @@ def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: dict[str, li
     """The key format 1 gave the same experiment and sources (its trained tokenizer, its split)."""
     fps = fps if fps is not None else fingerprints(experiment, experiment_dir)
     arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
-    obj = {"format": V1["format"], "vocab": experiment.model.vocab, "tokenizer": V1["tokenizer"],
-           "split": V1["split"], "arms": arms}
+    obj = {
+        "format": V1["format"],
+        "vocab": experiment.model.vocab,
+        "tokenizer": V1["tokenizer"],
+        "split": V1["split"],
+        "arms": arms,
+    }
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: ProgressBars, given: bytes | None,
-           hashes: Hashes, n_workers: int | None) -> None:
+def _build(
+    experiment: Experiment,
+    base: Path,
+    key: str,
+    tmp: Path,
+    progress: ProgressBars,
+    given: bytes | None,
+    hashes: Hashes,
+    n_workers: int | None,
+) -> None:
     vocab = experiment.model.vocab
     arms = TextArms(experiment, base, hashes)
     n = n_workers or default_workers(arms.total)
@@ -164,15 +197,19 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
         arms.docs.clear()
         tokenizer_json = tok.to_str().encode("utf-8")
     else:
-        raise DataError("no arm holds text to train a tokenizer on: name one with \"tokenizer\"")
+        raise DataError('no arm holds text to train a tokenizer on: name one with "tokenizer"')
     write_synced(tmp / TOKENIZER_FILE, tokenizer_json)
 
     info: dict[str, dict] = {}
     if arms.arms:
         skipped, first_skipped = 0, None
         opened: list[ArmWriter] = []
-        with progress.task(f"encoding {len(arms.arms)} arm(s) ({n} worker{'s' if n > 1 else ''})",
-                           total=arms.total, unit="B") as t, Workers(n, tok) as workers:
+        with (
+            progress.task(
+                f"encoding {len(arms.arms)} arm(s) ({n} worker{'s' if n > 1 else ''})", total=arms.total, unit="B"
+            ) as t,
+            Workers(n, tok) as workers,
+        ):
             try:
                 for arm, task, result in arms.run(workers):
                     if not opened or opened[-1].name != arm:
@@ -188,8 +225,10 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
             finally:
                 for w in opened:
                     w.close()
-            t.done(", ".join(f"{name} {s['train_tokens']:,} + {s['val_tokens']:,}" for name, s in info.items())
-                   + " train + val tokens")
+            t.done(
+                ", ".join(f"{name} {s['train_tokens']:,} + {s['val_tokens']:,}" for name, s in info.items())
+                + " train + val tokens"
+            )
         arms.check_documents()
         skipped_note(progress, skipped, first_skipped)
 
@@ -208,22 +247,35 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
                     count = writer.finish()
                 finally:
                     writer.close()
-                info.setdefault(arm.name, {"kind": "random_tokens", "docs": len(tr) + len(va)})[f"{split}_tokens"] = count
+                info.setdefault(arm.name, {"kind": "random_tokens", "docs": len(tr) + len(va)})[f"{split}_tokens"] = (
+                    count
+                )
             train_segments[arm.name] = [{"file": f"{arm.name}.train.tok"}]
         else:
             train_segments[arm.name] = [{"file": f"{arm.name}.train.tok"}]
-    arms_info = {arm.name: {"train": train_segments[arm.name], "val": f"{arm.name}.val.tok", **info[arm.name]}
-                 for arm in experiment.arms}
-    manifest = {"format": FORMAT_VERSION, "key": key, "vocab": vocab, "tokenizer": TOKENIZER_FILE,
-                "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(), "tokenizer_given": given is not None,
-                "tokenizer_trained": tok.trained_size, "python": sys.version.split()[0], "created": time.time(),
-                "arms": arms_info}
+    arms_info = {
+        arm.name: {"train": train_segments[arm.name], "val": f"{arm.name}.val.tok", **info[arm.name]}
+        for arm in experiment.arms
+    }
+    manifest = {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "vocab": vocab,
+        "tokenizer": TOKENIZER_FILE,
+        "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(),
+        "tokenizer_given": given is not None,
+        "tokenizer_trained": tok.trained_size,
+        "python": sys.version.split()[0],
+        "created": time.time(),
+        "arms": arms_info,
+    }
     write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     fsync_dir(tmp)
 
 
 # ---------------------------------------------------------------------------
 # The cache entry.
+
 
 def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> PreparedData | None:
     """The cache entry at `entry`, or None when absent, incomplete, or naming token files other than the
@@ -232,15 +284,15 @@ def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> 
         manifest = bounded_json.loads(read_regular(entry / MANIFEST, MANIFEST_LIMIT))
     except (OSError, ValueError, UnsafeFileError, RecursionError):
         return None
-    if not isinstance(manifest, dict) or manifest.get("key") != key or \
-            manifest.get("format") not in FORMATS_READ:
+    if not isinstance(manifest, dict) or manifest.get("key") != key or manifest.get("format") not in FORMATS_READ:
         return None
     train, val = {}, {}
     try:
         tokenizer_json = read_regular(entry / TOKENIZER_FILE, GIVEN_LIMIT)
         if manifest["format"] == V1["format"]:  # its arms name one train shard each, and no checksum
-            manifest["arms"] = {name: {**info, "train": [{"file": info["train"]}]}
-                                for name, info in manifest["arms"].items()}
+            manifest["arms"] = {
+                name: {**info, "train": [{"file": info["train"]}]} for name, info in manifest["arms"].items()
+            }
         elif hashlib.sha256(tokenizer_json).hexdigest() != manifest["tokenizer_sha256"]:
             return None
         tok = Tokenizer.from_json(tokenizer_json, vocab, str(entry / TOKENIZER_FILE))
@@ -262,8 +314,9 @@ def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> 
             shard_segment(val[name])
     except Exception:  # noqa: BLE001 - a damaged entry of any kind is rebuilt
         return None
-    stats = {name: {k: v for k, v in info.items() if k not in ("train", "val")}
-             for name, info in manifest["arms"].items()}
+    stats = {
+        name: {k: v for k, v in info.items() if k not in ("train", "val")} for name, info in manifest["arms"].items()
+    }
     return PreparedData(key, entry, tok, tokenizer_json, train, val, stats, cached=True)
 
 
@@ -282,7 +335,7 @@ def remove_stale_temps(cache_dir: Path) -> list[Path]:
     in a version that did not clean up); a live one's (another proxy preparing now) is left alone."""
     removed = []
     for tmp in cache_dir.glob(TEMP_PREFIX + "*"):
-        parts = tmp.name[len(TEMP_PREFIX):].split("-")
+        parts = tmp.name[len(TEMP_PREFIX) :].split("-")
         pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
         if pid is None or pid == os.getpid() or _pid_alive(pid) or not tmp.is_dir() or tmp.is_symlink():
             continue
@@ -299,14 +352,17 @@ def check_lengths(data: PreparedData, experiment: Experiment) -> None:
         n_train = data.stats[name]["train_tokens"]
         n_val = data.stats[name]["val_tokens"]
         if n_train < row_len + 1 or n_val < row_len:
-            problems.append(f"arm {name!r} has {n_train} train and {n_val} val tokens; "
-                            f"ctx {experiment.model.ctx} needs at least {row_len + 1} and {row_len}")
+            problems.append(
+                f"arm {name!r} has {n_train} train and {n_val} val tokens; "
+                f"ctx {experiment.model.ctx} needs at least {row_len + 1} and {row_len}"
+            )
     if problems:
         raise DataError("; ".join(problems) + " (add data to the arm or lower model.ctx)")
 
 
-def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                key: str) -> PreparedData | None:
+def load_cached(
+    experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike, key: str
+) -> PreparedData | None:
     """The cache entry of `key` if it is there whole (a run's recorded entry, or one of format 1), else
     None."""
     try:
@@ -323,13 +379,18 @@ def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache
 
 def _external(experiment: Experiment, base: Path) -> dict[str, list[str]]:
     """Each token-file arm's training files as they are now (a cache entry must name these)."""
-    return {arm.name: [str(p) for p in token_layout(arm, base)[0]] for arm in experiment.arms
-            if is_token_file_arm(arm)}
+    return {arm.name: [str(p) for p in token_layout(arm, base)[0]] for arm in experiment.arms if is_token_file_arm(arm)}
 
 
-def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                 progress: bool | ProgressBars = True, tokenizer_json: bytes | None = None,
-                 workers: int | None = None, fps: dict[str, list[str]] | None = None) -> PreparedData:
+def prepare_data(
+    experiment: Experiment,
+    experiment_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike,
+    progress: bool | ProgressBars = True,
+    tokenizer_json: bytes | None = None,
+    workers: int | None = None,
+    fps: dict[str, list[str]] | None = None,
+) -> PreparedData:
     """Tokenizer and per-arm train/val tokens for `experiment`, built on first use and cached.
 
     `experiment_dir` is where relative source paths are resolved (the experiment file's directory).

@@ -4,6 +4,7 @@ On a terminal each task is a tqdm bar. Anywhere else (a log file, a pipe) a
 task prints tqdm's line, in plain ASCII, every 2 seconds while it runs and
 once when it ends, so logs stay short and readable.
 """
+
 from __future__ import annotations
 
 import io
@@ -40,14 +41,24 @@ class ProgressBar:
     def __init__(self, progress: ProgressBars, label: str, total: float | None, unit: str):
         self.p = progress
         self.live = progress.enabled and progress.tty
-        options = dict(total=total, desc=label, unit=unit or "it", unit_scale=bool(unit),
-                       unit_divisor=1024 if unit == "B" else 1000, leave=True)
+        options = dict(
+            total=total,
+            desc=label,
+            unit=unit or "it",
+            unit_scale=bool(unit),
+            unit_divisor=1024 if unit == "B" else 1000,
+            leave=True,
+        )
         if total is None:  # no amount to show: the label, the time taken and the note
             options["bar_format"] = "{desc}  {elapsed}{postfix}"
         # off a terminal tqdm draws into nothing; the lines are printed here
         with _held():
-            self.bar = tqdm(file=progress.stream if self.live else io.StringIO(), ascii=not self.live,
-                            disable=not progress.enabled, **options)
+            self.bar = tqdm(
+                file=progress.stream if self.live else io.StringIO(),
+                ascii=not self.live,
+                disable=not progress.enabled,
+                **options,
+            )
         self.last_line = time.monotonic()
         self.closed = False
 

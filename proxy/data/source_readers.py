@@ -28,6 +28,7 @@ documents are the same however many workers read them.
 Every text kind also takes `max_chars`: documents are kept in order until
 that many characters (the last one cut to fit). Empty documents are dropped.
 """
+
 from __future__ import annotations
 
 import glob as _glob
@@ -154,8 +155,7 @@ def _fingerprint_root(src: Source, base: Path) -> Path | None:
     return None
 
 
-def source_fingerprint(src: Source, base_dir: Path | str,
-                       file_hash: Callable[[Path], str] | None = None) -> str:
+def source_fingerprint(src: Source, base_dir: Path | str, file_hash: Callable[[Path], str] | None = None) -> str:
     """A content hash of everything that determines this source's documents:
     its options and the bytes of each file it reads (not where they live)."""
     file_hash = file_hash or hash_file
@@ -202,8 +202,13 @@ def source_bytes(src: Source, base_dir: Path | str) -> int:
 # Work units: planned in document order in the main process, read anywhere.
 
 
-def _file_units(files: list[Path], src: Source, strict: bool, decide: Callable[[Path, int], str],
-                modules: dict[Path, str] | None = None) -> Iterator[Unit]:
+def _file_units(
+    files: list[Path],
+    src: Source,
+    strict: bool,
+    decide: Callable[[Path, int], str],
+    modules: dict[Path, str] | None = None,
+) -> Iterator[Unit]:
     """Small files grouped into units of about UNIT_BYTES; a large file in parts of UNIT_BYTES (its
     train/val decision made here, by `decide(path, size)`; a glob's or dir's large file is checked for
     text first, and skipped if it is not)."""
@@ -266,14 +271,18 @@ def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
         yield from _file_units(files, src, False, decide)
     elif src.builtin == "stdlib_docstrings":
         root = stdlib_root()
-        yield from _file_units(files, src, False, decide, {p: module_name(p.relative_to(root).as_posix())
-                                                           for p in files})
+        yield from _file_units(
+            files, src, False, decide, {p: module_name(p.relative_to(root).as_posix()) for p in files}
+        )
     elif src.builtin == "pydoc_topics":
         yield from _literal_units(pydoc_topics(), src)
     elif src.builtin in FROM_DOCSTRINGS:  # made from all docstrings at once: planned here, in memory
         root = stdlib_root()
-        docstrings = [module_docstrings(text, module_name(p.relative_to(root).as_posix()))
-                      for p in files if (text := machine_text(p)) is not None]
+        docstrings = [
+            module_docstrings(text, module_name(p.relative_to(root).as_posix()))
+            for p in files
+            if (text := machine_text(p)) is not None
+        ]
         yield from _literal_units(FROM_DOCSTRINGS[src.builtin]([d for d in docstrings if d]), src)
     elif src.builtin == "boilerplate":
         yield from _literal_units(lowquality.boilerplate(files, lambda p: machine_text(p) or ""), src)
@@ -309,6 +318,7 @@ def plan_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int], 
 
 # ---------------------------------------------------------------------------
 # Reading a unit (in a worker, or here).
+
 
 def _cut_in_file(f, nominal: int, size: int) -> int:
     """Where a part starting or ending at `nominal` really cuts its file (text.safe_cut on the bytes there)."""
@@ -380,7 +390,7 @@ def _line_number(path: str, offset: int) -> int:
 
 def _read_jsonl(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
     """The lines that start in [start, stop): a line belongs to the unit holding its first byte."""
-    (path, start, stop), = unit.items
+    ((path, start, stop),) = unit.items
     field_name = unit.column
     with open_regular(path, None) as f:
         if start > 0:
@@ -407,14 +417,16 @@ def _read_jsonl(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
             except json.JSONDecodeError as e:
                 raise SourceError(f"{path}:{_line_number(path, at)}: not JSON ({e.msg})") from None
             except RecursionError:
-                raise SourceError(f"{path}:{_line_number(path, at)}: not JSON this reader takes (nested too "
-                                  "deeply)") from None
+                raise SourceError(
+                    f"{path}:{_line_number(path, at)}: not JSON this reader takes (nested too deeply)"
+                ) from None
             if not isinstance(obj, dict) or field_name not in obj:
                 raise SourceError(f"{path}:{_line_number(path, at)}: no {field_name!r} field")
             value = obj[field_name]
             if not isinstance(value, str):
-                raise SourceError(f"{path}:{_line_number(path, at)}: field {field_name!r} is "
-                                  f"{type(value).__name__}, not a string")
+                raise SourceError(
+                    f"{path}:{_line_number(path, at)}: field {field_name!r} is {type(value).__name__}, not a string"
+                )
             yield Doc(value)
 
 
@@ -432,8 +444,12 @@ def _read_tabular(unit: Unit, _notes: UnitNotes) -> Iterator[Doc]:
 
 
 READERS: dict[str, Callable[[Unit, UnitNotes], Iterator[Doc]]] = {
-    "files": _read_files, "docstrings": _read_files, "jsonl": _read_jsonl, "literal": _read_literal,
-    "parquet": _read_tabular, "arrow": _read_tabular,
+    "files": _read_files,
+    "docstrings": _read_files,
+    "jsonl": _read_jsonl,
+    "literal": _read_literal,
+    "parquet": _read_tabular,
+    "arrow": _read_tabular,
 }
 
 
@@ -445,8 +461,13 @@ def read_unit(unit: Unit, notes: UnitNotes | None = None) -> Iterator[Doc]:
 # ---------------------------------------------------------------------------
 # Whole documents (here, in order): max_chars, and small uses.
 
-def whole_documents(src: Source, base_dir: Path | str, decide: Callable[[Path, int], str] | None = None,
-                    on_unit: Callable[[int], None] | None = None) -> Iterator[str]:
+
+def whole_documents(
+    src: Source,
+    base_dir: Path | str,
+    decide: Callable[[Path, int], str] | None = None,
+    on_unit: Callable[[int], None] | None = None,
+) -> Iterator[str]:
     """The documents of one text source in order, pieces joined, empty ones dropped, max_chars applied."""
     decide = decide or (lambda _p, _n: "train")
     left = getattr(src, "max_chars", None)
@@ -495,4 +516,3 @@ def doc_hash64(raw: bytes) -> int:
 
 def doc_bytes(doc: Doc) -> bytes:
     return doc.raw if doc.raw is not None else doc.text.encode("utf-8", "surrogatepass")
-

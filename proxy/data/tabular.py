@@ -11,6 +11,7 @@ a run of consecutive record batches of an Arrow file (memory-mapped, so
 planning reads only their headers). A row's document is the string in the
 source's column; a null or empty string is no document.
 """
+
 from __future__ import annotations
 
 import os
@@ -125,6 +126,7 @@ def _open_arrow(pa, path: Path):
 
             def __iter__(self):
                 return (reader.get_batch(i) for i in range(reader.num_record_batches))
+
         return Batches()
 
 
@@ -177,9 +179,9 @@ def _shares(reader: str, items: list[tuple], sizes: list[int], file_size: int) -
 def _parquet_chunks(pa, path: str, first: int, stop: int, column: str) -> Iterator:
     """The column's values in the row groups [first, stop), BATCH_ROWS rows decoded at a time."""
     try:
-        for batch in pa.parquet.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS,
-                                                               row_groups=list(range(first, stop)),
-                                                               columns=[column], use_threads=False):
+        for batch in pa.parquet.ParquetFile(path).iter_batches(
+            batch_size=BATCH_ROWS, row_groups=list(range(first, stop)), columns=[column], use_threads=False
+        ):
             yield batch.column(0)
     except (pa.ArrowException, OSError) as exc:
         raise TabularError(f"{path}: row group {first}: {str(exc).splitlines()[0][:120]}") from None

@@ -32,6 +32,7 @@ such a text's tokens are those of its parts, not of the whole (text with
 no such run, which is all ordinary text, is not affected). With PIECE_CHARS,
 this bounds what one encode call is given, whatever a document holds.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -97,8 +98,7 @@ def safe_cut(text: Text, nominal: int) -> int:
 def word_cuts(text: str) -> list[int]:
     """The places inside runs longer than WORD_CHARS where they are cut: every WORD_CHARS characters from
     each such run's start."""
-    return [cut for run in _LONG_RUN.finditer(text)
-            for cut in range(run.start() + WORD_CHARS, run.end(), WORD_CHARS)]
+    return [cut for run in _LONG_RUN.finditer(text) for cut in range(run.start() + WORD_CHARS, run.end(), WORD_CHARS)]
 
 
 def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
@@ -118,8 +118,7 @@ def decode_strict(data: bytes, where: str, offset: int = 0) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {offset + e.start}); {TOKENS_HINT}") \
-            from None
+        raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {offset + e.start}); {TOKENS_HINT}") from None
 
 
 def file_is_text(f, size: int, block: int = 1 << 22) -> str | None:

@@ -1,5 +1,6 @@
 """Arms of text: their sources planned into work units, read by the workers, tokenized and written as shards
 (ArmWriter, TextArms), and the tokenizer trained on a sample of them (prepare.py drives them)."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -93,6 +94,7 @@ class TextArms:
 
             def decide(path: Path, size: int, largest=largest) -> str:
                 return by_hash(size, bytes.fromhex(self.hashes(path)), largest)
+
             for i, src in enumerate(arm.sources):
                 self.docs.setdefault((arm.name, i), 0)
                 try:
@@ -109,6 +111,7 @@ class TextArms:
             for arm, i, task in self.tasks(rate):
                 order.append((arm, i, task))
                 yield task
+
         try:
             for result in workers.map(tasks(), stop):
                 arm, i, task = order.popleft()
@@ -134,8 +137,14 @@ def train_arms_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: P
     rate = sample_rate(arms.total)
     sample: list[str] = []
     size = 0
-    with progress.task(f"sampling text for the tokenizer ({100 * rate:.3g}% of {arms.total / 1e6:.1f} MB)",
-                       total=arms.total, unit="B") as t, Workers(n_workers, None) as workers:
+    with (
+        progress.task(
+            f"sampling text for the tokenizer ({100 * rate:.3g}% of {arms.total / 1e6:.1f} MB)",
+            total=arms.total,
+            unit="B",
+        ) as t,
+        Workers(n_workers, None) as workers,
+    ):
         for _arm, task, result in arms.run(workers, rate, stop=lambda: size >= SAMPLE_CAP):  # noqa: B023 (reads the live count on purpose)
             for piece in result.sample:
                 if size < SAMPLE_CAP:

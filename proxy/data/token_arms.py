@@ -1,5 +1,6 @@
 """Arms of token files read in place, and the random_tokens arm: their training and validation tokens, no
 tokenizer trained on them (prepare.py calls these once the tokenizer is known)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,9 +49,11 @@ def build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress:
         for tf in train + val:
             bad = first_out_of_range(tf.segment(), vocab, t.advance)
             if bad is not None:
-                raise DataError(f"arm {arm.name!r}: {tf.path}: token id {bad[1]} at position {bad[0]} is at or "
-                                f"above model.vocab {vocab} (the file was made with another tokenizer, or is not "
-                                f"{tf.format} token ids)")
+                raise DataError(
+                    f"arm {arm.name!r}: {tf.path}: token id {bad[1]} at position {bad[0]} is at or "
+                    f"above model.vocab {vocab} (the file was made with another tokenizer, or is not "
+                    f"{tf.format} token ids)"
+                )
     segments = [tf.segment() for tf in train if tf.count]
     if val:
         val_segments = [tf.segment() for tf in val if tf.count]
@@ -70,6 +73,12 @@ def build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress:
         n_val = writer.finish()
     finally:
         writer.close()
-    stats = {"kind": "tokens", "files": len(train) + len(val), "format": sorted({tf.format for tf in train + val}),
-             "train_tokens": sum(s.tokens for s in segments), "val_tokens": n_val, "val_split": not val}
+    stats = {
+        "kind": "tokens",
+        "files": len(train) + len(val),
+        "format": sorted({tf.format for tf in train + val}),
+        "train_tokens": sum(s.tokens for s in segments),
+        "val_tokens": n_val,
+        "val_split": not val,
+    }
     return segments, stats

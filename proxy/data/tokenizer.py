@@ -10,6 +10,7 @@ A given one (the experiment's `tokenizer`, e.g. GPT-2's `tokenizer.json`) is
 used as it is: it must hold `<|endoftext|>` (the document separator) and at
 most `model.vocab` tokens.
 """
+
 from __future__ import annotations
 
 import os
@@ -114,8 +115,9 @@ class Tokenizer:
             raise TokenizerError(f"{where}: not a tokenizer.json ({str(exc).splitlines()[0][:200]})") from None
         size = hf.get_vocab_size(with_added_tokens=True)
         if size > vocab_size:
-            raise TokenizerError(f"{where}: {size} tokens, more than model.vocab {vocab_size} (set model.vocab "
-                                 f"to at least {size})")
+            raise TokenizerError(
+                f"{where}: {size} tokens, more than model.vocab {vocab_size} (set model.vocab to at least {size})"
+            )
         if hf.token_to_id(EOT) is None:
             raise TokenizerError(f"{where}: has no {EOT} token (the separator written between documents)")
         return cls(hf, vocab_size)

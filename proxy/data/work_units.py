@@ -2,6 +2,7 @@
 of files it reads, the documents it yields, and the one error a source that cannot be read raises
 (source_readers.py plans and reads them; workers.py runs them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ class FilePart:
     first safe place at or after `start` (text.safe_cut), and ends at the first one at or after `stop`, so
     consecutive parts tile the file. `split` is set for a document spread over several units (its
     train/val decision is made once, in the main process)."""
+
     path: str
     start: int
     stop: int
@@ -39,6 +41,7 @@ class Unit:
 class Doc:
     """A document, or a piece of one (`last`: the document ends here). `split` is decided already for a
     document spread over several units; else None (decided by its hash, prepare.py)."""
+
     text: str
     last: bool = True
     split: str | None = None
@@ -48,4 +51,5 @@ class Doc:
 @dataclass
 class UnitNotes:
     """What a unit's reading skipped, for the messages."""
+
     skipped: list[str] = field(default_factory=list)

@@ -13,6 +13,7 @@ Workers ignore SIGINT and SIGHUP (a Ctrl-C or a closed terminal reaches the
 whole process group; the main process decides) and die with the main
 process (PR_SET_PDEATHSIG on Linux).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -158,9 +159,12 @@ class Workers:
             return self
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the parent's own encodes stay serial
         tok = self.tokenizer
-        self.pool = ProcessPoolExecutor(self.n, multiprocessing.get_context("spawn"), _init_worker,
-                                        (tok.to_str() if tok is not None else None,
-                                         tok.vocab_size if tok is not None else 0))
+        self.pool = ProcessPoolExecutor(
+            self.n,
+            multiprocessing.get_context("spawn"),
+            _init_worker,
+            (tok.to_str() if tok is not None else None, tok.vocab_size if tok is not None else 0),
+        )
         return self
 
     def map(self, tasks: Iterable[UnitTask], stop: Callable[[], bool] = lambda: False) -> Iterator[UnitResult]:
@@ -187,8 +191,9 @@ class Workers:
             try:
                 result = pending.popleft().result()
             except BrokenProcessPool as exc:
-                raise WorkerError(f"a data preparation worker died ({exc}); run again with "
-                                  f"{ENV_WORKERS}=1 to prepare in this process") from None
+                raise WorkerError(
+                    f"a data preparation worker died ({exc}); run again with {ENV_WORKERS}=1 to prepare in this process"
+                ) from None
             yield result
 
     def __exit__(self, *exc) -> None:

@@ -21,6 +21,7 @@ Replay: the bandit is rebuilt from the per-arm losses of the steps of the
 current phase; steps re-trained after a restart are compared with the entries
 the crashed segment left behind (`compare_replayed`).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,18 +50,30 @@ class EvalEntry:
     inherited: bool = False
 
     def to_dict(self) -> dict:
-        out = {"type": "eval", "step": self.step, "loss": self.loss, "arms": self.arms,
-               "time": self.time, "phase": self.phase, "segment": self.segment}
+        out = {
+            "type": "eval",
+            "step": self.step,
+            "loss": self.loss,
+            "arms": self.arms,
+            "time": self.time,
+            "phase": self.phase,
+            "segment": self.segment,
+        }
         if self.inherited:
             out["inherited"] = True
         return out
 
     @classmethod
     def from_dict(cls, obj: dict) -> EvalEntry:
-        return cls(step=int(obj["step"]), loss=float(obj["loss"]),
-                   arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
-                   time=float(obj.get("time", 0.0)), phase=int(obj.get("phase", 0)),
-                   segment=int(obj.get("segment", 0)), inherited=bool(obj.get("inherited", False)))
+        return cls(
+            step=int(obj["step"]),
+            loss=float(obj["loss"]),
+            arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
+            time=float(obj.get("time", 0.0)),
+            phase=int(obj.get("phase", 0)),
+            segment=int(obj.get("segment", 0)),
+            inherited=bool(obj.get("inherited", False)),
+        )
 
 
 def eval_loss(parts) -> float:
@@ -84,6 +97,7 @@ def parse_line(line: bytes | str) -> StepEntry | EvalEntry | None:
 
 
 # ---------------------------------------------------------------- writing
+
 
 def encode_line(obj: dict) -> bytes:
     """One entry as a whole line of the log."""
@@ -131,6 +145,7 @@ class LossLogWriter:
 
 # ---------------------------------------------------------------- reading
 
+
 def open_log(path: str | os.PathLike) -> BinaryIO:
     """The log opened for reading by safe_fs's rules (a regular file, no symlink out of its directory)."""
     return open_regular(path, None, within=Path(path).parent)
@@ -163,6 +178,7 @@ def _lowest(table: dict[int, int], key: int, value: int) -> None:
 @dataclass
 class LossLogIndex:
     """Where the last entry of each step lives (byte offsets), plus a little summary."""
+
     path: Path
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # step -> (offset, phase)
     evals: dict[int, int] = field(default_factory=dict)  # step -> offset
@@ -237,8 +253,11 @@ class LossLogIndex:
     def first_diverged(self, phase: int, after: int, through: int, sane) -> int | None:
         """The first step in (after, through] whose last entry is of `phase` and whose loss `sane(loss)`
         refuses, or None."""
-        bad = [s for s, loss in self.high_losses.items()
-               if after < s <= through and self.steps[s][1] == phase and not sane(loss)]
+        bad = [
+            s
+            for s, loss in self.high_losses.items()
+            if after < s <= through and self.steps[s][1] == phase and not sane(loss)
+        ]
         return min(bad, default=None)
 
     def max_step(self) -> int:
@@ -265,6 +284,7 @@ def read_tail(path: str | os.PathLike, max_bytes: int = 1 << 20) -> list[StepEnt
 
 # ---------------------------------------------------------------- reading for display
 
+
 class EvalFields(NamedTuple):
     step: int
     loss: float
@@ -284,9 +304,11 @@ def eval_fields(obj: dict) -> EvalFields | None:
 
 # ---------------------------------------------------------------- replay
 
+
 @dataclass
 class ReplayMismatch:
     """A step re-trained after a restart that differs from the crashed segment's entry."""
+
     step: int
     recorded_segment: int
     replayed_segment: int
@@ -296,14 +318,22 @@ class ReplayMismatch:
     time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "recorded_segment": self.recorded_segment,
-                "replayed_segment": self.replayed_segment, "fields": self.fields,
-                "recorded": self.recorded, "replayed": self.replayed, "time": self.time}
+        return {
+            "step": self.step,
+            "recorded_segment": self.recorded_segment,
+            "replayed_segment": self.replayed_segment,
+            "fields": self.fields,
+            "recorded": self.recorded,
+            "replayed": self.replayed,
+            "time": self.time,
+        }
 
     def message(self) -> str:
         parts = [f"{f} {self.replayed.get(f)!r} != {self.recorded.get(f)!r}" for f in self.fields]
-        return (f"determinism: step {self.step} replayed in segment {self.replayed_segment} differs "
-                f"from segment {self.recorded_segment}: " + "; ".join(parts))
+        return (
+            f"determinism: step {self.step} replayed in segment {self.replayed_segment} differs "
+            f"from segment {self.recorded_segment}: " + "; ".join(parts)
+        )
 
 
 def compare_replayed(recorded: StepEntry, replayed: StepEntry) -> ReplayMismatch | None:
@@ -312,6 +342,11 @@ def compare_replayed(recorded: StepEntry, replayed: StepEntry) -> ReplayMismatch
     differ = [f for f in COMPARED_FIELDS if a.get(f) != b.get(f)]
     if not differ:
         return None
-    return ReplayMismatch(step=replayed.step, recorded_segment=recorded.segment,
-                          replayed_segment=replayed.segment, fields=differ,
-                          recorded={f: a.get(f) for f in differ}, replayed={f: b.get(f) for f in differ})
+    return ReplayMismatch(
+        step=replayed.step,
+        recorded_segment=recorded.segment,
+        replayed_segment=replayed.segment,
+        fields=differ,
+        recorded={f: a.get(f) for f in differ},
+        replayed={f: b.get(f) for f in differ},
+    )

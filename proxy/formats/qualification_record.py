@@ -14,6 +14,7 @@ formats/engine_cli.py (`path_flags`), for the paths whose verdict is
 more, a `flags` list) is refused with one line (QualificationFileError), and
 the caller treats it as absent.
 """
+
 from __future__ import annotations
 
 from enum import Enum
@@ -46,11 +47,13 @@ class QualificationFileError(Exception):
 class FrozenRecord(BaseModel):
     """Unknown keys refused, and immutable once read. Not strict (config/strict.py:StrictModel): the record is
     the proxy's own JSON, whose enum values arrive as strings."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Figures(FrozenRecord):
     """What a check measured against the verified path (None: not measured, e.g. after a crash)."""
+
     loss_diff: float | None = None  # the largest |loss - verified loss| over the check's steps
     update_rel: float | None = None  # the worst tensor's |Δw - Δw_verified| / |Δw_verified| (Δw: the steps' update)
     m_rel: float | None = None  # the same for Adam's first moment
@@ -64,6 +67,7 @@ class Figures(FrozenRecord):
 
 class Check(FrozenRecord):
     """One check against the verified path: a named path alone, or the chosen paths together."""
+
     verdict: Verdict
     detail: str = Field(max_length=1000)  # one line: by how much it passed or failed, or why it could not run
     figures: Figures = Field(default_factory=Figures)
@@ -71,6 +75,7 @@ class Check(FrozenRecord):
 
 class Environment(FrozenRecord):
     """What a verdict holds for: it is used only where all of it matches."""
+
     gpu: str = Field(max_length=256)  # NVML's name of the device the engine uses
     driver: str = Field(max_length=64)
     build: str = Field(pattern=r"^[0-9a-f]{64}$")  # SHA-256 of the engine binary
@@ -80,6 +85,7 @@ class Environment(FrozenRecord):
 
 class Qualification(FrozenRecord):
     """Which fast paths an engine build runs on a GPU at a shape, and why."""
+
     version: Literal[2] = VERSION
     environment: Environment
     paths: dict[FastPath, Check]  # the paths checked (a path not here was not checked: not used)

@@ -6,6 +6,7 @@ back only to carry reports forward (replay mismatches, restarts, dropped
 arms) and to update it where no proxy runs (a finished run, an offline
 pivot). Every writer writes a RunState, so every `.state.json` has one shape.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,6 +60,7 @@ AUDIT_KINDS = ("sample", "eval", "checkpoint")  # what the engine does between s
 @dataclass
 class AuditTime:
     """One kind of audit: how many, and the seconds the engine's step loop spent on them."""
+
     count: int = 0
     s: float = 0.0
 
@@ -74,6 +76,7 @@ class Goodput:
     the background); `other_s` is the rest: frames the engine waited for, engine
     restarts, the last checkpoint's wait at exit. `tokens_per_s` is `tokens / wall_s`.
     """
+
     wall_s: float = 0.0
     step_s: float = 0.0
     steps: int = 0
@@ -90,11 +93,19 @@ class Goodput:
         if not isinstance(obj, dict) or not isinstance(obj.get("audits"), dict):
             return None
         try:
-            audits = {str(k): AuditTime(count=int(_number(a["count"])), s=_number(a["s"]))
-                      for k, a in obj["audits"].items()}
-            return cls(wall_s=_number(obj["wall_s"]), step_s=_number(obj["step_s"]), steps=int(_number(obj["steps"])),
-                       tokens=int(_number(obj["tokens"])), audits=audits, other_s=_number(obj["other_s"]),
-                       overhead=_number(obj["overhead"], none=True), tokens_per_s=_number(obj["tokens_per_s"], none=True))
+            audits = {
+                str(k): AuditTime(count=int(_number(a["count"])), s=_number(a["s"])) for k, a in obj["audits"].items()
+            }
+            return cls(
+                wall_s=_number(obj["wall_s"]),
+                step_s=_number(obj["step_s"]),
+                steps=int(_number(obj["steps"])),
+                tokens=int(_number(obj["tokens"])),
+                audits=audits,
+                other_s=_number(obj["other_s"]),
+                overhead=_number(obj["overhead"], none=True),
+                tokens_per_s=_number(obj["tokens_per_s"], none=True),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -111,6 +122,7 @@ def _number(value, none: bool = False) -> float | None:
 @dataclass
 class RunState:
     """Every field of FORMATS.md's `.state.json`, plus the proxy's reports."""
+
     step: int = 0
     phase: int = 0
     policy: str = ""
@@ -155,8 +167,11 @@ class RunState:
         values = _known(cls, obj)
         values.pop("extra", None)
         arms = values.get("arms")
-        values["arms"] = ({str(n): ArmStatus(**_known(ArmStatus, a)) for n, a in arms.items() if isinstance(a, dict)}
-                          if isinstance(arms, dict) else {})
+        values["arms"] = (
+            {str(n): ArmStatus(**_known(ArmStatus, a)) for n, a in arms.items() if isinstance(a, dict)}
+            if isinstance(arms, dict)
+            else {}
+        )
         engine = values.get("engine")
         values["engine"] = EngineStatus(**_known(EngineStatus, engine)) if isinstance(engine, dict) else EngineStatus()
         values["goodput"] = Goodput.from_dict(values.get("goodput"))

@@ -19,6 +19,7 @@ today's table (tests/unit/proxy/formats/test_step_fields.py,
 tests/unit/dashboard/test_columns.py) and the copy in docs/FORMATS.md say what
 changed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,6 +33,7 @@ from ..run_names import MAX_ARMS, MAX_NAME
 
 class StepValueKind(Enum):
     """How a value is written and read back."""
+
     INT = "integer"
     FLOAT = "number"
     ARM_MAP = "object: arm name -> number"
@@ -40,6 +42,7 @@ class StepValueKind(Enum):
 
 class StepValueSource(Enum):
     """Where the proxy gets a field's value from."""
+
     COPIED = "the engine's step event, copied"
     ENGINE = "the engine's step event, converted"  # named and handled in supervision/events.py
     PROXY = "the proxy"
@@ -50,6 +53,7 @@ class StepPlot:
     """How the dashboard plots a field: `label` names it on the page; `envelope`: sent as min/max/mean per
     bucket (spikes survive downsampling), else the mean; `chart`: the id of a line chart of its own on the
     page, or None (plotted by a chart of several fields, or only sent)."""
+
     label: str
     envelope: bool = False
     chart: str | None = None
@@ -58,6 +62,7 @@ class StepPlot:
 @dataclass(frozen=True)
 class StepField:
     """One row of the table (`name` is the key in `.loss.json`)."""
+
     name: str
     kind: StepValueKind
     unit: str
@@ -72,8 +77,17 @@ class StepField:
 _META = "step_field"
 
 
-def _field(kind: StepValueKind, unit: str, doc: str, source: StepValueSource, engine_key: str | None = None,
-           missing: Any = None, plot: StepPlot | None = None, compared: bool = False, default: Any = None) -> Any:
+def _field(
+    kind: StepValueKind,
+    unit: str,
+    doc: str,
+    source: StepValueSource,
+    engine_key: str | None = None,
+    missing: Any = None,
+    plot: StepPlot | None = None,
+    compared: bool = False,
+    default: Any = None,
+) -> Any:
     """A dataclass field of StepEntry carrying its table row (the name is filled in from the attribute)."""
     row = StepField("", kind, unit, doc, source, engine_key, missing, plot, compared)
     if default is None:
@@ -89,23 +103,60 @@ COPIED, ENGINE, PROXY = StepValueSource.COPIED, StepValueSource.ENGINE, StepValu
 @dataclass
 class StepEntry:
     """One training step as `.loss.json` stores it; the declaration order is the key order of a line."""
+
     step: int = _field(INT, "", "the step trained (the first is 1)", ENGINE, "step")
-    loss: float = _field(FLOAT, "nats/token", "mean training loss of the step's tokens", COPIED, "loss",
-                         plot=StepPlot("loss", envelope=True), compared=True)
-    lr: float = _field(FLOAT, "", "learning rate of the update", COPIED, "lr", 0.0,
-                       StepPlot("learning rate", chart="chart-lr"), compared=True)
-    grad_norm: float = _field(FLOAT, "", "gradient norm before clipping", COPIED, "grad_norm", 0.0,
-                              StepPlot("gradient norm", envelope=True, chart="chart-gn"), compared=True)
-    tokens: int = _field(INT, "tokens", "tokens trained so far, this step's included (the engine reports the "
-                         "step's own)", ENGINE, "tokens", 0, compared=True)
-    time: float = _field(FLOAT, "s", "wall clock (Unix time) when the proxy read the step's event", PROXY, None,
-                         0.0)
-    ms: float = _field(FLOAT, "ms", "the engine's time for the step", COPIED, "ms", 0.0,
-                       StepPlot("step time (ms)"))
-    arms: dict[str, float] = _field(ARM_MAP, "nats/token", "mean loss of each arm's tokens in the step (the "
-                                    "engine's group_loss, by arm name)", ENGINE, "group_loss", {}, compared=True)
-    mixture: dict[str, float] = _field(ARM_MAP, "", "the mixture weights the step's batch was drawn with", PROXY,
-                                       None, {}, compared=True)
+    loss: float = _field(
+        FLOAT,
+        "nats/token",
+        "mean training loss of the step's tokens",
+        COPIED,
+        "loss",
+        plot=StepPlot("loss", envelope=True),
+        compared=True,
+    )
+    lr: float = _field(
+        FLOAT,
+        "",
+        "learning rate of the update",
+        COPIED,
+        "lr",
+        0.0,
+        StepPlot("learning rate", chart="chart-lr"),
+        compared=True,
+    )
+    grad_norm: float = _field(
+        FLOAT,
+        "",
+        "gradient norm before clipping",
+        COPIED,
+        "grad_norm",
+        0.0,
+        StepPlot("gradient norm", envelope=True, chart="chart-gn"),
+        compared=True,
+    )
+    tokens: int = _field(
+        INT,
+        "tokens",
+        "tokens trained so far, this step's included (the engine reports the step's own)",
+        ENGINE,
+        "tokens",
+        0,
+        compared=True,
+    )
+    time: float = _field(FLOAT, "s", "wall clock (Unix time) when the proxy read the step's event", PROXY, None, 0.0)
+    ms: float = _field(FLOAT, "ms", "the engine's time for the step", COPIED, "ms", 0.0, StepPlot("step time (ms)"))
+    arms: dict[str, float] = _field(
+        ARM_MAP,
+        "nats/token",
+        "mean loss of each arm's tokens in the step (the engine's group_loss, by arm name)",
+        ENGINE,
+        "group_loss",
+        {},
+        compared=True,
+    )
+    mixture: dict[str, float] = _field(
+        ARM_MAP, "", "the mixture weights the step's batch was drawn with", PROXY, None, {}, compared=True
+    )
     phase: int = _field(INT, "", "the experiment phase (phases.json)", PROXY, None, 0)
     segment: int = _field(INT, "", "the engine launch that trained it", PROXY, None, 0)
     inherited: bool = _field(FLAG, "", "copied from the parent run by a fork", PROXY, None, False, default=False)
@@ -121,8 +172,12 @@ class StepEntry:
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> StepEntry:
         """Strict: a value of the wrong type raises (ValueError, TypeError, KeyError, AttributeError)."""
-        return cls(**{f.name: _STRICT[f.kind](obj[f.name] if f.missing is None else obj.get(f.name, f.missing))
-                      for f in STEP_FIELDS})
+        return cls(
+            **{
+                f.name: _STRICT[f.kind](obj[f.name] if f.missing is None else obj.get(f.name, f.missing))
+                for f in STEP_FIELDS
+            }
+        )
 
 
 def _arm_floats(v: Any) -> dict[str, float]:
@@ -148,8 +203,11 @@ ENGINE_KEYS: frozenset[str] = frozenset(f.engine_key for f in STEP_FIELDS if f.e
 
 def engine_metrics(event: Mapping[str, Any]) -> dict[str, float]:
     """The COPIED fields of an engine step event, as StepEntry keyword arguments."""
-    return {f.name: float(event[f.engine_key] if f.missing is None else event.get(f.engine_key, f.missing))
-            for f in STEP_FIELDS if f.source is StepValueSource.COPIED and f.engine_key}
+    return {
+        f.name: float(event[f.engine_key] if f.missing is None else event.get(f.engine_key, f.missing))
+        for f in STEP_FIELDS
+        if f.source is StepValueSource.COPIED and f.engine_key
+    }
 
 
 # ---------------------------------------------------------------- reading for display
@@ -171,7 +229,7 @@ def step_of(v: Any) -> int | None:
     t = type(v)
     if t is int:
         return v if 0 <= v < 1 << 53 else None
-    if t is float and v.is_integer() and 0 <= v < 2 ** 53:
+    if t is float and v.is_integer() and 0 <= v < 2**53:
         return int(v)
     return None
 
@@ -194,6 +252,7 @@ def arm_map(v: Any) -> dict[str, float]:
 class StepFields:
     """A step entry's fields as the dashboard plots them: the x axes (step, tokens, time), the mixture and
     every PLOTTED field by name (`values`); a malformed number is NaN."""
+
     step: int
     tokens: float
     time: float
@@ -216,11 +275,13 @@ def step_fields(obj: Mapping[str, Any]) -> StepFields | None:
     if step is None:
         return None
     g = obj.get
-    return StepFields(step, num(g("tokens")), num(g("time")), arm_map(g("mixture")),
-                      {f.name: num(g(f.name)) for f in PLOTTED})
+    return StepFields(
+        step, num(g("tokens")), num(g("time")), arm_map(g("mixture")), {f.name: num(g(f.name)) for f in PLOTTED}
+    )
 
 
 # ---------------------------------------------------------------- documentation
+
 
 def markdown_table() -> str:
     """The fields of a step line as docs/FORMATS.md shows them (a test checks the doc holds this text)."""

@@ -27,6 +27,7 @@
 
 The proxy and the dashboard both name files through this module.
 """
+
 from __future__ import annotations
 
 import os
@@ -216,8 +217,10 @@ class RunDir:
                     target = f" to {os.readlink(path)}"
                 except OSError:
                     target = ""
-                raise RunDirError(f"{path} is a symlink{target}; a run writes and deletes only inside its own "
-                                  f"directory: make {name}/ a real directory of the run (nothing was changed)")
+                raise RunDirError(
+                    f"{path} is a symlink{target}; a run writes and deletes only inside its own "
+                    f"directory: make {name}/ a real directory of the run (nothing was changed)"
+                )
             if not stat.S_ISDIR(mode):
                 kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
                 raise RunDirError(f"{path} is {kind}, not a directory (nothing was changed)")

@@ -7,6 +7,7 @@ record says which of its values came from the command line (`proxy status`
 shows them). Written atomically on every launch that gets past the frozen
 experiment's check.
 """
+
 from __future__ import annotations
 
 from pydantic import Field, ValidationError

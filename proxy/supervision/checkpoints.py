@@ -3,6 +3,7 @@
 Both act only on durable checkpoints: those the engine announced (its ckpt
 event comes once the file and its directory entry are fsynced), or older.
 """
+
 from __future__ import annotations
 
 from ..formats.checkpoint import checkpoint_path, header_step

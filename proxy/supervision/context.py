@@ -7,6 +7,7 @@ The fields that change while the run goes on (the bandit, caps and floors, the
 phases, `.samples.json`, the launch number, refused checkpoints, evaluation
 losses) change only through RunContext's own methods.
 """
+
 from __future__ import annotations
 
 import sys
@@ -116,8 +117,9 @@ class RunContext:
     def new_bandit(self) -> Bandit:
         """A fresh bandit for the current phase, and the caps and floors in force for it: at every launch
         (then fed the phase's log) and when a pivot starts a new phase."""
-        self.bandit, self.caps, self.floors = bandit_for_phase(self.experiment, self.phase, self.row_spread,
-                                                                self.unigram_gap)
+        self.bandit, self.caps, self.floors = bandit_for_phase(
+            self.experiment, self.phase, self.row_spread, self.unigram_gap
+        )
         return self.bandit
 
     def start_phase(self) -> Phase:

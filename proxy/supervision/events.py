@@ -7,6 +7,7 @@ the crashed launch left (a difference is a determinism bug, reported on
 stderr and in `.state.json`). An evaluation (all arms in one EVAL frame) and a
 sample audit (all prompts in one SAMPLE frame) each come back as one event.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,15 @@ def received_at(ev: Event) -> tuple[float, float]:
 class EventHandlers:
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
-        self.table = {"ready": self.on_ready, "step": self.on_step, "eval": self.on_eval, "sample": self.on_sample,
-                      "ckpt": self.on_ckpt, "exit": self.on_exit, "error": self.on_error}
+        self.table = {
+            "ready": self.on_ready,
+            "step": self.on_step,
+            "eval": self.on_eval,
+            "sample": self.on_sample,
+            "ckpt": self.on_ckpt,
+            "exit": self.on_exit,
+            "error": self.on_error,
+        }
 
     def dispatch(self, launch: EngineLaunch, ev: Event) -> None:
         """Handle one event; a killed engine's leftovers and kinds the proxy does not use are ignored."""
@@ -62,15 +70,24 @@ class EventHandlers:
         launch.became_ready(ev.fields, ready_at)
         report.goodput.ready(ready_at)
         report.progress.start(ready_wall, report.tokens, launch.resume.step)
-        report.engine_ready(kind=ev.get("engine", report.engine.kind), device=ev.get("device"),
-                            threads=ev.get("threads"), precision=ev.get("precision"), mem_bytes=ev.get("mem_bytes"))
+        report.engine_ready(
+            kind=ev.get("engine", report.engine.kind),
+            device=ev.get("device"),
+            threads=ev.get("threads"),
+            precision=ev.get("precision"),
+            mem_bytes=ev.get("mem_bytes"),
+        )
         st = report.engine
         if int(ev.get("step", -1)) != launch.resume.step:
-            self._refuse(launch, f"engine resumed at step {ev.get('step')} (from {ev.get('resumed_from')}), "
-                              f"expected {launch.resume.step}")
+            self._refuse(
+                launch,
+                f"engine resumed at step {ev.get('step')} (from {ev.get('resumed_from')}), "
+                f"expected {launch.resume.step}",
+            )
         else:
-            self.ctx.say(f"engine ready: {st.kind} on {st.device}, step {launch.resume.step}, "
-                         f"{ev.get('n_params')} parameters")
+            self.ctx.say(
+                f"engine ready: {st.kind} on {st.device}, step {launch.resume.step}, {ev.get('n_params')} parameters"
+            )
 
     def on_step(self, launch: EngineLaunch, ev: Event) -> None:
         ctx, report = self.ctx, self.ctx.report
@@ -93,10 +110,19 @@ class EventHandlers:
             self._refuse(launch, f"engine reported step {t} before the evaluation of step {min(late)}")
             return
         mixture = launch.schedule.named(t)
-        tokens = report.record_step(t, int(ev.get("tokens", 0)), float(ev.get("ms", 0.0)), float(ev["loss"]),
-                                    mixture, now)
-        entry = StepEntry(step=t, **engine_metrics(ev), tokens=tokens, time=now, arms=arms, mixture=mixture,
-                          phase=ctx.phase.phase, segment=launch.number)
+        tokens = report.record_step(
+            t, int(ev.get("tokens", 0)), float(ev.get("ms", 0.0)), float(ev["loss"]), mixture, now
+        )
+        entry = StepEntry(
+            step=t,
+            **engine_metrics(ev),
+            tokens=tokens,
+            time=now,
+            arms=arms,
+            mixture=mixture,
+            phase=ctx.phase.phase,
+            segment=launch.number,
+        )
         ctx.writer.append(entry)
         if t <= launch.replay_through:
             self._compare(launch, entry)
@@ -151,21 +177,30 @@ class EventHandlers:
         ctx = self.ctx
         named = dict(ev.get("group_loss") or {})
         parts = [group_result(ev, arm) for arm in range(len(ctx.arm_names))]
-        bad = [name for arm, name in enumerate(ctx.arm_names)
-               if str(arm) not in named or not math.isfinite(parts[arm][0])]
+        bad = [
+            name for arm, name in enumerate(ctx.arm_names) if str(arm) not in named or not math.isfinite(parts[arm][0])
+        ]
         if bad:
-            ctx.warn(f"eval at step {step}: no finite loss for arm(s) {', '.join(bad)} in the engine's event; "
-                     "not logged")
+            ctx.warn(
+                f"eval at step {step}: no finite loss for arm(s) {', '.join(bad)} in the engine's event; not logged"
+            )
             return
         mean = eval_loss(parts)
-        entry = EvalEntry(step=step, loss=mean, arms={name: loss for name, (loss, _t) in zip(ctx.arm_names, parts, strict=False)},
-                          time=received_at(ev)[1], phase=ctx.phase.phase, segment=launch.number)
+        entry = EvalEntry(
+            step=step,
+            loss=mean,
+            arms={name: loss for name, (loss, _t) in zip(ctx.arm_names, parts, strict=False)},
+            time=received_at(ev)[1],
+            phase=ctx.phase.phase,
+            segment=launch.number,
+        )
         ctx.writer.append(entry)
         ctx.record_eval(step, mean)
         if step >= ctx.phase.start_step:  # the same floats the replay reads back (launcher._replay_eval)
             launch.schedule.observe_eval(step, entry.arms)
-        ctx.say(f"eval step {step}: val loss {mean:.4f} (" +
-                ", ".join(f"{n} {v:.3f}" for n, v in entry.arms.items()) + ")")
+        ctx.say(
+            f"eval step {step}: val loss {mean:.4f} (" + ", ".join(f"{n} {v:.3f}" for n, v in entry.arms.items()) + ")"
+        )
         maybe_best(ctx, step)
 
     def _sample_audit(self, ev: Event, step: int) -> None:
@@ -173,7 +208,7 @@ class EventHandlers:
         ctx = self.ctx
         count = int(ctx.experiment.samples.count)
         samples = []
-        for k, ids in enumerate(list(ev.get("tokens") or [])[:count * len(ctx.prompts)]):
+        for k, ids in enumerate(list(ev.get("tokens") or [])[: count * len(ctx.prompts)]):
             ids = [int(x) for x in ids]
             try:
                 text = ctx.data.tokenizer.decode(ids)

@@ -4,6 +4,7 @@ A FrameFeeder holds what the frames are made of, fixed for the whole run (the
 batch sampler, the training and sample settings, the prompts); the launch and
 its mixture schedule are passed per call, so each signature says what it reads.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,8 +66,12 @@ class FrameFeeder:
         if due(int(self.train.eval_every), c, self.max_steps) and launch.replay_index.eval(c) is None:
             self.send_evals(launch, c)
         pivot_point = phase.phase > 0 and c == phase.start_step  # audits there were archived
-        if self.prompts and due(int(self.train.sample_every), c, self.max_steps) and not pivot_point \
-                and c not in audited:
+        if (
+            self.prompts
+            and due(int(self.train.sample_every), c, self.max_steps)
+            and not pivot_point
+            and c not in audited
+        ):
             self.send_samples(launch, c)
 
     def send_evals(self, launch: EngineLaunch, step: int) -> None:
@@ -82,9 +87,12 @@ class FrameFeeder:
     def send_samples(self, launch: EngineLaunch, step: int) -> None:
         """The audit: every prompt in one SAMPLE frame, each with its own seed (one batch in the engine)."""
         cfg = self.samples
-        prompts = [frames.SamplePrompt(ids, int(cfg.count), sample_seed(int(self.train.seed), step, i))
-                   for i, (_prompt, ids) in enumerate(self.prompts)]
+        prompts = [
+            frames.SamplePrompt(ids, int(cfg.count), sample_seed(int(self.train.seed), step, i))
+            for i, (_prompt, ids) in enumerate(self.prompts)
+        ]
         work = max(1.0, len(prompts) * int(cfg.count) * int(cfg.max_new) / self.train.rows)
         rid = launch.add_request(Request("sample", step), work)
-        launch.engine.send(frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature),
-                                                     int(cfg.top_k or 0)))
+        launch.engine.send(
+            frames.sample_batch_frame(rid, prompts, int(cfg.max_new), float(cfg.temperature), int(cfg.top_k or 0))
+        )

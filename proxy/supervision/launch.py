@@ -7,6 +7,7 @@ frames, events.py handles its events, loop.py runs it). Step s's mixture is
 the launch's MixtureSchedule's (proxy/bandit/schedule.py), rebuilt from
 `.loss.json` at every launch.
 """
+
 from __future__ import annotations
 
 import signal
@@ -25,18 +26,20 @@ from .engine_process import EngineProcess
 
 class Outcome(Enum):
     """How an engine launch ended, as the restart loop acts on it (loop.py)."""
+
     FINISHED = "finished"  # max_steps trained
-    STOPPED = "stopped"    # a stop asked for: the run ends cleanly
+    STOPPED = "stopped"  # a stop asked for: the run ends cleanly
     DIVERGED = "diverged"  # a loss not sane, or the engine's non-finite check: never retried
-    HUNG = "hung"          # the watchdog killed a silent engine: restarted
-    FAILED = "failed"      # the engine crashed or exited early: restarted
-    FATAL = "fatal"        # the engine cannot run at all (it rejected its command line): not retried
-    PIVOTED = "pivoted"    # a pivot was applied: the next launch starts the new phase
-    RESUME = "resume"      # a pivot not applied: the next launch goes on in the same phase
+    HUNG = "hung"  # the watchdog killed a silent engine: restarted
+    FAILED = "failed"  # the engine crashed or exited early: restarted
+    FATAL = "fatal"  # the engine cannot run at all (it rejected its command line): not retried
+    PIVOTED = "pivoted"  # a pivot was applied: the next launch starts the new phase
+    RESUME = "resume"  # a pivot not applied: the next launch goes on in the same phase
 
 
 class Outstanding(NamedTuple):
     """Something sent to the engine whose event has not come back."""
+
     kind: str  # "step", "eval", "sample", "stop"
     key: int  # the step, or the request id
     work: float = 1.0  # relative cost, in train steps (the watchdog's allowance)
@@ -44,6 +47,7 @@ class Outstanding(NamedTuple):
 
 class Request(NamedTuple):
     """What an EVAL or SAMPLE request id stands for: the evaluation or the sample audit of `step`."""
+
     kind: str  # "eval" or "sample"
     step: int
 
@@ -157,8 +161,9 @@ class EngineLaunch:
             queued = sum(1 for item in self.outstanding if item.kind == "step") - 1
             # the oldest step sent and not reported: the engine may not have begun it yet (a signal between two
             # steps), and then it checkpoints the step before; the stopped-at line names the one it wrote
-            return (f"finishes step {head.key} if it has begun it, checkpoints" +
-                    (f" (the {queued} step(s) queued behind it are sent again on resume)" if queued else ""))
+            return f"finishes step {head.key} if it has begun it, checkpoints" + (
+                f" (the {queued} step(s) queued behind it are sent again on resume)" if queued else ""
+            )
         request = self.requests.get(head.key)
         what = "sample audit" if head.kind == "sample" else "evaluation"
         at = f" of step {request.step}" if request is not None else ""

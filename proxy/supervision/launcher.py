@@ -7,6 +7,7 @@ after observing the per-arm losses of steps <= s - lag of the current phase
 at every launch the schedule is rebuilt from `.loss.json` (the phase's steps
 up to the checkpoint the engine resumes from), never from `.state.json`.
 """
+
 from __future__ import annotations
 
 from ..bandit.schedule import MixtureSchedule
@@ -45,8 +46,10 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> MixtureSche
         arms = {a: v for a, v in entry.arms.items() if a in known}
         extra = set(entry.arms) - known
         if extra - ctx.report.dropped_arms:
-            ctx.warn(f".loss.json names arm(s) {', '.join(sorted(extra))} that the experiment does not "
-                     "define; dropped from the bandit's replay")
+            ctx.warn(
+                f".loss.json names arm(s) {', '.join(sorted(extra))} that the experiment does not "
+                "define; dropped from the bandit's replay"
+            )
             ctx.report.drop_arms(extra)
         # the mixture step t was drawn from (exp3 weights its rewards by it), as logged
         schedule.observe(t, arms, mixture=entry.mixture)
@@ -83,13 +86,20 @@ def start_launch(ctx: RunContext) -> EngineLaunch:
         # step 0 (imported weights, moments zero), where the settings have acted on nothing yet
         settings.append("--allow-hparam-change")
     choice = ctx.engine_choice
-    args = engine_args(ctx.run.checkpoints, resume=resume.path, ckpt_every=int(ctx.train.ckpt_every),
-                       ckpt_every_seconds=float(ctx.train.ckpt_every_seconds), meta=meta, settings=settings)
+    args = engine_args(
+        ctx.run.checkpoints,
+        resume=resume.path,
+        ckpt_every=int(ctx.train.ckpt_every),
+        ckpt_every_seconds=float(ctx.train.ckpt_every_seconds),
+        meta=meta,
+        settings=settings,
+    )
     argv = [str(choice.path), *args]
     where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
     token = new_token()
-    engine = EngineProcess(argv, ctx.run.engine_log, header=f"launch {ctx.launch_number}, {where}",
-                           env={TOKEN_ENV: token})
+    engine = EngineProcess(
+        argv, ctx.run.engine_log, header=f"launch {ctx.launch_number}, {where}", env={TOKEN_ENV: token}
+    )
     try:
         record_engine(ctx.run, ctx.identity, engine.pid, engine.create_time, argv, token)
     except BaseException:  # a full disk: the engine is not yet the loop's to stop; EOF stops it before any step
@@ -98,8 +108,18 @@ def start_launch(ctx: RunContext) -> EngineLaunch:
             engine.kill_group()
         engine.finish()
         raise
-    ctx.say(f"launch {ctx.launch_number}: engine pid {engine.pid} ({choice.kind}) starting {where}"
-            + (f"; steps {c + 1}..{replay_through} will be replayed and compared" if replay_through > c else ""))
+    ctx.say(
+        f"launch {ctx.launch_number}: engine pid {engine.pid} ({choice.kind}) starting {where}"
+        + (f"; steps {c + 1}..{replay_through} will be replayed and compared" if replay_through > c else "")
+    )
     ctx.report.engine_started(EngineStatus(kind=choice.kind, pid=engine.pid, alive=True, path=str(choice.path)))
-    return EngineLaunch(number=ctx.launch_number, engine=engine, resume=resume, next_step=c + 1, last_step=c,
-                        schedule=schedule, replay_index=index, replay_through=replay_through)
+    return EngineLaunch(
+        number=ctx.launch_number,
+        engine=engine,
+        resume=resume,
+        next_step=c + 1,
+        last_step=c,
+        schedule=schedule,
+        replay_index=index,
+        replay_through=replay_through,
+    )

@@ -1,4 +1,5 @@
 """What `proxy run` tells people while it runs: `.state.json`, rewritten every few seconds, and progress lines."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ def last_step(launch: EngineLaunch | None) -> int:
 PROGRESS_EVERY_S = 30.0  # the longest the terminal goes without a progress line, however slow the steps
 
 
-def say_progress(console: Console, report: RunReport, launch: EngineLaunch, max_steps: int,
-                 on_clock: bool = False) -> None:
+def say_progress(
+    console: Console, report: RunReport, launch: EngineLaunch, max_steps: int, on_clock: bool = False
+) -> None:
     """`step 200/300 | loss 4.2023 (smoothed 4.2741) | 31.9k tok/s (engine 35.2k) | ETA 0m01s | mixture
     code 0.62, docstrings 0.28, topics 0.10`: tokens/s of wall-clock time and of the engine's step compute
     alone, over the window of throughput.py; the mixture the last step was drawn from. A line the clock
@@ -34,8 +36,10 @@ def say_progress(console: Console, report: RunReport, launch: EngineLaunch, max_
         console.say(f"{head} | waiting for the engine to be ready")
         return
     if launch.last_step_wall is None:  # nothing trained yet in this launch
-        console.say(f"{head} | first step of this launch in progress "
-                f"({fmt_duration(now - launch.ready_at)} since the engine was ready)")
+        console.say(
+            f"{head} | first step of this launch in progress "
+            f"({fmt_duration(now - launch.ready_at)} since the engine was ready)"
+        )
         return
     rates = progress.rates(max_steps)
     parts = [head]
@@ -51,8 +55,9 @@ def say_progress(console: Console, report: RunReport, launch: EngineLaunch, max_
     console.say(" | ".join(parts))
 
 
-def say_progress_on_clock(console: Console, report: RunReport, launch: EngineLaunch, max_steps: int,
-                          poll_s: float) -> None:
+def say_progress_on_clock(
+    console: Console, report: RunReport, launch: EngineLaunch, max_steps: int, poll_s: float
+) -> None:
     """A progress line when PROGRESS_EVERY_S have passed since the last one (or since the engine was
     ready), less `poll_s`, how late the caller may look next: the terminal is never silent for longer,
     however slow the steps."""
@@ -66,8 +71,10 @@ def say_progress_on_clock(console: Console, report: RunReport, launch: EngineLau
 def say_checkpoint(ctx: RunContext, step: int, name: str, reason, write_ms: float, stall_ms: float) -> None:
     """`checkpoint step_000200.bin (step 200; periodic, write 33 ms, stall 0 ms) | overhead 6.6% (...)`:
     the overhead is the wall time since the engine was ready that did not go to steps (goodput.py)."""
-    ctx.say(f"checkpoint {name} (step {step}; {reason}, write {write_ms:.0f} ms, stall {stall_ms:.0f} ms) | "
-            f"{overhead_summary(ctx.report.goodput.status())}")
+    ctx.say(
+        f"checkpoint {name} (step {step}; {reason}, write {write_ms:.0f} ms, stall {stall_ms:.0f} ms) | "
+        f"{overhead_summary(ctx.report.goodput.status())}"
+    )
 
 
 def _arm_status(ctx: RunContext) -> dict[str, ArmStatus]:
@@ -79,9 +86,14 @@ def _arm_status(ctx: RunContext) -> dict[str, ArmStatus]:
     out = {}
     for i, name in enumerate(ctx.arm_names):
         info = per_arm.get(name) if isinstance(per_arm.get(name), dict) else {}
-        out[name] = ArmStatus(pulls=int(info.get("pulls") or 0), ema=info.get("ema"), reward=info.get("reward"),
-                              weight=float(weights[i]), cap=float(ctx.caps.get(name, 1.0)),
-                              floor=float(ctx.floors.get(name, 0.0)))
+        out[name] = ArmStatus(
+            pulls=int(info.get("pulls") or 0),
+            ema=info.get("ema"),
+            reward=info.get("reward"),
+            weight=float(weights[i]),
+            cap=float(ctx.caps.get(name, 1.0)),
+            floor=float(ctx.floors.get(name, 0.0)),
+        )
     return out
 
 
@@ -102,21 +114,40 @@ def write_run_state(ctx: RunContext, launch: EngineLaunch | None, force: bool = 
         bandit_state = ctx.bandit.state() if ctx.bandit is not None else {}
     except Exception:
         bandit_state = {}
-    best = ({"step": report.best_step, "loss": report.best_loss, "path": str(ctx.run.best)}
-            if report.best_step is not None else None)
-    state = RunState(step=last_step(launch), phase=ctx.phase.phase, policy=ctx.phase.policy, status=report.status,
-                     arms=_arm_status(ctx), tokens=report.tokens, tokens_per_s=rates.tokens_per_s,
-                     eta_s=rates.eta_s if report.status == "running" else None,
-                     last_checkpoint=report.last_ckpt_path,
-                     engine=report.engine, experiment=ctx.experiment.name, max_steps=ctx.max_steps,
-                     segment=ctx.launch_number, loss=report.progress.last_loss,
-                     loss_smoothed=report.progress.smoothed, best=best, restarts=report.restarts,
-                     message=report.message, write_failure=report.write_failure, dashboard=report.dashboard,
-                     proxy_pid=os.getpid(),
-                     replay_mismatch_count=report.mismatch_count,
-                     replay_mismatches=report.mismatches, dropped_arms=sorted(report.dropped_arms),
-                     bandit=bandit_state, engine_tokens_per_s=rates.engine_tokens_per_s,
-                     goodput=report.goodput.status())
+    best = (
+        {"step": report.best_step, "loss": report.best_loss, "path": str(ctx.run.best)}
+        if report.best_step is not None
+        else None
+    )
+    state = RunState(
+        step=last_step(launch),
+        phase=ctx.phase.phase,
+        policy=ctx.phase.policy,
+        status=report.status,
+        arms=_arm_status(ctx),
+        tokens=report.tokens,
+        tokens_per_s=rates.tokens_per_s,
+        eta_s=rates.eta_s if report.status == "running" else None,
+        last_checkpoint=report.last_ckpt_path,
+        engine=report.engine,
+        experiment=ctx.experiment.name,
+        max_steps=ctx.max_steps,
+        segment=ctx.launch_number,
+        loss=report.progress.last_loss,
+        loss_smoothed=report.progress.smoothed,
+        best=best,
+        restarts=report.restarts,
+        message=report.message,
+        write_failure=report.write_failure,
+        dashboard=report.dashboard,
+        proxy_pid=os.getpid(),
+        replay_mismatch_count=report.mismatch_count,
+        replay_mismatches=report.mismatches,
+        dropped_arms=sorted(report.dropped_arms),
+        bandit=bandit_state,
+        engine_tokens_per_s=rates.engine_tokens_per_s,
+        goodput=report.goodput.status(),
+    )
     ctx.lock.check()  # the path still leads to the run this proxy locked
     try:
         write_state(ctx.run.state, state)

@@ -12,6 +12,7 @@ engine's exit 6: the same frames would diverge again) ends at once (exit 6),
 naming the newest sane checkpoint; a run directory moved or replaced under the
 proxy ends it at once (exit 1), its engine killed, nothing written by path.
 """
+
 from __future__ import annotations
 
 import os
@@ -82,8 +83,12 @@ class Supervisor:
                 ctx.warn(self._failure_line(failure, unwritten))
 
     def _record_failure(self, exc: ProxyError) -> None:
-        self.ctx.report.failed(one_line(exc), {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
-                               if isinstance(exc, StorageError) else None)
+        self.ctx.report.failed(
+            one_line(exc),
+            {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
+            if isinstance(exc, StorageError)
+            else None,
+        )
 
     def _wind_down(self) -> list[str]:
         """Stop the engine (EOF: it checkpoints), finish the best.bin copy in flight, close the log, write
@@ -93,9 +98,12 @@ class Supervisor:
         if self.launch is not None and self.launch.engine.alive():
             self._shutdown_engine(self.launch)
         unwritten: list[str] = []
-        for finish in (lambda: ctx.best_copier.wait(ctx.report, ctx.warn), ctx.writer.close,
-                       lambda: write_run_state(ctx, self.launch, force=True),
-                       lambda: self.desk.refuse_all("the proxy is exiting")):
+        for finish in (
+            lambda: ctx.best_copier.wait(ctx.report, ctx.warn),
+            ctx.writer.close,
+            lambda: write_run_state(ctx, self.launch, force=True),
+            lambda: self.desk.refuse_all("the proxy is exiting"),
+        ):
             try:
                 finish()
             except StorageError as exc:
@@ -122,13 +130,22 @@ class Supervisor:
         if not isinstance(exc, StorageError):
             return one_line(exc)
         launch = self.launch
-        engine = ("" if launch is None or isinstance(exc, EngineStorageError) else
-                  "; the engine stopped and wrote its checkpoint" if launch.engine.poll() == 0 else
-                  "; the engine's own checkpoint failed too")
-        also = f"; could not update {', '.join(sorted(set(unwritten) - {exc.path}))} either" \
-            if set(unwritten) - {exc.path} else ""
-        return (f"stopped at step {last_step(launch)}: {one_line(exc)}{engine}{also}; {resume_line(self.ctx)}; every "
-                "complete line of .loss.json is kept; then relaunch the same command to resume")
+        engine = (
+            ""
+            if launch is None or isinstance(exc, EngineStorageError)
+            else "; the engine stopped and wrote its checkpoint"
+            if launch.engine.poll() == 0
+            else "; the engine's own checkpoint failed too"
+        )
+        also = (
+            f"; could not update {', '.join(sorted(set(unwritten) - {exc.path}))} either"
+            if set(unwritten) - {exc.path}
+            else ""
+        )
+        return (
+            f"stopped at step {last_step(launch)}: {one_line(exc)}{engine}{also}; {resume_line(self.ctx)}; every "
+            "complete line of .loss.json is kept; then relaunch the same command to resume"
+        )
 
     def _loop(self) -> int:
         ctx, report = self.ctx, self.ctx.report
@@ -144,13 +161,15 @@ class Supervisor:
                 continue
             if outcome == Outcome.FINISHED:
                 report.set_status("finished", f"finished at step {ctx.max_steps}")
-                ctx.say(f"run {ctx.run.root} finished: step {ctx.max_steps}, "
-                        f"last checkpoint {report.last_ckpt_path}")
+                ctx.say(f"run {ctx.run.root} finished: step {ctx.max_steps}, last checkpoint {report.last_ckpt_path}")
                 return EXIT_OK
             if outcome == Outcome.STOPPED:
                 report.set_status("stopped", f"stopped at step {last_step(self.launch)}")
-                saved = (f"checkpoint {report.last_ckpt_path}" if report.last_ckpt_path
-                         else "no checkpoint written (a relaunch starts from scratch)")
+                saved = (
+                    f"checkpoint {report.last_ckpt_path}"
+                    if report.last_ckpt_path
+                    else "no checkpoint written (a relaunch starts from scratch)"
+                )
                 ctx.say(f"stopped at step {last_step(self.launch)}; {saved}; relaunch the same command to resume")
                 return EXIT_OK
             launch = self.launch
@@ -159,18 +178,25 @@ class Supervisor:
                 raise ProxyError(report.message, EXIT_DIVERGED)
             if outcome == Outcome.FATAL:
                 report.set_status("crashloop")
-                raise ProxyError(f"engine cannot run: {launch.last_error or 'see ' + str(ctx.run.engine_log)}",
-                                 EXIT_FAILURE)
+                raise ProxyError(
+                    f"engine cannot run: {launch.last_error or 'see ' + str(ctx.run.engine_log)}", EXIT_FAILURE
+                )
             self._restart_after_failure(launch)
 
     def _divergence_line(self) -> str:
         """The one line that ends a diverged run: where, why, and the newest sane checkpoint to go back to."""
         ctx, report = self.ctx, self.ctx.report
         sane = report.last_sane_ckpt_step
-        back = (f"the newest sane checkpoint is {checkpoint_path(ctx.run.checkpoints, sane)} (step {sane}): a "
-                "relaunch resumes there" if sane is not None else "no sane checkpoint: a relaunch starts from scratch")
-        return (f"the run diverged at step {report.diverged_step}: {report.diverged_why}; {back} and, unchanged, "
-                "diverges again the same way: lower train.lr (relaunch with --allow-experiment-change) or pivot")
+        back = (
+            f"the newest sane checkpoint is {checkpoint_path(ctx.run.checkpoints, sane)} (step {sane}): a "
+            "relaunch resumes there"
+            if sane is not None
+            else "no sane checkpoint: a relaunch starts from scratch"
+        )
+        return (
+            f"the run diverged at step {report.diverged_step}: {report.diverged_why}; {back} and, unchanged, "
+            "diverges again the same way: lower train.lr (relaunch with --allow-experiment-change) or pivot"
+        )
 
     def _restart_after_failure(self, launch: EngineLaunch) -> None:
         """A crash or a hang: count it, give up on a crash loop, else wait the back-off (refusing pivots)."""
@@ -183,19 +209,26 @@ class Supervisor:
         what = "hung (no event in time; killed)" if launch.hung else exit_description(launch.engine.poll())
         detail = f": {launch.last_error}" if launch.last_error else ""
         if self.failures >= opts.max_failures:
-            report.set_status("crashloop", f"engine failed {self.failures} times without progress past step "
-                                           f"{self.high_water} (last: {what}{detail}); see {ctx.run.engine_log}")
+            report.set_status(
+                "crashloop",
+                f"engine failed {self.failures} times without progress past step "
+                f"{self.high_water} (last: {what}{detail}); see {ctx.run.engine_log}",
+            )
             raise ProxyError(f"crash loop: {report.message}; stopping", EXIT_CRASHLOOP)
         delay = min(opts.backoff_max_s, opts.backoff_s * 2 ** (self.failures - 1))
         report.restarted()
-        ctx.warn(f"engine {what}{detail} at step {launch.last_step}; restarting from the newest valid "
-                 f"checkpoint in {delay:.1f}s (failure {self.failures} of {opts.max_failures})")
+        ctx.warn(
+            f"engine {what}{detail} at step {launch.last_step}; restarting from the newest valid "
+            f"checkpoint in {delay:.1f}s (failure {self.failures} of {opts.max_failures})"
+        )
         write_run_state(ctx, launch, force=True)
         end = time.monotonic() + delay
         while time.monotonic() < end and not ctx.signals.stop:
             if ctx.signals.pivot:
-                self.desk.take(refuse=f"the engine is restarting after a failure (failure "
-                                      f"{self.failures} of {opts.max_failures}); try again once it is training")
+                self.desk.take(
+                    refuse=f"the engine is restarting after a failure (failure "
+                    f"{self.failures} of {opts.max_failures}); try again once it is training"
+                )
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # ------------------------------------------------------------ one engine launch
@@ -252,12 +285,16 @@ class Supervisor:
         ctx, watchdog, engine = self.ctx, self.watchdog, launch.engine
         paused = watchdog.look(launch, time.monotonic())
         if paused >= PAUSE_NOTICE_S:
-            ctx.warn(f"the proxy itself did not run for {paused:.0f}s (stopped or starved); not counted as the "
-                     f"engine's silence")
+            ctx.warn(
+                f"the proxy itself did not run for {paused:.0f}s (stopped or starved); not counted as the "
+                f"engine's silence"
+            )
         if watchdog.hung(launch, ctx.report.ckpt_ms, engine.events_read > launch.events_heard, engine.cpu_seconds):
-            ctx.warn(f"engine pid {engine.pid} sent nothing for {watchdog.quiet(launch, time.monotonic()):.0f}s of the "
-                     f"proxy's running time (limit {watchdog.allowance(launch, ctx.report.ckpt_ms):.0f}s), "
-                     f"{watchdog.verdict}; killing its process group")
+            ctx.warn(
+                f"engine pid {engine.pid} sent nothing for {watchdog.quiet(launch, time.monotonic()):.0f}s of the "
+                f"proxy's running time (limit {watchdog.allowance(launch, ctx.report.ckpt_ms):.0f}s), "
+                f"{watchdog.verdict}; killing its process group"
+            )
             launch.kill_hung()
 
     def _handle_signals(self, launch: EngineLaunch) -> None:
@@ -269,8 +306,10 @@ class Supervisor:
             ctx.say(f"stop requested: the engine {what} and exits")
         elif signals.stop >= 2 + launch.signals_forwarded and launch.signals_forwarded < 2:
             if launch.stop_repeated() == 1:
-                ctx.warn("second stop request: the engine is still finishing its step or writing its checkpoint; "
-                         "a third stop kills it (losing the steps since the last checkpoint)")
+                ctx.warn(
+                    "second stop request: the engine is still finishing its step or writing its checkpoint; "
+                    "a third stop kills it (losing the steps since the last checkpoint)"
+                )
                 launch.engine.signal(signal.SIGTERM)
             else:
                 ctx.warn("third stop request: killing the engine")
@@ -320,8 +359,11 @@ class Supervisor:
         try:
             with open_regular(run.engine_log, None, within=run.root) as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - ENGINE_LOG_TAIL))
-                lines = [ln for ln in f.read(ENGINE_LOG_TAIL).decode("utf-8", "replace").splitlines()
-                         if ln.strip() and not ln.startswith("===")]
+                lines = [
+                    ln
+                    for ln in f.read(ENGINE_LOG_TAIL).decode("utf-8", "replace").splitlines()
+                    if ln.strip() and not ln.startswith("===")
+                ]
         except (OSError, UnsafeFileError):
             return None
         return lines[-1].strip()[:300] if lines else None

@@ -9,6 +9,7 @@ checkpoints its last step k and exits; the pivot is applied at k
 (rundir/apply_pivot.py), the next launch starts the new phase from that
 checkpoint with a fresh bandit, and the desk answers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .live_status import write_run_state
 @dataclass
 class PivotJob:
     """An accepted request, until its launch has stopped and it is applied or refused."""
+
     request: dict
     caps: dict[str, float]
     floors: dict[str, float]
@@ -84,13 +86,18 @@ class PivotDesk:
         if launch.stop_sent or ctx.signals.stop:
             request = self.job.request
             self.job = None
-            why = ("the run is finishing (its last step is in flight)" if launch.next_step > ctx.max_steps
-                   else "the run is stopping")
+            why = (
+                "the run is finishing (its last step is in flight)"
+                if launch.next_step > ctx.max_steps
+                else "the run is stopping"
+            )
             self._refuse(request, why)
             return
         launch.send_stop()
-        ctx.say(f"pivot requested: the engine finishes step {launch.next_step - 1}, checkpoints and exits; "
-                "the new phase starts from that checkpoint")
+        ctx.say(
+            f"pivot requested: the engine finishes step {launch.next_step - 1}, checkpoints and exits; "
+            "the new phase starts from that checkpoint"
+        )
 
     def _same_phase(self) -> Outcome:
         """A pivot not applied: the run goes on in its phase, unless it was asked to stop meanwhile."""
@@ -116,7 +123,8 @@ class PivotDesk:
         job, self.job = self.job, None
         if outcome != Outcome.STOPPED:  # a clean exit checkpoints its last step, whatever asked for it
             why = {Outcome.FINISHED: "the run reached max_steps first"}.get(
-                outcome, f"the engine failed before its pivot checkpoint ({launch.last_error or outcome.value})")
+                outcome, f"the engine failed before its pivot checkpoint ({launch.last_error or outcome.value})"
+            )
             ctx.warn(f"pivot not applied: {why}")
             answer_request(ctx.run, job.request, False, f"{why}; nothing changed")
             return outcome
@@ -125,8 +133,9 @@ class PivotDesk:
         reason = verify_checkpoint(path) if path.exists() else f"{path.name}: missing"
         if reason is not None:
             ctx.warn(f"pivot not applied: the checkpoint at step {k} does not verify ({reason})")
-            answer_request(ctx.run, job.request, False, f"the checkpoint at step {k} does not verify ({reason}); "
-                           "nothing changed")
+            answer_request(
+                ctx.run, job.request, False, f"the checkpoint at step {k} does not verify ({reason}); nothing changed"
+            )
             return self._same_phase()
         contradiction = self._history_problem()
         if contradiction is not None:
@@ -141,8 +150,9 @@ class PivotDesk:
         except (OSError, RunDirError) as exc:
             applied = len(read_phases(ctx.run)) > before
             ctx.warn(f"pivot at step {k}: {exc}" + ("" if applied else "; not applied"))
-            answer_request(ctx.run, job.request, applied, f"pivot at step {k}: {exc}"
-                           + ("" if applied else "; nothing changed"))
+            answer_request(
+                ctx.run, job.request, applied, f"pivot at step {k}: {exc}" + ("" if applied else "; nothing changed")
+            )
             if applied:
                 ctx.reload_phases()
             return self._same_phase()
@@ -151,7 +161,12 @@ class PivotDesk:
         write_run_state(ctx, launch, force=True)
         retain(ctx, launch)
         response = result.response(ctx.run, job.request.get("id"))
-        answer_request(ctx.run, job.request, True, result.message(ctx.run),
-                       **{k2: v for k2, v in response.items() if k2 not in ("id", "ok", "message")})
+        answer_request(
+            ctx.run,
+            job.request,
+            True,
+            result.message(ctx.run),
+            **{k2: v for k2, v in response.items() if k2 not in ("id", "ok", "message")},
+        )
         ctx.say(result.message(ctx.run))
         return Outcome.STOPPED if ctx.signals.stop else Outcome.PIVOTED

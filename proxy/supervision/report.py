@@ -4,6 +4,7 @@ Counts carried over from an earlier launch (restarts, replay mismatches) are
 read back from the old `.state.json`, the only thing ever read from it: the
 snapshot is never trusted, so anything malformed there is ignored.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -62,8 +63,10 @@ class RunReport:
                 self.drop_arms(unknown)
         unknown_caps = sorted((set(phase.caps) | set(phase.floors)) - set(arm_names))
         if unknown_caps:
-            warn(f"phases.json phase {phase.phase} names arm(s) {', '.join(unknown_caps)} that the "
-                 "experiment does not define; dropped")
+            warn(
+                f"phases.json phase {phase.phase} names arm(s) {', '.join(unknown_caps)} that the "
+                "experiment does not define; dropped"
+            )
             self.drop_arms(unknown_caps)
 
     def drop_arms(self, names) -> None:
@@ -90,8 +93,9 @@ class RunReport:
 
     def engine_ready(self, kind: str | None, device, threads, precision, mem_bytes) -> None:
         """What the engine's `ready` event says of it."""
-        self.engine = replace(self.engine, kind=kind, device=device, threads=threads, precision=precision,
-                              mem_bytes=mem_bytes)
+        self.engine = replace(
+            self.engine, kind=kind, device=device, threads=threads, precision=precision, mem_bytes=mem_bytes
+        )
 
     def engine_usage(self, alive: bool, rss_bytes: int | None, cpu_percent: float | None) -> None:
         """The engine process as the proxy last measured it."""
@@ -100,8 +104,7 @@ class RunReport:
     def engine_exited(self) -> None:
         self.engine = replace(self.engine, alive=False)
 
-    def record_step(self, step: int, tokens: int, ms: float, loss: float, mixture: dict[str, float],
-                    now: float) -> int:
+    def record_step(self, step: int, tokens: int, ms: float, loss: float, mixture: dict[str, float], now: float) -> int:
         """A step's event, read at wall-clock time `now`: `tokens` more trained in the engine's `ms` of step
         compute, its `loss`, the `mixture` it was drawn from. Returns the run's cumulative token count, as
         logged."""

@@ -27,6 +27,7 @@ slower than the estimate also computes; silent at twice the allowance it is
 killed whatever its CPU does, since an engine spinning in a loop that never
 ends a step computes too.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -46,6 +47,7 @@ MIN_WINDOW_S = 1.0  # the CPU time is compared over at least this much wall time
 @dataclass(frozen=True)
 class _Sample:
     """The engine's CPU time, read halfway through one silence."""
+
     launch: int  # the EngineLaunch's number
     silence_from: float  # the launch's last_activity when read: a new event starts a new silence
     at: float
@@ -128,10 +130,10 @@ class Watchdog:
         if quiet <= allowance or now - sample.at < MIN_WINDOW_S:
             return False
         now_cpu = cpu()
-        busy = (sample.cpu_s is not None and now_cpu is not None
-                and now_cpu - sample.cpu_s >= CPU_SHARE * (now - sample.at))
+        busy = (
+            sample.cpu_s is not None and now_cpu is not None and now_cpu - sample.cpu_s >= CPU_SHARE * (now - sample.at)
+        )
         if busy and quiet <= BUSY_FACTOR * allowance:
             return False
-        self.verdict = ("computing all the while (a loop that never ends a step)" if busy
-                        else "using no CPU meanwhile")
+        self.verdict = "computing all the while (a loop that never ends a step)" if busy else "using no CPU meanwhile"
         return True

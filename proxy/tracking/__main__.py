@@ -1,4 +1,5 @@
 """`python -m proxy.tracking --run-dir RUN`: the tracker, as `proxy run` starts it (launch.py)."""
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ the others go on, and training never notices: the tracker is a process of its
 own (launch.py). The end of its stdin (the proxy is done, or died) or SIGTERM
 ends the loop after one last poll, so the sinks hold every step the run logged.
 """
+
 from __future__ import annotations
 
 import signal
@@ -25,12 +26,14 @@ def open_sinks(run: RunDir, experiment: Experiment, warn) -> list:
     if experiment.log.tensorboard:
         try:
             from .tensorboard_sink import TensorBoardSink
+
             sinks.append(TensorBoardSink(run.tensorboard))
         except Exception as exc:  # the tensorboard package missing, a bad directory: one line, no tracking there
             warn(f"tensorboard: {one_line(exc)}; not logging to TensorBoard")
     if experiment.log.wandb is not None:
         try:
             from .wandb_sink import WandbSink
+
             sinks.append(WandbSink(run, experiment.log.wandb, experiment.model_dump(mode="json")))
         except Exception as exc:
             warn(f"wandb: {one_line(exc)}; not logging to W&B")
@@ -82,6 +85,7 @@ def warn(message: str) -> None:
 
 def _stop_at_end_of_input(tracker: Tracker) -> None:
     """The proxy holds the other end of stdin: its end (a close, or the proxy's death) stops the tracker."""
+
     def wait() -> None:
         try:
             while sys.stdin.buffer.read(4096):
@@ -89,6 +93,7 @@ def _stop_at_end_of_input(tracker: Tracker) -> None:
         except (OSError, ValueError):
             pass
         tracker.stop()
+
     threading.Thread(target=wait, name="stdin", daemon=True).start()
 
 

@@ -6,6 +6,7 @@ Saved atomically after the sink's writes are durable, so a relaunch (after
 kill -9 too) resumes exactly there: TensorBoard truncates its event file to
 `size` and writes every later step again from `.loss.json`, never one twice.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,9 @@ class Marks(StrictModel):
     def load(cls, path: Path) -> Marks:
         """The saved marks; fresh ones (everything is written again) when there are none or they are damaged."""
         try:
-            return cls.model_validate(bounded_json.loads(read_regular(path, READ_LIMITS[TRACKER_MARKS], within=path.parent)))
+            return cls.model_validate(
+                bounded_json.loads(read_regular(path, READ_LIMITS[TRACKER_MARKS], within=path.parent))
+            )
         except (OSError, UnsafeFileError, ValueError, RecursionError, ValidationError):
             return cls()
 

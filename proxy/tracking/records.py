@@ -5,6 +5,7 @@ A step is new when it is past the last step read or belongs to a later phase
 (a pivot re-trains from its step); a step replayed after a restart is the
 same step again (the proxy checks it is bit-identical) and is read once.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,6 +45,7 @@ class EvalPoint:
 @dataclass
 class Note:
     """A pivot, a fork or a sample audit, logged as text at its step."""
+
     step: int
     wall: float
     tag: str
@@ -53,8 +55,13 @@ class Note:
 
 
 def step_scalars(entry: StepEntry, smoothed: float, tokens_per_s: float | None) -> dict[str, float]:
-    out = {"train/loss": entry.loss, "train/loss_smoothed": smoothed, "train/lr": entry.lr,
-           "train/grad_norm": entry.grad_norm, "train/tokens": float(entry.tokens)}
+    out = {
+        "train/loss": entry.loss,
+        "train/loss_smoothed": smoothed,
+        "train/lr": entry.lr,
+        "train/grad_norm": entry.grad_norm,
+        "train/tokens": float(entry.tokens),
+    }
     if tokens_per_s is not None:
         out["train/tokens_per_s"] = tokens_per_s
     out.update({f"mixture/{arm}": w for arm, w in entry.mixture.items()})
@@ -118,16 +125,16 @@ class RunRecords:
         elif entry.step <= self.step:
             return out  # replayed after a restart: read once
         if self.inherited and not entry.inherited:
-            out.append(Note(entry.step, entry.time, EVENTS_TAG, f"fork: this run continues from step {self.step}",
-                            entry.phase))
+            out.append(
+                Note(entry.step, entry.time, EVENTS_TAG, f"fork: this run continues from step {self.step}", entry.phase)
+            )
         self.inherited = entry.inherited
         rate = None
         if self.tokens is not None and entry.ms > 0 and entry.step == self.step + 1:
             rate = (entry.tokens - self.tokens) / (entry.ms / 1000.0)
         self.progress.observe(entry.time, entry.tokens, entry.step, entry.loss, entry.ms)
         self.step, self.phase, self.tokens = entry.step, entry.phase, entry.tokens
-        out.append(StepPoint(entry.step, entry.phase, entry.time,
-                             step_scalars(entry, self.progress.smoothed, rate)))
+        out.append(StepPoint(entry.step, entry.phase, entry.time, step_scalars(entry, self.progress.smoothed, rate)))
         return out
 
     def _pivot_note(self, entry: StepEntry) -> Note:
@@ -139,8 +146,9 @@ class RunRecords:
         if phase is not None:
             caps = ", ".join(f"{arm} {phase.floors.get(arm, 0):g}..{cap:g}" for arm, cap in phase.caps.items())
             about = f" (policy {phase.policy}; caps {caps})"
-        return Note(entry.step, entry.time, EVENTS_TAG,
-                    f"pivot: phase {entry.phase} from step {entry.step}{about}", entry.phase)
+        return Note(
+            entry.step, entry.time, EVENTS_TAG, f"pivot: phase {entry.phase} from step {entry.step}{about}", entry.phase
+        )
 
     def _samples(self) -> list[Note]:
         try:

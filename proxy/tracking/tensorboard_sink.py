@@ -7,6 +7,7 @@ tracker wrote after its last durable mark is written again once, from
 `.loss.json`. A pivot re-trains from its step: a SessionLog START event at
 that step tells TensorBoard's readers to drop the old phase's later points.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,14 +27,10 @@ class TensorBoardSink:
     name = "tensorboard"
 
     def __init__(self, directory: Path):
-        from tensorboard.compat.proto import (
-            event_pb2,
-            summary_pb2,
-            tensor_pb2,
-            tensor_shape_pb2,
-        )
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
         from tensorboard.plugins.text import metadata as text_metadata
         from tensorboard.summary.writer.record_writer import RecordWriter
+
         self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
         self._tensor_pb2, self._shape_pb2, self._text_metadata = tensor_pb2, tensor_shape_pb2, text_metadata
         own_directory(directory)
@@ -61,8 +58,9 @@ class TensorBoardSink:
         for p in points:
             if isinstance(p, StepPoint):
                 if p.phase > m.phase and p.step <= m.step:  # a pivot: readers drop the old points from here
-                    self._add(pb.Event(wall_time=p.wall, step=p.step,
-                                       session_log=pb.SessionLog(status=pb.SessionLog.START)))
+                    self._add(
+                        pb.Event(wall_time=p.wall, step=p.step, session_log=pb.SessionLog(status=pb.SessionLog.START))
+                    )
                     m.rewound(p.step)
                 elif p.step <= m.step:
                     continue
@@ -86,8 +84,10 @@ class TensorBoardSink:
 
     def _text(self, step: int, wall: float, tag: str, text: str) -> None:
         tensor = self._tensor_pb2.TensorProto(
-            dtype="DT_STRING", string_val=[text.encode("utf-8")],
-            tensor_shape=self._shape_pb2.TensorShapeProto(dim=[self._shape_pb2.TensorShapeProto.Dim(size=1)]))
+            dtype="DT_STRING",
+            string_val=[text.encode("utf-8")],
+            tensor_shape=self._shape_pb2.TensorShapeProto(dim=[self._shape_pb2.TensorShapeProto.Dim(size=1)]),
+        )
         meta = self._text_metadata.create_summary_metadata(display_name=tag, description="")
         value = self._summary_pb2.Summary.Value(tag=tag, metadata=meta, tensor=tensor)
         self._add(self._event_pb2.Event(wall_time=wall, step=step, summary=self._summary_pb2.Summary(value=[value])))

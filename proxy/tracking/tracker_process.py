@@ -5,6 +5,7 @@ A pipe, not a signal: its end comes however the proxy ends (the kernel closes it
 killed), and it cannot arrive before the tracker is ready to hear it (a SIGTERM in its first second, a
 short relaunch, would end it before it wrote anything).
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,14 @@ def start_tracker(run: RunDir) -> subprocess.Popen | None:
     except (OSError, ProxyError, UnsafeFileError) as exc:
         print(f"proxy: tracking not started: {one_line(exc)}; training goes on", file=sys.stderr, flush=True)
         return None
-    where = [w for w, on in (("TensorBoard " + str(run.tensorboard), experiment.log.tensorboard),
-                             ("W&B", experiment.log.wandb is not None)) if on]
+    where = [
+        w
+        for w, on in (
+            ("TensorBoard " + str(run.tensorboard), experiment.log.tensorboard),
+            ("W&B", experiment.log.wandb is not None),
+        )
+        if on
+    ]
     print(f"tracking: {', '.join(where)} (log {run.tracker_log})", flush=True)
     return proc
 
@@ -40,9 +47,13 @@ def start_tracker(run: RunDir) -> subprocess.Popen | None:
 def _spawn(run: RunDir) -> subprocess.Popen:
     log = open_append(run.tracker_log)
     try:
-        return subprocess.Popen([sys.executable, "-m", "proxy.tracking", "--run-dir", str(run.root)],
-                                stdin=subprocess.PIPE, stdout=log, stderr=log,
-                                start_new_session=True)  # a Ctrl-C goes to the proxy; the tracker is told after
+        return subprocess.Popen(
+            [sys.executable, "-m", "proxy.tracking", "--run-dir", str(run.root)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )  # a Ctrl-C goes to the proxy; the tracker is told after
     finally:
         os.close(log)
 

@@ -8,6 +8,7 @@ re-trained steps, still plot at their own step. A pivot or a fork is logged
 as a row of the `events` table and in the run's summary; sample audits as rows
 of a `samples` table.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -32,6 +33,7 @@ ID_CHARS = string.ascii_lowercase + string.digits
 
 class RunIdRecord(StrictModel):
     """RUN/wandb/.run_id.json."""
+
     id: str = Field(pattern=r"^[a-z0-9]{1,64}$")
 
 
@@ -40,12 +42,15 @@ def run_id(directory: Path) -> str:
     error, never a new W&B run in its place."""
     path = directory / WANDB_RUN_ID
     try:
-        return RunIdRecord.model_validate(bounded_json.loads(read_regular(path, READ_LIMITS[WANDB_RUN_ID], within=directory))).id
+        return RunIdRecord.model_validate(
+            bounded_json.loads(read_regular(path, READ_LIMITS[WANDB_RUN_ID], within=directory))
+        ).id
     except FileNotFoundError:
         pass
     except (OSError, UnsafeFileError, ValueError, RecursionError) as exc:  # ValidationError is a ValueError
-        raise TrackerError(f"{path}: not a W&B run id record ({one_line(exc)}); delete it to start a new "
-                           "W&B run") from None
+        raise TrackerError(
+            f"{path}: not a W&B run id record ({one_line(exc)}); delete it to start a new W&B run"
+        ) from None
     minted = "".join(secrets.choice(ID_CHARS) for _ in range(8))
     atomic_write_bytes(path, json_bytes(RunIdRecord(id=minted).model_dump(mode="json")))
     return minted
@@ -65,10 +70,18 @@ class WandbSink:
         self.marks = Marks.load(self.marks_path)
         self.id = run_id(run.wandb)
         # dir=RUN: wandb keeps its files in RUN/wandb/ (offline-run-*/run-* directories)
-        self.run = wandb.init(project=config.project, entity=config.entity, name=config.name or experiment.get("name"),
-                              tags=config.tags or None, id=self.id, resume="allow", mode=config.mode,
-                              dir=str(run.root), config=experiment,
-                              settings=wandb.Settings(console="off", silent=True))
+        self.run = wandb.init(
+            project=config.project,
+            entity=config.entity,
+            name=config.name or experiment.get("name"),
+            tags=config.tags or None,
+            id=self.id,
+            resume="allow",
+            mode=config.mode,
+            dir=str(run.root),
+            config=experiment,
+            settings=wandb.Settings(console="off", silent=True),
+        )
         self.run.define_metric(STEP_AXIS)
         self.run.define_metric("*", step_metric=STEP_AXIS)
         self.samples = wandb.Table(columns=["step", "prompt", "completion"], log_mode="INCREMENTAL")

@@ -27,6 +27,7 @@ against the baseline, on every mix:
 - GOAL_MAX_MOVE: after the first WARMUP_FRACTION of the run, no arm's weight
   moves by more than 0.2 within MOVE_STEPS steps, in any seed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,10 +56,10 @@ class SummaryError(ValueError):
 
 @dataclass
 class RunSeries:
-    eval_steps: np.ndarray          # [E] steps with an evaluation
+    eval_steps: np.ndarray  # [E] steps with an evaluation
     eval_loss: dict[str, np.ndarray]  # arm -> [E] validation loss
-    steps: np.ndarray               # [S] every logged step
-    mixture: np.ndarray             # [S, K] the mixture each step was drawn from, in arm order
+    steps: np.ndarray  # [S] every logged step
+    mixture: np.ndarray  # [S, K] the mixture each step was drawn from, in arm order
 
 
 def read_run(run_dir: Path, arms: list[str], max_steps: int) -> RunSeries:
@@ -75,8 +76,10 @@ def read_run(run_dir: Path, arms: list[str], max_steps: int) -> RunSeries:
         elif isinstance(entry, EvalEntry):
             evals[entry.step] = entry
     if max_steps not in steps or max_steps not in evals:
-        raise SummaryError(f"{run_dir}: unfinished (last step {max(steps, default=0)} of {max_steps}, "
-                           f"last eval {max(evals, default=0)})")
+        raise SummaryError(
+            f"{run_dir}: unfinished (last step {max(steps, default=0)} of {max_steps}, "
+            f"last eval {max(evals, default=0)})"
+        )
     eval_steps = np.array(sorted(evals))
     missing = sorted({a for e in evals.values() for a in arms if a not in e.arms})
     if missing:
@@ -148,8 +151,9 @@ def _r(x: float | None, nd: int = 5):
     return None if x is None else round(float(x), nd)
 
 
-def summarize_policy(policy: str, runs: dict[int, RunSeries], baseline: dict[int, RunSeries],
-                     experiment: Experiment) -> dict:
+def summarize_policy(
+    policy: str, runs: dict[int, RunSeries], baseline: dict[int, RunSeries], experiment: Experiment
+) -> dict:
     """One policy over its seeds, against the baseline's runs with the same seeds."""
     arms, targets = experiment.arm_names, experiment.target_arms
     max_steps = experiment.train.max_steps
@@ -172,36 +176,50 @@ def summarize_policy(policy: str, runs: dict[int, RunSeries], baseline: dict[int
     worst_target = max(targets, key=lambda a: vs_base[a])
 
     after = {s: runs[s].steps > WARMUP_FRACTION * max_steps for s in seeds}
-    share_after = {a: {"mean": _r(np.mean([runs[s].mixture[after[s], i].mean() for s in seeds])),
-                       "max": _r(max(runs[s].mixture[after[s], i].max() for s in seeds))}
-                   for i, a in enumerate(arms)}
+    share_after = {
+        a: {
+            "mean": _r(np.mean([runs[s].mixture[after[s], i].mean() for s in seeds])),
+            "max": _r(max(runs[s].mixture[after[s], i].max() for s in seeds)),
+        }
+        for i, a in enumerate(arms)
+    }
     floors = experiment.floors
-    low = {a: bool(share_after[a]["max"] <= floors[a] + GOAL_LOW_QUALITY_POINTS + 1e-9)
-           for a in low_quality_arms(experiment)}
+    low = {
+        a: bool(share_after[a]["max"] <= floors[a] + GOAL_LOW_QUALITY_POINTS + 1e-9)
+        for a in low_quality_arms(experiment)
+    }
     moved = max(max_move(runs[s].steps, runs[s].mixture, WARMUP_FRACTION * max_steps) for s in seeds)
 
     mean_curve = np.mean([curves[s] for s in seeds], axis=0)
-    bin_steps, bin_mix = _binned(runs[seeds[0]].steps, np.mean([runs[s].mixture for s in seeds], axis=0),
-                                 MIXTURE_POINTS)
+    bin_steps, bin_mix = _binned(
+        runs[seeds[0]].steps, np.mean([runs[s].mixture for s in seeds], axis=0), MIXTURE_POINTS
+    )
     return {
         "seeds": seeds,
-        "final_target_loss": {"mean": _r(mean_curve[-1]), "per_seed": {str(s): _r(curves[s][-1]) for s in seeds},
-                              "vs_baseline": _r(final_vs_base),
-                              # each seed against the baseline's run with that seed: the noise the mean hides
-                              "vs_baseline_per_seed": {str(s): _r(curves[s][-1] / base_final[s] - 1.0)
-                                                       for s in seeds}},
-        "steps_to_baseline_final": {"per_seed": {str(s): reach[s] for s in seeds},
-                                    "baseline_per_seed": {str(s): base_reach[s] for s in seeds},
-                                    "mean": _r(np.mean(list(reach.values()))) if reached_all else None,
-                                    "fewer_steps": _r(fewer)},
+        "final_target_loss": {
+            "mean": _r(mean_curve[-1]),
+            "per_seed": {str(s): _r(curves[s][-1]) for s in seeds},
+            "vs_baseline": _r(final_vs_base),
+            # each seed against the baseline's run with that seed: the noise the mean hides
+            "vs_baseline_per_seed": {str(s): _r(curves[s][-1] / base_final[s] - 1.0) for s in seeds},
+        },
+        "steps_to_baseline_final": {
+            "per_seed": {str(s): reach[s] for s in seeds},
+            "baseline_per_seed": {str(s): base_reach[s] for s in seeds},
+            "mean": _r(np.mean(list(reach.values()))) if reached_all else None,
+            "fewer_steps": _r(fewer),
+        },
         "final_arm_loss": {a: _r(final_arm[a]) for a in arms},
         "final_arm_vs_baseline": {a: _r(vs_base[a]) for a in arms},
         "worst_target_arm": {"arm": worst_target, "vs_baseline": _r(vs_base[worst_target])},
         "share_after_warmup": share_after,
         "max_move": _r(moved),
-        "target_curve": {"steps": [int(x) for x in eval_steps], "mean": [_r(x) for x in mean_curve],
-                         "min": [_r(x) for x in np.min([curves[s] for s in seeds], axis=0)],
-                         "max": [_r(x) for x in np.max([curves[s] for s in seeds], axis=0)]},
+        "target_curve": {
+            "steps": [int(x) for x in eval_steps],
+            "mean": [_r(x) for x in mean_curve],
+            "min": [_r(x) for x in np.min([curves[s] for s in seeds], axis=0)],
+            "max": [_r(x) for x in np.max([curves[s] for s in seeds], axis=0)],
+        },
         "arm_curves": {a: [_r(x) for x in np.mean([runs[s].eval_loss[a] for s in seeds], axis=0)] for a in arms},
         "mixture": {"steps": bin_steps, "weights": {a: [_r(x, 4) for x in bin_mix[:, i]] for i, a in enumerate(arms)}},
         "goals": {
@@ -214,8 +232,9 @@ def summarize_policy(policy: str, runs: dict[int, RunSeries], baseline: dict[int
     }
 
 
-def summarize(series: dict[tuple[str, int], RunSeries], experiment: Experiment, policies: list[str],
-              default_policy: str) -> dict:
+def summarize(
+    series: dict[tuple[str, int], RunSeries], experiment: Experiment, policies: list[str], default_policy: str
+) -> dict:
     """Every policy's summary; `series` maps (policy, seed) to a finished run."""
     if BASELINE not in policies:
         raise SummaryError(f"the evaluation needs the {BASELINE!r} policy as its baseline")
@@ -239,13 +258,19 @@ def summarize(series: dict[tuple[str, int], RunSeries], experiment: Experiment, 
         "baseline": BASELINE,
         "default_policy": default_policy,
         "seeds": seeds,
-        "goals": {"final_loss_slack": GOAL_FINAL_SLACK, "target_arm_slack": GOAL_ARM_SLACK,
-                  "fewer_steps": fewer_steps_goal(experiment),
-                  "low_quality_points_over_floor": GOAL_LOW_QUALITY_POINTS, "max_move": GOAL_MAX_MOVE,
-                  "move_steps": MOVE_STEPS, "warmup_fraction": WARMUP_FRACTION},
+        "goals": {
+            "final_loss_slack": GOAL_FINAL_SLACK,
+            "target_arm_slack": GOAL_ARM_SLACK,
+            "fewer_steps": fewer_steps_goal(experiment),
+            "low_quality_points_over_floor": GOAL_LOW_QUALITY_POINTS,
+            "max_move": GOAL_MAX_MOVE,
+            "move_steps": MOVE_STEPS,
+            "warmup_fraction": WARMUP_FRACTION,
+        },
         "policies": with_mean_curve_goal(
             {p: summarize_policy(p, by_policy[p], by_policy[BASELINE], experiment) for p in policies},
-            fewer_steps_goal(experiment)),
+            fewer_steps_goal(experiment),
+        ),
     }
 
 

@@ -2,6 +2,7 @@
 after the first step that ends S seconds or more after the last checkpoint started (or, for the
 first, after the engine started, resumed or not), beside `--ckpt-every N`, whichever comes first.
 Which steps get a checkpoint then depends on timing; the losses and the final file must not."""
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,9 @@ from proxy.formats.checkpoint import list_checkpoints, verify_checkpoint
 
 from .conftest import TINY
 
-S = 0.4          # seconds between timed checkpoints
-PACE = 0.05      # seconds the test waits between frames
-N_STEPS = 30     # so a run lasts >= N_STEPS * PACE = 1.5 s
+S = 0.4  # seconds between timed checkpoints
+PACE = 0.05  # seconds the test waits between frames
+N_STEPS = 30  # so a run lasts >= N_STEPS * PACE = 1.5 s
 TOLERANCE = 0.15  # event arrival times (in this process) versus the engine's own clock
 
 
@@ -67,7 +68,9 @@ def test_the_step_cadence_and_the_clock_whichever_comes_first(run_engine, tmp_pa
     ckpts = [(c["step"], c["reason"]) for c in eng.of("ckpt")]
     assert [s for s, reason in ckpts if reason == "periodic"] == [7, 14, 21, 28], ckpts
     timed = [s for s, reason in ckpts if reason == "timed"]
-    assert timed, f"7 steps take >= {7 * PACE:.2f} s, more than {clock} s: some timed checkpoint must come first; {ckpts}"
+    assert timed, (
+        f"7 steps take >= {7 * PACE:.2f} s, more than {clock} s: some timed checkpoint must come first; {ckpts}"
+    )
     steps = [s for s, _ in ckpts]
     for prev, cur in zip(steps, steps[1:], strict=False):  # the clock restarts at every checkpoint, whatever started it
         if cur in timed:

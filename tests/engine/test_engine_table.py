@@ -2,6 +2,7 @@
 designated initialisers, so that grep finds who implements a slot (docs/ENGINE.md, "Source layout").
 
 Nothing here runs the engine: the sources are read as text."""
+
 from __future__ import annotations
 
 import re

@@ -1,6 +1,7 @@
 """The engine's step event carries exactly the keys the step-field table (proxy/formats/step_fields.py) reads
 from it: a metric added to the engine's printf (microgpt/train.h) but not to the table, or the other way
 round, fails here, on the real engine's output."""
+
 from __future__ import annotations
 
 from harness.data import make_shard

@@ -3,6 +3,7 @@ and directories (the data freeze, fork, export, a pivot's archive, the proxy's a
 the temp files and directories a kill -9 leaves, a fork's frozen data, JSON nested without bound. Each
 scenario runs as pid 1 of its own pid namespace (sandbox.py): temp names carry pids, and there every pid is
 the scenario's own."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """kill -9 of the proxy and its tracker together at seeded random moments while it writes TensorBoard event
 files, then the same command relaunched: each step in the event file once, with the log's loss."""
+
 from __future__ import annotations
 
 from . import tracking_scenarios

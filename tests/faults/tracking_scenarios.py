@@ -2,6 +2,7 @@
 together at seeded random moments while it writes TensorBoard event files, and the same command relaunched.
 Every step ends in the event file exactly once, with the loss `.loss.json` holds for it.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,13 @@ def _wait(predicate, timeout: float) -> bool:
     return False
 
 
-def tracker_kill_storm(env: ProxyEnv, workdir: Path, n_kills: int, name: str = "tracker-kill",
-                       fault_class: str = "kill -9 of the proxy and its tracker (TensorBoard)") -> Outcome:
+def tracker_kill_storm(
+    env: ProxyEnv,
+    workdir: Path,
+    n_kills: int,
+    name: str = "tracker-kill",
+    fault_class: str = "kill -9 of the proxy and its tracker (TensorBoard)",
+) -> Outcome:
     out = Outcome(fault_class, name)
     rng = rng_for(name)
     run = workdir / "run"
@@ -89,8 +95,11 @@ def tracker_kill_storm(env: ProxyEnv, workdir: Path, n_kills: int, name: str = "
     twice = len(written) - len(set(written))
     missing = sorted(set(range(1, env.max_steps + 1)) - set(written))
     if twice or missing or written != sorted(written):
-        out.fail(f"train/loss in the event file: {twice} step(s) written twice, {len(missing)} missing "
-                 f"(first {missing[:5]})", data_lost=len(missing))
+        out.fail(
+            f"train/loss in the event file: {twice} step(s) written twice, {len(missing)} missing "
+            f"(first {missing[:5]})",
+            data_lost=len(missing),
+        )
     wrong = [s for s, v in scalars["train/loss"] if abs(v - log.steps[s]["loss"]) > 1e-6 * abs(log.steps[s]["loss"])]
     if wrong:
         out.fail(f"train/loss differs from .loss.json at steps {wrong[:5]}")

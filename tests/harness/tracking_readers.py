@@ -5,6 +5,7 @@ The `.wandb` file is a LevelDB log (W&B has no Python reader for it in 0.31): a 
 (":W&B", 0xBEE1, version), then 32 KiB blocks of chunks, each a 7-byte header (CRC-32C, length
 uint16, type: 1 full, 2 first, 3 middle, 4 last) and its bytes.
 """
+
 from __future__ import annotations
 
 import struct
@@ -17,6 +18,7 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 def _accumulator(directory: Path, purge: bool):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0}, purge_orphaned_data=purge)
     acc.Reload()
     return acc
@@ -39,6 +41,7 @@ def tensorboard_texts(directory: Path, tag: str) -> list[tuple[int, str]]:
 def wandb_records(path: Path) -> list:
     """The Record protos of one `.wandb` file, in order."""
     from wandb.proto import wandb_internal_pb2
+
     data = path.read_bytes()
     assert data[:4] == b":W&B" and struct.unpack("<H", data[4:6])[0] == 0xBEE1, f"{path}: not a .wandb file"
     records, pending, pos = [], b"", HEADER
@@ -47,8 +50,8 @@ def wandb_records(path: Path) -> list:
         if left < HEADER:  # a block's tail too short for a chunk header is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
-        chunk = data[pos + HEADER:pos + HEADER + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == 0 and length == 0:
             break  # zero padding: the end of what was written

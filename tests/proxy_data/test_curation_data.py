@@ -1,5 +1,6 @@
 """Curation test data and the schema around it: target arms, random_tokens, repeated_names, the realistic
 low-quality sources, the policies, the suite's mixes."""
+
 from __future__ import annotations
 
 import copy
@@ -47,6 +48,7 @@ def error_of(tmp_path: Path, data) -> str:
 
 # --- schema -------------------------------------------------------------------
 
+
 def test_target_flag(tmp_path):
     exp = load_experiment(write(tmp_path, BASE))
     assert [a.target for a in exp.arms] == [True, False, False] and exp.target_arms == ["real"]
@@ -57,7 +59,7 @@ def test_target_flag(tmp_path):
     data["arms"][1]["target"] = False
     assert "arms: at least one arm must be a target" in error_of(tmp_path, data)
     data["arms"][0]["target"] = "yes"
-    assert "arms[0].target: expected true or false, got \"yes\"" in error_of(tmp_path, data)
+    assert 'arms[0].target: expected true or false, got "yes"' in error_of(tmp_path, data)
 
 
 def test_token_source_rules(tmp_path):
@@ -94,8 +96,10 @@ def test_mixing_suite_experiments():
     """The suite's mixes differ only in their arms (same model, training and cadence), run on one engine
     thread each (two runs at once on a 2-core machine), and default to the target policy."""
     import sys  # noqa: PLC0415
+
     sys.path.insert(0, str(ROOT / "scripts"))
     from mixing.suite import SUITE  # noqa: PLC0415
+
     exps = {m.name: load_experiment(m.experiment) for m in SUITE}
     assert list(exps) == ["good", "sizes", "shuffled", "lowquality", "worthless"]
     first = exps["good"]
@@ -111,6 +115,7 @@ def test_mixing_suite_experiments():
 
 
 # --- sources ------------------------------------------------------------------
+
 
 def test_random_tokens_are_uniform_and_fixed():
     a = random_token_documents("train", 512, 0)
@@ -135,7 +140,7 @@ def test_repeated_names():
     assert 200 <= len(unique) <= 600 and len(docs) == REPEATS * len(unique)
     assert "math.isclose" in unique and "builtins.len" in unique
     assert max(map(len, unique)) < 40
-    first_pass, second_pass = docs[: len(unique)], docs[len(unique): 2 * len(unique)]
+    first_pass, second_pass = docs[: len(unique)], docs[len(unique) : 2 * len(unique)]
     assert sorted(first_pass) == unique and first_pass != second_pass  # each pass in its own order
     assert load_documents(parse_source({"builtin": "repeated_names"}), ".") == docs
 
@@ -153,13 +158,15 @@ def test_prepare_with_curation_arms(tmp_path):
     assert data.stats["dup"]["train_tokens"] > 0
     without_junk = copy.deepcopy(BASE)
     del without_junk["arms"][1]
-    other = prepare_data(load_experiment(write(tmp_path, without_junk, "b.json")), tmp_path, tmp_path / "cache",
-                         progress=False)
+    other = prepare_data(
+        load_experiment(write(tmp_path, without_junk, "b.json")), tmp_path, tmp_path / "cache", progress=False
+    )
     assert other.key != data.key
     assert other.tokenizer_json == data.tokenizer_json
 
 
 # --- realistic low-quality sources (proxy/data/lowquality.py) -------------------
+
 
 def test_shuffled_words_keep_each_document_s_words():
     docs = load_documents(parse_source({"builtin": "stdlib_docstrings"}), ".")

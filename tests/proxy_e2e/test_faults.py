@@ -1,4 +1,5 @@
 """Supervision under faults: crash loops, hung engines, signals, the lock, changed experiments, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,20 @@ def test_crash_loop_stops_with_a_clear_message(engine, data_cache, tmp_path):
     bad.write_text("#!/bin/sh\necho 'bad engine: giving up' >&2\nexit 1\n")
     bad.chmod(0o755)
     run_dir = tmp_path / "run"
-    result = run_cmd(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard", "--engine", str(bad),
-                      "--restart-backoff", "0.05"], data_cache)
+    result = run_cmd(
+        [
+            "run",
+            str(exp),
+            "--run-dir",
+            str(run_dir),
+            "--no-dashboard",
+            "--engine",
+            str(bad),
+            "--restart-backoff",
+            "0.05",
+        ],
+        data_cache,
+    )
     assert result.returncode == 3, result.stderr
     assert "crash loop" in result.stderr and "5 times" in result.stderr
     assert "bad engine: giving up" in result.stderr  # the engine's own last words
@@ -47,8 +60,9 @@ def test_engine_that_rejects_its_flags_is_fatal_at_once(engine, data_cache, tmp_
     bad = tmp_path / "usage-engine.sh"
     bad.write_text("#!/bin/sh\necho 'error: unknown flag --whatever' >&2\nexit 2\n")
     bad.chmod(0o755)
-    result = run_cmd(["run", str(exp), "--run-dir", str(tmp_path / "run"), "--no-dashboard", "--engine", str(bad)],
-                     data_cache)
+    result = run_cmd(
+        ["run", str(exp), "--run-dir", str(tmp_path / "run"), "--no-dashboard", "--engine", str(bad)], data_cache
+    )
     assert result.returncode == 1, result.stderr
     assert "engine cannot run: error: unknown flag --whatever" in result.stderr
 
@@ -76,8 +90,9 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp
     # periodic checkpoints, which could make the requested one a no-op (the step already saved).
     # The gate holds the engine a few steps past each point the test waits for: whatever its speed,
     # it is where the test expects when the test acts.
-    exp = make_experiment(tmp_path, "SIGNALS", **{**TRAIN, "max_steps": 20000, "ckpt_every": 0,
-                                                  "eval_every": 100, "sample_every": 100})
+    exp = make_experiment(
+        tmp_path, "SIGNALS", **{**TRAIN, "max_steps": 20000, "ckpt_every": 0, "eval_every": 100, "sample_every": 100}
+    )
     run_dir = tmp_path / "run"
     args = run_args(exp, run_dir, engine=gate.engine_flag)
     gate.hold_after(25)

@@ -5,6 +5,7 @@ both, SIGKILL) and relaunched with the same command each time must end with
 the same per-step losses (last entry per step), mixtures and final weights,
 Adam m and v, bit for bit, as a run never interrupted.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,7 @@ from .conftest import (
 )
 
 MAX_STEPS = 160
-TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=40, keep_last=2,
-             milestone_every=80)
+TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=40, keep_last=2, milestone_every=80)
 COMPARED = ("loss", "grad_norm", "lr", "tokens", "arms", "mixture")
 
 
@@ -205,8 +205,9 @@ def test_a_stop_drops_the_queued_steps_and_the_resume_is_exact(straight, gate, d
     stopped = max_logged_step(run_dir)
     assert reported <= stopped <= reported + 1, f"reported step {reported} when stopped, trained to {stopped}"
     assert verify_checkpoint(run_dir / "checkpoints" / f"step_{stopped:06d}.bin") is None
-    assert f"stopped at step {stopped}; checkpoint {run_dir / 'checkpoints' / f'step_{stopped:06d}.bin'}" \
-        in proxy.stdout()
+    assert (
+        f"stopped at step {stopped}; checkpoint {run_dir / 'checkpoints' / f'step_{stopped:06d}.bin'}" in proxy.stdout()
+    )
     assert state(run_dir)["status"] == "stopped"
 
     gate.open()

@@ -6,6 +6,7 @@ reader finds one training-loss point per step and the validation points, also af
 the tracker were killed with SIGKILL mid-run and the command relaunched. W&B in offline mode: a run
 whose `.wandb` records W&B's own protobuf classes read, and the same run id after a resume.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,12 @@ def test_overrides_and_tensorboard_after_kill(gate, data_cache, tmp_path):
     gate.hold_after(60)
     proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 60, 240, "step 60", proxy)
-    wait_for(lambda: marks(run_dir / "tensorboard" / ".marks.json").get("step", -1) >= 30, 120,
-             "the tracker's first writes", proxy)
+    wait_for(
+        lambda: marks(run_dir / "tensorboard" / ".marks.json").get("step", -1) >= 30,
+        120,
+        "the tracker's first writes",
+        proxy,
+    )
     tracker = tracker_pid(proxy)
     assert tracker is not None, proxy.output()
     os.kill(tracker, signal.SIGKILL)  # both at once, neither gets to finish anything
@@ -70,8 +75,10 @@ def test_overrides_and_tensorboard_after_kill(gate, data_cache, tmp_path):
     assert frozen["log"]["tensorboard"] is True
     status = run_cmd(["status", "--run-dir", str(run_dir), "--json"], data_cache)
     assert json.loads(status.stdout)["overrides"] == ["train.max_steps=120", "train.lr=0.002", "log.tensorboard=true"]
-    assert "overrides:   train.max_steps=120, train.lr=0.002" in run_cmd(["status", "--run-dir", str(run_dir)],
-                                                                       data_cache).stdout
+    assert (
+        "overrides:   train.max_steps=120, train.lr=0.002"
+        in run_cmd(["status", "--run-dir", str(run_dir)], data_cache).stdout
+    )
 
     scalars = tensorboard_scalars(run_dir / "tensorboard")
     steps = last_steps(run_dir)
@@ -87,8 +94,12 @@ def test_overrides_and_tensorboard_after_kill(gate, data_cache, tmp_path):
 
 
 def test_an_unknown_key_or_a_bad_value_is_one_line(data_cache, tmp_path):
-    for setting, words in (("train.lrate=0.1", "unknown key 'lrate'"), ("train.lr=fast", "train.lr: expected a number"),
-                           ("log.wandb.mode=sometimes", "log.wandb"), ("train.max_steps", "expected KEY=VALUE")):
+    for setting, words in (
+        ("train.lrate=0.1", "unknown key 'lrate'"),
+        ("train.lr=fast", "train.lr: expected a number"),
+        ("log.wandb.mode=sometimes", "log.wandb"),
+        ("train.max_steps", "expected KEY=VALUE"),
+    ):
         result = run_cmd(run_args(TINY, tmp_path / "run", "--set", setting), data_cache)
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
         assert result.returncode == 2 and len(lines) == 1 and words in lines[0], (setting, result.stderr)
@@ -100,7 +111,11 @@ def test_a_started_run_takes_a_changed_override_only_with_the_flag(data_cache, t
     first = run_cmd(run_args(TINY, run_dir, "--set", "train.max_steps=20"), data_cache)
     assert first.returncode == 0, first.stderr
     refused = run_cmd(run_args(TINY, run_dir, "--set", "train.max_steps=30"), data_cache)
-    assert refused.returncode == 2 and "train.max_steps" in refused.stderr and "--allow-experiment-change" in refused.stderr
+    assert (
+        refused.returncode == 2
+        and "train.max_steps" in refused.stderr
+        and "--allow-experiment-change" in refused.stderr
+    )
     extended = run_cmd(run_args(TINY, run_dir, "--set", "train.max_steps=30", "--allow-experiment-change"), data_cache)
     assert extended.returncode == 0, extended.stderr
     assert max_logged_step(run_dir) == 30
@@ -117,8 +132,9 @@ def test_wandb_offline_run_resumes_the_same_run(data_cache, tmp_path, monkeypatc
     first = run_cmd(run_args(TINY, run_dir, "--set", "train.max_steps=40", *wandb), data_cache)
     assert first.returncode == 0, first.stderr
     run_id = json.loads((run_dir / "wandb" / ".run_id.json").read_text())["id"]
-    resumed = run_cmd(run_args(TINY, run_dir, "--set", "train.max_steps=70", *wandb, "--allow-experiment-change"),
-                      data_cache)
+    resumed = run_cmd(
+        run_args(TINY, run_dir, "--set", "train.max_steps=70", *wandb, "--allow-experiment-change"), data_cache
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run_dir / "wandb" / ".run_id.json").read_text())["id"] == run_id
 
@@ -138,10 +154,13 @@ def test_a_failing_sink_is_one_line_and_training_goes_on(data_cache, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "tensorboard").write_text("a file where the tracker wants its directory")
-    result = run_cmd(run_args(TINY, run_dir, "--set", "train.max_steps=30", "--set", "log.tensorboard=true"),
-                     data_cache)
+    result = run_cmd(
+        run_args(TINY, run_dir, "--set", "train.max_steps=30", "--set", "log.tensorboard=true"), data_cache
+    )
     assert result.returncode == 0, result.stderr
     assert max_logged_step(run_dir) == 30
     lines = (run_dir / "tracker.log").read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tracker: tensorboard: ") and "not logging to TensorBoard" in lines[0]
+    assert (
+        len(lines) == 1 and lines[0].startswith("tracker: tensorboard: ") and "not logging to TensorBoard" in lines[0]
+    )
     assert (run_dir / "tensorboard").read_text().startswith("a file")

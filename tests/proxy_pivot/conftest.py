@@ -1,5 +1,6 @@
 """Shared helpers for the pivot and fork suite: real proxies, the engine under test, the frame gate
 (tests/proxy_e2e's)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,11 @@ def write_caps(directory: Path, obj=NEW_CAPS, name: str = "caps.json") -> Path:
 
 def tree_hashes(root: Path) -> dict[str, str]:
     """sha256 of every file under `root` (hidden ones included), by relative path."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def phases(run_dir: Path) -> list[dict]:

@@ -5,6 +5,7 @@ The imports are read with `ast`, every one of them: at the top of a module, insi
 import), relative or absolute. A string handed to importlib is no import; proxy/cli.py's dispatch to
 proxy/commands/ is the one such, and it looks down too.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,19 +17,30 @@ PROXY = ROOT / "proxy"
 # proxy's parts, lowest first: a subpackage by its name, a top-level module by its name. A module may import
 # its own part and any part before it in this list, nothing after it.
 LAYERS = (
-    "errors", "safe_fs", "temp_names", "atomic", "processes", "gpu_identity",  # the shared leaves
-    "run_names", "divergence", "dashboard_address",  # rules written once: file names and caps, sane losses
+    "errors",
+    "safe_fs",
+    "temp_names",
+    "atomic",
+    "processes",
+    "gpu_identity",  # the shared leaves
+    "run_names",
+    "divergence",
+    "dashboard_address",  # rules written once: file names and caps, sane losses
     "formats",  # on-disk and wire formats
     "config",  # what a user writes
     "bandit",
     "arguments",  # the command line (rundir/lock_holder.py reads one the proxy's way)
     "data",
     "rundir",
-    "qualification_checks", "qualification_compare", "qualification",
+    "qualification_checks",
+    "qualification_compare",
+    "qualification",
     "supervision",
     "tracking",  # follows the run's records off the training path (commands/run.py starts it)
     "commands",
-    "cli", "__main__", "__init__",
+    "cli",
+    "__main__",
+    "__init__",
 )
 
 
@@ -46,7 +58,7 @@ def imported_modules(path: Path, top: Path) -> list[tuple[str, ...]]:
         if isinstance(node, ast.Import):
             found += [tuple(alias.name.split(".")) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else ()
+            base = package[: len(package) - node.level + 1] if node.level else ()
             target = base + tuple(node.module.split(".")) if node.module else base
             if node.module is None:  # `from . import x`: x may be a module of the package
                 found += [target + (alias.name,) for alias in node.names]
@@ -85,7 +97,9 @@ def test_the_scan_catches_an_upward_import(tmp_path: Path):
     function of formats/ is seen as formats importing rundir, and `import dashboard.server` as dashboard."""
     top = tmp_path / "proxy"
     (top / "formats").mkdir(parents=True)
-    (top / "formats" / "checkpoint.py").write_text("from ..run_names import checkpoint_name\nfrom . import bounded_json\n")
+    (top / "formats" / "checkpoint.py").write_text(
+        "from ..run_names import checkpoint_name\nfrom . import bounded_json\n"
+    )
     planted = top / "formats" / "planted_for_the_test.py"
     planted.write_text("def f():\n    from ..rundir.layout import STATE\n    import dashboard.server\n")
     found = violations(top)

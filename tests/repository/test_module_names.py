@@ -1,6 +1,7 @@
 """Names say what a module or a class is: no two modules of proxy/ and dashboard/ share a name (a package's
 `__init__.py` and `__main__.py` aside), and no class name is defined twice in them, so a name in a traceback,
 a doc or a grep means one thing."""
+
 from __future__ import annotations
 
 import ast

@@ -1,6 +1,7 @@
 """The dashboard's value columns come from the step-field table (proxy/formats/step_fields.py), and the page
 (app.js, index.html) names none of them but the two it draws specially: the loss (raw and smoothed) and the
 engine's tokens/s (beside the wall clock's)."""
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,19 @@ def test_the_page_names_no_column_of_the_table():
 
 
 def test_a_row_carries_every_column():
-    f = step_fields({"type": "step", "step": 2, "loss": 4.0, "lr": 0.5, "grad_norm": 1.5, "ms": 10.0,
-                     "tokens": 200, "time": 1.0, "mixture": {"a": 1.0}})
+    f = step_fields(
+        {
+            "type": "step",
+            "step": 2,
+            "loss": 4.0,
+            "lr": 0.5,
+            "grad_norm": 1.5,
+            "ms": 10.0,
+            "tokens": 200,
+            "time": 1.0,
+            "mixture": {"a": 1.0},
+        }
+    )
     assert row_values(f, 1, 100.0) == [4.0, 0.5, 1.5, 10.0, 100 / 0.010]
     out, _prev = rows_payload([f], None)
     for c in BASE_COLS:

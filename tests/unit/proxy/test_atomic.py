@@ -1,4 +1,5 @@
 """Durable writes (proxy/atomic.py)."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """proxy/temp_names.py and atomic.py's use of it: temp names no one can predict, created exclusively, and
 the leftovers of dead processes removed without following a symlink (the fault suite's temp_scenarios.py
 runs the same against real commands)."""
+
 from __future__ import annotations
 
 import os

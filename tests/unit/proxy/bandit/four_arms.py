@@ -1,4 +1,5 @@
 """Four arms (real, slow, junk, dup) with their bounds and curation histories, which the policy tests share."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,10 +22,15 @@ def curation_losses(seed: int, steps: int):
     7.6, `dup` falls fast and is learned by step 60, then flat."""
     rng = np.random.default_rng(seed)
     for s in range(1, steps + 1):
-        yield s, {"real": 7.0 - 2.0 * np.log1p(s / 30) + rng.normal(0, 0.3),
-                  "slow": 7.0 - 0.7 * np.log1p(s / 30) + rng.normal(0, 0.3),
-                  "junk": 7.6 + rng.normal(0, 0.05),
-                  "dup": max(1.5, 7.0 - 0.1 * s) + rng.normal(0, 0.1)}
+        yield (
+            s,
+            {
+                "real": 7.0 - 2.0 * np.log1p(s / 30) + rng.normal(0, 0.3),
+                "slow": 7.0 - 0.7 * np.log1p(s / 30) + rng.normal(0, 0.3),
+                "junk": 7.6 + rng.normal(0, 0.05),
+                "dup": max(1.5, 7.0 - 0.1 * s) + rng.normal(0, 0.1),
+            },
+        )
 
 
 def run(bandit, history):

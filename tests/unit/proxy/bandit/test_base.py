@@ -1,4 +1,5 @@
 """What every bandit does (bandit/base.py, bandit/__init__.py): starts uniform, its state format and checks, determinism under replay, one policy model per bandit."""
+
 from __future__ import annotations
 
 import json
@@ -70,11 +71,15 @@ def test_each_policy_model_is_its_bandit_s_arguments():
 
     from proxy.bandit import _CLASSES  # noqa: PLC0415
     from proxy.config.policies import POLICY_MODELS, switched  # noqa: PLC0415
+
     assert set(_CLASSES) == set(POLICY_MODELS.values())
     for model, cls in _CLASSES.items():
         sig = inspect.signature(cls.__init__).parameters
-        taken = {k: p.default for k, p in sig.items() if k not in ("self", "arm_names", "caps", "floors", "targets",
-                                                                  "row_spread", "max_steps", "unigram_gap")}
+        taken = {
+            k: p.default
+            for k, p in sig.items()
+            if k not in ("self", "arm_names", "caps", "floors", "targets", "row_spread", "max_steps", "unigram_gap")
+        }
         assert taken == model().params(), model.__name__
     b = make_bandit(bandit_config("ucb1", c=2.5, ema_alpha=0.3), NAMES, CAPS, FLOORS)
     assert b.c == 2.5 and b.ema_alpha == 0.3

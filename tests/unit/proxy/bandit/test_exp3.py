@@ -1,4 +1,5 @@
 """EXP3 (bandit/exp3.py)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """A bandit rebuilt from `.loss.json` (bandit/__init__.py: bandit_for_phase) gives the live one's weights."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """MixtureSchedule (proxy/bandit/schedule.py): W(s) is fixed when step s - lag is observed, kept until s is."""
+
 from __future__ import annotations
 
 import numpy as np

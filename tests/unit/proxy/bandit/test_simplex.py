@@ -1,4 +1,5 @@
 """The capped-simplex projection (bandit/simplex.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,6 @@ def bounded_problem(draw):
     assume(caps.sum() >= 1)
     v = np.array(draw(st.lists(st.floats(-1e3, 1e3), min_size=k, max_size=k)))
     return v, floors, caps
-
 
 
 @given(bounded_problem())

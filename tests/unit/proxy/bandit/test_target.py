@@ -1,4 +1,5 @@
 """The target policy (bandit/target.py)."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,13 @@ def target_history(seed: int, steps: int, every: int = 25, stall_at: int | None 
 
     def held_out(s):
         slow_s = s if stall_at is None else min(s, stall_at)
-        return {"real": 7.0 - 2.0 * np.log1p(s / 30) + rng.normal(0, 0.01),
-                "slow": 7.0 - 1.0 * np.log1p(slow_s / 30) + rng.normal(0, 0.01),
-                "junk": 7.62 + rng.normal(0, 0.01), "dup": max(2.0, 7.0 - 0.08 * s) + rng.normal(0, 0.01)}
+        return {
+            "real": 7.0 - 2.0 * np.log1p(s / 30) + rng.normal(0, 0.01),
+            "slow": 7.0 - 1.0 * np.log1p(slow_s / 30) + rng.normal(0, 0.01),
+            "junk": 7.62 + rng.normal(0, 0.01),
+            "dup": max(2.0, 7.0 - 0.08 * s) + rng.normal(0, 0.01),
+        }
+
     for s, losses in curation_losses(seed, steps):
         yield s, losses, (held_out(s) if s % every == 0 else None)
 
@@ -49,7 +54,6 @@ def run_target(bandit, history):
 
 def target_bandit(**params):
     return make_bandit(bandit_config("target", **params), ARMS, CAPS, FLOORS, targets=TARGETS)
-
 
 
 def test_target_starts_from_the_declared_objective_and_stays_without_evidence():
@@ -141,15 +145,17 @@ def test_target_mixture_moves_at_most_max_move_per_step(seed):
     assert 0.05 < moved <= 0.15 + 1e-12  # it did move, within the bound
 
 
-@pytest.mark.parametrize("spread, max_steps", [(None, 0), ({"real": 0.17, "slow": 0.13}, 0),
-                                               ({"real": 0.17, "slow": 0.13}, 700)])
+@pytest.mark.parametrize(
+    "spread, max_steps", [(None, 0), ({"real": 0.17, "slow": 0.13}, 0), ({"real": 0.17, "slow": 0.13}, 700)]
+)
 def test_target_replay_with_evaluations_is_exact(spread, max_steps):
     """Rebuilt from .loss.json (steps and evaluations, JSON round trip, each evaluation after its step),
     the bandit gives the live bandit's weights before every step, bit for bit, from any resume point.
     (With max_steps 700, `dup` easy: the opening feeds it for 50 steps and gives it back by step 71.)"""
     cfg, caps = bandit_config("target"), {a: 1.0 for a in ARMS}
-    live = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread, max_steps=max_steps,
-                       unigram_gap={"dup": 1.3})
+    live = make_bandit(
+        cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread, max_steps=max_steps, unigram_gap={"dup": 1.3}
+    )
     logged = []
     for step, losses, evals in target_history(8, 700, stall_at=250):
         mix = live.mixture()
@@ -159,8 +165,9 @@ def test_target_replay_with_evaluations_is_exact(spread, max_steps):
             live.observe_eval(step, evals)
     assert len({tuple(e["mixture"].values()) for e in logged}) > 50  # the evaluations did move it
     for cut in (0, 30, 60, 137, 250, 512, 700):  # 30, 60: within the opening of a 700-step run
-        rebuilt = make_bandit(cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread, max_steps=max_steps,
-                              unigram_gap={"dup": 1.3})
+        rebuilt = make_bandit(
+            cfg, ARMS, caps, FLOORS, targets=TARGETS, row_spread=spread, max_steps=max_steps, unigram_gap={"dup": 1.3}
+        )
         for e in logged[:cut]:
             rebuilt.observe(e["step"], e["arms"], mixture=e["mixture"])
             if e["eval"] is not None:
@@ -189,8 +196,9 @@ def test_target_opening_feeds_an_arm_the_data_shows_easy_then_gives_it_back():
     np.testing.assert_allclose(w[50:], [[0.48, 0.48, 0.02, 0.02]] * 150)
     moves = np.abs(np.diff(w, axis=0)).max(axis=1)  # moves[i]: from step i + 1 to step i + 2
     assert moves[:49].max() == pytest.approx(OPENING_MOVE) and moves[49:].max() <= 0.006 + 1e-12
-    half = make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500,
-                       unigram_gap={"dup": 1.5 * EASY_GAP})
+    half = make_bandit(
+        bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500, unigram_gap={"dup": 1.5 * EASY_GAP}
+    )
     np.testing.assert_allclose(half.weights(), [0.36, 0.36, 0.02, 0.02 + 0.5 * 0.48])
 
 
@@ -206,12 +214,14 @@ def test_target_opening_only_where_it_fits():
     back within its opening (100 steps: 10, the way back alone), in a phase that starts after step 0 (a
     pivot's: the model has left its first steps behind), and for an arm marked `target` however easy."""
     gap = {"junk": -1.6, "dup": 1.3}
-    for b in (make_bandit(bandit_config("target", opening=0), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500,
-                          unigram_gap=gap),
-              make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=100,
-                          unigram_gap=gap),
-              make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, unigram_gap=gap),
-              make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, max_steps=500, unigram_gap=gap)):
+    for b in (
+        make_bandit(
+            bandit_config("target", opening=0), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=500, unigram_gap=gap
+        ),
+        make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, max_steps=100, unigram_gap=gap),
+        make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, targets=TARGETS, unigram_gap=gap),
+        make_bandit(bandit_config("target"), ARMS, CAPS, FLOORS, max_steps=500, unigram_gap=gap),
+    ):
         assert b.has_opening is False
         np.testing.assert_allclose(b.weights(), [0.48, 0.48, 0.02, 0.02] if b.is_target.sum() == 2 else 0.25)
     experiment = load_experiment(REPO / "experiments" / "MIXING-WORTHLESS.json", check_sources=False)  # 500 steps

@@ -1,4 +1,5 @@
 """UCB1 (bandit/ucb1.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,9 +25,9 @@ def test_ucb1_favors_the_arm_that_learns_fastest():
 
 def test_ucb1_reward_formula():
     b = UCB1(["x"], {"x": 1}, {"x": 0}, c=0.0, ema_alpha=0.1, reward_scale=1000.0)
-    b.observe(1, {"x": 5.0})   # first: EMA := 5, reward 0
-    b.observe(2, {"x": 4.0})   # reward (5 - 4) * 1000 = 1000; EMA = 0.1*4 + 0.9*5 = 4.9
-    b.observe(3, {"x": 6.0})   # reward max(0, 4.9 - 6) = 0; EMA = 0.6 + 4.41 = 5.01
+    b.observe(1, {"x": 5.0})  # first: EMA := 5, reward 0
+    b.observe(2, {"x": 4.0})  # reward (5 - 4) * 1000 = 1000; EMA = 0.1*4 + 0.9*5 = 4.9
+    b.observe(3, {"x": 6.0})  # reward max(0, 4.9 - 6) = 0; EMA = 0.6 + 4.41 = 5.01
     s = b.state()["arms"]["x"]
     assert s["pulls"] == 3 and s["ema"] == pytest.approx(5.01) and s["reward"] == pytest.approx(1000 / 3)
 

@@ -1,4 +1,5 @@
 """The uniform policy (bandit/uniform.py): losses ignored, stratified batches."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,9 @@ def test_uniform_ignores_losses_and_keeps_bounds():
     np.testing.assert_allclose(w, 0.25)
     st = b.state()
     assert st["policy"] == "uniform" and st["arms"]["junk"]["pulls"] == 50 and st["arms"]["dup"]["reward"] == 0.0
-    capped = make_bandit(bandit_config("uniform"), ["a", "b", "c"], {"a": 0.1, "b": 1, "c": 1},
-                         {"a": 0, "b": 0, "c": 0})
+    capped = make_bandit(
+        bandit_config("uniform"), ["a", "b", "c"], {"a": 0.1, "b": 1, "c": 1}, {"a": 0, "b": 0, "c": 0}
+    )
     np.testing.assert_allclose(capped.weights(), [0.1, 0.45, 0.45])  # the cap holds, the rest shared evenly
 
 

@@ -1,4 +1,5 @@
 """Three arms a, b, c with their bounds and loss histories, which the tests of UCB1, EXP3 and every bandit share."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,9 +14,14 @@ def losses(seed: int, steps: int):
     """a improves slowly, b fast, c not at all but stays highest."""
     rng = np.random.default_rng(seed)
     for s in range(1, steps + 1):
-        yield s, {"a": 6 - 0.001 * s + rng.normal(0, 0.02),
-                  "b": 6 - 0.005 * s + rng.normal(0, 0.02),
-                  "c": 7 + rng.normal(0, 0.02)}
+        yield (
+            s,
+            {
+                "a": 6 - 0.001 * s + rng.normal(0, 0.02),
+                "b": 6 - 0.005 * s + rng.normal(0, 0.02),
+                "c": 7 + rng.normal(0, 0.02),
+            },
+        )
 
 
 def check_weights(bandit):

@@ -1,4 +1,5 @@
 """`proxy eval` (commands/evaluate.py): the tokens its rows predict."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,7 @@ def test_distinct_predicted_tokens_of_overlapping_rows():
     <|endoftext|>) in two rows of 1,025 at ctx 1024 predicts positions 1..1040, not 2,048."""
     from proxy.commands.evaluate import predicted_tokens
     from proxy.data.batches import evenly_spaced_starts
+
     assert predicted_tokens(evenly_spaced_starts(1041, 1025, 2), 1024) == 1040
     assert predicted_tokens(np.array([0, 64, 128]), 64) == 192  # rows end to end: no overlap
     assert predicted_tokens(np.array([0, 0]), 64) == 64  # the same row twice

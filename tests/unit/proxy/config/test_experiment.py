@@ -1,4 +1,5 @@
 """Experiment schema: the shipped experiments load, and every kind of mistake is one clear line."""
+
 from __future__ import annotations
 
 import copy
@@ -70,8 +71,15 @@ def test_defaults(tmp_path):
     exp = load_experiment(write(tmp_path, BASE))
     t = exp.train
     assert (t.grad_accum, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip) == (1, 0.9, 0.95, 1e-8, 0.1, 1.0)
-    assert (t.ckpt_every, t.eval_every, t.sample_every, t.lag, t.keep_last, t.milestone_every, t.threads) == \
-        (100, 100, 100, 2, 3, 1000, None)
+    assert (t.ckpt_every, t.eval_every, t.sample_every, t.lag, t.keep_last, t.milestone_every, t.threads) == (
+        100,
+        100,
+        100,
+        2,
+        3,
+        1000,
+        None,
+    )
     assert exp.bandit.policy == "target"
     assert exp.arms[1].cap == 1.0 and exp.arms[1].floor == 0.0
     assert exp.samples.prompts
@@ -82,10 +90,23 @@ def test_engine_flags(tmp_path):
     flags = exp.engine_flags()
     pairs = dict(zip(flags[::2], flags[1::2], strict=False))
     assert pairs == {
-        "--vocab": "512", "--ctx": "64", "--dim": "64", "--layers": "2", "--heads": "4",
-        "--batch": "8", "--grad-accum": "1", "--steps": "300", "--lr": "0.003", "--min-lr": "0.0003",
-        "--warmup": "20", "--beta1": "0.9", "--beta2": "0.95", "--eps": "1e-08",
-        "--weight-decay": "0.1", "--grad-clip": "1.0", "--seed": "1",
+        "--vocab": "512",
+        "--ctx": "64",
+        "--dim": "64",
+        "--layers": "2",
+        "--heads": "4",
+        "--batch": "8",
+        "--grad-accum": "1",
+        "--steps": "300",
+        "--lr": "0.003",
+        "--min-lr": "0.0003",
+        "--warmup": "20",
+        "--beta1": "0.9",
+        "--beta2": "0.95",
+        "--eps": "1e-08",
+        "--weight-decay": "0.1",
+        "--grad-clip": "1.0",
+        "--seed": "1",
     }
     data = copy.deepcopy(BASE)
     data["train"]["threads"] = 2
@@ -201,8 +222,10 @@ def test_bandit_params_checked(tmp_path):
     data["bandit"] = {"policy": "exp3", "temperature": 2.0}
     assert "bandit: temperature does not apply to policy 'exp3'" in error_of(tmp_path, data)
     data["bandit"] = {"policy": "thompson"}
-    assert "bandit: unknown policy 'thompson' (the policies: 'ucb1', 'exp3', 'uniform', 'progress', 'target')" \
+    assert (
+        "bandit: unknown policy 'thompson' (the policies: 'ucb1', 'exp3', 'uniform', 'progress', 'target')"
         in error_of(tmp_path, data)
+    )
     data["bandit"] = {"policy": "exp3", "c": 1.0, "window": 100, "stall": 0.25}  # others' defaults: a frozen copy
     assert load_experiment(write(tmp_path, data)).bandit.params() == {"ema_alpha": 0.1, "smoothing": 0.9}
     data["bandit"] = {"c": 2.0}  # no policy: the default's
@@ -241,6 +264,7 @@ def test_round_trip(tmp_path):
 
 # --- caps files -------------------------------------------------------------
 
+
 def test_caps_partial(tmp_path):
     exp = load_experiment(write(tmp_path, BASE))
     caps, floors = load_caps(write(tmp_path, {"caps": {"b": 0.5}}, "c.json"), exp)
@@ -251,16 +275,19 @@ def test_caps_partial(tmp_path):
     assert caps == {"a": 0.6, "b": 0.6}
 
 
-@pytest.mark.parametrize("data, expect", [
-    ({"caps": {"zz": 0.5}}, "caps: unknown arm 'zz'"),
-    ({"caps": {"a": 0.05}}, "a: cap 0.05 is below floor 0.1"),
-    ({"floors": {"a": 0.6, "b": 0.6}}, "floors sum to 1.2, above 1"),
-    ({"caps": {"a": 0.2, "b": 0.2}}, "caps sum to 0.4, below 1"),
-    ({"caps": {"a": 1.5}}, "outside [0, 1]"),
-    ({"caps": {"a": "high"}}, "caps.a: expected a number"),
-    ({"cap": {"a": 0.5}}, "unknown key 'cap'"),
-    ("not json", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "data, expect",
+    [
+        ({"caps": {"zz": 0.5}}, "caps: unknown arm 'zz'"),
+        ({"caps": {"a": 0.05}}, "a: cap 0.05 is below floor 0.1"),
+        ({"floors": {"a": 0.6, "b": 0.6}}, "floors sum to 1.2, above 1"),
+        ({"caps": {"a": 0.2, "b": 0.2}}, "caps sum to 0.4, below 1"),
+        ({"caps": {"a": 1.5}}, "outside [0, 1]"),
+        ({"caps": {"a": "high"}}, "caps.a: expected a number"),
+        ({"cap": {"a": 0.5}}, "unknown key 'cap'"),
+        ("not json", "not JSON"),
+    ],
+)
 def test_caps_errors(tmp_path, data, expect):
     exp = load_experiment(write(tmp_path, BASE))
     p = write(tmp_path, data, "caps.json")

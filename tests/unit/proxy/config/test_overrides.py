@@ -1,4 +1,5 @@
 """proxy/config/overrides.py: `--set KEY=VALUE` parsed, applied and checked by the experiment's schema."""
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,22 @@ def test_a_malformed_override_is_refused(text):
 
 def test_apply_sets_nested_keys_and_list_items_without_touching_the_input():
     data = {"train": {"lr": 1}, "arms": [{"cap": 1}, {"cap": 1}]}
-    out = apply_overrides(data, [parse_override("train.lr=2"), parse_override("arms.1.cap=0.5"),
-                                 parse_override("log.tensorboard=true"), parse_override("train.lr=3")])
+    out = apply_overrides(
+        data,
+        [
+            parse_override("train.lr=2"),
+            parse_override("arms.1.cap=0.5"),
+            parse_override("log.tensorboard=true"),
+            parse_override("train.lr=3"),
+        ],
+    )
     assert out == {"train": {"lr": 3}, "arms": [{"cap": 1}, {"cap": 0.5}], "log": {"tensorboard": True}}
     assert data == {"train": {"lr": 1}, "arms": [{"cap": 1}, {"cap": 1}]}
 
 
-@pytest.mark.parametrize("text, words", [("arms.9.cap=1", "is no index"), ("arms.x.cap=1", "is no index"),
-                                          ("train.lr.x=1", "not an object")])
+@pytest.mark.parametrize(
+    "text, words", [("arms.9.cap=1", "is no index"), ("arms.x.cap=1", "is no index"), ("train.lr.x=1", "not an object")]
+)
 def test_a_path_through_nothing_is_one_line(text, words):
     with pytest.raises(ExperimentError, match=words):
         apply_overrides({"train": {"lr": 1}, "arms": [{}]}, [parse_override(text)])
@@ -54,10 +63,15 @@ def test_without_overrides_the_file_is_frozen_as_it_is():
     assert raw is None and experiment.name == "TINY-TRAIN"
 
 
-@pytest.mark.parametrize("text, words", [("train.lrx=1", "train: unknown key 'lrx'"),
-                                          ("train.lr=fast", "train.lr: expected a number"),
-                                          ("train.max_steps=0", "train.max_steps"),
-                                          ("log.wandb.mode=sometimes", "log.wandb")])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("train.lrx=1", "train: unknown key 'lrx'"),
+        ("train.lr=fast", "train.lr: expected a number"),
+        ("train.max_steps=0", "train.max_steps"),
+        ("log.wandb.mode=sometimes", "log.wandb"),
+    ],
+)
 def test_the_schema_names_an_unknown_key_or_a_bad_value(text, words):
     with pytest.raises(ExperimentError) as err:
         load_effective(TINY, [text])

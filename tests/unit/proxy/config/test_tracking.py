@@ -1,4 +1,5 @@
 """proxy/config/tracking.py: the experiment's `log` block, strict like the rest of the schema."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,9 +18,16 @@ def test_tensorboard_and_wandb():
     assert LogConfig.model_validate({"wandb": {"project": "p"}}).wandb.mode == "offline"
 
 
-@pytest.mark.parametrize("data", [{"tensorboard": 1}, {"tensorbord": True}, {"wandb": {}},
-                                  {"wandb": {"project": "p", "mode": "sometimes"}},
-                                  {"wandb": {"project": "p", "key": "secret"}}])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"tensorboard": 1},
+        {"tensorbord": True},
+        {"wandb": {}},
+        {"wandb": {"project": "p", "mode": "sometimes"}},
+        {"wandb": {"project": "p", "key": "secret"}},
+    ],
+)
 def test_strict(data):
     with pytest.raises(ValidationError):
         LogConfig.model_validate(data)

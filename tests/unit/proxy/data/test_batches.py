@@ -1,4 +1,5 @@
 """Batches: a pure function of (seed, step, weights); the mixture is obeyed; eval rows are fixed."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,10 @@ def shards(tmp_path):
 
 def arrays(shards):
     """The shards memory-mapped, as the sampler takes them: each arm's training runs, its validation ids."""
-    return ({name: [read_shard(p)[0]] for name, p in shards[0].items()},
-            {name: read_shard(p)[0] for name, p in shards[1].items()})
+    return (
+        {name: [read_shard(p)[0]] for name, p in shards[0].items()},
+        {name: read_shard(p)[0] for name, p in shards[1].items()},
+    )
 
 
 def sampler(shards, seed=1):
@@ -40,7 +43,7 @@ def test_shapes_and_rows_are_windows(shards):
     assert tokens.shape == (16, ROW) and tokens.dtype == np.uint16
     assert groups.shape == (16,) and groups.dtype == np.uint16
     for row, g in zip(tokens, groups, strict=False):
-        assert np.all(row // 1000 == g)                     # row from its arm
+        assert np.all(row // 1000 == g)  # row from its arm
         assert np.all(np.diff(row.astype(int) % 1000) % 1000 == 1)  # a contiguous window
     frame = train_frame(3, tokens, groups)
     assert len(frame) == HEADER.size + 16 * ROW * 2 + 16 * 2

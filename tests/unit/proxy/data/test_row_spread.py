@@ -1,6 +1,7 @@
 """What the data says before training (data/row_spread.py): the row spread (how much an arm's rows disagree
 under the targets' unigram; the target policy's prior weighs target arms by it) and the unigram gap (how far
 below the targets an arm's loss is at the unigram stage; the target policy's opening feeds an arm by it)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,9 +30,11 @@ def test_rows_that_disagree_spread_more_than_rows_alike():
     from the same 8 tokens."""
     rng = np.random.default_rng(0)
     low, high = np.arange(32), np.arange(32, 64)
-    arms = {"alike": [blocks(rng, 40_000, [np.arange(64)], 40_000)],
-            "mixed": [blocks(rng, 40_000, [low, high[:4]], 4 * ROW)],
-            "narrow": [blocks(rng, 40_000, [np.arange(8)], 40_000)]}
+    arms = {
+        "alike": [blocks(rng, 40_000, [np.arange(64)], 40_000)],
+        "mixed": [blocks(rng, 40_000, [low, high[:4]], 4 * ROW)],
+        "narrow": [blocks(rng, 40_000, [np.arange(8)], 40_000)],
+    }
     spread = row_spread(sampler(arms), ["alike", "mixed", "narrow"], VOCAB)
     assert set(spread) == {"alike", "mixed", "narrow"}
     assert spread["mixed"] > 3 * spread["alike"] and spread["mixed"] > 3 * spread["narrow"]
@@ -56,7 +59,7 @@ def test_spread_rows_are_evenly_spaced_and_never_span_two_runs():
     s = sampler({"a": runs, "b": [np.arange(200, dtype=np.uint16) % VOCAB]})
     rows = s.spread_rows(0, 30)
     assert rows.shape == (30, ROW)
-    windows = {tuple(r[i:i + ROW]) for r in runs for i in range(r.size - ROW + 1)}
+    windows = {tuple(r[i : i + ROW]) for r in runs for i in range(r.size - ROW + 1)}
     assert all(tuple(row) in windows for row in rows)
     assert {int(row[0]) for row in rows} >= {1, 7}  # the first run's rows and the last's
     assert np.array_equal(rows, s.spread_rows(0, 30))
@@ -69,11 +72,17 @@ def test_unigram_gap_sets_few_repeated_tokens_apart():
     rng = np.random.default_rng(2)
     vocab = 1024
     skew = 1.0 / np.arange(1, vocab + 1)
+
     def text(n):
         return rng.choice(vocab, n, p=skew / skew.sum()).astype(np.uint16)
-    arms = {"a": [text(30_000)], "b": [text(30_000)], "same": [text(30_000)],
-            "names": [np.tile(np.arange(50, 56, dtype=np.uint16), 5_000)],
-            "random": [rng.integers(0, vocab, 30_000).astype(np.uint16)]}
+
+    arms = {
+        "a": [text(30_000)],
+        "b": [text(30_000)],
+        "same": [text(30_000)],
+        "names": [np.tile(np.arange(50, 56, dtype=np.uint16), 5_000)],
+        "random": [rng.integers(0, vocab, 30_000).astype(np.uint16)],
+    }
     gap = unigram_gap(sampler(arms), ["a", "b"], vocab)
     assert list(gap) == ["same", "names", "random"]
     assert abs(gap["same"]) < 0.1 and gap["names"] > 1.0 and gap["random"] < -0.5

@@ -1,4 +1,5 @@
 """Parquet files and Hugging Face save_to_disk directories (read with pyarrow, without the datasets package)."""
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,14 @@ def save_to_disk(directory: Path, rows: list, files: int = 2) -> Path:
     per = -(-len(rows) // files)
     for k in range(files):
         name = f"data-{k:05d}-of-{files:05d}.arrow"
-        table = pa.table({"text": rows[k * per:(k + 1) * per], "n": list(range(len(rows[k * per:(k + 1) * per])))})
+        table = pa.table({"text": rows[k * per : (k + 1) * per], "n": list(range(len(rows[k * per : (k + 1) * per])))})
         with pa.OSFile(str(directory / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             for batch in table.to_batches(max_chunksize=40):
                 writer.write_batch(batch)
         names.append(name)
-    (directory / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names],
-                                                      "_fingerprint": "x", "_split": None}))
+    (directory / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": n} for n in names], "_fingerprint": "x", "_split": None})
+    )
     (directory / "dataset_info.json").write_text(json.dumps({"features": {"text": {"dtype": "string"}}}))
     return directory
 
@@ -50,7 +52,7 @@ def test_parquet_rows_in_order(tmp_path):
     assert load_documents(src(parquet="a.parquet"), tmp_path) == ROWS[:150]  # null and empty rows are no documents
     assert load_documents(src(parquet="*.parquet"), tmp_path) == ROWS  # a pattern: files in sorted order
     kept = load_documents(src(parquet="*.parquet", max_chars=100), tmp_path)
-    assert "".join(kept) == "".join(ROWS)[:100] and kept[:-1] == ROWS[:len(kept) - 1]  # the last one cut
+    assert "".join(kept) == "".join(ROWS)[:100] and kept[:-1] == ROWS[: len(kept) - 1]  # the last one cut
 
 
 def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
@@ -68,7 +70,9 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
         load_documents(src(hf_dataset="ds", split="test"), tmp_path)
     # the fingerprint holds the data files' bytes: a changed row changes it
     before = source_fingerprint(src(hf_dataset="ds"), tmp_path)
-    (tmp_path / "ds" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00002.arrow"}]}))
+    (tmp_path / "ds" / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00002.arrow"}]})
+    )
     assert source_fingerprint(src(hf_dataset="ds"), tmp_path) != before
 
 
@@ -98,10 +102,18 @@ def test_prepare_parquet_and_dataset_arms_with_workers(tmp_path, monkeypatch):
     write_parquet(tmp_path / "p.parquet", rows, group=100)
     save_to_disk(tmp_path / "ds", rows, files=3)
     from proxy.config.experiment import parse_experiment
-    exp = parse_experiment({
-        "name": "tab", "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
-        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
-        "arms": [{"name": "p", "sources": [{"parquet": "p.parquet"}]}, {"name": "d", "sources": [{"hf_dataset": "ds"}]}]})
+
+    exp = parse_experiment(
+        {
+            "name": "tab",
+            "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
+            "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+            "arms": [
+                {"name": "p", "sources": [{"parquet": "p.parquet"}]},
+                {"name": "d", "sources": [{"hf_dataset": "ds"}]},
+            ],
+        }
+    )
     one = prepare_data(exp, tmp_path, tmp_path / "c1", progress=False, workers=1)
     two = prepare_data(exp, tmp_path, tmp_path / "c2", progress=False, workers=2)
     for arm in ("p", "d"):
@@ -123,15 +135,21 @@ def test_dictionary_encoded_strings_are_text(tmp_path):
 
 def _prepare_one(tmp_path, source: dict):
     from proxy.config.experiment import parse_experiment
-    exp = parse_experiment({
-        "name": "tab", "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
-        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
-        "arms": [{"name": "rows", "sources": [source]}]})
+
+    exp = parse_experiment(
+        {
+            "name": "tab",
+            "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
+            "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+            "arms": [{"name": "rows", "sources": [source]}],
+        }
+    )
     return prepare_data(exp, tmp_path, tmp_path / "cache", progress=False, workers=1)
 
 
 def test_a_truncated_arrow_file_is_one_line_naming_arm_and_file(tmp_path):
     from proxy.data import DataError
+
     save_to_disk(tmp_path / "ds", ROWS * 30, files=1)
     arrow = tmp_path / "ds" / "data-00000-of-00001.arrow"
     raw = arrow.read_bytes()
@@ -145,10 +163,14 @@ def test_a_truncated_arrow_file_is_one_line_naming_arm_and_file(tmp_path):
 
 def test_a_dataset_file_that_is_not_a_regular_file_is_named_so(tmp_path):
     import os
+
     save_to_disk(tmp_path / "ds", ROWS, files=1)
     arrow = tmp_path / "ds" / "data-00000-of-00001.arrow"
-    for what, make in (("a character device", lambda: os.symlink("/dev/zero", arrow)),
-                       ("a FIFO", lambda: os.mkfifo(arrow)), ("a directory", lambda: arrow.mkdir())):
+    for what, make in (
+        ("a character device", lambda: os.symlink("/dev/zero", arrow)),
+        ("a FIFO", lambda: os.mkfifo(arrow)),
+        ("a directory", lambda: arrow.mkdir()),
+    ):
         arrow.unlink() if not arrow.is_dir() else arrow.rmdir()
         make()
         with pytest.raises(SourceError) as exc:
@@ -166,6 +188,7 @@ def test_rows_are_decoded_a_few_at_a_time(tmp_path):
     import tracemalloc
 
     from proxy.data import tabular
+
     rows = ["b" * (1 << 20)] * 64
     pq.write_table(pa.table({"text": rows}), tmp_path / "z.parquet", compression="zstd")
     assert (tmp_path / "z.parquet").stat().st_size < 4096
@@ -185,12 +208,16 @@ def test_rows_are_decoded_a_few_at_a_time(tmp_path):
 
 def test_a_source_that_is_a_fifo_or_a_device_is_named_so(tmp_path):
     import os
+
     os.mkfifo(tmp_path / "pipe.txt")
     os.symlink("/dev/zero", tmp_path / "zero.parquet")
     with pytest.raises(SourceError, match=r"file source 'pipe.txt': a FIFO, not a regular file \(at .*\); not read"):
         load_documents(src(file="pipe.txt"), tmp_path)
-    with pytest.raises(SourceError, match=r"matches no file \(looked for .*\): only .*zero.parquet, a character "
-                                          r"device, not a regular file"):
+    with pytest.raises(
+        SourceError,
+        match=r"matches no file \(looked for .*\): only .*zero.parquet, a character "
+        r"device, not a regular file",
+    ):
         load_documents(src(parquet="zero.parquet"), tmp_path)
     with pytest.raises(SourceError, match="file source: no such file 'gone.txt'"):
         load_documents(src(file="gone.txt"), tmp_path)

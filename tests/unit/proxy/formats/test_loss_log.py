@@ -1,4 +1,5 @@
 """`.loss.json` (formats/loss_log.py): torn lines, the last entry per step, replay comparison, the index."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,19 @@ from proxy.formats.loss_log import EvalEntry, LossLogIndex, LossLogWriter, StepE
 
 
 def step(n: int, loss: float = 4.0, segment: int = 1, phase: int = 0) -> StepEntry:
-    return StepEntry(step=n, loss=loss, lr=1e-3, grad_norm=1.5, tokens=512 * n, time=1.0 * n, ms=10.0,
-                     arms={"a": loss, "b": loss + 0.5}, mixture={"a": 0.25, "b": 0.75}, phase=phase,
-                     segment=segment)
+    return StepEntry(
+        step=n,
+        loss=loss,
+        lr=1e-3,
+        grad_norm=1.5,
+        tokens=512 * n,
+        time=1.0 * n,
+        ms=10.0,
+        arms={"a": loss, "b": loss + 0.5},
+        mixture={"a": 0.25, "b": 0.75},
+        phase=phase,
+        segment=segment,
+    )
 
 
 def test_torn_last_line_is_skipped_and_never_glued(tmp_path):
@@ -70,8 +81,21 @@ def test_the_index_names_the_first_diverged_step_of_a_phase_and_forgets_one_trai
     writer = LossLogWriter(log)
 
     def step(s, loss, phase=0, segment=1):
-        writer.append(StepEntry(step=s, loss=loss, lr=0.1, grad_norm=1.0, tokens=s, time=0.0, ms=1.0,
-                                arms={"a": loss}, mixture={"a": 1.0}, phase=phase, segment=segment))
+        writer.append(
+            StepEntry(
+                step=s,
+                loss=loss,
+                lr=0.1,
+                grad_norm=1.0,
+                tokens=s,
+                time=0.0,
+                ms=1.0,
+                arms={"a": loss},
+                mixture={"a": 1.0},
+                phase=phase,
+                segment=segment,
+            )
+        )
 
     for s, loss in enumerate([5.7, 5.6, 6.2, 8.2, 6.6, 10.3, 8.8, 15.79, 6.59], 1):
         step(s, loss)

@@ -1,4 +1,5 @@
 """`.state.json` and `.samples.json` (formats/state.py, formats/samples.py)."""
+
 from __future__ import annotations
 
 import json

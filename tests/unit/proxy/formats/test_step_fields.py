@@ -3,6 +3,7 @@
 The fixture was written by the loss log code before the table existed (`StepEntry.to_dict` and the two
 readers, strict and lenient, written out field by field): lines written now must be byte-identical, and old
 lines must read back the same through both readers."""
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,17 @@ def test_old_lines_read_and_write_the_same():
         except ValueError:
             obj = None
         f = step_fields(obj) if isinstance(obj, dict) else None
-        shown = None if f is None else {"step": f.step, "tokens": _nan_as_text(f.tokens),
-                                        "time": _nan_as_text(f.time), **{k: _nan_as_text(v) for k, v in
-                                                                         f.values.items()}, "mixture": f.mixture}
+        shown = (
+            None
+            if f is None
+            else {
+                "step": f.step,
+                "tokens": _nan_as_text(f.tokens),
+                "time": _nan_as_text(f.time),
+                **{k: _nan_as_text(v) for k, v in f.values.items()},
+                "mixture": f.mixture,
+            }
+        )
         assert shown == want["display"], line
 
 
@@ -66,17 +75,27 @@ def test_written_lines_are_byte_identical(tmp_path):
 
 def test_table_is_the_entry():
     assert [f.name for f in STEP_FIELDS] == list(StepEntry.__dataclass_fields__)
-    assert list(StepEntry(step=1, loss=2.0, lr=0.0, grad_norm=0.0, tokens=0, time=0.0, ms=0.0, arms={},
-                          mixture={}, phase=0, segment=0).to_dict()) == ["type"] + [
-        f.name for f in STEP_FIELDS if f.kind is not StepValueKind.FLAG]
+    assert list(
+        StepEntry(
+            step=1, loss=2.0, lr=0.0, grad_norm=0.0, tokens=0, time=0.0, ms=0.0, arms={}, mixture={}, phase=0, segment=0
+        ).to_dict()
+    ) == ["type"] + [f.name for f in STEP_FIELDS if f.kind is not StepValueKind.FLAG]
     assert ENGINE_KEYS == {"step", "loss", "group_loss", "lr", "grad_norm", "ms", "tokens"}
     assert COMPARED_FIELDS == ("loss", "lr", "grad_norm", "tokens", "arms", "mixture")
     assert [f.name for f in PLOTTED] == ["loss", "lr", "grad_norm", "ms"]
 
 
 def test_engine_metrics_copies_the_copied_fields():
-    ev = {"event": "step", "step": 3, "loss": 4, "lr": 0.5, "grad_norm": 1.25, "ms": 2.0, "tokens": 64,
-          "group_loss": {"0": 4.0}}
+    ev = {
+        "event": "step",
+        "step": 3,
+        "loss": 4,
+        "lr": 0.5,
+        "grad_norm": 1.25,
+        "ms": 2.0,
+        "tokens": 64,
+        "group_loss": {"0": 4.0},
+    }
     assert engine_metrics(ev) == {"loss": 4.0, "lr": 0.5, "grad_norm": 1.25, "ms": 2.0}
     assert all(type(v) is float for v in engine_metrics(ev).values())
     assert engine_metrics({"loss": 1.0}) == {"loss": 1.0, "lr": 0.0, "grad_norm": 0.0, "ms": 0.0}

@@ -1,4 +1,5 @@
 """Token files made elsewhere (nanoGPT .bin, llm.c shards, .npy): read in place, checked, split, sampled."""
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ def ids_of(n: int, seed: int = 0, high: int = VOCAB) -> np.ndarray:
 def tokenizer_file(tmp_path) -> Path:
     """A byte-level BPE with <|endoftext|>, made here (nothing is downloaded)."""
     from proxy.data.tokenizer import train_tokenizer
+
     tok = train_tokenizer(["def f(x):\n    return x\n" * 50, "The quick brown fox.\n" * 50], VOCAB)
     path = tmp_path / "tokenizer.json"
     path.write_text(tok.to_str())
@@ -39,10 +41,15 @@ def tokenizer_file(tmp_path) -> Path:
 
 
 def experiment(sources, vocab=VOCAB, ctx=16, tokenizer="tokenizer.json"):
-    return parse_experiment({
-        "name": "tok", "model": {"vocab": vocab, "ctx": ctx, "dim": 16, "layers": 1, "heads": 2},
-        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
-        "tokenizer": tokenizer, "arms": [{"name": "t", "sources": sources}]})
+    return parse_experiment(
+        {
+            "name": "tok",
+            "model": {"vocab": vocab, "ctx": ctx, "dim": 16, "layers": 1, "heads": 2},
+            "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+            "tokenizer": tokenizer,
+            "arms": [{"name": "t", "sources": sources}],
+        }
+    )
 
 
 def test_formats_read_in_place(tmp_path):
@@ -52,8 +59,13 @@ def test_formats_read_in_place(tmp_path):
     (tmp_path / "shard2.bin").write_bytes(llmc_bytes(ids, version=2))
     np.save(tmp_path / "a.npy", ids)
     np.save(tmp_path / "b.npy", ids.astype(np.uint32))
-    expected = {"train.bin": ("uint16", "<u2", 0), "shard.bin": ("llmc", "<u2", 1024),
-                "shard2.bin": ("llmc", "<u4", 1024), "a.npy": ("npy", "<u2", 128), "b.npy": ("npy", "<u4", 128)}
+    expected = {
+        "train.bin": ("uint16", "<u2", 0),
+        "shard.bin": ("llmc", "<u2", 1024),
+        "shard2.bin": ("llmc", "<u4", 1024),
+        "a.npy": ("npy", "<u2", 128),
+        "b.npy": ("npy", "<u4", 128),
+    }
     for name, (fmt, dtype, offset) in expected.items():
         tf = open_token_file(tmp_path / name)
         assert (tf.format, tf.dtype, tf.offset, tf.count) == (fmt, dtype, offset, ids.size), name
@@ -74,12 +86,21 @@ def test_format_errors_are_one_line(tmp_path):
     ids = ids_of(100)
     cases = {
         "odd.bin": (ids.tobytes() + b"x", None, "truncated: 201 bytes is not a whole number of uint16 tokens"),
-        "magic.bin": (ids.tobytes(), "llmc", f"not an llm.c shard (magic {struct.unpack('<i', ids[:2].tobytes())[0]}, "
-                                            f"expected {LLMC_MAGIC})"),
-        "short.bin": (llmc_bytes(ids, count=200), None, "truncated: its header says 200 tokens (1424 bytes), the "
-                                                        "file has 1224 bytes"),
-        "head.bin": (llmc_bytes(ids)[:600], "llmc", "truncated llm.c shard (600 bytes, shorter than its 1024-byte "
-                                                    "header)"),
+        "magic.bin": (
+            ids.tobytes(),
+            "llmc",
+            f"not an llm.c shard (magic {struct.unpack('<i', ids[:2].tobytes())[0]}, expected {LLMC_MAGIC})",
+        ),
+        "short.bin": (
+            llmc_bytes(ids, count=200),
+            None,
+            "truncated: its header says 200 tokens (1424 bytes), the file has 1224 bytes",
+        ),
+        "head.bin": (
+            llmc_bytes(ids)[:600],
+            "llmc",
+            "truncated llm.c shard (600 bytes, shorter than its 1024-byte header)",
+        ),
         "version.bin": (llmc_bytes(ids, version=7), None, "llm.c shard version 7 is not one this reads"),
         "float.npy": (None, None, "NumPy array of float32, not uint16 or uint32 token ids"),
         "cut.npy": (None, None, "truncated: its header says 100 tokens"),
@@ -115,16 +136,18 @@ def test_prepare_reads_token_files_in_place(tmp_path, tokenizer_file):
     train, val = ids_of(40_000, 1), ids_of(3000, 2)
     _write(tmp_path / "train.bin", train)
     _write(tmp_path / "val.bin", val)
-    data = prepare_data(experiment([{"tokens": "train.bin", "val": "val.bin"}]), tmp_path, tmp_path / "cache",
-                        progress=False)
+    data = prepare_data(
+        experiment([{"tokens": "train.bin", "val": "val.bin"}]), tmp_path, tmp_path / "cache", progress=False
+    )
     (segment,) = data.train["t"]
     assert segment.path == str((tmp_path / "train.bin").resolve()) and segment.tokens == train.size
     assert not list((data.path).glob("t.train.tok"))  # the training tokens are not copied
     assert np.array_equal(read_shard(data.val_shards["t"])[0], val)
     assert data.tokenizer_json == tokenizer_file.read_bytes()  # the given tokenizer, byte for byte
     assert data.stats["t"]["train_tokens"] == train.size and data.stats["t"]["val_tokens"] == val.size
-    again = prepare_data(experiment([{"tokens": "train.bin", "val": "val.bin"}]), tmp_path, tmp_path / "cache",
-                         progress=False)
+    again = prepare_data(
+        experiment([{"tokens": "train.bin", "val": "val.bin"}]), tmp_path, tmp_path / "cache", progress=False
+    )
     assert again.cached and again.key == data.key
 
 
@@ -142,11 +165,12 @@ def test_validation_split_off_the_end_across_files(tmp_path, tokenizer_file):
         train = np.concatenate([s.array().astype(np.uint16) for s in data.train["t"]])
         assert np.array_equal(train, stream[:-need])
     # the batch sampler draws rows from every file, never across two of them
-    sampler = BatchSampler({"t": segment_arrays(data.train["t"])}, {"t": read_shard(data.val_shards["t"])[0]},
-                           ["t"], 1, 17)
+    sampler = BatchSampler(
+        {"t": segment_arrays(data.train["t"])}, {"t": read_shard(data.val_shards["t"])[0]}, ["t"], 1, 17
+    )
     rows = np.concatenate([sampler.train_batch(step, [1.0], 64)[0] for step in range(1, 40)])
     assert rows.dtype == np.uint16 and rows.shape[1] == 17
-    windows = {tuple(stream[i:i + 17]) for i in range(stream.size - 16)}
+    windows = {tuple(stream[i : i + 17]) for i in range(stream.size - 16)}
     assert all(tuple(r) in windows for r in rows)
 
 
@@ -154,24 +178,26 @@ def test_prepare_errors_name_the_arm_and_the_file(tmp_path, tokenizer_file):
     ids = ids_of(5000)
     ids[4000] = 600
     _write(tmp_path / "big.bin", ids)
-    with pytest.raises(DataError, match=r"arm 't': .*big.bin: token id 600 at position 4000 is at or above "
-                                        r"model.vocab 512"):
+    with pytest.raises(
+        DataError,
+        match=r"arm 't': .*big.bin: token id 600 at position 4000 is at or above "
+        r"model.vocab 512",
+    ):
         prepare_data(experiment([{"tokens": "big.bin"}]), tmp_path, tmp_path / "cache", progress=False)
     _write(tmp_path / "ok.bin", ids_of(5000))
     with pytest.raises(DataError, match=r"arm 't': .*ok.bin: not an llm.c shard \(magic"):
-        prepare_data(experiment([{"tokens": "ok.bin", "format": "llmc"}]), tmp_path, tmp_path / "cache",
-                     progress=False)
+        prepare_data(experiment([{"tokens": "ok.bin", "format": "llmc"}]), tmp_path, tmp_path / "cache", progress=False)
     size = len(json.loads(tokenizer_file.read_text())["model"]["vocab"])
     with pytest.raises(DataError, match=rf"tokenizer.json: {size} tokens, more than model.vocab {size - 1}"):
-        prepare_data(experiment([{"tokens": "ok.bin"}], vocab=size - 1), tmp_path, tmp_path / "cache",
-                     progress=False)
+        prepare_data(experiment([{"tokens": "ok.bin"}], vocab=size - 1), tmp_path, tmp_path / "cache", progress=False)
     raw = json.loads(tokenizer_file.read_text())
     raw["added_tokens"] = []
     raw["model"]["vocab"].pop("<|endoftext|>")
     (tmp_path / "noeot.json").write_text(json.dumps(raw))
     with pytest.raises(DataError, match=r"noeot.json: has no <\|endoftext\|> token"):
-        prepare_data(experiment([{"tokens": "ok.bin"}], tokenizer="noeot.json"), tmp_path, tmp_path / "cache",
-                     progress=False)
+        prepare_data(
+            experiment([{"tokens": "ok.bin"}], tokenizer="noeot.json"), tmp_path, tmp_path / "cache", progress=False
+        )
     assert not any(p.name.startswith(".tmp") for p in (tmp_path / "cache").iterdir())
 
 

@@ -1,4 +1,5 @@
 """The run lock (rundir/lock.py)."""
+
 from __future__ import annotations
 
 import os

@@ -1,10 +1,10 @@
 """Which command lines are a proxy's (rundir/lock_holder.py), without an engine."""
+
 from __future__ import annotations
 
 from proxy.rundir.lock_holder import proxy_arguments
 
 PY = "/usr/bin/python3.11"
-
 
 
 def test_proxy_arguments_only_for_the_proxy():

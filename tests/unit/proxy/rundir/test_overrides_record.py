@@ -1,4 +1,5 @@
 """proxy/rundir/overrides_record.py: RUN/.overrides.json, written whole, read only for showing."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Checkpoint retention (rundir/retention.py)."""
+
 from __future__ import annotations
 
 import struct
@@ -27,5 +28,8 @@ def test_retention_leaves_files_past_the_newest_announced(tmp_path):
         (run.checkpoints / f"step_{s:06d}.bin").write_bytes(struct.pack("<ii", s, 1).ljust(body_bytes(1), b"\0"))
     deleted = apply_retention(run, RetentionPolicy(keep_last=2, milestone_every=0), {40}, durable_through=40)
     assert sorted(p.name for p in deleted) == ["step_000010.bin", "step_000020.bin"]
-    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step_000030.bin", "step_000040.bin",
-                                                                 "step_000050.bin"]
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == [
+        "step_000030.bin",
+        "step_000040.bin",
+        "step_000050.bin",
+    ]

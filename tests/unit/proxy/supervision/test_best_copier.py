@@ -1,4 +1,5 @@
 """best.bin while running (supervision/best_copier.py, supervision/checkpoints.py)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -16,8 +17,14 @@ def test_best_bin_only_from_announced_checkpoints_copied_in_the_background(tmp_p
     for s in (100, 200):
         (ck / f"step_{s:06d}.bin").write_bytes(bytes([s % 251]) * 4096)
     report, warnings = RunReport(engine=EngineStatus()), []
-    ctx = SimpleNamespace(report=report, best_copier=BestCopier(), eval_loss={100: 3.0, 200: 2.5, 300: 1.0},
-                          run=RunDir(tmp_path), lock=SimpleNamespace(check=lambda: None), warn=warnings.append)
+    ctx = SimpleNamespace(
+        report=report,
+        best_copier=BestCopier(),
+        eval_loss={100: 3.0, 200: 2.5, 300: 1.0},
+        run=RunDir(tmp_path),
+        lock=SimpleNamespace(check=lambda: None),
+        warn=warnings.append,
+    )
     report.checkpointed(100, str(ck / "step_000100.bin"))
     maybe_best(ctx, 200)  # on disk, but its ckpt event has not come: it may still be being written
     assert ctx.best_copier.job is None and not ctx.run.best.exists()

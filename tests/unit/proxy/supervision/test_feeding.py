@@ -1,5 +1,6 @@
 """FrameFeeder (proxy/supervision/feeding.py): a step is sent only once its mixture is known, drawn from the
 schedule's very array, with the evaluations and audits due; the last step is followed by STOP."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,8 +41,16 @@ class SamplerStandIn:
 
 def launch_and_feeder(max_steps: int, eval_every: int) -> tuple[EngineLaunch, FrameFeeder, SamplerStandIn]:
     schedule = MixtureSchedule(make_bandit(EXP3Config(), ARMS, {}, {}), lag=2, start_step=0, first_step=1)
-    launch = EngineLaunch(number=1, engine=EngineStandIn(), resume=ResumePoint(None, 0), next_step=1, last_step=0,
-                          schedule=schedule, replay_index=None, replay_through=0)
+    launch = EngineLaunch(
+        number=1,
+        engine=EngineStandIn(),
+        resume=ResumePoint(None, 0),
+        next_step=1,
+        last_step=0,
+        schedule=schedule,
+        replay_index=None,
+        replay_through=0,
+    )
     train = SimpleNamespace(max_steps=max_steps, rows=2, eval_rows=1, eval_every=eval_every, sample_every=0, seed=1)
     sampler = SamplerStandIn()
     return launch, FrameFeeder(sampler, train, SimpleNamespace(), []), sampler

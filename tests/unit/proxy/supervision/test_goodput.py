@@ -1,4 +1,5 @@
 """Goodput (supervision/goodput.py)."""
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,10 @@ def test_goodput_meter_splits_the_wall_time():
     back = Goodput.from_dict(json.loads(json.dumps(RunState(goodput=g).to_dict()))["goodput"])
     assert back == g
     assert RunState.from_dict(RunState(goodput=g).to_dict()).goodput == g
-    for bad in ({}, {"audits": []}, dict(RunState(goodput=g).to_dict()["goodput"], wall_s="long"),
-                dict(RunState(goodput=g).to_dict()["goodput"], steps=None)):
+    for bad in (
+        {},
+        {"audits": []},
+        dict(RunState(goodput=g).to_dict()["goodput"], wall_s="long"),
+        dict(RunState(goodput=g).to_dict()["goodput"], steps=None),
+    ):
         assert Goodput.from_dict(bad) is None  # a hand-edited snapshot is never trusted

@@ -1,6 +1,7 @@
 """The mixture schedule a launch rebuilds from `.loss.json` (launcher._rebuild_bandit) is the live one: for a
 resume at every step of a phase, before and after a pivot, each step's mixture is the same bits as the live
 run's, and so is every mixture after it when the run goes on."""
+
 from __future__ import annotations
 
 import math
@@ -26,6 +27,7 @@ EVAL_EVERY = 5
 @dataclass
 class PhaseStandIn:
     """The two fields of rundir.phases.Phase the replay reads."""
+
     phase: int
     start_step: int
 
@@ -41,6 +43,7 @@ class ReportStandIn:
 @dataclass
 class ContextStandIn:
     """What _rebuild_bandit reads of RunContext; new_bandit makes the phase's fresh bandit, as RunContext's."""
+
     phase: PhaseStandIn
     new_bandit: Callable[[], Bandit]
     lag: int = LAG
@@ -54,8 +57,7 @@ class ContextStandIn:
 
 def step_losses(step: int, mixture: dict[str, float]) -> dict[str, float]:
     """Losses that depend on the mixture, so a wrong mixture anywhere changes every one after it."""
-    return {arm: 4.0 - 0.01 * step + 0.3 * math.sin(step * 0.7 + i) - 0.5 * mixture[arm]
-            for i, arm in enumerate(ARMS)}
+    return {arm: 4.0 - 0.01 * step + 0.3 * math.sin(step * 0.7 + i) - 0.5 * mixture[arm] for i, arm in enumerate(ARMS)}
 
 
 def eval_losses(step: int) -> dict[str, float]:
@@ -63,8 +65,15 @@ def eval_losses(step: int) -> dict[str, float]:
     return {"code": 4.5 - 0.03 * step, "prose": 4.0 + 0.001 * math.sin(step), "noise": 5.0 - 0.01 * step}
 
 
-def run_live(schedule: MixtureSchedule, first: int, last: int, phase: PhaseStandIn, launch: int,
-             writer: LossLogWriter | None, skip_evals: frozenset[int] = frozenset()) -> dict[int, bytes]:
+def run_live(
+    schedule: MixtureSchedule,
+    first: int,
+    last: int,
+    phase: PhaseStandIn,
+    launch: int,
+    writer: LossLogWriter | None,
+    skip_evals: frozenset[int] = frozenset(),
+) -> dict[int, bytes]:
     """Steps first..last as the event handlers take them (events.py on_step, _eval_entry): W(t) read from the
     schedule when step t is drawn, logged, observed, then the step's evaluation. Returns each W(t)'s bytes."""
     drawn = {}
@@ -73,14 +82,35 @@ def run_live(schedule: MixtureSchedule, first: int, last: int, phase: PhaseStand
         drawn[t] = schedule.mixture_for(t).tobytes()
         arms = step_losses(t, mixture)
         if writer is not None:
-            writer.append(StepEntry(step=t, loss=sum(arms.values()) / 3, lr=0.1, grad_norm=1.0, tokens=t, time=0.0,
-                                    ms=1.0, arms=arms, mixture=mixture, phase=phase.phase, segment=launch))
+            writer.append(
+                StepEntry(
+                    step=t,
+                    loss=sum(arms.values()) / 3,
+                    lr=0.1,
+                    grad_norm=1.0,
+                    tokens=t,
+                    time=0.0,
+                    ms=1.0,
+                    arms=arms,
+                    mixture=mixture,
+                    phase=phase.phase,
+                    segment=launch,
+                )
+            )
         schedule.observe(t, arms, mixture=mixture)
         if t % EVAL_EVERY == 0 and t not in skip_evals:
             evaluation = eval_losses(t)
             if writer is not None:
-                writer.append(EvalEntry(step=t, loss=sum(evaluation.values()) / 3, arms=evaluation, time=0.0,
-                                        phase=phase.phase, segment=launch))
+                writer.append(
+                    EvalEntry(
+                        step=t,
+                        loss=sum(evaluation.values()) / 3,
+                        arms=evaluation,
+                        time=0.0,
+                        phase=phase.phase,
+                        segment=launch,
+                    )
+                )
             if t >= phase.start_step:
                 schedule.observe_eval(t, evaluation)
     return drawn
@@ -88,12 +118,26 @@ def run_live(schedule: MixtureSchedule, first: int, last: int, phase: PhaseStand
 
 def fresh(config: PolicyConfig, max_steps: int = 0) -> Callable[[], Bandit]:
     """The phase's bandit: code and prose are the target arms, noise an easy arm (fed in the opening)."""
-    return lambda: make_bandit(config, ARMS, {"noise": 0.5}, {"code": 0.05}, targets=["code", "prose"],
-                               max_steps=max_steps, unigram_gap={"noise": 10.0})
+    return lambda: make_bandit(
+        config,
+        ARMS,
+        {"noise": 0.5},
+        {"code": 0.05},
+        targets=["code", "prose"],
+        max_steps=max_steps,
+        unigram_gap={"noise": 10.0},
+    )
 
 
-def assert_replay_matches(log: Path, ctx: ContextStandIn, live: dict[int, bytes], first_c: int, last_c: int,
-                          end: int, skip_evals: frozenset[int] = frozenset()) -> None:
+def assert_replay_matches(
+    log: Path,
+    ctx: ContextStandIn,
+    live: dict[int, bytes],
+    first_c: int,
+    last_c: int,
+    end: int,
+    skip_evals: frozenset[int] = frozenset(),
+) -> None:
     """For every resume step c: the rebuilt schedule holds W(c+1..c+lag) as live, and going on from it (with the
     live run's evaluations, `skip_evals` not logged) gives every later W as live."""
     index = LossLogIndex.load(log)
@@ -151,8 +195,21 @@ def test_the_replay_leaves_out_arms_the_experiment_does_not_define(tmp_path: Pat
     for t in range(1, 11):
         mixture = replayed_schedule.named(t)
         arms = step_losses(t, mixture)
-        writer.append(StepEntry(step=t, loss=1.0, lr=0.1, grad_norm=1.0, tokens=t, time=0.0, ms=1.0,
-                                arms={**arms, "gone": 9.0}, mixture=mixture, phase=0, segment=1))
+        writer.append(
+            StepEntry(
+                step=t,
+                loss=1.0,
+                lr=0.1,
+                grad_norm=1.0,
+                tokens=t,
+                time=0.0,
+                ms=1.0,
+                arms={**arms, "gone": 9.0},
+                mixture=mixture,
+                phase=0,
+                segment=1,
+            )
+        )
         replayed_schedule.observe(t, arms, mixture=mixture)
         if t % EVAL_EVERY == 0:
             evaluation = eval_losses(t)
@@ -190,8 +247,21 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
     writer = LossLogWriter(log)
 
     def step(s, phase):
-        writer.append(StepEntry(step=s, loss=1.0, lr=0.1, grad_norm=1.0, tokens=s, time=0.0, ms=1.0,
-                                arms={"a": 1.0, "b": 1.0}, mixture={"a": 0.5, "b": 0.5}, phase=phase, segment=1))
+        writer.append(
+            StepEntry(
+                step=s,
+                loss=1.0,
+                lr=0.1,
+                grad_norm=1.0,
+                tokens=s,
+                time=0.0,
+                ms=1.0,
+                arms={"a": 1.0, "b": 1.0},
+                mixture={"a": 0.5, "b": 0.5},
+                phase=phase,
+                segment=1,
+            )
+        )
 
     def evaluation(s, phase, value):
         writer.append(EvalEntry(step=s, loss=value, arms={"a": value, "b": value}, time=0.0, phase=phase, segment=1))
@@ -206,11 +276,19 @@ def test_bandit_replay_feeds_each_evaluation_of_the_phase_after_its_step(tmp_pat
             evaluation(s, 1, 40.5)
     writer.close()
     recorder = Recorder()
-    monkeypatch.setattr(context, "bandit_for_phase",
-                        lambda experiment, phase, row_spread, unigram_gap: (recorder, {}, {}))
-    ctx = SimpleNamespace(phase=SimpleNamespace(phase=1, start_step=20), experiment=None, lag=2, arm_names=["a", "b"],
-                          report=SimpleNamespace(dropped_arms=set()), warn=lambda line: None, row_spread={},
-                          unigram_gap={})
+    monkeypatch.setattr(
+        context, "bandit_for_phase", lambda experiment, phase, row_spread, unigram_gap: (recorder, {}, {})
+    )
+    ctx = SimpleNamespace(
+        phase=SimpleNamespace(phase=1, start_step=20),
+        experiment=None,
+        lag=2,
+        arm_names=["a", "b"],
+        report=SimpleNamespace(dropped_arms=set()),
+        warn=lambda line: None,
+        row_spread={},
+        unigram_gap={},
+    )
     ctx.new_bandit = lambda: context.RunContext.new_bandit(ctx)  # the real method, on this stand-in
     launcher._rebuild_bandit(ctx, LossLogIndex.load(log), 40)
     assert recorder.calls == [("eval", 20, 20.0)] + [("step", s) for s in range(21, 41)] + [("eval", 40, 40.5)]

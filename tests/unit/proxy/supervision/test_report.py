@@ -1,4 +1,5 @@
 """RunReport.record_step (proxy/supervision/report.py): a step's bookkeeping in one call."""
+
 from __future__ import annotations
 
 from proxy.formats.state import EngineStatus

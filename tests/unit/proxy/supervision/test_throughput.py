@@ -1,4 +1,5 @@
 """Throughput and ETA (supervision/throughput.py)."""
+
 from __future__ import annotations
 
 import pytest

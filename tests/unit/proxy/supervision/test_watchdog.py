@@ -1,4 +1,5 @@
 """The hang watchdog (supervision/watchdog.py), without an engine: a pause of the proxy is not the engine's silence, a hang is confirmed by the engine's CPU time."""
+
 from __future__ import annotations
 
 import time
@@ -11,9 +12,18 @@ from proxy.supervision.watchdog import BUSY_FACTOR, PAUSE_S, Watchdog
 
 def _segment(silent_s: float, **kw) -> SimpleNamespace:
     """What the watchdog reads of a segment: a step outstanding, ready, steps timed, silent for silent_s."""
-    fields = dict(number=1, last_activity=time.monotonic() - silent_s, outstanding=deque([SimpleNamespace(
-        kind="step", work=1.0)]), hung=False, killed=False, exit_reason=None, ready={}, last_step_wall=1.0,
-        ckpt_pending=False, step_walls=deque([0.01] * 5))
+    fields = dict(
+        number=1,
+        last_activity=time.monotonic() - silent_s,
+        outstanding=deque([SimpleNamespace(kind="step", work=1.0)]),
+        hung=False,
+        killed=False,
+        exit_reason=None,
+        ready={},
+        last_step_wall=1.0,
+        ckpt_pending=False,
+        step_walls=deque([0.01] * 5),
+    )
     fields.update(kw)
     seg = SimpleNamespace(**fields)
     seg.excuse_silence = lambda s: setattr(seg, "last_activity", seg.last_activity + s)
@@ -23,7 +33,6 @@ def _segment(silent_s: float, **kw) -> SimpleNamespace:
 def _cpu(values):
     it = iter(values)
     return lambda: next(it)
-
 
 
 def test_a_pause_of_the_proxy_is_not_the_engines_silence():

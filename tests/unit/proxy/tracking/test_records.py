@@ -1,4 +1,5 @@
 """proxy/tracking/records.py: what the tracker reads from a run directory, each step once."""
+
 from __future__ import annotations
 
 from proxy.rundir.layout import RunDir
@@ -20,8 +21,9 @@ def test_steps_and_evals_in_file_order_with_their_scalars(tmp_path):
     assert "train/tokens_per_s" not in first  # no step before it to measure from
     assert points[1].scalars["train/tokens_per_s"] == 512 / 0.010
     assert points[1].scalars["train/loss_smoothed"] == 0.9 * 10.0 + 0.1 * 5.0
-    assert [(p.step, p.scalars["val/loss"], p.scalars["val/a"]) for p in points if isinstance(p, EvalPoint)] == \
-        [(2, 5.0, 5.0)]
+    assert [(p.step, p.scalars["val/loss"], p.scalars["val/a"]) for p in points if isinstance(p, EvalPoint)] == [
+        (2, 5.0, 5.0)
+    ]
 
 
 def test_a_line_being_written_is_read_once_whole(tmp_path):

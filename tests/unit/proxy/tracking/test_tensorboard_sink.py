@@ -1,4 +1,5 @@
 """proxy/tracking/tensorboard_sink.py: one event file, cut back to its durable marks, each step written once."""
+
 from __future__ import annotations
 
 import os
@@ -66,6 +67,7 @@ def test_an_event_file_shorter_than_its_marks_is_written_anew(tmp_path):
 
 def test_a_link_or_a_fifo_is_refused_not_followed(tmp_path):
     from proxy.tracking.marks import TrackerError
+
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "linked").symlink_to(elsewhere)

@@ -9,12 +9,11 @@ The CUDA engine's section comes from docs/reliability-cuda.json (`--gpu-results`
 `make test-gpu` leaves on a GPU machine (test-artifacts/faults/results-cuda.json), copied there.
 
 The scenarios live in tests/faults/*_scenarios.py (engine_scenarios.py, proxy_scenarios.py,
-run_dir_scenarios.py, process_scenarios.py, path_scenarios.py, divergence_scenarios.py,
-input_scenarios.py, data_scenarios.py, dashboard_scenarios.py, flood_scenarios.py, tracking_scenarios.py; shared parts in scenarios.py and
-proxy_harness.py); the tests in tests/faults/
-record every scenario's outcome (faults injected, survived, steps lost, data
-lost) to a JSON file, which this script turns into the table. Nothing in the
-table is typed by hand.
+run_dir_scenarios.py, storage_scenarios.py, process_scenarios.py, path_scenarios.py, divergence_scenarios.py,
+input_scenarios.py, data_scenarios.py, dashboard_scenarios.py, flood_scenarios.py, tracking_scenarios.py;
+shared parts in scenarios.py and proxy_harness.py); the tests in tests/faults/ record every scenario's
+outcome (faults injected, survived, steps lost, data lost) to a JSON file, which this script turns into
+the table. Nothing in the table is typed by hand.
 """
 
 from __future__ import annotations
@@ -137,7 +136,8 @@ WHAT = OrderedDict(
         ("fuzzed caps files (loader)", "load_caps: full maps with a non-empty capped simplex, or one error line"),
         (
             "fuzzed caps files (`proxy pivot --caps BAD.json`)",
-            "on a stopped run: exit 2, one line naming the file, no traceback, not one byte of the run directory changed",
+            "on a stopped run: exit 2, one line naming the file, no traceback, not one byte of the run directory "
+            "changed",
         ),
         (
             "write error in the proxy's own files (proxy run, EFBIG)",
@@ -147,9 +147,10 @@ WHAT = OrderedDict(
         ),
         (
             "full disk while the proxy runs (tmpfs, ENOSPC)",
-            "a real tmpfs filled to the last byte while training: whichever write fails first, exit 5 with one last line "
-            "naming the file and ENOSPC, no torn line, no temp file, every line and valid checkpoint kept, `.state.json` "
-            "stopped with ENOSPC (written over itself); after freeing space the relaunch finishes identical",
+            "a real tmpfs filled to the last byte while training: whichever write fails first, exit 5 with one last "
+            "line naming the file and ENOSPC, no torn line, no temp file, every line and valid checkpoint kept, "
+            "`.state.json` stopped with ENOSPC (written over itself); after freeing space the relaunch finishes "
+            "identical",
         ),
         (
             "full disk at a run's first launch (tmpfs, ENOSPC)",
@@ -181,9 +182,9 @@ WHAT = OrderedDict(
         (
             "phase history lost or rewritten after a pivot",
             "phases.json deleted, restored from before the pivot, or edited (start step, caps, policy) after training "
-            "in the new phase: `proxy run`, `pivot`, `fork` refuse with one line naming the contradiction with the log, "
-            "the pivot's receipt or a checkpoint; nothing changed, no fork made; restored, the run finishes identical to "
-            "the pivoted run trained uninterrupted",
+            "in the new phase: `proxy run`, `pivot`, `fork` refuse with one line naming the contradiction with the "
+            "log, the pivot's receipt or a checkpoint; nothing changed, no fork made; restored, the run finishes "
+            "identical to the pivoted run trained uninterrupted",
         ),
         (
             "names and strings beyond their bounds",
@@ -193,8 +194,9 @@ WHAT = OrderedDict(
         ),
         (
             "frozen experiment.json edited by hand",
-            "a proxy-side field, an engine flag or a floor edited in RUN/experiment.json: `proxy run --run-dir` refuses "
-            "at once with one line naming the field, no engine started; with the edit undone the run finishes identical",
+            "a proxy-side field, an engine flag or a floor edited in RUN/experiment.json: `proxy run --run-dir` "
+            "refuses at once with one line naming the field, no engine started; with the edit undone the run finishes "
+            "identical",
         ),
         (
             "bogus step_NNNNNN.bin files (status, resume, retention)",
@@ -207,13 +209,14 @@ WHAT = OrderedDict(
         ),
         (
             "SIGTERM, SIGHUP, SIGINT before training starts",
-            "during data preparation: exit 130 with one last line, no traceback, no temp directory left in the cache; a "
-            "dead preparation's temp directory is removed at the next start, a live one's kept; the next launch trains "
-            "identical",
+            "during data preparation: exit 130 with one last line, no traceback, no temp directory left in the cache; "
+            "a dead preparation's temp directory is removed at the next start, a live one's kept; the next launch "
+            "trains identical",
         ),
         (
             "SIGHUP while training (proxy run)",
-            "handled as SIGTERM: the engine checkpoints, exit 0, `.state.json` stopped; the relaunch finishes identical",
+            "handled as SIGTERM: the engine checkpoints, exit 0, `.state.json` stopped; the relaunch finishes "
+            "identical",
         ),
         (
             "queries while the dashboard indexes a large log",
@@ -278,9 +281,9 @@ WHAT = OrderedDict(
         ),
         (
             "checkpoints/ or archive/ a symlink out of the run",
-            "checkpoints/ linked to a finished run's (a new run, a stopped run, swapped in while training) and archive/ "
-            "linked elsewhere with an experiment change: exit 2 with one line, the other directory byte-identical (the "
-            "engine writes into the directory it opened at start); restored, the run identical",
+            "checkpoints/ linked to a finished run's (a new run, a stopped run, swapped in while training) and "
+            "archive/ linked elsewhere with an experiment change: exit 2 with one line, the other directory "
+            "byte-identical (the engine writes into the directory it opened at start); restored, the run identical",
         ),
         (
             "stray checkpoints with huge step numbers",
@@ -341,19 +344,20 @@ WHAT = OrderedDict(
             "unreadable inputs (eval --data, data sources)",
             "`proxy eval --data` /dev/zero, a FIFO, a 2 GiB file, a directory, /proc/self/mem under RLIMIT_AS 8 GiB, "
             "and sources that refuse reads (EACCES as the files' owner in a user namespace, a directory that cannot be "
-            "listed, /proc/self, /proc/self/mem, EISDIR, ENOTDIR): exit 2 with one line, no traceback, the run unchanged",
+            "listed, /proc/self, /proc/self/mem, EISDIR, ENOTDIR): exit 2 with one line, no traceback, the run "
+            "unchanged",
         ),
         (
             "frozen validation ids beyond the vocabulary",
-            "a frozen <arm>.val.tok holding id 65535 (vocab 300) with its SHA-256 updated in data.json: `run` and `eval` "
-            "exit 2 at once with one line naming the file, the id and its position, no engine started, the run "
+            "a frozen <arm>.val.tok holding id 65535 (vocab 300) with its SHA-256 updated in data.json: `run` and "
+            "`eval` exit 2 at once with one line naming the file, the id and its position, no engine started, the run "
             "unchanged; with the file restored the relaunch finishes bit-identical",
         ),
         (
             "full disk that only the engine's checkpoints meet (tmpfs at checkpoints/, ENOSPC)",
-            "checkpoints/ a filled tmpfs while the run trains: the engine's checkpoint fails (its exit 5) and the proxy "
-            "stops at once with exit 5, no restart, one line naming ENOSPC and the checkpoint a relaunch resumes from, "
-            ".state.json stopped with ENOSPC, every line and checkpoint kept; after freeing space bit-identical",
+            "checkpoints/ a filled tmpfs while the run trains: the engine's checkpoint fails (its exit 5) and the "
+            "proxy stops at once with exit 5, no restart, one line naming ENOSPC and the checkpoint a relaunch resumes "
+            "from, .state.json stopped with ENOSPC, every line and checkpoint kept; after freeing space bit-identical",
         ),
         (
             "a device or FIFO where a checkpoint is named (eval --checkpoint)",
@@ -393,8 +397,8 @@ WHAT = OrderedDict(
         ),
         (
             "a dashboard reachable from other machines",
-            "`proxy run --host 0.0.0.0` warns on stderr (not only in dashboard.log) and `proxy status` repeats it while "
-            "the run lives; on 127.0.0.1 neither does",
+            "`proxy run --host 0.0.0.0` warns on stderr (not only in dashboard.log) and `proxy status` repeats it "
+            "while the run lives; on 127.0.0.1 neither does",
         ),
         (
             "mixtures within caps and floors (weights and rows, property test)",
@@ -630,6 +634,7 @@ def render(
         "`tests/faults/` (part of `make test`); the scenarios are in `tests/faults/engine_scenarios.py`, "
         "`proxy_scenarios.py` (with the shared parts: `scenarios.py`, `proxy_harness.py`), "
         "`run_dir_scenarios.py` (the proxy's own files, signals before training), "
+        "`storage_scenarios.py` (the proxy's own writes failing), "
         "`process_scenarios.py` (forged records and locks, run in a pid namespace: `sandbox.py`), "
         "`path_scenarios.py`, `divergence_scenarios.py`, `input_scenarios.py`, `dashboard_scenarios.py` "
         "and `flood_scenarios.py`.",

@@ -4,8 +4,8 @@ A source is a JSON object with exactly one kind key (`{"file": "a.txt"}`,
 `{"tokens": "train.bin", "val": "val.bin"}`), plus that kind's options. Each
 kind is one model below; `SOURCE_KINDS` maps the kind key to it, and
 `SourceConfig` is their tagged union, which pydantic picks from by that key.
-The data side (proxy/data/source_readers.py) dispatches on `kind` through its own
-table of readers, one per entry here.
+The data side (proxy/data/source_files.py and source_readers.py) dispatches on `kind` through
+its own tables of files and readers, one entry per kind here.
 
 What each kind's documents are: text (read, split, encoded with the
 tokenizer) or token ids (`tokens`, `builtin: random_tokens`: never encoded,

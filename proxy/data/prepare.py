@@ -48,7 +48,7 @@ from ..safe_fs import UnsafeFileError, read_regular
 from .builtin_sources import random_token_documents
 from .data_error import DataError, unreadable
 from .progress_bars import ProgressBars
-from .source_readers import SourceError, source_fingerprint
+from .source_files import SourceError, source_fingerprint
 from .split import SPLIT_SETTINGS
 from .text_arms import ArmWriter, Hashes, TextArms, skipped_note, train_arms_tokenizer
 from .token_arms import build_token_arm, is_random_arm, is_token_file_arm, token_layout

@@ -14,7 +14,8 @@ from . import source_readers
 from .builtin_sources import repeated_names
 from .data_error import DataError, unreadable
 from .progress_bars import ProgressBars
-from .source_readers import SourceError, hash_file, limited_units, source_bytes
+from .source_files import SourceError, hash_file, source_bytes
+from .source_readers import limited_units
 from .split import SAMPLE_CAP, by_hash, sample_rate, tail_tokens, val_doc_max
 from .tokenizer import Tokenizer, train_tokenizer
 from .workers import UnitTask, Workers

@@ -11,7 +11,7 @@ from ..formats.shard import ShardWriter
 from ..formats.token_files import TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file
 from .data_error import DataError
 from .progress_bars import ProgressBars
-from .source_readers import SourceError, _matches
+from .source_files import SourceError, _matches
 from .split import tail_tokens
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from ..config.experiment import Experiment
 from ..config.sources import Source
 from ..data.prepare import DataError, Hashes, PreparedData, fingerprints, load_cached, prepare_data, v1_key
-from ..data.source_readers import SourceError, source_files, source_fingerprint
+from ..data.source_files import SourceError, source_files, source_fingerprint
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats.token_files import TokenSegment

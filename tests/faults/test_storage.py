@@ -13,7 +13,7 @@ import pytest
 from proxy.errors import StorageError
 from proxy.formats.loss_log import LossLogWriter, StepEntry
 
-from . import run_dir_scenarios as rds
+from . import storage_scenarios
 from .scenarios import Outcome
 
 
@@ -24,19 +24,19 @@ def _recorded_or_skip(out, record):
 
 
 def test_proxy_append_past_the_file_size_limit(proxy_env, stopped_run, tmp_path, record):
-    record(rds.proxy_append_efbig(proxy_env, stopped_run, tmp_path)).check()
+    record(storage_scenarios.proxy_append_efbig(proxy_env, stopped_run, tmp_path)).check()
 
 
 def test_proxy_disk_full_while_training(proxy_env, stopped_run, tmp_path, record):
-    _recorded_or_skip(rds.proxy_disk_full_midrun(proxy_env, stopped_run, tmp_path), record)
+    _recorded_or_skip(storage_scenarios.proxy_disk_full_midrun(proxy_env, stopped_run, tmp_path), record)
 
 
 def test_proxy_disk_full_at_first_launch(proxy_env, tmp_path, record):
-    _recorded_or_skip(rds.proxy_disk_full_first_launch(proxy_env, tmp_path), record)
+    _recorded_or_skip(storage_scenarios.proxy_disk_full_first_launch(proxy_env, tmp_path), record)
 
 
 def test_proxy_read_only_run_directory(proxy_env, stopped_run, tmp_path, record):
-    _recorded_or_skip(rds.proxy_read_only_at_launch(proxy_env, stopped_run, tmp_path), record)
+    _recorded_or_skip(storage_scenarios.proxy_read_only_at_launch(proxy_env, stopped_run, tmp_path), record)
 
 
 def test_log_append_io_error_leaves_no_torn_line(tmp_path, monkeypatch, record):

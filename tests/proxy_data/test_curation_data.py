@@ -16,7 +16,8 @@ from proxy.config.experiment import load_experiment
 from proxy.config.sources import parse_source
 from proxy.data import lowquality, prepare_data
 from proxy.data.builtin_sources import RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, random_token_documents
-from proxy.data.source_readers import SourceError, load_documents, source_fingerprint
+from proxy.data.source_files import SourceError, source_fingerprint
+from proxy.data.source_readers import load_documents
 from proxy.formats.shard import read_shard
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from proxy.config.sources import parse_source  # noqa: E402
 from proxy.data import SourceError, load_documents, prepare_data  # noqa: E402
-from proxy.data.source_readers import source_fingerprint  # noqa: E402
+from proxy.data.source_files import source_fingerprint  # noqa: E402
 
 ROWS = [f"row {i}: " + "some text of the row " * (i % 5 + 1) for i in range(300)]
 

@@ -3,7 +3,7 @@
 | format   | layout |
 |----------|--------|
 | `uint16` | nanoGPT's `train.bin` / `val.bin`: raw little-endian uint16 ids, nothing else (an even size) |
-| `llmc`   | llm.c's shards: 256 int32 header (magic 20240520, version 1 = uint16 ids or 2 = uint32, count), then the ids |
+| `llmc`   | llm.c's shards: 256 int32 header (magic 20240520, version 1 = uint16 ids or 2 = uint32, count), the ids |
 | `npy`    | a NumPy array file of uint16 or uint32 ids, one dimension, C order |
 
 Without a declared format a file's first bytes tell: the llm.c magic, the

@@ -81,8 +81,8 @@ def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
 
 def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: Console) -> int:
     """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
-    starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises ProxyError for anything the user must fix; returns the exit code
-    otherwise."""
+    starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises
+    ProxyError for anything the user must fix; returns the exit code otherwise."""
     # a run's frozen experiment: its sources are where the run's data definition says (run_data.py)
     experiment, effective = load_effective(
         request.experiment_path, request.overrides, check_sources=not request.from_frozen

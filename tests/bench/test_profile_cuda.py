@@ -115,7 +115,13 @@ def test_ncu_end_to_end(tmp_path):
         f"""if [ "$1" = --version ]; then echo "Version 2099.1 (stand-in)"; exit 0; fi
 log=""
 while [ $# -gt 0 ]; do
-  case $1 in --log-file) log=$2; shift 2 ;; --*) case $1 in --csv|--page|--metrics|--print-units|--print-kernel-base|--profile-from-start|--clock-control|--cache-control) [ $1 = --csv ] && shift || shift 2 ;; *) shift ;; esac ;; *) break ;; esac
+  case $1 in
+    --log-file) log=$2; shift 2 ;;
+    --csv) shift ;;
+    --page|--metrics|--print-units|--print-kernel-base|--profile-from-start|--clock-control|--cache-control) shift 2 ;;
+    --*) shift ;;
+    *) break ;;
+  esac
 done
 cp {FIXTURE} "$log"
 exec "$@"

@@ -61,7 +61,8 @@ MUTATIONS = [
     Mutation(
         "buffer index: the flash forward reads the K tile being loaded",
         "attention_flash.cuh",
-        "const __nv_bfloat16 *kt = ks + (j & 1) * BN * LD, *vt = vs + (j & 1) * BN * LD;\n\n        float s[BN / 8][4];",
+        "const __nv_bfloat16 *kt = ks + (j & 1) * BN * LD, *vt = vs + (j & 1) * BN * LD;\n\n"
+        "        float s[BN / 8][4];",
         "const __nv_bfloat16 *kt = ks + ((j + 1) & 1) * BN * LD, *vt = vs + (j & 1) * BN * LD;\n\n"
         "        float s[BN / 8][4];",
         "kernels_flash",
@@ -113,8 +114,15 @@ MUTATIONS = [
     Mutation(
         "barrier: the naive forward restages K/V while others read them",
         "attention.cuh",
-        "    for (int k0 = 0; k0 <= last; k0 += S::KT) {\n        __syncthreads();\n        stage_tiles<Tx, HD, S::KT>(ks, vs, base + C, base + 2 * C, C3, k0, T, hd);\n        __syncthreads();\n        int kend = min(S::KT, last - k0 + 1);  // uniform",
-        "    for (int k0 = 0; k0 <= last; k0 += S::KT) {\n        stage_tiles<Tx, HD, S::KT>(ks, vs, base + C, base + 2 * C, C3, k0, T, hd);\n        __syncthreads();\n        int kend = min(S::KT, last - k0 + 1);  // uniform",
+        "    for (int k0 = 0; k0 <= last; k0 += S::KT) {\n"
+        "        __syncthreads();\n"
+        "        stage_tiles<Tx, HD, S::KT>(ks, vs, base + C, base + 2 * C, C3, k0, T, hd);\n"
+        "        __syncthreads();\n"
+        "        int kend = min(S::KT, last - k0 + 1);  // uniform",
+        "    for (int k0 = 0; k0 <= last; k0 += S::KT) {\n"
+        "        stage_tiles<Tx, HD, S::KT>(ks, vs, base + C, base + 2 * C, C3, k0, T, hd);\n"
+        "        __syncthreads();\n"
+        "        int kend = min(S::KT, last - k0 + 1);  // uniform",
         "kernels_attention",
         "attention_naive/fp32/B2_T70_H2_hd8",
         "hazard",

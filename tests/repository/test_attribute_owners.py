@@ -14,8 +14,8 @@ or be listed in ALLOWED below. Anything deeper (`x.a.b = ...`, `x.a[k].b = ...`,
 ...`) changes an object that `x` or `self` merely holds, and is refused whoever `x` is. An item of a plain
 name (`out[k] = ...`) is a local container's and is not checked.
 
-The live state of `proxy run` (RunContext, RunReport, EngineLaunch, MixtureSchedule, SignalCounts) is also checked for the other way
-to change a field: a mutating call on one of its containers (`seg.outstanding.append(...)`,
+The live state of `proxy run` (RunContext, RunReport, EngineLaunch, MixtureSchedule, SignalCounts) is also
+checked for the other way to change a field: a mutating call on one of its containers (`seg.outstanding.append(...)`,
 `ctx.rejected.add(...)`) outside the object's own methods.
 """
 

@@ -1,4 +1,5 @@
-"""What every bandit does (bandit/base.py, bandit/__init__.py): starts uniform, its state format and checks, determinism under replay, one policy model per bandit."""
+"""What every bandit does (bandit/base.py, bandit/__init__.py): starts uniform, its state format and checks,
+determinism under replay, one policy model per bandit."""
 
 from __future__ import annotations
 

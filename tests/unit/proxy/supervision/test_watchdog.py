@@ -1,4 +1,5 @@
-"""The hang watchdog (supervision/watchdog.py), without an engine: a pause of the proxy is not the engine's silence, a hang is confirmed by the engine's CPU time."""
+"""The hang watchdog (supervision/watchdog.py), without an engine: a pause of the proxy is not the engine's
+silence, a hang is confirmed by the engine's CPU time."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from .errors import (
     STORAGE_ERRNOS,
     ProxyError,
     StorageError,
+    add_note,
     one_line,
 )
 from .safe_fs import UnsafeFileError
@@ -83,6 +84,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"proxy: {one_line(storage)}", file=sys.stderr, flush=True)
             return storage.code
         if not getattr(exc, "__notes__", None):
-            exc.add_note(command)
+            add_note(exc, command)
         print(f"proxy: {one_line(exc)}", file=sys.stderr, flush=True)
         return EXIT_FAILURE

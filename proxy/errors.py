@@ -19,7 +19,7 @@ class ProxyError(Exception):
     unless one is given. An error that always means one exit status subclasses this and sets `code`
     (a bad run directory, experiment file, data, engine: EXIT_USAGE), so it reaches cli.py, which prints
     the line and returns the code, without being caught and raised again on the way. A caller that knows
-    what was being done when it was raised says so with `exc.add_note("cannot pivot")` and raises the same
+    what was being done when it was raised says so with `add_note(exc, "cannot pivot")` and raises the same
     error again: the code stays the one its raiser chose."""
 
     code = EXIT_FAILURE
@@ -41,6 +41,12 @@ def one_line(exc: BaseException) -> str:
 
 # The write failures that say the storage, not the proxy, is at fault, and what the user can do about
 # each; every one stops a command with StorageError. Any other OSError keeps its own handling.
+def add_note(exc: BaseException, note: str) -> None:
+    """`exc.add_note(note)`, which Python 3.10 lacks; `one_line` reads the notes on every version."""
+    # where 3.11's add_note keeps them (the instance's __notes__), so tracebacks there show them too
+    exc.__dict__.setdefault("__notes__", []).append(note)
+
+
 STORAGE_ERRNOS = {
     errno.ENOSPC: "free space",
     errno.EDQUOT: "free space or raise the disk quota",

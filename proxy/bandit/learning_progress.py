@@ -94,7 +94,8 @@ class LearningProgress(Bandit):
         self.explore = float(explore)
         self.smoothing = float(smoothing)
         self.record = np.full(self.k, np.inf)
-        self.points = [deque(maxlen=int(window)) for _ in range(self.k)]  # (step, record) of the last pulls
+        # (step, record) of the last pulls
+        self.points: list[deque[tuple[float, float]]] = [deque(maxlen=int(window)) for _ in range(self.k)]
         self.mix = allocate(np.zeros(self.k), self.floors, self.caps, self.explore)
 
     def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import temp_names
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, add_note
 from ..formats.hf_gpt2 import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
@@ -79,7 +79,7 @@ def write_directory(out: Path, files: dict[str, bytes]) -> None:
         os.rename(tmp, out)
         fsync_dir(out.parent)
     except OSError as exc:  # cli.py says which file and why (exit 1)
-        exc.add_note(f"cannot write {out}")
+        add_note(exc, f"cannot write {out}")
         raise
     finally:
         if tmp is not None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from .. import temp_names
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
-from ..errors import EXIT_OK, ProxyError
+from ..errors import EXIT_OK, ProxyError, add_note
 from ..formats import bounded_json
 from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
@@ -86,7 +86,7 @@ def main(args) -> int:
     try:
         return fork(run, args.at, Path(args.to), Path(args.caps) if args.caps else None)
     except ProxyError as exc:  # nothing was written: the new directory is built aside and renamed into place
-        exc.add_note(f"cannot fork {run.root}")
+        add_note(exc, f"cannot fork {run.root}")
         raise
 
 
@@ -180,7 +180,7 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     except BaseException as exc:
         temp_names.remove_entry(tmp)
         if isinstance(exc, OSError):  # cli.py says which file and why (exit 1)
-            exc.add_note(f"cannot write {to}")
+            add_note(exc, f"cannot write {to}")
         raise
 
     if c != at:

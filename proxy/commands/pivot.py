@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..bandit import bandit_for_phase
 from ..config.caps import load_pivot_caps
-from ..errors import EXIT_OK, ProxyError
+from ..errors import EXIT_OK, ProxyError, add_note
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
 from ..processes import send
@@ -47,7 +47,7 @@ def main(args) -> int:
     try:
         return pivot(run, Path(args.caps), at=args.at, timeout=args.timeout)
     except ProxyError as exc:  # each refusal says whether anything changed
-        exc.add_note(f"cannot pivot {run.root}")
+        add_note(exc, f"cannot pivot {run.root}")
         raise
 
 

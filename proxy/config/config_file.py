@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats import bounded_json
@@ -63,7 +64,7 @@ def short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _phrase(err: dict) -> str:
+def _phrase(err: ErrorDetails) -> str:
     # a validator's name, or the kind of a source (its tag in the union), is no part of the field path
     loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith(("function-", TAG))))
     kind = err.get("type", "")

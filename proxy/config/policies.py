@@ -12,7 +12,7 @@ policy's parameters at their defaults, and must load. docs/EXPERIMENTS.md,
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter
 
@@ -114,13 +114,16 @@ def _own_params(value: Any) -> Any:
     return out
 
 
-BanditConfig = Annotated[
-    # A Union built from a tuple at run time: there is no `|` spelling of it.
-    Union[tuple(Annotated[cls, Tag(TAG + name)] for name, cls in POLICY_MODELS.items())],  # noqa: UP007
-    Discriminator(_policy_of, custom_error_type="policy", custom_error_message=f"the policies: {POLICY_LIST}"),
-    BeforeValidator(_own_params),
-]
-_ADAPTER = TypeAdapter(BanditConfig)
+if TYPE_CHECKING:  # the type checker cannot read a Union built at run time: the same policies, spelled out
+    BanditConfig = UCB1Config | EXP3Config | UniformConfig | ProgressConfig | TargetConfig
+else:
+    BanditConfig = Annotated[
+        # A Union built from a tuple at run time: there is no `|` spelling of it.
+        Union[tuple(Annotated[cls, Tag(TAG + name)] for name, cls in POLICY_MODELS.items())],  # noqa: UP007
+        Discriminator(_policy_of, custom_error_type="policy", custom_error_message=f"the policies: {POLICY_LIST}"),
+        BeforeValidator(_own_params),
+    ]
+_ADAPTER: TypeAdapter[BanditConfig] = TypeAdapter(BanditConfig)
 
 
 def bandit_config(policy: str = DEFAULT_POLICY, **params: Any) -> PolicyConfig:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, model_validator
 
@@ -247,15 +247,27 @@ def _one_kind(value: Any) -> Any:
     return value
 
 
-SourceConfig = Annotated[
-    # A Union built from a tuple at run time: there is no `|` spelling of it.
-    Union[tuple(Annotated[cls, Tag(TAG + kind)] for kind, cls in SOURCE_KINDS.items())],  # noqa: UP007
-    Discriminator(
-        _kind_of, custom_error_type="source_kind", custom_error_message=f"a source needs exactly one of {KIND_LIST}"
-    ),
-    BeforeValidator(_one_kind),
-]
-_ADAPTER = TypeAdapter(SourceConfig)
+if TYPE_CHECKING:  # the type checker cannot read a Union built at run time: the same kinds, spelled out
+    SourceConfig = (
+        FileSource
+        | GlobSource
+        | DirSource
+        | JsonlSource
+        | ParquetSource
+        | HFDatasetSource
+        | TokensSource
+        | BuiltinSource
+    )
+else:
+    SourceConfig = Annotated[
+        # A Union built from a tuple at run time: there is no `|` spelling of it.
+        Union[tuple(Annotated[cls, Tag(TAG + kind)] for kind, cls in SOURCE_KINDS.items())],  # noqa: UP007
+        Discriminator(
+            _kind_of, custom_error_type="source_kind", custom_error_message=f"a source needs exactly one of {KIND_LIST}"
+        ),
+        BeforeValidator(_one_kind),
+    ]
+_ADAPTER: TypeAdapter[SourceConfig] = TypeAdapter(SourceConfig)
 
 
 def parse_source(obj: dict) -> Source:

@@ -145,7 +145,7 @@ def repeated_names() -> list[str]:
             doc = obj.__doc__
             if isinstance(doc, str) and doc.strip():
                 unique.append(f"{module_name}.{name}")
-    docs = []
+    docs: list[str] = []
     for rep in range(REPEATS):
         order = sorted(range(len(unique)), key=lambda i: hashlib.sha256(f"{rep}:{i}".encode()).digest())
         docs.extend(unique[i] for i in order)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -85,7 +86,7 @@ def engine_args(
     ckpt_every: int | None = None,
     ckpt_every_seconds: float | None = None,
     meta=None,
-    settings: list[str] = (),
+    settings: Sequence[str] = (),
     extra=(),
 ) -> list[str]:
     """The arguments after the binary: data, checkpoint directory, resume, cadences, metadata, settings, extra."""

@@ -260,7 +260,7 @@ class HFGenerationConfig:
     top_k: int
 
     def to_dict(self) -> dict:
-        out = {
+        out: dict[str, int | float | bool] = {
             "bos_token_id": self.eot_id,
             "eos_token_id": self.eot_id,
             "pad_token_id": self.eot_id,

@@ -34,7 +34,7 @@ def _block(c: int) -> list[tuple[str, tuple[int, ...]]]:
 
 def param_layout(vocab: int, ctx: int, dim: int, layers: int) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter tensor in flat order: wte, wpe, the blocks `h<l>.*`, lnf."""
-    out = [("wte", (vocab, dim)), ("wpe", (ctx, dim))]
+    out: list[tuple[str, tuple[int, ...]]] = [("wte", (vocab, dim)), ("wpe", (ctx, dim))]
     for layer in range(layers):
         out += [(f"h{layer}.{name}", shape) for name, shape in _block(dim)]
     return out + [("lnf.w", (dim,)), ("lnf.b", (dim,))]

@@ -30,7 +30,7 @@ from . import bounded_json
 from .engine_cli import FastPath, path_flags
 
 READ_LIMIT = READ_LIMITS[QUALIFICATION]  # a few KB in practice; the cache's files too
-VERSION = 2  # version 1 held free-form engine flags: refused, so such a file is checked again
+VERSION: Literal[2] = 2  # version 1 held free-form engine flags: refused, so such a file is checked again
 
 
 class Verdict(str, Enum):

@@ -6,6 +6,7 @@ event comes once the file and its directory entry are fsynced), or older.
 
 from __future__ import annotations
 
+from ..errors import add_note
 from ..formats.checkpoint import checkpoint_path, header_step
 from ..formats.loss_log import LossLogIndex
 from ..rundir.layout import RunDirError
@@ -40,7 +41,7 @@ def retain(ctx: RunContext, launch: EngineLaunch | None) -> None:
     try:
         apply_retention(ctx.run, ctx.retention, protected, report.last_ckpt_step)
     except RunDirError as exc:  # swapped in between: as below
-        exc.add_note("retention")
+        add_note(exc, "retention")
         raise
     except OSError as exc:
         ctx.warn(f"retention: {exc}")
@@ -54,7 +55,7 @@ def _own_checkpoints(ctx: RunContext, what: str) -> None:
     try:
         ctx.run.check_paths()
     except RunDirError as exc:
-        exc.add_note(what)
+        add_note(exc, what)
         raise
 
 

@@ -41,7 +41,7 @@ from ..config.sources import Source
 from ..data.prepare import DataError, Hashes, PreparedData, fingerprints, load_cached, prepare_data, v1_key
 from ..data.source_files import SourceError, source_files, source_fingerprint
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer
-from ..errors import EXIT_USAGE, ProxyError
+from ..errors import EXIT_USAGE, ProxyError, add_note
 from ..formats.token_files import TokenSegment
 from ..rundir.data import (
     DataDefinition,
@@ -200,9 +200,10 @@ def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, warn) -> Prepa
         fps = fingerprints(experiment, "/")
         key = v1_key(experiment, "/", fps)
     except DataError as exc:
-        exc.add_note(
+        add_note(
+            exc,
             f"{run.root} trained before runs froze their data, and its sources cannot be read to find "
-            "the data it was prepared with"
+            "the data it was prepared with",
         )
         raise
     data = load_cached(experiment, "/", cache_dir, key)

@@ -23,7 +23,7 @@ changed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -184,7 +184,7 @@ def _arm_floats(v: Any) -> dict[str, float]:
     return {str(k): float(x) for k, x in dict(v or {}).items()}
 
 
-_STRICT = {INT: int, FLOAT: float, ARM_MAP: _arm_floats, FLAG: bool}
+_STRICT: dict[StepValueKind, Callable[[Any], Any]] = {INT: int, FLOAT: float, ARM_MAP: _arm_floats, FLAG: bool}
 
 
 def _rows() -> tuple[StepField, ...]:

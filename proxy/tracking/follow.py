@@ -22,7 +22,7 @@ POLL_S = 2.0
 
 
 def open_sinks(run: RunDir, experiment: Experiment, warn) -> list:
-    sinks = []
+    sinks: list = []  # a TensorBoardSink, a WandbSink, each imported only when the experiment asks for it
     if experiment.log.tensorboard:
         try:
             from .tensorboard_sink import TensorBoardSink

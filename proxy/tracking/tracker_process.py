@@ -60,7 +60,8 @@ def _spawn(run: RunDir) -> subprocess.Popen:
 
 def stop_tracker(proc: subprocess.Popen) -> None:
     """Let the tracker write the run's last steps, then make sure it is gone (it is our own child)."""
-    proc.stdin.close()
+    if proc.stdin is not None:  # start_tracker gives it a pipe
+        proc.stdin.close()
     try:
         proc.wait(FINISH_S)
     except subprocess.TimeoutExpired:

@@ -226,8 +226,9 @@ def test_run_starts_the_dashboard_and_it_dies_with_the_proxy(engine, gate, data_
             return False
 
     wait_for(page, 60, "the dashboard page", proxy, poll=0.5)
+    # proxy run starts the dashboard as `python -m dashboard ...` (proxy/commands/run.py)
     children = [int(p) for p in open(f"/proc/{proxy.proc.pid}/task/{proxy.proc.pid}/children").read().split()]
-    dashboards = [p for p in children if "\0proxy\0dashboard\0" in open(f"/proc/{p}/cmdline").read()]
+    dashboards = [p for p in children if "\0-m\0dashboard\0" in open(f"/proc/{p}/cmdline").read()]
     assert len(dashboards) == 1
     os.kill(proxy.proc.pid, signal.SIGKILL)  # the proxy alone, not its group
     proxy.proc.wait(30)

@@ -24,9 +24,10 @@ BUILD := build
 # The headers both engines include (docs/ENGINE.md, "Source layout"): editing
 # any of them rebuilds both engines.
 ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h microgpt/checkpoint_writer.h \
-                  microgpt/protocol.h microgpt/engine.h microgpt/sampler.h microgpt/train.h
+                  microgpt/signals.h microgpt/protocol.h microgpt/shard.h microgpt/engine.h microgpt/sampler.h \
+                  microgpt/train.h
 
-.PHONY: all engines cpu cuda cuda-cpu install test test-gpu clean
+.PHONY: all engines cpu cuda cuda-cpu install lint test test-gpu clean
 
 all: engines install
 
@@ -57,6 +58,14 @@ cuda-cpu:
 install:
 	$(PYTHON) -m pip install --quiet -e .
 
+# The linter, the formatter's check and the type checker, configured in pyproject.toml ([tool.ruff],
+# [tool.mypy]); any finding fails the target. They come with the test extra (pinned there).
+LINT_PATHS := proxy dashboard scripts tests
+lint:
+	$(PYTHON) -m ruff check $(LINT_PATHS)
+	$(PYTHON) -m ruff format --check $(LINT_PATHS)
+	$(PYTHON) -m mypy
+
 # Dependencies first: on a fresh machine they bring the cuBLAS the CUDA
 # engine links against, so a CUDA compile error fails the test run. The tests
 # run in TEST_WORKERS processes (pytest-xdist): most of a test's time is spent
@@ -65,6 +74,7 @@ install:
 TEST_WORKERS ?= 2
 test:
 	PYTHON=$(PYTHON) scripts/install_test_deps.sh
+	$(MAKE) lint
 	$(MAKE) engines
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 

@@ -1,4 +1,5 @@
 """`python -m dashboard ...`: the same as `proxy dashboard ...`."""
+
 import sys
 
 from .server import main

@@ -5,6 +5,7 @@ by path; the static files are an allowlist loaded into memory at start; no
 request parameter reaches the file system. docs/DASHBOARD.md lists the
 endpoints.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,11 +14,13 @@ import mimetypes
 import time
 from pathlib import Path
 
-from fastapi import FastAPI, Header, HTTPException, Path as PathParam, Query, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import Response
 from pydantic import BaseModel
 
 from . import payload
+from .columns import columns_payload
 from .run_index import RunIndex
 from .runs import Registry
 from .stream import EventStreamResponse, Hub, StreamSlots, event_stream, parse_positions
@@ -31,9 +34,11 @@ SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
-    (b"content-security-policy",
-     b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-     b"object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+        b"object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'",
+    ),
 ]
 
 
@@ -91,9 +96,14 @@ class Guard:
 
 
 async def _plain(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode())] + SECURITY_HEADERS})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+            + SECURITY_HEADERS,
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -111,8 +121,9 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
 
 
 def _json(obj, status: int = 200) -> Response:
-    return Response(payload.dumps(obj), status_code=status, media_type="application/json",
-                    headers={"cache-control": "no-store"})
+    return Response(
+        payload.dumps(obj), status_code=status, media_type="application/json", headers={"cache-control": "no-store"}
+    )
 
 
 def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, poll_s: float = 1.0) -> FastAPI:
@@ -136,8 +147,7 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
         finally:
             watcher.stop()
 
-    app = FastAPI(title="microgpt dashboard", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="microgpt dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.registry = registry
     app.state.watcher = watcher
     app.state.streams = slots
@@ -162,8 +172,18 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
 
     @app.get("/healthz")
     def healthz() -> dict:
-        return {"ok": True, "runs": len(registry.runs), "time": time.time(), "streams": slots.active,
-                "streams_dropped": slots.dropped}
+        return {
+            "ok": True,
+            "runs": len(registry.runs),
+            "time": time.time(),
+            "streams": slots.active,
+            "streams_dropped": slots.dropped,
+        }
+
+    @app.get("/api/columns")
+    def columns() -> list[dict[str, object]]:
+        """The per-step value columns the series carry, and how the page charts them (dashboard/columns.py)."""
+        return columns_payload()
 
     @app.get("/api/runs", response_model=list[RunInfo])
     def list_runs() -> list[dict]:
@@ -174,10 +194,12 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
         return get_run(run).info()
 
     @app.get("/api/runs/{run}/series")
-    def series(run: str = PathParam(pattern=RUN_KEY),
-               first: int | None = Query(None, alias="from", ge=0, le=1 << 53),
-               last: int | None = Query(None, alias="to", ge=0, le=1 << 53),
-               width: int = Query(1000, ge=16, le=4000)) -> Response:
+    def series(
+        run: str = PathParam(pattern=RUN_KEY),
+        first: int | None = Query(None, alias="from", ge=0, le=1 << 53),
+        last: int | None = Query(None, alias="to", ge=0, le=1 << 53),
+        width: int = Query(1000, ge=16, le=4000),
+    ) -> Response:
         """Training steps [from, to] in at most `width` min/max buckets (full resolution when they fit)."""
         return _json(get_run(run).series(first, last, width))
 
@@ -215,21 +237,28 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
         return value or []
 
     @app.get("/api/stream")
-    async def stream(request: Request,
-                     runs: str = Query("0", pattern=r"^[A-Za-z0-9._,-]{1,2000}$"),
-                     at: str | None = Query(None, pattern=r"^[0-9.,]{0,4000}$"),
-                     last_event_id: str | None = Header(None, max_length=4000)) -> Response:
+    async def stream(
+        request: Request,
+        runs: str = Query("0", pattern=r"^[A-Za-z0-9._,-]{1,2000}$"),
+        at: str | None = Query(None, pattern=r"^[0-9.,]{0,4000}$"),
+        last_event_id: str | None = Header(None, max_length=4000),
+    ) -> Response:
         """Server-sent events for the runs listed (indices or names, comma separated); 503 when
         stream.MAX_STREAMS are open already."""
         keys = [k for k in runs.split(",") if k][:64]
         chosen = [get_run(k) for k in keys]
         start = parse_positions(last_event_id or at, len(chosen))
         if not slots.take():
-            return Response(b"too many event streams; retry later\n", status_code=503, media_type="text/plain",
-                            headers={"retry-after": "5", "cache-control": "no-store", "connection": "close"})
+            return Response(
+                b"too many event streams; retry later\n",
+                status_code=503,
+                media_type="text/plain",
+                headers={"retry-after": "5", "cache-control": "no-store", "connection": "close"},
+            )
         gen = event_stream(chosen, start, hub, request.is_disconnected)
-        return EventStreamResponse(gen, slots, media_type="text/event-stream",
-                                   headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        return EventStreamResponse(
+            gen, slots, media_type="text/event-stream", headers={"cache-control": "no-store", "x-accel-buffering": "no"}
+        )
 
     app.add_middleware(Guard, allowed_hosts=allowed_hosts)
     return app

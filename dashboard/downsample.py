@@ -6,6 +6,7 @@ max, sum and count of present (non-NaN) values. Single rows are buckets of
 one; merging buckets keeps the extremes, so a one-step loss spike survives any
 zoom level. Means come from sum/count, so smoothing stays honest too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,10 +51,19 @@ def from_rows(step: np.ndarray, tokens: np.ndarray, time: np.ndarray, values: np
     values = np.asarray(values, dtype=np.float64)
     present = ~np.isnan(values)
     step = np.asarray(step, dtype=np.int64)
-    return Agg(step, step, np.asarray(tokens, np.float64), np.asarray(tokens, np.float64),
-               np.asarray(time, np.float64), np.asarray(time, np.float64),
-               np.ones(len(step), dtype=np.int64), values, values,
-               np.where(present, values, 0.0), present.astype(np.int64))
+    return Agg(
+        step,
+        step,
+        np.asarray(tokens, np.float64),
+        np.asarray(tokens, np.float64),
+        np.asarray(time, np.float64),
+        np.asarray(time, np.float64),
+        np.ones(len(step), dtype=np.int64),
+        values,
+        values,
+        np.where(present, values, 0.0),
+        present.astype(np.int64),
+    )
 
 
 def concat(parts: list[Agg], cols: int) -> Agg:
@@ -70,12 +80,14 @@ def concat(parts: list[Agg], cols: int) -> Agg:
         out[:, : a.shape[1]] = a
         return out
 
-    return Agg(*(np.concatenate([getattr(p, f) for p in parts]) for f in X_FIELDS),
-               np.concatenate([p.rows for p in parts]),
-               np.concatenate([pad(p.vmin, np.nan) for p in parts]),
-               np.concatenate([pad(p.vmax, np.nan) for p in parts]),
-               np.concatenate([pad(p.vsum, 0.0) for p in parts]),
-               np.concatenate([pad(p.vcnt, 0) for p in parts]))
+    return Agg(
+        *(np.concatenate([getattr(p, f) for p in parts]) for f in X_FIELDS),
+        np.concatenate([p.rows for p in parts]),
+        np.concatenate([pad(p.vmin, np.nan) for p in parts]),
+        np.concatenate([pad(p.vmax, np.nan) for p in parts]),
+        np.concatenate([pad(p.vsum, 0.0) for p in parts]),
+        np.concatenate([pad(p.vcnt, 0) for p in parts]),
+    )
 
 
 def bucket_starts(n: int, width: int) -> np.ndarray:
@@ -96,10 +108,19 @@ def merge(agg: Agg, width: int) -> Agg:
     with np.errstate(invalid="ignore"):
         vmin = np.fmin.reduceat(agg.vmin, starts, axis=0)
         vmax = np.fmax.reduceat(agg.vmax, starts, axis=0)
-    return Agg(agg.step0[starts], agg.step1[ends], agg.tok0[starts], agg.tok1[ends],
-               agg.time0[starts], agg.time1[ends], np.add.reduceat(agg.rows, starts),
-               vmin, vmax, np.add.reduceat(agg.vsum, starts, axis=0),
-               np.add.reduceat(agg.vcnt, starts, axis=0))
+    return Agg(
+        agg.step0[starts],
+        agg.step1[ends],
+        agg.tok0[starts],
+        agg.tok1[ends],
+        agg.time0[starts],
+        agg.time1[ends],
+        np.add.reduceat(agg.rows, starts),
+        vmin,
+        vmax,
+        np.add.reduceat(agg.vsum, starts, axis=0),
+        np.add.reduceat(agg.vcnt, starts, axis=0),
+    )
 
 
 def clip_rows(agg: Agg, first: int, last: int) -> Agg:
@@ -107,5 +128,11 @@ def clip_rows(agg: Agg, first: int, last: int) -> Agg:
     keep = (agg.step1 >= first) & (agg.step0 <= last)
     if keep.all():
         return agg
-    return Agg(*(getattr(agg, f)[keep] for f in X_FIELDS), agg.rows[keep], agg.vmin[keep],
-               agg.vmax[keep], agg.vsum[keep], agg.vcnt[keep])
+    return Agg(
+        *(getattr(agg, f)[keep] for f in X_FIELDS),
+        agg.rows[keep],
+        agg.vmin[keep],
+        agg.vmax[keep],
+        agg.vsum[keep],
+        agg.vcnt[keep],
+    )

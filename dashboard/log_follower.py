@@ -12,6 +12,7 @@ index's lock for longer than one chunk.
 If the file is replaced (another inode) or shrinks below the offset, the
 follower starts over from byte 0 and says so (`Chunk.reset`).
 """
+
 from __future__ import annotations
 
 import os
@@ -89,6 +90,7 @@ def parse_lines(data: bytes, base: int = 0) -> tuple[list[tuple[int, int, dict]]
 @dataclass
 class Chunk:
     """What one poll found: entries in [start, end), and whether the file was replaced."""
+
     entries: list[tuple[int, int, dict]] = field(default_factory=list)
     start: int = 0
     end: int = 0

@@ -4,6 +4,7 @@ Floats are rounded to 6 significant digits (short JSON), non-finite values
 become null, and the shape is the same for a zoomed read, an overview and a
 live push, so the page has one code path.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,9 @@ import numpy as np
 
 from proxy.formats.loss_log import EvalFields, StepFields
 
-from .columns import tokens_per_s
+from .columns import BASE_COLS, ENVELOPE_COLS, MEAN_COLS, row_values
 from .downsample import Agg
 
-ENVELOPE_COLS = ("loss", "grad_norm")  # sent as min/max/mean so spikes survive
-MEAN_COLS = ("lr", "ms", "tok_s")
 WALL_COL = "wall_tok_s"  # from the x fields (tokens and time), not a column of the store
 WALL_WINDOW_S = 10.0  # a wall-clock rate spans at least this much wall time (docs/DASHBOARD.md)
 
@@ -51,8 +50,7 @@ def ints(a) -> list:
     return np.asarray(a, dtype=np.int64).tolist()
 
 
-def wall_tokens_per_s(tok_end, time_end, anchor_tok=(), anchor_time=(), window_s: float = WALL_WINDOW_S
-                      ) -> np.ndarray:
+def wall_tokens_per_s(tok_end, time_end, anchor_tok=(), anchor_time=(), window_s: float = WALL_WINDOW_S) -> np.ndarray:
     """Wall-clock tokens/s at each point (a bucket's last step, points in step order): the tokens added since
     the latest earlier point at least `window_s` seconds before it, over the wall time between them.
 
@@ -120,17 +118,29 @@ def agg_payload(agg: Agg, cols: list[str], raw: bool, before: tuple[np.ndarray, 
     n = len(agg)
     ncol = agg.vmin.shape[1] if agg.vmin.ndim == 2 else 0
     mean = agg.mean if n else np.zeros((0, ncol))
-    out: dict = {"n": n, "raw": raw, "step": ints(agg.step0), "tokens": round_sig(agg.tok0, 12),
-                 "time": round_dec(agg.time0, 3)}
+    out: dict = {
+        "n": n,
+        "raw": raw,
+        "step": ints(agg.step0),
+        "tokens": round_sig(agg.tok0, 12),
+        "time": round_dec(agg.time0, 3),
+    }
     if not raw:
-        out.update(step_end=ints(agg.step1), tokens_end=round_sig(agg.tok1, 12),
-                   time_end=round_dec(agg.time1, 3), rows=ints(agg.rows))
+        out.update(
+            step_end=ints(agg.step1),
+            tokens_end=round_sig(agg.tok1, 12),
+            time_end=round_dec(agg.time1, 3),
+            rows=ints(agg.rows),
+        )
     mix = {}
     for j, c in enumerate(cols[:ncol]):
         col_mean = round_sig(mean[:, j])
         if c in ENVELOPE_COLS:
-            out[c] = {"mean": col_mean} if raw else {
-                "min": round_sig(agg.vmin[:, j]), "max": round_sig(agg.vmax[:, j]), "mean": col_mean}
+            out[c] = (
+                {"mean": col_mean}
+                if raw
+                else {"min": round_sig(agg.vmin[:, j]), "max": round_sig(agg.vmax[:, j]), "mean": col_mean}
+            )
         elif c.startswith("mix:"):
             mix[c[4:]] = col_mean
         else:
@@ -145,34 +155,38 @@ def agg_payload(agg: Agg, cols: list[str], raw: bool, before: tuple[np.ndarray, 
     return out
 
 
-def rows_payload(rows: list[StepFields], prev: tuple[int, float, float] | None, window: WallWindow | None = None
-                 ) -> tuple[dict, tuple[int, float, float] | None]:
+def rows_payload(
+    rows: list[StepFields], prev: tuple[int, float, float] | None, window: WallWindow | None = None
+) -> tuple[dict, tuple[int, float, float] | None]:
     """Raw payload of freshly read step entries (a live push). `prev` is the (step, tokens, time) of the
     entry before them, for tok_s; returns the new one. `window` holds the stream's recent steps for
     wall_tok_s and takes these rows in (without one, the rates start from these rows alone)."""
     steps, tokens, times = [], [], []
-    loss, gn, lr, ms, tps = [], [], [], [], []
+    values: list[list[float]] = []
     mix: dict[str, list] = {}
     for k, f in enumerate(rows):
         steps.append(f.step)
         tokens.append(f.tokens)
         times.append(f.time)
-        loss.append(f.loss)
-        gn.append(f.grad_norm)
-        lr.append(f.lr)
-        ms.append(f.ms)
-        tps.append(tokens_per_s(f, prev[0] if prev else None, prev[1] if prev else None))
+        values.append(row_values(f, prev[0] if prev else None, prev[1] if prev else None))
         for arm, w in f.mixture.items():
             mix.setdefault(arm, [float("nan")] * k).append(w)
-        for arm, col in mix.items():
+        for col in mix.values():
             if len(col) < k + 1:
                 col.append(float("nan"))
         prev = (f.step, f.tokens, f.time)
-    out = {"n": len(steps), "raw": True, "step": steps, "tokens": round_sig(tokens, 12),
-           "time": round_dec(times, 3), "loss": {"mean": round_sig(loss)}, "grad_norm": {"mean": round_sig(gn)},
-           "lr": round_sig(lr), "ms": round_sig(ms), "tok_s": round_sig(tps),
-           WALL_COL: round_sig((window or WallWindow()).rates(tokens, times)),
-           "mix": {arm: round_sig(col) for arm, col in mix.items()}}
+    out: dict = {
+        "n": len(steps),
+        "raw": True,
+        "step": steps,
+        "tokens": round_sig(tokens, 12),
+        "time": round_dec(times, 3),
+    }
+    for j, c in enumerate(BASE_COLS):
+        col = round_sig([v[j] for v in values])
+        out[c] = {"mean": col} if c in ENVELOPE_COLS else col
+    out[WALL_COL] = round_sig((window or WallWindow()).rates(tokens, times))
+    out["mix"] = {arm: round_sig(col) for arm, col in mix.items()}
     return out, prev
 
 
@@ -182,12 +196,16 @@ def evals_payload(evals: list[EvalFields]) -> dict:
     for k, e in enumerate(evals):
         for a, v in e.arms.items():
             arms.setdefault(a, [float("nan")] * k).append(v)
-        for a, col in arms.items():
+        for col in arms.values():
             if len(col) < k + 1:
                 col.append(float("nan"))
-    return {"n": len(evals), "step": [e.step for e in evals], "loss": round_sig([e.loss for e in evals]),
-            "time": round_dec([e.time for e in evals], 3),
-            "arms": {a: round_sig(col) for a, col in arms.items()}}
+    return {
+        "n": len(evals),
+        "step": [e.step for e in evals],
+        "loss": round_sig([e.loss for e in evals]),
+        "time": round_dec([e.time for e in evals], 3),
+        "arms": {a: round_sig(col) for a, col in arms.items()},
+    }
 
 
 def dumps(obj) -> bytes:

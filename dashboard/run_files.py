@@ -7,6 +7,7 @@ the run), and anything that is not a regular file (a FIFO would block the
 server): the checks are proxy/safe_fs.py's, shared with the proxy. No request
 can make the server read outside the run directories it was given.
 """
+
 from __future__ import annotations
 
 import os

@@ -7,13 +7,14 @@ already waiting (a lock alone is not fair: the refresher would take it back at
 once), so a query waits at most one chunk while a long history is indexed,
 and answers with what is indexed so far (`indexed` false until caught up).
 """
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from proxy.formats.loss_log import EvalFields, eval_fields
 from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
@@ -33,8 +34,12 @@ RAW_MAX = 12000
 
 SIDECAR_KINDS = ("state", "phases", "samples", "experiment", "checkpoints")
 _FILES = {"state": STATE, "phases": PHASES, "samples": SAMPLES, "experiment": EXPERIMENT}
-_READERS = {"state": sidecars.read_state, "phases": sidecars.read_phases, "samples": sidecars.read_samples,
-            "experiment": sidecars.read_experiment}
+_READERS = {
+    "state": sidecars.read_state,
+    "phases": sidecars.read_phases,
+    "samples": sidecars.read_samples,
+    "experiment": sidecars.read_experiment,
+}
 
 
 class RunIndex:
@@ -161,18 +166,25 @@ class RunIndex:
             exp = self.side["experiment"] or {}
             arms = [c[4:] for c in st.cols if c.startswith("mix:")]
             for p in self.side["phases"] or []:
-                for a in list((p.get("caps") or {})) if isinstance(p.get("caps"), dict) else []:
+                for a in list(p.get("caps") or {}) if isinstance(p.get("caps"), dict) else []:
                     if a not in arms:
                         arms.append(a)
             return {
-                "index": self.index, "name": self.name,
+                "index": self.index,
+                "name": self.name,
                 "experiment": exp.get("name") if isinstance(exp.get("name"), str) else None,
                 "max_steps": _max_steps(exp),
-                "generation": self.generation, "offset": self.follower.offset, "size": self.follower.size,
-                "indexed": self.indexed, "index_seconds": self.index_seconds,
-                "steps": st.n_steps, "first_step": st.first_step(),
+                "generation": self.generation,
+                "offset": self.follower.offset,
+                "size": self.follower.size,
+                "indexed": self.indexed,
+                "index_seconds": self.index_seconds,
+                "steps": st.n_steps,
+                "first_step": st.first_step(),
                 "last_step": st.max_step if st.max_step >= 0 else None,
-                "t0": st.first_time, "evals": len(self.evals), "arms": arms,
+                "t0": st.first_time,
+                "evals": len(self.evals),
+                "arms": arms,
                 "memory_bytes": st.nbytes(),
             }
 
@@ -189,9 +201,17 @@ class RunIndex:
             agg, raw = st.query(int(first), int(last), width, raw_limit)
             before = st.points_before(int(agg.step0[0])) if len(agg) else None
             out = payload.agg_payload(agg, st.cols, raw, before)
-            out.update(run=self.index, generation=self.generation, offset=self.follower.offset,
-                       first=first, last=last, width=width, total_steps=st.n_steps,
-                       t0=st.first_time, last_step=hi if hi >= 0 else None)
+            out.update(
+                run=self.index,
+                generation=self.generation,
+                offset=self.follower.offset,
+                first=first,
+                last=last,
+                width=width,
+                total_steps=st.n_steps,
+                t0=st.first_time,
+                last_step=hi if hi >= 0 else None,
+            )
             return out
 
     def wall_window(self, step: int) -> payload.WallWindow:

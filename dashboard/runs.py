@@ -4,6 +4,7 @@ A URL names a run by its index (0, 1, ...) or by its name (the directory's
 base name, made URL-safe and unique), never by a path. Lookup is a dict
 lookup: there is no way to turn a URL into a file system path.
 """
+
 from __future__ import annotations
 
 import re

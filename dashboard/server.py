@@ -7,10 +7,10 @@ is one clear line, not a traceback. `spawn()` starts the dashboard as a
 child process and waits until it listens (the tests' way in); `proxy run`
 starts its own child without waiting (proxy/commands/run.py, `start_dashboard`).
 """
+
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import socket
@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from proxy.dashboard_address import exposure_warning, is_loopback
 from proxy.rundir.layout import RUNS_ROOT, RunDirError, most_recent_run
 
 from .runs import RUN_MARKERS, expand
-
 
 # Bounds on what clients may hold (docs/DASHBOARD.md, "Safety"); the event streams' own are in stream.py.
 MAX_CONNECTIONS = 128  # open connections (uvicorn's limit_concurrency): a request beyond is answered 503
@@ -34,22 +34,6 @@ SEND_BUFFER = 256 << 10  # SO_SNDBUF of every connection: what the kernel holds 
 
 class DashboardError(Exception):
     """A problem the user can fix; the message is one line."""
-
-
-def exposure_warning(host: str) -> str | None:
-    """The warning for a dashboard bound to an address other machines can reach (None for loopback)."""
-    if is_loopback(host):
-        return None
-    return f"the dashboard listens on {host}, reachable from other machines, with no authentication (read-only)"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def url_for(host: str, port: int) -> str:
@@ -115,8 +99,15 @@ def limit_malloc_arenas(n: int = 2) -> bool:
         return False
 
 
-def serve(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, poll_s: float = 1.0,
-          announce=None, log_level: str = "warning") -> None:
+def serve(
+    run_dirs: list[Path],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    poll_s: float = 1.0,
+    announce=None,
+    log_level: str = "warning",
+) -> None:
     """Serve the dashboard over `run_dirs` until interrupted. Prints the URL first."""
     import uvicorn
 
@@ -129,8 +120,15 @@ def serve(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, po
     actual_port = sock.getsockname()[1]
     allowed = set(LOOPBACK_HOSTS) if is_loopback(host) else None
     app = create_app(run_dirs, allowed_hosts=allowed, poll_s=poll_s)
-    config = uvicorn.Config(ExposeAbort(app), log_level=log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=1, ws="none", limit_concurrency=MAX_CONNECTIONS)
+    config = uvicorn.Config(
+        ExposeAbort(app),
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+        ws="none",
+        limit_concurrency=MAX_CONNECTIONS,
+    )
     server = uvicorn.Server(config)
     line = f"dashboard: {url_for(host, actual_port)}"
     (announce or (lambda s: print(s, flush=True)))(line)
@@ -141,11 +139,16 @@ def serve(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, po
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="proxy dashboard",
-                                description="Serve the live dashboard (read-only) over run directories.")
-    p.add_argument("--run-dir", action="append", metavar="DIR",
-                   help="a run directory, or a directory of runs; repeat to overlay runs "
-                        "(default: the most recently active run under runs/)")
+    p = argparse.ArgumentParser(
+        prog="proxy dashboard", description="Serve the live dashboard (read-only) over run directories."
+    )
+    p.add_argument(
+        "--run-dir",
+        action="append",
+        metavar="DIR",
+        help="a run directory, or a directory of runs; repeat to overlay runs "
+        "(default: the most recently active run under runs/)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -172,8 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def spawn(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, log_path: Path | None = None,
-          timeout: float = 20.0) -> tuple[subprocess.Popen, str]:
+def spawn(
+    run_dirs: list[Path],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    log_path: Path | None = None,
+    timeout: float = 20.0,
+) -> tuple[subprocess.Popen, str]:
     """Start `python -m dashboard` as a child process; (process, URL) once it listens.
 
     Its output goes to `log_path` (or is discarded). Raises DashboardError with
@@ -185,14 +194,18 @@ def spawn(run_dirs: list[Path], host: str = "127.0.0.1", port: int = 8000, *, lo
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     # the child imports this very package, wherever the parent found it
     pkg_parent = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(p for p in (pkg_parent, os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (pkg_parent, os.environ.get("PYTHONPATH")) if p),
+    )
     # the URL line comes through a pipe; everything after it goes to the log
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, env=env, start_new_session=True)
     deadline = time.monotonic() + timeout
     line = b""
     try:
         import selectors
+
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         while not line.endswith(b"\n") and time.monotonic() < deadline:

@@ -2,8 +2,10 @@
 experiment.json, and the checkpoint list. Each read is size-capped and any
 malformed content reads as None (the page shows "unknown"), never an error.
 """
+
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from proxy.formats import bounded_json
@@ -18,6 +20,7 @@ MAX_AUDITS = 20  # newest sample audits kept
 MAX_SAMPLES_PER_AUDIT = 16
 MAX_PHASES = 1000
 MAX_CHECKPOINTS = 2000
+
 
 def _reject_constant(name: str):
     raise ValueError(name)
@@ -60,12 +63,17 @@ def read_samples(root: Path) -> list[dict] | None:
         if not isinstance(audit, dict):
             continue
         samples = audit.get("samples") if isinstance(audit.get("samples"), list) else []
-        out.append({
-            "step": audit.get("step") if isinstance(audit.get("step"), int) else None,
-            "time": audit.get("time") if isinstance(audit.get("time"), (int, float)) else None,
-            "samples": [{"prompt": _text(s.get("prompt")), "completion": _text(s.get("completion"))}
-                        for s in samples[:MAX_SAMPLES_PER_AUDIT] if isinstance(s, dict)],
-        })
+        out.append(
+            {
+                "step": audit.get("step") if isinstance(audit.get("step"), int) else None,
+                "time": audit.get("time") if isinstance(audit.get("time"), (int, float)) else None,
+                "samples": [
+                    {"prompt": _text(s.get("prompt")), "completion": _text(s.get("completion"))}
+                    for s in samples[:MAX_SAMPLES_PER_AUDIT]
+                    if isinstance(s, dict)
+                ],
+            }
+        )
     return out
 
 
@@ -87,7 +95,6 @@ def list_checkpoints(root: Path) -> list[dict]:
             continue
         if not e.is_file(follow_symlinks=False):
             continue
-        out.append({"name": e.name, "step": step,
-                    "bytes": st.st_size, "mtime": st.st_mtime})
+        out.append({"name": e.name, "step": step, "bytes": st.st_size, "mtime": st.st_mtime})
     out.sort(key=lambda c: (c["step"] is None, c["step"] or 0), reverse=True)  # best.bin, then newest
     return out[:MAX_CHECKPOINTS]

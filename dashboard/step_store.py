@@ -12,16 +12,17 @@ spans, read back in file order, the next time it is queried.
 
 Not thread-safe: the owner (RunIndex) serializes access.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from proxy.formats.loss_log import StepFields, step_fields
 
 from . import downsample
-from .columns import BASE_COLS, tokens_per_s
+from .columns import BASE_COLS, row_values
 from .downsample import Agg
 from .log_follower import parse_lines
 
@@ -67,7 +68,7 @@ class StepStore:
         self.b_x[:n] = old[1][:n]
         self.b_rows[:n] = old[2][:n]
         self.b_span[:n] = old[3][:n]
-        for new, o in zip((self.b_min, self.b_max, self.b_sum, self.b_cnt), old[4:]):
+        for new, o in zip((self.b_min, self.b_max, self.b_sum, self.b_cnt), old[4:], strict=False):
             new[:n, :c] = o[:n, :c]
 
     def _col(self, name: str) -> int:
@@ -87,8 +88,7 @@ class StepStore:
     # ---------------------------------------------------------------- ingest
 
     def _values(self, f: StepFields, prev: tuple[int, float] | None) -> list[float]:
-        vals = [f.loss, f.lr, f.grad_norm, f.ms,
-                tokens_per_s(f, prev[0] if prev else None, prev[1] if prev else None)]
+        vals = row_values(f, prev[0] if prev else None, prev[1] if prev else None)
         if f.mixture:
             mixcol = self._mixcol
             vals.extend([np.nan] * (len(self.cols) - len(vals)))
@@ -172,8 +172,9 @@ class StepStore:
         for j, s in enumerate(steps):
             v = rows[s][2]
             vals[j, : len(v)] = v
-        return downsample.from_rows(np.array(steps, dtype=np.int64), [rows[s][0] for s in steps],
-                                    [rows[s][1] for s in steps], vals)
+        return downsample.from_rows(
+            np.array(steps, dtype=np.int64), [rows[s][0] for s in steps], [rows[s][1] for s in steps], vals
+        )
 
     # ---------------------------------------------------------------- read back
 
@@ -214,11 +215,20 @@ class StepStore:
         if i1 < i0 or n == 0:
             return downsample.empty(len(self.cols))
         c = len(self.cols)
-        x = self.b_x[i0:i1 + 1]
-        return Agg(x[:, 0].astype(np.int64), x[:, 1].astype(np.int64), x[:, 2].copy(), x[:, 3].copy(),
-                   x[:, 4].copy(), x[:, 5].copy(), self.b_rows[i0:i1 + 1].copy(),
-                   self.b_min[i0:i1 + 1, :c].astype(np.float64), self.b_max[i0:i1 + 1, :c].astype(np.float64),
-                   self.b_sum[i0:i1 + 1, :c].astype(np.float64), self.b_cnt[i0:i1 + 1, :c].astype(np.int64))
+        x = self.b_x[i0 : i1 + 1]
+        return Agg(
+            x[:, 0].astype(np.int64),
+            x[:, 1].astype(np.int64),
+            x[:, 2].copy(),
+            x[:, 3].copy(),
+            x[:, 4].copy(),
+            x[:, 5].copy(),
+            self.b_rows[i0 : i1 + 1].copy(),
+            self.b_min[i0 : i1 + 1, :c].astype(np.float64),
+            self.b_max[i0 : i1 + 1, :c].astype(np.float64),
+            self.b_sum[i0 : i1 + 1, :c].astype(np.float64),
+            self.b_cnt[i0 : i1 + 1, :c].astype(np.int64),
+        )
 
     def query(self, first: int, last: int, width: int, raw_limit: int) -> tuple[Agg, bool]:
         """Steps [first, last] in at most `width` buckets; (agg, True) when every row is its own bucket.
@@ -237,7 +247,7 @@ class StepStore:
             i0, i1 = 0, -1
         use_open = bool(self.open) and last >= self.open_start
         self._clean(i0, i1)
-        est = int(self.b_rows[i0:i1 + 1].sum()) + (len(self.open) if use_open else 0)
+        est = int(self.b_rows[i0 : i1 + 1].sum()) + (len(self.open) if use_open else 0)
         if est <= raw_limit:
             rows: dict[int, tuple] = {}
             if i1 >= i0:

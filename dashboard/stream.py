@@ -17,11 +17,12 @@ are freed at once. A sidecar event is encoded once per version and shared by
 every stream, so a client costs a piece of buffer, not a copy of
 `.samples.json`.
 """
+
 from __future__ import annotations
 
 import asyncio
 import re
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi.responses import StreamingResponse
 
@@ -70,7 +71,7 @@ class Hub:
 
 
 def parse_positions(text: str | None, n: int) -> list[tuple[int, int] | None]:
-    """"g.o,g.o" -> [(g, o), ...] (None where missing or malformed)."""
+    """ "g.o,g.o" -> [(g, o), ...] (None where missing or malformed)."""
     out: list[tuple[int, int] | None] = [None] * n
     if not text:
         return out
@@ -156,8 +157,10 @@ class EventStreamResponse(StreamingResponse):
             return
         view, more = memoryview(body), message.get("more_body", False)
         for i in range(0, len(body), WRITE_PIECE):  # one piece copied at a time
-            await self._send_timed(send, dict(message, body=bytes(view[i:i + WRITE_PIECE]),
-                                              more_body=more or i + WRITE_PIECE < len(body)))
+            await self._send_timed(
+                send,
+                dict(message, body=bytes(view[i : i + WRITE_PIECE]), more_body=more or i + WRITE_PIECE < len(body)),
+            )
 
     async def _send_timed(self, send, message) -> None:
         try:
@@ -196,17 +199,17 @@ def _entries(run: RunIndex, data: bytes, base: int, prev, window: payload.WallWi
     return steps_payload, payload.evals_payload(evals), used, prev, window
 
 
-async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None], hub: Hub,
-                       is_disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
+async def event_stream(
+    runs: list[RunIndex], start: list[tuple[int, int] | None], hub: Hub, is_disconnected: Callable[[], Awaitable[bool]]
+) -> AsyncIterator[bytes]:
     pos: list[tuple[int, int]] = []
-    for run, p in zip(runs, start):
+    for run, p in zip(runs, start, strict=False):
         pos.append(p if p is not None else run.position())
     seen = [{k: -1 for k in SIDECAR_KINDS} for _ in runs]
     prev: list = [None] * len(runs)
     windows: list = [None] * len(runs)  # payload.WallWindow per run, for the wall-clock rate
     yield b"retry: 1000\n\n"
-    yield sse("hello", {"runs": [r.index for r in runs], "positions": encode_positions(pos)},
-              id=encode_positions(pos))
+    yield sse("hello", {"runs": [r.index for r in runs], "positions": encode_positions(pos)}, id=encode_positions(pos))
     while True:
         wake = hub.current()
         sent = False
@@ -217,19 +220,26 @@ async def event_stream(runs: list[RunIndex], start: list[tuple[int, int] | None]
                 reason = "behind" if g == gen and off <= committed else "replaced"
                 pos[j] = (gen, committed)
                 prev[j] = windows[j] = None
-                yield sse("reset", {"run": run.index, "generation": gen, "offset": committed, "reason": reason},
-                          id=encode_positions(pos))
+                yield sse(
+                    "reset",
+                    {"run": run.index, "generation": gen, "offset": committed, "reason": reason},
+                    id=encode_positions(pos),
+                )
                 sent = True
             elif off < committed:
                 data = await asyncio.to_thread(run.read_log, off, committed)
-                steps, evals, used, prev[j], windows[j] = await asyncio.to_thread(_entries, run, data, off, prev[j],
-                                                                                  windows[j])
+                steps, evals, used, prev[j], windows[j] = await asyncio.to_thread(
+                    _entries, run, data, off, prev[j], windows[j]
+                )
                 if used == 0:  # the file changed under us; the watcher will notice and reset
                     pos[j] = (gen, committed)
                     continue
                 pos[j] = (gen, off + used)
-                yield sse("entries", {"run": run.index, "generation": gen, "offset": off + used,
-                                      "steps": steps, "evals": evals}, id=encode_positions(pos))
+                yield sse(
+                    "entries",
+                    {"run": run.index, "generation": gen, "offset": off + used, "steps": steps, "evals": evals},
+                    id=encode_positions(pos),
+                )
                 sent = True
             for kind in SIDECAR_KINDS:
                 value, version = run.sidecar(kind)

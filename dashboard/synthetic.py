@@ -10,6 +10,7 @@ Writers follow docs/FORMATS.md, through the proxy's own encoders: `.loss.json`
 gets whole `\\n`-terminated lines appended; `.state.json`, `.samples.json`
 and `phases.json` are replaced atomically.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,18 @@ class SyntheticRun:
     """`ms` per step of engine compute; with `audit_every`, an audit (an eval, a sample) of `audit_ms`
     after every `audit_every` steps, which the wall clock (`time`) sees and the steps' `ms` do not."""
 
-    def __init__(self, root: Path, arms=ARMS, seed: int = 0, tokens_per_step: int = 16384,
-                 t0: float | None = None, ms: float = 250.0, name: str | None = None,
-                 audit_every: int = 0, audit_ms: float = 0.0):
+    def __init__(
+        self,
+        root: Path,
+        arms=ARMS,
+        seed: int = 0,
+        tokens_per_step: int = 16384,
+        t0: float | None = None,
+        ms: float = 250.0,
+        name: str | None = None,
+        audit_every: int = 0,
+        audit_ms: float = 0.0,
+    ):
         self.root = Path(root)
         self.arms = tuple(arms)
         self.rng = random.Random(seed)
@@ -53,16 +63,19 @@ class SyntheticRun:
     # ------------------------------------------------------------ files
 
     def write_experiment(self, max_steps: int = 200000) -> None:
-        exp = {"name": self.name, "model": {"dim": 64, "layers": 2, "heads": 2, "ctx": 64, "vocab": 512},
-               "train": {"max_steps": max_steps, "batch": 8, "lr": 6e-4},
-               "arms": [{"name": a, "cap": 1.0, "floor": 0.05} for a in self.arms]}
+        exp = {
+            "name": self.name,
+            "model": {"dim": 64, "layers": 2, "heads": 2, "ctx": 64, "vocab": 512},
+            "train": {"max_steps": max_steps, "batch": 8, "lr": 6e-4},
+            "arms": [{"name": a, "cap": 1.0, "floor": 0.05} for a in self.arms],
+        }
         atomic_write_json(self.root / EXPERIMENT, exp)
 
     def weights(self, step: int) -> dict[str, float]:
         n = len(self.arms)
         raw = [1.0 + 0.8 * math.sin(step / 900.0 + 2.1 * i + self.phase) for i in range(n)]
         total = sum(raw)
-        return {a: round(w / total, 6) for a, w in zip(self.arms, raw)}
+        return {a: round(w / total, 6) for a, w in zip(self.arms, raw, strict=False)}
 
     def loss(self, step: int) -> float:
         base = 2.0 + 3.0 * math.exp(-step / 4000.0) - 0.1 * self.phase
@@ -78,22 +91,40 @@ class SyntheticRun:
 
     def step_line(self, step: int, **extra) -> str:
         loss = self.loss(step)
-        entry = {"type": "step", "step": step, "loss": loss,
-                 "lr": round(6e-4 * min(1.0, step / 100.0) * (0.55 + 0.45 * math.cos(step / 50000.0)), 9),
-                 "grad_norm": round(0.5 + 0.5 * math.exp(-step / 3000.0) + 0.2 * self.rng.random()
-                                    + (5.0 if step % 9973 == 0 and step else 0.0), 6),
-                 "tokens": step * self.tokens_per_step, "time": round(self.wall_time(step), 3),
-                 "ms": round(self.ms * (0.9 + 0.2 * self.rng.random()), 3),
-                 "arms": {a: round(loss + 0.1 * i, 6) for i, a in enumerate(self.arms)},
-                 "mixture": self.weights(step), "phase": self.phase, "segment": 1}
+        entry = {
+            "type": "step",
+            "step": step,
+            "loss": loss,
+            "lr": round(6e-4 * min(1.0, step / 100.0) * (0.55 + 0.45 * math.cos(step / 50000.0)), 9),
+            "grad_norm": round(
+                0.5
+                + 0.5 * math.exp(-step / 3000.0)
+                + 0.2 * self.rng.random()
+                + (5.0 if step % 9973 == 0 and step else 0.0),
+                6,
+            ),
+            "tokens": step * self.tokens_per_step,
+            "time": round(self.wall_time(step), 3),
+            "ms": round(self.ms * (0.9 + 0.2 * self.rng.random()), 3),
+            "arms": {a: round(loss + 0.1 * i, 6) for i, a in enumerate(self.arms)},
+            "mixture": self.weights(step),
+            "phase": self.phase,
+            "segment": 1,
+        }
         entry.update(extra)
         return encode_line(entry).decode()
 
     def eval_line(self, step: int) -> str:
         loss = self.loss(step) + 0.05
-        entry = {"type": "eval", "step": step, "loss": round(loss, 6),
-                 "arms": {a: round(loss + 0.07 * i, 6) for i, a in enumerate(self.arms)},
-                 "time": round(self.wall_time(step) + 0.5, 3), "phase": self.phase, "segment": 1}
+        entry = {
+            "type": "eval",
+            "step": step,
+            "loss": round(loss, 6),
+            "arms": {a: round(loss + 0.07 * i, 6) for i, a in enumerate(self.arms)},
+            "time": round(self.wall_time(step) + 0.5, 3),
+            "phase": self.phase,
+            "segment": 1,
+        }
         return encode_line(entry).decode()
 
     def append_text(self, text: str) -> None:
@@ -117,38 +148,91 @@ class SyntheticRun:
         step_s = self.step * self.ms / 1000.0
         audits = {k: AuditTime() for k in AUDIT_KINDS}
         audits["eval"] = AuditTime(count=self.audits_before(self.step), s=wall_s - step_s)
-        goodput = Goodput(wall_s=wall_s, step_s=step_s, steps=self.step, tokens=self.step * self.tokens_per_step,
-                          audits=audits, other_s=0.0, overhead=1.0 - step_s / wall_s if wall_s > 0 else None,
-                          tokens_per_s=self.step * self.tokens_per_step / wall_s if wall_s > 0 else None)
-        write_state(self.root / STATE, RunState(
-            step=self.step, phase=self.phase, policy="ucb1", status=status,
-            arms={a: ArmStatus(pulls=self.step, ema=2.0, reward=0.01, weight=w, cap=1.0, floor=0.05)
-                  for a, w in self.weights(self.step).items()},
-            tokens=self.step * self.tokens_per_step, tokens_per_s=goodput.tokens_per_s,
-            engine_tokens_per_s=self.tokens_per_step / (self.ms / 1000.0),
-            eta_s=remaining * self.ms / 1000.0, last_checkpoint=relative_checkpoint(self.step),
-            engine=EngineStatus(kind="cpu", device="synthetic CPU", pid=os.getpid(), alive=status == "running",
-                                rss_bytes=123 << 20, cpu_percent=95.0, mem_bytes=45 << 20),
-            experiment=self.name, max_steps=max_steps, goodput=goodput))
+        goodput = Goodput(
+            wall_s=wall_s,
+            step_s=step_s,
+            steps=self.step,
+            tokens=self.step * self.tokens_per_step,
+            audits=audits,
+            other_s=0.0,
+            overhead=1.0 - step_s / wall_s if wall_s > 0 else None,
+            tokens_per_s=self.step * self.tokens_per_step / wall_s if wall_s > 0 else None,
+        )
+        write_state(
+            self.root / STATE,
+            RunState(
+                step=self.step,
+                phase=self.phase,
+                policy="ucb1",
+                status=status,
+                arms={
+                    a: ArmStatus(pulls=self.step, ema=2.0, reward=0.01, weight=w, cap=1.0, floor=0.05)
+                    for a, w in self.weights(self.step).items()
+                },
+                tokens=self.step * self.tokens_per_step,
+                tokens_per_s=goodput.tokens_per_s,
+                engine_tokens_per_s=self.tokens_per_step / (self.ms / 1000.0),
+                eta_s=remaining * self.ms / 1000.0,
+                last_checkpoint=relative_checkpoint(self.step),
+                engine=EngineStatus(
+                    kind="cpu",
+                    device="synthetic CPU",
+                    pid=os.getpid(),
+                    alive=status == "running",
+                    rss_bytes=123 << 20,
+                    cpu_percent=95.0,
+                    mem_bytes=45 << 20,
+                ),
+                experiment=self.name,
+                max_steps=max_steps,
+                goodput=goodput,
+            ),
+        )
 
     def add_phase(self, start_step: int, policy: str = "ucb1", caps: dict | None = None) -> None:
         if not self.phases:
-            self.phases.append({"phase": 0, "start_step": 0, "policy": "ucb1",
-                                "caps": {a: 1.0 for a in self.arms}, "floors": {a: 0.05 for a in self.arms},
-                                "time": self.t0, "checkpoint": None})
+            self.phases.append(
+                {
+                    "phase": 0,
+                    "start_step": 0,
+                    "policy": "ucb1",
+                    "caps": {a: 1.0 for a in self.arms},
+                    "floors": {a: 0.05 for a in self.arms},
+                    "time": self.t0,
+                    "checkpoint": None,
+                }
+            )
         if start_step > 0:
             self.phase = len(self.phases)
-            self.phases.append({"phase": self.phase, "start_step": start_step, "policy": policy,
-                                "caps": caps or {self.arms[0]: 0.5}, "floors": {},
-                                "time": time.time(), "checkpoint": relative_checkpoint(start_step)})
+            self.phases.append(
+                {
+                    "phase": self.phase,
+                    "start_step": start_step,
+                    "policy": policy,
+                    "caps": caps or {self.arms[0]: 0.5},
+                    "floors": {},
+                    "time": time.time(),
+                    "checkpoint": relative_checkpoint(start_step),
+                }
+            )
         atomic_write_json(self.root / PHASES, self.phases)
 
     def write_samples(self, steps: list[int]) -> None:
-        audits = [{"step": s, "time": self.t0 + s, "samples": [
-            {"prompt": "def ", "completion": f"fib(n):  # step {s}\n    return n if n < 2 else fib(n-1)+fib(n-2)",
-             "tokens": [1, 2, 3]},
-            {"prompt": "<b>not html</b>", "completion": "<script>alert(1)</script> stays text", "tokens": [4]}]}
-            for s in steps]
+        audits = [
+            {
+                "step": s,
+                "time": self.t0 + s,
+                "samples": [
+                    {
+                        "prompt": "def ",
+                        "completion": f"fib(n):  # step {s}\n    return n if n < 2 else fib(n-1)+fib(n-2)",
+                        "tokens": [1, 2, 3],
+                    },
+                    {"prompt": "<b>not html</b>", "completion": "<script>alert(1)</script> stays text", "tokens": [4]},
+                ],
+            }
+            for s in steps
+        ]
         atomic_write_json(self.root / SAMPLES, audits)
 
     def write_checkpoint(self, step: int, size: int = 4096) -> None:

@@ -8,14 +8,15 @@ whose destination is the sidecar), or a checkpoint appears. A slow poll (every
 `poll_s`) backs the events up, so a missed event (inotify limits, network file
 systems, a directory that did not exist yet) costs at most that long.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
 
@@ -34,7 +35,7 @@ except ImportError:  # pragma: no cover - watchdog is a dependency; polling stil
 
 
 def classify(root: str, path: str) -> str | None:
-    """"log", "side" or None (ignored: temp files, engine.log, ...) for a changed path."""
+    """ "log", "side" or None (ignored: temp files, engine.log, ...) for a changed path."""
     if not path:
         return None
     rel = os.path.relpath(path, root)
@@ -49,14 +50,16 @@ def classify(root: str, path: str) -> str | None:
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, watcher: "Watcher", idx: int, root: str):
+    def __init__(self, watcher: Watcher, idx: int, root: str):
         self.watcher, self.idx, self.root = watcher, idx, root
 
     def on_any_event(self, event) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return
-        kinds = {classify(self.root, os.fsdecode(event.src_path)),
-                 classify(self.root, os.fsdecode(getattr(event, "dest_path", "") or ""))}
+        kinds = {
+            classify(self.root, os.fsdecode(event.src_path)),
+            classify(self.root, os.fsdecode(getattr(event, "dest_path", "") or "")),
+        }
         kinds.discard(None)
         if kinds:
             self.watcher.wake(self.idx, kinds)

@@ -22,7 +22,7 @@
 #include "checkpoint.h"
 #include "common.h"
 #include "config.h"
-#include "protocol.h"
+#include "signals.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,9 @@
-// engine.h: the compute an engine provides, as a table of functions. The
-// CPU engine (microgpt_cpu.c) and the CUDA engine (microgpt_cuda.cu) each
-// fill one in; everything else is shared.
+// engine.h: the compute an engine provides, as a const table of functions
+// (MgEngineOps), and what the driver knows of the engine it runs (MgEngine:
+// its table, its state, what it describes itself as, and which optional
+// slots init turned on). The CPU engine (microgpt_cpu.c) and the CUDA engine
+// (microgpt_cuda.cu) each declare one table with every slot named; everything
+// else is shared.
 #ifndef MICROGPT_ENGINE_H
 #define MICROGPT_ENGINE_H
 
@@ -10,23 +13,20 @@
 // The compute an engine provides. All buffers are allocated in init; none of
 // these functions allocates. Tokens are [rows, len] uint16; the training rows
 // handed to forward_backward are [rows, T+1] (inputs and shifted targets).
+// The table never changes at run time: an option (the attention path, the
+// fused step, the CUDA graph, the KV cache, the asynchronous snapshot)
+// changes flags in the engine's state, and init says which of the optional
+// slots (train_step, snapshot with snapshot_wait, kv_forward) the driver may
+// call, in MgEngineCaps. An engine without one leaves its slot NULL.
 
 typedef struct {
-    const char *name;          // "cpu" or "cuda"
-    char device[256];          // human-readable device description
-    const char *precision;     // "fp32" or "bf16"
-    int threads;
-    size_t mem_bytes;          // bytes allocated for model, optimizer, activations, KV cache
-    char paths[256];           // optional: a JSON object naming the code paths this run takes
-                               // (the CUDA engine's attention, fused kernels, CUDA graph); "" = none
-    void *impl;
-
     // Checks engine-specific settings right after parsing (may fill in
-    // defaults such as the precision) and fills in device, threads and
-    // precision above; returns an error message or NULL.
+    // defaults such as the precision) and fills in the MgEngine's device,
+    // threads and precision (through the engine's back-pointer to it);
+    // returns an error message or NULL.
     const char *(*configure)(void *impl, MgConfig *cfg);
-    // Allocates everything for cfg (batch rows of ctx tokens); returns the
-    // bytes it holds.
+    // Allocates everything for cfg (batch rows of ctx tokens) and sets the
+    // MgEngine's caps; returns the bytes it holds.
     size_t (*init)(void *impl, const MgConfig *cfg);
     // Uploads weights and Adam moments (n floats each).
     void (*set_state)(void *impl, const float *w, const float *m, const float *v);
@@ -50,9 +50,9 @@ typedef struct {
     // Logits at the last position of each of rows rows of len tokens:
     // out is [rows, vocab]. Sampling's recompute path (sampler.h).
     void (*last_logits)(void *impl, const uint16_t *tokens, int rows, int len, float *out);
-    // Optional (NULL: sampling recomputes through last_logits). Sampling with
-    // a KV cache of `batch` slots, each holding one sequence's keys and values
-    // for positions 0..ctx-1. Runs n_new[i] new tokens of the sequence in
+    // Optional (caps.kv_forward; else sampling recomputes through
+    // last_logits). Sampling with a KV cache of `batch` slots, each holding
+    // one sequence's keys and values for positions 0..ctx-1. Runs n_new[i] new tokens of the sequence in
     // slot[i], at positions pos[i] .. pos[i] + n_new[i] - 1, for i < rows
     // (tokens packed one sequence after another), attending to the slot's
     // cached positions before pos[i] and caching the new ones; writes the
@@ -61,8 +61,8 @@ typedef struct {
     // sequence, bit for bit.
     void (*kv_forward)(void *impl, int rows, const int *slot, const int *pos, const int *n_new,
                        const uint16_t *tokens, float *out);
-    // Optional, set by init (NULL: the driver runs a step through the calls
-    // above, waiting for the loss and the norm in between). The whole
+    // Optional (caps.train_step; else the driver runs a step through the
+    // calls above, waiting for the loss and the norm in between). The whole
     // optimizer step with no wait for the host inside it: zero_grads,
     // forward_backward of `micro` micro-batches of batch rows of T+1 tokens,
     // the gradient norm, the clip factor (grad_clip > 0 and norm > grad_clip:
@@ -73,7 +73,7 @@ typedef struct {
     // place until the next step (get_grads reads them).
     double (*train_step)(void *impl, const uint16_t *tokens, int micro, float grad_scale, int step, float lr,
                          float grad_clip, float *row_loss);
-    // Optional, set by init together (NULL: the driver snapshots through
+    // Optional, both (caps.snapshot; else the driver snapshots through
     // get_state, waiting for the copy). snapshot starts copying the current
     // weights and moments into host memory the engine owns, points *w, *m
     // and *v at it, and returns without waiting; snapshot_wait blocks until
@@ -85,6 +85,30 @@ typedef struct {
     // last one has finished.
     void (*snapshot)(void *impl, float **w, float **m, float **v);
     int (*snapshot_wait)(void *impl);  // 0, or -1 (one line on stderr said why): the write then fails
+} MgEngineOps;
+
+// Which optional slots of the table this run uses: set by init (from the
+// flags and the shape), read by the driver. An engine turns on only a slot
+// its table fills in.
+typedef struct {
+    int train_step;   // the whole optimizer step on the device, one wait (CUDA --fused)
+    int snapshot;     // snapshot and snapshot_wait: the asynchronous checkpoint copy (CUDA, unless --sync-snapshot)
+    int kv_forward;   // sampling with a KV cache
+} MgEngineCaps;
+
+typedef struct {
+    const char *name;          // "cpu" or "cuda"
+    const MgEngineOps *ops;    // the engine's table
+    void *impl;                // the engine's state, handed to every slot
+    // Filled in by configure (device, precision, threads), init (caps) and
+    // mg_main (mem_bytes, init's answer):
+    char device[256];          // human-readable device description
+    const char *precision;     // "fp32" or "bf16"
+    int threads;
+    size_t mem_bytes;          // bytes allocated for model, optimizer, activations, KV cache
+    char paths[256];           // optional: a JSON object naming the code paths this run takes
+                               // (the CUDA engine's attention, fused kernels, CUDA graph); "" = none
+    MgEngineCaps caps;
 } MgEngine;
 
 #endif  // MICROGPT_ENGINE_H

@@ -2,7 +2,7 @@
 //
 // The model of docs/ARCHITECTURE.md, forward and backward, AdamW, all in fp32. It is the
 // engine for machines without a GPU, the one CI runs, and the reference the
-// CUDA engine is tested against. This file only computes: it fills in the
+// CUDA engine is tested against. This file only computes, and ends with its
 // engine table (engine.h); the driver (flags, frames, events, checkpoints,
 // signals, the training loop) is shared, in train.h and the headers it
 // includes.
@@ -358,7 +358,7 @@ typedef struct {
     int *kv_positions;  // [BT] absolute position of each packed row
     int threads;
     size_t bytes;
-    MgEngine *eng;  // configure fills in its thread count and device name
+    MgEngine *eng;  // configure fills in its thread count and device name, init its caps
 } Cpu;
 
 static float *cpu_alloc(Cpu *e, size_t count) {
@@ -430,6 +430,7 @@ static size_t cpu_init(void *impl, const MgConfig *cfg) {
     e->gs.bpack = cpu_alloc(e, (size_t)KC * NC);
     e->gs.apack = (float **)mg_malloc((size_t)e->threads * sizeof(float *));
     for (int t = 0; t < e->threads; t++) e->gs.apack[t] = cpu_alloc(e, (size_t)MC * KC);
+    e->eng->caps.kv_forward = 1;  // the KV cache above, at every shape
     return e->bytes;
 }
 
@@ -1032,6 +1033,32 @@ static void cpu_update(void *impl, int step, float lr, float grad_mult) {
                  c->weight_decay, step, e->threads);
 }
 
-// main(): binds the cpu_* functions above (cpu_kv_forward included) into the
-// engine table and runs the shared driver (train.h).
-MG_ENGINE_MAIN(Cpu, cpu, "cpu", cpu_kv_forward)
+// ----------------------------------------------------------------------------
+// The engine table (engine.h) and main(), which runs the shared driver
+// (train.h) with it. The CPU engine has no whole-step path and snapshots
+// through get_state: those slots stay empty and their caps off.
+
+static const MgEngineOps cpu_ops = {
+    .configure = cpu_configure,
+    .init = cpu_init,
+    .set_state = cpu_set_state,
+    .get_state = cpu_get_state,
+    .zero_grads = cpu_zero_grads,
+    .forward_backward = cpu_forward_backward,
+    .forward_loss = cpu_forward_loss,
+    .grad_norm = cpu_grad_norm,
+    .update = cpu_update,
+    .get_grads = cpu_get_grads,
+    .last_logits = cpu_last_logits,
+    .kv_forward = cpu_kv_forward,
+    .train_step = NULL,
+    .snapshot = NULL,
+    .snapshot_wait = NULL,
+};
+
+int main(int argc, char **argv) {
+    static Cpu impl;
+    static MgEngine eng = {.name = "cpu", .ops = &cpu_ops, .impl = &impl};
+    impl.eng = &eng;
+    return mg_main(argc, argv, &eng);
+}

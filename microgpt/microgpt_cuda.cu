@@ -6,8 +6,8 @@
 // the ops are in cuda/, one header each with its kernels forward beside
 // backward, named as their CPU twins in microgpt_cpu.c. Every CUDA and
 // cuBLASLt call is checked. This file only computes, exactly as
-// microgpt_cpu.c does, and is tested against it (tests/gpu/): it fills in the
-// engine table (engine.h); the driver (flags, frames, events, checkpoints,
+// microgpt_cpu.c does, and is tested against it (tests/gpu/); it ends with its
+// engine table (engine.h). The driver (flags, frames, events, checkpoints,
 // signals, the training loop) is shared, in train.h and the headers it
 // includes.
 //
@@ -152,7 +152,6 @@ typedef struct {
     double *norm_partial, *norm_out;
     Profile prof;
 
-    // Pinned host staging.
     // Pinned host staging, [K, ...] like their device twins (the classic path uses slice 0).
     int *h_inputs, *h_targets, *h_bucket_tok, *h_bucket_start, *h_positions, *h_cursor, *h_n_buckets;
     float *h_losses, *h_logits;
@@ -878,8 +877,8 @@ static void choose_attention(Gpu *e, const char *requested) {
 }
 
 // --fused and --cuda-graph (on implies --fused on): the fused step where it
-// applies (bf16, a width that is a multiple of 8),
-// else one warning and the verified step. Which fused kernels then apply is
+// applies (bf16, a width that is a multiple of 8), else one warning and the
+// verified step. Which fused kernels then apply is
 // decided per kernel at this shape; the others stay the verified ones.
 static void choose_fused(Gpu *e, const MgConfig *cfg) {
     int graph = cfg->cuda_graph && strcmp(cfg->cuda_graph, "on") == 0;
@@ -988,14 +987,12 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     e->h_snap_w = (float *)host_alloc(n * sizeof(float));
     e->h_snap_m = (float *)host_alloc(n * sizeof(float));
     e->h_snap_v = (float *)host_alloc(n * sizeof(float));
-    if (!cfg->sync_snapshot) {  // --sync-snapshot: the driver's get_state, the verified writer (qualification)
-        e->eng->snapshot = gpu_snapshot;
-        e->eng->snapshot_wait = gpu_snapshot_wait;
-    }
+    // --sync-snapshot: the driver's get_state, the verified writer (qualification).
+    e->eng->caps.snapshot = !cfg->sync_snapshot;
     // Sampling: the row-local forward (KV cache) where it applies; else the
     // training forward recomputes every window (no kv_forward).
     e->sample_rowlocal = e->bf16 ? sampling_applies<bf16>(e->C, e->H) : sampling_applies<float>(e->C, e->H);
-    if (!e->sample_rowlocal) e->eng->kv_forward = NULL;
+    e->eng->caps.kv_forward = e->sample_rowlocal;
 
     // Warm-up: one forward+backward on zero weights and tokens makes every
     // GEMM plan and loads every kernel now, not inside the first step. The
@@ -1012,7 +1009,6 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
         }
         adamw_step_settings(e->h_opt, 0.0f, cfg->beta1, cfg->beta2, 1);
         enqueue_step(e, 1.0f, cfg->grad_clip);
-        e->eng->train_step = gpu_train_step;
     } else {
         gpu_forward_backward(e, zeros, e->B, 1.0f, row_loss);
     }
@@ -1021,11 +1017,39 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
     free(zeros);
     free(row_loss);
+    e->eng->caps.train_step = e->fused;  // the driver steps through gpu_train_step
     snprintf(e->eng->paths, sizeof e->eng->paths, "{\"attention\":\"%s\",\"fused\":%s,\"cuda_graph\":%s}",
              attention_name(e->attention), e->fused ? "true" : "false", e->use_graph ? "true" : "false");
     return e->bytes;
 }
 
-// main(): binds the gpu_* functions above (gpu_kv_forward included) into the
-// engine table and runs the shared driver (train.h).
-MG_ENGINE_MAIN(Gpu, gpu, "cuda", gpu_kv_forward)
+// ----------------------------------------------------------------------------
+// The engine table (engine.h) and main(), which runs the shared driver
+// (train.h) with it. Every slot is filled; init says in the caps which of the
+// optional ones (the fused step, the asynchronous snapshot, the KV cache)
+// this run takes.
+
+static const MgEngineOps gpu_ops = {
+    .configure = gpu_configure,
+    .init = gpu_init,
+    .set_state = gpu_set_state,
+    .get_state = gpu_get_state,
+    .zero_grads = gpu_zero_grads,
+    .forward_backward = gpu_forward_backward,
+    .forward_loss = gpu_forward_loss,
+    .grad_norm = gpu_grad_norm,
+    .update = gpu_update,
+    .get_grads = gpu_get_grads,
+    .last_logits = gpu_last_logits,
+    .kv_forward = gpu_kv_forward,
+    .train_step = gpu_train_step,
+    .snapshot = gpu_snapshot,
+    .snapshot_wait = gpu_snapshot_wait,
+};
+
+int main(int argc, char **argv) {
+    static Gpu impl;
+    static MgEngine eng = {.name = "cuda", .ops = &gpu_ops, .impl = &impl};
+    impl.eng = &eng;
+    return mg_main(argc, argv, &eng);
+}

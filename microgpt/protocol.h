@@ -1,57 +1,20 @@
-// protocol.h: how the engine is driven. Signals (handlers only set flags),
-// the frame header and its reader, waiting for input without losing a
-// signal, and the token shard of standalone mode (docs/FORMATS.md).
+// protocol.h: how the proxy drives the engine (proxy mode, --data -). The
+// frame header and its reader, the TRAIN/EVAL token frame and the SAMPLE
+// frame, each read and checked by its own reader, and waiting for input
+// without losing a signal. docs/FORMATS.md, "Engine frames".
 #ifndef MICROGPT_PROTOCOL_H
 #define MICROGPT_PROTOCOL_H
 
 #include "common.h"
-#include "model.h"
+#include "signals.h"
 
 #include <errno.h>
 #include <poll.h>
-#include <signal.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
-// Signals: the handlers only set flags; the driver acts between steps.
-
-static volatile sig_atomic_t mg_stop_requested = 0;   // SIGTERM, SIGINT
-static volatile sig_atomic_t mg_ckpt_requested = 0;   // SIGUSR1
-
-static void mg_on_signal(int sig) {
-    if (sig == SIGUSR1) mg_ckpt_requested = 1;
-    else mg_stop_requested = 1;
-}
-
-// The signals whose handlers set the flags above.
-static sigset_t mg_flag_signals(void) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGUSR1);
-    return set;
-}
-
-static void mg_install_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = mg_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;  // no SA_RESTART: a blocked read returns EINTR
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-    // A write past RLIMIT_FSIZE must fail with EFBIG, not kill us mid-save;
-    // a vanished proxy must not kill us with SIGPIPE before we checkpoint.
-    signal(SIGXFSZ, SIG_IGN);
-    signal(SIGPIPE, SIG_IGN);
-}
-
-// ----------------------------------------------------------------------------
-// Frames (proxy mode). docs/FORMATS.md, "Engine frames".
+// The frame header, and the bytes of a frame read from stdin.
 
 enum { MG_FRAME_TRAIN = 1, MG_FRAME_EVAL = 2, MG_FRAME_SAMPLE = 3, MG_FRAME_CHECKPOINT = 4, MG_FRAME_STOP = 5 };
 
@@ -65,33 +28,6 @@ typedef struct {
     uint32_t payload_bytes;
     uint32_t reserved;
 } MgFrameHeader;
-
-// A SAMPLE frame's payload: these parameters, n_prompts MgSamplePrompt, then
-// every prompt's tokens, one prompt after another (docs/FORMATS.md).
-typedef struct {
-    uint32_t n_prompts;
-    uint32_t max_new;      // new tokens per completion
-    uint32_t top_k;        // 0: no top-k
-    float temperature;     // 0: greedy
-} MgSampleParams;
-
-typedef struct {
-    uint32_t n_tokens;     // prompt length
-    uint32_t count;        // completions of this prompt
-    uint64_t seed;
-} MgSamplePrompt;
-
-#define MG_SAMPLE_MAX_PROMPTS 4096   // prompts in one frame
-#define MG_SAMPLE_MAX_COUNT 4096     // completions in one frame, all prompts together
-#define MG_SAMPLE_MAX_TOKENS (1u << 20)  // max_new, and one prompt's length
-
-// A SAMPLE frame, read and checked.
-typedef struct {
-    MgSampleParams params;
-    MgSamplePrompt *prompts;   // [n_prompts]
-    uint16_t *tokens;          // the prompts' tokens, concatenated
-    uint32_t total_count;      // completions, all prompts together
-} MgSampleRequest;
 
 // A frame's token ids must be < vocab.
 static void mg_check_tokens(const uint16_t *tokens, size_t count, int vocab) {
@@ -119,6 +55,97 @@ static size_t mg_read_exact(int fd, void *buf, size_t len, int allow_eof) {
     }
     return got;
 }
+
+// Reads the next frame's header, its magic and zero fields checked. Returns 0
+// at the end of input (EOF between two frames), else 1.
+static int mg_read_frame_header(MgFrameHeader *h) {
+    if (mg_read_exact(0, h, sizeof *h, 1) == 0) return 0;
+    if (memcmp(h->magic, "MGF1", 4)) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: bad magic");
+    if (h->flags || h->reserved) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: nonzero flags or reserved field");
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// TRAIN and EVAL frames: rows of tokens, then one group id per row.
+
+// A token frame's rows, read into buffers that grow to the largest frame
+// seen (an EVAL frame may hold more rows than a step).
+typedef struct {
+    uint16_t *tokens;  // [rows, row_len]
+    uint16_t *groups;  // [rows]: each row's group id
+    uint32_t rows;     // of the frame read last
+    uint32_t cap;      // rows the buffers hold
+} MgTokenFrame;
+
+// Buffers for cap rows of row_len tokens (the groups zeroed: standalone mode
+// has one group).
+static void mg_token_frame_alloc(MgTokenFrame *f, uint32_t cap, int row_len) {
+    f->tokens = (uint16_t *)mg_malloc((size_t)cap * row_len * sizeof(uint16_t));
+    f->groups = (uint16_t *)mg_calloc(cap, sizeof(uint16_t));
+    f->rows = 0;
+    f->cap = cap;
+}
+
+// Reads the payload of a TRAIN or EVAL frame whose header is h into f; any
+// inconsistency is a one-line protocol error. A TRAIN frame holds exactly
+// train_rows rows (batch * grad_accum) and is the one for step + 1 (step: the
+// engine's); every row is row_len (ctx + 1) tokens, each < vocab.
+static void mg_read_token_frame(const MgFrameHeader *h, int row_len, int train_rows, int step, int vocab,
+                                MgTokenFrame *f) {
+    const char *kind = h->type == MG_FRAME_TRAIN ? "TRAIN" : "EVAL";
+    if (h->row_len != (uint32_t)row_len)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: row_len %u, expected ctx+1 = %d", kind, h->row_len, row_len);
+    if (h->type == MG_FRAME_TRAIN && h->rows != (uint32_t)train_rows)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed TRAIN frame: %u rows, expected batch*grad_accum = %d", h->rows, train_rows);
+    if (h->rows == 0 || h->rows > (1u << 20)) mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: %u rows", kind, h->rows);
+    uint64_t expect = (uint64_t)h->rows * row_len * 2 + (uint64_t)h->rows * 2;
+    if (h->payload_bytes != expect)
+        mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: payload %u bytes, expected %llu", kind, h->payload_bytes,
+                (unsigned long long)expect);
+    if (h->type == MG_FRAME_TRAIN && h->id != (uint64_t)step + 1)
+        mg_fail(MG_EXIT_PROTOCOL, "TRAIN frame for step %llu, but the engine is at step %d (expects %d)",
+                (unsigned long long)h->id, step, step + 1);
+    if (h->rows > f->cap) {
+        f->cap = h->rows;
+        f->tokens = (uint16_t *)realloc(f->tokens, (size_t)h->rows * row_len * 2);
+        f->groups = (uint16_t *)realloc(f->groups, (size_t)h->rows * 2);
+        if (!f->tokens || !f->groups) mg_fail(MG_EXIT_IO, "out of memory for a %u-row frame", h->rows);
+    }
+    f->rows = h->rows;
+    mg_read_exact(0, f->tokens, (size_t)h->rows * row_len * 2, 0);
+    mg_read_exact(0, f->groups, (size_t)h->rows * 2, 0);
+    mg_check_tokens(f->tokens, (size_t)h->rows * row_len, vocab);
+}
+
+// ----------------------------------------------------------------------------
+// SAMPLE frames: parameters, prompt headers, the prompts' tokens.
+
+// A SAMPLE frame's payload: these parameters, n_prompts MgSamplePrompt, then
+// every prompt's tokens, one prompt after another (docs/FORMATS.md).
+typedef struct {
+    uint32_t n_prompts;
+    uint32_t max_new;      // new tokens per completion
+    uint32_t top_k;        // 0: no top-k
+    float temperature;     // 0: greedy
+} MgSampleParams;
+
+typedef struct {
+    uint32_t n_tokens;     // prompt length
+    uint32_t count;        // completions of this prompt
+    uint64_t seed;
+} MgSamplePrompt;
+
+#define MG_SAMPLE_MAX_PROMPTS 4096   // prompts in one frame
+#define MG_SAMPLE_MAX_COUNT 4096     // completions in one frame, all prompts together
+#define MG_SAMPLE_MAX_TOKENS (1u << 20)  // max_new, and one prompt's length
+
+// A SAMPLE frame, read and checked.
+typedef struct {
+    MgSampleParams params;
+    MgSamplePrompt *prompts;   // [n_prompts]
+    uint16_t *tokens;          // the prompts' tokens, concatenated
+    uint32_t total_count;      // completions, all prompts together
+} MgSampleRequest;
 
 #ifdef __cplusplus
 static_assert(sizeof(MgSampleParams) == 16 && sizeof(MgSamplePrompt) == 16, "SAMPLE payload layout");
@@ -171,6 +198,9 @@ static void mg_read_sample_request(const MgFrameHeader *h, int vocab, MgSampleRe
     mg_check_tokens(req->tokens, (size_t)n_tokens, vocab);
 }
 
+// ----------------------------------------------------------------------------
+// Waiting for the next frame.
+
 // Waits until stdin (fd) is readable, a signal arrives or wake_fd (the
 // checkpoint writer's pipe; -1: none) becomes readable, without the race
 // where a signal lands between checking the flags and blocking in read():
@@ -192,50 +222,6 @@ static int mg_wait_for_input(int fd, int wake_fd) {
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     return ready;
-}
-
-// ----------------------------------------------------------------------------
-// Token shard (standalone mode). docs/FORMATS.md, "Token shard".
-
-typedef struct {
-    uint16_t *tokens;
-    uint64_t n;
-} MgShard;
-
-static MgShard mg_load_shard(const char *path, int vocab, int row_len) {
-    MgShard sh = {NULL, 0};
-    FILE *f = fopen(path, "rb");
-    if (!f) mg_fail(MG_EXIT_PROTOCOL, "cannot open token shard %s: %s", path, strerror(errno));
-    unsigned char head[32];
-    if (fread(head, 1, 32, f) != 32) mg_fail(MG_EXIT_PROTOCOL, "%s: not a token shard (shorter than its 32-byte header)", path);
-    uint32_t version, shard_vocab;
-    memcpy(&version, head + 8, 4);
-    memcpy(&shard_vocab, head + 12, 4);
-    memcpy(&sh.n, head + 16, 8);
-    if (memcmp(head, "MGPTTOKS", 8)) mg_fail(MG_EXIT_PROTOCOL, "%s: not a token shard (bad magic)", path);
-    if (version != 1) mg_fail(MG_EXIT_PROTOCOL, "%s: unsupported token shard version %u", path, version);
-    struct stat sb;
-    if (fstat(fileno(f), &sb) || (uint64_t)sb.st_size != 32 + 2 * sh.n)
-        mg_fail(MG_EXIT_PROTOCOL, "%s: size does not match its header's %llu tokens", path, (unsigned long long)sh.n);
-    if (sh.n < (uint64_t)row_len) mg_fail(MG_EXIT_PROTOCOL, "%s: %llu tokens, fewer than one row of %d", path, (unsigned long long)sh.n, row_len);
-    sh.tokens = (uint16_t *)mg_malloc(sh.n * sizeof(uint16_t));
-    if (fread(sh.tokens, 2, sh.n, f) != sh.n) mg_fail(MG_EXIT_PROTOCOL, "%s: read failed", path);
-    fclose(f);
-    for (uint64_t i = 0; i < sh.n; i++)
-        if (sh.tokens[i] >= vocab)
-            mg_fail(MG_EXIT_PROTOCOL, "%s: token id %u at position %llu >= vocab %d", path, sh.tokens[i], (unsigned long long)i, vocab);
-    (void)shard_vocab;
-    return sh;
-}
-
-// Row r of step s starts at a position drawn from (seed, s, r): the batch of
-// a step never depends on what ran before it, so resume is exact.
-static void mg_shard_batch(const MgShard *sh, uint64_t seed, int step, int rows, int row_len, uint16_t *out) {
-    uint64_t span = sh->n - (uint64_t)row_len + 1;
-    for (int r = 0; r < rows; r++) {
-        uint64_t start = mg_hash3(seed ^ MG_STREAM_BATCH, (uint64_t)step, (uint64_t)r) % span;
-        memcpy(out + (size_t)r * row_len, sh->tokens + start, (size_t)row_len * sizeof(uint16_t));
-    }
 }
 
 #endif  // MICROGPT_PROTOCOL_H

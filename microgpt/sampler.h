@@ -7,6 +7,7 @@
 #include "engine.h"
 #include "model.h"
 #include "protocol.h"
+#include "signals.h"
 
 #include <string.h>
 
@@ -111,7 +112,7 @@ static void mg_next_logits(MgEngine *eng, MgCompletion *c, int rows, uint32_t j,
         c[r].cached = len;
         n_kv++;
     }
-    if (n_kv) eng->kv_forward(eng->impl, n_kv, s->slot, s->pos, s->n_new, s->packed, s->kv_logits);
+    if (n_kv) eng->ops->kv_forward(eng->impl, n_kv, s->slot, s->pos, s->n_new, s->packed, s->kv_logits);
     for (int i = 0; i < n_kv; i++) s->logits[s->slot[i]] = s->kv_logits + (size_t)i * V;
     int placed = 0;  // rows of win_logits filled so far
     for (int first = 0; first < rows; first++) {
@@ -125,7 +126,7 @@ static void mg_next_logits(MgEngine *eng, MgCompletion *c, int rows, uint32_t j,
             s->pending[r] = 0;
         }
         float *out = s->win_logits + (size_t)placed * V;
-        eng->last_logits(eng->impl, s->windows, n_win, win, out);
+        eng->ops->last_logits(eng->impl, s->windows, n_win, win, out);
         for (int i = 0; i < n_win; i++) s->logits[s->win_rows[i]] = out + (size_t)i * V;
         placed += n_win;
     }
@@ -143,7 +144,7 @@ static void mg_next_logits(MgEngine *eng, MgCompletion *c, int rows, uint32_t j,
 static int mg_sample(MgEngine *eng, const MgConfig *cfg, int step, uint64_t id, const MgSampleRequest *req) {
     const MgSampleParams *p = &req->params;
     int B = cfg->batch, T = cfg->ctx, V = cfg->vocab;
-    int use_kv = eng->kv_forward != NULL && !cfg->sample_recompute;
+    int use_kv = eng->caps.kv_forward && !cfg->sample_recompute;
     double t0 = mg_now_ms();
     uint32_t n = req->total_count;
     MgCompletion *c = (MgCompletion *)mg_calloc(n, sizeof(MgCompletion));

@@ -1,7 +1,8 @@
 // train.h: the training driver both engines share. One train step (forward,
 // backward, clip, AdamW through the engine table), evals, checkpoint
 // emission, the proxy-mode frame loop, the standalone loop over a token
-// shard, and mg_main, the entry point an engine's main() calls.
+// shard, and mg_main, the entry point an engine's main() calls with its
+// engine (engine.h).
 #ifndef MICROGPT_TRAIN_H
 #define MICROGPT_TRAIN_H
 
@@ -13,6 +14,8 @@
 #include "model.h"
 #include "protocol.h"
 #include "sampler.h"
+#include "shard.h"
+#include "signals.h"
 
 #include <string.h>
 
@@ -30,10 +33,9 @@ typedef struct {
     int durable_step;    // step of the last checkpoint announced (durable) or loaded, -1 if none
     int steps_here;      // optimizer steps this process has trained (--dump-grads-step counts them)
     uint64_t tokens_seen;
-    float *row_loss;     // [batch * grad_accum] or eval rows chunk
-    uint16_t *rows_buf;  // [batch * grad_accum * (T+1)] tokens
-    uint16_t *groups_buf;
-    uint32_t rows_cap;
+    MgTokenFrame frame;  // the rows of a TRAIN or EVAL frame (standalone: of the step), [batch * grad_accum] or more
+    float *row_loss;     // each row's loss
+    uint32_t row_loss_cap;
     MgCkptWriter writer;
     const char *ckpt_reason;  // of the write in flight
     double ckpt_wait_ms;      // how long it waited for the write before it
@@ -48,9 +50,10 @@ typedef struct {
 // later step event, sometimes.
 
 // Announces the write in flight once it has finished (waiting for it if
-// `wait`): the ckpt event, then --keep-last pruning (standalone mode), which
-// so only ever sees durable files. Returns the write's errno value (0 for a
-// success, or nothing finished); the caller decides what a failure means.
+// `wait`): the ckpt event, then --keep-last pruning (standalone mode), so
+// that pruning only ever sees durable files. Returns the write's errno value
+// (0 for a success, or nothing finished); the caller decides what a failure
+// means.
 static int mg_ckpt_announce(MgDriver *d, int wait, MgWriteResult *r) {
     if (!mg_writer_collect(&d->writer, wait, r)) return 0;  // nothing finished
     if (r->err) return r->err;
@@ -102,8 +105,8 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     double t0 = mg_now_ms();
     mg_ckpt_settle(d, 1);
     double t1 = mg_now_ms();
-    if (d->eng->snapshot) d->eng->snapshot(d->eng->impl, &d->st.weights, &d->st.m, &d->st.v);
-    else d->eng->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
+    if (d->eng->caps.snapshot) d->eng->ops->snapshot(d->eng->impl, &d->st.weights, &d->st.m, &d->st.v);
+    else d->eng->ops->get_state(d->eng->impl, d->st.weights, d->st.m, d->st.v);
     d->st.step = d->step;
     d->st.tokens_seen = d->tokens_seen;
     d->ckpt_reason = reason;
@@ -112,7 +115,7 @@ static void mg_ckpt_begin(MgDriver *d, const char *reason) {
     d->last_ckpt_ms = t0;
     d->saved_step = d->step;
     mg_writer_submit(&d->writer, &d->ckdir, &d->cfg, d->eng->name, &d->st,
-                     d->eng->snapshot ? d->eng->snapshot_wait : NULL, d->eng->impl);
+                     d->eng->caps.snapshot ? d->eng->ops->snapshot_wait : NULL, d->eng->impl);
 }
 
 static void mg_emit_exit(MgDriver *d, const char *reason) {
@@ -160,7 +163,7 @@ static void mg_print_groups(const float *row_loss, const uint16_t *groups, int r
 
 static void mg_write_grads_file(MgDriver *d, float loss) {
     float *grads = (float *)mg_malloc(d->lay.n * sizeof(float));
-    d->eng->get_grads(d->eng->impl, grads);
+    d->eng->ops->get_grads(d->eng->impl, grads);
     FILE *f = fopen(d->cfg.dump_grads, "wb");
     if (!f || fwrite(grads, sizeof(float), d->lay.n, f) != d->lay.n || fclose(f))
         mg_fail(MG_EXIT_IO, "cannot write gradients to %s: %s", d->cfg.dump_grads, strerror(errno));
@@ -189,6 +192,35 @@ static void mg_fail_nonfinite(const MgDriver *d, float loss) {
             isfinite(loss) ? "gradient norm" : "loss", d->step + 1, last);
 }
 
+// ----------------------------------------------------------------------------
+// The data-parallel seams. A step's rows reach the engine, and its gradients
+// become the step's, through these two functions and nowhere else. This
+// process is the only rank: its share is every micro-batch of the step, and
+// its gradients are already the step's sum. With several ranks,
+// mg_rows_of_rank gives this rank its micro-batches (rank 0 scatters the
+// frame's, in order) and mg_reduce_gradients sums the gradients over ranks in
+// one fixed order and gathers the row losses to rank 0. The engine's whole
+// step (caps.train_step) runs on the device with no host wait inside, so
+// there the reduction has to be the engine's own, between its backward and
+// its norm.
+
+// This rank's share of a step: `micro` micro-batches of batch rows of T+1
+// tokens, their row losses written at row_loss (inside the step's).
+typedef struct {
+    const uint16_t *tokens;
+    int micro;
+    float *row_loss;
+} MgRankRows;
+
+static MgRankRows mg_rows_of_rank(MgDriver *d, const uint16_t *tokens) {
+    MgRankRows mine = {tokens, d->cfg.grad_accum, d->row_loss};
+    return mine;
+}
+
+// After this rank's backward: every rank then holds the step's gradients,
+// and d->row_loss every row's loss. One rank: nothing to do.
+static void mg_reduce_gradients(MgDriver *d) { (void)d; }
+
 // One optimizer update from rows = batch * grad_accum rows of T+1 tokens:
 // through the engine's train_step where it has one (the whole step on the
 // device, one wait), else call by call.
@@ -202,29 +234,33 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
     int dump = c->dump_grads && d->steps_here + 1 == c->dump_grads_step;
     double norm;
     float loss;
-    if (d->eng->train_step) {
-        norm = d->eng->train_step(d->eng->impl, tokens, K, grad_scale, s, lr, c->grad_clip, d->row_loss);
+    MgRankRows mine = mg_rows_of_rank(d, tokens);
+    if (d->eng->caps.train_step) {
+        norm = d->eng->ops->train_step(d->eng->impl, mine.tokens, mine.micro, grad_scale, s, lr, c->grad_clip,
+                                       mine.row_loss);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);
         if (dump) mg_write_grads_file(d, loss);  // the update does not touch the gradients
         if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
     } else {
-        d->eng->zero_grads(d->eng->impl);
-        for (int k = 0; k < K; k++)
-            d->eng->forward_backward(d->eng->impl, tokens + (size_t)k * B * (T + 1), B, grad_scale,
-                                     d->row_loss + (size_t)k * B);
+        d->eng->ops->zero_grads(d->eng->impl);
+        for (int k = 0; k < mine.micro; k++)
+            d->eng->ops->forward_backward(d->eng->impl, mine.tokens + (size_t)k * B * (T + 1), B, grad_scale,
+                                          mine.row_loss + (size_t)k * B);
+        mg_reduce_gradients(d);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);
         if (dump) mg_write_grads_file(d, loss);
-        norm = d->eng->grad_norm(d->eng->impl);
+        norm = d->eng->ops->grad_norm(d->eng->impl);
         if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
-        d->eng->update(d->eng->impl, s, lr, mg_clip_factor(norm, c->grad_clip));
+        d->eng->ops->update(d->eng->impl, s, lr, mg_clip_factor(norm, c->grad_clip));
     }
     d->step = s;
     d->steps_here++;
     d->tokens_seen += (uint64_t)rows * T;
+    // its keys are the step-field table's (proxy/formats/step_fields.py; tests/engine/test_step_event_fields.py)
     printf("{\"event\":\"step\",\"step\":%d,\"loss\":", s);
     mg_json_float(stdout, loss);
     mg_print_groups(d->row_loss, groups, rows, T, 0);
@@ -264,7 +300,7 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
     for (int r0 = 0; r0 < rows; r0 += B) {
         if (mg_stop_requested) return;
         int n = rows - r0 < B ? rows - r0 : B;
-        d->eng->forward_loss(d->eng->impl, tokens + (size_t)r0 * (T + 1), n, d->row_loss + r0);
+        d->eng->ops->forward_loss(d->eng->impl, tokens + (size_t)r0 * (T + 1), n, d->row_loss + r0);
     }
     for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
     printf("{\"event\":\"eval\",\"id\":%llu,\"step\":%d,\"loss\":", (unsigned long long)id, d->step);
@@ -274,6 +310,15 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
     fflush(stdout);
 }
 
+// The row losses grow with the token frame (an EVAL frame may hold more rows
+// than a step).
+static void mg_reserve_row_loss(MgDriver *d) {
+    if (d->row_loss_cap >= d->frame.cap) return;
+    d->row_loss = (float *)realloc(d->row_loss, (size_t)d->frame.cap * sizeof(float));
+    if (!d->row_loss) mg_fail(MG_EXIT_IO, "out of memory for a %u-row frame", d->frame.cap);
+    d->row_loss_cap = d->frame.cap;
+}
+
 // Reads and executes frames until EOF, STOP or a signal. A stop signal is
 // answered after the step in flight: the frames queued behind it are not
 // trained (a TRAIN frame read after the signal landed is dropped too); the
@@ -281,47 +326,23 @@ static void mg_eval(MgDriver *d, uint64_t id, const uint16_t *tokens, const uint
 // of a step depends only on the seed, the step and the mixture.
 static void mg_proxy_loop(MgDriver *d) {
     const MgConfig *c = &d->cfg;
-    int rowlen = c->ctx + 1;
     for (;;) {
         mg_ckpt_settle(d, 0);  // a write that finished while idle or during the last frame
         mg_handle_signals(d);  // signals that arrived then
         if (!mg_wait_for_input(0, mg_writer_fd(&d->writer))) continue;
         MgFrameHeader h;
-        if (mg_read_exact(0, &h, sizeof h, 1) == 0) mg_finish(d, "eof", "eof");
-        if (memcmp(h.magic, "MGF1", 4)) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: bad magic");
-        if (h.flags || h.reserved) mg_fail(MG_EXIT_PROTOCOL, "malformed frame: nonzero flags or reserved field");
+        if (!mg_read_frame_header(&h)) mg_finish(d, "eof", "eof");
         switch (h.type) {
         case MG_FRAME_TRAIN:
-        case MG_FRAME_EVAL: {
-            const char *kind = h.type == MG_FRAME_TRAIN ? "TRAIN" : "EVAL";
-            if (h.row_len != (uint32_t)rowlen)
-                mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: row_len %u, expected ctx+1 = %d", kind, h.row_len, rowlen);
-            if (h.type == MG_FRAME_TRAIN && h.rows != (uint32_t)(c->batch * c->grad_accum))
-                mg_fail(MG_EXIT_PROTOCOL, "malformed TRAIN frame: %u rows, expected batch*grad_accum = %d", h.rows, c->batch * c->grad_accum);
-            if (h.rows == 0 || h.rows > (1u << 20)) mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: %u rows", kind, h.rows);
-            uint64_t expect = (uint64_t)h.rows * rowlen * 2 + (uint64_t)h.rows * 2;
-            if (h.payload_bytes != expect)
-                mg_fail(MG_EXIT_PROTOCOL, "malformed %s frame: payload %u bytes, expected %llu", kind, h.payload_bytes, (unsigned long long)expect);
-            if (h.type == MG_FRAME_TRAIN && h.id != (uint64_t)d->step + 1)
-                mg_fail(MG_EXIT_PROTOCOL, "TRAIN frame for step %llu, but the engine is at step %d (expects %d)",
-                        (unsigned long long)h.id, d->step, d->step + 1);
-            if (h.rows > d->rows_cap) {
-                d->rows_cap = h.rows;
-                d->rows_buf = (uint16_t *)realloc(d->rows_buf, (size_t)h.rows * rowlen * 2);
-                d->groups_buf = (uint16_t *)realloc(d->groups_buf, (size_t)h.rows * 2);
-                d->row_loss = (float *)realloc(d->row_loss, (size_t)h.rows * sizeof(float));
-                if (!d->rows_buf || !d->groups_buf || !d->row_loss) mg_fail(MG_EXIT_IO, "out of memory for a %u-row frame", h.rows);
-            }
-            mg_read_exact(0, d->rows_buf, (size_t)h.rows * rowlen * 2, 0);
-            mg_read_exact(0, d->groups_buf, (size_t)h.rows * 2, 0);
-            mg_check_tokens(d->rows_buf, (size_t)h.rows * rowlen, c->vocab);
+        case MG_FRAME_EVAL:
+            mg_read_token_frame(&h, c->ctx + 1, c->batch * c->grad_accum, d->step, c->vocab, &d->frame);
+            mg_reserve_row_loss(d);
             if (mg_stop_requested) break;  // a stop came while the frame was read: not trained
             if (h.type == MG_FRAME_TRAIN) {
-                mg_train_step(d, d->rows_buf, d->groups_buf);
+                mg_train_step(d, d->frame.tokens, d->frame.groups);
                 mg_periodic_checkpoint(d);
-            } else mg_eval(d, h.id, d->rows_buf, d->groups_buf, (int)h.rows);
+            } else mg_eval(d, h.id, d->frame.tokens, d->frame.groups, (int)d->frame.rows);
             break;
-        }
         case MG_FRAME_SAMPLE: {
             MgSampleRequest req;
             mg_read_sample_request(&h, c->vocab, &req);
@@ -348,8 +369,8 @@ static void mg_standalone_loop(MgDriver *d, const MgShard *sh) {
     int rows = c->batch * c->grad_accum;
     uint16_t *groups = (uint16_t *)mg_calloc((size_t)rows, sizeof(uint16_t));
     while (d->step < c->steps) {
-        mg_shard_batch(sh, c->seed, d->step + 1, rows, c->ctx + 1, d->rows_buf);
-        mg_train_step(d, d->rows_buf, groups);
+        mg_shard_batch(sh, c->seed, d->step + 1, rows, c->ctx + 1, d->frame.tokens);
+        mg_train_step(d, d->frame.tokens, groups);
         mg_periodic_checkpoint(d);
         mg_ckpt_settle(d, 0);
         mg_handle_signals(d);
@@ -358,8 +379,9 @@ static void mg_standalone_loop(MgDriver *d, const MgShard *sh) {
     mg_finish(d, "done", "done");
 }
 
-// The driver's entry point: parse, load or initialise, `ready`, then the
-// standalone or the proxy loop (neither returns). MG_ENGINE_MAIN calls it.
+// The driver's entry point, called by an engine's main() with its engine:
+// parse, load or initialise, `ready`, then the standalone or the proxy loop
+// (neither returns).
 static int mg_main(int argc, char **argv, MgEngine *eng) {
     setvbuf(stdout, NULL, _IOFBF, 1 << 16);
     mg_crc_init();
@@ -367,7 +389,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     memset(&d, 0, sizeof d);
     d.eng = eng;
     mg_parse_args(&d.cfg, argc, argv);
-    const char *bad = eng->configure(eng->impl, &d.cfg);
+    const char *bad = eng->ops->configure(eng->impl, &d.cfg);
     if (bad) mg_fail(MG_EXIT_USAGE, "%s", bad);
     mg_install_signals();
     if (d.cfg.dump_logits) {  // start empty: every SAMPLE frame appends to it
@@ -397,18 +419,17 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     d.st.weights = (float *)mg_malloc(d.lay.n * sizeof(float));
     d.st.m = (float *)mg_malloc(d.lay.n * sizeof(float));
     d.st.v = (float *)mg_malloc(d.lay.n * sizeof(float));
-    d.rows_cap = (uint32_t)(c->batch * c->grad_accum);
-    d.rows_buf = (uint16_t *)mg_malloc((size_t)d.rows_cap * (c->ctx + 1) * sizeof(uint16_t));
-    d.groups_buf = (uint16_t *)mg_calloc(d.rows_cap, sizeof(uint16_t));
-    d.row_loss = (float *)mg_malloc((size_t)d.rows_cap * sizeof(float));
+    mg_token_frame_alloc(&d.frame, (uint32_t)(c->batch * c->grad_accum), c->ctx + 1);
+    d.row_loss_cap = d.frame.cap;
+    d.row_loss = (float *)mg_malloc((size_t)d.row_loss_cap * sizeof(float));
     d.saved_step = d.durable_step = -1;
     mg_writer_start(&d.writer);
     mg_fail_hook.fn = mg_ckpt_settle_before_fail;
     mg_fail_hook.ctx = &d;
 
-    eng->mem_bytes = eng->init(eng->impl, c);
+    eng->mem_bytes = eng->ops->init(eng->impl, c);
     if (resumed_from[0]) {
-        eng->set_state(eng->impl, loaded.weights, loaded.m, loaded.v);
+        eng->ops->set_state(eng->impl, loaded.weights, loaded.m, loaded.v);
         d.step = loaded.step;
         d.tokens_seen = loaded.has_trailer ? loaded.tokens_seen : (uint64_t)loaded.step * c->batch * c->grad_accum * c->ctx;
         d.saved_step = d.durable_step = loaded.step;
@@ -417,9 +438,9 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
         mg_init_params(d.st.weights, c);
         memset(d.st.m, 0, d.lay.n * sizeof(float));
         memset(d.st.v, 0, d.lay.n * sizeof(float));
-        eng->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
+        eng->ops->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
     }
-    if (eng->snapshot) {  // snapshots land in the engine's own host buffers
+    if (eng->caps.snapshot) {  // snapshots land in the engine's own host buffers
         free(d.st.weights);
         free(d.st.m);
         free(d.st.v);
@@ -442,34 +463,5 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     else mg_proxy_loop(&d);
     return 0;
 }
-
-// The main() of an engine binary. An engine names its compute functions
-// <prefix>_<slot> for the slots of MgEngine (cpu_init, gpu_init, ...), keeps
-// a back-pointer `MgEngine *eng` in its state struct Impl (configure fills
-// in the device, threads and precision through it), and ends with
-//     MG_ENGINE_MAIN(Cpu, cpu, "cpu", cpu_kv_forward)
-// (NULL for an engine without a KV cache), so both engines bind their
-// tables the same way, by name.
-#define MG_ENGINE_MAIN(Impl, prefix, engine_name, kv)  \
-    int main(int argc, char **argv) {                  \
-        static Impl impl;                              \
-        static MgEngine eng;                           \
-        impl.eng = &eng;                               \
-        eng.name = engine_name;                        \
-        eng.impl = &impl;                              \
-        eng.configure = prefix##_configure;            \
-        eng.init = prefix##_init;                      \
-        eng.set_state = prefix##_set_state;            \
-        eng.get_state = prefix##_get_state;            \
-        eng.zero_grads = prefix##_zero_grads;          \
-        eng.forward_backward = prefix##_forward_backward; \
-        eng.forward_loss = prefix##_forward_loss;      \
-        eng.grad_norm = prefix##_grad_norm;            \
-        eng.update = prefix##_update;                  \
-        eng.get_grads = prefix##_get_grads;            \
-        eng.last_logits = prefix##_last_logits;        \
-        eng.kv_forward = kv;                           \
-        return mg_main(argc, argv, &eng);              \
-    }
 
 #endif  // MICROGPT_TRAIN_H

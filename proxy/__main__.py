@@ -1,4 +1,5 @@
 """`python -m proxy ...`: see proxy/cli.py and docs/CLI.md."""
+
 import sys
 
 from .cli import main

@@ -18,23 +18,26 @@ rundir/lock.py): a replacing write of a file directly in it then creates,
 renames and syncs relative to that descriptor, so it lands in the directory
 the descriptor names even if the path was moved or replaced meanwhile.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from . import temp_names
 from .errors import STORAGE_ERRNOS, StorageError
 from .safe_fs import NO_FOLLOW, open_own, open_regular
 from .temp_names import NEW_FLAGS
 
-APPEND_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0)
-                | getattr(os, "O_CLOEXEC", 0))
+APPEND_FLAGS = (
+    os.O_RDWR | os.O_APPEND | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 UNIQUE_TRIES = 1000  # write_unique's names: stem, stem_2, ... stem_1000
 
 

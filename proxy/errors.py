@@ -1,4 +1,5 @@
 """Exit codes of the `proxy` command, and the errors that carry one (docs/CLI.md, "Exit status")."""
+
 from __future__ import annotations
 
 import errno
@@ -9,7 +10,7 @@ EXIT_FAILURE = 1  # runtime failure: run in use, no proxy to signal, engine cann
 EXIT_USAGE = 2  # bad input: arguments, experiment or caps file, run directory, engine binary
 EXIT_CRASHLOOP = 3  # the engine failed --max-failures times in a row without progress
 EXIT_STORAGE = 5  # a write of the proxy's failed: disk full, file too large, I/O error, read-only (as the engine's 5)
-EXIT_DIVERGED = 6  # the run diverged: a loss or a state not finite or not sane (as the engine's 6; rundir/divergence.py)
+EXIT_DIVERGED = 6  # the run diverged: a loss or a state not finite or not sane (as the engine's 6; proxy/divergence.py)
 EXIT_INTERRUPTED = 130  # Ctrl-C before training started
 
 
@@ -18,7 +19,7 @@ class ProxyError(Exception):
     unless one is given. An error that always means one exit status subclasses this and sets `code`
     (a bad run directory, experiment file, data, engine: EXIT_USAGE), so it reaches cli.py, which prints
     the line and returns the code, without being caught and raised again on the way. A caller that knows
-    what was being done when it was raised says so with `exc.add_note("cannot pivot")` and raises the same
+    what was being done when it was raised says so with `add_note(exc, "cannot pivot")` and raises the same
     error again: the code stays the one its raiser chose."""
 
     code = EXIT_FAILURE
@@ -40,9 +41,19 @@ def one_line(exc: BaseException) -> str:
 
 # The write failures that say the storage, not the proxy, is at fault, and what the user can do about
 # each; every one stops a command with StorageError. Any other OSError keeps its own handling.
-STORAGE_ERRNOS = {errno.ENOSPC: "free space", errno.EDQUOT: "free space or raise the disk quota",
-                  errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EIO: "check the disk",
-                  errno.EROFS: "make the file system writable"}
+def add_note(exc: BaseException, note: str) -> None:
+    """`exc.add_note(note)`, which Python 3.10 lacks; `one_line` reads the notes on every version."""
+    # where 3.11's add_note keeps them (the instance's __notes__), so tracebacks there show them too
+    exc.__dict__.setdefault("__notes__", []).append(note)
+
+
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "free space",
+    errno.EDQUOT: "free space or raise the disk quota",
+    errno.EFBIG: "raise the file-size limit (ulimit -f)",
+    errno.EIO: "check the disk",
+    errno.EROFS: "make the file system writable",
+}
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no new block can be had (but the blocks a file holds can be rewritten)
 
 
@@ -55,5 +66,6 @@ class StorageError(ProxyError):
         self.errno = exc.errno
         self.errno_name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.strerror = exc.strerror or os.strerror(exc.errno or 0)
-        super().__init__(f"cannot {action} {path}: {self.strerror} ({self.errno_name}); "
-                         f"{STORAGE_ERRNOS[exc.errno]}", EXIT_STORAGE)
+        super().__init__(
+            f"cannot {action} {path}: {self.strerror} ({self.errno_name}); {STORAGE_ERRNOS[exc.errno]}", EXIT_STORAGE
+        )

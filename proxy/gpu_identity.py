@@ -12,6 +12,7 @@ event names the same GPU (qualification.py). The cuDNN version is the
 installed `nvidia-cudnn-cu13` (else `-cu12`) wheel's, the library the build
 finds first (microgpt/cuda.mk), or "none".
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -64,8 +65,9 @@ def read_gpu_identity() -> GpuIdentity:
     try:
         handle = ctypes.c_void_p()
         if how == "index":
-            _check(nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(which)), ctypes.byref(handle)),
-                   f"device {which}")
+            _check(
+                nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(which)), ctypes.byref(handle)), f"device {which}"
+            )
         else:
             _check(nvml.nvmlDeviceGetHandleByUUID(which.encode(), ctypes.byref(handle)), f"device {which}")
         name = ctypes.create_string_buffer(_NAME_BYTES)

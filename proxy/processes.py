@@ -14,6 +14,7 @@ the user owns. So the proxy signals a process only through this module:
   the process started at the time it was looked up (a pid reused meanwhile
   raises NoSuchProcess instead of being signalled).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,16 +28,17 @@ PROC = "/proc"
 
 class FileIdentity(NamedTuple):
     """A file or directory as the kernel knows it: its device and inode."""
+
     dev: int
     ino: int
 
     @classmethod
-    def of(cls, path: str | os.PathLike, follow: bool = True) -> "FileIdentity":
+    def of(cls, path: str | os.PathLike, follow: bool = True) -> FileIdentity:
         st = os.stat(path, follow_symlinks=follow)
         return cls(st.st_dev, st.st_ino)
 
     @classmethod
-    def of_fd(cls, fd: int) -> "FileIdentity":
+    def of_fd(cls, fd: int) -> FileIdentity:
         st = os.fstat(fd)
         return cls(st.st_dev, st.st_ino)
 
@@ -137,7 +139,7 @@ def flock_holder(target: FileIdentity) -> psutil.Process | None:
 def same_command(cmdline: list[str], argv: list[str]) -> bool:
     """Whether a live process's command line is `argv` as launched. A script's interpreter comes first
     (the kernel puts it before the script's path for a `#!` line), so the command line ends with argv."""
-    return bool(argv) and len(cmdline) >= len(argv) and cmdline[len(cmdline) - len(argv):] == argv
+    return bool(argv) and len(cmdline) >= len(argv) and cmdline[len(cmdline) - len(argv) :] == argv
 
 
 def group_leader(pid: int) -> bool:
@@ -146,7 +148,6 @@ def group_leader(pid: int) -> bool:
         return os.getpgid(pid) == pid
     except OSError:
         return False
-
 
 
 def identity_seen_by(pid: int, path: str) -> FileIdentity | None:

@@ -18,21 +18,35 @@ matches this one. It is cached per environment under the cache directory and
 recorded in the run directory (`.qualification.json`), so every relaunch of
 the run keeps its paths (and its bits) while the environment is the same.
 """
+
 from __future__ import annotations
 
 import hashlib
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .formats.engine_cli import VERIFIED_FLAGS, FastPath, path_flags
-from .formats.qualification_record import (Check, Environment, Qualification, QualificationFileError, Verdict,
-                                           read_qualification, write_qualification)
+from .formats.qualification_record import (
+    Check,
+    Environment,
+    Qualification,
+    QualificationFileError,
+    Verdict,
+    read_qualification,
+    write_qualification,
+)
 from .gpu_identity import GpuIdentityError, cudnn_version, read_gpu_identity
 from .qualification_checks import CHECK_STEPS, CHECK_TIMEOUT_S, CheckRun, run_check
-from .qualification_compare import (COSINE_MIN, LOSS_TOLERANCE, judge_kv_cache, judge_snapshot,  # noqa: F401
-                                    judge_training, tensor_cosines)
+from .qualification_compare import (  # noqa: F401
+    COSINE_MIN,
+    LOSS_TOLERANCE,
+    judge_kv_cache,
+    judge_snapshot,
+    judge_training,
+    tensor_cosines,
+)
 from .rundir.layout import RunDir
 from .safe_fs import UnsafeFileError, file_sha256
 
@@ -40,8 +54,12 @@ __all__ = ["COSINE_MIN", "LOSS_TOLERANCE", "VERIFIED_FLAGS", "tensor_cosines", "
 
 # What the engine's ready event `paths` says when it runs a training path (a path it cannot run here,
 # it replaces with the verified one after a warning: the check then calls it unavailable).
-READY_PATHS = {FastPath.ATTENTION_CUDNN: {"attention": "cudnn"}, FastPath.ATTENTION_FLASH: {"attention": "flash"},
-               FastPath.FUSED: {"fused": True}, FastPath.CUDA_GRAPH: {"cuda_graph": True, "fused": True}}
+READY_PATHS = {
+    FastPath.ATTENTION_CUDNN: {"attention": "cudnn"},
+    FastPath.ATTENTION_FLASH: {"attention": "flash"},
+    FastPath.FUSED: {"fused": True},
+    FastPath.CUDA_GRAPH: {"cuda_graph": True, "fused": True},
+}
 SHAPE_KEYS = ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum")
 OPTIMIZER_FLAGS = {"lr": "--lr", "min_lr": "--min-lr", "beta1": "--beta1", "beta2": "--beta2"}
 # The most engine processes one qualification starts: the verified run, two runs of each training path
@@ -56,8 +74,13 @@ def environment(binary: Path, model: dict) -> Environment:
     """This machine's GPU, driver, cuDNN, the engine build and the run's shape; GpuIdentityError when NVML
     cannot say which GPU."""
     gpu = read_gpu_identity()
-    return Environment(gpu=gpu.gpu, driver=gpu.driver, build=file_sha256(binary)[1], cudnn=cudnn_version(),
-                       shape={k: int(model[k]) for k in SHAPE_KEYS})
+    return Environment(
+        gpu=gpu.gpu,
+        driver=gpu.driver,
+        build=file_sha256(binary)[1],
+        cudnn=cudnn_version(),
+        shape={k: int(model[k]) for k in SHAPE_KEYS},
+    )
 
 
 def cache_path(cache_dir: Path, env: Environment) -> Path:
@@ -67,7 +90,7 @@ def cache_path(cache_dir: Path, env: Environment) -> Path:
 
 def optimizer_of(settings: list[str]) -> dict[str, float]:
     """The run's lr, min_lr and betas from its engine settings (`--flag value` pairs)."""
-    given = dict(zip(settings[::2], settings[1::2]))
+    given = dict(zip(settings[::2], settings[1::2], strict=False))
     return {name: float(given[flag]) for name, flag in OPTIMIZER_FLAGS.items()}
 
 
@@ -84,11 +107,13 @@ def changed(old: Environment, new: Environment) -> str:
 
 # ------------------------------------------------------------------ the whole qualification
 
+
 class _Checker:
     """The check runs of one qualification, against one verified run."""
 
-    def __init__(self, binary: Path, settings: list[str], model: dict, tmp: Path, say: Say, runner: Runner,
-                 timeout: float):
+    def __init__(
+        self, binary: Path, settings: list[str], model: dict, tmp: Path, say: Say, runner: Runner, timeout: float
+    ):
         self.binary, self.settings, self.model, self.tmp = binary, settings, model, tmp
         self.say, self.runner, self.timeout = say, runner, timeout
         self.optimizer = optimizer_of(settings)
@@ -96,15 +121,25 @@ class _Checker:
 
     def run(self, paths: tuple[FastPath, ...], label: str, initial: bool = False, repeat: bool = False) -> CheckRun:
         """One check run; a `repeat` is compared with the first by its losses and checkpoint hashes only."""
-        return self.runner(self.binary, self.settings, path_flags(paths), self.model, self.tmp / label,
-                           timeout=self.timeout, initial=initial, read_state=not repeat)
+        return self.runner(
+            self.binary,
+            self.settings,
+            path_flags(paths),
+            self.model,
+            self.tmp / label,
+            timeout=self.timeout,
+            initial=initial,
+            read_state=not repeat,
+        )
 
     def training(self, path: FastPath, on_top: tuple[FastPath, ...] = ()) -> Check:
         """A training path's two runs (one, if the first crashed or ran another path) against the verified."""
         first = self.run((*on_top, path), f"{path.value}-1")
         if first.crashed is None and any(first.paths.get(k) != v for k, v in READY_PATHS[path].items()):
-            check = Check(verdict=Verdict.UNAVAILABLE,
-                          detail=f"the engine ran {first.paths or 'no named paths'} instead (see its warning)")
+            check = Check(
+                verdict=Verdict.UNAVAILABLE,
+                detail=f"the engine ran {first.paths or 'no named paths'} instead (see its warning)",
+            )
         else:
             runs = [first] if first.crashed else [first, self.run((*on_top, path), f"{path.value}-2", repeat=True)]
             check = judge_training(self.model, self.optimizer, runs, self.base)
@@ -125,8 +160,16 @@ class _Checker:
         return check
 
 
-def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say: Say, runner: Runner = run_check,
-            timeout: float = CHECK_TIMEOUT_S, env: Environment | None = None) -> Qualification | None:
+def qualify(
+    binary: Path,
+    settings: list[str],
+    model: dict,
+    cache_dir: Path,
+    say: Say,
+    runner: Runner = run_check,
+    timeout: float = CHECK_TIMEOUT_S,
+    env: Environment | None = None,
+) -> Qualification | None:
     """The fast paths this engine build runs at this shape on this GPU: cached, else checked now. None
     when the verified path's own check fails or runs on another GPU than NVML named: nothing is qualified.
 
@@ -138,16 +181,20 @@ def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say
     try:
         cached = read_qualification(cached_at)
         if cached.environment == env:
-            say(f"fast paths: {describe(cached.chosen())} (checked on this GPU, driver, build, cuDNN and shape "
-                f"before: {cached_at})")
+            say(
+                f"fast paths: {describe(cached.chosen())} (checked on this GPU, driver, build, cuDNN and shape "
+                f"before: {cached_at})"
+            )
             return cached
         say(f"ignoring the cached verdict {cached_at}: made for another {changed(cached.environment, env)}")
     except FileNotFoundError:
         pass
     except QualificationFileError as exc:
         say(f"ignoring the cached verdict: {exc}")
-    say(f"checking the CUDA engine's fast paths on {env.gpu} (once per GPU, driver, build, cuDNN and shape: "
-        f"up to {MAX_CHECK_PROCESSES} engine processes of {CHECK_STEPS} steps)")
+    say(
+        f"checking the CUDA engine's fast paths on {env.gpu} (once per GPU, driver, build, cuDNN and shape: "
+        f"up to {MAX_CHECK_PROCESSES} engine processes of {CHECK_STEPS} steps)"
+    )
     with tempfile.TemporaryDirectory(prefix="microgpt-qualify-") as tmp:
         checker = _Checker(binary, settings, model, Path(tmp), say, runner, timeout)
         base = checker.base = checker.run((), "verified", initial=True)
@@ -155,8 +202,10 @@ def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say
             say(f"the verified path's check failed ({base.crashed}); running the verified path")
             return None
         if not base.device.startswith(env.gpu):
-            say(f"the engine runs on {base.device.split(', attention ')[0]!r}, not on {env.gpu!r} that NVML "
-                "names (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER?); running the verified path")
+            say(
+                f"the engine runs on {base.device.split(', attention ')[0]!r}, not on {env.gpu!r} that NVML "
+                "names (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER?); running the verified path"
+            )
             return None
         paths: dict[FastPath, Check] = {}
         for attention in (FastPath.ATTENTION_CUDNN, FastPath.ATTENTION_FLASH):
@@ -181,18 +230,33 @@ def qualify(binary: Path, settings: list[str], model: dict, cache_dir: Path, say
 def failure_lines(q: Qualification) -> list[str]:
     """One line per fast path that failed or crashed its check: which, and by how much."""
     bad = (Verdict.FAILED, Verdict.CRASHED)
-    lines = [f"fast path {p.value} failed its check on {q.environment.gpu}: {c.detail}; using the verified path for it"
-             for p, c in q.paths.items() if c.verdict in bad]
+    lines = [
+        f"fast path {p.value} failed its check on {q.environment.gpu}: {c.detail}; using the verified path for it"
+        for p, c in q.paths.items()
+        if c.verdict in bad
+    ]
     if q.together is not None and q.together.verdict in bad:
-        lines.append(f"the fast paths that passed failed together on {q.environment.gpu}: {q.together.detail}; "
-                     "using the verified path")
+        lines.append(
+            f"the fast paths that passed failed together on {q.environment.gpu}: {q.together.detail}; "
+            "using the verified path"
+        )
     return lines
 
 
 # ------------------------------------------------------------------ a run's choice
 
-def run_engine_paths(run: RunDir, binary: Path, settings: list[str], model: dict, cache_dir: Path,
-                     say: Say, warn: Say, runner: Runner = run_check, timeout: float = CHECK_TIMEOUT_S) -> list[str]:
+
+def run_engine_paths(
+    run: RunDir,
+    binary: Path,
+    settings: list[str],
+    model: dict,
+    cache_dir: Path,
+    say: Say,
+    warn: Say,
+    runner: Runner = run_check,
+    timeout: float = CHECK_TIMEOUT_S,
+) -> list[str]:
     """The path flags a run's engine is launched with: those of the paths the run's recorded verdict passed,
     when it was made in this environment (a resume keeps its paths, whatever the cache says since), else of a
     qualification (cached or run now), recorded in the run directory; the verified path when none can be made."""
@@ -215,8 +279,10 @@ def run_engine_paths(run: RunDir, binary: Path, settings: list[str], model: dict
         if recorded.environment == env:
             say(f"fast paths: {describe(recorded.chosen())} (recorded in {run.qualification.name})")
             return recorded.engine_flags()
-        warn(f"the {changed(recorded.environment, env)} changed since {run.qualification.name} was recorded; "
-             "checking the fast paths again")
+        warn(
+            f"the {changed(recorded.environment, env)} changed since {run.qualification.name} was recorded; "
+            "checking the fast paths again"
+        )
     q = qualify(binary, settings, model, cache_dir, say, runner, timeout, env)
     if q is None:
         return list(VERIFIED_FLAGS)

@@ -8,6 +8,7 @@ run's cosine) to the run's min_lr at the last step, so every step has its own
 learning rate (a path that keeps a stale one is seen) and the steps move the
 weights as far as the run's own steps do.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ SAMPLE_SEEDS = (11, 12)  # a fixed seed per prompt: the KV cache and the recompu
 @dataclass
 class CheckRun:
     """What one check process gave, or why not."""
+
     losses: list[float] = field(default_factory=list)  # per step, 1..CHECK_STEPS
     weights: np.ndarray | None = None  # the final checkpoint's state
     m: np.ndarray | None = None
@@ -61,8 +63,10 @@ def check_tokens(vocab: int, ctx: int, rows: int) -> list[np.ndarray]:
 
 def sample_prompts(vocab: int) -> list[frames.SamplePrompt]:
     rng = np.random.default_rng(20261128)
-    return [frames.SamplePrompt(rng.integers(0, vocab, size=n).tolist(), 2, seed)
-            for n, seed in zip((3, 5), SAMPLE_SEEDS)]
+    return [
+        frames.SamplePrompt(rng.integers(0, vocab, size=n).tolist(), 2, seed)
+        for n, seed in zip((3, 5), SAMPLE_SEEDS, strict=False)
+    ]
 
 
 def _last_line(text: str) -> str:
@@ -70,8 +74,16 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def run_check(binary: Path, settings: list[str], flags: list[str], shape: dict, workdir: Path,
-              timeout: float = CHECK_TIMEOUT_S, initial: bool = False, read_state: bool = True) -> CheckRun:
+def run_check(
+    binary: Path,
+    settings: list[str],
+    flags: list[str],
+    shape: dict,
+    workdir: Path,
+    timeout: float = CHECK_TIMEOUT_S,
+    initial: bool = False,
+    read_state: bool = True,
+) -> CheckRun:
     """The engine at `binary` (its own session, killed past `timeout`) trains the check's steps with
     `flags`, samples, and ends at EOF; `initial` also checkpoints step 0. The checkpoints at MID_STEP
     and CHECK_STEPS are hashed, the final (and step 0's) state read back unless not `read_state` (a
@@ -82,12 +94,19 @@ def run_check(binary: Path, settings: list[str], flags: list[str], shape: dict, 
     rows = int(shape["batch"]) * int(shape["grad_accum"])
     vocab = int(shape["vocab"])
     payload = [frames.checkpoint_frame()] if initial else []
-    payload += [frames.train_frame(s + 1, t, np.zeros(rows, dtype=np.uint16))
-                for s, t in enumerate(check_tokens(vocab, int(shape["ctx"]), rows))]
+    payload += [
+        frames.train_frame(s + 1, t, np.zeros(rows, dtype=np.uint16))
+        for s, t in enumerate(check_tokens(vocab, int(shape["ctx"]), rows))
+    ]
     payload.append(frames.sample_batch_frame(1, sample_prompts(vocab), SAMPLE_NEW, 1.0, 0))
     try:
-        proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(binary), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as exc:
         return CheckRun(crashed=f"cannot start {binary}: {exc.strerror}")
     try:

@@ -14,6 +14,7 @@ alone pass a path whose gradients are off by a factor: the moments catch it.
 The moments are blind to the learning rate: the update catches a wrong or
 stale one. A step not applied shows in both.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,8 +58,8 @@ UPDATE_SLACK = 1e-6
 def update_bound(t: int, beta1: float, beta2: float) -> float:
     """The largest |m^_t / sqrt(v^_t)| any gradients give at step t (1-based)."""
     ratio = beta1 * beta1 / beta2
-    series = sum(ratio ** j for j in range(t))
-    return (1 - beta1) / (1 - beta1 ** t) * math.sqrt((1 - beta2 ** t) / (1 - beta2)) * math.sqrt(series)
+    series = sum(ratio**j for j in range(t))
+    return (1 - beta1) / (1 - beta1**t) * math.sqrt((1 - beta2**t) / (1 - beta2)) * math.sqrt(series)
 
 
 def lr_at(step: int, lr: float, min_lr: float, warmup: int, steps: int) -> float:
@@ -73,11 +74,14 @@ def lr_at(step: int, lr: float, min_lr: float, warmup: int, steps: int) -> float
 def max_update_difference(optimizer: dict[str, float]) -> float:
     """The most two AdamW trajectories of CHECK_STEPS steps at the check's schedule can differ by, per element."""
     b1, b2 = optimizer["beta1"], optimizer["beta2"]
-    return 2 * sum(lr_at(t, optimizer["lr"], optimizer["min_lr"], 1, CHECK_STEPS) * update_bound(t, b1, b2)
-                   for t in range(1, CHECK_STEPS + 1))
+    return 2 * sum(
+        lr_at(t, optimizer["lr"], optimizer["min_lr"], 1, CHECK_STEPS) * update_bound(t, b1, b2)
+        for t in range(1, CHECK_STEPS + 1)
+    )
 
 
 # ------------------------------------------------------------------ per tensor
+
 
 def tensors(shape: dict):
     """(name, start, end) of every parameter tensor in the flat order."""
@@ -131,9 +135,10 @@ def state_figures(shape: dict, optimizer: dict[str, float], run: CheckRun, base:
             if rel > worst[what][0]:
                 worst[what] = (rel, name)
         for what, x, y, tol in (
-                ("update", du, dv, bound + UPDATE_SLACK * np.abs(w0)),
-                ("m", m, mr, MOMENT_ATOL_RMS * np.sqrt(np.mean(mr * mr)) + MOMENT_RTOL_ELEMENT * np.abs(mr)),
-                ("v", v, vr, MOMENT_ATOL_RMS * np.sqrt(np.mean(vr * vr)) + MOMENT_RTOL_ELEMENT * np.abs(vr))):
+            ("update", du, dv, bound + UPDATE_SLACK * np.abs(w0)),
+            ("m", m, mr, MOMENT_ATOL_RMS * np.sqrt(np.mean(mr * mr)) + MOMENT_RTOL_ELEMENT * np.abs(mr)),
+            ("v", v, vr, MOMENT_ATOL_RMS * np.sqrt(np.mean(vr * vr)) + MOMENT_RTOL_ELEMENT * np.abs(vr)),
+        ):
             e = _excess(x, y, tol)
             if e > excess:
                 excess, excess_at = e, f"{what} of {name}"
@@ -144,11 +149,17 @@ def state_figures(shape: dict, optimizer: dict[str, float], run: CheckRun, base:
             problems.append(f"{what} of {name} off by {rel:.3g} in norm (tolerance {limit:g})")
     if not excess <= 1.0:
         problems.append(f"an element of the {excess_at} off by {excess:.3g} times its tolerance")
-    top = max(("update", "m", "v"), key=lambda k: worst[k][0] / {"update": UPDATE_RTOL, "m": MOMENT_RTOL,
-                                                                 "v": SECOND_MOMENT_RTOL}[k])
-    figures = Figures(update_rel=_finite(worst["update"][0]), m_rel=_finite(worst["m"][0]),
-                      v_rel=_finite(worst["v"][0]), element_excess=_finite(excess),
-                      worst=f"{top} of {worst[top][1]}" if worst[top][1] else None)
+    top = max(
+        ("update", "m", "v"),
+        key=lambda k: worst[k][0] / {"update": UPDATE_RTOL, "m": MOMENT_RTOL, "v": SECOND_MOMENT_RTOL}[k],
+    )
+    figures = Figures(
+        update_rel=_finite(worst["update"][0]),
+        m_rel=_finite(worst["m"][0]),
+        v_rel=_finite(worst["v"][0]),
+        element_excess=_finite(excess),
+        worst=f"{top} of {worst[top][1]}" if worst[top][1] else None,
+    )
     return figures, problems
 
 
@@ -158,6 +169,7 @@ def _finite(x: float) -> float:
 
 
 # ------------------------------------------------------------------ verdicts
+
 
 def crashed(runs: list[CheckRun]) -> Check | None:
     why = next((r.crashed for r in runs if r.crashed), None)
@@ -171,13 +183,16 @@ def judge_training(shape: dict, optimizer: dict[str, float], runs: list[CheckRun
         return failed
     first = runs[0]
     if first.weights.size != base.weights.size:
-        return Check(verdict=Verdict.FAILED, detail=f"a state of {first.weights.size} values, the verified "
-                                                    f"path's {base.weights.size}")
-    diffs = [abs(a - b) for a, b in zip(first.losses, base.losses)]
+        return Check(
+            verdict=Verdict.FAILED,
+            detail=f"a state of {first.weights.size} values, the verified path's {base.weights.size}",
+        )
+    diffs = [abs(a - b) for a, b in zip(first.losses, base.losses, strict=False)]
     loss_diff = max(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.inf  # a NaN never passes
     figures, problems = state_figures(shape, optimizer, first, base)
-    bitwise = all(r.losses == first.losses and r.digests.get(CHECK_STEPS) == first.digests.get(CHECK_STEPS)
-                  for r in runs[1:])
+    bitwise = all(
+        r.losses == first.losses and r.digests.get(CHECK_STEPS) == first.digests.get(CHECK_STEPS) for r in runs[1:]
+    )
     if not loss_diff <= LOSS_TOLERANCE:
         problems.insert(0, f"loss off by {loss_diff:.3g} (tolerance {LOSS_TOLERANCE:g})")
     if not bitwise:
@@ -185,10 +200,15 @@ def judge_training(shape: dict, optimizer: dict[str, float], runs: list[CheckRun
     figures = figures.model_copy(update={"loss_diff": _finite(loss_diff), "bitwise": bitwise})
     if problems:
         return Check(verdict=Verdict.FAILED, detail="; ".join(problems), figures=figures)
-    return Check(verdict=Verdict.PASSED, figures=figures,
-                 detail=(f"after {CHECK_STEPS} steps: loss off by {loss_diff:.3g}, update by {figures.update_rel:.3g}, "
-                         f"m by {figures.m_rel:.3g}, v by {figures.v_rel:.3g} in norm (worst: {figures.worst}); "
-                         f"elements within {figures.element_excess:.3g} of their tolerance; two runs bit-identical"))
+    return Check(
+        verdict=Verdict.PASSED,
+        figures=figures,
+        detail=(
+            f"after {CHECK_STEPS} steps: loss off by {loss_diff:.3g}, update by {figures.update_rel:.3g}, "
+            f"m by {figures.m_rel:.3g}, v by {figures.v_rel:.3g} in norm (worst: {figures.worst}); "
+            f"elements within {figures.element_excess:.3g} of their tolerance; two runs bit-identical"
+        ),
+    )
 
 
 def judge_kv_cache(run: CheckRun, base: CheckRun) -> Check:
@@ -200,13 +220,19 @@ def judge_kv_cache(run: CheckRun, base: CheckRun) -> Check:
     equal = run.tokens == base.tokens
     figures = Figures(tokens_equal=equal, bitwise=same_state)
     if not equal:
-        return Check(verdict=Verdict.FAILED, figures=figures,
-                     detail="sampled tokens differ from the recompute path's at the same seeds" +
-                            ("" if same_state else " (and the trained state differs too)"))
+        return Check(
+            verdict=Verdict.FAILED,
+            figures=figures,
+            detail="sampled tokens differ from the recompute path's at the same seeds"
+            + ("" if same_state else " (and the trained state differs too)"),
+        )
     if not same_state:
-        return Check(verdict=Verdict.FAILED, figures=figures, detail="the trained state differs from the verified run's")
-    return Check(verdict=Verdict.PASSED, figures=figures,
-                 detail="the same tokens as the recompute path at the same seeds")
+        return Check(
+            verdict=Verdict.FAILED, figures=figures, detail="the trained state differs from the verified run's"
+        )
+    return Check(
+        verdict=Verdict.PASSED, figures=figures, detail="the same tokens as the recompute path at the same seeds"
+    )
 
 
 def judge_snapshot(run: CheckRun, base: CheckRun) -> Check:
@@ -217,8 +243,13 @@ def judge_snapshot(run: CheckRun, base: CheckRun) -> Check:
     differ = [s for s in (MID_STEP, CHECK_STEPS) if run.digests.get(s) != base.digests.get(s)]
     figures = Figures(bytes_equal=not differ)
     if differ:
-        return Check(verdict=Verdict.FAILED, figures=figures,
-                     detail="checkpoint bytes differ from the synchronous writer's at step " +
-                            ", ".join(str(s) for s in differ))
-    return Check(verdict=Verdict.PASSED, figures=figures,
-                 detail=f"checkpoints of steps {MID_STEP} and {CHECK_STEPS} byte-identical to the synchronous writer's")
+        return Check(
+            verdict=Verdict.FAILED,
+            figures=figures,
+            detail="checkpoint bytes differ from the synchronous writer's at step " + ", ".join(str(s) for s in differ),
+        )
+    return Check(
+        verdict=Verdict.PASSED,
+        figures=figures,
+        detail=f"checkpoints of steps {MID_STEP} and {CHECK_STEPS} byte-identical to the synchronous writer's",
+    )

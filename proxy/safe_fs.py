@@ -15,21 +15,29 @@ a FIFO (an open that never returns) or a huge file. So an open here
 Anything refused raises UnsafeFileError, whose message is one line naming the
 file and why; an absent file raises FileNotFoundError as open() does.
 """
+
 from __future__ import annotations
 
 import errno
 import hashlib
 import os
 import stat
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from .errors import EXIT_USAGE
 
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symlink"),
+)
 
 
 class UnsafeFileError(ValueError):

@@ -23,6 +23,7 @@ a symlink inside it. The engine's `.step_NNNNNN.bin.tmp` match neither pattern
 (the engine removes its own at start), nor does the data cache's
 `.tmp-<key>-<pid>-<ns>` (data/prepare.py removes those).
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,9 @@ DATA_TMP, DATA_OLD, FORK, EXPORT, ARCHIVE_TMP = "tmp", "old", "fork", "export", 
 DIR_KINDS = (DATA_TMP, DATA_OLD, FORK, EXPORT)
 
 FILE_PATTERN = re.compile(r"^\.(?P<target>.+)\.(?P<pid>[0-9]{1,10})(?:\.[0-9a-f]{16})?\.tmp$", re.S)
-DIR_PATTERN = re.compile(r"^\.(?P<target>.+)\.(?P<kind>" + "|".join(DIR_KINDS)
-                         + r")-(?P<pid>[0-9]{1,10})(?:-[0-9a-f]{16})?$", re.S)
+DIR_PATTERN = re.compile(
+    r"^\.(?P<target>.+)\.(?P<kind>" + "|".join(DIR_KINDS) + r")-(?P<pid>[0-9]{1,10})(?:-[0-9a-f]{16})?$", re.S
+)
 
 
 def _random() -> str:

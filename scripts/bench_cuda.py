@@ -32,6 +32,7 @@ Shapes: ANDREA-12M (C=384, L=6, H=12, V=4608, T=1024) and GPT-2 124M
 side that cannot run (no GPU, a CPU-only torch, out of memory) is recorded as
 skipped with the reason, never silently dropped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,30 +99,48 @@ def flops_per_token(s: dict) -> float:
 # the CUDA engine
 
 
-def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int, ckpts: int, precision: str,
-                 attention: str, step_path: str = "verified") -> Side:
+def bench_engine(
+    engine: Path,
+    shape: dict,
+    batch: int,
+    steps: int,
+    warmup: int,
+    ckpts: int,
+    precision: str,
+    attention: str,
+    step_path: str = "verified",
+) -> Side:
     T, V = shape["ctx"], shape["vocab"]
     variant = engine_variant(attention, step_path)
     rng = np.random.default_rng(0)
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="bench_cuda_") as tmp:
         settings = setting_flags(**shape, batch=batch, steps=100000, warmup=100)
-        args = [str(engine), *engine_args(Path(tmp) / "ckpt", ckpt_every=0, settings=settings,
-                                          extra=["--precision", precision, "--attention", attention,
-                                                 *STEP_PATHS[step_path]])]
+        args = [
+            str(engine),
+            *engine_args(
+                Path(tmp) / "ckpt",
+                ckpt_every=0,
+                settings=settings,
+                extra=["--precision", precision, "--attention", attention, *STEP_PATHS[step_path]],
+            ),
+        ]
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+        threading.Thread(
+            target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)], daemon=True
+        ).start()
         err_lines: list[bytes] = []
-        threading.Thread(target=lambda: [err_lines.append(l) for l in proc.stderr], daemon=True).start()
+        threading.Thread(target=lambda: [err_lines.append(line) for line in proc.stderr], daemon=True).start()
 
         def event(kind: str | tuple[str, ...], timeout: float = 600.0):
             deadline = time.monotonic() + timeout
             while True:
                 line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
                 if line is None:
-                    raise RuntimeError(f"engine ended early (rc {proc.wait()}): "
-                                       f"{b''.join(err_lines[-20:]).decode(errors='replace')}")
+                    raise RuntimeError(
+                        f"engine ended early (rc {proc.wait()}): {b''.join(err_lines[-20:]).decode(errors='replace')}"
+                    )
                 ev = json.loads(line)
                 if ev.get("event") == "error":
                     raise RuntimeError(f"engine error: {ev.get('message')}")
@@ -181,11 +200,21 @@ def bench_engine(engine: Path, shape: dict, batch: int, steps: int, warmup: int,
             proc.wait()
             return Side("engine", variant, skipped=f"engine failed: {exc}"[:300])
     med = statistics.median(ms)
-    return Side("engine", variant, tokens_per_s=batch * T / (med / 1e3), step_ms=med, gpu_mem_mib=mem_mib,
-                extra={"device": ready["device"], "precision": ready["precision"], "mem_bytes": ready["mem_bytes"],
-                       "paths": ready.get("paths", {}),
-                       "ckpt_ms": statistics.median(ckpt_ms) if ckpt_ms else None,
-                       "ckpt_stall_ms": (statistics.median(gaps) - med) if gaps else None})
+    return Side(
+        "engine",
+        variant,
+        tokens_per_s=batch * T / (med / 1e3),
+        step_ms=med,
+        gpu_mem_mib=mem_mib,
+        extra={
+            "device": ready["device"],
+            "precision": ready["precision"],
+            "mem_bytes": ready["mem_bytes"],
+            "paths": ready.get("paths", {}),
+            "ckpt_ms": statistics.median(ckpt_ms) if ckpt_ms else None,
+            "ckpt_stall_ms": (statistics.median(gaps) - med) if gaps else None,
+        },
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -207,8 +236,13 @@ def torch_step_times(torch, shape: dict, batch: int, steps: int, warmup: int, mo
     model = build_torch_model(shape, "cuda")  # the same peer model as the CPU benchmark
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+        lr=6e-4,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=True,
+    )
     fwd = torch.compile(model) if mode == "default" else torch.compile(model, mode=mode)
     gen = torch.Generator(device=dev).manual_seed(0)
 
@@ -244,8 +278,9 @@ def bench_torch(shape: dict, batch: int, steps: int, warmup: int, mode: str) -> 
     except ImportError as exc:
         return Side("torch", mode, skipped=f"torch is not installed ({exc})")
     if not torch.cuda.is_available():
-        return Side("torch", mode, skipped=f"torch {torch.__version__} has no CUDA (a CPU-only build, or no GPU "
-                                           "visible)")
+        return Side(
+            "torch", mode, skipped=f"torch {torch.__version__} has no CUDA (a CPU-only build, or no GPU visible)"
+        )
     torch._dynamo.reset()  # each mode compiles from scratch and drops the last mode's graphs
     gc.collect()
     torch.cuda.empty_cache()
@@ -258,8 +293,14 @@ def bench_torch(shape: dict, batch: int, steps: int, warmup: int, mode: str) -> 
         gc.collect()
         torch.cuda.empty_cache()
     med = statistics.median(times)
-    return Side("torch", mode, tokens_per_s=batch * shape["ctx"] / (med / 1e3), step_ms=med, gpu_mem_mib=peak,
-                extra={"device": torch.cuda.get_device_name()})
+    return Side(
+        "torch",
+        mode,
+        tokens_per_s=batch * shape["ctx"] / (med / 1e3),
+        step_ms=med,
+        gpu_mem_mib=peak,
+        extra={"device": torch.cuda.get_device_name()},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -290,9 +331,33 @@ def bench_llmc(binary: Path, shape_name: str, shape: dict, batch: int, steps: in
         train, val = Path(tmp) / "train.bin", Path(tmp) / "val.bin"
         write_llmc_shard(train, batch * T * (total + 2) + 1, 50257, 0)  # llm.c's GPT-2 vocabulary
         write_llmc_shard(val, batch * T + 1, 50257, 1)
-        cmd = [str(binary), "-i", str(train), "-j", str(val), "-e", model, "-b", str(batch), "-t", str(T),
-               "-d", str(batch * T), "-x", str(total), "-v", "1000000", "-m", "1", "-s", "0", "-u", "100",
-               "-l", "6e-4"]
+        cmd = [
+            str(binary),
+            "-i",
+            str(train),
+            "-j",
+            str(val),
+            "-e",
+            model,
+            "-b",
+            str(batch),
+            "-t",
+            str(T),
+            "-d",
+            str(batch * T),
+            "-x",
+            str(total),
+            "-v",
+            "1000000",
+            "-m",
+            "1",
+            "-s",
+            "0",
+            "-u",
+            "100",
+            "-l",
+            "6e-4",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
         ms, mem_mib, tail = [], None, []
         for line in proc.stdout:
@@ -309,8 +374,14 @@ def bench_llmc(binary: Path, shape_name: str, shape: dict, batch: int, steps: in
     if rc != 0 or not ms:
         return Side("llmc", "", skipped=f"train_gpt2cu exited {rc}: {' / '.join(tail[-3:])}"[:300])
     med = statistics.median(ms)
-    return Side("llmc", "", tokens_per_s=batch * T / (med / 1e3), step_ms=med, gpu_mem_mib=mem_mib,
-                extra={"command": shlex.join(cmd[:1] + ["..."] + cmd[5:])})
+    return Side(
+        "llmc",
+        "",
+        tokens_per_s=batch * T / (med / 1e3),
+        step_ms=med,
+        gpu_mem_mib=mem_mib,
+        extra={"command": shlex.join(cmd[:1] + ["..."] + cmd[5:])},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -322,22 +393,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, nargs="+", default=[8], help="rows per step, one run each (default 8)")
     ap.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    ap.add_argument("--ckpts", type=int, default=3,
-                    help="checkpoint writes to time, with the last engine variant (default 3)")
+    ap.add_argument(
+        "--ckpts", type=int, default=3, help="checkpoint writes to time, with the last engine variant (default 3)"
+    )
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--engine", type=Path, default=REPO / "build" / "microgpt_cuda")
-    ap.add_argument("--attention", nargs="+", choices=ATTENTION, default=["naive", "flash"],
-                    help="engine attention paths to run (default: naive flash)")
-    ap.add_argument("--step-paths", nargs="+", choices=list(STEP_PATHS), default=["verified"],
-                    help="engine step paths to run with each attention path (default: verified)")
-    ap.add_argument("--variants", nargs="+", default=None, metavar="VARIANT",
-                    help="engine variants to run, in this order, instead of every --attention x --step-paths "
-                         "pair: ATTENTION or ATTENTION+STEP (naive is the verified path; cudnn+graph, ...)")
-    ap.add_argument("--commit", default=None,
-                    help="the microgpt commit to record (default: git's, where this checkout has .git)")
+    ap.add_argument(
+        "--attention",
+        nargs="+",
+        choices=ATTENTION,
+        default=["naive", "flash"],
+        help="engine attention paths to run (default: naive flash)",
+    )
+    ap.add_argument(
+        "--step-paths",
+        nargs="+",
+        choices=list(STEP_PATHS),
+        default=["verified"],
+        help="engine step paths to run with each attention path (default: verified)",
+    )
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        metavar="VARIANT",
+        help="engine variants to run, in this order, instead of every --attention x --step-paths "
+        "pair: ATTENTION or ATTENTION+STEP (naive is the verified path; cudnn+graph, ...)",
+    )
+    ap.add_argument(
+        "--commit", default=None, help="the microgpt commit to record (default: git's, where this checkout has .git)"
+    )
     ap.add_argument("--no-engine", action="store_true", help="skip the engine")
-    ap.add_argument("--torch-modes", nargs="+", choices=TORCH_MODES[:2], default=list(TORCH_MODES[:2]),
-                    help="torch.compile modes (default: default reduce-overhead)")
+    ap.add_argument(
+        "--torch-modes",
+        nargs="+",
+        choices=TORCH_MODES[:2],
+        default=list(TORCH_MODES[:2]),
+        help="torch.compile modes (default: default reduce-overhead)",
+    )
     ap.add_argument("--max-autotune", action="store_true", help="also torch.compile mode max-autotune (slow compile)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--llmc", type=Path, default=None, help="a built llm.c train_gpt2cu to run beside (GPT-2 only)")
@@ -363,13 +456,17 @@ def print_side(s: Side) -> None:
         print(f"  {s.label}: skipped: {s.skipped}", flush=True)
         return
     # The ratio is printed once the run is complete (a later PyTorch mode may be faster).
-    print(f"  {s.label}: {s.tokens_per_s:,.0f} tok/s, {s.step_ms:.2f} ms/step"
-          + (f", MFU {s.mfu:.1%}" if s.mfu is not None else "")
-          + (f", GPU memory {s.gpu_mem_mib:,.0f} MiB" if s.gpu_mem_mib else "")
-          + (f", engine buffers {s.extra['mem_bytes'] / 2**20:,.0f} MiB" if "mem_bytes" in s.extra else ""),
-          flush=True)
+    print(
+        f"  {s.label}: {s.tokens_per_s:,.0f} tok/s, {s.step_ms:.2f} ms/step"
+        + (f", MFU {s.mfu:.1%}" if s.mfu is not None else "")
+        + (f", GPU memory {s.gpu_mem_mib:,.0f} MiB" if s.gpu_mem_mib else "")
+        + (f", engine buffers {s.extra['mem_bytes'] / 2**20:,.0f} MiB" if "mem_bytes" in s.extra else ""),
+        flush=True,
+    )
     if s.extra.get("ckpt_ms") is not None:
-        print(f"    checkpoint: {s.extra['ckpt_ms']:.0f} ms per write; training stalled {s.extra['ckpt_stall_ms']:.0f} ms")
+        print(
+            f"    checkpoint: {s.extra['ckpt_ms']:.0f} ms per write; training stalled {s.extra['ckpt_stall_ms']:.0f} ms"
+        )
     if s.kind == "engine" and not s.extra.get("device", "").endswith(f"attention {s.variant.split('+')[0]}"):
         print(f"    note: the engine ran '{s.extra.get('device')}' (asked for {s.variant})")
 
@@ -377,8 +474,7 @@ def print_side(s: Side) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.no_engine and not args.engine.is_file():
-        print(f"bench_cuda: {args.engine} not found: build it with `make cuda` (or pass --no-engine)",
-              file=sys.stderr)
+        print(f"bench_cuda: {args.engine} not found: build it with `make cuda` (or pass --no-engine)", file=sys.stderr)
         return 2
     if args.llmc is not None and not args.llmc.is_file():
         print(f"bench_cuda: --llmc {args.llmc}: no such file", file=sys.stderr)
@@ -386,20 +482,31 @@ def main(argv: list[str] | None = None) -> int:
     facts = gpu_facts()
     peak = gpu_peak(facts["gpu"], args.peak_tflops)
     torch_version, torch_cuda = (None, None) if args.no_torch else torch_versions()
-    report = BenchReport(gpu=facts["gpu"], peak_tflops=peak, driver=facts["driver"], cuda=facts["cuda"],
-                         nvcc=facts["nvcc"], torch=torch_version, torch_cuda=torch_cuda,
-                         command=shlex.join(["python", "scripts/bench_cuda.py", *(argv if argv is not None
-                                                                                   else sys.argv[1:])]),
-                         date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), runs=[],
-                         cudnn=cudnn_version(), commit=args.commit or source_commit())
+    report = BenchReport(
+        gpu=facts["gpu"],
+        peak_tflops=peak,
+        driver=facts["driver"],
+        cuda=facts["cuda"],
+        nvcc=facts["nvcc"],
+        torch=torch_version,
+        torch_cuda=torch_cuda,
+        command=shlex.join(["python", "scripts/bench_cuda.py", *(argv if argv is not None else sys.argv[1:])]),
+        date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        runs=[],
+        cudnn=cudnn_version(),
+        commit=args.commit or source_commit(),
+    )
     shapes = list(SHAPES) if args.shape == "all" else [args.shape]
     for key in shapes:
         s = SHAPES[key]
         fpt = flops_per_token(s)
         for batch in args.batch:
             n = n_params(s["vocab"], s["ctx"], s["dim"], s["layers"])
-            print(f"== {key}: C={s['dim']} L={s['layers']} H={s['heads']} V={s['vocab']} T={s['ctx']} B={batch}, "
-                  f"{n / 1e6:.1f}M params, {fpt / 1e6:.0f} MFLOP/token", flush=True)
+            print(
+                f"== {key}: C={s['dim']} L={s['layers']} H={s['heads']} V={s['vocab']} T={s['ctx']} B={batch}, "
+                f"{n / 1e6:.1f}M params, {fpt / 1e6:.0f} MFLOP/token",
+                flush=True,
+            )
             run = Run(shape=key, batch=batch, ctx=s["ctx"], n_params=n, flops_per_token=fpt, sides=[])
             report.runs.append(run)
             jobs = []
@@ -407,8 +514,11 @@ def main(argv: list[str] | None = None) -> int:
                 variants = args.variant_pairs
                 for attention, step_path in variants:
                     ckpts = args.ckpts if (attention, step_path) == variants[-1] else 0
-                    jobs.append(lambda a=attention, p=step_path, c=ckpts: bench_engine(
-                        args.engine, s, batch, args.steps, args.warmup, c, args.precision, a, p))
+                    jobs.append(
+                        lambda a=attention, p=step_path, c=ckpts: bench_engine(
+                            args.engine, s, batch, args.steps, args.warmup, c, args.precision, a, p
+                        )
+                    )
             if args.llmc is not None:
                 jobs.append(lambda: bench_llmc(args.llmc, key, s, batch, args.steps, args.warmup))
             for mode in [] if args.no_torch else args.torch_modes:
@@ -426,8 +536,10 @@ def main(argv: list[str] | None = None) -> int:
             for side in run.sides:
                 if side.kind != "torch" and side.ratio is not None:
                     print(f"  {side.label}: {side.ratio:.2f}x the fastest PyTorch mode ({best:,.0f} tok/s)")
-    print(f"GPU: {facts['gpu']}, driver {facts['driver']}, CUDA {facts['cuda']}; MFU against "
-          f"{peak if peak else 'unknown (pass --peak-tflops)'} TFLOP/s dense bf16")
+    print(
+        f"GPU: {facts['gpu']}, driver {facts['driver']}, CUDA {facts['cuda']}; MFU against "
+        f"{peak if peak else 'unknown (pass --peak-tflops)'} TFLOP/s dense bf16"
+    )
     if args.json:
         report.save(args.json)  # also when every side was skipped or left out (--no-engine --no-torch)
         print(f"bench_cuda: wrote {args.json}")

@@ -19,6 +19,7 @@ page-ready exceeds 2 s or the server's RSS grew by more than --max-rss-growth Mi
 
     python scripts/bench_dashboard.py [--entries 200000] [--append 200000] [--keep DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,16 @@ import psutil  # noqa: E402
 from dashboard.synthetic import build  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def free_port() -> int:
@@ -59,8 +68,13 @@ def mib(b: float) -> float:
 
 def start_server(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
     out = open(log, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "dashboard", "--run-dir", str(run_dir), "--port", str(port)],
-                            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dashboard", "--run-dir", str(run_dir), "--port", str(port)],
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     out.close()
     return proc
 
@@ -121,8 +135,12 @@ def main(argv=None) -> int:
     run_dir = args.keep or work / "bench-run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    results: dict = {"entries": args.entries, "append": args.append, "cpus": os.cpu_count(),
-                     "loadavg_before": os.getloadavg()}
+    results: dict = {
+        "entries": args.entries,
+        "append": args.append,
+        "cpus": os.cpu_count(),
+        "loadavg_before": os.getloadavg(),
+    }
     print(f"writing a synthetic run with {args.entries:,} steps to {run_dir} ...", flush=True)
     t = time.monotonic()
     run = build(run_dir, args.entries, eval_every=500, pivots=(args.entries * 2 // 5, args.entries * 3 // 4))
@@ -141,9 +159,12 @@ def main(argv=None) -> int:
         results["store_bytes_initial"] = info["memory_bytes"]
         rss_indexed = psutil.Process(proc.pid).memory_info().rss
         results["rss_after_index_mib"] = mib(rss_indexed)
-        print(f"server indexed {info['steps']:,} steps ({mib(log_size0):.1f} MiB of log) in "
-              f"{info['index_seconds']:.2f} s; RSS {mib(rss_indexed):.1f} MiB; "
-              f"step summaries {info['memory_bytes'] / 1024:.0f} KiB", flush=True)
+        print(
+            f"server indexed {info['steps']:,} steps ({mib(log_size0):.1f} MiB of log) in "
+            f"{info['index_seconds']:.2f} s; RSS {mib(rss_indexed):.1f} MiB; "
+            f"step summaries {info['memory_bytes'] / 1024:.0f} KiB",
+            flush=True,
+        )
 
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -156,11 +177,20 @@ def main(argv=None) -> int:
                 page.wait_for_function("() => window.__dashboard && window.__dashboard.ready", timeout=30000)
                 wall = time.monotonic() - t
                 d = page.evaluate("() => ({...window.__dashboard})")
-                ready.append({"ready_ms": d["readyAt"], "wall_ms": wall * 1000, "points": d["points"],
-                              "last_step": d["lastStep"]})
-                print(f"  load {i + 1}: ready {d['readyAt']:.0f} ms after navigation "
-                      f"(goto->ready seen from Python {wall * 1000:.0f} ms), {d['points']} points drawn, "
-                      f"last step {d['lastStep']}", flush=True)
+                ready.append(
+                    {
+                        "ready_ms": d["readyAt"],
+                        "wall_ms": wall * 1000,
+                        "points": d["points"],
+                        "last_step": d["lastStep"],
+                    }
+                )
+                print(
+                    f"  load {i + 1}: ready {d['readyAt']:.0f} ms after navigation "
+                    f"(goto->ready seen from Python {wall * 1000:.0f} ms), {d['points']} points drawn, "
+                    f"last step {d['lastStep']}",
+                    flush=True,
+                )
                 if i < args.loads - 1:
                     ctx.close()
             results["page_loads"] = ready
@@ -196,22 +226,33 @@ def main(argv=None) -> int:
             info = httpx.get(url + "api/runs/0", timeout=10).json()
             rss = [s[1] for s in sampler.samples]
             log_size1 = (run_dir / ".loss.json").stat().st_size
-            d = page.evaluate("() => ({...window.__dashboard, heap: performance.memory ? "
-                              "performance.memory.usedJSHeapSize : null})")
-            results.update({
-                "append_write_s": write_s, "append_rate_steps_per_s": args.append / write_s,
-                "page_caught_up_s": catch_up, "page_last_step": d["lastStep"], "page_points": d["points"],
-                "page_js_heap_mib": mib(d["heap"]) if d["heap"] else None,
-                "page_events": d["events"], "page_errors": d["errors"],
-                "log_bytes_final": log_size1, "log_growth_mib": mib(log_size1 - log_size0),
-                "rss_before_append_mib": mib(rss_before), "rss_peak_mib": mib(max(rss)),
-                "rss_final_mib": mib(rss[-1]), "rss_growth_mib": mib(rss[-1] - rss_before),
-                "rss_peak_growth_mib": mib(max(rss) - rss_before),
-                "rss_samples": len(rss),
-                "rss_timeline_mib": [(w, round(mib(v), 1)) for w, v in timeline[:: max(1, len(timeline) // 10)]]
-                + [(timeline[-1][0], round(mib(timeline[-1][1]), 1))],
-                "store_bytes_final": info["memory_bytes"], "steps_final": info["steps"],
-            })
+            d = page.evaluate(
+                "() => ({...window.__dashboard, heap: performance.memory ? performance.memory.usedJSHeapSize : null})"
+            )
+            results.update(
+                {
+                    "append_write_s": write_s,
+                    "append_rate_steps_per_s": args.append / write_s,
+                    "page_caught_up_s": catch_up,
+                    "page_last_step": d["lastStep"],
+                    "page_points": d["points"],
+                    "page_js_heap_mib": mib(d["heap"]) if d["heap"] else None,
+                    "page_events": d["events"],
+                    "page_errors": d["errors"],
+                    "log_bytes_final": log_size1,
+                    "log_growth_mib": mib(log_size1 - log_size0),
+                    "rss_before_append_mib": mib(rss_before),
+                    "rss_peak_mib": mib(max(rss)),
+                    "rss_final_mib": mib(rss[-1]),
+                    "rss_growth_mib": mib(rss[-1] - rss_before),
+                    "rss_peak_growth_mib": mib(max(rss) - rss_before),
+                    "rss_samples": len(rss),
+                    "rss_timeline_mib": [(w, round(mib(v), 1)) for w, v in timeline[:: max(1, len(timeline) // 10)]]
+                    + [(timeline[-1][0], round(mib(timeline[-1][1]), 1))],
+                    "store_bytes_final": info["memory_bytes"],
+                    "steps_final": info["steps"],
+                }
+            )
             browser.close()
     finally:
         proc.terminate()
@@ -224,30 +265,47 @@ def main(argv=None) -> int:
     r = results
     print()
     print("dashboard benchmark")
-    print(f"  log: {args.entries:,} steps, {mib(r['log_bytes_initial']):.1f} MiB; machine: "
-          f"{r['cpus']} CPUs, load average {r['loadavg_before'][0]:.2f} at start")
+    print(
+        f"  log: {args.entries:,} steps, {mib(r['log_bytes_initial']):.1f} MiB; machine: "
+        f"{r['cpus']} CPUs, load average {r['loadavg_before'][0]:.2f} at start"
+    )
     print(f"  server index time              {r['server_index_s']:.2f} s")
-    print(f"  page ready after navigation    median {r['ready_ms_median']:.0f} ms, "
-          f"max {r['ready_ms_max']:.0f} ms over {len(r['page_loads'])} loads")
-    print(f"  appended                       {args.append:,} steps ({r['log_growth_mib']:.1f} MiB) "
-          f"in {r['append_write_s']:.1f} s ({r['append_rate_steps_per_s']:.0f} steps/s)")
-    print(f"  page showed the last step      {r['page_caught_up_s']:.2f} s after the last write "
-          f"({r['page_events']} pushes, {r['page_points']} points drawn, "
-          f"JS heap {r['page_js_heap_mib'] or 0:.1f} MiB)")
-    print(f"  server RSS                     after index {r['rss_after_index_mib']:.1f} MiB, before append "
-          f"{r['rss_before_append_mib']:.1f} MiB, peak {r['rss_peak_mib']:.1f} MiB, "
-          f"final {r['rss_final_mib']:.1f} MiB (growth {r['rss_growth_mib']:+.1f} MiB for "
-          f"{r['log_growth_mib']:.1f} MiB of log)")
-    print("  server RSS while appending     " + ", ".join(f"{w // 1000}k: {v:.0f}" for w, v in r["rss_timeline_mib"])
-          + " (steps appended: MiB)")
-    print(f"  step summaries in memory       {r['store_bytes_initial'] / 1024:.0f} KiB -> "
-          f"{r['store_bytes_final'] / 1024:.0f} KiB for {r['steps_final']:,} steps")
+    print(
+        f"  page ready after navigation    median {r['ready_ms_median']:.0f} ms, "
+        f"max {r['ready_ms_max']:.0f} ms over {len(r['page_loads'])} loads"
+    )
+    print(
+        f"  appended                       {args.append:,} steps ({r['log_growth_mib']:.1f} MiB) "
+        f"in {r['append_write_s']:.1f} s ({r['append_rate_steps_per_s']:.0f} steps/s)"
+    )
+    print(
+        f"  page showed the last step      {r['page_caught_up_s']:.2f} s after the last write "
+        f"({r['page_events']} pushes, {r['page_points']} points drawn, "
+        f"JS heap {r['page_js_heap_mib'] or 0:.1f} MiB)"
+    )
+    print(
+        f"  server RSS                     after index {r['rss_after_index_mib']:.1f} MiB, before append "
+        f"{r['rss_before_append_mib']:.1f} MiB, peak {r['rss_peak_mib']:.1f} MiB, "
+        f"final {r['rss_final_mib']:.1f} MiB (growth {r['rss_growth_mib']:+.1f} MiB for "
+        f"{r['log_growth_mib']:.1f} MiB of log)"
+    )
+    print(
+        "  server RSS while appending     "
+        + ", ".join(f"{w // 1000}k: {v:.0f}" for w, v in r["rss_timeline_mib"])
+        + " (steps appended: MiB)"
+    )
+    print(
+        f"  step summaries in memory       {r['store_bytes_initial'] / 1024:.0f} KiB -> "
+        f"{r['store_bytes_final'] / 1024:.0f} KiB for {r['steps_final']:,} steps"
+    )
     ok_ready = r["ready_ms_max"] <= args.max_ready * 1000
     ok_rss = r["rss_peak_growth_mib"] <= args.max_rss_growth
     ok_live = r["page_last_step"] >= args.entries + args.append and not r["page_errors"]
-    print(f"  ready <= {args.max_ready:.1f} s: {'PASS' if ok_ready else 'FAIL'}; "
-          f"RSS growth <= {args.max_rss_growth:.0f} MiB: {'PASS' if ok_rss else 'FAIL'}; "
-          f"page caught up, no errors: {'PASS' if ok_live else 'FAIL'}")
+    print(
+        f"  ready <= {args.max_ready:.1f} s: {'PASS' if ok_ready else 'FAIL'}; "
+        f"RSS growth <= {args.max_rss_growth:.0f} MiB: {'PASS' if ok_rss else 'FAIL'}; "
+        f"page caught up, no errors: {'PASS' if ok_live else 'FAIL'}"
+    )
     out = REPO / "test-artifacts"
     out.mkdir(exist_ok=True)
     (out / "bench_dashboard.json").write_text(json.dumps(results, indent=1))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Data preparation at scale (issue 24): ours against a nanoGPT-style preparation, same text, same tokenizer.
+"""Data preparation at scale: ours against a nanoGPT-style preparation, same text, same tokenizer.
 
 1. **Corpus**: real text found on this machine, one document per file: the Python installation's `.py`,
    `.txt`, `.rst` and `.md` files, `/usr/share/doc` (gzip'ed files decompressed), the man pages
@@ -23,8 +23,9 @@
     nice -n 0 python scripts/bench_data.py --gb 2 --label '2 GB' --json docs/bench/data-cpu.json
     python scripts/bench_data.py --render docs/bench/data-cpu.json --doc docs/PERFORMANCE.md
 
-Goals (issue 24): ours under 2 GB peak RSS on at least 2 GB of text, at least 1.0x the peer's MB/s.
+Goals: ours under 2 GB peak RSS on at least 2 GB of text, at least 1.0x the peer's MB/s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,10 @@ SAMPLE_S = 0.1
 
 # ---------------------------------------------------------------------------------------------- corpus
 
+
 def _candidates() -> list[Path]:
     import sysconfig
+
     roots = [Path(sysconfig.get_paths()["stdlib"]), Path("/usr/share/doc"), Path("/usr/share/man")]
     out = []
     for root in roots:
@@ -74,6 +77,7 @@ def _candidates() -> list[Path]:
 
 def _text_of(path: Path) -> str | None:
     from proxy.data.text import binary_reason  # noqa: PLC0415
+
     try:
         data = path.read_bytes()
         if path.suffix == ".gz":
@@ -134,14 +138,19 @@ def read_through(files: list[Path]) -> float:
 
 # ---------------------------------------------------------------------------------------------- sides
 
-def side_ours(corpus: Path, tokenizer: str | None, vocab: int, workers: int, cache: Path, out_tokenizer: str | None
-              ) -> dict:
+
+def side_ours(
+    corpus: Path, tokenizer: str | None, vocab: int, workers: int, cache: Path, out_tokenizer: str | None
+) -> dict:
     from proxy.config.experiment import parse_experiment  # noqa: PLC0415
     from proxy.data.prepare import prepare_data  # noqa: PLC0415
 
-    exp = {"name": "bench-data", "model": {"vocab": vocab, "ctx": 64, "dim": 64, "layers": 1, "heads": 1},
-           "train": {"batch": 1, "max_steps": 1, "lr": 1e-3, "min_lr": 1e-4, "warmup": 0, "seed": 1, "eval_rows": 1},
-           "arms": [{"name": "corpus", "sources": [{"dir": str(corpus), "suffix": ".txt"}]}]}
+    exp = {
+        "name": "bench-data",
+        "model": {"vocab": vocab, "ctx": 64, "dim": 64, "layers": 1, "heads": 1},
+        "train": {"batch": 1, "max_steps": 1, "lr": 1e-3, "min_lr": 1e-4, "warmup": 0, "seed": 1, "eval_rows": 1},
+        "arms": [{"name": "corpus", "sources": [{"dir": str(corpus), "suffix": ".txt"}]}],
+    }
     if tokenizer:
         exp["tokenizer"] = tokenizer
     t0 = time.perf_counter()
@@ -159,6 +168,7 @@ _peer_tokenizer = None
 def _peer_init(tokenizer_json: str) -> None:
     global _peer_tokenizer
     from tokenizers import Tokenizer  # noqa: PLC0415
+
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _peer_tokenizer = Tokenizer.from_str(tokenizer_json)
 
@@ -193,7 +203,7 @@ def side_peer(files: list[str], tokenizer: str, workers: int, out: Path) -> dict
     mm = np.memmap(out, dtype=np.uint16, mode="w+", shape=(n,))
     at = 0
     for a in arrays:
-        mm[at:at + a.size] = a
+        mm[at : at + a.size] = a
         at += a.size
     mm.flush()
     del mm
@@ -223,12 +233,14 @@ def run_side(argv: list[str]) -> dict:
 
 def _side_main(args) -> int:
     import resource  # noqa: PLC0415
+
     if args.side == "peer":
         files = Path(args.files).read_text().splitlines()
         result = side_peer(files, args.tokenizer, args.workers, Path(args.out))
     else:
-        result = side_ours(Path(args.corpus), args.tokenizer, args.vocab, args.workers, Path(args.cache),
-                           args.out_tokenizer)
+        result = side_ours(
+            Path(args.corpus), args.tokenizer, args.vocab, args.workers, Path(args.cache), args.out_tokenizer
+        )
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     result["main_maxrss_bytes"] = own.ru_maxrss * 1024
     # CPU seconds of the process and its workers (reaped): what the work cost, whatever else the machine ran
@@ -239,29 +251,48 @@ def _side_main(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- report
 
+
 def _cells(side: dict, corpus_bytes: int) -> list[str]:
-    return [f"{side['wall_s']:.0f} s", f"{corpus_bytes / side['wall_s'] / 1e6:.2f}", f"{side['cpu_s']:.0f} s",
-            f"{side['peak_rss_bytes'] / 2**30:.2f} GiB"]
+    return [
+        f"{side['wall_s']:.0f} s",
+        f"{corpus_bytes / side['wall_s'] / 1e6:.2f}",
+        f"{side['cpu_s']:.0f} s",
+        f"{side['peak_rss_bytes'] / 2**30:.2f} GiB",
+    ]
 
 
 def render_table(runs: list[dict]) -> str:
-    lines = ["| run | commit | corpus | vocab | workers | ours: wall | MB/s | CPU | peak RSS | peer: wall | MB/s | CPU "
-             "| peak RSS | ours / peer (MB/s) | ours, training the tokenizer: wall | MB/s | CPU | peak RSS | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | commit | corpus | vocab | workers | ours: wall | MB/s | CPU | peak RSS | peer: wall | MB/s | CPU "
+        "| peak RSS | ours / peer (MB/s) | ours, training the tokenizer: wall | MB/s | CPU | peak RSS | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     try:
         for r in runs:
             b = r["corpus_bytes"]
             train = r.get("ours_training")
-            cells = [r["label"], f"`{r['commit']}`", f"{b / 1e9:.2f} GB, {r['documents']:,} documents",
-                     str(r["vocab"]), str(r["workers"]), *_cells(r["ours"], b), *_cells(r["peer"], b),
-                     f"**{r['peer']['wall_s'] / r['ours']['wall_s']:.2f}x**",
-                     *(_cells(train, b) if train else ["-", "-", "-", "-"]),
-                     f"{r['load'][0]:.1f}-{r['load'][1]:.1f}"]
+            cells = [
+                r["label"],
+                f"`{r['commit']}`",
+                f"{b / 1e9:.2f} GB, {r['documents']:,} documents",
+                str(r["vocab"]),
+                str(r["workers"]),
+                *_cells(r["ours"], b),
+                *_cells(r["peer"], b),
+                f"**{r['peer']['wall_s'] / r['ours']['wall_s']:.2f}x**",
+                *(_cells(train, b) if train else ["-", "-", "-", "-"]),
+                f"{r['load'][0]:.1f}-{r['load'][1]:.1f}",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
-        notes = ["", "MB/s: corpus bytes over wall seconds; CPU: user and system seconds of the process and its "
-                 "workers; peak RSS: the process and its workers, summed, sampled every 0.1 s; load: the load "
-                 "average at the start and the end. Machine: "
-                 + "; ".join(sorted({r["machine"] for r in runs})) + ". Commands, in order:", ""]
+        notes = [
+            "",
+            "MB/s: corpus bytes over wall seconds; CPU: user and system seconds of the process and its "
+            "workers; peak RSS: the process and its workers, summed, sampled every 0.1 s; load: the load "
+            "average at the start and the end. Machine: "
+            + "; ".join(sorted({r["machine"] for r in runs}))
+            + ". Commands, in order:",
+            "",
+        ]
         commands = [f"- `{r['command']}`" for r in runs]
     except (KeyError, TypeError, ZeroDivisionError) as exc:
         raise ReportError(f"a run is malformed ({exc!r})") from None
@@ -274,8 +305,11 @@ def main() -> int:
     ap.add_argument("--gb", type=float, default=2.0, help="corpus size (default 2)")
     ap.add_argument("--vocab", type=int, default=16384)
     ap.add_argument("--workers", type=int, default=None, help="for both sides (default: every core)")
-    ap.add_argument("--skip-training", action="store_true", help="train the tokenizer on a small corpus first, not "
-                    "on this one (the side-by-side runs are the same)")
+    ap.add_argument(
+        "--skip-training",
+        action="store_true",
+        help="train the tokenizer on a small corpus first, not on this one (the side-by-side runs are the same)",
+    )
     ap.add_argument("--label", default="bench", help="the run's name in the results file and the table")
     ap.add_argument("--json", type=Path, metavar="FILE", help="add the result to this results file")
     ap.add_argument("--render", type=Path, metavar="FILE", help="render FILE's table; measure nothing")
@@ -288,22 +322,37 @@ def main() -> int:
         args.workers = args.workers or len(os.sched_getaffinity(0))
         return _side_main(args)
     if args.render is not None:
-        return render_into_doc(args.doc, lambda: render_table(load_labelled_runs(args.render)), args.render, MARKERS,
-                               "bench_data")
+        return render_into_doc(
+            args.doc, lambda: render_table(load_labelled_runs(args.render)), args.render, MARKERS, "bench_data"
+        )
 
     workers = args.workers or len(os.sched_getaffinity(0))
     load_before = os.getloadavg()[0]
     corpus, files, corpus_bytes = build_corpus(args.corpus, args.gb)
-    print(f"bench_data: corpus {corpus}: {len(files):,} documents, {corpus_bytes / 1e9:.2f} GB; "
-          f"read once in {read_through(files):.0f} s; {workers} workers; load {load_before:.1f}", flush=True)
+    print(
+        f"bench_data: corpus {corpus}: {len(files):,} documents, {corpus_bytes / 1e9:.2f} GB; "
+        f"read once in {read_through(files):.0f} s; {workers} workers; load {load_before:.1f}",
+        flush=True,
+    )
     common = ["--vocab", str(args.vocab), "--workers", str(workers)]
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         tmp = Path(tmp)
         tokenizer = tmp / "tokenizer.json"
         training = None
         if not args.skip_training:
-            training = run_side(["--side", "ours", "--corpus", str(corpus), "--cache", str(tmp / "cache-train"),
-                                 "--out-tokenizer", str(tokenizer), *common])
+            training = run_side(
+                [
+                    "--side",
+                    "ours",
+                    "--corpus",
+                    str(corpus),
+                    "--cache",
+                    str(tmp / "cache-train"),
+                    "--out-tokenizer",
+                    str(tokenizer),
+                    *common,
+                ]
+            )
             shutil.rmtree(tmp / "cache-train")
             print(f"ours, training the tokenizer: {training}", flush=True)
         else:
@@ -311,30 +360,74 @@ def main() -> int:
             small.mkdir()
             for i, p in enumerate(files[:2000]):
                 os.link(p, small / f"{i:06d}.txt")
-            run_side(["--side", "ours", "--corpus", str(small), "--cache", str(tmp / "cache-small"),
-                      "--out-tokenizer", str(tokenizer), *common])
+            run_side(
+                [
+                    "--side",
+                    "ours",
+                    "--corpus",
+                    str(small),
+                    "--cache",
+                    str(tmp / "cache-small"),
+                    "--out-tokenizer",
+                    str(tokenizer),
+                    *common,
+                ]
+            )
             shutil.rmtree(tmp / "cache-small")
-        ours = run_side(["--side", "ours", "--corpus", str(corpus), "--tokenizer", str(tokenizer),
-                         "--cache", str(tmp / "cache"), *common])
+        ours = run_side(
+            [
+                "--side",
+                "ours",
+                "--corpus",
+                str(corpus),
+                "--tokenizer",
+                str(tokenizer),
+                "--cache",
+                str(tmp / "cache"),
+                *common,
+            ]
+        )
         shutil.rmtree(tmp / "cache")
         print(f"ours: {ours}", flush=True)
         (tmp / "files.txt").write_text("\n".join(map(str, files)))
-        peer = run_side(["--side", "peer", "--files", str(tmp / "files.txt"), "--tokenizer", str(tokenizer),
-                         "--out", str(tmp / "peer.bin"), *common])
+        peer = run_side(
+            [
+                "--side",
+                "peer",
+                "--files",
+                str(tmp / "files.txt"),
+                "--tokenizer",
+                str(tokenizer),
+                "--out",
+                str(tmp / "peer.bin"),
+                *common,
+            ]
+        )
         print(f"peer: {peer}", flush=True)
     if ours["tokens"] != peer["tokens"]:
         print(f"bench_data: token counts differ: ours {ours['tokens']:,}, peer {peer['tokens']:,}", file=sys.stderr)
         return 1
-    report = {"label": args.label, "commit": git_commit(REPO), "machine": machine_line(),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": "python scripts/bench_data.py " + shlex.join(sys.argv[1:]),
-              "corpus_bytes": corpus_bytes, "documents": len(files), "vocab": args.vocab, "workers": workers,
-              "ours": ours, "peer": peer, "ours_training": training,
-              "load": [load_before, os.getloadavg()[0]]}
+    report = {
+        "label": args.label,
+        "commit": git_commit(REPO),
+        "machine": machine_line(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python scripts/bench_data.py " + shlex.join(sys.argv[1:]),
+        "corpus_bytes": corpus_bytes,
+        "documents": len(files),
+        "vocab": args.vocab,
+        "workers": workers,
+        "ours": ours,
+        "peer": peer,
+        "ours_training": training,
+        "load": [load_before, os.getloadavg()[0]],
+    }
     ratio = peer["wall_s"] / ours["wall_s"]
-    print(f"ours {corpus_bytes / ours['wall_s'] / 1e6:.2f} MB/s, peak RSS {ours['peak_rss_bytes'] / 2**30:.2f} GiB; "
-          f"peer {corpus_bytes / peer['wall_s'] / 1e6:.2f} MB/s, peak RSS {peer['peak_rss_bytes'] / 2**30:.2f} GiB; "
-          f"ours/peer {ratio:.2f}x; {ours['tokens']:,} tokens each")
+    print(
+        f"ours {corpus_bytes / ours['wall_s'] / 1e6:.2f} MB/s, peak RSS {ours['peak_rss_bytes'] / 2**30:.2f} GiB; "
+        f"peer {corpus_bytes / peer['wall_s'] / 1e6:.2f} MB/s, peak RSS {peer['peak_rss_bytes'] / 2**30:.2f} GiB; "
+        f"ours/peer {ratio:.2f}x; {ours['tokens']:,} tokens each"
+    )
     print_and_keep(report, args.json, "bench_data")
     return 0
 

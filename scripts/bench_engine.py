@@ -21,6 +21,7 @@ The last line printed is one JSON object with every figure.
 strong GPU baseline (bf16 autocast, torch.compile, fused AdamW, SDPA); see
 `torch_worker` for where the two devices differ.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,13 +59,15 @@ def steady_rate(steps: list[dict], skip: int) -> dict:
     tokens = sum(s["tokens"] for s in kept)
     seconds = sum(s["ms"] for s in kept) / 1000.0
     ms = sorted(s["ms"] for s in kept)
-    return {"tokens_per_s": tokens / seconds if seconds > 0 else float("nan"),
-            # robust to a few steps slowed by other load on a shared machine
-            "tokens_per_s_median": tokens / len(kept) / (ms[len(ms) // 2] / 1000.0),
-            "ms_per_step_mean": 1000.0 * seconds / len(kept),
-            "ms_per_step_median": ms[len(ms) // 2],
-            "steps_timed": len(kept),
-            "final_loss": kept[-1].get("loss")}
+    return {
+        "tokens_per_s": tokens / seconds if seconds > 0 else float("nan"),
+        # robust to a few steps slowed by other load on a shared machine
+        "tokens_per_s_median": tokens / len(kept) / (ms[len(ms) // 2] / 1000.0),
+        "ms_per_step_mean": 1000.0 * seconds / len(kept),
+        "ms_per_step_median": ms[len(ms) // 2],
+        "steps_timed": len(kept),
+        "final_loss": kept[-1].get("loss"),
+    }
 
 
 def run_child(name: str, cmd: list[str], cwd: Path, on_line, timeout: float = 3600) -> tuple[int, int, str]:
@@ -97,8 +100,15 @@ def bench_engine(args, shape: dict, work: Path) -> dict:
     shard = work / "bench.tok"
     n_tok = max(200_000, 4 * args.batch * (shape["ctx"] + 1))
     write_shard(shard, np.random.default_rng(0).integers(0, shape["vocab"], n_tok, dtype=np.uint16), shape["vocab"])
-    settings = setting_flags(**shape, **OPTIM, steps=args.steps, warmup=1, batch=args.batch, seed=1,
-                             threads=args.threads if args.device == "cpu" else None)
+    settings = setting_flags(
+        **shape,
+        **OPTIM,
+        steps=args.steps,
+        warmup=1,
+        batch=args.batch,
+        seed=1,
+        threads=args.threads if args.device == "cpu" else None,
+    )
     cmd = [str(engine), *engine_args(work / "ck", data=shard, ckpt_every=0, settings=settings)]
     steps, ready = [], {}
 
@@ -117,8 +127,14 @@ def bench_engine(args, shape: dict, work: Path) -> dict:
     if rc != 0 or not steps:
         raise SystemExit(f"bench_engine: engine failed (exit {rc}): {err}")
     out = steady_rate(steps, args.skip)
-    out.update(peak_rss_bytes=rss, mem_bytes=ready.get("mem_bytes"), threads=ready.get("threads"),
-               device=ready.get("device"), precision=ready.get("precision"), command=" ".join(cmd))
+    out.update(
+        peak_rss_bytes=rss,
+        mem_bytes=ready.get("mem_bytes"),
+        threads=ready.get("threads"),
+        device=ready.get("device"),
+        precision=ready.get("precision"),
+        command=" ".join(cmd),
+    )
     return out
 
 
@@ -193,6 +209,7 @@ def torch_worker(args, shape: dict) -> None:
         opt = torch.optim.AdamW(groups, **adam)
         step_model = model
         import contextlib
+
         autocast = contextlib.nullcontext
         sync = lambda: None  # noqa: E731
 
@@ -220,9 +237,22 @@ def torch_worker(args, shape: dict) -> None:
 def bench_torch(args, shape: dict, work: Path) -> dict:
     from importlib.metadata import version
 
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "torch", "--shape", args.shape,
-           "--threads", str(args.threads), "--batch", str(args.batch), "--steps", str(args.steps),
-           "--device", args.device]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "torch",
+        "--shape",
+        args.shape,
+        "--threads",
+        str(args.threads),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--device",
+        args.device,
+    ]
     steps = []
 
     def on_line(line: str) -> None:
@@ -235,8 +265,12 @@ def bench_torch(args, shape: dict, work: Path) -> dict:
     if rc != 0 or not steps:
         raise SystemExit(f"bench_engine: torch worker failed (exit {rc}): {err}")
     out = steady_rate(steps, args.skip)
-    out.update(peak_rss_bytes=rss, threads=args.threads if args.device == "cpu" else None,
-               torch=version("torch"), command=" ".join(cmd))
+    out.update(
+        peak_rss_bytes=rss,
+        threads=args.threads if args.device == "cpu" else None,
+        torch=version("torch"),
+        command=" ".join(cmd),
+    )
     if "cuda_max_allocated" in steps[-1]:
         out["cuda_max_allocated_bytes"] = steps[-1]["cuda_max_allocated"]
     return out
@@ -246,14 +280,19 @@ def bench_torch(args, shape: dict, work: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both sides")
     ap.add_argument("--batch", type=int, default=8, help="rows per step (both sides)")
     ap.add_argument("--steps", type=int, default=20, help="steps per side, warm-up included")
-    ap.add_argument("--skip", type=int, default=None,
-                    help="warm-up steps left out of the rate (default 2 on cpu, 10 on cuda: torch.compile)")
+    ap.add_argument(
+        "--skip",
+        type=int,
+        default=None,
+        help="warm-up steps left out of the rate (default 2 on cpu, 10 on cuda: torch.compile)",
+    )
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--engine", help="engine binary (default build/microgpt_cpu or build/microgpt_cuda)")
     ap.add_argument("--only", choices=("both", "engine", "torch"), default="both")
@@ -272,12 +311,24 @@ def main(argv=None) -> int:
         torch_worker(args, shape)
         return 0
 
-    print(f"bench_engine: shape {args.shape} ({n_params(shape) / 1e6:.2f}M params, T={shape['ctx']}), "
-          f"batch {args.batch}, {args.steps} steps (first {args.skip} not timed), device {args.device}, "
-          f"threads {args.threads}", flush=True)
-    result = {"shape": args.shape, **shape, "n_params": n_params(shape), "batch": args.batch,
-              "steps": args.steps, "skip": args.skip, "device": args.device, "threads": args.threads,
-              "cpu_count": os.cpu_count(), "loadavg_before": os.getloadavg()}
+    print(
+        f"bench_engine: shape {args.shape} ({n_params(shape) / 1e6:.2f}M params, T={shape['ctx']}), "
+        f"batch {args.batch}, {args.steps} steps (first {args.skip} not timed), device {args.device}, "
+        f"threads {args.threads}",
+        flush=True,
+    )
+    result = {
+        "shape": args.shape,
+        **shape,
+        "n_params": n_params(shape),
+        "batch": args.batch,
+        "steps": args.steps,
+        "skip": args.skip,
+        "device": args.device,
+        "threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": os.getloadavg(),
+    }
     with tempfile.TemporaryDirectory(prefix="bench_engine.") as tmp:
         work = Path(tmp)
         if args.only in ("both", "engine"):
@@ -289,16 +340,21 @@ def main(argv=None) -> int:
     for side in ("engine", "torch"):
         if side in result:
             r = result[side]
-            print(f"{side:>6}: {r['tokens_per_s']:10.0f} tokens/s  {r['ms_per_step_median']:9.1f} ms/step (median)  "
-                  f"peak RSS {r['peak_rss_bytes'] / 2**20:8.1f} MiB  final loss {r['final_loss']:.4f}")
+            print(
+                f"{side:>6}: {r['tokens_per_s']:10.0f} tokens/s  {r['ms_per_step_median']:9.1f} ms/step (median)  "
+                f"peak RSS {r['peak_rss_bytes'] / 2**20:8.1f} MiB  final loss {r['final_loss']:.4f}"
+            )
     if "engine" in result and "torch" in result:
         ratio = result["engine"]["tokens_per_s"] / result["torch"]["tokens_per_s"]
         result["ratio"] = ratio if math.isfinite(ratio) else None
         result["ratio_median"] = result["engine"]["tokens_per_s_median"] / result["torch"]["tokens_per_s_median"]
         print(f" ratio: engine/torch = {ratio:.2f}x tokens/s ({result['ratio_median']:.2f}x by median step)")
     if result["loadavg_before"][0] > 0.5 * (os.cpu_count() or 1):
-        print(f"bench_engine: warning: load average {result['loadavg_before'][0]:.1f} on {os.cpu_count()} cores "
-              "before the run; figures are contended", file=sys.stderr)
+        print(
+            f"bench_engine: warning: load average {result['loadavg_before'][0]:.1f} on {os.cpu_count()} cores "
+            "before the run; figures are contended",
+            file=sys.stderr,
+        )
     print(json.dumps(result))
     return 0
 

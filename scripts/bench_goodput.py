@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Goodput of a whole `proxy run` (issue 12): wall time against the engine's step compute, and where the rest goes.
+"""Goodput of a whole `proxy run`: wall time against the engine's step compute, and where the rest goes.
 
     python scripts/bench_goodput.py run [EXPERIMENT.json] [--steps N] [--threads N] [--train KEY=VALUE]
                                         [--engine cpu|cuda] [--repo DIR] [--label NAME] [--json FILE]
@@ -29,6 +29,7 @@ ANDREA-12M's data and cadence file with T=256, C=128, L=4, H=4, batch 8, an eval
 `render` turns such a file into the table between the markers in PERFORMANCE.md
 (everything outside them kept). Bad input: one line on stderr, exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from cuda_bench_report import Markers, ReportError, read_results_list, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
+
 from proxy.atomic import atomic_write_json  # noqa: E402
 from proxy.supervision.goodput import checkpoint_stall_ms  # noqa: E402
 
@@ -107,13 +109,17 @@ class GoodputRun:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(overhead_s=self.overhead_s, overhead=self.share(self.overhead_s), other_s=self.other_s,
-                   wall_tokens_per_s=self.tokens / self.wall_s if self.wall_s > 0 else None,
-                   engine_tokens_per_s=self.tokens / self.step_s if self.step_s > 0 else None)
+        out.update(
+            overhead_s=self.overhead_s,
+            overhead=self.share(self.overhead_s),
+            other_s=self.other_s,
+            wall_tokens_per_s=self.tokens / self.wall_s if self.wall_s > 0 else None,
+            engine_tokens_per_s=self.tokens / self.step_s if self.step_s > 0 else None,
+        )
         return out
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "GoodputRun":
+    def from_dict(cls, obj: dict) -> GoodputRun:
         names = set(cls.__dataclass_fields__)
         values = {k: v for k, v in obj.items() if k in names}
         values["audits"] = {k: Audit(**a) for k, a in (obj.get("audits") or {}).items()}
@@ -121,6 +127,7 @@ class GoodputRun:
 
 
 # ------------------------------------------------------------------ running
+
 
 def probe_experiment(threads: int | None) -> dict:
     exp = json.loads((REPO / PROBE_BASE).read_text())
@@ -183,8 +190,18 @@ def run_once(args, experiment: Path, work: Path) -> GoodputRun:
     wrapper.write_text(TEE_WRAPPER.format(engine=engine, events=events))
     wrapper.chmod(0o755)
     run_dir = work / "run"
-    argv = [sys.executable, "-m", "proxy", "run", str(experiment), "--run-dir", str(run_dir), "--no-dashboard",
-            "--engine", str(wrapper)]
+    argv = [
+        sys.executable,
+        "-m",
+        "proxy",
+        "run",
+        str(experiment),
+        "--run-dir",
+        str(run_dir),
+        "--no-dashboard",
+        "--engine",
+        str(wrapper),
+    ]
     if args.cache_dir:
         argv += ["--cache-dir", str(args.cache_dir)]
     env = dict(os.environ, PYTHONPATH=str(repo), PYTHONUNBUFFERED="1")
@@ -192,8 +209,9 @@ def run_once(args, experiment: Path, work: Path) -> GoodputRun:
     lines: queue.Queue = queue.Queue()
     t_launch = time.monotonic()
     with open(work / "proxy.err", "wb") as err:
-        proc = subprocess.Popen(argv, cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+        proc = subprocess.Popen(
+            argv, cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True
+        )
 
         def pump():
             for line in proc.stdout:
@@ -222,13 +240,25 @@ def run_once(args, experiment: Path, work: Path) -> GoodputRun:
     except (OSError, ValueError):
         state = {}
     return GoodputRun(
-        label=args.label, commit=git_commit(repo), experiment=json.loads(experiment.read_text())["name"],
-        steps=args.steps, threads=args.threads, engine=args.engine, command=shlex.join(["python", *sys.argv]),
-        machine=machine_line(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_before=load_before,
-        load_after=os.getloadavg()[0], startup_s=ready[0] - t_launch, wall_s=t_exit - ready[0],
-        step_s=sum(float(e["ms"]) for e in steps) / 1000.0, audits=audits_from_events(read_events(events)),
-        after_last_step_s=t_exit_wall - float(steps[-1]["time"]), tokens=int(steps[-1]["tokens"]),
-        proxy_goodput=state.get("goodput"))
+        label=args.label,
+        commit=git_commit(repo),
+        experiment=json.loads(experiment.read_text())["name"],
+        steps=args.steps,
+        threads=args.threads,
+        engine=args.engine,
+        command=shlex.join(["python", *sys.argv]),
+        machine=machine_line(),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+        startup_s=ready[0] - t_launch,
+        wall_s=t_exit - ready[0],
+        step_s=sum(float(e["ms"]) for e in steps) / 1000.0,
+        audits=audits_from_events(read_events(events)),
+        after_last_step_s=t_exit_wall - float(steps[-1]["time"]),
+        tokens=int(steps[-1]["tokens"]),
+        proxy_goodput=state.get("goodput"),
+    )
 
 
 def add_to_file(path: Path, result: GoodputRun) -> None:
@@ -239,15 +269,18 @@ def add_to_file(path: Path, result: GoodputRun) -> None:
 
 def summary(r: GoodputRun) -> str:
     parts = ", ".join(f"{k} {a.s:.1f} s ({r.share(a.s):.1%}, {a.count} events)" for k, a in r.audits.items())
-    return (f"{r.label} ({r.commit}, {r.experiment}, {r.steps} steps, threads {r.threads}): "
-            f"start-up {r.startup_s:.1f} s; wall {r.wall_s:.1f} s, engine steps {r.step_s:.1f} s, "
-            f"overhead {r.overhead_s:.1f} s = {r.share(r.overhead_s):.1%}: {parts}, "
-            f"other {r.other_s:.1f} s ({r.share(r.other_s):.1%}); "
-            f"tokens/s wall {r.tokens / r.wall_s:,.0f}, engine {r.tokens / r.step_s:,.0f}; "
-            f"load average {r.load_before:.1f} -> {r.load_after:.1f}")
+    return (
+        f"{r.label} ({r.commit}, {r.experiment}, {r.steps} steps, threads {r.threads}): "
+        f"start-up {r.startup_s:.1f} s; wall {r.wall_s:.1f} s, engine steps {r.step_s:.1f} s, "
+        f"overhead {r.overhead_s:.1f} s = {r.share(r.overhead_s):.1%}: {parts}, "
+        f"other {r.other_s:.1f} s ({r.share(r.other_s):.1%}); "
+        f"tokens/s wall {r.tokens / r.wall_s:,.0f}, engine {r.tokens / r.step_s:,.0f}; "
+        f"load average {r.load_before:.1f} -> {r.load_after:.1f}"
+    )
 
 
 # ------------------------------------------------------------------ the table
+
 
 def load_runs(path: Path) -> list[GoodputRun]:
     doc = read_results_list(path)
@@ -261,26 +294,38 @@ def render_table(runs: list[GoodputRun]) -> str:
     def pct(r: GoodputRun, s: float) -> str:
         return f"{s:.1f} s ({r.share(s):.1%})"
 
-    lines = ["| run | commit | steps | start-up | wall | engine steps | overhead | sample | eval | checkpoint stall "
-             "| other | tokens/s wall / engine | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | commit | steps | start-up | wall | engine steps | overhead | sample | eval | checkpoint stall "
+        "| other | tokens/s wall / engine | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in runs:
         a = r.audits
-        cells = [r.label, f"`{r.commit}`", str(r.steps), f"{r.startup_s:.1f} s", f"{r.wall_s:.1f} s",
-                 f"{r.step_s:.1f} s", f"**{pct(r, r.overhead_s)}**",
-                 *(pct(r, a[k].s) if k in a else "-" for k in AUDIT_KINDS), pct(r, r.other_s),
-                 f"{r.tokens / r.wall_s:,.0f} / {r.tokens / r.step_s:,.0f}",
-                 f"{r.load_before:.1f}-{r.load_after:.1f}"]
+        cells = [
+            r.label,
+            f"`{r.commit}`",
+            str(r.steps),
+            f"{r.startup_s:.1f} s",
+            f"{r.wall_s:.1f} s",
+            f"{r.step_s:.1f} s",
+            f"**{pct(r, r.overhead_s)}**",
+            *(pct(r, a[k].s) if k in a else "-" for k in AUDIT_KINDS),
+            pct(r, r.other_s),
+            f"{r.tokens / r.wall_s:,.0f} / {r.tokens / r.step_s:,.0f}",
+            f"{r.load_before:.1f}-{r.load_after:.1f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     machines = sorted({r.machine for r in runs})
     commands = [f"`{r.command}`" for r in runs]
-    return "\n".join(lines + ["", "Machine: " + "; ".join(machines) + ". Commands, in order:", "",
-                              *[f"- {c}" for c in commands]])
+    return "\n".join(
+        lines + ["", "Machine: " + "; ".join(machines) + ". Commands, in order:", "", *[f"- {c}" for c in commands]]
+    )
 
 
 def render(args) -> int:
-    return render_into_doc(args.doc, lambda: render_table(load_runs(args.results)), args.results, MARKERS,
-                           "bench_goodput")
+    return render_into_doc(
+        args.doc, lambda: render_table(load_runs(args.results)), args.results, MARKERS, "bench_goodput"
+    )
 
 
 def run(args) -> int:
@@ -318,8 +363,10 @@ def run(args) -> int:
     print(summary(result))
     if result.proxy_goodput:
         g = result.proxy_goodput
-        print(f"  the proxy's own account (.state.json): wall {g['wall_s']:.1f} s, steps {g['step_s']:.1f} s, "
-              f"overhead {g['overhead']:.1%}")
+        print(
+            f"  the proxy's own account (.state.json): wall {g['wall_s']:.1f} s, steps {g['step_s']:.1f} s, "
+            f"overhead {g['overhead']:.1%}"
+        )
     if args.json:
         add_to_file(Path(args.json), result)
         print(f"bench_goodput: added {result.label!r} to {args.json}")
@@ -333,8 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("experiment", nargs="?", help="an experiment file (default: the CPU probe)")
     r.add_argument("--steps", type=int, default=100, help="max_steps for this run (default 100)")
     r.add_argument("--threads", type=int, help="train.threads (default: the experiment's)")
-    r.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
-                   help="override train.KEY (a JSON value), e.g. --train eval_rows=4; repeatable")
+    r.add_argument(
+        "--train",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override train.KEY (a JSON value), e.g. --train eval_rows=4; repeatable",
+    )
     r.add_argument("--engine", choices=("cpu", "cuda"), default="cpu")
     r.add_argument("--repo", default=str(REPO), help="the checkout whose proxy and engine run (default: this one)")
     r.add_argument("--label", default="now", help="the row's name in the results file")

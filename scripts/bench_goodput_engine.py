@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The engine side of goodput (issue 12): what a sample audit and a checkpoint cost the step loop.
+"""The engine side of goodput: what a sample audit and a checkpoint cost the step loop.
 
 Shape: vocab 4608, ctx 256, dim 128, layers 4, heads 4, batch 8 (proxy mode, fresh weights).
 
@@ -21,6 +21,7 @@ The last line printed is one JSON object with every figure. --json FILE adds it 
 entry with the same label is replaced); --render puts the table of FILE's runs between the markers of
 --doc (or prints it), measuring nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from cuda_bench_report import Markers, ReportError, load_labelled_runs, print_and_keep, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
+
 from proxy.formats import frames  # noqa: E402
 
 MARKERS = Markers("bench_goodput_engine table", "scripts/bench_goodput_engine.py")
@@ -53,8 +55,11 @@ MAX_NEW, TEMPERATURE, TOP_K = 128, 0.8, 40
 class Engine:
     def __init__(self, binary: str, ckpt_dir: Path, *extra: str):
         flags = [x for k, v in SHAPE.items() for x in (f"--{k}", str(v))]
-        self.proc = subprocess.Popen([binary, "--data", "-", "--ckpt-dir", str(ckpt_dir), *flags, *extra],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [binary, "--data", "-", "--ckpt-dir", str(ckpt_dir), *flags, *extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         self.ready = self.event("ready")
 
     def event(self, kind: str) -> dict:
@@ -81,15 +86,17 @@ class Engine:
 
 def audit(binary: str, threads: int, repeats: int) -> dict:
     rng = np.random.default_rng(1)
-    prompts = [frames.SamplePrompt(rng.integers(0, SHAPE["vocab"], size=n).tolist(), 1, 100 + i)
-               for i, n in enumerate(PROMPT_LENGTHS)]
+    prompts = [
+        frames.SamplePrompt(rng.integers(0, SHAPE["vocab"], size=n).tolist(), 1, 100 + i)
+        for i, n in enumerate(PROMPT_LENGTHS)
+    ]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("old", "new"):
             extra = ["--threads", str(threads)] + (["--sample-recompute"] if mode == "old" else [])
             eng = Engine(binary, Path(tmp) / mode, "--ckpt-every", "0", *extra)
             times, tokens = [], None
-            for rep in range(repeats):
+            for _rep in range(repeats):
                 if mode == "old":
                     for i, p in enumerate(prompts):
                         eng.send(frames.sample_frame(i + 1, p.tokens, p.count, MAX_NEW, TEMPERATURE, TOP_K, p.seed))
@@ -100,11 +107,16 @@ def audit(binary: str, threads: int, repeats: int) -> dict:
                 times.append(sum(e["ms"] for e in events))
                 tokens = [t for e in events for t in e["tokens"]]
             eng.close()
-            out[mode] = {"frames": len(prompts) if mode == "old" else 1, "ms": times,
-                         "median_ms": statistics.median(times), "tokens": tokens}
+            out[mode] = {
+                "frames": len(prompts) if mode == "old" else 1,
+                "ms": times,
+                "median_ms": statistics.median(times),
+                "tokens": tokens,
+            }
     assert out["old"]["tokens"] == out["new"]["tokens"], "the KV cache changed the sampled tokens"
     return {m: {k: v for k, v in r.items() if k != "tokens"} for m, r in out.items()} | {
-        "speedup": out["old"]["median_ms"] / out["new"]["median_ms"]}
+        "speedup": out["old"]["median_ms"] / out["new"]["median_ms"]
+    }
 
 
 def checkpoints(binary: str, threads: int, steps: int, every: int) -> dict:
@@ -129,23 +141,40 @@ def checkpoints(binary: str, threads: int, steps: int, every: int) -> dict:
 
 def render_table(runs: list[dict]) -> str:
     """One row per run: the audit both ways, the checkpoint stall now and (with --baseline) before."""
+
     def med(values, digits: int = 0) -> str:
         return f"{statistics.median(values):.{digits}f}" if values else "-"
 
-    lines = ["| run | commit | threads | audit: 4 frames, recompute (ms) | audit: 1 frame, KV cache (ms) "
-             "| speed-up | step (ms) | checkpoint stall (ms) | write, in the background (ms) "
-             "| baseline: stall = write (ms) | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | commit | threads | audit: 4 frames, recompute (ms) | audit: 1 frame, KV cache (ms) "
+        "| speed-up | step (ms) | checkpoint stall (ms) | write, in the background (ms) "
+        "| baseline: stall = write (ms) | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     try:
         for r in runs:
             a, c, b = r["audit"], r.get("checkpoints_engine") or {}, r.get("checkpoints_baseline") or {}
-            cells = [r["label"], f"`{r['commit']}`", str(r["threads"]), med(a["old"]["ms"]), med(a["new"]["ms"]),
-                     f"**{a['speedup']:.1f}x**", f"{c['median_step_ms']:.0f}" if c else "-",
-                     med(c.get("loop_stall_ms"), 1), med(c.get("write_ms")), med(b.get("loop_stall_ms"), 1),
-                     f"{r['load'][0]:.1f}-{r['load'][1]:.1f}"]
+            cells = [
+                r["label"],
+                f"`{r['commit']}`",
+                str(r["threads"]),
+                med(a["old"]["ms"]),
+                med(a["new"]["ms"]),
+                f"**{a['speedup']:.1f}x**",
+                f"{c['median_step_ms']:.0f}" if c else "-",
+                med(c.get("loop_stall_ms"), 1),
+                med(c.get("write_ms")),
+                med(b.get("loop_stall_ms"), 1),
+                f"{r['load'][0]:.1f}-{r['load'][1]:.1f}",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
-        notes = ["", "Medians of each run's repeats (audit) and checkpoints (stall, write). Machine: "
-                 + "; ".join(sorted({r["machine"] for r in runs})) + ". Commands, in order:", ""]
+        notes = [
+            "",
+            "Medians of each run's repeats (audit) and checkpoints (stall, write). Machine: "
+            + "; ".join(sorted({r["machine"] for r in runs}))
+            + ". Commands, in order:",
+            "",
+        ]
         commands = [f"- `{r['command']}`" for r in runs]
     except (KeyError, TypeError, IndexError, statistics.StatisticsError) as exc:
         raise ReportError(f"a run is malformed ({exc!r})") from None
@@ -166,28 +195,42 @@ def main() -> int:
     ap.add_argument("--doc", type=Path, help="with --render: put the table between this document's markers")
     args = ap.parse_args()
     if args.render is not None:
-        return render_into_doc(args.doc, lambda: render_table(load_labelled_runs(args.render)), args.render, MARKERS,
-                               "bench_goodput_engine")
+        return render_into_doc(
+            args.doc,
+            lambda: render_table(load_labelled_runs(args.render)),
+            args.render,
+            MARKERS,
+            "bench_goodput_engine",
+        )
 
     load_before = os.getloadavg()[0]
     # the commit the engine was built from: the checkout its build/ directory sits in
-    report = {"label": args.label, "commit": git_commit(Path(args.engine).resolve().parent.parent),
-              "machine": machine_line(),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": "python scripts/bench_goodput_engine.py " + shlex.join(sys.argv[1:]),
-              "shape": SHAPE, "threads": args.threads, "audit": audit(args.engine, args.threads, args.repeats)}
+    report = {
+        "label": args.label,
+        "commit": git_commit(Path(args.engine).resolve().parent.parent),
+        "machine": machine_line(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python scripts/bench_goodput_engine.py " + shlex.join(sys.argv[1:]),
+        "shape": SHAPE,
+        "threads": args.threads,
+        "audit": audit(args.engine, args.threads, args.repeats),
+    }
     a = report["audit"]
-    print(f"audit, 4 prompts x {MAX_NEW} new tokens: old (4 frames, recompute) {a['old']['median_ms']:.0f} ms, "
-          f"new (1 frame, KV cache) {a['new']['median_ms']:.0f} ms: {a['speedup']:.1f}x (median of {args.repeats})")
+    print(
+        f"audit, 4 prompts x {MAX_NEW} new tokens: old (4 frames, recompute) {a['old']['median_ms']:.0f} ms, "
+        f"new (1 frame, KV cache) {a['new']['median_ms']:.0f} ms: {a['speedup']:.1f}x (median of {args.repeats})"
+    )
     for name, binary in (("engine", args.engine), ("baseline", args.baseline)):
         if not binary:
             continue
         c = checkpoints(binary, args.threads, args.steps, args.ckpt_every)
         report[f"checkpoints_{name}"] = c
-        print(f"checkpoints ({name}, {'background' if c['background_writer'] else 'synchronous'} writes of "
-              f"{c['checkpoint_bytes']} bytes, step {c['median_step_ms']:.0f} ms): step-loop stall median "
-              f"{statistics.median(c['loop_stall_ms']):.1f} ms, write median {statistics.median(c['write_ms']):.1f} ms "
-              f"({len(c['write_ms'])} checkpoints)")
+        print(
+            f"checkpoints ({name}, {'background' if c['background_writer'] else 'synchronous'} writes of "
+            f"{c['checkpoint_bytes']} bytes, step {c['median_step_ms']:.0f} ms): step-loop stall median "
+            f"{statistics.median(c['loop_stall_ms']):.1f} ms, write median {statistics.median(c['write_ms']):.1f} ms "
+            f"({len(c['write_ms'])} checkpoints)"
+        )
     report["load"] = [load_before, os.getloadavg()[0]]
     print_and_keep(report, args.json, "bench_goodput_engine")
     return 0

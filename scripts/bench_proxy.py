@@ -12,6 +12,7 @@ Philox generator per step, as in a run), hands the frame to a null consumer
 tokens/s (rows * (ctx + 1) tokens per frame). The goal is >= 10M tokens/s, far
 above what an engine consumes, so the proxy never starves the GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,16 +96,20 @@ def main() -> int:
         sampler = BatchSampler(train, val, names, seed=1337, row_len=ctx + 1)
         weights = np.full(len(names), 1.0 / len(names))
         sink = open(os.devnull, "wb") if args.devnull else None
-        print(f"bench_proxy: {source}; ctx {ctx}; arms {len(names)}; consumer {'/dev/null' if sink else 'len()'}; "
-              f"{os.cpu_count()} cpus")
+        print(
+            f"bench_proxy: {source}; ctx {ctx}; arms {len(names)}; consumer {'/dev/null' if sink else 'len()'}; "
+            f"{os.cpu_count()} cpus"
+        )
         ok = True
         try:
             for rows in args.rows:
                 bench(sampler, weights, rows, 0.2, sink)  # warm the page cache and numpy
                 tps, bps = bench(sampler, weights, rows, args.seconds, sink)
                 ok &= tps >= GOAL
-                print(f"rows {rows:4d} x {ctx + 1} tokens: {bps:9.0f} batches/s  "
-                      f"{tps / 1e6:8.1f}M tokens/s  {'ok' if tps >= GOAL else 'BELOW GOAL'} (goal {GOAL / 1e6:.0f}M)")
+                print(
+                    f"rows {rows:4d} x {ctx + 1} tokens: {bps:9.0f} batches/s  "
+                    f"{tps / 1e6:8.1f}M tokens/s  {'ok' if tps >= GOAL else 'BELOW GOAL'} (goal {GOAL / 1e6:.0f}M)"
+                )
         finally:
             if sink is not None:
                 sink.close()

@@ -14,26 +14,27 @@ the files of several benchmark runs on one GPU into one:
 Every bad input (unreadable or malformed JSON, missing markers) is one line
 on stderr and exit 2; the document is then left as it was.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from proxy.atomic import atomic_write_json, atomic_write_text  # noqa: E402
 
 
-
 @dataclass(frozen=True)
 class Markers:
     """The comment lines a generated table sits between in a markdown file (this script's, and
     scripts/bench_goodput.py's)."""
-    name: str       # "bench_cuda table"
+
+    name: str  # "bench_cuda table"
     generator: str  # the script that writes it
 
     @property
@@ -99,14 +100,15 @@ def print_and_keep(report: dict, path: Path | None, script: str) -> None:
 @dataclass
 class Side:
     """One trainer measured on one shape and batch."""
-    kind: str                          # engine, torch or llmc
-    variant: str                       # engine: attention (naive/flash); torch: compile mode; llmc: ""
+
+    kind: str  # engine, torch or llmc
+    variant: str  # engine: attention (naive/flash); torch: compile mode; llmc: ""
     tokens_per_s: float | None = None  # steady state, median step
     step_ms: float | None = None
-    mfu: float | None = None           # tokens/s * flops per token / peak
-    ratio: float | None = None         # tokens/s over the fastest PyTorch side's
-    gpu_mem_mib: float | None = None   # peak: nvidia-smi for processes, max_memory_allocated for torch
-    skipped: str | None = None         # why there is no figure
+    mfu: float | None = None  # tokens/s * flops per token / peak
+    ratio: float | None = None  # tokens/s over the fastest PyTorch side's
+    gpu_mem_mib: float | None = None  # peak: nvidia-smi for processes, max_memory_allocated for torch
+    skipped: str | None = None  # why there is no figure
     extra: dict = field(default_factory=dict)  # side-specific figures (checkpoint stall, engine buffers, ...)
 
     @property
@@ -118,6 +120,7 @@ class Side:
 @dataclass
 class Run:
     """One shape at one batch size."""
+
     shape: str
     batch: int
     ctx: int
@@ -140,20 +143,20 @@ class BenchReport:
     gpu: str
     peak_tflops: float | None
     driver: str | None
-    cuda: str | None        # the driver's CUDA version (nvidia-smi)
+    cuda: str | None  # the driver's CUDA version (nvidia-smi)
     nvcc: str | None
     torch: str | None
     torch_cuda: str | None
     command: str
     date: str
     runs: list[Run]
-    cudnn: str | None = None   # the nvidia-cudnn wheel's version the engine ran with
+    cudnn: str | None = None  # the nvidia-cudnn wheel's version the engine ran with
     commit: str | None = None  # the microgpt commit measured ("-dirty": with uncommitted changes)
 
     def save(self, path: Path) -> None:
         atomic_write_json(path, asdict(self))
 
-    def merge(self, other: "BenchReport") -> None:
+    def merge(self, other: BenchReport) -> None:
         """Adds other's runs; a run of the same shape and batch replaces the earlier one."""
         if other.gpu != self.gpu:
             raise ReportError(f"cannot merge results from different GPUs: {self.gpu!r} and {other.gpu!r}")
@@ -167,7 +170,7 @@ class BenchReport:
                 setattr(self, name, getattr(other, name))
 
     @staticmethod
-    def from_dict(doc: dict) -> "BenchReport":
+    def from_dict(doc: dict) -> BenchReport:
         try:
             runs = []
             for r in doc["runs"]:
@@ -181,7 +184,7 @@ class BenchReport:
             raise ReportError(f"not a bench_cuda results file: {exc}") from None
 
     @staticmethod
-    def load(path: Path) -> "BenchReport":
+    def load(path: Path) -> BenchReport:
         try:
             doc = json.loads(path.read_text())
         except OSError as exc:
@@ -198,26 +201,32 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def render_table(report: BenchReport) -> str:
-    lines = [f"{report.gpu}, driver {report.driver or '?'} (CUDA {report.cuda or '?'}), nvcc {report.nvcc or '?'}, "
-             f"PyTorch {report.torch or '-'} (CUDA {report.torch_cuda or '-'}); {report.date}. "
-             f"MFU against {_num(report.peak_tflops, '.0f')} TFLOP/s dense bf16."
-             + (f" cuDNN {report.cudnn}." if report.cudnn else "")
-             + (f" microgpt {report.commit}." if report.commit else ""), "",
-             *[f"`{c}`" for c in report.command.split("; ")], "",
-             "| shape | B | trainer | tokens/s | vs fastest PyTorch | MFU | peak GPU memory |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        f"{report.gpu}, driver {report.driver or '?'} (CUDA {report.cuda or '?'}), nvcc {report.nvcc or '?'}, "
+        f"PyTorch {report.torch or '-'} (CUDA {report.torch_cuda or '-'}); {report.date}. "
+        f"MFU against {_num(report.peak_tflops, '.0f')} TFLOP/s dense bf16."
+        + (f" cuDNN {report.cudnn}." if report.cudnn else "")
+        + (f" microgpt {report.commit}." if report.commit else ""),
+        "",
+        *[f"`{c}`" for c in report.command.split("; ")],
+        "",
+        "| shape | B | trainer | tokens/s | vs fastest PyTorch | MFU | peak GPU memory |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
     for run in report.runs:
         run.fill_ratios()  # derived from tokens/s, whatever the file says
         for s in run.sides:
             if s.skipped:
-                lines.append(f"| {run.shape} | {run.batch} | {s.label} | skipped: {s.skipped.replace('|', '/')} "
-                             f"| | | |")
+                lines.append(
+                    f"| {run.shape} | {run.batch} | {s.label} | skipped: {s.skipped.replace('|', '/')} | | | |"
+                )
                 continue
             ratio = f"{s.ratio:.2f}x" if s.ratio is not None else "-"
             mfu = f"{s.mfu:.1%}" if s.mfu is not None else "-"
             mem = f"{s.gpu_mem_mib:,.0f} MiB" if s.gpu_mem_mib is not None else "-"
-            lines.append(f"| {run.shape} | {run.batch} | {s.label} | {_num(s.tokens_per_s, ',.0f')} | {ratio} "
-                         f"| {mfu} | {mem} |")
+            lines.append(
+                f"| {run.shape} | {run.batch} | {s.label} | {_num(s.tokens_per_s, ',.0f')} | {ratio} | {mfu} | {mem} |"
+            )
     return "\n".join(lines)
 
 
@@ -258,12 +267,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cuda_bench_report: {exc}", file=sys.stderr)
             return 2
         return 0
-    return render_into_doc(args.doc, lambda: render_table(BenchReport.load(args.results)), args.results,
-                           CUDA_MARKERS, "cuda_bench_report")
+    return render_into_doc(
+        args.doc, lambda: render_table(BenchReport.load(args.results)), args.results, CUDA_MARKERS, "cuda_bench_report"
+    )
 
 
-def render_into_doc(doc: Path | None, make_table: Callable[[], str], results: Path, markers: Markers,
-                    prog: str) -> int:
+def render_into_doc(doc: Path | None, make_table: Callable[[], str], results: Path, markers: Markers, prog: str) -> int:
     """Build the table of `results` (`make_table` may raise ReportError), then print it (no `doc`) or put
     it between the markers of `doc`, rewritten atomically when it changes. Returns the exit status: 0,
     or 2 after one line on stderr (the document left as it was)."""

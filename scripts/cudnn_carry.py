@@ -12,6 +12,7 @@ line and compiles the object there.
     python scripts/cudnn_carry.py check OBJECT STAMP FRONTEND_INCLUDE_DIR
 Exit status: 0 written / matching; 1 with one line on stdout naming the mismatch; 2 on bad usage.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,13 +37,13 @@ class CarryError(Exception):
 
 @dataclass(frozen=True)
 class Stamp:
-    cudnn: str           # nvidia-cudnn-cu13's version it was compiled against
-    frontend: str        # nvidia-cudnn-frontend's version (the carried headers)
+    cudnn: str  # nvidia-cudnn-cu13's version it was compiled against
+    frontend: str  # nvidia-cudnn-frontend's version (the carried headers)
     sources_sha256: str  # the object's sources and its make rule (sources_digest)
     object_sha256: str
 
     @staticmethod
-    def load(path: Path) -> "Stamp":
+    def load(path: Path) -> Stamp:
         try:
             doc = json.loads(path.read_text())
             return Stamp(**{f.name: str(doc[f.name]) for f in fields(Stamp)})
@@ -96,24 +97,38 @@ def frontend_header_version(include: Path) -> str:
 def write(obj: Path, stamp: Path) -> None:
     sys.path.insert(0, str(REPO))
     from proxy.atomic import atomic_write_json  # here only: `check` runs before anything is installed
-    atomic_write_json(stamp, asdict(Stamp(cudnn=installed_version(CUDNN_DIST),
-                                          frontend=installed_version(FRONTEND_DIST),
-                                          sources_sha256=sources_digest(), object_sha256=sha256(obj))))
+
+    atomic_write_json(
+        stamp,
+        asdict(
+            Stamp(
+                cudnn=installed_version(CUDNN_DIST),
+                frontend=installed_version(FRONTEND_DIST),
+                sources_sha256=sources_digest(),
+                object_sha256=sha256(obj),
+            )
+        ),
+    )
 
 
 def check(obj: Path, stamp_path: Path, frontend_include: Path) -> None:
     stamp = Stamp.load(stamp_path)
     here = installed_version(CUDNN_DIST)
     if here != stamp.cudnn:
-        raise CarryError(f"the carried cuDNN object was compiled against {CUDNN_DIST} {stamp.cudnn}, "
-                         f"this machine has {here}")
+        raise CarryError(
+            f"the carried cuDNN object was compiled against {CUDNN_DIST} {stamp.cudnn}, this machine has {here}"
+        )
     headers = frontend_header_version(frontend_include)
     if stamp.frontend != headers and not stamp.frontend.startswith(headers + "."):
-        raise CarryError(f"the carried cuDNN object was compiled against cudnn-frontend {stamp.frontend}, "
-                         f"the headers at {frontend_include} are {headers}")
+        raise CarryError(
+            f"the carried cuDNN object was compiled against cudnn-frontend {stamp.frontend}, "
+            f"the headers at {frontend_include} are {headers}"
+        )
     if sources_digest() != stamp.sources_sha256:
-        raise CarryError("the carried cuDNN object is older than microgpt/cuda/attention_cudnn.* or "
-                         "microgpt/cuda.mk (run `scripts/gpu_session.sh prepare` again)")
+        raise CarryError(
+            "the carried cuDNN object is older than microgpt/cuda/attention_cudnn.* or "
+            "microgpt/cuda.mk (run `scripts/gpu_session.sh prepare` again)"
+        )
     if not obj.is_file() or sha256(obj) != stamp.object_sha256:
         raise CarryError(f"{obj} is not the object its stamp describes")
 
@@ -125,8 +140,10 @@ def main(argv: list[str]) -> int:
         elif len(argv) == 4 and argv[0] == "check":
             check(Path(argv[1]), Path(argv[2]), Path(argv[3]))
         else:
-            print("cudnn_carry: usage: cudnn_carry.py write OBJECT STAMP | check OBJECT STAMP FRONTEND_INCLUDE",
-                  file=sys.stderr)
+            print(
+                "cudnn_carry: usage: cudnn_carry.py write OBJECT STAMP | check OBJECT STAMP FRONTEND_INCLUDE",
+                file=sys.stderr,
+            )
             return 2
     except CarryError as exc:
         print(f"cudnn_carry: {exc}")

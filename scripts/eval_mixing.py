@@ -33,6 +33,7 @@ policy met its goals), 1 when a run failed or --compare found a difference,
 2 for bad arguments, 130 when interrupted (Ctrl-C or SIGTERM: the runs in
 flight checkpoint and stop; the same command resumes them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,11 +51,12 @@ from mixing.report import ReportError, plot_summary, results_markdown, write_res
 from mixing.runs import LaunchOptions, LoadSampler, finished, launch, plan_runs  # noqa: E402
 from mixing.suite import BY_NAME, SUITE, Mix  # noqa: E402
 from mixing.summary import BASELINE, SummaryError, read_run, summarize  # noqa: E402
+
 from proxy.atomic import atomic_write_json  # noqa: E402
-from proxy.data.prepare import DataError, default_cache_dir, prepare_data  # noqa: E402
 from proxy.config.config_file import ExperimentError  # noqa: E402
 from proxy.config.experiment import load_experiment  # noqa: E402
 from proxy.config.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
+from proxy.data.prepare import DataError, default_cache_dir, prepare_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED_SUMMARY = REPO / "docs" / "bench" / "mixing-cpu.json"
@@ -63,34 +65,71 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mix", nargs="+", default=None, metavar="MIX",
-                    help=f"mixes of the suite to run ({', '.join(m.name for m in SUITE)}; default: all)")
-    ap.add_argument("--experiment", type=Path, default=None,
-                    help="evaluate this experiment instead of the suite (its arms marked target are the objective)")
-    ap.add_argument("--policies", nargs="+", default=[BASELINE, DEFAULT_POLICY], metavar="POLICY",
-                    help=f"policies to compare ({', '.join(POLICIES)}); must include {BASELINE} "
-                         f"(default: {BASELINE} {DEFAULT_POLICY})")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--mix",
+        nargs="+",
+        default=None,
+        metavar="MIX",
+        help=f"mixes of the suite to run ({', '.join(m.name for m in SUITE)}; default: all)",
+    )
+    ap.add_argument(
+        "--experiment",
+        type=Path,
+        default=None,
+        help="evaluate this experiment instead of the suite (its arms marked target are the objective)",
+    )
+    ap.add_argument(
+        "--policies",
+        nargs="+",
+        default=[BASELINE, DEFAULT_POLICY],
+        metavar="POLICY",
+        help=f"policies to compare ({', '.join(POLICIES)}); must include {BASELINE} "
+        f"(default: {BASELINE} {DEFAULT_POLICY})",
+    )
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="SEED")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (default 2)")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "mixing-eval")
     ap.add_argument("--summary", type=Path, default=COMMITTED_SUMMARY)
-    ap.add_argument("--plots", type=Path, default=None, metavar="DIR",
-                    help="where the PNGs go (default: docs/img for the committed summary, else beside --summary)")
-    ap.add_argument("--doc", type=Path, default=None, help="write the results tables into this doc "
-                    "(e.g. docs/DATA-MIXING.md) between its markers")
-    ap.add_argument("--doc-block", default="results", metavar="NAME",
-                    help="which of the doc's marked blocks to write (default: results)")
+    ap.add_argument(
+        "--plots",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the PNGs go (default: docs/img for the committed summary, else beside --summary)",
+    )
+    ap.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help="write the results tables into this doc (e.g. docs/DATA-MIXING.md) between its markers",
+    )
+    ap.add_argument(
+        "--doc-block",
+        default="results",
+        metavar="NAME",
+        help="which of the doc's marked blocks to write (default: results)",
+    )
     ap.add_argument("--engine", default="cpu", help="engine for every run: cpu, cuda or a path (default cpu)")
     ap.add_argument("--cache-dir", type=Path, default=None, help="prepared-data cache (default as `proxy run`)")
-    ap.add_argument("--default-policy", default=None, help="the policy whose goals the report leads with "
-                    f"(default: {DEFAULT_POLICY}, the schema's default)")
+    ap.add_argument(
+        "--default-policy",
+        default=None,
+        help=f"the policy whose goals the report leads with (default: {DEFAULT_POLICY}, the schema's default)",
+    )
     ap.add_argument("--report-only", action="store_true", help="summarise the runs in --runs-dir; train nothing")
-    ap.add_argument("--from-summary", action="store_true", help="only redraw --plots and --doc's tables from the "
-                    "--summary file")
-    ap.add_argument("--compare", type=Path, default=None, metavar="SUMMARY",
-                    help="after summarising, check every mix's results against this summary's (exit 1 if any differ)")
+    ap.add_argument(
+        "--from-summary", action="store_true", help="only redraw --plots and --doc's tables from the --summary file"
+    )
+    ap.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        metavar="SUMMARY",
+        help="after summarising, check every mix's results against this summary's (exit 1 if any differ)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     return ap
 
@@ -128,8 +167,12 @@ def chosen_mixes(args) -> list[Mix]:
 
 
 def machine() -> dict:
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def results(summary: dict) -> dict:
@@ -154,8 +197,9 @@ def compare(summary: dict, path: Path) -> list[str]:
 def report(summary: dict, args) -> int:
     """The plots and, with --doc, the tables of `summary`."""
     # an evaluation of its own (another --summary) never overwrites the committed plots
-    plots_dir = args.plots or (COMMITTED_PLOTS if args.summary.resolve() == COMMITTED_SUMMARY.resolve()
-                               else args.summary.parent)
+    plots_dir = args.plots or (
+        COMMITTED_PLOTS if args.summary.resolve() == COMMITTED_SUMMARY.resolve() else args.summary.parent
+    )
     plots, why_not = plot_summary(summary, plots_dir)
     print(f"eval_mixing: plots {', '.join(map(str, plots))}" if plots else f"eval_mixing: {why_not}")
     if args.doc is not None:
@@ -202,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     default_policy = args.default_policy or DEFAULT_POLICY
     threads = max(e.train.threads or os.cpu_count() for e in experiments.values())
     if args.jobs * threads > (os.cpu_count() or 1) and not args.report_only:
-        print(f"eval_mixing: note: {args.jobs} runs x {threads} engine threads on {os.cpu_count()} cores",
-              file=sys.stderr)
+        print(
+            f"eval_mixing: note: {args.jobs} runs x {threads} engine threads on {os.cpu_count()} cores", file=sys.stderr
+        )
 
     load = LoadSampler()
     t0 = time.monotonic()
@@ -214,8 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         try:
             for m in mixes:  # once each, before the runs: two runs of a mix never prepare its data at once
-                prepare_data(load_experiment(specs[m.name][0].experiment), m.experiment.resolve().parent,
-                             args.cache_dir or default_cache_dir(), progress=not args.no_progress)
+                prepare_data(
+                    load_experiment(specs[m.name][0].experiment),
+                    m.experiment.resolve().parent,
+                    args.cache_dir or default_cache_dir(),
+                    progress=not args.no_progress,
+                )
         except DataError as e:
             print(f"eval_mixing: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -223,11 +272,14 @@ def main(argv: list[str] | None = None) -> int:
             print("eval_mixing: interrupted while preparing the data; nothing was trained", file=sys.stderr)
             return EXIT_INTERRUPTED
         try:
-            done = launch(all_specs, max_steps, LaunchOptions(args.jobs, args.engine, args.cache_dir,
-                                                              not args.no_progress), load)
+            done = launch(
+                all_specs, max_steps, LaunchOptions(args.jobs, args.engine, args.cache_dir, not args.no_progress), load
+            )
         except KeyboardInterrupt:
-            print("eval_mixing: interrupted; the runs in flight checkpointed and stopped (the same command "
-                  "resumes them)", file=sys.stderr)
+            print(
+                "eval_mixing: interrupted; the runs in flight checkpointed and stopped (the same command resumes them)",
+                file=sys.stderr,
+            )
             return EXIT_INTERRUPTED
         failed = [r for r in done if r.returncode != 0]
         for r in failed:
@@ -241,18 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for m in mixes:
             exp = experiments[m.name]
-            series = {(s.policy, s.seed): read_run(s.run_dir, exp.arm_names, exp.train.max_steps)
-                      for s in specs[m.name]}
-            summary["mixes"][m.name] = {"purpose": m.purpose,
-                                        "file": os.path.relpath(m.experiment.resolve(), REPO),
-                                        **summarize(series, exp, args.policies, default_policy)}
+            series = {
+                (s.policy, s.seed): read_run(s.run_dir, exp.arm_names, exp.train.max_steps) for s in specs[m.name]
+            }
+            summary["mixes"][m.name] = {
+                "purpose": m.purpose,
+                "file": os.path.relpath(m.experiment.resolve(), REPO),
+                **summarize(series, exp, args.policies, default_policy),
+            }
     except SummaryError as e:
         print(f"eval_mixing: {e}", file=sys.stderr)
         return EXIT_FAILED
     summary["how"] = {
         "command": " ".join(["python", os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
-        "machine": machine(), "jobs": args.jobs, "engine_threads": threads,
-        "wall_s": None if args.report_only else round(wall, 1), "run_wall_s": run_walls,
+        "machine": machine(),
+        "jobs": args.jobs,
+        "engine_threads": threads,
+        "wall_s": None if args.report_only else round(wall, 1),
+        "run_wall_s": run_walls,
         "finished_before": finished_before,
         "load_average_1m": None if args.report_only else load.summary(),
     }

@@ -33,6 +33,7 @@ are the ISA's, as read), races between warps (warps run one after another
 here), or anything about speed. Those need the GPU (tests/gpu/test_flash.py).
     python scripts/flash_attention_model.py [--exact]   # every head dim, several T
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,7 +86,7 @@ def ldmatrix_x4(sm: Smem, addr: np.ndarray, trans: bool) -> np.ndarray:
     sm.check(addr, 8)
     regs = np.empty((32, 4, 2), np.float32)
     for m in range(4):
-        mat = np.stack([sm.a[r:r + 8] for r in addr[8 * m:8 * m + 8]])  # [row][col]
+        mat = np.stack([sm.a[r : r + 8] for r in addr[8 * m : 8 * m + 8]])  # [row][col]
         if trans:
             regs[:, m, 0], regs[:, m, 1] = mat[2 * TQ, G], mat[2 * TQ + 1, G]
         else:
@@ -126,8 +127,15 @@ def quad_sum(v: np.ndarray) -> np.ndarray:
 
 
 def shape_of(hd: int) -> dict:
-    return dict(LD=hd + 8, FWD_BM=64, FWD_BN=64, DQ_BM=64, DQ_BN=32 if hd == 128 else 64, KV_BN=64,
-                KV_BM=32 if hd == 128 else 64)
+    return dict(
+        LD=hd + 8,
+        FWD_BM=64,
+        FWD_BN=64,
+        DQ_BM=64,
+        DQ_BN=32 if hd == 128 else 64,
+        KV_BN=64,
+        KV_BM=32 if hd == 128 else 64,
+    )
 
 
 def load_tile(sm: Smem, tile: int, gmem: np.ndarray, base: int, ld: int, r0: int, T: int, rows: int, hd: int):
@@ -141,7 +149,7 @@ def load_tile(sm: Smem, tile: int, gmem: np.ndarray, base: int, ld: int, r0: int
         sm.check(np.array([dst]), 8)
         src = base + (row if valid else 0) * ld + c * 8
         assert 0 <= src and src + 8 <= gmem.size
-        sm.a[dst:dst + 8] = gmem[src:src + 8] if valid else 0.0
+        sm.a[dst : dst + 8] = gmem[src : src + 8] if valid else 0.0
 
 
 def load_vec(vec: np.ndarray, dst_off: int, src: np.ndarray, src_base: int, r0: int, T: int, rows: int):
@@ -182,17 +190,24 @@ def mm_abt(sm: Smem, acc: np.ndarray, xs: int, x0: int, ys: int, hd: int, N: int
 def mm_pb(mode: Mode, sm: Smem, acc: np.ndarray, p: np.ndarray, ys: int, hd: int, K: int, LD: int):
     """acc[hd/8, 32, 4] += P Y, P as C fragments p[K/8, 32, 4]."""
     for kk in range(K // 16):
-        a = np.stack([pack(mode, p[2 * kk][:, 0], p[2 * kk][:, 1]), pack(mode, p[2 * kk][:, 2], p[2 * kk][:, 3]),
-                      pack(mode, p[2 * kk + 1][:, 0], p[2 * kk + 1][:, 1]),
-                      pack(mode, p[2 * kk + 1][:, 2], p[2 * kk + 1][:, 3])], axis=1)
+        a = np.stack(
+            [
+                pack(mode, p[2 * kk][:, 0], p[2 * kk][:, 1]),
+                pack(mode, p[2 * kk][:, 2], p[2 * kk][:, 3]),
+                pack(mode, p[2 * kk + 1][:, 0], p[2 * kk + 1][:, 1]),
+                pack(mode, p[2 * kk + 1][:, 2], p[2 * kk + 1][:, 3]),
+            ],
+            axis=1,
+        )
         for dp in range(hd // 16):
             b = load_b_cols(sm, ys, kk * 16, dp * 16, LD)
             mma(acc[2 * dp], a, b[:, 0], b[:, 1])
             mma(acc[2 * dp + 1], a, b[:, 2], b[:, 3])
 
 
-def store_rows(mode: Mode, out: np.ndarray, base: int, ld: int, row_a: np.ndarray, T: int, acc: np.ndarray,
-               mul_a, mul_b, hd: int):
+def store_rows(
+    mode: Mode, out: np.ndarray, base: int, ld: int, row_a: np.ndarray, T: int, acc: np.ndarray, mul_a, mul_b, hd: int
+):
     for dn in range(hd // 8):
         col = dn * 8 + 2 * TQ
         for half, (rows, mul) in enumerate(((row_a, mul_a), (row_a + 8, mul_b))):
@@ -228,7 +243,7 @@ def forward(mode: Mode, y, lse, qkv, B, T, C, H, hd):
             load_tile(sm, vs, qkv, vg, ld, 0, T, BN, hd)
             o = np.zeros((4, hd // 8, 32, 4), np.float32)
             m = np.full((4, 2, 32), -np.inf, np.float32)
-            l = np.zeros((4, 2, 32), np.float32)
+            l = np.zeros((4, 2, 32), np.float32)  # noqa: E741 (the paper's name for the running softmax sum)
             for j in range(n_tiles):
                 next_kv(sm, ks, vs, qkv, kg, vg, ld, j, n_tiles, T, BN, hd)
                 kt, vt = ks + (j & 1) * BN * LD, vs + (j & 1) * BN * LD
@@ -265,8 +280,9 @@ def forward(mode: Mode, y, lse, qkv, B, T, C, H, hd):
             for warp in range(4):
                 row_a = q0 + warp * 16 + G
                 la, lb = quad_sum(l[warp, 0]), quad_sum(l[warp, 1])
-                store_rows(mode, y, b * T * C + h * hd, C, row_a, T, o[warp], np.float32(1) / la,
-                           np.float32(1) / lb, hd)
+                store_rows(
+                    mode, y, b * T * C + h * hd, C, row_a, T, o[warp], np.float32(1) / la, np.float32(1) / lb, hd
+                )
                 lead = TQ == 0
                 for rows, mm, ll in ((row_a, m[warp, 0], la), (row_a + 8, m[warp, 1], lb)):
                     ok = lead & (rows < T)
@@ -437,7 +453,10 @@ def reference(qkv, dy, B, T, C, H, hd):
     dq = ds @ k / np.sqrt(hd)
     dk = ds.transpose(0, 1, 3, 2) @ q / np.sqrt(hd)
     dv = p.transpose(0, 1, 3, 2) @ g
-    to_rows = lambda a: a.transpose(0, 2, 1, 3).reshape(B, T, C)
+
+    def to_rows(a):
+        return a.transpose(0, 2, 1, 3).reshape(B, T, C)
+
     dqkv = np.stack([to_rows(dq), to_rows(dk), to_rows(dv)], axis=2).reshape(-1)
     return to_rows(y).reshape(-1), lse.reshape(-1), dqkv
 
@@ -467,8 +486,11 @@ def run_case(B: int, T: int, H: int, hd: int, mode: Mode, seed: int) -> dict:
     refp = rd.reshape(B, T, 3, C)
     # dq, dk and dv against the norm of the whole dqkv (at T = 1 the exact dq
     # and dk are zero: dS = P (dP - D) vanishes with one key).
-    return {"y": rel_err(y, ry), "lse": rel_err(lse, rl),
-            **{n: rel_err(parts[:, :, i], refp[:, :, i], rd) for i, n in enumerate(("dq", "dk", "dv"))}}
+    return {
+        "y": rel_err(y, ry),
+        "lse": rel_err(lse, rl),
+        **{n: rel_err(parts[:, :, i], refp[:, :, i], rd) for i, n in enumerate(("dq", "dk", "dv"))},
+    }
 
 
 def main() -> int:
@@ -482,16 +504,21 @@ def main() -> int:
     mode = Mode(exact=args.exact)
     bound = 1e-5 if args.exact else 2e-2
     worst, ok = 0.0, True
-    print(f"mode: {'exact (no bf16 rounding)' if args.exact else 'bf16 as the kernels round'}; "
-          f"bound {bound:g} on the norm-relative error against float64")
+    print(
+        f"mode: {'exact (no bf16 rounding)' if args.exact else 'bf16 as the kernels round'}; "
+        f"bound {bound:g} on the norm-relative error against float64"
+    )
     for hd in args.hd:
         for T in args.T:
             errs = run_case(args.batch, T, args.heads, hd, mode, seed=hd * 1000 + T)
             e = max(errs.values())
             worst = max(worst, e)
             ok &= e <= bound
-            print(f"  hd {hd:3d} T {T:4d}: " + "  ".join(f"{k} {v:.2e}" for k, v in errs.items())
-                  + ("" if e <= bound else "   <-- over the bound"))
+            print(
+                f"  hd {hd:3d} T {T:4d}: "
+                + "  ".join(f"{k} {v:.2e}" for k, v in errs.items())
+                + ("" if e <= bound else "   <-- over the bound")
+            )
     print(f"worst {worst:.2e}: {'agrees' if ok else 'DISAGREES'}")
     return 0 if ok else 1
 

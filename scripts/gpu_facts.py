@@ -1,6 +1,7 @@
 """What scripts/bench_cuda.py records about the machine it measured on: the GPU (name, driver, CUDA,
 dense bf16 peak), nvcc, the cuDNN wheel, the commit, a process's GPU memory. Each is None where it
 cannot be read (no GPU, no git)."""
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,12 @@ def gpu_facts() -> dict:
     banner = run_text(["nvidia-smi"]) or ""
     cuda = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
     nvcc = re.search(r"release ([0-9.]+), V([0-9.]+)", run_text(["nvcc", "--version"]) or "")
-    return {"gpu": name, "driver": driver, "cuda": cuda.group(1) if cuda else None,
-            "nvcc": nvcc.group(2) if nvcc else None}
+    return {
+        "gpu": name,
+        "driver": driver,
+        "cuda": cuda.group(1) if cuda else None,
+        "nvcc": nvcc.group(2) if nvcc else None,
+    }
 
 
 def cudnn_version() -> str | None:

@@ -12,6 +12,7 @@ a package the carried wheels lack fails to import here exactly as it would there
     python scripts/gpu_image.py pythons        # the Python versions prepare downloads wheels for
     python scripts/gpu_image.py installable DIR   # the wheels in DIR to install here, one per project
 """
+
 from __future__ import annotations
 
 import re
@@ -90,9 +91,11 @@ def installable_wheels(directory: Path) -> list[Path]:
     missing = sorted(name for name, wheels in fitting.items() if not wheels)
     if missing:
         here = next(iter(sys_tags()))
-        raise InstallError(f"no wheel in {directory} for this Python ({here.interpreter}, {here.platform}): "
-                           f"{', '.join(missing)} (scripts/gpu_session.sh prepare downloads them for "
-                           f"Python {', '.join(IMAGE_PYTHONS)})")
+        raise InstallError(
+            f"no wheel in {directory} for this Python ({here.interpreter}, {here.platform}): "
+            f"{', '.join(missing)} (scripts/gpu_session.sh prepare downloads them for "
+            f"Python {', '.join(IMAGE_PYTHONS)})"
+        )
     return [min(wheels)[1] for wheels in fitting.values()]
 
 

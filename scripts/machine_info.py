@@ -1,4 +1,5 @@
 """What the benchmark and evaluation scripts say about the machine they ran on."""
+
 from __future__ import annotations
 
 import os
@@ -28,11 +29,15 @@ def git_commit(repo: Path) -> str:
     benchmark writes its results and tables under docs/, which changes nothing it measures); '?'
     without git."""
     try:
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=30)
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--",
-                                ".", ":(exclude)docs"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "?"
     return (out.stdout.strip() or "?") + ("+changes" if dirty else "")

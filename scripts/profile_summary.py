@@ -14,6 +14,7 @@ category (matmuls, attention, ...). `events`: the engine's own CUDA-event
 line (MICROGPT_CUDA_PROFILE_STEP): step time and attention forward and
 backward time only, no per-kernel split.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,13 +31,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from proxy.formats import frames  # noqa: E402
-from proxy.atomic import atomic_write_json  # noqa: E402
 from bench_cuda import SHAPES  # noqa: E402  (the one definition of the benchmark shapes)
 
+from proxy.atomic import atomic_write_json  # noqa: E402
+from proxy.formats import frames  # noqa: E402
+
 TIME_METRIC = "gpu__time_duration.sum"
-UNIT_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3,
-           "s": 1e3}
+UNIT_MS = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3, "s": 1e3}
 # Kernel categories, first match wins (names as ncu prints them with --print-kernel-base function).
 CATEGORIES = [
     ("attention", re.compile(r"attention|sdpa|fmha|flash_[fb]prop|cudnn", re.I)),  # cuDNN's SDPA kernels too
@@ -66,12 +67,13 @@ class Kernel:
 @dataclass
 class Profile:
     """One profiled training step (the file profile_cuda.sh writes)."""
+
     label: str
-    tool: str                       # ncu or events
-    step_ms: float                  # ncu: sum of kernel times; events: the step on the GPU timeline
+    tool: str  # ncu or events
+    step_ms: float  # ncu: sum of kernel times; events: the step on the GPU timeline
     attention_ms: float
     attention_share: float
-    kernels: list[Kernel] = field(default_factory=list)      # ncu only
+    kernels: list[Kernel] = field(default_factory=list)  # ncu only
     categories: dict[str, float] = field(default_factory=dict)  # share of step_ms, ncu only
     note: str = ""
 
@@ -85,7 +87,7 @@ def category(name: str) -> str:
 
 def parse_ncu_csv(text: str) -> list[tuple[str, float]]:
     """(kernel name, ms) per launch from ncu --csv output, details or raw page."""
-    lines = [l for l in text.splitlines() if l.startswith('"')]  # drop ==PROF== and other chatter
+    lines = [line for line in text.splitlines() if line.startswith('"')]  # drop ==PROF== and other chatter
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     if not rows:
         raise SummaryError("no CSV rows in the ncu output")
@@ -131,29 +133,47 @@ def summarize_ncu(label: str, launches: list[tuple[str, float]]) -> Profile:
     for k in kernels:
         cats[category(k.name)] = cats.get(category(k.name), 0.0) + k.share
     att = sum(k.ms for k in kernels if category(k.name) == "attention")
-    return Profile(label, "ncu", total, att, att / total, kernels, dict(sorted(cats.items(), key=lambda c: -c[1])),
-                   "Nsight Compute, one training step, kernels serialized; shares of the summed kernel time")
+    return Profile(
+        label,
+        "ncu",
+        total,
+        att,
+        att / total,
+        kernels,
+        dict(sorted(cats.items(), key=lambda c: -c[1])),
+        "Nsight Compute, one training step, kernels serialized; shares of the summed kernel time",
+    )
 
 
 def summarize_events(label: str, stderr_text: str) -> Profile:
-    line = next((l for l in stderr_text.splitlines() if l.startswith(PROFILE_PREFIX)), None)
+    line = next((line for line in stderr_text.splitlines() if line.startswith(PROFILE_PREFIX)), None)
     if line is None:
         raise SummaryError(f"no '{PROFILE_PREFIX}' line in the engine's stderr (was the profiled step reached?)")
     try:
-        ev = json.loads(line[len(PROFILE_PREFIX):])
+        ev = json.loads(line[len(PROFILE_PREFIX) :])
         att = ev["attention_forward_ms"] + ev["attention_backward_ms"]
-        return Profile(label, "events", ev["step_ms"], att, att / ev["step_ms"],
-                       categories={"attention forward": ev["attention_forward_ms"] / ev["step_ms"],
-                                   "attention backward": ev["attention_backward_ms"] / ev["step_ms"]},
-                       note=f"CUDA events in the engine (no ncu): step {ev['step']} on the GPU timeline, attention "
-                            f"calls {ev['attention_calls']}, {ev['attention']} {ev['precision']}")
+        return Profile(
+            label,
+            "events",
+            ev["step_ms"],
+            att,
+            att / ev["step_ms"],
+            categories={
+                "attention forward": ev["attention_forward_ms"] / ev["step_ms"],
+                "attention backward": ev["attention_backward_ms"] / ev["step_ms"],
+            },
+            note=f"CUDA events in the engine (no ncu): step {ev['step']} on the GPU timeline, attention "
+            f"calls {ev['attention_calls']}, {ev['attention']} {ev['precision']}",
+        )
     except (json.JSONDecodeError, KeyError, TypeError, ZeroDivisionError) as exc:
         raise SummaryError(f"malformed profile line ({exc}): {line[:200]}") from None
 
 
 def print_profile(p: Profile, top: int = 15) -> None:
-    print(f"profile {p.label}: {p.tool}; step {p.step_ms:.3f} ms, attention {p.attention_ms:.3f} ms = "
-          f"{p.attention_share:.1%} of the step")
+    print(
+        f"profile {p.label}: {p.tool}; step {p.step_ms:.3f} ms, attention {p.attention_ms:.3f} ms = "
+        f"{p.attention_share:.1%} of the step"
+    )
     print(f"  ({p.note})")
     for cat, share in p.categories.items():
         print(f"  {cat:28s} {share:6.1%}")
@@ -163,8 +183,10 @@ def print_profile(p: Profile, top: int = 15) -> None:
             print(f"  {k.name[:60]:60s} {k.calls:5d} {k.ms:9.3f} {k.share:6.1%}")
         if len(p.kernels) > top:
             rest = p.kernels[top:]
-            print(f"  {'(' + str(len(rest)) + ' more kernels)':60s} {sum(k.calls for k in rest):5d} "
-                  f"{sum(k.ms for k in rest):9.3f} {sum(k.share for k in rest):6.1%}")
+            print(
+                f"  {'(' + str(len(rest)) + ' more kernels)':60s} {sum(k.calls for k in rest):5d} "
+                f"{sum(k.ms for k in rest):9.3f} {sum(k.share for k in rest):6.1%}"
+            )
 
 
 def load_profile(path: Path) -> Profile:
@@ -179,12 +201,15 @@ def markdown_table(profiles: list[Profile]) -> str:
     cats = []
     for p in profiles:
         cats += [c for c in p.categories if c not in cats]
-    lines = ["| run | tool | step ms | attention | " + " | ".join(cats) + " |",
-             "|---|---|---:|---:|" + "---:|" * len(cats)]
+    lines = [
+        "| run | tool | step ms | attention | " + " | ".join(cats) + " |",
+        "|---|---|---:|---:|" + "---:|" * len(cats),
+    ]
     for p in profiles:
         cells = [f"{p.categories[c]:.1%}" if c in p.categories else "" for c in cats]
-        lines.append(f"| {p.label} | {p.tool} | {p.step_ms:.2f} | {p.attention_share:.1%} | " + " | ".join(cells)
-                     + " |")
+        lines.append(
+            f"| {p.label} | {p.tool} | {p.step_ms:.2f} | {p.attention_share:.1%} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -194,9 +219,31 @@ STEP_PATHS = {"verified": [], "fused": ["--fused", "on"], "graph": ["--cuda-grap
 
 def engine_args(shape: str, batch: int, attention: str, ckpt_dir: str, step_path: str = "verified") -> list[str]:
     s = SHAPES[shape]
-    return ["--data", "-", "--ckpt-dir", ckpt_dir, "--ckpt-every", "0", "--vocab", str(s["vocab"]), "--ctx",
-            str(s["ctx"]), "--dim", str(s["dim"]), "--layers", str(s["layers"]), "--heads", str(s["heads"]),
-            "--batch", str(batch), "--precision", "bf16", "--attention", attention, *STEP_PATHS[step_path]]
+    return [
+        "--data",
+        "-",
+        "--ckpt-dir",
+        ckpt_dir,
+        "--ckpt-every",
+        "0",
+        "--vocab",
+        str(s["vocab"]),
+        "--ctx",
+        str(s["ctx"]),
+        "--dim",
+        str(s["dim"]),
+        "--layers",
+        str(s["layers"]),
+        "--heads",
+        str(s["heads"]),
+        "--batch",
+        str(batch),
+        "--precision",
+        "bf16",
+        "--attention",
+        attention,
+        *STEP_PATHS[step_path],
+    ]
 
 
 def write_frames(out, shape: str, batch: int, steps: int) -> None:
@@ -243,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
                 text = src.read_text(errors="replace")
             except OSError as exc:
                 raise SummaryError(f"cannot read {src}: {exc.strerror}") from None
-            prof = summarize_ncu(args.label, parse_ncu_csv(text)) if args.tool == "ncu" else \
-                summarize_events(args.label, text)
+            prof = (
+                summarize_ncu(args.label, parse_ncu_csv(text))
+                if args.tool == "ncu"
+                else summarize_events(args.label, text)
+            )
             atomic_write_json(args.out, asdict(prof))
             print_profile(prof)
         else:

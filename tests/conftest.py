@@ -1,4 +1,5 @@
 """Fixtures and collection rules of every suite."""
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,8 @@ def pytest_terminal_summary(terminalreporter):
     gpu = f" on {machine['gpu']}" if machine.get("gpu") else ""
     terminalreporter.write_sep("-", f"kill storms ({machine.get('engine_kind')} engine {machine.get('engine')}{gpu})")
     for o in storms:
-        terminalreporter.write_line(f"{o['scenario']}: {o['injected']} kills, {o['survived']} survived, "
-                                    f"data lost {o['data_lost']}")
+        terminalreporter.write_line(
+            f"{o['scenario']}: {o['injected']} kills, {o['survived']} survived, data lost {o['data_lost']}"
+        )
     kills = scenarios.kill_counts(doc["outcomes"])
     terminalreporter.write_line(f"kill -9 faults: {kills['injected']} injected, {kills['survived']} survived")

@@ -16,7 +16,13 @@
     "#ff9da7", "#9c755f", "#bab0ac"];
   const MAX_SHOWN = 8;
   const STATIC = new URLSearchParams(location.search).get("static") === "1";
-  const CHART_IDS = ["chart-loss", "chart-val", "chart-mix", "chart-lr", "chart-gn", "chart-tps"];
+  // the per-step value columns (/api/columns: the step-field table's plotted fields and tok_s); a column
+  // with a `chart` id gets a line chart of its own, added by addColumnCharts
+  let COLUMNS = [];
+  const OWN_CHARTS = () => COLUMNS.filter((c) => c.chart);
+  const STEP_CHARTS = () => ["chart-loss"].concat(OWN_CHARTS().map((c) => c.chart), ["chart-tps"]);
+  const CHART_IDS = () => ["chart-loss", "chart-val", "chart-mix"].concat(OWN_CHARTS().map((c) => c.chart),
+    ["chart-tps"]);
   const NO_STEPS = "no training steps logged yet";
   const $ = (id) => document.getElementById(id);
 
@@ -121,10 +127,26 @@
       tok0: p.tokens, tok1: raw ? p.tokens : p.tokens_end,
       time0: p.time, time1: raw ? p.time : p.time_end,
       rows: raw ? null : p.rows,
-      lossMin: p.loss.min || p.loss.mean, lossMax: p.loss.max || p.loss.mean, lossMean: p.loss.mean,
-      gnMin: p.grad_norm.min || p.grad_norm.mean, gnMax: p.grad_norm.max || p.grad_norm.mean,
-      lr: p.lr, tps: p.tok_s, wtps: p.wall_tok_s || [], mix: p.mix || {},
+      v: columnsOf(p), wtps: p.wall_tok_s || [], mix: p.mix || {},
     };
+  }
+
+  // every value column as {min, max, mean} (a mean-only column: all three the same)
+  function columnsOf(p) {
+    const v = {};
+    for (const c of COLUMNS) {
+      const col = p[c.name] || [];
+      v[c.name] = c.envelope ? { min: col.min || col.mean, max: col.max || col.mean, mean: col.mean }
+        : { min: col, max: col, mean: col };
+    }
+    return v;
+  }
+
+  // one row's value of every column
+  function valuesAt(p, i) {
+    const v = {};
+    for (const c of COLUMNS) v[c.name] = c.envelope ? p[c.name].mean[i] : p[c.name][i];
+    return v;
   }
 
   function lastStepOf(c) {
@@ -140,8 +162,7 @@
       const mix = {};
       for (const a in p.mix) mix[a] = p.mix[a][i];
       const row = {
-        step, tok: p.tokens[i], time: p.time[i], loss: p.loss.mean[i], gn: p.grad_norm.mean[i],
-        lr: p.lr[i], tps: p.tok_s[i], wtps: p.wall_tok_s ? p.wall_tok_s[i] : null, mix,
+        step, tok: p.tokens[i], time: p.time[i], v: valuesAt(p, i), wtps: p.wall_tok_s ? p.wall_tok_s[i] : null, mix,
       };
       const t = r.tail;
       if (t.length && t[t.length - 1].step >= step) {
@@ -245,7 +266,8 @@
   // carrying its min and max in alternating order, so the line covers the envelope).
   function runPoints(r) {
     const base = r.zoom || r.overview;
-    const xs = [], steps = [], loss = [], lossS = [], gn = [], lr = [], tps = [], wtps = [];
+    const xs = [], steps = [], lossS = [], wtps = [], v = {};
+    for (const c of COLUMNS) v[c.name] = [];
     const arms = Object.keys(base ? base.mix : {});
     for (const t of r.tail) for (const a in t.mix) if (!arms.includes(a)) arms.push(a);
     const mix = {};
@@ -262,41 +284,41 @@
       norm = b * norm + (1 - b);
       return ema / norm;
     };
-    const push = (x, step, l, s, g, lrv, tp, wtp, mixv) => {
+    // vals(name): the point's value of that column
+    const push = (x, step, vals, s, wtp, mixv) => {
       if (x == null) return;
-      xs.push(x); steps.push(step); loss.push(l); lossS.push(s); gn.push(g); lr.push(lrv); tps.push(tp);
+      xs.push(x); steps.push(step); lossS.push(s);
+      for (const c of COLUMNS) v[c.name].push(vals(c.name));
       wtps.push(wtp == null ? null : wtp);
       for (const a of arms) mix[a].push(mixv(a));
     };
     if (base) {
       for (let i = 0; i < base.n; i++) {
         const n = base.rows ? base.rows[i] : 1;
-        const s = smooth(base.lossMean[i], n);
+        const s = smooth(base.v.loss.mean[i], n);
         const mv = (a) => (base.mix[a] ? base.mix[a][i] : null);
         if (n > 1 && base.step1[i] !== base.step0[i]) {
           const flip = i % 2 === 1;
           push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            flip ? base.lossMax[i] : base.lossMin[i], s, flip ? base.gnMax[i] : base.gnMin[i], base.lr[i], base.tps[i],
-            base.wtps[i], mv);
+            (c) => (flip ? base.v[c].max : base.v[c].min)[i], s, base.wtps[i], mv);
           push(xOf(base.step1[i], base.tok1[i], base.time1[i]), base.step1[i],
-            flip ? base.lossMin[i] : base.lossMax[i], s, flip ? base.gnMin[i] : base.gnMax[i], base.lr[i], base.tps[i],
-            base.wtps[i], mv);
+            (c) => (flip ? base.v[c].min : base.v[c].max)[i], s, base.wtps[i], mv);
         } else {
           push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            base.lossMean[i], s, base.gnMax[i], base.lr[i], base.tps[i], base.wtps[i], mv);
+            (c) => base.v[c].mean[i], s, base.wtps[i], mv);
         }
       }
     }
     const last = lastStepOf(base);
     for (const t of r.tail) {
       if (t.step <= last || (S.view && t.step > S.view.to)) continue;
-      push(xOf(t.step, t.tok, t.time), t.step, t.loss, smooth(t.loss, 1), t.gn, t.lr, t.tps, t.wtps,
+      push(xOf(t.step, t.tok, t.time), t.step, (c) => t.v[c], smooth(t.v.loss, 1), t.wtps,
         (a) => (t.mix[a] == null ? null : t.mix[a]));
     }
     // x must increase for the chart: drop anything out of order (clock steps back, replays)
     let ok = true;
     for (let i = 1; i < xs.length; i++) if (!(xs[i] > xs[i - 1])) { ok = false; break; }
-    const P = { x: xs, step: steps, loss, lossS, gn, lr, tps, wtps, mix, arms };
+    const P = { x: xs, step: steps, v, lossS, wtps, mix, arms };
     return ok ? P : monotone(P);
   }
 
@@ -307,8 +329,9 @@
     const pick = (a) => keep.map((i) => a[i]);
     const mix = {};
     for (const a in P.mix) mix[a] = pick(P.mix[a]);
-    return { x: pick(P.x), step: pick(P.step), loss: pick(P.loss), lossS: pick(P.lossS), gn: pick(P.gn),
-      lr: pick(P.lr), tps: pick(P.tps), wtps: pick(P.wtps), mix, arms: P.arms };
+    const v = {};
+    for (const c in P.v) v[c] = pick(P.v[c]);
+    return { x: pick(P.x), step: pick(P.step), v, lossS: pick(P.lossS), wtps: pick(P.wtps), mix, arms: P.arms };
   }
 
   // the value in `to` where `from` (ascending) reaches v, clamped at the ends; between two
@@ -493,7 +516,7 @@
     const shown = S.shown.filter((i) => S.R[i] && S.R[i].overview);
     S.pts = {};
     if (!shown.length) {
-      for (const id of CHART_IDS) emptyNote(id, S.runs.length ? "no run chosen" : "no run to show");
+      for (const id of CHART_IDS()) emptyNote(id, S.runs.length ? "no run chosen" : "no run to show");
       renderTables();
       markReady();
       return;
@@ -502,7 +525,7 @@
     const keyBase = [S.xmode, shown.join(",")].join("|");
 
     // training loss: raw envelope + smoothed, per run
-    const lossTables = shown.map((i) => [S.pts[i].x, S.pts[i].loss, S.pts[i].lossS]);
+    const lossTables = shown.map((i) => [S.pts[i].x, S.pts[i].v.loss, S.pts[i].lossS]);
     const lossData = joinTables(lossTables.length ? lossTables : [[[], [], []]]);
     setChart("chart-loss", keyBase + "|" + S.log, (h) => baseOpts(h, 300,
       shown.flatMap((i) => [
@@ -512,7 +535,7 @@
       "loss (nats/token)"), lossData);
     dash.points = shown.reduce((a, i) => a + S.pts[i].x.length, 0);
     const noSteps = dash.points ? null : NO_STEPS;
-    for (const id of ["chart-loss", "chart-lr", "chart-gn", "chart-tps"]) emptyNote(id, noSteps);
+    for (const id of STEP_CHARTS()) emptyNote(id, noSteps);
 
     // validation loss per arm (x from the run's own step->x mapping)
     const valTables = [], valSeries = [];
@@ -542,9 +565,9 @@
       joinTables(valTables.length ? valTables : [[[]]]));
     emptyNote("chart-val", shown.some((i) => S.R[i].evals.length) ? null : noEvalsYet(shown));
 
-    // learning rate, gradient norm, tokens/s
+    // the columns with a chart of their own (learning rate, gradient norm, ...), then tokens/s
     const simple = (id, field, height, fmt, yLabel) => {
-      const tables = shown.map((i) => [S.pts[i].x, S.pts[i][field]]);
+      const tables = shown.map((i) => [S.pts[i].x, S.pts[i].v[field]]);
       setChart(id, keyBase, (h) => {
         const o = baseOpts(h, height, shown.map((i) => lineSeries(runName(i), runColor(i), 1.25,
           { value: (u, v) => fmt(v) })), null, yLabel);
@@ -552,10 +575,9 @@
         return o;
       }, joinTables(tables.length ? tables : [[[], []]]));
     };
-    simple("chart-lr", "lr", 180, (v) => fmtNum(v, 3), "learning rate");
-    simple("chart-gn", "gn", 180, (v) => fmtNum(v, 3), "gradient norm");
+    for (const c of OWN_CHARTS()) simple(c.chart, c.name, 180, (v) => fmtNum(v, 3), c.label);
     // tokens/s: the engine's step compute (solid) and the wall clock's, audits and waits included (dashed)
-    const tpsTables = shown.map((i) => [S.pts[i].x, S.pts[i].tps, S.pts[i].wtps]);
+    const tpsTables = shown.map((i) => [S.pts[i].x, S.pts[i].v.tok_s, S.pts[i].wtps]);
     setChart("chart-tps", keyBase, (h) => {
       const fmt = (v) => fmtSI(v, 3);
       const o = baseOpts(h, 180, shown.flatMap((i) => [
@@ -712,7 +734,7 @@
     const t = r.tail.length ? r.tail[r.tail.length - 1] : null;
     const base = r.overview;
     const step = t ? t.step : lastStepOf(base);
-    const loss = t ? t.loss : base && base.n ? base.lossMean[base.n - 1] : null;
+    const loss = t ? t.v.loss : base && base.n ? base.v.loss.mean[base.n - 1] : null;
     return step < 0 ? "–" : `step ${step.toLocaleString()} · loss ${fmtNum(loss, 4)}`;
   }
 
@@ -847,6 +869,17 @@
     } else connect();
   }
 
+  // a panel for each column with a chart of its own, in column order, before the tokens/s panel
+  function addColumnCharts() {
+    const before = $("chart-tps").parentNode;
+    for (const c of OWN_CHARTS()) {
+      if ($(c.chart)) continue;
+      const title = c.label.charAt(0).toUpperCase() + c.label.slice(1);
+      before.parentNode.insertBefore(el("div", { class: "panel third" }, el("h2", null, title),
+        el("div", { id: c.chart, class: "chart" })), before);
+    }
+  }
+
   async function start() {
     readControls();
     for (const id of ["xmode", "smooth", "logscale"]) {
@@ -871,6 +904,8 @@
     });
     if (!STATIC) setInterval(renderStatus, 5000); // ages ("updated 5s ago") keep moving
 
+    COLUMNS = await getJSON("/api/columns");
+    addColumnCharts();
     S.runs = await getJSON("/api/runs");
     const q = new URLSearchParams(location.search).get("runs");
     let shown = q ? q.split(",").map(Number).filter((i) => Number.isInteger(i) && i >= 0 && i < S.runs.length)

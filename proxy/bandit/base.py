@@ -1,8 +1,9 @@
 """What every bandit shares: arms, caps and floors, state bookkeeping."""
+
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -15,8 +16,9 @@ class Bandit:
 
     policy = "base"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 ema_alpha: float = 0.1):
+    def __init__(
+        self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float], ema_alpha: float = 0.1
+    ):
         self.arm_names = list(arm_names)
         if not self.arm_names:
             raise ValueError("a bandit needs at least one arm")
@@ -30,9 +32,9 @@ class Bandit:
         k = len(self.arm_names)
         self.pulls = np.zeros(k, dtype=np.int64)
         self.ema = np.full(k, np.nan)
-        self.observations = 0      # observe() calls
-        self.last_step: Optional[int] = None
-        self._weights: Optional[np.ndarray] = None
+        self.observations = 0  # observe() calls
+        self.last_step: int | None = None
+        self._weights: np.ndarray | None = None
 
     @property
     def k(self) -> int:
@@ -66,7 +68,7 @@ class Bandit:
         self.observations += 1
         self.last_step = int(step)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         raise NotImplementedError
 
     def observe_eval(self, step: int, arm_losses: Mapping[str, float]) -> None:
@@ -84,7 +86,7 @@ class Bandit:
         return self._weights.copy()
 
     def mixture(self) -> dict[str, float]:
-        return dict(zip(self.arm_names, map(float, self.weights())))
+        return dict(zip(self.arm_names, map(float, self.weights()), strict=False))
 
     def _reward(self) -> np.ndarray:
         raise NotImplementedError
@@ -100,13 +102,19 @@ class Bandit:
             "observations": self.observations,
             "last_step": self.last_step,
             "arms": {
-                n: {"pulls": int(self.pulls[i]), "ema": num(self.ema[i]), "reward": num(r[i]),
-                    "weight": float(w[i]), "cap": float(self.caps[i]), "floor": float(self.floors[i])}
+                n: {
+                    "pulls": int(self.pulls[i]),
+                    "ema": num(self.ema[i]),
+                    "reward": num(r[i]),
+                    "weight": float(w[i]),
+                    "cap": float(self.caps[i]),
+                    "floor": float(self.floors[i]),
+                }
                 for i, n in enumerate(self.arm_names)
             },
         }
 
-    def replay(self, entries: Iterable[tuple[int, Mapping[str, float]]]) -> "Bandit":
+    def replay(self, entries: Iterable[tuple[int, Mapping[str, float]]]) -> Bandit:
         """observe() each (step, arm_losses) in order; returns self."""
         for step, losses in entries:
             self.observe(step, losses)

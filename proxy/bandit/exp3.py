@@ -10,10 +10,11 @@ then projected onto the capped simplex. p_k is the weight the arm had when
 the step was drawn: the `mixture` passed to observe() (the supervisor logs it
 in `.loss.json`), else the bandit's current weights.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -31,13 +32,19 @@ def exploration(t: int, k: int) -> float:
 class EXP3(Bandit):
     policy = "exp3"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 smoothing: float = 0.9, ema_alpha: float = 0.1):
+    def __init__(
+        self,
+        arm_names: Sequence[str],
+        caps: Mapping[str, float],
+        floors: Mapping[str, float],
+        smoothing: float = 0.9,
+        ema_alpha: float = 0.1,
+    ):
         super().__init__(arm_names, caps, floors, ema_alpha)
         self.smoothing = float(smoothing)
         self.estimate = np.zeros(self.k)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         parsed = self._parse(step, arm_losses)
         if mixture is not None:
             p = np.array([float(mixture.get(n, 0.0)) for n in self.arm_names])

@@ -24,10 +24,11 @@ evenly where no arm below its cap shows progress), smoothed over steps:
 It starts uniform (within the caps and floors), and is a pure function of
 the observe() calls, so a replay of .loss.json rebuilds it.
 """
+
 from __future__ import annotations
 
 from collections import deque
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -73,22 +74,31 @@ def fitted_slope(points) -> float:
     return float(dt @ (value - value.mean())) / float(dt @ dt)
 
 
-class Progress(Bandit):
+class LearningProgress(Bandit):
     policy = "progress"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 ema_alpha: float = 0.1, window: int = 100, explore: float = 0.05, smoothing: float = 0.9,
-                 record_alpha: float = 0.05):
+    def __init__(
+        self,
+        arm_names: Sequence[str],
+        caps: Mapping[str, float],
+        floors: Mapping[str, float],
+        ema_alpha: float = 0.1,
+        window: int = 100,
+        explore: float = 0.05,
+        smoothing: float = 0.9,
+        record_alpha: float = 0.05,
+    ):
         super().__init__(arm_names, caps, floors, ema_alpha)  # ema_alpha: the EMA .state.json shows
         self.record_alpha = float(record_alpha)
         self.smooth = np.full(self.k, np.nan)
         self.explore = float(explore)
         self.smoothing = float(smoothing)
         self.record = np.full(self.k, np.inf)
-        self.points = [deque(maxlen=int(window)) for _ in range(self.k)]  # (step, record) of the last pulls
+        # (step, record) of the last pulls
+        self.points: list[deque[tuple[float, float]]] = [deque(maxlen=int(window)) for _ in range(self.k)]
         self.mix = allocate(np.zeros(self.k), self.floors, self.caps, self.explore)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         for k, loss in self._parse(step, arm_losses):
             self._update_ema(k, loss)
             prev = self.smooth[k]

@@ -6,6 +6,7 @@ and the hyperplane). g(tau) = sum_i clip(v_i - tau, floor_i, cap_i) is
 continuous and non-increasing, so tau is found by bisection; the free
 coordinates (strictly inside their bounds) then give tau exactly.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,8 @@ def check_bounds(floors: np.ndarray, caps: np.ndarray) -> None:
 
 def project_capped_simplex(v, floors, caps, iters: int = 200) -> np.ndarray:
     """The point of {floor <= w <= cap, sum w = 1} nearest to `v` (float64). Every w_i is within
-    [floor_i, cap_i] exactly; the sum is 1 up to rounding (up to config/bounds.py's TOLERANCE where the bounds allow one point)."""
+    [floor_i, cap_i] exactly; the sum is 1 up to rounding (up to config/bounds.py's TOLERANCE where the bounds
+    allow one point)."""
     v = np.asarray(v, dtype=np.float64).reshape(-1)
     lo_b = np.asarray(floors, dtype=np.float64).reshape(-1)
     hi_b = np.asarray(caps, dtype=np.float64).reshape(-1)

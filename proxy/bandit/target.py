@@ -58,11 +58,12 @@ pure functions of the prepared data) and its observe() and observe_eval()
 calls in order: the supervisor gives it each step's losses and, after its
 step, each evaluation logged in `.loss.json`, live and in the replay alike.
 """
+
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -89,8 +90,9 @@ def slope_and_error(steps: np.ndarray, values: np.ndarray) -> tuple[float, float
     return slope, (float(np.sqrt(residuals @ residuals / dof / sxx)) if dof > 0 else 0.0)
 
 
-def allocate(value: np.ndarray, is_target: np.ndarray, floors: np.ndarray, caps: np.ndarray,
-             explore: float) -> np.ndarray:
+def allocate(
+    value: np.ndarray, is_target: np.ndarray, floors: np.ndarray, caps: np.ndarray, explore: float
+) -> np.ndarray:
     """Every arm its floor, `explore` of the spare mass evenly over the target arms, the rest in
     proportion to `value`; mass the caps leave over goes evenly to the target arms below their caps
     first, then to the others (an arm outside the objective gets rows only when the caps leave no other
@@ -104,8 +106,9 @@ def allocate(value: np.ndarray, is_target: np.ndarray, floors: np.ndarray, caps:
     return w
 
 
-def others_then_targets(share: np.ndarray, quiet: np.ndarray, is_target: np.ndarray, floors: np.ndarray,
-                        caps: np.ndarray) -> np.ndarray:
+def others_then_targets(
+    share: np.ndarray, quiet: np.ndarray, is_target: np.ndarray, floors: np.ndarray, caps: np.ndarray
+) -> np.ndarray:
     """Every arm its floor, each arm outside the objective up to `share` (within its cap, scaled down where
     the floors leave too little), the rest to the target arms in proportion to `quiet` within their caps,
     and what their caps leave over to the others."""
@@ -118,8 +121,7 @@ def others_then_targets(share: np.ndarray, quiet: np.ndarray, is_target: np.ndar
     return fill(w, np.ones_like(w), caps, 1.0 - w.sum())
 
 
-def easiness(arm_names: Sequence[str], is_target: np.ndarray,
-             unigram_gap: Optional[Mapping[str, float]]) -> np.ndarray:
+def easiness(arm_names: Sequence[str], is_target: np.ndarray, unigram_gap: Mapping[str, float] | None) -> np.ndarray:
     """Per arm not a target, how far the model learns it faster than the targets from the first step:
     clip(gap / EASY_GAP - 1, 0, 1) of its unigram gap (data/row_spread.py); 0 for the target arms and for
     an arm without a finite gap."""
@@ -129,8 +131,7 @@ def easiness(arm_names: Sequence[str], is_target: np.ndarray,
     return np.where(is_target, 0.0, ease)
 
 
-def quietness(arm_names: Sequence[str], is_target: np.ndarray,
-              row_spread: Optional[Mapping[str, float]]) -> np.ndarray:
+def quietness(arm_names: Sequence[str], is_target: np.ndarray, row_spread: Mapping[str, float] | None) -> np.ndarray:
     """Each target arm's weight in the prior, (the smallest target row spread / its own)^2: 1 for the
     quietest, less for an arm whose rows disagree more (data/row_spread.py); 0 for the other arms. Without
     a positive, finite spread for every target arm, 1 for each (the targets' even share)."""
@@ -147,11 +148,22 @@ def quietness(arm_names: Sequence[str], is_target: np.ndarray,
 class Target(Bandit):
     policy = "target"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 targets: Optional[Sequence[str]] = None, row_spread: Optional[Mapping[str, float]] = None,
-                 ema_alpha: float = 0.1, eval_window: int = 10, stall: float = 0.25, explore: float = 0.05,
-                 max_move: float = 0.006, opening: float = 0.1, max_steps: int = 0,
-                 unigram_gap: Optional[Mapping[str, float]] = None):
+    def __init__(
+        self,
+        arm_names: Sequence[str],
+        caps: Mapping[str, float],
+        floors: Mapping[str, float],
+        targets: Sequence[str] | None = None,
+        row_spread: Mapping[str, float] | None = None,
+        ema_alpha: float = 0.1,
+        eval_window: int = 10,
+        stall: float = 0.25,
+        explore: float = 0.05,
+        max_move: float = 0.006,
+        opening: float = 0.1,
+        max_steps: int = 0,
+        unigram_gap: Mapping[str, float] | None = None,
+    ):
         super().__init__(arm_names, caps, floors, ema_alpha)  # ema_alpha: the EMA .state.json shows
         names = self.arm_names if targets is None else list(targets)
         unknown = [t for t in names if t not in self.index]
@@ -171,11 +183,12 @@ class Target(Bandit):
         self.opening_steps = round(float(opening) * int(max_steps))  # max_steps 0: a phase after step 0
         self.feed_until = self.opening_steps - math.ceil(float((self.caps - self.floors).max()) / OPENING_MOVE)
         self.has_opening = bool(self.ease.any()) and self.feed_until >= 1
-        self.fed = others_then_targets(self.floors + self.ease * (self.caps - self.floors), self.quiet,
-                                       self.is_target, self.floors, self.caps)
+        self.fed = others_then_targets(
+            self.floors + self.ease * (self.caps - self.floors), self.quiet, self.is_target, self.floors, self.caps
+        )
         self.mix = (self.fed if self.has_opening else self.prior).copy()
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         self._observe_losses(step, arm_losses)
         nxt = int(step) + 1  # the mixture set here is the next step's
         opening = self.has_opening and nxt <= self.opening_steps

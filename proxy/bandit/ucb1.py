@@ -9,10 +9,11 @@ projected onto the capped simplex; temperature 0 puts all mass on the best
 score (ties: first arm) before the projection. Arms never observed score
 +infinity: while any exists, the target is uniform over them.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -22,8 +23,16 @@ from .base import Bandit
 class UCB1(Bandit):
     policy = "ucb1"
 
-    def __init__(self, arm_names: Sequence[str], caps: Mapping[str, float], floors: Mapping[str, float],
-                 c: float = 1.0, ema_alpha: float = 0.1, reward_scale: float = 1000.0, temperature: float = 10.0):
+    def __init__(
+        self,
+        arm_names: Sequence[str],
+        caps: Mapping[str, float],
+        floors: Mapping[str, float],
+        c: float = 1.0,
+        ema_alpha: float = 0.1,
+        reward_scale: float = 1000.0,
+        temperature: float = 10.0,
+    ):
         super().__init__(arm_names, caps, floors, ema_alpha)
         self.c = float(c)
         self.reward_scale = float(reward_scale)
@@ -31,7 +40,7 @@ class UCB1(Bandit):
         self.reward_sum = np.zeros(self.k)
         self.last_reward = np.zeros(self.k)
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         for k, loss in self._parse(step, arm_losses):
             prev = self._update_ema(k, loss)
             r = 0.0 if math.isnan(prev) else max(0.0, prev - loss) * self.reward_scale

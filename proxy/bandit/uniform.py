@@ -7,9 +7,10 @@ ceil(rows / K) rows of every step, a pure function of (seed, step).
 Observations only keep the per-arm pull counts and loss EMAs shown in
 .state.json; they never move the mixture.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from .base import Bandit
 class Uniform(Bandit):
     policy = "uniform"
 
-    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Optional[Mapping[str, float]] = None) -> None:
+    def observe(self, step: int, arm_losses: Mapping[str, float], mixture: Mapping[str, float] | None = None) -> None:
         self._observe_losses(step, arm_losses)
 
     def _target(self) -> np.ndarray:

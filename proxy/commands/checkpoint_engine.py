@@ -9,6 +9,7 @@ checkpoint it resumed from is already on disk, so STOP writes none), not
 (formats/engine_cli.py), its process from the one launcher
 (supervision/engine_process.py).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -36,17 +37,26 @@ class CheckpointEngine:
         self.process: EngineProcess | None = None
         self.ready: Event | None = None
 
-    def __enter__(self) -> "CheckpointEngine":
+    def __enter__(self) -> CheckpointEngine:
         self.tmp = Path(tempfile.mkdtemp(prefix="microgpt-engine-"))
         try:
-            args = engine_args(self.tmp / "checkpoints", resume=self.source.path, ckpt_every=0,
-                               settings=setting_flags(**self.source.engine_settings()), extra=self.extra)
-            self.process = EngineProcess([str(self.choice.path), *args], self.log,
-                                         header=f"read-only on {self.source.path}")
+            args = engine_args(
+                self.tmp / "checkpoints",
+                resume=self.source.path,
+                ckpt_every=0,
+                settings=setting_flags(**self.source.engine_settings()),
+                extra=self.extra,
+            )
+            self.process = EngineProcess(
+                [str(self.choice.path), *args], self.log, header=f"read-only on {self.source.path}"
+            )
             self.ready = self._next("ready")
             if int(self.ready.get("step", -1)) != self.source.step:
-                raise ProxyError(f"the engine loaded step {self.ready.get('step')} from {self.source.path}, "
-                                 f"expected {self.source.step}", EXIT_FAILURE)
+                raise ProxyError(
+                    f"the engine loaded step {self.ready.get('step')} from {self.source.path}, "
+                    f"expected {self.source.step}",
+                    EXIT_FAILURE,
+                )
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise

@@ -1,4 +1,5 @@
 """`proxy checkpoint`: ask the running proxy for a checkpoint now (SIGUSR1); training continues."""
+
 from __future__ import annotations
 
 import signal

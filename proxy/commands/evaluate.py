@@ -14,6 +14,7 @@ run's tokenizer as the shards encode a document (in pieces; its tokens, then
 <|endoftext|>) and cut into the fewest rows of ctx + 1 tokens that cover it,
 spaced by the same rule.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ from .model_source import HeldData, ModelSource, resolve_source, run_data, say_w
 
 class Part(NamedTuple):
     """One part evaluated: an arm (its validation rows) or a file (the rows that cover it)."""
+
     name: str
     tokens: np.ndarray  # [rows, ctx + 1]
     groups: np.ndarray  # [rows], the part's group id
@@ -57,10 +59,19 @@ def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
     for arm, name in enumerate(experiment.arm_names):
         val = data.val[name]
         if val.size < row_len:
-            raise ProxyError(f"the validation data of {source.run.root}: arm {name!r} holds {val.size} "
-                             f"tokens, fewer than one row of {row_len}", EXIT_USAGE)
-        parts.append(Part(name, eval_rows(val, row_len, rows), np.full(rows, arm, dtype=np.uint16),
-                          evenly_spaced_starts(val.size, row_len, rows)))
+            raise ProxyError(
+                f"the validation data of {source.run.root}: arm {name!r} holds {val.size} "
+                f"tokens, fewer than one row of {row_len}",
+                EXIT_USAGE,
+            )
+        parts.append(
+            Part(
+                name,
+                eval_rows(val, row_len, rows),
+                np.full(rows, arm, dtype=np.uint16),
+                evenly_spaced_starts(val.size, row_len, rows),
+            )
+        )
     return parts
 
 
@@ -76,8 +87,9 @@ def file_parts(files: list[tuple[str, str]], data: HeldData, ctx: int) -> list[P
     for group, (name, text) in enumerate(files):
         tokens = np.append(data.tokenizer.encode_document(text), np.uint16(data.tokenizer.eot_id))
         if tokens.size < row_len:
-            raise ProxyError(f"--data {name}: {tokens.size} tokens, fewer than the {row_len} (ctx + 1) of one row",
-                             EXIT_USAGE)
+            raise ProxyError(
+                f"--data {name}: {tokens.size} tokens, fewer than the {row_len} (ctx + 1) of one row", EXIT_USAGE
+            )
         rows = math.ceil((tokens.size - 1) / ctx)
         starts = evenly_spaced_starts(tokens.size, row_len, rows)
         windows = np.ascontiguousarray(sliding_window_view(tokens, row_len)[starts])
@@ -92,9 +104,13 @@ def evaluate(engine: CheckpointEngine, parts: list[Part]) -> list[tuple[float, f
     of its frames' (one frame, as every run's eval is, gives the engine's figure itself)."""
     tokens = np.concatenate([p.tokens for p in parts])
     groups = np.concatenate([p.groups for p in parts])
-    events = [engine.ask(frames.eval_frame(1 + k, tokens[at:at + frames.MAX_FRAME_ROWS],
-                                           groups[at:at + frames.MAX_FRAME_ROWS]), "eval")
-              for k, at in enumerate(range(0, len(tokens), frames.MAX_FRAME_ROWS))]
+    events = [
+        engine.ask(
+            frames.eval_frame(1 + k, tokens[at : at + frames.MAX_FRAME_ROWS], groups[at : at + frames.MAX_FRAME_ROWS]),
+            "eval",
+        )
+        for k, at in enumerate(range(0, len(tokens), frames.MAX_FRAME_ROWS))
+    ]
     if len(events) == 1:
         return [frames.group_result(events[0], int(p.groups[0])) for p in parts]
     out = []
@@ -110,16 +126,21 @@ def eval_report(source: ModelSource, key: str, parts: list[Part], results: list[
     """What `proxy eval --json` prints: the step, the loss (each part weighted by its rows' predictions, as
     the run's evals weigh arms), and each part's loss and the distinct tokens its rows predict."""
     ctx = source.shape.ctx
-    return {"checkpoint": str(source.path), "step": source.step, "loss": eval_loss(results),
-            key: {p.name: loss for p, (loss, _t) in zip(parts, results)},
-            "tokens": {p.name: predicted_tokens(p.starts, ctx) for p in parts}}
+    return {
+        "checkpoint": str(source.path),
+        "step": source.step,
+        "loss": eval_loss(results),
+        key: {p.name: loss for p, (loss, _t) in zip(parts, results, strict=False)},
+        "tokens": {p.name: predicted_tokens(p.starts, ctx) for p in parts},
+    }
 
 
 def format_report(report: dict, key: str) -> str:
     width = max(len(n) for n in report[key])
     lines = [f"step {report['step']} ({report['checkpoint']}): validation loss {report['loss']:.6f}"]
-    lines += [f"  {name:<{width}}  {loss:.6f}  ({report['tokens'][name]:,} tokens)"
-              for name, loss in report[key].items()]
+    lines += [
+        f"  {name:<{width}}  {loss:.6f}  ({report['tokens'][name]:,} tokens)" for name, loss in report[key].items()
+    ]
     return "\n".join(lines)
 
 
@@ -127,8 +148,9 @@ def main(args, out=None) -> int:
     out = out or sys.stdout
     source = resolve_source(args.run_dir, args.step, args.checkpoint)
     say_warnings(source)
-    data = run_data(source, args.cache_dir, "the tokenizer" if args.data else "the validation data",
-                    need_val=not args.data)
+    data = run_data(
+        source, args.cache_dir, "the tokenizer" if args.data else "the validation data", need_val=not args.data
+    )
     key = "files" if args.data else "arms"
     parts = file_parts(args.data, data, source.shape.ctx) if args.data else arm_parts(source, data)
     choice = choose_engine(args.engine)

@@ -12,6 +12,7 @@ fsynced, and renamed into place: it appears whole or not at all. `--out`
 must be a new path or an empty directory; missing parent directories are
 created (targets.py). The run is only read.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,11 +22,21 @@ from pathlib import Path
 from .. import temp_names
 from ..atomic import fsync_dir, json_bytes, write_synced
 from ..data.tokenizer import EOT
-from ..errors import EXIT_OK
-from ..formats.hf_gpt2 import (CONFIG_FILE, GENERATION_CONFIG_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
-                               TOKENIZER_FILE, HFConfig, HFGenerationConfig, HFTokenizerConfig,
-                               encode_safetensors as safetensors_bytes, hf_tensors, own_tensors,
-                               safetensors_metadata)
+from ..errors import EXIT_OK, add_note
+from ..formats.hf_gpt2 import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    MODEL_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    HFConfig,
+    HFGenerationConfig,
+    HFTokenizerConfig,
+    hf_tensors,
+    own_tensors,
+    safetensors_metadata,
+)
+from ..formats.hf_gpt2 import encode_safetensors as safetensors_bytes
 from .model_source import ModelSource, read_model_checkpoint, resolve_source, run_data, say_warnings
 from .targets import check_new_dir, make_parents
 
@@ -44,8 +55,9 @@ def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[s
     return {
         MODEL_FILE: safetensors_bytes(hf_tensors(weights, source.shape), metadata),
         CONFIG_FILE: json_bytes(HFConfig(source.shape, eot).to_dict()),
-        GENERATION_CONFIG_FILE: json_bytes(HFGenerationConfig(eot, int(audits.max_new), float(audits.temperature),
-                                                              int(audits.top_k or 0)).to_dict()),
+        GENERATION_CONFIG_FILE: json_bytes(
+            HFGenerationConfig(eot, int(audits.max_new), float(audits.temperature), int(audits.top_k or 0)).to_dict()
+        ),
         TOKENIZER_FILE: data.tokenizer_json,
         TOKENIZER_CONFIG_FILE: json_bytes(HFTokenizerConfig(EOT, source.shape.ctx).to_dict()),
     }
@@ -67,7 +79,7 @@ def write_directory(out: Path, files: dict[str, bytes]) -> None:
         os.rename(tmp, out)
         fsync_dir(out.parent)
     except OSError as exc:  # cli.py says which file and why (exit 1)
-        exc.add_note(f"cannot write {out}")
+        add_note(exc, f"cannot write {out}")
         raise
     finally:
         if tmp is not None:
@@ -83,9 +95,17 @@ def main(args, out=None) -> int:
     files = export_files(source, args.format, args.cache_dir)
     write_directory(target, files)
     where = f" of {source.run.root}" if source.run is not None else ""
-    print(f"exported step {source.step}{where} ({source.path}) to {target}: " +
-          ", ".join(f"{name} ({len(data):,} bytes)" for name, data in files.items()), file=out, flush=True)
+    print(
+        f"exported step {source.step}{where} ({source.path}) to {target}: "
+        + ", ".join(f"{name} ({len(data):,} bytes)" for name, data in files.items()),
+        file=out,
+        flush=True,
+    )
     if args.format == "hf":
-        print(f"load with: GPT2LMHeadModel.from_pretrained({str(target)!r}), "
-              f"AutoTokenizer.from_pretrained({str(target)!r})", file=out, flush=True)
+        print(
+            f"load with: GPT2LMHeadModel.from_pretrained({str(target)!r}), "
+            f"AutoTokenizer.from_pretrained({str(target)!r})",
+            file=out,
+            flush=True,
+        )
     return EXIT_OK

@@ -30,6 +30,7 @@ failed fork leaves nothing behind; the temp directories of forks and exports
 killed there earlier are removed first. DIR is only read (it may even
 be running); no file in it is created, changed or removed.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,19 +41,30 @@ from pathlib import Path
 from .. import temp_names
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
-from ..errors import EXIT_OK, ProxyError
+from ..errors import EXIT_OK, ProxyError, add_note
 from ..formats import bounded_json
 from ..formats.checkpoint import verify_checkpoint
 from ..formats.loss_log import LossLogIndex, encode_line, open_log, read_raw_line
 from ..formats.samples import read_audits
 from ..formats.state import ArmStatus, RunState
+from ..rundir.apply_pivot import archive_dir_for, archive_name
 from ..rundir.data import copy_definition
 from ..rundir.frozen import replaced_experiments
 from ..rundir.history import check_history, write_receipt
-from ..rundir.layout import (ARCHIVE, CHECKPOINTS, EXPERIMENT, EXPERIMENT_SEAL, LOSS_LOG, PHASES, PIVOT_RECEIPT,
-                             SAMPLES, STATE, RunDir, relative_checkpoint)
+from ..rundir.layout import (
+    ARCHIVE,
+    CHECKPOINTS,
+    EXPERIMENT,
+    EXPERIMENT_SEAL,
+    LOSS_LOG,
+    PHASES,
+    PIVOT_RECEIPT,
+    SAMPLES,
+    STATE,
+    RunDir,
+    relative_checkpoint,
+)
 from ..rundir.phases import Phase
-from ..rundir.apply_pivot import archive_dir_for, archive_name
 from ..rundir.resume import newest_covered
 from .targets import TargetError, check_new_dir, make_parents
 from .which_run import resolve_run, started_run
@@ -74,7 +86,7 @@ def main(args) -> int:
     try:
         return fork(run, args.at, Path(args.to), Path(args.caps) if args.caps else None)
     except ProxyError as exc:  # nothing was written: the new directory is built aside and renamed into place
-        exc.add_note(f"cannot fork {run.root}")
+        add_note(exc, f"cannot fork {run.root}")
         raise
 
 
@@ -89,15 +101,25 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     point = newest_covered(run.checkpoints, index, phases, vocab=int(experiment.model.vocab), at_most=at)
     skipped, chosen, c = point.skipped, point.path, point.step
     if chosen is None:
-        raise ProxyError(f"no valid checkpoint at or before step {at} in {run.checkpoints}"
-                         + (f" ({'; '.join(skipped)})" if skipped else ""))
+        raise ProxyError(
+            f"no valid checkpoint at or before step {at} in {run.checkpoints}"
+            + (f" ({'; '.join(skipped)})" if skipped else "")
+        )
     inherited = [p for p in phases if p.phase == 0 or p.start_step < c]
-    inherited = phases[:len(inherited)]  # a prefix: start steps never decrease
+    inherited = phases[: len(inherited)]  # a prefix: start steps never decrease
     new_phases = list(inherited)
     if caps_path is not None:
         caps, floors, policy = load_pivot_caps(caps_path, experiment, inherited[-1])
-        new_phases.append(Phase(phase=len(inherited), start_step=c, policy=policy, caps=caps, floors=floors,
-                                checkpoint=relative_checkpoint(c)))
+        new_phases.append(
+            Phase(
+                phase=len(inherited),
+                start_step=c,
+                policy=policy,
+                caps=caps,
+                floors=floors,
+                checkpoint=relative_checkpoint(c),
+            )
+        )
 
     make_parents(to, "--to")
     temp_names.remove_leftovers(to.parent, (temp_names.FORK, temp_names.EXPORT))  # of killed forks, exports
@@ -108,8 +130,9 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
         try:
             copy_synced(chosen, tmp / CHECKPOINTS / chosen.name)
         except FileNotFoundError:
-            raise ForkRaced(f"{chosen} vanished while being copied (the live run's retention deleted it); "
-                            "try again") from None
+            raise ForkRaced(
+                f"{chosen} vanished while being copied (the live run's retention deleted it); try again"
+            ) from None
         reason = verify_checkpoint(tmp / CHECKPOINTS / chosen.name)
         if reason is not None:
             raise ForkRaced(f"the copy of {chosen} does not verify ({reason}); try again")
@@ -134,8 +157,9 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
 
         # the current phase's sample audits up to c
         last = inherited[-1]
-        source = run.samples if last.phase == phases[-1].phase else archive_dir_for(run, phases, last.phase + 1) \
-            / SAMPLES
+        source = (
+            run.samples if last.phase == phases[-1].phase else archive_dir_for(run, phases, last.phase + 1) / SAMPLES
+        )
         audits = [a.to_dict() for a in read_audits(source) if a.step <= c]
         state = _fork_state(run, experiment, index, new_phases, c, to)
         if caps_path is not None:
@@ -156,17 +180,27 @@ def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None
     except BaseException as exc:
         temp_names.remove_entry(tmp)
         if isinstance(exc, OSError):  # cli.py says which file and why (exit 1)
-            exc.add_note(f"cannot write {to}")
+            add_note(exc, f"cannot write {to}")
         raise
 
     if c != at:
         why = f"; skipped: {'; '.join(skipped)}" if skipped else ""
-        print(f"no valid checkpoint at step {at}: forking at step {c}, the nearest older valid one{why}",
-              file=out, flush=True)
-    pivot = (f"; new phase {new_phases[-1].phase} ({new_phases[-1].policy}) from {caps_path}"
-             if caps_path is not None else "")
-    print(f"forked {run.root} at step {c} into {to}: {n_steps} steps and {n_evals} evals inherited, "
-          f"phases 0..{inherited[-1].phase}{pivot}", file=out, flush=True)
+        print(
+            f"no valid checkpoint at step {at}: forking at step {c}, the nearest older valid one{why}",
+            file=out,
+            flush=True,
+        )
+    pivot = (
+        f"; new phase {new_phases[-1].phase} ({new_phases[-1].policy}) from {caps_path}"
+        if caps_path is not None
+        else ""
+    )
+    print(
+        f"forked {run.root} at step {c} into {to}: {n_steps} steps and {n_evals} evals inherited, "
+        f"phases 0..{inherited[-1].phase}{pivot}",
+        file=out,
+        flush=True,
+    )
     print(f"continue with: proxy run --run-dir {to}", file=out, flush=True)
     return EXIT_OK
 
@@ -177,6 +211,7 @@ def _copy_log(index: LossLogIndex, c: int, dst: Path) -> tuple[int, int]:
     n_steps = n_evals = 0
     if index.path.exists():
         with open_log(index.path) as f:
+
             def read(offset: int) -> bytes:
                 # the whole line: fields this version does not know too
                 obj = bounded_json.loads(read_raw_line(f, offset))
@@ -200,11 +235,20 @@ def _fork_state(run: RunDir, experiment, index: LossLogIndex, phases: list[Phase
     caps, floors = phase_bounds(experiment, p)
     mixture = entry.mixture if entry is not None else {}
     return RunState(
-        step=c, phase=p.phase, policy=p.policy, status="stopped",
-        arms={n: ArmStatus(pulls=0, weight=float(mixture.get(n, 0.0)), cap=caps[n], floor=floors[n])
-              for n in experiment.arm_names},
-        tokens=entry.tokens if entry is not None else 0, last_checkpoint=str(to / relative_checkpoint(c)),
-        experiment=experiment.name, max_steps=int(experiment.train.max_steps), segment=index.max_segment,
+        step=c,
+        phase=p.phase,
+        policy=p.policy,
+        status="stopped",
+        arms={
+            n: ArmStatus(pulls=0, weight=float(mixture.get(n, 0.0)), cap=caps[n], floor=floors[n])
+            for n in experiment.arm_names
+        },
+        tokens=entry.tokens if entry is not None else 0,
+        last_checkpoint=str(to / relative_checkpoint(c)),
+        experiment=experiment.name,
+        max_steps=int(experiment.train.max_steps),
+        segment=index.max_segment,
         loss=entry.loss if entry is not None else None,
         message=f"forked from {run.root} at step {c}; `proxy run --run-dir {to}` continues it",
-        extra={"fork": {"from": str(run.root.resolve()), "step": c, "time": time.time()}})
+        extra={"fork": {"from": str(run.root.resolve()), "step": c, "time": time.time()}},
+    )

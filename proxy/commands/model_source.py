@@ -17,6 +17,7 @@ never from the sources, which may have changed or gone since. A run made
 before runs froze their data has them from the prepared-data cache entry it
 was made with (with a warning), if it is still there.
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,14 +26,23 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import STEP_BEST as BEST, STEP_LATEST as LATEST
+from ..arguments import STEP_BEST as BEST
+from ..arguments import STEP_LATEST as LATEST
 from ..config.config_file import ExperimentError
 from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
 from ..data.tokenizer import Tokenizer
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError
-from ..formats.checkpoint import (Checkpoint, CheckpointError, Trailer, checkpoint_path, header_step, read_checkpoint,
-                                  read_trailer, verify_checkpoint)
+from ..formats.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    Trailer,
+    checkpoint_path,
+    header_step,
+    read_checkpoint,
+    read_trailer,
+    verify_checkpoint,
+)
 from ..formats.loss_log import LossLogIndex
 from ..formats.parameters import ModelShape
 from ..formats.shard import shard_segment
@@ -43,9 +53,11 @@ from ..rundir.resume import choose_resume
 from ..safe_fs import NO_SUCH_FILE, regular_file_problem
 from .which_run import resolve_run, started_run
 
+
 @dataclass(frozen=True)
 class ModelSource:
     """A verified checkpoint, its model shape, and its run (None: a checkpoint outside any run)."""
+
     path: Path
     step: int
     shape: ModelShape
@@ -56,8 +68,11 @@ class ModelSource:
     def require_run(self, what: str) -> tuple[RunDir, Experiment]:
         """The run, for what needs its tokenizer or data; ProxyError naming `what` when there is none."""
         if self.run is None or self.experiment is None:
-            raise ProxyError(f"{self.path} is not in a run directory, and {what} comes from the run: "
-                             "pass --run-dir DIR of the run it came from", EXIT_USAGE)
+            raise ProxyError(
+                f"{self.path} is not in a run directory, and {what} comes from the run: "
+                "pass --run-dir DIR of the run it came from",
+                EXIT_USAGE,
+            )
         return self.run, self.experiment
 
     def engine_settings(self) -> dict:
@@ -79,13 +94,16 @@ def _chosen(run: RunDir, step: str | int) -> Path:
     """The checkpoint `--step` names in `run`."""
     if step == BEST:
         if not run.best.is_file():
-            raise ProxyError(f"{run.best}: no best checkpoint yet (it is written at the first eval that has a "
-                             "checkpoint)", EXIT_FAILURE)
+            raise ProxyError(
+                f"{run.best}: no best checkpoint yet (it is written at the first eval that has a checkpoint)",
+                EXIT_FAILURE,
+            )
         return run.best
     if step == LATEST:
         experiment, phases = started_run(run, "no phases (the run was never started); no checkpoint")
-        point = choose_resume(run.checkpoints, LossLogIndex.load(run.loss_log), phases, set(),
-                              vocab=int(experiment.model.vocab))
+        point = choose_resume(
+            run.checkpoints, LossLogIndex.load(run.loss_log), phases, set(), vocab=int(experiment.model.vocab)
+        )
         if point.path is None:
             skipped = f" ({'; '.join(point.skipped)})" if point.skipped else ""
             raise ProxyError(f"{run.checkpoints}: no valid checkpoint to use{skipped}", EXIT_FAILURE)
@@ -119,13 +137,15 @@ def _verified(path: Path) -> tuple[Trailer | None, int, list[str]]:
     return None, ckpt.n_params, ckpt.warnings
 
 
-def _shape_of(path: Path, trailer: Trailer | None, n_params: int, experiment: Experiment | None,
-              run: RunDir | None) -> ModelShape:
+def _shape_of(
+    path: Path, trailer: Trailer | None, n_params: int, experiment: Experiment | None, run: RunDir | None
+) -> ModelShape:
     """The checkpoint's model shape; ProxyError when it is not the run's model (a foreign checkpoint)."""
     if experiment is None:
         if trailer is None:
-            raise ProxyError(f"{path}: a bare ANDREA file holds no model shape; pass --run-dir DIR of its run",
-                             EXIT_USAGE)
+            raise ProxyError(
+                f"{path}: a bare ANDREA file holds no model shape; pass --run-dir DIR of its run", EXIT_USAGE
+            )
         return trailer.shape
     reason = foreign_reason(run, experiment, trailer, n_params)
     if reason is not None:
@@ -153,13 +173,15 @@ def resolve_source(run_dir: str | None, step: str | int | None, checkpoint: str 
     experiment = started_run(run, "no phases (the run was never started)")[0] if run is not None else None
     shape = _shape_of(path, trailer, n_params, experiment, run)
     step_in_file = header_step(path)
-    return ModelSource(path=path, step=int(step_in_file or 0), shape=shape, run=run, experiment=experiment,
-                       warnings=warnings)
+    return ModelSource(
+        path=path, step=int(step_in_file or 0), shape=shape, run=run, experiment=experiment, warnings=warnings
+    )
 
 
 @dataclass(frozen=True)
 class HeldData:
     """What a command uses of the run's data: its tokenizer (and the file's bytes), its validation tokens."""
+
     tokenizer: Tokenizer
     tokenizer_json: bytes
     val: dict[str, np.ndarray]
@@ -186,11 +208,17 @@ def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bo
         raise
     data = load_cached(experiment, run.root, cache, key)
     if data is None:
-        raise ProxyError(f"{run.root} holds no frozen data (made before runs froze them), and the data it was "
-                         f"prepared with are not in the cache ({cache}/data-{key[:24]}); {what} cannot be had",
-                         EXIT_USAGE)
-    print(f"proxy: warning: {run.root} holds no frozen data (made before runs froze them); {what} comes from the "
-          f"prepared-data cache ({data.path}); a `proxy run` of it freezes them", file=err or sys.stderr, flush=True)
+        raise ProxyError(
+            f"{run.root} holds no frozen data (made before runs froze them), and the data it was "
+            f"prepared with are not in the cache ({cache}/data-{key[:24]}); {what} cannot be had",
+            EXIT_USAGE,
+        )
+    print(
+        f"proxy: warning: {run.root} holds no frozen data (made before runs froze them); {what} comes from the "
+        f"prepared-data cache ({data.path}); a `proxy run` of it freezes them",
+        file=err or sys.stderr,
+        flush=True,
+    )
     val = {arm: shard_segment(data.val_shards[arm])[0].array() for arm in experiment.arm_names} if need_val else {}
     return HeldData(data.tokenizer, data.tokenizer_json, val)
 
@@ -198,4 +226,3 @@ def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bo
 def say_warnings(source: ModelSource, err=None) -> None:
     for line in source.warnings:
         print(f"proxy: warning: {line}", file=err or sys.stderr, flush=True)
-

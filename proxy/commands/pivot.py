@@ -14,6 +14,7 @@ written, then, under RUN/.pivot.lock (one `proxy pivot` at a time):
   (rundir/pivot_request.py), sends SIGUSR2, and waits for the answer; the
   proxy's side is supervision/pivot_desk.py.
 """
+
 from __future__ import annotations
 
 import signal
@@ -24,18 +25,18 @@ from pathlib import Path
 
 from ..bandit import bandit_for_phase
 from ..config.caps import load_pivot_caps
-from ..errors import EXIT_OK, ProxyError
+from ..errors import EXIT_OK, ProxyError, add_note
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
+from ..processes import send
+from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.history import check_history
-from ..rundir.layout import RunDir, relative_checkpoint
 from ..rundir.identity import load_identity, save_identity
+from ..rundir.layout import RunDir, relative_checkpoint
 from ..rundir.lock import Holder, PivotLock, RunLock, run_lock_holder, running_proxy
 from ..rundir.phases import read_phases
-from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
-from ..processes import send
 from ..supervision.engine_record import reap_orphan
 from ..supervision.signals import STOPS
 from .which_run import resolve_run, started_run
@@ -46,7 +47,7 @@ def main(args) -> int:
     try:
         return pivot(run, Path(args.caps), at=args.at, timeout=args.timeout)
     except ProxyError as exc:  # each refusal says whether anything changed
-        exc.add_note(f"cannot pivot {run.root}")
+        add_note(exc, f"cannot pivot {run.root}")
         raise
 
 
@@ -63,15 +64,18 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
         if not owner.is_proxy:  # `flock -x RUN sleep`, or a process the kernel does not name: never signalled
             owner = running_proxy(run, "nothing changed")
         if at is not None:
-            raise ProxyError(f"--at applies to a stopped run only; {run.root} is running ({owner.describe()}); "
-                             "a live pivot lands at the step the run has reached")
+            raise ProxyError(
+                f"--at applies to a stopped run only; {run.root} is running ({owner.describe()}); "
+                "a live pivot lands at the step the run has reached"
+            )
         return _live(run, owner, caps, floors, policy, caps_path, timeout, out)
     finally:
         lock.release()
 
 
-def _live(run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, caps_path: Path,
-          timeout: float, out) -> int:
+def _live(
+    run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, caps_path: Path, timeout: float, out
+) -> int:
     """Ask the running proxy (the holder of the run's lock, as the kernel names it) to pivot at the step it
     has reached; wait for its answer."""
     pid = owner.pid
@@ -94,18 +98,28 @@ def _live(run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, cap
             phases = read_phases(run)
             if len(phases) > phases_before:
                 p = phases[-1]
-                print(f"proxy pid {pid} exited, but the pivot was applied: phase {p.phase} from step "
-                      f"{p.start_step}; relaunch the run command to continue", file=out, flush=True)
+                print(
+                    f"proxy pid {pid} exited, but the pivot was applied: phase {p.phase} from step "
+                    f"{p.start_step}; relaunch the run command to continue",
+                    file=out,
+                    flush=True,
+                )
                 return EXIT_OK
-            raise ProxyError(f"proxy pid {pid} exited before the pivot landed; nothing changed"
-                             + ("" if withdrawn else " (it had taken the request)")
-                             + f"; `proxy pivot --run-dir {run.root}` again pivots the stopped run")
+            raise ProxyError(
+                f"proxy pid {pid} exited before the pivot landed; nothing changed"
+                + ("" if withdrawn else " (it had taken the request)")
+                + f"; `proxy pivot --run-dir {run.root}` again pivots the stopped run"
+            )
         if time.monotonic() >= end:
             if withdraw_request(run):
-                raise ProxyError(f"proxy pid {pid} did not take the pivot request within {timeout:.0f}s; "
-                                 "request withdrawn, nothing changed")
-            raise ProxyError(f"proxy pid {pid} took the pivot request but did not answer within {timeout:.0f}s; "
-                             f"it may still apply it: see `proxy status --run-dir {run.root}`")
+                raise ProxyError(
+                    f"proxy pid {pid} did not take the pivot request within {timeout:.0f}s; "
+                    "request withdrawn, nothing changed"
+                )
+            raise ProxyError(
+                f"proxy pid {pid} took the pivot request but did not answer within {timeout:.0f}s; "
+                f"it may still apply it: see `proxy status --run-dir {run.root}`"
+            )
         time.sleep(0.05)
     if not answer.get("ok"):
         raise ProxyError(f"refused by proxy pid {pid}: {answer.get('message')}")
@@ -113,13 +127,15 @@ def _live(run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, cap
     return EXIT_OK
 
 
-def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, caps_path: Path,
-             at: int | None, out) -> int:
+def _offline(
+    run: RunDir, experiment, caps: dict, floors: dict, policy: str, caps_path: Path, at: int | None, out
+) -> int:
     """Pivot a stopped run: under its lock, at the newest valid checkpoint the log covers."""
     run_lock = RunLock(run).acquire()  # RunInUse when a proxy took it since we looked: the user tries again
     # `proxy checkpoint` (SIGUSR1) and a pivot request (SIGUSR2) mean nothing to this process
     old_handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
+
         def warn(line: str) -> None:
             print(f"proxy: {line}", file=sys.stderr, flush=True)
 
@@ -135,9 +151,10 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         step = resume.step
         max_steps = int(experiment.train.max_steps)
         if step >= max_steps:
-            raise ProxyError(f"the run finished at step {step} (max_steps {max_steps}); a pivot there would "
-                             "train nothing" + ("" if at is not None else " (--at STEP pivots from an earlier "
-                                                "checkpoint)"))
+            raise ProxyError(
+                f"the run finished at step {step} (max_steps {max_steps}); a pivot there would "
+                "train nothing" + ("" if at is not None else " (--at STEP pivots from an earlier checkpoint)")
+            )
         for reason in resume.skipped:
             print(f"proxy: not pivoting at {reason}", file=sys.stderr, flush=True)
         checkpoint = relative_checkpoint(step) if resume.path is not None else None
@@ -153,9 +170,12 @@ def _offline(run: RunDir, experiment, caps: dict, floors: dict, policy: str, cap
         logged = index.max_step()
         print(result.message(run), file=out, flush=True)
         if logged > step:
-            print(f"steps {step + 1}..{logged} in .loss.json belong to phase {result.phase.phase - 1}; the next "
-                  f"`proxy run` resumes from step {step} and trains them again under phase {result.phase.phase}",
-                  file=out, flush=True)
+            print(
+                f"steps {step + 1}..{logged} in .loss.json belong to phase {result.phase.phase - 1}; the next "
+                f"`proxy run` resumes from step {step} and trains them again under phase {result.phase.phase}",
+                file=out,
+                flush=True,
+            )
         print(f"continue with: proxy run --run-dir {run.root}", file=out, flush=True)
         return EXIT_OK
     finally:
@@ -176,10 +196,21 @@ def _offline_state(run: RunDir, experiment, result: PivotResult, caps_path: Path
     except (ValueError, TypeError):
         caps, floors, weights, bandit_state = p.caps, p.floors, [0.0] * len(names), {}
     arms = {n: ArmStatus(pulls=0, weight=weights[i], cap=caps[n], floor=floors[n]) for i, n in enumerate(names)}
-    write_state(run.state, replace(
-        old, experiment=old.experiment or experiment.name,
-        max_steps=old.max_steps or int(experiment.train.max_steps),
-        step=p.start_step, phase=p.phase, policy=p.policy, status="stopped", arms=arms,
-        last_checkpoint=str(run.root / p.checkpoint) if p.checkpoint else None,
-        message=f"pivoted to phase {p.phase} at step {p.start_step} ({caps_path}); relaunch the run to continue",
-        bandit=bandit_state, eta_s=None, engine=replace(old.engine, alive=False)))
+    write_state(
+        run.state,
+        replace(
+            old,
+            experiment=old.experiment or experiment.name,
+            max_steps=old.max_steps or int(experiment.train.max_steps),
+            step=p.start_step,
+            phase=p.phase,
+            policy=p.policy,
+            status="stopped",
+            arms=arms,
+            last_checkpoint=str(run.root / p.checkpoint) if p.checkpoint else None,
+            message=f"pivoted to phase {p.phase} at step {p.start_step} ({caps_path}); relaunch the run to continue",
+            bandit=bandit_state,
+            eta_s=None,
+            engine=replace(old.engine, alive=False),
+        ),
+    )

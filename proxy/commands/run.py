@@ -1,4 +1,5 @@
 """`proxy run`'s command-line side: options to a RunRequest, and the dashboard as a child process."""
+
 from __future__ import annotations
 
 import ctypes
@@ -9,41 +10,57 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dashboard.server import exposure_warning
-
 from ..atomic import open_append
+from ..dashboard_address import exposure_warning
 from ..errors import EXIT_USAGE, ProxyError
 from ..rundir.layout import EXPERIMENT
 from ..supervision.context import SupervisorOptions
 from ..supervision.setup import RunRequest, start_run
 from ..supervision.signals import default_stops
+from ..tracking.tracker_process import start_tracker, stop_tracker
 
 
 def main(args) -> int:
     if args.max_failures < 1:
         raise ProxyError("--max-failures must be at least 1", EXIT_USAGE)
-    options = SupervisorOptions(hang_timeout=args.hang_timeout, max_failures=args.max_failures,
-                                backoff_s=args.restart_backoff)
+    options = SupervisorOptions(
+        hang_timeout=args.hang_timeout, max_failures=args.max_failures, backoff_s=args.restart_backoff
+    )
     experiment = args.experiment
     from_frozen = experiment is None
     if from_frozen:  # `proxy run --run-dir DIR`: the experiment frozen there (a fork, a pivot)
         if not args.run_dir:
-            raise ProxyError("proxy run: give EXPERIMENT.json, or --run-dir DIR of an existing run "
-                             "(see proxy run --help)", EXIT_USAGE)
+            raise ProxyError(
+                "proxy run: give EXPERIMENT.json, or --run-dir DIR of an existing run (see proxy run --help)",
+                EXIT_USAGE,
+            )
         frozen = Path(args.run_dir) / EXPERIMENT
         if not frozen.is_file():
-            raise ProxyError(f"{args.run_dir}: not a run directory (no experiment.json); give "
-                             "EXPERIMENT.json to start a new run", EXIT_USAGE)
+            raise ProxyError(
+                f"{args.run_dir}: not a run directory (no experiment.json); give EXPERIMENT.json to start a new run",
+                EXIT_USAGE,
+            )
         experiment = str(frozen)
-    request = RunRequest(experiment_path=Path(experiment), run_dir=Path(args.run_dir) if args.run_dir else None,
-                         engine=args.engine, allow_experiment_change=args.allow_experiment_change,
-                         allow_data_change=args.allow_data_change, from_frozen=from_frozen,
-                         init_from=Path(args.init_from) if args.init_from else None,
-                         cache_dir=Path(args.cache_dir) if args.cache_dir else None, options=options,
-                         engine_paths=args.engine_paths)
+    request = RunRequest(
+        experiment_path=Path(experiment),
+        run_dir=Path(args.run_dir) if args.run_dir else None,
+        engine=args.engine,
+        allow_experiment_change=args.allow_experiment_change,
+        allow_data_change=args.allow_data_change,
+        from_frozen=from_frozen,
+        init_from=Path(args.init_from) if args.init_from else None,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+        options=options,
+        engine_paths=args.engine_paths,
+        overrides=args.overrides,
+    )
     dashboard: list[subprocess.Popen] = []
+    tracker: list[subprocess.Popen] = []
 
     def on_started(run) -> dict | None:
+        started_tracker = start_tracker(run)
+        if started_tracker is not None:
+            tracker.append(started_tracker)
         if args.no_dashboard:
             return None
         started = start_dashboard(run.root, args.host, args.port, run.dashboard_log)
@@ -57,6 +74,8 @@ def main(args) -> int:
         return start_run(request, on_started=on_started)
     finally:
         default_stops()  # training is over: a stop signal now is no interrupted setup
+        for proc in tracker:
+            stop_tracker(proc)
         for proc in dashboard:
             proc.terminate()
             try:
@@ -90,14 +109,17 @@ def start_dashboard(run_root: Path, host: str, port: int, log_path: Path) -> tup
     {"url", "host"} (for `.state.json`: `proxy status` repeats the warning)."""
     free = _free_port(host, port)
     if free is None:
-        print(f"proxy: no free port from {port} on {host}; training without the dashboard", file=sys.stderr,
-              flush=True)
+        print(f"proxy: no free port from {port} on {host}; training without the dashboard", file=sys.stderr, flush=True)
         return None
     log = open_append(log_path)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "proxy", "dashboard", "--run-dir", str(run_root),
-                                 "--host", host, "--port", str(free)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dashboard", "--run-dir", str(run_root), "--host", host, "--port", str(free)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_die_with_parent,
+        )
     finally:
         os.close(log)
     shown = f"[{host}]" if ":" in host else host

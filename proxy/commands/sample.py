@@ -7,6 +7,7 @@ with one `sample` event holding every completion. Each completion is printed
 as soon as that event arrives; the engine does not stream tokens one by one.
 The same checkpoint, prompt, settings and seed print the same text.
 """
+
 from __future__ import annotations
 
 import sys
@@ -37,14 +38,17 @@ def settings_from(args, audits: SampleConfig) -> SampleSettings:
         max_new=args.max_new if args.max_new is not None else int(audits.max_new),
         temperature=args.temperature if args.temperature is not None else float(audits.temperature),
         top_k=args.top_k if args.top_k is not None else int(audits.top_k or 0),
-        seed=args.seed, count=args.count)
+        seed=args.seed,
+        count=args.count,
+    )
 
 
 def sample_request(request_id: int, prompt: list[int], settings: SampleSettings) -> bytes:
     """The SAMPLE frame for one prompt's completions. The one place `proxy sample` builds a frame: the
     multi-prompt SAMPLE frame replaces this call alone."""
-    return frames.sample_frame(request_id, prompt, settings.count, settings.max_new, settings.temperature,
-                               settings.top_k, settings.seed)
+    return frames.sample_frame(
+        request_id, prompt, settings.count, settings.max_new, settings.temperature, settings.top_k, settings.seed
+    )
 
 
 def encode_prompt(tokenizer, text: str, shape: ModelShape) -> list[int]:
@@ -55,8 +59,9 @@ def encode_prompt(tokenizer, text: str, shape: ModelShape) -> list[int]:
         raise ProxyError(f"--prompt {text!r} encodes to no tokens", EXIT_USAGE)
     beyond = [i for i in ids if i >= shape.vocab]
     if beyond:
-        raise ProxyError(f"--prompt encodes to token id {max(beyond)}, outside the model's vocabulary of "
-                         f"{shape.vocab}", EXIT_USAGE)
+        raise ProxyError(
+            f"--prompt encodes to token id {max(beyond)}, outside the model's vocabulary of {shape.vocab}", EXIT_USAGE
+        )
     return ids
 
 

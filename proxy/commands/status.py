@@ -4,25 +4,26 @@ Alive or not comes from the run's lock, not from `.state.json`; step, loss,
 speed and mixture from the tail of `.loss.json` (last entry per step); the
 phase from `phases.json`.
 """
+
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
 
-from dashboard.server import exposure_warning
-
+from ..dashboard_address import exposure_warning
 from ..errors import EXIT_OK
 from ..formats import bounded_json
 from ..formats.checkpoint import checkpoint_files
 from ..formats.loss_log import EvalEntry, StepEntry, read_tail
 from ..formats.state import Goodput, finite_json, read_state
-from ..rundir.layout import RunDir, RunDirError
+from ..rundir.layout import EXPERIMENT, RunDir, RunDirError
 from ..rundir.lock import run_lock_holder
+from ..rundir.overrides_record import OverridesRecord, read_overrides
 from ..rundir.phases import read_phases
 from ..safe_fs import UnsafeFileError
 from ..supervision.goodput import overhead_summary
-from ..supervision.throughput import WINDOW_STEPS, Progress, fmt_duration, fmt_rate
+from ..supervision.throughput import WINDOW_STEPS, ThroughputMeter, fmt_duration, fmt_rate
 from .which_run import resolve_run
 
 
@@ -82,7 +83,7 @@ def status_report(run: RunDir) -> dict:
     if max_steps:
         ordered = [e for e in ordered if e.step <= max_steps]
     evals = [e for e in tail if isinstance(e, EvalEntry)]
-    progress = Progress()  # the same window as the running proxy's figures
+    progress = ThroughputMeter()  # the same window as the running proxy's figures
     for e in ordered[-WINDOW_STEPS:]:
         progress.observe(e.time, e.tokens, e.step, e.loss, e.ms)
     rates = progress.rates(max_steps)
@@ -100,31 +101,44 @@ def status_report(run: RunDir) -> dict:
         status = "not running (the proxy ended without finishing; relaunch the run command to resume)"
     engine = state.get("engine") or {}
     return {
-        "run_dir": str(run.root), "experiment": experiment.get("name"), "alive": owner is not None,
-        "proxy_pid": owner if owner and owner > 0 else None, "status": status,
-        "step": last.step if last else _int(state.get("step"), max_steps), "max_steps": max_steps,
+        "run_dir": str(run.root),
+        "experiment": experiment.get("name"),
+        "alive": owner is not None,
+        "proxy_pid": owner if owner and owner > 0 else None,
+        "status": status,
+        "step": last.step if last else _int(state.get("step"), max_steps),
+        "max_steps": max_steps,
         "steps_beyond_max": [e.step for e in beyond][-3:],
-        "loss": last.loss if last else None, "loss_smoothed": progress.smoothed,
-        "val_loss": evals[-1].loss if evals else None, "val_step": evals[-1].step if evals else None,
+        "loss": last.loss if last else None,
+        "loss_smoothed": progress.smoothed,
+        "val_loss": evals[-1].loss if evals else None,
+        "val_step": evals[-1].step if evals else None,
         "tokens": last.tokens if last else _int(state.get("tokens"), None),
-        "tokens_per_s": rates.tokens_per_s, "engine_tokens_per_s": rates.engine_tokens_per_s,
-        "eta_s": rates.eta_s if owner else None, "goodput": state.get("goodput"),
+        "tokens_per_s": rates.tokens_per_s,
+        "engine_tokens_per_s": rates.engine_tokens_per_s,
+        "eta_s": rates.eta_s if owner else None,
+        "goodput": state.get("goodput"),
         "mixture": last.mixture if last else {},
         "last_checkpoint": str(newest) if newest else None,
         "last_checkpoint_age_s": time.time() - newest.stat().st_mtime if newest else None,
-        "best": state.get("best"), "phase": current.phase if current else state.get("phase", 0),
+        "best": state.get("best"),
+        "phase": current.phase if current else state.get("phase", 0),
         "phase_start_step": current.start_step if current else 0,
         "policy": current.policy if current else state.get("policy"),
-        "caps": current.caps if current else None, "floors": current.floors if current else None,
+        "caps": current.caps if current else None,
+        "floors": current.floors if current else None,
         "phases": [{"phase": p.phase, "start_step": p.start_step, "policy": p.policy} for p in phases],
         "segment": state.get("segment"),
         "restarts": state.get("restarts", 0),
         "engine": {k: engine.get(k) for k in ("kind", "device", "pid", "alive", "rss_bytes", "cpu_percent")}
-        if owner else None,
+        if owner
+        else None,
         "replay_mismatches": int(state.get("replay_mismatch_count") or 0),
         "dashboard": _dashboard(state.get("dashboard")) if owner else None,
         "message": state.get("message"),
         "lock_holder": holder.describe() if holder is not None and holder.foreign else None,
+        # the frozen experiment is the effective one; these are the `--set` values the last launch gave it
+        "overrides": (read_overrides(run) or OverridesRecord()).overrides,
     }
 
 
@@ -140,23 +154,34 @@ def format_status(r: dict) -> str:
         if eng.get("rss_bytes"):
             alive += f", rss {eng['rss_bytes'] / 2**20:.0f} MiB"
     lines.append(f"status:      {r['status']} ({alive})")
+    if r.get("overrides"):
+        lines.append(
+            "overrides:   " + ", ".join(r["overrides"]) + " (--set; the effective experiment is "
+            f"{Path(r['run_dir']) / EXPERIMENT})"
+        )
     pct = f" ({100 * r['step'] / r['max_steps']:.1f}%)" if r["max_steps"] else ""
     lines.append(f"step:        {r['step']} / {r['max_steps']}{pct}")
     if r.get("steps_beyond_max"):
-        lines.append(f"WARNING:     .loss.json logs step {r['steps_beyond_max'][-1]}, beyond max_steps "
-                     f"{r['max_steps']}: a line this run did not write (not counted)")
+        lines.append(
+            f"WARNING:     .loss.json logs step {r['steps_beyond_max'][-1]}, beyond max_steps "
+            f"{r['max_steps']}: a line this run did not write (not counted)"
+        )
     if r["loss"] is not None:
         val = f"; val {r['val_loss']:.4f} at step {r['val_step']}" if r["val_loss"] is not None else ""
         lines.append(f"loss:        {r['loss']:.4f} (smoothed {r['loss_smoothed']:.4f}){val}")
-    lines.append(f"tokens:      {r['tokens']:,} at {fmt_rate(r['tokens_per_s'])} tok/s (engine "
-                 f"{fmt_rate(r['engine_tokens_per_s'])}); "
-                 f"ETA {fmt_duration(r['eta_s']) if r['eta_s'] is not None else '-'}")
+    lines.append(
+        f"tokens:      {r['tokens']:,} at {fmt_rate(r['tokens_per_s'])} tok/s (engine "
+        f"{fmt_rate(r['engine_tokens_per_s'])}); "
+        f"ETA {fmt_duration(r['eta_s']) if r['eta_s'] is not None else '-'}"
+    )
     goodput = Goodput.from_dict(r.get("goodput"))
     if goodput is not None and goodput.overhead is None:
         lines.append("goodput:     no figure before the first step")
     elif goodput is not None:
-        lines.append(f"goodput:     {overhead_summary(goodput)} of {fmt_duration(goodput.wall_s)} "
-                     f"since {'this' if r['alive'] else 'the last'} proxy's engine was ready")
+        lines.append(
+            f"goodput:     {overhead_summary(goodput)} of {fmt_duration(goodput.wall_s)} "
+            f"since {'this' if r['alive'] else 'the last'} proxy's engine was ready"
+        )
     if r["mixture"]:
         lines.append("mixture:     " + ", ".join(f"{k} {v:.3f}" for k, v in r["mixture"].items()))
     if r["last_checkpoint"]:
@@ -174,14 +199,18 @@ def format_status(r: dict) -> str:
     if r.get("caps"):
         lines.append("caps:        " + ", ".join(f"{k} {r['floors'].get(k, 0):g}..{v:g}" for k, v in r["caps"].items()))
     if len(r.get("phases") or []) > 1:
-        lines.append("pivots:      " + ", ".join(f"phase {p['phase']} at step {p['start_step']} ({p['policy']})"
-                                                 for p in r["phases"][1:]))
+        lines.append(
+            "pivots:      "
+            + ", ".join(f"phase {p['phase']} at step {p['start_step']} ({p['policy']})" for p in r["phases"][1:])
+        )
     dashboard = r.get("dashboard") or {}
     if dashboard.get("warning"):
         lines.append(f"WARNING:     {dashboard['warning']}: {dashboard.get('url')}")
     if r["replay_mismatches"]:
-        lines.append(f"WARNING:     {r['replay_mismatches']} replayed step(s) differed from the first run "
-                     "(a determinism bug; see replay_mismatches in .state.json)")
+        lines.append(
+            f"WARNING:     {r['replay_mismatches']} replayed step(s) differed from the first run "
+            "(a determinism bug; see replay_mismatches in .state.json)"
+        )
     if r.get("lock_holder"):
         lines.append(f"WARNING:     the run directory is locked by {r['lock_holder']}; nothing signalled")
     if r.get("message"):

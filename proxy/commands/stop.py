@@ -2,6 +2,7 @@
 
 The proxy is the process holding the run directory's lock, as the kernel names it (rundir/lock.py).
 """
+
 from __future__ import annotations
 
 import signal

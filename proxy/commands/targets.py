@@ -5,6 +5,7 @@ may be missing or an empty directory (the rename replaces it); anything else the
 a directory with something in it) is refused with one line, before anything is written. Missing parent
 directories are created (as `save_pretrained` and most tools do), only once the command is about to write.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -9,6 +9,7 @@ resume point comes from the proxy's one resume rule (rundir/resume.py). Exit
 1 when any checkpoint is corrupt. Only reads: safe on a live run (a file its
 retention deletes meanwhile is reported as gone, not as corrupt).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,23 +19,30 @@ from pathlib import Path
 
 from ..config.experiment import Experiment
 from ..errors import EXIT_FAILURE, EXIT_OK, ProxyError
-from ..formats.checkpoint import (CheckpointError, header_step, list_checkpoints, misnamed, read_checkpoint,
-                                  read_trailer, verify_checkpoint)
+from ..formats.checkpoint import (
+    CheckpointError,
+    header_step,
+    list_checkpoints,
+    misnamed,
+    read_checkpoint,
+    read_trailer,
+    verify_checkpoint,
+)
 from ..formats.loss_log import LossLogIndex
 from ..rundir.data import problems as data_problems
 from ..rundir.data import read_definition
+from ..rundir.foreign import experiment_shape, foreign_checkpoints, foreign_reason
 from ..rundir.frozen import load_frozen_experiment
 from ..rundir.layout import RunDir, RunDirError
 from ..rundir.phases import read_phases
 from ..rundir.resume import choose_resume
-from ..rundir.foreign import experiment_shape, foreign_checkpoints, foreign_reason
 from .which_run import resolve_run
 
 VALID, UNVERIFIED, CORRUPT, GONE = "valid", "unverified", "corrupt", "gone"
 
 
 @dataclass
-class Verdict:
+class CheckpointVerdict:
     name: str  # relative to the run directory
     verdict: str
     step: int | None
@@ -42,35 +50,37 @@ class Verdict:
     refused: bool = False  # the engine refuses to load it (another model shape): a launch falls back past it
 
 
-def check_file(path: Path, run: RunDir, experiment: Experiment) -> Verdict:
+def check_file(path: Path, run: RunDir, experiment: Experiment) -> CheckpointVerdict:
     """One checkpoint's verdict: does it read and verify, and is it the run's model."""
     name = _name(path)
     reason = verify_checkpoint(path)
     if reason is not None and not path.exists():
-        return Verdict(name, GONE, None, "deleted while verifying (the live run's retention)")
+        return CheckpointVerdict(name, GONE, None, "deleted while verifying (the live run's retention)")
     step = header_step(path)
     if reason is None:
         trailer = read_trailer(path)
         foreign = foreign_reason(run, experiment, trailer, trailer.shape.n_params)
         if foreign is not None:
-            return Verdict(name, CORRUPT, step, f"foreign: {foreign}", trailer.shape != experiment_shape(experiment))
+            return CheckpointVerdict(
+                name, CORRUPT, step, f"foreign: {foreign}", trailer.shape != experiment_shape(experiment)
+            )
         wrong_name = misnamed(path)
         if wrong_name is not None:
-            return Verdict(name, CORRUPT, step, wrong_name)
-        return Verdict(name, VALID, step)
+            return CheckpointVerdict(name, CORRUPT, step, wrong_name)
+        return CheckpointVerdict(name, VALID, step)
     try:
         ckpt = read_checkpoint(path)
     except CheckpointError as exc:
-        return Verdict(name, CORRUPT, step, str(exc).removeprefix(f"{path}: "))
+        return CheckpointVerdict(name, CORRUPT, step, str(exc).removeprefix(f"{path}: "))
     if ckpt.trailer is not None:  # it changed between the two reads
-        return Verdict(name, CORRUPT, step, reason.removeprefix(f"{path}: "))
+        return CheckpointVerdict(name, CORRUPT, step, reason.removeprefix(f"{path}: "))
     foreign = foreign_reason(run, experiment, None, ckpt.n_params)
     if foreign is not None:
-        return Verdict(name, CORRUPT, step, f"foreign: {foreign}", refused=True)
-    return Verdict(name, UNVERIFIED, step, "bare ANDREA file: no trailer, no checksum (a resume skips it)")
+        return CheckpointVerdict(name, CORRUPT, step, f"foreign: {foreign}", refused=True)
+    return CheckpointVerdict(name, UNVERIFIED, step, "bare ANDREA file: no trailer, no checksum (a resume skips it)")
 
 
-def resume_point(run: RunDir, experiment: Experiment, verdicts: list[Verdict]) -> dict:
+def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointVerdict]) -> dict:
     """Where the next `proxy run` would resume, by the one resume rule, and why newer files were passed over.
 
     The rule checks a file's checksum and the log's coverage, not its shape: a checkpoint of another shape
@@ -88,11 +98,16 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[Verdict]) -
     skipped, at_most = [], None
     while True:
         try:
-            point = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab),
-                                  at_most=at_most)
+            point = choose_resume(
+                run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab), at_most=at_most
+            )
         except ProxyError as exc:
-            return {"checkpoint": None, "step": None, "reason": f"the next launch would stop: {exc}",
-                    "skipped": skipped}
+            return {
+                "checkpoint": None,
+                "step": None,
+                "reason": f"the next launch would stop: {exc}",
+                "skipped": skipped,
+            }
         skipped += [why.removeprefix(f"{run.checkpoints}/") for why in point.skipped]
         name = _name(point.path) if point.path is not None else None
         if name not in refused:
@@ -100,10 +115,17 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[Verdict]) -
         skipped.append(f"{point.path.name}: the engine refuses it ({refused[name]})")
         at_most = point.step - 1
     if point.path is None:
-        return {"checkpoint": None, "step": 0, "reason": "no usable checkpoint: the next launch starts fresh",
-                "skipped": skipped}
-    warning = (f"it is corrupt ({corrupt[name]}), but the next launch would use it: move it aside first"
-               if name in corrupt else None)
+        return {
+            "checkpoint": None,
+            "step": 0,
+            "reason": "no usable checkpoint: the next launch starts fresh",
+            "skipped": skipped,
+        }
+    warning = (
+        f"it is corrupt ({corrupt[name]}), but the next launch would use it: move it aside first"
+        if name in corrupt
+        else None
+    )
     return {"checkpoint": name, "step": point.step, "reason": warning, "skipped": skipped}
 
 
@@ -120,10 +142,16 @@ def data_report(run: RunDir) -> dict | None:
         return {"tokenizer": None, "arms": {}, "changes": 0, "problems": [str(exc)]}
     if definition is None:
         return None
-    return {"tokenizer": {"file": definition.tokenizer.file, "sha256": definition.tokenizer.sha256,
-                          "given": definition.tokenizer.given},
-            "arms": {name: arm.val.tokens for name, arm in definition.arms.items()},
-            "changes": len(definition.changes), "problems": data_problems(run, definition)}
+    return {
+        "tokenizer": {
+            "file": definition.tokenizer.file,
+            "sha256": definition.tokenizer.sha256,
+            "given": definition.tokenizer.given,
+        },
+        "arms": {name: arm.val.tokens for name, arm in definition.arms.items()},
+        "changes": len(definition.changes),
+        "problems": data_problems(run, definition),
+    }
 
 
 def verify_run(run: RunDir) -> dict:
@@ -131,12 +159,19 @@ def verify_run(run: RunDir) -> dict:
     files = list_checkpoints(run.checkpoints) + ([run.best] if run.best.is_file() else [])
     verdicts = [check_file(p, run, experiment) for p in files]
     foreign = foreign_checkpoints(run, experiment)
-    resume = ({"checkpoint": None, "step": None, "reason": f"the next launch would stop: {foreign}", "skipped": []}
-              if foreign is not None else resume_point(run, experiment, verdicts))
+    resume = (
+        {"checkpoint": None, "step": None, "reason": f"the next launch would stop: {foreign}", "skipped": []}
+        if foreign is not None
+        else resume_point(run, experiment, verdicts)
+    )
     data = data_report(run)
-    return {"run_dir": str(run.root), "checkpoints": [asdict(v) for v in verdicts],
-            "corrupt": sum(v.verdict == CORRUPT for v in verdicts) + (len(data["problems"]) if data else 0),
-            "resume": resume, "data": data}
+    return {
+        "run_dir": str(run.root),
+        "checkpoints": [asdict(v) for v in verdicts],
+        "corrupt": sum(v.verdict == CORRUPT for v in verdicts) + (len(data["problems"]) if data else 0),
+        "resume": resume,
+        "data": data,
+    }
 
 
 def format_report(report: dict) -> str:
@@ -147,11 +182,15 @@ def format_report(report: dict) -> str:
     width = max((len(r["name"]) for r in rows), default=0)
     for r in rows:
         step = f"step {r['step']}" if r["step"] is not None else "-"
-        lines.append(f"  {r['verdict']:<10}  {r['name']:<{width}}  {step}" + (f"  {r['reason']}" if r["reason"] else ""))
+        lines.append(
+            f"  {r['verdict']:<10}  {r['name']:<{width}}  {step}" + (f"  {r['reason']}" if r["reason"] else "")
+        )
     resume = report["resume"]
     if resume["checkpoint"]:
-        lines.append(f"next launch resumes from {resume['checkpoint']} (step {resume['step']})"
-                     + (f": WARNING: {resume['reason']}" if resume["reason"] else ""))
+        lines.append(
+            f"next launch resumes from {resume['checkpoint']} (step {resume['step']})"
+            + (f": WARNING: {resume['reason']}" if resume["reason"] else "")
+        )
     else:
         lines.append(f"next launch: {resume['reason']}")
     lines += [f"  passed over: {why}" for why in resume["skipped"]]
@@ -162,8 +201,11 @@ def format_report(report: dict) -> str:
         lines.append(f"data: CORRUPT: {'; '.join(data['problems'])}")
     else:
         changed = f"; {data['changes']} recorded data change(s)" if data["changes"] else ""
-        lines.append(f"data: {data['tokenizer']['file']} and {len(data['arms'])} validation shard(s) verified ("
-                     + ", ".join(f"{name} {tokens:,} tokens" for name, tokens in data["arms"].items()) + f"){changed}")
+        lines.append(
+            f"data: {data['tokenizer']['file']} and {len(data['arms'])} validation shard(s) verified ("
+            + ", ".join(f"{name} {tokens:,} tokens" for name, tokens in data["arms"].items())
+            + f"){changed}"
+        )
     return "\n".join(lines)
 
 

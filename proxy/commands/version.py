@@ -1,5 +1,6 @@
 """`proxy --version`: the package's version (its installed metadata) and each engine binary's own
 `--version` (its version, kind, the source it was built from and the compiler), or why there is none."""
+
 from __future__ import annotations
 
 import subprocess

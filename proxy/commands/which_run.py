@@ -1,5 +1,6 @@
 """Which run directory a command acts on (`--run-dir DIR`, or the most recently active run under runs/),
 and what a command on a started run reads first."""
+
 from __future__ import annotations
 
 from pathlib import Path

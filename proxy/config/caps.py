@@ -5,6 +5,7 @@ map partial: arms it does not name keep the values in force. A pivot's caps
 file may also name `"policy"`. The merged maps must pass the rules in
 config/bounds.py; every problem is reported on one line naming the file.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,14 +41,18 @@ def phase_bounds(experiment, phase) -> tuple[dict[str, float], dict[str, float]]
     return caps, floors
 
 
-def apply_caps(caps_file: CapsFile, experiment: Experiment, path: Path | str = "<caps>",
-               base: tuple[dict, dict] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+def apply_caps(
+    caps_file: CapsFile, experiment: Experiment, path: Path | str = "<caps>", base: tuple[dict, dict] | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
     """Merge a caps file over `base` (default: the experiment's caps and floors) and check the result."""
     names = experiment.arm_names
     caps, floors = (dict(base[0]), dict(base[1])) if base else (experiment.caps, experiment.floors)
-    problems = [f"{kind}: unknown arm {quoted(arm)} (arms: {', '.join(names)})"
-                for kind, m in (("caps", caps_file.caps), ("floors", caps_file.floors))
-                for arm in m if arm not in names]
+    problems = [
+        f"{kind}: unknown arm {quoted(arm)} (arms: {', '.join(names)})"
+        for kind, m in (("caps", caps_file.caps), ("floors", caps_file.floors))
+        for arm in m
+        if arm not in names
+    ]
     if problems:
         raise config_error(path, problems)
     caps.update(caps_file.caps)
@@ -72,8 +77,9 @@ def _validate(path: Path, data: dict) -> CapsFile:
         raise config_error(path, format_validation_error(e)) from None
 
 
-def load_caps(path: str | os.PathLike, experiment: Experiment,
-              base: tuple[dict, dict] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+def load_caps(
+    path: str | os.PathLike, experiment: Experiment, base: tuple[dict, dict] | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
     """Read a caps file; return the full (caps, floors) maps for every arm.
 
     Arms the file does not name keep the values in `base` (default: the
@@ -84,8 +90,9 @@ def load_caps(path: str | os.PathLike, experiment: Experiment,
     return apply_caps(_validate(path, _read_object(path)), experiment, path, base)
 
 
-def load_pivot_caps(path: str | os.PathLike, experiment: Experiment, phase
-                    ) -> tuple[dict[str, float], dict[str, float], str]:
+def load_pivot_caps(
+    path: str | os.PathLike, experiment: Experiment, phase
+) -> tuple[dict[str, float], dict[str, float], str]:
     """A pivot's caps file over the bounds in force in `phase`: (caps, floors, policy) for every arm.
 
     Besides `caps` and `floors` it may name `"policy"` (default: the phase's,
@@ -113,8 +120,9 @@ def check_request(request: dict, experiment: Experiment) -> tuple[dict, dict, st
     except (KeyError, TypeError, ValueError) as exc:
         raise ExperimentError(f"malformed pivot request ({exc})") from None
     if set(caps) != set(names) or set(floors) != set(names):
-        raise ExperimentError(f"pivot request names arms {short(sorted(set(caps) | set(floors)))}, the "
-                              f"experiment {sorted(names)}")
+        raise ExperimentError(
+            f"pivot request names arms {short(sorted(set(caps) | set(floors)))}, the experiment {sorted(names)}"
+        )
     problems = check_caps_floors(caps, floors)
     if policy not in POLICIES:
         problems.append(f"unknown policy {quoted(policy)}")

@@ -1,5 +1,6 @@
 """Reading an experiment or caps file, and one line per bad one: `path: problem; problem` (pydantic's errors
 turned into phrases)."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats import bounded_json
@@ -23,10 +25,16 @@ class ExperimentError(ProxyError, ValueError):
 
 
 _TYPE_WORDS = {
-    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
-    "float_type": "a number", "float_parsing": "a number",
-    "string_type": "a string", "bool_type": "true or false",
-    "list_type": "a list", "dict_type": "an object", "model_type": "an object",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
     "model_attributes_type": "an object",
 }
 
@@ -56,7 +64,7 @@ def short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _phrase(err: dict) -> str:
+def _phrase(err: ErrorDetails) -> str:
     # a validator's name, or the kind of a source (its tag in the union), is no part of the field path
     loc = tuple(p for p in err.get("loc", ()) if not (isinstance(p, str) and p.startswith(("function-", TAG))))
     kind = err.get("type", "")
@@ -70,9 +78,9 @@ def _phrase(err: dict) -> str:
         return f"{where}: expected {_TYPE_WORDS[kind]}, got {short(err.get('input'))}"
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     elif msg.startswith("Assertion failed, "):
-        msg = msg[len("Assertion failed, "):]
+        msg = msg[len("Assertion failed, ") :]
     else:
         msg = msg[0].lower() + msg[1:] if msg else msg
         if "input" in err and kind not in ("literal_error",):

@@ -7,12 +7,13 @@ problem found is reported on one line that names the file, e.g.
 
     experiments/x.json: train.lr: expected a number, got "fast"; arms[1].sources: at least one source is required
 """
+
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
@@ -20,10 +21,11 @@ from ..formats.engine_cli import MAX_STEP, setting_flags
 from ..formats.frames import SAMPLE_MAX_COMPLETIONS
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
-from .config_file import ExperimentError, config_error, format_validation_error, read_json
+from .config_file import config_error, format_validation_error, read_json
 from .policies import BanditConfig, TargetConfig
 from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_problem
 from .strict import MAX_ARMS, MAX_NAME, MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
+from .tracking import LogConfig
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
@@ -43,21 +45,26 @@ assert MAX_PROMPTS * MAX_SAMPLE_COUNT <= SAMPLE_MAX_COMPLETIONS
 
 def _name_check(what: str, why: str) -> AfterValidator:
     """Arm and experiment names: letters, digits, '_', '.', '-', not starting with '.' or '-'."""
+
     def check(value: str) -> str:
         if not ARM_NAME.match(value):
             raise ValueError(f"{what} {value!r} must be letters, digits, '_', '.', '-' ({why})")
         return value
+
     return AfterValidator(check)
 
 
-ArmName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
-                    _name_check("arm name", "not starting with '.' or '-'")]
-RunName = Annotated[str, Field(min_length=1, max_length=MAX_NAME),
-                    _name_check("name", "it names the run directory")]  # the run directory's default name
+ArmName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME), _name_check("arm name", "not starting with '.' or '-'")
+]
+RunName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME), _name_check("name", "it names the run directory")
+]  # the run directory's default name
 
 
 class ModelConfig(StrictModel):
     """The network's shape: GPT-2 style, weights tied (docs/ARCHITECTURE.md, "The model and its parameters")."""
+
     vocab: int = Field(ge=258, le=MAX_TOKEN_ID)
     ctx: int = Field(ge=1)
     dim: int = Field(ge=1)
@@ -77,6 +84,7 @@ class ModelConfig(StrictModel):
 
 class TrainConfig(StrictModel):
     """Optimizer, schedule and the proxy's cadence (checkpoints, evals, samples)."""
+
     batch: int = Field(ge=1)
     grad_accum: int = Field(default=1, ge=1)
     max_steps: int = Field(ge=1, le=MAX_STEP)  # the engine's steps are int32
@@ -98,7 +106,7 @@ class TrainConfig(StrictModel):
     lag: int = Field(default=2, ge=1)
     keep_last: int = Field(default=3, ge=0)
     milestone_every: int = Field(default=1000, ge=0)
-    threads: Optional[int] = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _lr_order(self):
@@ -114,6 +122,7 @@ class TrainConfig(StrictModel):
 
 class ArmConfig(StrictModel):
     """A bandit arm: a named data source (one or more sources, concatenated)."""
+
     name: ArmName
     sources: list[SourceConfig]
     cap: float = Field(default=1.0, ge=0, le=1)
@@ -128,8 +137,9 @@ class ArmConfig(StrictModel):
             raise ValueError("at least one source is required")
         if len(v) > 1 and any(is_token_source(src) for src in v):
             token = next(src for src in v if is_token_source(src))
-            raise ValueError(f"a {token.kind} {token.target} source must be its arm's only source "
-                             "(its documents are token ids)")
+            raise ValueError(
+                f"a {token.kind} {token.target} source must be its arm's only source (its documents are token ids)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -142,8 +152,10 @@ class ArmConfig(StrictModel):
 
 class SampleConfig(StrictModel):
     """What the periodic sample audits generate (every train.sample_every steps)."""
+
     prompts: list[Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]] = Field(
-        default_factory=lambda: ["def ", "import ", "The "], max_length=MAX_PROMPTS)
+        default_factory=lambda: ["def ", "import ", "The "], max_length=MAX_PROMPTS
+    )
     max_new: int = Field(default=64, ge=1, le=MAX_SAMPLE_TOKENS)
     temperature: float = Field(default=0.8, ge=0)
     top_k: int = Field(default=40, ge=0)
@@ -165,9 +177,10 @@ class Experiment(StrictModel):
     train: TrainConfig
     bandit: BanditConfig = Field(default_factory=TargetConfig)  # policies.py: one model per policy
     # a Hugging Face tokenizer.json to use instead of training a byte-level BPE on the arms' text
-    tokenizer: Optional[PathText] = None
+    tokenizer: PathText | None = None
     arms: list[ArmConfig] = Field(max_length=MAX_ARMS)
     samples: SampleConfig = Field(default_factory=SampleConfig)
+    log: LogConfig = Field(default_factory=LogConfig)  # TensorBoard and W&B (config/tracking.py)
 
     @field_validator("arms")
     @classmethod
@@ -191,8 +204,10 @@ class Experiment(StrictModel):
             raise ValueError("tokenizer must not be empty")
         token_arms = [a.name for a in self.arms if any(isinstance(s, TokensSource) for s in a.sources)]
         if token_arms and self.tokenizer is None:
-            raise ValueError(f"arm {token_arms[0]!r} reads token files: the experiment must name their tokenizer "
-                             '("tokenizer": "path/to/tokenizer.json"), so that samples and exports decode')
+            raise ValueError(
+                f"arm {token_arms[0]!r} reads token files: the experiment must name their tokenizer "
+                '("tokenizer": "path/to/tokenizer.json"), so that samples and exports decode'
+            )
         return self
 
     @property
@@ -214,10 +229,26 @@ class Experiment(StrictModel):
     def engine_flags(self) -> list[str]:
         """The engine's command-line flags for this experiment's model and optimizer (docs/ENGINE.md)."""
         m, t = self.model, self.train
-        return setting_flags(vocab=m.vocab, ctx=m.ctx, dim=m.dim, layers=m.layers, heads=m.heads, batch=t.batch,
-                             grad_accum=t.grad_accum, steps=t.max_steps, lr=t.lr, min_lr=t.min_lr, warmup=t.warmup,
-                             beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
-                             grad_clip=t.grad_clip, seed=t.seed, threads=t.threads)
+        return setting_flags(
+            vocab=m.vocab,
+            ctx=m.ctx,
+            dim=m.dim,
+            layers=m.layers,
+            heads=m.heads,
+            batch=t.batch,
+            grad_accum=t.grad_accum,
+            steps=t.max_steps,
+            lr=t.lr,
+            min_lr=t.min_lr,
+            warmup=t.warmup,
+            beta1=t.beta1,
+            beta2=t.beta2,
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+            grad_clip=t.grad_clip,
+            seed=t.seed,
+            threads=t.threads,
+        )
 
 
 def source_problems(experiment: Experiment, experiment_dir: Path | str) -> list[str]:

@@ -9,9 +9,10 @@ experiment written before each policy had its own model holds every
 policy's parameters at their defaults, and must load. docs/EXPERIMENTS.md,
 "Bandit policies", describes each.
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter
 
@@ -21,6 +22,7 @@ from .strict import TAG, StrictModel
 class PolicyConfig(StrictModel):
     """What every policy has: its name, and the EMA of each arm's loss that `.state.json` shows (ucb1's
     reward baseline)."""
+
     policy: str
     ema_alpha: float = Field(default=0.1, gt=0, le=1)
 
@@ -48,6 +50,7 @@ class UniformConfig(PolicyConfig):
 class ProgressConfig(PolicyConfig):
     """The EMA whose record lows it follows, the pulls its speed is fitted over, the spare mass spread
     evenly, the smoothing of its rewards."""
+
     policy: Literal["progress"] = "progress"
     window: int = Field(default=100, ge=3)
     explore: float = Field(default=0.05, ge=0, le=1)
@@ -58,6 +61,7 @@ class ProgressConfig(PolicyConfig):
 class TargetConfig(PolicyConfig):
     """The evaluations its speeds are fitted over, the share of the objective's speed below which a target
     arm counts as stalled, the spare mass spread evenly, the most any arm's weight moves in one step."""
+
     policy: Literal["target"] = "target"
     eval_window: int = Field(default=10, ge=3)
     stall: float = Field(default=0.25, gt=0, le=1)
@@ -66,8 +70,10 @@ class TargetConfig(PolicyConfig):
     opening: float = Field(default=0.1, ge=0, le=0.5)  # the run's share that is the opening (0: none)
 
 
-POLICY_MODELS: dict[str, type[PolicyConfig]] = {cls.model_fields["policy"].default: cls for cls in (
-    UCB1Config, EXP3Config, UniformConfig, ProgressConfig, TargetConfig)}
+POLICY_MODELS: dict[str, type[PolicyConfig]] = {
+    cls.model_fields["policy"].default: cls
+    for cls in (UCB1Config, EXP3Config, UniformConfig, ProgressConfig, TargetConfig)
+}
 POLICIES = tuple(POLICY_MODELS)
 DEFAULT_POLICY = "target"  # docs/DATA-MIXING.md: the one the suite shows best
 POLICY_LIST = ", ".join(map(repr, POLICIES))
@@ -108,12 +114,16 @@ def _own_params(value: Any) -> Any:
     return out
 
 
-BanditConfig = Annotated[
-    Union[tuple(Annotated[cls, Tag(TAG + name)] for name, cls in POLICY_MODELS.items())],
-    Discriminator(_policy_of, custom_error_type="policy", custom_error_message=f"the policies: {POLICY_LIST}"),
-    BeforeValidator(_own_params),
-]
-_ADAPTER = TypeAdapter(BanditConfig)
+if TYPE_CHECKING:  # the type checker cannot read a Union built at run time: the same policies, spelled out
+    BanditConfig = UCB1Config | EXP3Config | UniformConfig | ProgressConfig | TargetConfig
+else:
+    BanditConfig = Annotated[
+        # A Union built from a tuple at run time: there is no `|` spelling of it.
+        Union[tuple(Annotated[cls, Tag(TAG + name)] for name, cls in POLICY_MODELS.items())],  # noqa: UP007
+        Discriminator(_policy_of, custom_error_type="policy", custom_error_message=f"the policies: {POLICY_LIST}"),
+        BeforeValidator(_own_params),
+    ]
+_ADAPTER: TypeAdapter[BanditConfig] = TypeAdapter(BanditConfig)
 
 
 def bandit_config(policy: str = DEFAULT_POLICY, **params: Any) -> PolicyConfig:

@@ -4,18 +4,19 @@ A source is a JSON object with exactly one kind key (`{"file": "a.txt"}`,
 `{"tokens": "train.bin", "val": "val.bin"}`), plus that kind's options. Each
 kind is one model below; `SOURCE_KINDS` maps the kind key to it, and
 `SourceConfig` is their tagged union, which pydantic picks from by that key.
-The data side (proxy/data/source_readers.py) dispatches on `kind` through its own
-table of readers, one per entry here.
+The data side (proxy/data/source_files.py and source_readers.py) dispatches on `kind` through
+its own tables of files and readers, one entry per kind here.
 
 What each kind's documents are: text (read, split, encoded with the
 tokenizer) or token ids (`tokens`, `builtin: random_tokens`: never encoded,
 and no part of a trained tokenizer). A token source is its arm's only source.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, model_validator
 
@@ -27,8 +28,17 @@ FILE, DIRECTORY, PATTERN = "file", "directory", "pattern"  # what a path field n
 # Built-in sources. random_tokens is the one whose documents are token ids, not text: it is made after the
 # tokenizer and trains no part of it.
 # The last four are realistic low-quality text for curation tests (proxy/data/lowquality.py).
-BUILTIN_SOURCES = ("stdlib_code", "stdlib_docstrings", "pydoc_topics", "random_tokens", "repeated_names",
-                   "shuffled_words", "boilerplate", "near_duplicates", "man_pages_de")
+BUILTIN_SOURCES = (
+    "stdlib_code",
+    "stdlib_docstrings",
+    "pydoc_topics",
+    "random_tokens",
+    "repeated_names",
+    "shuffled_words",
+    "boilerplate",
+    "near_duplicates",
+    "man_pages_de",
+)
 TOKEN_BUILTINS = ("random_tokens",)
 STDLIB_BUILTINS = ("stdlib_code", "stdlib_docstrings")
 MAX_MODULES = 1000
@@ -37,6 +47,7 @@ TOKEN_FORMATS = ("uint16", "llmc", "npy")  # formats/token_files.py
 
 class Source(StrictModel):
     """What every kind has: its kind key (the class's `kind`), and what its documents are."""
+
     kind: ClassVar[str]
     holds: ClassVar[str] = TEXT
 
@@ -54,11 +65,12 @@ class Source(StrictModel):
         against the experiment file's directory."""
         return []
 
-    def resolved(self, base_dir: str | os.PathLike) -> "Source":
+    def resolved(self, base_dir: str | os.PathLike) -> Source:
         """A copy whose path fields are absolute (relative ones joined to `base_dir`)."""
-        update = {name: os.path.normpath(value if os.path.isabs(value) else os.path.join(os.path.abspath(base_dir),
-                                                                                          value))
-                  for name, value, _what in self.path_fields()}
+        update = {
+            name: os.path.normpath(value if os.path.isabs(value) else os.path.join(os.path.abspath(base_dir), value))
+            for name, value, _what in self.path_fields()
+        }
         return self.model_copy(update=update)
 
     def options(self) -> dict[str, Any]:
@@ -81,11 +93,13 @@ class Source(StrictModel):
 
 class TextSource(Source):
     """A source of text documents: `max_chars` keeps documents in order until that many characters."""
-    max_chars: Optional[int] = Field(default=None, ge=1)
+
+    max_chars: int | None = Field(default=None, ge=1)
 
 
 class FileSource(TextSource):
     """The whole file is one document (UTF-8 text; binary data is refused)."""
+
     kind: ClassVar[str] = "file"
     file: PathText
 
@@ -95,6 +109,7 @@ class FileSource(TextSource):
 
 class GlobSource(TextSource):
     """Every matching file (recursive `**`), sorted by path, one document each; files that are not text skipped."""
+
     kind: ClassVar[str] = "glob"
     glob: PathText
 
@@ -105,9 +120,10 @@ class GlobSource(TextSource):
 class DirSource(TextSource):
     """Every file under the directory whose name ends with `suffix` (default: any), hidden ones skipped,
     sorted by relative path, one document each; files that are not text skipped."""
+
     kind: ClassVar[str] = "dir"
     dir: PathText
-    suffix: Optional[Word] = None
+    suffix: Word | None = None
 
     def path_fields(self):
         return [("dir", self.dir, DIRECTORY)]
@@ -115,9 +131,10 @@ class DirSource(TextSource):
 
 class JsonlSource(TextSource):
     """One document per non-blank line: the string in `field` (default "text")."""
+
     kind: ClassVar[str] = "jsonl"
     jsonl: PathText
-    field: Optional[Word] = None
+    field: Word | None = None
 
     def path_fields(self):
         return [("jsonl", self.jsonl, FILE)]
@@ -125,6 +142,7 @@ class JsonlSource(TextSource):
 
 class ParquetSource(TextSource):
     """One document per row of a string column of Parquet files (a path or a pattern, sorted); needs pyarrow."""
+
     kind: ClassVar[str] = "parquet"
     parquet: PathText
     column: Word = "text"
@@ -136,9 +154,10 @@ class ParquetSource(TextSource):
 class HFDatasetSource(TextSource):
     """A Hugging Face `save_to_disk` directory (Arrow files and their JSON): one document per row of a string
     column; a DatasetDict's `split` (default "train"). Read with pyarrow, not the `datasets` package."""
+
     kind: ClassVar[str] = "hf_dataset"
     hf_dataset: PathText
-    split: Optional[Word] = None
+    split: Word | None = None
     column: Word = "text"
 
     def path_fields(self):
@@ -150,11 +169,12 @@ class TokensSource(Source):
     or a pattern, in sorted order), memory-mapped. `val`: the validation tokens (else split off the end);
     `format`: one of TOKEN_FORMATS (default: told by the file's first bytes). Needs the experiment's
     tokenizer, so that samples and exports decode."""
+
     kind: ClassVar[str] = "tokens"
     holds: ClassVar[str] = TOKENS
     tokens: PathText
-    val: Optional[PathText] = None
-    format: Optional[Literal[TOKEN_FORMATS]] = None
+    val: PathText | None = None
+    format: Literal[TOKEN_FORMATS] | None = None
 
     def path_fields(self):
         return [("tokens", self.tokens, PATTERN)] + ([("val", self.val, PATTERN)] if self.val is not None else [])
@@ -162,9 +182,10 @@ class TokensSource(Source):
 
 class BuiltinSource(TextSource):
     """Real text present on any machine with Python, or the curation tests' sources (docs/EXPERIMENTS.md)."""
+
     kind: ClassVar[str] = "builtin"
     builtin: Literal[BUILTIN_SOURCES]
-    modules: Optional[list[Word]] = Field(default=None, max_length=MAX_MODULES)  # stdlib_*: only these
+    modules: list[Word] | None = Field(default=None, max_length=MAX_MODULES)  # stdlib_*: only these
 
     @property
     def is_text(self) -> bool:
@@ -181,8 +202,19 @@ class BuiltinSource(TextSource):
         return self
 
 
-SOURCE_KINDS: dict[str, type[Source]] = {cls.kind: cls for cls in (
-    FileSource, GlobSource, DirSource, JsonlSource, ParquetSource, HFDatasetSource, TokensSource, BuiltinSource)}
+SOURCE_KINDS: dict[str, type[Source]] = {
+    cls.kind: cls
+    for cls in (
+        FileSource,
+        GlobSource,
+        DirSource,
+        JsonlSource,
+        ParquetSource,
+        HFDatasetSource,
+        TokensSource,
+        BuiltinSource,
+    )
+}
 KIND_LIST = ", ".join(SOURCE_KINDS)
 
 
@@ -215,13 +247,27 @@ def _one_kind(value: Any) -> Any:
     return value
 
 
-SourceConfig = Annotated[
-    Union[tuple(Annotated[cls, Tag(TAG + kind)] for kind, cls in SOURCE_KINDS.items())],
-    Discriminator(_kind_of, custom_error_type="source_kind",
-                  custom_error_message=f"a source needs exactly one of {KIND_LIST}"),
-    BeforeValidator(_one_kind),
-]
-_ADAPTER = TypeAdapter(SourceConfig)
+if TYPE_CHECKING:  # the type checker cannot read a Union built at run time: the same kinds, spelled out
+    SourceConfig = (
+        FileSource
+        | GlobSource
+        | DirSource
+        | JsonlSource
+        | ParquetSource
+        | HFDatasetSource
+        | TokensSource
+        | BuiltinSource
+    )
+else:
+    SourceConfig = Annotated[
+        # A Union built from a tuple at run time: there is no `|` spelling of it.
+        Union[tuple(Annotated[cls, Tag(TAG + kind)] for kind, cls in SOURCE_KINDS.items())],  # noqa: UP007
+        Discriminator(
+            _kind_of, custom_error_type="source_kind", custom_error_message=f"a source needs exactly one of {KIND_LIST}"
+        ),
+        BeforeValidator(_one_kind),
+    ]
+_ADAPTER: TypeAdapter[SourceConfig] = TypeAdapter(SourceConfig)
 
 
 def parse_source(obj: dict) -> Source:

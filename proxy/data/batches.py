@@ -17,9 +17,10 @@ place, formats/token_files.py), each memory-mapped; a row never spans two
 of them, and a row's start is uniform over all the rows the arm's runs
 hold. An arm of one run (any text arm) draws exactly as a single shard.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -106,8 +107,14 @@ def segment_arrays(segments: Sequence[TokenSegment]) -> list[np.ndarray]:
 class BatchSampler:
     """`train`: each arm's training runs of ids (arrays, memory-mapped); `val`: each arm's validation ids."""
 
-    def __init__(self, train: Mapping[str, Sequence[np.ndarray]], val: Mapping[str, np.ndarray],
-                 arm_names: Sequence[str], seed: int, row_len: int):
+    def __init__(
+        self,
+        train: Mapping[str, Sequence[np.ndarray]],
+        val: Mapping[str, np.ndarray],
+        arm_names: Sequence[str],
+        seed: int,
+        row_len: int,
+    ):
         self.arm_names = list(arm_names)
         self.seed = int(seed)
         self.row_len = int(row_len)
@@ -119,10 +126,12 @@ class BatchSampler:
         # each arm's runs long enough for a row, and the rows they hold
         self.train = [[t for t in train[n] if t.size >= self.row_len] for n in self.arm_names]
         self.val = [val[n] for n in self.arm_names]
-        for name, runs, va in zip(self.arm_names, self.train, self.val):
+        for name, runs, va in zip(self.arm_names, self.train, self.val, strict=False):
             if not runs or va.size < self.row_len:
-                raise BatchError(f"arm {name!r}: {sum(t.size for t in train[name])} train / {va.size} val tokens, "
-                                 f"fewer than one row of {self.row_len}")
+                raise BatchError(
+                    f"arm {name!r}: {sum(t.size for t in train[name])} train / {va.size} val tokens, "
+                    f"fewer than one row of {self.row_len}"
+                )
         # Windows over each run (views, no copies): row i of arm k is windows[k][run][offset].
         self._windows = [[sliding_window_view(t, self.row_len) for t in runs] for runs in self.train]
         counts = [np.array([t.size - self.row_len + 1 for t in runs], dtype=np.int64) for runs in self.train]
@@ -137,7 +146,9 @@ class BatchSampler:
 
     def generator(self, step: int) -> np.random.Generator:
         """The counter-based generator of one step: Philox keyed by (seed, step)."""
-        return np.random.Generator(np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, int(step) & 0xFFFFFFFFFFFFFFFF]))
+        return np.random.Generator(
+            np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, int(step) & 0xFFFFFFFFFFFFFFFF])
+        )
 
     def assign_arms(self, weights, rows: int, gen: np.random.Generator) -> np.ndarray:
         """Systematic sampling of `rows` arm indices from `weights` (row_counts), shuffled."""
@@ -207,4 +218,4 @@ class BatchSampler:
         return self._eval_all_cache[rows]
 
     def tokens_per_arm(self) -> dict[str, int]:
-        return {n: int(sum(t.size for t in runs)) for n, runs in zip(self.arm_names, self.train)}
+        return {n: int(sum(t.size for t in runs)) for n, runs in zip(self.arm_names, self.train, strict=False)}

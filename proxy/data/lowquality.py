@@ -20,26 +20,27 @@ Every order and every edit comes from SHA-256 of fixed strings, never from a
 random generator, so the documents are the same on every machine that has the
 same input files.
 """
+
 from __future__ import annotations
 
 import gzip
 import hashlib
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 LICENSES_DIR = Path("/usr/share/common-licenses")
 MAN_DE_DIR = Path("/usr/share/man/de")
 
-BOILERPLATE_POOL = 48          # paragraphs of license text in the pool
-BOILERPLATE_MAX_CHARS = 400    # ... each at most this long (notices, not whole licenses)
-BOILERPLATE_DOCS = 3000        # documents, each ...
-BOILERPLATE_PARTS = 3          # ... this many pool paragraphs
+BOILERPLATE_POOL = 48  # paragraphs of license text in the pool
+BOILERPLATE_MAX_CHARS = 400  # ... each at most this long (notices, not whole licenses)
+BOILERPLATE_DOCS = 3000  # documents, each ...
+BOILERPLATE_PARTS = 3  # ... this many pool paragraphs
 
-NEAR_DUP_SOURCES = 64          # docstring paragraphs copied ...
-NEAR_DUP_COPIES = 48           # ... this many times each, every copy with ...
-NEAR_DUP_EDIT_RATE = 0.08      # ... about this share of its words edited
+NEAR_DUP_SOURCES = 64  # docstring paragraphs copied ...
+NEAR_DUP_COPIES = 48  # ... this many times each, every copy with ...
+NEAR_DUP_EDIT_RATE = 0.08  # ... about this share of its words edited
 NEAR_DUP_MIN_CHARS, NEAR_DUP_MAX_CHARS = 200, 600
 
 
@@ -49,7 +50,7 @@ def _digest(*parts) -> bytes:
 
 def _unit(*parts) -> float:
     """A number in [0, 1) that is a pure function of `parts`."""
-    return int.from_bytes(_digest(*parts)[:8], "little") / 2.0 ** 64
+    return int.from_bytes(_digest(*parts)[:8], "little") / 2.0**64
 
 
 def _hash_order(items: list, *salt) -> list:
@@ -63,6 +64,7 @@ def _paragraphs(text: str) -> list[str]:
 
 # ---------------------------------------------------------------- which files
 
+
 def license_files() -> list[Path]:
     """The license texts (regular files, not the links between them), sorted by name."""
     if not LICENSES_DIR.is_dir():
@@ -74,11 +76,14 @@ def man_de_files() -> list[Path]:
     """The German manual pages (gzip-compressed roff), sorted by their path under MAN_DE_DIR."""
     if not MAN_DE_DIR.is_dir():
         return []
-    return sorted((p for p in MAN_DE_DIR.rglob("*.gz") if p.is_file() and not p.is_symlink()),
-                  key=lambda p: p.relative_to(MAN_DE_DIR).as_posix())
+    return sorted(
+        (p for p in MAN_DE_DIR.rglob("*.gz") if p.is_file() and not p.is_symlink()),
+        key=lambda p: p.relative_to(MAN_DE_DIR).as_posix(),
+    )
 
 
 # ---------------------------------------------------------------- documents
+
 
 def shuffled_words(docstrings: list[str]) -> list[str]:
     """Each document's words (split on white space) in a fixed order of their own."""
@@ -102,8 +107,10 @@ def boilerplate(files: list[Path], read: Callable[[Path], str]) -> list[str]:
     pool = _hash_order(short, "boilerplate-pool")[:BOILERPLATE_POOL]
     if not pool:
         return []
-    return ["\n\n".join(pool[int(_unit("boilerplate", d, j) * len(pool))] for j in range(BOILERPLATE_PARTS))
-            for d in range(BOILERPLATE_DOCS)]
+    return [
+        "\n\n".join(pool[int(_unit("boilerplate", d, j) * len(pool))] for j in range(BOILERPLATE_PARTS))
+        for d in range(BOILERPLATE_DOCS)
+    ]
 
 
 def _edit(words: list[str], *salt) -> list[str]:
@@ -132,11 +139,13 @@ def _edit(words: list[str], *salt) -> list[str]:
 def near_duplicates(docstrings: list[str]) -> list[str]:
     """NEAR_DUP_SOURCES docstring paragraphs of moderate length (a fixed choice), each copied
     NEAR_DUP_COPIES times with small edits; the copies in a fixed shuffled order."""
-    paragraphs = [p for doc in docstrings for p in _paragraphs(doc)
-                  if NEAR_DUP_MIN_CHARS <= len(p) <= NEAR_DUP_MAX_CHARS]
+    paragraphs = [
+        p for doc in docstrings for p in _paragraphs(doc) if NEAR_DUP_MIN_CHARS <= len(p) <= NEAR_DUP_MAX_CHARS
+    ]
     chosen = _hash_order(sorted(set(paragraphs)), "near-dup-choice")[:NEAR_DUP_SOURCES]
-    copies = [" ".join(_edit(p.split(), "near-dup", n, c))
-              for n, p in enumerate(chosen) for c in range(NEAR_DUP_COPIES)]
+    copies = [
+        " ".join(_edit(p.split(), "near-dup", n, c)) for n, p in enumerate(chosen) for c in range(NEAR_DUP_COPIES)
+    ]
     return _hash_order(copies, "near-dup-order")
 
 

@@ -25,6 +25,7 @@ a time, the shards are written as the units come, and the tokenizer sample
 is bounded. The same inputs give the same bytes whatever the number of
 workers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,60 +34,60 @@ import os
 import shutil
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 
 from ..atomic import fsync_dir, make_dirs, storage_guard, write_synced
-from ..config.experiment import ArmConfig, Experiment
-from ..config.sources import BuiltinSource, TokensSource
-from ..errors import EXIT_USAGE, ProxyError
+from ..config.experiment import Experiment
 from ..formats import bounded_json
 from ..formats.shard import ShardWriter, shard_segment
-from ..formats.token_files import (TokenFileError, TokenSegment, copy_ids, first_out_of_range, open_token_file)
+from ..formats.token_files import TokenSegment, open_token_file
 from ..safe_fs import UnsafeFileError, read_regular
-from . import source_readers
-from .progress_bars import Progress
-from .source_readers import (SourceError, _matches, hash_file, limited_units, random_token_documents,
-                             repeated_names, source_bytes, source_fingerprint)
-from .split import SAMPLE_CAP, SPLIT_SETTINGS, by_hash, sample_rate, tail_tokens, val_doc_max
-from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError, train_tokenizer
-from .workers import Task, Workers, default_workers
+from .builtin_sources import random_token_documents
+from .data_error import DataError, unreadable
+from .progress_bars import ProgressBars
+from .source_files import SourceError, source_fingerprint
+from .split import SPLIT_SETTINGS
+from .text_arms import ArmWriter, Hashes, TextArms, skipped_note, train_arms_tokenizer
+from .token_arms import build_token_arm, is_random_arm, is_token_file_arm, token_layout
+from .tokenizer import GIVEN_LIMIT, TOKENIZER_SETTINGS, Tokenizer, TokenizerError
+from .workers import Workers, default_workers
 
 FORMAT_VERSION = 4  # 4: runs longer than text.WORD_CHARS are cut; 3: before a \r\n (text.safe_cut)
 FORMATS_READ = (1, 2, 3, FORMAT_VERSION)  # 2 and 3 differ from 4 only in those cuts: they hold a run's tokens
 # The cache entries of format 1 (before preparation streamed), read for runs trained on one: their key's
 # parts, as that version wrote them (it trained the tokenizer on every training document, split by whole
 # documents in the order of their hash).
-V1 = {"format": 1,
-      "tokenizer": {"kind": "byte_level_bpe", "special_tokens": ["<|endoftext|>"], "add_prefix_space": False,
-                    "use_regex": True, "min_frequency": 2, "version": 1},
-      "split": {"fraction": 0.01, "min_chars": 64 * 1024, "max_fraction": 0.1, "method": "sha256-docs-v1"}}
+V1 = {
+    "format": 1,
+    "tokenizer": {
+        "kind": "byte_level_bpe",
+        "special_tokens": ["<|endoftext|>"],
+        "add_prefix_space": False,
+        "use_regex": True,
+        "min_frequency": 2,
+        "version": 1,
+    },
+    "split": {"fraction": 0.01, "min_chars": 64 * 1024, "max_fraction": 0.1, "method": "sha256-docs-v1"},
+}
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 TEMP_PREFIX = ".tmp-"  # cache_dir/.tmp-<key>-<pid>-<ns>: a preparation under way (renamed into place when whole)
 MANIFEST_LIMIT = 16 << 20
 
 
-class DataError(ProxyError, ValueError):
-    """Data preparation failed; the message is one line saying which arm/source and why."""
-
-    code = EXIT_USAGE
-
-
 @dataclass
 class PreparedData:
-    key: str                       # the content hash naming the cache entry
-    path: Path                     # cache_dir/data-<key>
+    key: str  # the content hash naming the cache entry
+    path: Path  # cache_dir/data-<key>
     tokenizer: Tokenizer
-    tokenizer_json: bytes          # the tokenizer file's bytes: what a run freezes and an export writes
+    tokenizer_json: bytes  # the tokenizer file's bytes: what a run freezes and an export writes
     train: dict[str, list[TokenSegment]]  # arm name -> its training tokens (our shard, or token files in place)
-    val_shards: dict[str, Path]    # arm name -> its validation shard
+    val_shards: dict[str, Path]  # arm name -> its validation shard
     stats: dict[str, dict] = field(default_factory=dict)  # arm -> docs, bytes, train_tokens, val_tokens
-    cached: bool = False           # True when nothing had to be built
+    cached: bool = False  # True when nothing had to be built
     fingerprints: dict[str, list[str]] = field(default_factory=dict)  # arm -> its sources' (when computed)
 
     @property
@@ -103,14 +104,7 @@ def default_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "microgpt"
 
 
-def unreadable(exc: OSError) -> str:
-    """A source read that failed (permission denied, a directory, a /proc file that refuses reads): the
-    file and the reason, for a one-line DataError."""
-    where = f" {exc.filename}" if exc.filename else ""
-    return f"cannot read{where}: {exc.strerror or exc}"
-
-
-def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> Optional[bytes]:
+def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> bytes | None:
     """The bytes of the tokenizer.json the experiment names (relative to its directory), or None."""
     if experiment.tokenizer is None:
         return None
@@ -125,22 +119,9 @@ def read_given_tokenizer(experiment: Experiment, experiment_dir: Path | str) -> 
         raise DataError(f"tokenizer: cannot read {path}: {exc.strerror}") from None
 
 
-class Hashes(dict):
-    """path -> hex SHA-256 of its bytes. Kept only for the files larger than a work unit (their train/val
-    decision is made from it, after the key, in the main process), so that it stays small however many
-    files a corpus has."""
-
-    def __call__(self, p: Path) -> str:
-        if p in self:
-            return self[p]
-        digest = hash_file(p)
-        if p.stat().st_size > source_readers.UNIT_BYTES:
-            self[p] = digest
-        return digest
-
-
-def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Optional[Hashes] = None
-                 ) -> dict[str, list[str]]:
+def fingerprints(
+    experiment: Experiment, experiment_dir: Path | str, hashes: Hashes | None = None
+) -> dict[str, list[str]]:
     """Each arm's sources' fingerprints (source_readers.source_fingerprint), in order; DataError naming the arm."""
     hashes = hashes if hashes is not None else Hashes()
     out = {}
@@ -154,8 +135,13 @@ def fingerprints(experiment: Experiment, experiment_dir: Path | str, hashes: Opt
     return out
 
 
-def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json: Optional[bytes] = None,
-             hashes: Optional[Hashes] = None, fps: Optional[dict[str, list[str]]] = None) -> str:
+def data_key(
+    experiment: Experiment,
+    experiment_dir: Path | str,
+    tokenizer_json: bytes | None = None,
+    hashes: Hashes | None = None,
+    fps: dict[str, list[str]] | None = None,
+) -> str:
     """The cache key: a hash of everything the prepared data depend on. `tokenizer_json`: a given
     tokenizer's bytes (default: the one the experiment names, if any); `fps`: the fingerprints, when
     computed already."""
@@ -163,205 +149,40 @@ def data_key(experiment: Experiment, experiment_dir: Path | str, tokenizer_json:
     fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
     arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
     tokenizer = {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
-    obj = {"format": FORMAT_VERSION, "vocab": experiment.model.vocab, "tokenizer": tokenizer,
-           "split": SPLIT_SETTINGS, "arms": arms}
+    obj = {
+        "format": FORMAT_VERSION,
+        "vocab": experiment.model.vocab,
+        "tokenizer": tokenizer,
+        "split": SPLIT_SETTINGS,
+        "arms": arms,
+    }
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: Optional[dict[str, list[str]]] = None) -> str:
+def v1_key(experiment: Experiment, experiment_dir: Path | str, fps: dict[str, list[str]] | None = None) -> str:
     """The key format 1 gave the same experiment and sources (its trained tokenizer, its split)."""
     fps = fps if fps is not None else fingerprints(experiment, experiment_dir)
     arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
-    obj = {"format": V1["format"], "vocab": experiment.model.vocab, "tokenizer": V1["tokenizer"],
-           "split": V1["split"], "arms": arms}
+    obj = {
+        "format": V1["format"],
+        "vocab": experiment.model.vocab,
+        "tokenizer": V1["tokenizer"],
+        "split": V1["split"],
+        "arms": arms,
+    }
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------
-# Token-file arms: read in place.
-
-def _token_layout(arm: ArmConfig, base: Path) -> tuple[list[Path], list[Path]]:
-    """(the training files, the validation files) of a token-file arm, absolute, in order."""
-    src = arm.sources[0]
-    try:
-        train = [p.resolve() for p in _matches("tokens", src.tokens, base)]
-        val = [p.resolve() for p in _matches("tokens val", src.val, base)] if src.val else []
-    except SourceError as exc:
-        raise DataError(f"arm {arm.name!r}: {exc}") from None
-    return train, val
-
-
-def _is_token_file_arm(arm: ArmConfig) -> bool:
-    return isinstance(arm.sources[0], TokensSource)
-
-
-def _is_random_arm(arm: ArmConfig) -> bool:
-    return isinstance(arm.sources[0], BuiltinSource) and not arm.sources[0].is_text
-
-
-def _build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress: Progress) -> tuple[list, dict]:
-    """Check a token-file arm's files (headers, sizes, every id < vocab); its validation tokens (the val
-    files, or the training stream's tail by split.py's rule) copied into `<arm>.val.tok`."""
-    src: TokensSource = arm.sources[0]
-    train_files, val_files = _token_layout(arm, base)
-    try:
-        train = [open_token_file(p, src.format) for p in train_files]
-        val = [open_token_file(p, src.format) for p in val_files]
-    except TokenFileError as exc:
-        raise DataError(f"arm {arm.name!r}: {exc}") from None
-    total = sum(p.stat().st_size for p in train_files + val_files)
-    with progress.task(f"checking {arm.name} (token ids < {vocab})", total=total, unit="B") as t:
-        for tf in train + val:
-            bad = first_out_of_range(tf.segment(), vocab, t.advance)
-            if bad is not None:
-                raise DataError(f"arm {arm.name!r}: {tf.path}: token id {bad[1]} at position {bad[0]} is at or "
-                                f"above model.vocab {vocab} (the file was made with another tokenizer, or is not "
-                                f"{tf.format} token ids)")
-    segments = [tf.segment() for tf in train if tf.count]
-    if val:
-        val_segments = [tf.segment() for tf in val if tf.count]
-    else:
-        need = tail_tokens(sum(s.tokens for s in segments), 0)
-        val_segments = []
-        while need > 0 and segments:  # the tail of the stream, across files if one is short
-            last = segments.pop()
-            take = min(need, last.tokens)
-            val_segments.insert(0, TokenSegment(last.path, last.dtype, last.offset, last.stop - take, last.stop))
-            if take < last.tokens:
-                segments.append(TokenSegment(last.path, last.dtype, last.offset, last.start, last.stop - take))
-            need -= take
-    writer = ShardWriter(tmp / f"{arm.name}.val.tok", vocab)
-    try:
-        copy_ids(val_segments, writer.append)
-        n_val = writer.finish()
-    finally:
-        writer.close()
-    stats = {"kind": "tokens", "files": len(train) + len(val), "format": sorted({tf.format for tf in train + val}),
-             "train_tokens": sum(s.tokens for s in segments), "val_tokens": n_val, "val_split": not val}
-    return segments, stats
-
-
-# ---------------------------------------------------------------------------
-# Text arms: the workers.
-
-class ArmWriter:
-    """One text arm's two shards, written as the units' results come in order."""
-
-    def __init__(self, name: str, tmp: Path, vocab: int):
-        self.name = name
-        self.train = ShardWriter(tmp / f"{name}.train.tok", vocab)
-        self.val = ShardWriter(tmp / f"{name}.val.tok", vocab)
-        self.stats = {"kind": "text", "docs": 0, "val_docs": 0, "chars": 0}
-
-    def add(self, result) -> None:
-        self.train.append(result.train)
-        self.val.append(result.val)
-        self.stats["docs"] += result.docs
-        self.stats["val_docs"] += result.val_docs
-        self.stats["chars"] += result.chars
-
-    def finish(self) -> dict:
-        """The validation split's tail (split.py rule 2) moved over; both shards closed; the arm's stats."""
-        tail = tail_tokens(self.train.count, self.val.count)
-        if tail:
-            self.val.append(self.train.take_tail(tail))
-        self.stats.update(train_tokens=self.train.finish(), val_tokens=self.val.finish(), val_tail_tokens=tail)
-        return self.stats
-
-    def close(self) -> None:
-        self.train.close()
-        self.val.close()
-
-
-def source_size(src, base: Path) -> int:
-    """A text source's bytes, for the validation split's bound and the progress bar."""
-    if isinstance(src, BuiltinSource) and src.builtin == "repeated_names":
-        return sum(len(d) for d in repeated_names())
-    return source_bytes(src, base)
-
-
-class TextArms:
-    """The text arms' work: their units in order, the bound on a validation document per arm."""
-
-    def __init__(self, experiment: Experiment, base: Path, hashes: Hashes):
-        self.arms = [a for a in experiment.arms if a.sources[0].is_text]
-        self.base = base
-        self.hashes = hashes
-        try:
-            self.bytes = {a.name: sum(source_size(s, base) for s in a.sources) for a in self.arms}
-        except SourceError as exc:
-            raise DataError(str(exc)) from None
-        self.docs: dict[tuple[str, int], int] = {}
-
-    @property
-    def total(self) -> int:
-        return sum(self.bytes.values())
-
-    def tasks(self, rate: float = 0.0) -> Iterator[tuple[str, int, Task]]:
-        """(arm, source index, task) of every unit, in order."""
-        for arm in self.arms:
-            largest = val_doc_max(self.bytes[arm.name])
-
-            def decide(path: Path, size: int, largest=largest) -> str:
-                return by_hash(size, bytes.fromhex(self.hashes(path)), largest)
-            for i, src in enumerate(arm.sources):
-                self.docs.setdefault((arm.name, i), 0)
-                try:
-                    for unit in limited_units(src, self.base, decide):
-                        yield arm.name, i, Task(unit, largest, rate)
-                except SourceError as exc:
-                    raise DataError(f"arm {arm.name!r}: {exc}") from None
-
-    def run(self, workers: Workers, rate: float = 0.0, stop=lambda: False) -> Iterator[tuple[str, Task, object]]:
-        """(arm, task, result) of every unit, in order; a source's error is one line naming its arm."""
-        order: deque[tuple[str, int, Task]] = deque()  # handed out, no result yet (bounded by the workers' window)
-
-        def tasks():
-            for arm, i, task in self.tasks(rate):
-                order.append((arm, i, task))
-                yield task
-        try:
-            for result in workers.map(tasks(), stop):
-                arm, i, task = order.popleft()
-                self.docs[(arm, i)] += result.docs
-                yield arm, task, result
-        except (SourceError, OSError) as exc:  # the unit at the head of the order failed
-            why = str(exc) if isinstance(exc, SourceError) else unreadable(exc)
-            raise DataError(f"arm {order[0][0] if order else '?'!r}: {why}") from None
-
-    def check_documents(self) -> None:
-        for arm in self.arms:
-            for i, src in enumerate(arm.sources):
-                if self.docs.get((arm.name, i), 0) == 0:
-                    raise DataError(f"arm {arm.name!r}: {src.describe()}: no text documents")
-
-
-def _skipped_note(progress: Progress, skipped: int, first: str | None) -> None:
-    if skipped:
-        progress.note(f"skipped {skipped} file(s) that are not text (first: {first})")
-
-
-def _train_tokenizer(arms: TextArms, vocab: int, n_workers: int, progress: Progress) -> Tokenizer:
-    rate = sample_rate(arms.total)
-    sample: list[str] = []
-    size = 0
-    with progress.task(f"sampling text for the tokenizer ({100 * rate:.3g}% of {arms.total / 1e6:.1f} MB)",
-                       total=arms.total, unit="B") as t, Workers(n_workers, None) as workers:
-        for _arm, task, result in arms.run(workers, rate, stop=lambda: size >= SAMPLE_CAP):
-            for piece in result.sample:
-                if size < SAMPLE_CAP:
-                    sample.append(piece)
-                    size += len(piece)
-            t.advance(task.unit.nbytes)
-        t.done(f"{size / 1e6:.1f}M characters")
-    with progress.task(f"training tokenizer (vocab {vocab})", total=None) as t:
-        tok = train_tokenizer(sample, vocab)
-        t.done(f"{tok.trained_size} tokens learned from {size / 1e6:.1f}M characters")
-    return tok
-
-
-def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Progress, given: Optional[bytes],
-           hashes: Hashes, n_workers: Optional[int]) -> None:
+def _build(
+    experiment: Experiment,
+    base: Path,
+    key: str,
+    tmp: Path,
+    progress: ProgressBars,
+    given: bytes | None,
+    hashes: Hashes,
+    n_workers: int | None,
+) -> None:
     vocab = experiment.model.vocab
     arms = TextArms(experiment, base, hashes)
     n = n_workers or default_workers(arms.total)
@@ -372,19 +193,23 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
             raise DataError(str(exc)) from None
         tokenizer_json = given
     elif arms.arms:
-        tok = _train_tokenizer(arms, vocab, n, progress)
+        tok = train_arms_tokenizer(arms, vocab, n, progress)
         arms.docs.clear()
         tokenizer_json = tok.to_str().encode("utf-8")
     else:
-        raise DataError("no arm holds text to train a tokenizer on: name one with \"tokenizer\"")
+        raise DataError('no arm holds text to train a tokenizer on: name one with "tokenizer"')
     write_synced(tmp / TOKENIZER_FILE, tokenizer_json)
 
     info: dict[str, dict] = {}
     if arms.arms:
         skipped, first_skipped = 0, None
         opened: list[ArmWriter] = []
-        with progress.task(f"encoding {len(arms.arms)} arm(s) ({n} worker{'s' if n > 1 else ''})",
-                           total=arms.total, unit="B") as t, Workers(n, tok) as workers:
+        with (
+            progress.task(
+                f"encoding {len(arms.arms)} arm(s) ({n} worker{'s' if n > 1 else ''})", total=arms.total, unit="B"
+            ) as t,
+            Workers(n, tok) as workers,
+        ):
             try:
                 for arm, task, result in arms.run(workers):
                     if not opened or opened[-1].name != arm:
@@ -400,17 +225,19 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
             finally:
                 for w in opened:
                     w.close()
-            t.done(", ".join(f"{name} {s['train_tokens']:,} + {s['val_tokens']:,}" for name, s in info.items())
-                   + " train + val tokens")
+            t.done(
+                ", ".join(f"{name} {s['train_tokens']:,} + {s['val_tokens']:,}" for name, s in info.items())
+                + " train + val tokens"
+            )
         arms.check_documents()
-        _skipped_note(progress, skipped, first_skipped)
+        skipped_note(progress, skipped, first_skipped)
 
     train_segments: dict[str, list[dict]] = {}
     for arm in experiment.arms:
-        if _is_token_file_arm(arm):
-            segments, info[arm.name] = _build_token_arm(arm, base, vocab, tmp, progress)
+        if is_token_file_arm(arm):
+            segments, info[arm.name] = build_token_arm(arm, base, vocab, tmp, progress)
             train_segments[arm.name] = [s.to_dict() for s in segments]
-        elif _is_random_arm(arm):
+        elif is_random_arm(arm):
             tr, va = (random_token_documents(split, tok.trained_size, tok.eot_id) for split in ("train", "val"))
             for split, docs in (("train", tr), ("val", va)):
                 writer = ShardWriter(tmp / f"{arm.name}.{split}.tok", vocab)
@@ -420,16 +247,28 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
                     count = writer.finish()
                 finally:
                     writer.close()
-                info.setdefault(arm.name, {"kind": "random_tokens", "docs": len(tr) + len(va)})[f"{split}_tokens"] = count
+                info.setdefault(arm.name, {"kind": "random_tokens", "docs": len(tr) + len(va)})[f"{split}_tokens"] = (
+                    count
+                )
             train_segments[arm.name] = [{"file": f"{arm.name}.train.tok"}]
         else:
             train_segments[arm.name] = [{"file": f"{arm.name}.train.tok"}]
-    arms_info = {arm.name: {"train": train_segments[arm.name], "val": f"{arm.name}.val.tok", **info[arm.name]}
-                 for arm in experiment.arms}
-    manifest = {"format": FORMAT_VERSION, "key": key, "vocab": vocab, "tokenizer": TOKENIZER_FILE,
-                "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(), "tokenizer_given": given is not None,
-                "tokenizer_trained": tok.trained_size, "python": sys.version.split()[0], "created": time.time(),
-                "arms": arms_info}
+    arms_info = {
+        arm.name: {"train": train_segments[arm.name], "val": f"{arm.name}.val.tok", **info[arm.name]}
+        for arm in experiment.arms
+    }
+    manifest = {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "vocab": vocab,
+        "tokenizer": TOKENIZER_FILE,
+        "tokenizer_sha256": hashlib.sha256(tokenizer_json).hexdigest(),
+        "tokenizer_given": given is not None,
+        "tokenizer_trained": tok.trained_size,
+        "python": sys.version.split()[0],
+        "created": time.time(),
+        "arms": arms_info,
+    }
     write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
     fsync_dir(tmp)
 
@@ -437,22 +276,23 @@ def _build(experiment: Experiment, base: Path, key: str, tmp: Path, progress: Pr
 # ---------------------------------------------------------------------------
 # The cache entry.
 
-def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> Optional[PreparedData]:
+
+def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> PreparedData | None:
     """The cache entry at `entry`, or None when absent, incomplete, or naming token files other than the
     experiment's (`external`: a token-file arm's files as they are now)."""
     try:
         manifest = bounded_json.loads(read_regular(entry / MANIFEST, MANIFEST_LIMIT))
     except (OSError, ValueError, UnsafeFileError, RecursionError):
         return None
-    if not isinstance(manifest, dict) or manifest.get("key") != key or \
-            manifest.get("format") not in FORMATS_READ:
+    if not isinstance(manifest, dict) or manifest.get("key") != key or manifest.get("format") not in FORMATS_READ:
         return None
     train, val = {}, {}
     try:
         tokenizer_json = read_regular(entry / TOKENIZER_FILE, GIVEN_LIMIT)
         if manifest["format"] == V1["format"]:  # its arms name one train shard each, and no checksum
-            manifest["arms"] = {name: {**info, "train": [{"file": info["train"]}]}
-                                for name, info in manifest["arms"].items()}
+            manifest["arms"] = {
+                name: {**info, "train": [{"file": info["train"]}]} for name, info in manifest["arms"].items()
+            }
         elif hashlib.sha256(tokenizer_json).hexdigest() != manifest["tokenizer_sha256"]:
             return None
         tok = Tokenizer.from_json(tokenizer_json, vocab, str(entry / TOKENIZER_FILE))
@@ -474,8 +314,9 @@ def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> 
             shard_segment(val[name])
     except Exception:  # noqa: BLE001 - a damaged entry of any kind is rebuilt
         return None
-    stats = {name: {k: v for k, v in info.items() if k not in ("train", "val")}
-             for name, info in manifest["arms"].items()}
+    stats = {
+        name: {k: v for k, v in info.items() if k not in ("train", "val")} for name, info in manifest["arms"].items()
+    }
     return PreparedData(key, entry, tok, tokenizer_json, train, val, stats, cached=True)
 
 
@@ -494,7 +335,7 @@ def remove_stale_temps(cache_dir: Path) -> list[Path]:
     in a version that did not clean up); a live one's (another proxy preparing now) is left alone."""
     removed = []
     for tmp in cache_dir.glob(TEMP_PREFIX + "*"):
-        parts = tmp.name[len(TEMP_PREFIX):].split("-")
+        parts = tmp.name[len(TEMP_PREFIX) :].split("-")
         pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
         if pid is None or pid == os.getpid() or _pid_alive(pid) or not tmp.is_dir() or tmp.is_symlink():
             continue
@@ -511,14 +352,17 @@ def check_lengths(data: PreparedData, experiment: Experiment) -> None:
         n_train = data.stats[name]["train_tokens"]
         n_val = data.stats[name]["val_tokens"]
         if n_train < row_len + 1 or n_val < row_len:
-            problems.append(f"arm {name!r} has {n_train} train and {n_val} val tokens; "
-                            f"ctx {experiment.model.ctx} needs at least {row_len + 1} and {row_len}")
+            problems.append(
+                f"arm {name!r} has {n_train} train and {n_val} val tokens; "
+                f"ctx {experiment.model.ctx} needs at least {row_len + 1} and {row_len}"
+            )
     if problems:
         raise DataError("; ".join(problems) + " (add data to the arm or lower model.ctx)")
 
 
-def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                key: str) -> Optional[PreparedData]:
+def load_cached(
+    experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike, key: str
+) -> PreparedData | None:
     """The cache entry of `key` if it is there whole (a run's recorded entry, or one of format 1), else
     None."""
     try:
@@ -535,13 +379,18 @@ def load_cached(experiment: Experiment, experiment_dir: str | os.PathLike, cache
 
 def _external(experiment: Experiment, base: Path) -> dict[str, list[str]]:
     """Each token-file arm's training files as they are now (a cache entry must name these)."""
-    return {arm.name: [str(p) for p in _token_layout(arm, base)[0]] for arm in experiment.arms
-            if _is_token_file_arm(arm)}
+    return {arm.name: [str(p) for p in token_layout(arm, base)[0]] for arm in experiment.arms if is_token_file_arm(arm)}
 
 
-def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cache_dir: str | os.PathLike,
-                 progress: bool | Progress = True, tokenizer_json: Optional[bytes] = None,
-                 workers: Optional[int] = None, fps: Optional[dict[str, list[str]]] = None) -> PreparedData:
+def prepare_data(
+    experiment: Experiment,
+    experiment_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike,
+    progress: bool | ProgressBars = True,
+    tokenizer_json: bytes | None = None,
+    workers: int | None = None,
+    fps: dict[str, list[str]] | None = None,
+) -> PreparedData:
     """Tokenizer and per-arm train/val tokens for `experiment`, built on first use and cached.
 
     `experiment_dir` is where relative source paths are resolved (the experiment file's directory).
@@ -549,9 +398,9 @@ def prepare_data(experiment: Experiment, experiment_dir: str | os.PathLike, cach
     `workers`: processes that encode (default: workers.default_workers); `fps`: the sources' fingerprints
     when computed already (a launch's comparison with its run's frozen sources: each file is read once).
     `progress`: True for a bar on
-    stderr, False for silence, or a Progress. Raises DataError (one line) on a bad source, a bad
+    stderr, False for silence, or a ProgressBars. Raises DataError (one line) on a bad source, a bad
     tokenizer, or an arm too small for the context length."""
-    prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    prog = progress if isinstance(progress, ProgressBars) else ProgressBars(enabled=bool(progress))
     experiment_dir = Path(experiment_dir)
     cache_dir = Path(cache_dir)
     given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)

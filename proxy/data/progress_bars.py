@@ -4,14 +4,16 @@ On a terminal each task is a tqdm bar. Anywhere else (a log file, a pipe) a
 task prints tqdm's line, in plain ASCII, every 2 seconds while it runs and
 once when it ends, so logs stay short and readable.
 """
+
 from __future__ import annotations
 
 import io
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional, TextIO
+from typing import TextIO
 
 from tqdm import tqdm
 
@@ -33,20 +35,30 @@ def _held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-class Task:
+class ProgressBar:
     """One step of the preparation: `advance(n)` as work is done, `done(note)` at the end."""
 
-    def __init__(self, progress: "Progress", label: str, total: Optional[float], unit: str):
+    def __init__(self, progress: ProgressBars, label: str, total: float | None, unit: str):
         self.p = progress
         self.live = progress.enabled and progress.tty
-        options = dict(total=total, desc=label, unit=unit or "it", unit_scale=bool(unit),
-                       unit_divisor=1024 if unit == "B" else 1000, leave=True)
+        options = dict(
+            total=total,
+            desc=label,
+            unit=unit or "it",
+            unit_scale=bool(unit),
+            unit_divisor=1024 if unit == "B" else 1000,
+            leave=True,
+        )
         if total is None:  # no amount to show: the label, the time taken and the note
             options["bar_format"] = "{desc}  {elapsed}{postfix}"
         # off a terminal tqdm draws into nothing; the lines are printed here
         with _held():
-            self.bar = tqdm(file=progress.stream if self.live else io.StringIO(), ascii=not self.live,
-                            disable=not progress.enabled, **options)
+            self.bar = tqdm(
+                file=progress.stream if self.live else io.StringIO(),
+                ascii=not self.live,
+                disable=not progress.enabled,
+                **options,
+            )
         self.last_line = time.monotonic()
         self.closed = False
 
@@ -76,7 +88,7 @@ class Task:
         with _held():
             self.bar.close()
 
-    def __enter__(self) -> "Task":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -90,10 +102,10 @@ class Task:
                 self.p.write(f"{self.bar.desc}: failed\n")
 
 
-class Progress:
-    """`Progress(enabled)`; `with progress.task("encoding x", total=n, unit="B") as t: t.advance(k)`."""
+class ProgressBars:
+    """`ProgressBars(enabled)`; `with progress.task("encoding x", total=n, unit="B") as t: t.advance(k)`."""
 
-    def __init__(self, enabled: bool = True, stream: Optional[TextIO] = None):
+    def __init__(self, enabled: bool = True, stream: TextIO | None = None):
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stderr
         try:
@@ -108,8 +120,8 @@ class Progress:
         except (OSError, ValueError):
             pass
 
-    def task(self, label: str, total: Optional[float] = None, unit: str = "") -> Task:
-        return Task(self, label, total, unit)
+    def task(self, label: str, total: float | None = None, unit: str = "") -> ProgressBar:
+        return ProgressBar(self, label, total, unit)
 
     def note(self, text: str) -> None:
         if self.enabled:

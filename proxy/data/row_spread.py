@@ -21,9 +21,10 @@ Per target arm k, over ROWS training rows evenly spaced over all the rows it hol
 A pure function of the prepared tokens: the same data gives the same spreads, bit for bit, on every
 launch, so the policy replayed from `.loss.json` is the policy that ran.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -60,8 +61,9 @@ def unigram_gap(sampler: BatchSampler, targets: Sequence[str], vocab: int, rows:
 
     Large for an arm of few distinct tokens (names repeated many times over), about 0 for text of the
     targets' kind, shuffled or not, negative for random tokens. A pure function of the prepared tokens."""
-    tokens = {name: sampler.spread_rows(k, rows).astype(np.int64).reshape(-1)
-              for k, name in enumerate(sampler.arm_names)}
+    tokens = {
+        name: sampler.spread_rows(k, rows).astype(np.int64).reshape(-1) for k, name in enumerate(sampler.arm_names)
+    }
     neg_log_p = _neg_log_p(tokens.values(), vocab)
     loss = {name: float(neg_log_p[arm_tokens].mean()) for name, arm_tokens in tokens.items()}
     target_loss = float(np.mean([loss[name] for name in targets]))

@@ -1,9 +1,9 @@
-"""Data sources: which files each kind reads, its fingerprint, and its documents (docs/EXPERIMENTS.md, "Sources").
+"""Data sources' documents: how each kind is cut into work units and read (docs/EXPERIMENTS.md, "Sources").
 
 The kinds are defined once, in proxy/config/sources.py; this module has one
-entry per kind in each of its dispatch tables: `_FILES` (the files a source
-reads, in document order) and `_PLANS` (how its documents are cut into work
-units). Relative paths are resolved against the experiment file's directory.
+entry per kind in its dispatch table `_PLANS` (how its documents are cut into
+work units); source_files.py has the files a source reads, in document order,
+and its fingerprint. Relative paths are resolved against the experiment file's directory.
 
 A **work unit** is a few MiB of a source's documents that a worker of the
 preparation reads by itself (`read_unit`): whole small files, a byte range
@@ -22,58 +22,49 @@ documents are the same however many workers read them.
 - {"tokens": pattern, "val": pattern}: token ids, not documents (prepare.py reads them in place).
 - {"builtin": ...}: the standard library's code, its docstrings, the language reference topics, and the
   curation tests' repeated_names and random_tokens, and their realistic low-quality text made from real
-  text on the machine (lowquality.py): shuffled_words, boilerplate, near_duplicates, man_pages_de.
+  text on the machine (lowquality.py): shuffled_words, boilerplate, near_duplicates, man_pages_de. Their
+  material and the documents made in memory: builtin_sources.py.
 
 Every text kind also takes `max_chars`: documents are kept in order until
 that many characters (the last one cut to fit). Empty documents are dropped.
 """
+
 from __future__ import annotations
 
-import ast
-import glob as _glob
 import hashlib
-import importlib
-import inspect
 import json
-import os
-import sys
-import sysconfig
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
-import numpy as np
-
-from ..config.sources import (BuiltinSource, DirSource, FileSource, GlobSource, HFDatasetSource, JsonlSource,
-                              ParquetSource, Source, TokensSource, is_token_source)
+from ..config.sources import (
+    BuiltinSource,
+    DirSource,
+    FileSource,
+    GlobSource,
+    HFDatasetSource,
+    JsonlSource,
+    ParquetSource,
+    Source,
+    TokensSource,
+    is_token_source,
+)
 from ..formats import bounded_json
-from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, file_sha256, open_regular, regular_file_problem
+from ..safe_fs import UnsafeFileError, open_regular
 from . import lowquality, tabular
+from .builtin_sources import (
+    FROM_DOCSTRINGS,
+    machine_text,
+    module_docstrings,
+    module_name,
+    pydoc_topics,
+    repeated_names,
+    stdlib_root,
+)
+from .source_files import source_files
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
+from .work_units import Doc, FilePart, SourceError, Unit, UnitNotes  # noqa: F401  (re-exported: data/__init__.py)
 
-# Bump when what a builtin source extracts changes (part of the cache key).
-EXTRACTOR_VERSION = 1
 UNIT_BYTES = 4 << 20  # about this much of a source per work unit
-
-# Low-quality sources made from the docstrings (all modules; `modules` does not apply to them).
-FROM_DOCSTRINGS = {"shuffled_words": lowquality.shuffled_words, "near_duplicates": lowquality.near_duplicates}
-
-_STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data"}
-
-# repeated_names: modules implemented in C in CPython (their members are defined in no .py file).
-REPEATED_MODULES = ("builtins", "sys", "math", "cmath", "itertools", "time", "gc")
-REPEATS = 40
-
-# Low-quality sources made from the docstrings of every module (`modules` does not apply to them).
-FROM_DOCSTRINGS = {"shuffled_words": lowquality.shuffled_words, "near_duplicates": lowquality.near_duplicates}
-
-# random_tokens: documents of DOC_TOKENS ids; the train and val splits are separate streams.
-RANDOM_DOC_TOKENS = 1024
-RANDOM_DOCS = {"train": 256, "val": 16}
-
-
-class SourceError(ValueError):
-    """A source that cannot be read; the message is one line saying which and why."""
 
 
 def describe(src: Source) -> str:
@@ -81,303 +72,20 @@ def describe(src: Source) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Which files a source reads, in document order.
-
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def _module_name(rel: str) -> str:
-    mod = rel[:-3].replace("/", ".")
-    return mod[: -len(".__init__")] if mod.endswith(".__init__") else mod
-
-
-def stdlib_files(modules: Optional[list[str]] = None) -> list[Path]:
-    """The standard library's .py files (no tests, no site-packages), sorted by relative path."""
-    root = stdlib_root()
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = [d for d in dirnames if d not in _STDLIB_SKIP_DIRS and not d.startswith((".", "config-"))]
-        for fn in filenames:
-            if not fn.endswith(".py"):
-                continue
-            rel = (rel_dir / fn).as_posix()
-            if modules is not None:
-                name = _module_name(rel)
-                if not any(name == m or name.startswith(m + ".") for m in modules):
-                    continue
-            out.append((rel, Path(dirpath) / fn))
-    out.sort()
-    return [p for _, p in out]
-
-
-def _pydoc_topics_file() -> Path:
-    import pydoc_data.topics as topics  # noqa: PLC0415 - stdlib, imported on demand
-    return Path(topics.__file__)
-
-
-def _matches(kind: str, pattern_text: str, base: Path) -> list[Path]:
-    pattern = pattern_text if os.path.isabs(pattern_text) else str(base / pattern_text)
-    matches = sorted({os.path.normpath(m) for m in _glob.glob(pattern, recursive=True)})
-    files = [Path(m) for m in matches if Path(m).is_file()]
-    if not files:
-        other = f": only {matches[0]}, {regular_file_problem(matches[0])}" if matches else ""
-        raise SourceError(f"{kind} source: pattern {pattern_text!r} matches no file (looked for {pattern}){other}")
-    return files
-
-
-def _one_file(kind: str, target: str, base: Path) -> list[Path]:
-    p = base / target
-    problem = regular_file_problem(p)
-    if problem == NO_SUCH_FILE:
-        raise SourceError(f"{kind} source: no such file {target!r} (looked at {p})")
-    if problem is not None:
-        raise SourceError(f"{kind} source {target!r}: {problem} (at {p}); not read")
-    return [p]
-
-
-def _dir_files(src: DirSource, base: Path) -> list[Path]:
-    root = base / src.dir
-    if not root.is_dir():
-        raise SourceError(f"dir source: no such directory {src.dir!r} (looked at {root})")
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for fn in filenames:
-            if fn.startswith(".") or (src.suffix is not None and not fn.endswith(src.suffix)):
-                continue
-            p = Path(dirpath) / fn
-            if p.is_file():  # a FIFO or a device would block or never end
-                found.append((p.relative_to(root).as_posix(), p))
-    found.sort()
-    if not found:
-        what = f"files ending with {src.suffix!r}" if src.suffix else "files"
-        raise SourceError(f"dir source: no {what} under {src.dir!r} (looked at {root})")
-    return [p for _, p in found]
-
-
-def _builtin_files(src: BuiltinSource, _base: Path) -> list[Path]:
-    if src.builtin in ("repeated_names", "random_tokens"):
-        return []  # made in memory: the Python version in the fingerprint fixes them
-    if src.builtin == "boilerplate":
-        files = lowquality.license_files()
-        if not files:
-            raise SourceError(f"builtin boilerplate: no license texts under {lowquality.LICENSES_DIR}")
-        return files
-    if src.builtin == "man_pages_de":
-        files = lowquality.man_de_files()
-        if not files:
-            raise SourceError(f"builtin man_pages_de: no manual pages under {lowquality.MAN_DE_DIR}")
-        return files
-    if src.builtin in ("stdlib_code", "stdlib_docstrings", *FROM_DOCSTRINGS):
-        files = stdlib_files(src.modules)
-        if not files:
-            which = f" matching modules {src.modules}" if src.modules else ""
-            raise SourceError(f"builtin {src.builtin}: no standard library source files{which} under {stdlib_root()}")
-        return files
-    try:
-        return [_pydoc_topics_file()]
-    except ImportError as e:
-        raise SourceError(f"builtin pydoc_topics: pydoc_data.topics is not available ({e})") from None
-
-
-def _token_files(src: TokensSource, base: Path) -> list[Path]:
-    return _matches("tokens", src.tokens, base) + (_matches("tokens val", src.val, base) if src.val else [])
-
-
-_FILES: dict[type[Source], Callable[[Source, Path], list[Path]]] = {
-    FileSource: lambda s, b: _one_file("file", s.file, b),
-    GlobSource: lambda s, b: _matches("glob", s.glob, b),
-    DirSource: _dir_files,
-    JsonlSource: lambda s, b: _one_file("jsonl", s.jsonl, b),
-    ParquetSource: lambda s, b: _matches("parquet", s.parquet, b),
-    HFDatasetSource: lambda s, b: tabular.dataset_files(s, b),
-    TokensSource: _token_files,
-    BuiltinSource: _builtin_files,
-}
-
-
-def source_files(src: Source, base_dir: Path | str) -> list[Path]:
-    """The files `src` reads, in document order; SourceError when there are none."""
-    try:
-        return _FILES[type(src)](src, Path(base_dir))
-    except tabular.TabularError as exc:
-        raise SourceError(str(exc)) from None
-
-
-def _fingerprint_root(src: Source, base: Path) -> Path | None:
-    """Where file names are part of the fingerprint (they give order, or module names), relative to this."""
-    if isinstance(src, DirSource):
-        return base / src.dir
-    if isinstance(src, HFDatasetSource):
-        return base / src.hf_dataset
-    if isinstance(src, BuiltinSource):
-        return stdlib_root()
-    return None
-
-
-def source_fingerprint(src: Source, base_dir: Path | str,
-                       file_hash: Optional[Callable[[Path], str]] = None) -> str:
-    """A content hash of everything that determines this source's documents:
-    its options and the bytes of each file it reads (not where they live)."""
-    file_hash = file_hash or hash_file
-    base = Path(base_dir)
-    h = hashlib.sha256()
-    options = src.options()
-    if isinstance(src, BuiltinSource):
-        options["python"] = list(sys.version_info[:3])
-        options["extractor"] = EXTRACTOR_VERSION
-    h.update(json.dumps(options, sort_keys=True).encode())
-    root = _fingerprint_root(src, base)
-    files = source_files(src, base)
-    val_files = set(_matches("tokens val", src.val, base)) if isinstance(src, TokensSource) and src.val else set()
-    for p in files:
-        if root is not None:  # names matter: order, and module names in docstrings
-            try:
-                name = p.relative_to(root).as_posix()
-            except ValueError:
-                name = p.name
-            h.update(b"\0name\0" + os.fsencode(name))
-        h.update((b"\0val\0" if p in val_files else b"\0file\0") + file_hash(p).encode())
-    return h.hexdigest()
-
-
-def hash_file(path: Path) -> str:
-    try:
-        return file_sha256(path)[1]
-    except UnsafeFileError as exc:
-        raise SourceError(str(exc)) from None
-    except OSError as exc:  # a read that fails (EIO, EINVAL on a /proc file) has no file name of its own
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-
-
-def source_bytes(src: Source, base_dir: Path | str) -> int:
-    """Total size of the files `src` reads (progress bars; the validation split's bound on a document)."""
-    return sum(p.stat().st_size for p in source_files(src, base_dir))
-
-
-# ---------------------------------------------------------------------------
 # Built-in documents made in memory.
-
-def _text_or_none(p: Path) -> Optional[str]:
-    """A file of the machine's own text (the low-quality built-ins' material) as text, or None when it is
-    binary (holds a NUL) or not UTF-8: such a file is skipped, as a glob skips it."""
-    with open_regular(p, None) as f:
-        data = f.read()
-    if b"\0" in data:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-def _docstrings(text: str, module: str) -> str:
-    """All docstrings of one module, in source order, each headed by its qualified name."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return ""
-    parts = []
-
-    def visit(node, qual: str) -> None:
-        doc = ast.get_docstring(node, clean=True)
-        if doc:
-            parts.append(f"{qual}\n{doc}")
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, f"{qual}.{child.name}")
-
-    visit(tree, module)
-    return "\n\n".join(parts)
-
-
-def repeated_names() -> list[str]:
-    """The qualified names of REPEATED_MODULES' documented public functions and classes
-    (`math.isclose`: a few hundred documents of a few tokens, like a site's menu entries),
-    repeated REPEATS times: every pass in its own fixed order (sorted by a hash of pass and
-    position, so the same on every machine)."""
-    unique = []
-    for module_name in REPEATED_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise SourceError(f"builtin repeated_names: module {module_name} is not available ({e})") from None
-        for name in sorted(vars(module)):
-            obj = getattr(module, name)
-            if name.startswith("_") or not (inspect.isroutine(obj) or inspect.isclass(obj)):
-                continue
-            doc = obj.__doc__
-            if isinstance(doc, str) and doc.strip():
-                unique.append(f"{module_name}.{name}")
-    docs = []
-    for rep in range(REPEATS):
-        order = sorted(range(len(unique)), key=lambda i: hashlib.sha256(f"{rep}:{i}".encode()).digest())
-        docs.extend(unique[i] for i in order)
-    return docs
-
-
-def _pydoc_topics() -> list[str]:
-    import pydoc_data.topics as topics  # noqa: PLC0415
-    return [topics.topics[k] for k in sorted(topics.topics)]
-
-
-def random_token_documents(split: str, vocab_size: int, eot_id: int) -> list[np.ndarray]:
-    """The random_tokens documents of one split: RANDOM_DOCS[split] arrays of RANDOM_DOC_TOKENS
-    ids, uniform over [0, vocab_size) without `eot_id`, from SHAKE-256 of the split's name (the
-    same bytes on every machine; the modulo bias of 32-bit draws is below 1e-6)."""
-    n = RANDOM_DOCS[split] * RANDOM_DOC_TOKENS
-    raw = hashlib.shake_256(f"microgpt-random-tokens:{split}".encode()).digest(4 * n)
-    ids = np.frombuffer(raw, dtype="<u4").astype(np.int64) % (vocab_size - 1)
-    ids += ids >= eot_id  # skip the separator
-    return list(ids.astype(np.uint16).reshape(RANDOM_DOCS[split], RANDOM_DOC_TOKENS))
 
 
 # ---------------------------------------------------------------------------
 # Work units: planned in document order in the main process, read anywhere.
 
-@dataclass(frozen=True)
-class FilePart:
-    """Bytes [start, stop) of a file, as nominal offsets: a part that does not start at 0 begins at the
-    first safe place at or after `start` (text.safe_cut), and ends at the first one at or after `stop`, so
-    consecutive parts tile the file. `split` is set for a document spread over several units (its
-    train/val decision is made once, in the main process)."""
-    path: str
-    start: int
-    stop: int
-    size: int
-    split: Optional[str] = None
-    module: Optional[str] = None  # stdlib_docstrings: the module whose docstrings the file's document is
 
-
-@dataclass(frozen=True)
-class Unit:
-    reader: str  # a key of READERS
-    items: tuple  # what that reader reads: FileParts, (path, start, stop), (path, group), texts...
-    nbytes: int  # how much of the source's bytes it stands for (progress)
-    where: str  # the source, for messages
-    strict: bool = False  # refuse (rather than skip) a file that is not text
-    column: str = ""  # jsonl field, Parquet or Arrow column
-
-
-@dataclass
-class Doc:
-    """A document, or a piece of one (`last`: the document ends here). `split` is decided already for a
-    document spread over several units; else None (decided by its hash, prepare.py)."""
-    text: str
-    last: bool = True
-    split: Optional[str] = None
-    raw: Optional[bytes] = None  # the document's UTF-8 bytes when read whole from a file (its hash)
-
-
-@dataclass
-class UnitNotes:
-    """What a unit's reading skipped, for the messages."""
-    skipped: list[str] = field(default_factory=list)
-
-
-def _file_units(files: list[Path], src: Source, strict: bool, decide: Callable[[Path, int], str],
-                modules: Optional[dict[Path, str]] = None) -> Iterator[Unit]:
+def _file_units(
+    files: list[Path],
+    src: Source,
+    strict: bool,
+    decide: Callable[[Path, int], str],
+    modules: dict[Path, str] | None = None,
+) -> Iterator[Unit]:
     """Small files grouped into units of about UNIT_BYTES; a large file in parts of UNIT_BYTES (its
     train/val decision made here, by `decide(path, size)`; a glob's or dir's large file is checked for
     text first, and skipped if it is not)."""
@@ -440,17 +148,21 @@ def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
         yield from _file_units(files, src, False, decide)
     elif src.builtin == "stdlib_docstrings":
         root = stdlib_root()
-        yield from _file_units(files, src, False, decide, {p: _module_name(p.relative_to(root).as_posix())
-                                                           for p in files})
+        yield from _file_units(
+            files, src, False, decide, {p: module_name(p.relative_to(root).as_posix()) for p in files}
+        )
     elif src.builtin == "pydoc_topics":
-        yield from _literal_units(_pydoc_topics(), src)
+        yield from _literal_units(pydoc_topics(), src)
     elif src.builtin in FROM_DOCSTRINGS:  # made from all docstrings at once: planned here, in memory
         root = stdlib_root()
-        docstrings = [_docstrings(text, _module_name(p.relative_to(root).as_posix()))
-                      for p in files if (text := _text_or_none(p)) is not None]
+        docstrings = [
+            module_docstrings(text, module_name(p.relative_to(root).as_posix()))
+            for p in files
+            if (text := machine_text(p)) is not None
+        ]
         yield from _literal_units(FROM_DOCSTRINGS[src.builtin]([d for d in docstrings if d]), src)
     elif src.builtin == "boilerplate":
-        yield from _literal_units(lowquality.boilerplate(files, lambda p: _text_or_none(p) or ""), src)
+        yield from _literal_units(lowquality.boilerplate(files, lambda p: machine_text(p) or ""), src)
     elif src.builtin == "man_pages_de":
         yield from _literal_units([t for p in files if (t := lowquality.man_page_text(p)) is not None], src)
     else:  # repeated_names (random_tokens is no text: plan_units)
@@ -484,6 +196,7 @@ def plan_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int], 
 # ---------------------------------------------------------------------------
 # Reading a unit (in a worker, or here).
 
+
 def _cut_in_file(f, nominal: int, size: int) -> int:
     """Where a part starting or ending at `nominal` really cuts its file (text.safe_cut on the bytes there)."""
     if nominal <= 0 or nominal >= size:
@@ -493,7 +206,7 @@ def _cut_in_file(f, nominal: int, size: int) -> int:
     return nominal - 1 + safe_cut(window, 1)
 
 
-def _read_part(part: FilePart, unit: Unit, notes: UnitNotes) -> Optional[tuple[bytes, int, int]]:
+def _read_part(part: FilePart, unit: Unit, notes: UnitNotes) -> tuple[bytes, int, int] | None:
     """A part's bytes and where they start and end in the file; None when a lenient unit skips the file."""
     try:
         with open_regular(part.path, None) as f:
@@ -531,7 +244,7 @@ def _read_files(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
             notes.skipped.append(f"{part.path}: not UTF-8")
             continue
         if part.module is not None:
-            text = _docstrings(text, part.module)
+            text = module_docstrings(text, part.module)
             yield Doc(text)
             continue
         whole = begin == 0 and end == part.size
@@ -554,7 +267,7 @@ def _line_number(path: str, offset: int) -> int:
 
 def _read_jsonl(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
     """The lines that start in [start, stop): a line belongs to the unit holding its first byte."""
-    (path, start, stop), = unit.items
+    ((path, start, stop),) = unit.items
     field_name = unit.column
     with open_regular(path, None) as f:
         if start > 0:
@@ -581,14 +294,16 @@ def _read_jsonl(unit: Unit, notes: UnitNotes) -> Iterator[Doc]:
             except json.JSONDecodeError as e:
                 raise SourceError(f"{path}:{_line_number(path, at)}: not JSON ({e.msg})") from None
             except RecursionError:
-                raise SourceError(f"{path}:{_line_number(path, at)}: not JSON this reader takes (nested too "
-                                  "deeply)") from None
+                raise SourceError(
+                    f"{path}:{_line_number(path, at)}: not JSON this reader takes (nested too deeply)"
+                ) from None
             if not isinstance(obj, dict) or field_name not in obj:
                 raise SourceError(f"{path}:{_line_number(path, at)}: no {field_name!r} field")
             value = obj[field_name]
             if not isinstance(value, str):
-                raise SourceError(f"{path}:{_line_number(path, at)}: field {field_name!r} is "
-                                  f"{type(value).__name__}, not a string")
+                raise SourceError(
+                    f"{path}:{_line_number(path, at)}: field {field_name!r} is {type(value).__name__}, not a string"
+                )
             yield Doc(value)
 
 
@@ -606,12 +321,16 @@ def _read_tabular(unit: Unit, _notes: UnitNotes) -> Iterator[Doc]:
 
 
 READERS: dict[str, Callable[[Unit, UnitNotes], Iterator[Doc]]] = {
-    "files": _read_files, "docstrings": _read_files, "jsonl": _read_jsonl, "literal": _read_literal,
-    "parquet": _read_tabular, "arrow": _read_tabular,
+    "files": _read_files,
+    "docstrings": _read_files,
+    "jsonl": _read_jsonl,
+    "literal": _read_literal,
+    "parquet": _read_tabular,
+    "arrow": _read_tabular,
 }
 
 
-def read_unit(unit: Unit, notes: Optional[UnitNotes] = None) -> Iterator[Doc]:
+def read_unit(unit: Unit, notes: UnitNotes | None = None) -> Iterator[Doc]:
     """The documents (and pieces of documents) of one unit, in order; empty documents included."""
     return READERS[unit.reader](unit, notes if notes is not None else UnitNotes())
 
@@ -619,8 +338,13 @@ def read_unit(unit: Unit, notes: Optional[UnitNotes] = None) -> Iterator[Doc]:
 # ---------------------------------------------------------------------------
 # Whole documents (here, in order): max_chars, and small uses.
 
-def whole_documents(src: Source, base_dir: Path | str, decide: Callable[[Path, int], str] | None = None,
-                    on_unit: Optional[Callable[[int], None]] = None) -> Iterator[str]:
+
+def whole_documents(
+    src: Source,
+    base_dir: Path | str,
+    decide: Callable[[Path, int], str] | None = None,
+    on_unit: Callable[[int], None] | None = None,
+) -> Iterator[str]:
     """The documents of one text source in order, pieces joined, empty ones dropped, max_chars applied."""
     decide = decide or (lambda _p, _n: "train")
     left = getattr(src, "max_chars", None)
@@ -652,7 +376,7 @@ def limited_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int
     yield from _literal_units(list(whole_documents(src, base_dir, decide)), src)
 
 
-def load_documents(src: Source, base_dir: Path | str, on_file: Optional[Callable[[int], None]] = None) -> list[str]:
+def load_documents(src: Source, base_dir: Path | str, on_file: Callable[[int], None] | None = None) -> list[str]:
     """The documents of one source, in deterministic order (empty ones dropped); SourceError when none."""
     if is_token_source(src):
         raise SourceError(f"{describe(src)}: its documents are token ids, not text")
@@ -669,4 +393,3 @@ def doc_hash64(raw: bytes) -> int:
 
 def doc_bytes(doc: Doc) -> bytes:
     return doc.raw if doc.raw is not None else doc.text.encode("utf-8", "surrogatepass")
-

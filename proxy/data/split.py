@@ -21,6 +21,7 @@ the rate being SAMPLE_BYTES over the text sources' bytes (1: everything,
 for corpora below SAMPLE_BYTES); pieces are taken in order until the sample
 holds 2 x SAMPLE_BYTES.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,11 +32,15 @@ from .tokenizer import SAMPLE_BYTES
 VAL_FRACTION = 0.01
 VAL_MIN_TOKENS = 16 * 1024  # ... but at least this many validation tokens where the arm has 10x that
 VAL_MAX_FRACTION = 0.1
-VAL_HASH_LIMIT = int(VAL_FRACTION * 2 ** 64)
+VAL_HASH_LIMIT = int(VAL_FRACTION * 2**64)
 SAMPLE_SALT = b"microgpt-tokenizer-sample\0"
 SAMPLE_CAP = 2 * SAMPLE_BYTES
-SPLIT_SETTINGS = {"fraction": VAL_FRACTION, "min_tokens": VAL_MIN_TOKENS, "max_fraction": VAL_MAX_FRACTION,
-                  "method": "sha256-doc-then-tail-v2"}
+SPLIT_SETTINGS = {
+    "fraction": VAL_FRACTION,
+    "min_tokens": VAL_MIN_TOKENS,
+    "max_fraction": VAL_MAX_FRACTION,
+    "method": "sha256-doc-then-tail-v2",
+}
 TRAIN, VAL = "train", "val"
 
 
@@ -72,4 +77,4 @@ def sample_rate(text_bytes: int) -> float:
 def in_sample(piece: str, rate: float) -> bool:
     if rate >= 1.0:
         return True
-    return hash64(SAMPLE_SALT + piece.encode("utf-8", "surrogatepass")) < int(rate * 2 ** 64)
+    return hash64(SAMPLE_SALT + piece.encode("utf-8", "surrogatepass")) < int(rate * 2**64)

@@ -11,11 +11,12 @@ a run of consecutive record batches of an Arrow file (memory-mapped, so
 planning reads only their headers). A row's document is the string in the
 source's column; a null or empty string is no document.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..formats import bounded_json
 from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, read_regular, regular_file_problem
@@ -125,6 +126,7 @@ def _open_arrow(pa, path: Path):
 
             def __iter__(self):
                 return (reader.get_batch(i) for i in range(reader.num_record_batches))
+
         return Batches()
 
 
@@ -168,7 +170,7 @@ def _shares(reader: str, items: list[tuple], sizes: list[int], file_size: int) -
     """Each item with its share of the file's size (the last takes the rounding)."""
     total = sum(sizes) or 1
     done = 0
-    for k, (item, s) in enumerate(zip(items, sizes)):
+    for k, (item, s) in enumerate(zip(items, sizes, strict=False)):
         share = file_size - done if k == len(items) - 1 else file_size * s // total
         done += share
         yield reader, (item,), share
@@ -177,9 +179,9 @@ def _shares(reader: str, items: list[tuple], sizes: list[int], file_size: int) -
 def _parquet_chunks(pa, path: str, first: int, stop: int, column: str) -> Iterator:
     """The column's values in the row groups [first, stop), BATCH_ROWS rows decoded at a time."""
     try:
-        for batch in pa.parquet.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS,
-                                                               row_groups=list(range(first, stop)),
-                                                               columns=[column], use_threads=False):
+        for batch in pa.parquet.ParquetFile(path).iter_batches(
+            batch_size=BATCH_ROWS, row_groups=list(range(first, stop)), columns=[column], use_threads=False
+        ):
             yield batch.column(0)
     except (pa.ArrowException, OSError) as exc:
         raise TabularError(f"{path}: row group {first}: {str(exc).splitlines()[0][:120]}") from None

@@ -32,26 +32,26 @@ such a text's tokens are those of its parts, not of the whole (text with
 no such run, which is all ordinary text, is not affected). With PIECE_CHARS,
 this bounds what one encode call is given, whatever a document holds.
 """
+
 from __future__ import annotations
 
 import codecs
 import re
-from typing import Optional, Union
 
 PIECE_CHARS = 1 << 20  # a long text is encoded in pieces of about this many characters (or bytes)
 SEARCH_CHARS = 1 << 16  # how far past the nominal cut a newline is looked for
 WORD_CHARS = 1 << 12  # a run of non-whitespace (or of whitespace) characters is cut every this many
 # A maximal run longer than WORD_CHARS: the lookbehind fails at once inside a run, so the scan is linear.
-_LONG_RUN = re.compile(r"(?<!\S)\S{%d,}|(?<!\s)\s{%d,}" % (WORD_CHARS + 1, WORD_CHARS + 1))
+_LONG_RUN = re.compile(rf"(?<!\S)\S{{{WORD_CHARS + 1},}}|(?<!\s)\s{{{WORD_CHARS + 1},}}")
 BINARY_HEAD = 64 * 1024  # bytes looked at for control characters
 MAX_CONTROL = 0.10  # ... more than this share of them, and it is not text
 _CONTROL = bytes(b for b in range(32) if b not in b"\t\n\v\f\r\x1b") + b"\x7f"
 TOKENS_HINT = 'for token ids use a {"tokens": ...} source (docs/EXPERIMENTS.md)'
 
-Text = Union[str, bytes]
+Text = str | bytes
 
 
-def binary_reason(data: bytes, head: bool = True) -> Optional[str]:
+def binary_reason(data: bytes, head: bool = True) -> str | None:
     """Why `data` is binary, not text, or None: a NUL byte anywhere, or (with `head`, the start of a file)
     mostly control bytes in its first BINARY_HEAD bytes."""
     if b"\0" in data:
@@ -68,7 +68,7 @@ def _printable(c: int) -> bool:
     return 0x21 <= c <= 0x7E
 
 
-def _code(c: Union[int, str]) -> int:
+def _code(c: int | str) -> int:
     return c if isinstance(c, int) else ord(c)
 
 
@@ -98,8 +98,7 @@ def safe_cut(text: Text, nominal: int) -> int:
 def word_cuts(text: str) -> list[int]:
     """The places inside runs longer than WORD_CHARS where they are cut: every WORD_CHARS characters from
     each such run's start."""
-    return [cut for run in _LONG_RUN.finditer(text)
-            for cut in range(run.start() + WORD_CHARS, run.end(), WORD_CHARS)]
+    return [cut for run in _LONG_RUN.finditer(text) for cut in range(run.start() + WORD_CHARS, run.end(), WORD_CHARS)]
 
 
 def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
@@ -111,7 +110,7 @@ def pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
         start = safe_cut(text, start + size)
         cuts.add(start)
     bounds = [0, *sorted(cuts), len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def decode_strict(data: bytes, where: str, offset: int = 0) -> str:
@@ -119,11 +118,10 @@ def decode_strict(data: bytes, where: str, offset: int = 0) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {offset + e.start}); {TOKENS_HINT}") \
-            from None
+        raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {offset + e.start}); {TOKENS_HINT}") from None
 
 
-def file_is_text(f, size: int, block: int = 1 << 22) -> Optional[str]:
+def file_is_text(f, size: int, block: int = 1 << 22) -> str | None:
     """Why the open binary file `f` (read from where it is) is not text, or None: binary_reason on its head,
     then NUL bytes and UTF-8 validity block by block (bounded memory, whatever its size)."""
     decoder = codecs.getincrementaldecoder("utf-8")()

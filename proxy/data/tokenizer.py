@@ -10,18 +10,18 @@ A given one (the experiment's `tokenizer`, e.g. GPT-2's `tokenizer.json`) is
 used as it is: it must hold `<|endoftext|>` (the document separator) and at
 most `model.vocab` tokens.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator, Optional, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-import numpy as np
-
 from ..atomic import atomic_write_text
-from ..rundir.layout import READ_LIMITS, TOKENIZER
+from ..run_names import READ_LIMITS, TOKENIZER
 from .text import PIECE_CHARS, pieces
 
 EOT = "<|endoftext|>"
@@ -49,7 +49,7 @@ class Tokenizer:
     experiment's), at least the number of trained tokens; ids at or above the
     trained count never come out of `encode` and decode to nothing."""
 
-    def __init__(self, hf: _HFTokenizer, vocab_size: Optional[int] = None):
+    def __init__(self, hf: _HFTokenizer, vocab_size: int | None = None):
         self.hf = hf
         self.trained_size = hf.get_vocab_size(with_added_tokens=True)
         self.vocab_size = vocab_size if vocab_size is not None else self.trained_size
@@ -100,11 +100,11 @@ class Tokenizer:
         atomic_write_text(path, self.to_str())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, vocab_size: Optional[int] = None) -> "Tokenizer":
+    def load(cls, path: str | os.PathLike, vocab_size: int | None = None) -> Tokenizer:
         return cls(_HFTokenizer.from_file(str(path)), vocab_size)
 
     @classmethod
-    def from_json(cls, raw: bytes, vocab_size: int, where: str) -> "Tokenizer":
+    def from_json(cls, raw: bytes, vocab_size: int, where: str) -> Tokenizer:
         """A tokenizer.json's bytes as the model's tokenizer; TokenizerError (one line naming `where`) when
         it does not parse, has no <|endoftext|>, or holds more tokens than the model's vocabulary."""
         try:
@@ -115,8 +115,9 @@ class Tokenizer:
             raise TokenizerError(f"{where}: not a tokenizer.json ({str(exc).splitlines()[0][:200]})") from None
         size = hf.get_vocab_size(with_added_tokens=True)
         if size > vocab_size:
-            raise TokenizerError(f"{where}: {size} tokens, more than model.vocab {vocab_size} (set model.vocab "
-                                 f"to at least {size})")
+            raise TokenizerError(
+                f"{where}: {size} tokens, more than model.vocab {vocab_size} (set model.vocab to at least {size})"
+            )
         if hf.token_to_id(EOT) is None:
             raise TokenizerError(f"{where}: has no {EOT} token (the separator written between documents)")
         return cls(hf, vocab_size)

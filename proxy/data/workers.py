@@ -13,6 +13,7 @@ Workers ignore SIGINT and SIGHUP (a Ctrl-C or a closed terminal reaches the
 whole process group; the main process decides) and die with the main
 process (PR_SET_PDEATHSIG on Linux).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -21,23 +22,24 @@ import multiprocessing
 import os
 import signal
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .source_readers import Doc, Unit, UnitNotes, read_unit
+from .source_readers import read_unit
 from .split import TRAIN, VAL, by_hash, in_sample
 from .text import pieces
 from .tokenizer import Tokenizer
+from .work_units import Doc, Unit, UnitNotes
 
 SMALL_BYTES = 8 << 20  # below this much text, one worker (the main process): a pool's start costs more
 WINDOW_PER_WORKER = 3
 ENV_WORKERS = "MICROGPT_DATA_WORKERS"  # overrides the number of workers (at least 1)
 
-_tokenizer: Optional[Tokenizer] = None  # a worker's own copy
+_tokenizer: Tokenizer | None = None  # a worker's own copy
 
 
 def cpu_count() -> int:
@@ -67,13 +69,13 @@ class UnitResult:
 
 
 @dataclass(frozen=True)
-class Task:
+class UnitTask:
     unit: Unit
     largest_val_doc: int  # split.val_doc_max of the unit's arm
     sample_rate: float = 0.0  # > 0: sample mode (no tokenizer yet): return the sample, not ids
 
 
-def _pieces(task: Task, notes: UnitNotes) -> Iterator[tuple[str, str, bool]]:
+def _pieces(task: UnitTask, notes: UnitNotes) -> Iterator[tuple[str, str, bool]]:
     """(split, piece, whether its document ends with it) for every non-empty document of the unit, in
     order."""
     for doc in read_unit(task.unit, notes):
@@ -90,7 +92,7 @@ def _decide(doc: Doc, largest: int) -> str:
     return by_hash(len(raw), hashlib.sha256(raw).digest(), largest)
 
 
-def run_task(task: Task) -> UnitResult:
+def run_task(task: UnitTask) -> UnitResult:
     """One unit read and encoded (or sampled) with this process's tokenizer."""
     notes = UnitNotes()
     if task.sample_rate > 0:
@@ -125,7 +127,7 @@ def run_task(task: Task) -> UnitResult:
     return UnitResult(arrays[TRAIN], arrays[VAL], docs, val_docs, chars, notes.skipped)
 
 
-def _init_worker(tokenizer_json: Optional[str], vocab: int) -> None:
+def _init_worker(tokenizer_json: str | None, vocab: int) -> None:
     global _tokenizer
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -145,24 +147,27 @@ class WorkerError(RuntimeError):
 class Workers:
     """`with Workers(n, tokenizer) as w: for result in w.map(tasks): ...`: results in task order."""
 
-    def __init__(self, n: int, tokenizer: Optional[Tokenizer]):
+    def __init__(self, n: int, tokenizer: Tokenizer | None):
         self.n = max(1, int(n))
         self.tokenizer = tokenizer
-        self.pool: Optional[ProcessPoolExecutor] = None
+        self.pool: ProcessPoolExecutor | None = None
 
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         global _tokenizer
         if self.n == 1:
             _tokenizer = self.tokenizer
             return self
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the parent's own encodes stay serial
         tok = self.tokenizer
-        self.pool = ProcessPoolExecutor(self.n, multiprocessing.get_context("spawn"), _init_worker,
-                                        (tok.to_str() if tok is not None else None,
-                                         tok.vocab_size if tok is not None else 0))
+        self.pool = ProcessPoolExecutor(
+            self.n,
+            multiprocessing.get_context("spawn"),
+            _init_worker,
+            (tok.to_str() if tok is not None else None, tok.vocab_size if tok is not None else 0),
+        )
         return self
 
-    def map(self, tasks: Iterable[Task], stop: Callable[[], bool] = lambda: False) -> Iterator[UnitResult]:
+    def map(self, tasks: Iterable[UnitTask], stop: Callable[[], bool] = lambda: False) -> Iterator[UnitResult]:
         """Each task's result in order; no new task is handed out once `stop()` is true."""
         if self.pool is None:
             for task in tasks:
@@ -186,8 +191,9 @@ class Workers:
             try:
                 result = pending.popleft().result()
             except BrokenProcessPool as exc:
-                raise WorkerError(f"a data preparation worker died ({exc}); run again with "
-                                  f"{ENV_WORKERS}=1 to prepare in this process") from None
+                raise WorkerError(
+                    f"a data preparation worker died ({exc}); run again with {ENV_WORKERS}=1 to prepare in this process"
+                ) from None
             yield result
 
     def __exit__(self, *exc) -> None:

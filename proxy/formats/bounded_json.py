@@ -11,6 +11,7 @@ treats it as it treats any malformed JSON: the loss log skips the line as
 damaged, a file reader refuses the file with its one line and exit code.
 tests/repository/test_json_reads.py keeps every other json.load(s) out.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,7 @@ def depth(text: str) -> int:
 
 def loads(data: str | bytes | bytearray, **kwargs) -> Any:
     """json.loads(data, **kwargs), or TooDeep when it nests deeper than MAX_DEPTH."""
-    text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, (bytes, bytearray)) \
-        else data
+    text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, (bytes, bytearray)) else data
     if text.count("[") + text.count("{") > MAX_DEPTH and depth(text) > MAX_DEPTH:  # the count: a cheap bound
         raise TooDeep(text)
     return json.loads(text, **kwargs)

@@ -7,6 +7,7 @@ engine's writer, byte for byte the same layout: the proxy writes one only to
 make step 0 of a run from pretrained weights (`proxy run --init-from`).
 Only numpy and zlib.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EXIT_USAGE, ProxyError
+from ..run_names import checkpoint_name
 from ..safe_fs import UnsafeFileError, open_regular
 from .engine_cli import MAX_STEP
 from .parameters import ModelShape
@@ -41,11 +43,6 @@ class CheckpointError(ProxyError, ValueError):
     for (a command's --step or --checkpoint), bad input: exit 2."""
 
     code = EXIT_USAGE
-
-
-def checkpoint_name(step: int) -> str:
-    """`step_NNNNNN.bin`: the step zero-padded to six digits (more past 999,999)."""
-    return f"step_{step:06d}.bin"
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
@@ -145,7 +142,7 @@ def _decode_trailer(buf: bytes | memoryview, trailer_bytes: int, path: Path) -> 
         raise CheckpointError(f"{path}: trailer sizes disagree")
     ints, floats = fields[3:12], fields[12:19]
     seed, tokens_seen = fields[19], fields[20]
-    meta = bytes(buf[TRAILER_FIXED_BYTES: TRAILER_FIXED_BYTES + meta_bytes]).decode("utf-8", errors="replace")
+    meta = bytes(buf[TRAILER_FIXED_BYTES : TRAILER_FIXED_BYTES + meta_bytes]).decode("utf-8", errors="replace")
     return Trailer(ModelShape(*ints[:5]), *ints[5:], *floats, seed, tokens_seen, meta)
 
 
@@ -172,8 +169,9 @@ def _parse(raw: bytes, path: Path, verify_crc: bool) -> tuple[int, int, Trailer 
         raise CheckpointError(f"{path}: checksum mismatch")
     trailer = _decode_trailer(memoryview(raw)[body:], trailer_bytes, path)
     if trailer.shape.n_params != n:
-        raise CheckpointError(f"{path}: n_params {n} does not match the shape in its trailer "
-                              f"({trailer.shape.n_params})")
+        raise CheckpointError(
+            f"{path}: n_params {n} does not match the shape in its trailer ({trailer.shape.n_params})"
+        )
     return step, n, trailer
 
 
@@ -187,7 +185,9 @@ def read_checkpoint(path: str | os.PathLike, verify_crc: bool = True) -> Checkpo
     step, n, trailer = _parse(raw, path, verify_crc)
     floats = np.frombuffer(raw, dtype="<f4", count=3 * n, offset=8)
     warnings = [] if trailer else [f"{path}: no trailer: checksum and shape not verified"]
-    return Checkpoint(path, step, n, floats[:n].copy(), floats[n : 2 * n].copy(), floats[2 * n :].copy(), trailer, warnings)
+    return Checkpoint(
+        path, step, n, floats[:n].copy(), floats[n : 2 * n].copy(), floats[2 * n :].copy(), trailer, warnings
+    )
 
 
 NON_FINITE_CHUNK = 1 << 22  # floats looked at at once: the check's memory stays small for any model
@@ -197,8 +197,10 @@ def count_non_finite(raw: bytes | memoryview, n_params: int) -> int:
     """How many of a checkpoint's weights and Adam moments (3 n_params floats after the 8-byte header) are
     an infinity or a NaN."""
     floats = np.frombuffer(raw, dtype="<f4", count=3 * n_params, offset=8)
-    return sum(int(np.count_nonzero(~np.isfinite(floats[i:i + NON_FINITE_CHUNK])))
-               for i in range(0, floats.size, NON_FINITE_CHUNK))
+    return sum(
+        int(np.count_nonzero(~np.isfinite(floats[i : i + NON_FINITE_CHUNK])))
+        for i in range(0, floats.size, NON_FINITE_CHUNK)
+    )
 
 
 def encode_checkpoint(step: int, weights: np.ndarray, m: np.ndarray, v: np.ndarray, trailer: Trailer) -> bytes:
@@ -211,12 +213,41 @@ def encode_checkpoint(step: int, weights: np.ndarray, m: np.ndarray, v: np.ndarr
     if len(meta) > MAX_META_BYTES:
         raise ValueError(f"checkpoint metadata of {len(meta)} bytes, more than {MAX_META_BYTES}")
     s, t = trailer.shape, trailer
-    fixed = _FIXED.pack(TRAILER_MAGIC, 1, len(meta), s.vocab, s.ctx, s.dim, s.layers, s.heads, t.batch, t.grad_accum,
-                        t.warmup, t.max_steps, t.lr, t.min_lr, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip,
-                        t.seed, t.tokens_seen, b"\0" * 32)
-    body = b"".join([struct.pack("<ii", step, n), np.ascontiguousarray(weights, "<f4").tobytes(),
-                     np.ascontiguousarray(m, "<f4").tobytes(), np.ascontiguousarray(v, "<f4").tobytes(), fixed, meta,
-                     struct.pack("<Q", TRAILER_FIXED_BYTES + len(meta) + FOOTER_BYTES)])
+    fixed = _FIXED.pack(
+        TRAILER_MAGIC,
+        1,
+        len(meta),
+        s.vocab,
+        s.ctx,
+        s.dim,
+        s.layers,
+        s.heads,
+        t.batch,
+        t.grad_accum,
+        t.warmup,
+        t.max_steps,
+        t.lr,
+        t.min_lr,
+        t.beta1,
+        t.beta2,
+        t.eps,
+        t.weight_decay,
+        t.grad_clip,
+        t.seed,
+        t.tokens_seen,
+        b"\0" * 32,
+    )
+    body = b"".join(
+        [
+            struct.pack("<ii", step, n),
+            np.ascontiguousarray(weights, "<f4").tobytes(),
+            np.ascontiguousarray(m, "<f4").tobytes(),
+            np.ascontiguousarray(v, "<f4").tobytes(),
+            fixed,
+            meta,
+            struct.pack("<Q", TRAILER_FIXED_BYTES + len(meta) + FOOTER_BYTES),
+        ]
+    )
     return body + struct.pack("<II8s", zlib.crc32(body), 0, END_MAGIC)
 
 

@@ -6,25 +6,51 @@ the benchmarks'. A setting is a long flag named after it (`grad_accum` ->
 `--grad-accum`); floats are written with `repr`, which round-trips exactly,
 so the engine parses the very float the experiment holds.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 # Model and optimizer settings, in the order they are written.
-SETTINGS = ("vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum", "steps", "lr", "min_lr", "warmup",
-            "beta1", "beta2", "eps", "weight_decay", "grad_clip", "seed", "threads")
+SETTINGS = (
+    "vocab",
+    "ctx",
+    "dim",
+    "layers",
+    "heads",
+    "batch",
+    "grad_accum",
+    "steps",
+    "lr",
+    "min_lr",
+    "warmup",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight_decay",
+    "grad_clip",
+    "seed",
+    "threads",
+)
 STDIN = "-"  # `--data -`: proxy mode, frames on stdin and events on stdout
 
 MAX_STEP = 0x7FFFFFFF  # the engine's steps are int32 (--steps, a checkpoint's header): no step is larger
 
 # Exit codes: why an engine ended.
 EXIT_OK, EXIT_USAGE, EXIT_CHECKPOINT, EXIT_PROTOCOL, EXIT_IO, EXIT_NUMERICS = 0, 2, 3, 4, 5, 6
-EXIT_MEANINGS = {EXIT_OK: "normal exit", EXIT_USAGE: "usage error", EXIT_CHECKPOINT: "checkpoint error",
-                 EXIT_PROTOCOL: "protocol error", EXIT_IO: "I/O error", EXIT_NUMERICS: "non-finite loss, gradient or state"}
+EXIT_MEANINGS = {
+    EXIT_OK: "normal exit",
+    EXIT_USAGE: "usage error",
+    EXIT_CHECKPOINT: "checkpoint error",
+    EXIT_PROTOCOL: "protocol error",
+    EXIT_IO: "I/O error",
+    EXIT_NUMERICS: "non-finite loss, gradient or state",
+}
 
 
 def flag(setting: str) -> str:
@@ -52,9 +78,17 @@ def meta_text(meta) -> str:
     return json.dumps(meta, sort_keys=True, separators=(",", ":"))
 
 
-def engine_args(ckpt_dir: str | os.PathLike, *, data: str | os.PathLike = STDIN,
-                resume: str | os.PathLike | None = None, ckpt_every: int | None = None,
-                ckpt_every_seconds: float | None = None, meta=None, settings: list[str] = (), extra=()) -> list[str]:
+def engine_args(
+    ckpt_dir: str | os.PathLike,
+    *,
+    data: str | os.PathLike = STDIN,
+    resume: str | os.PathLike | None = None,
+    ckpt_every: int | None = None,
+    ckpt_every_seconds: float | None = None,
+    meta=None,
+    settings: Sequence[str] = (),
+    extra=(),
+) -> list[str]:
     """The arguments after the binary: data, checkpoint directory, resume, cadences, metadata, settings, extra."""
     args = ["--data", str(data), "--ckpt-dir", str(ckpt_dir)]
     if resume is not None:
@@ -82,9 +116,11 @@ def exit_description(code: int | None) -> str:
 
 # ------------------------------------------------------------------ the CUDA engine's fast paths
 
+
 class FastPath(str, Enum):
     """The CUDA engine's named fast paths: the only names a qualification verdict holds
     (docs/CUDA.md, "Qualification")."""
+
     ATTENTION_CUDNN = "attention_cudnn"
     ATTENTION_FLASH = "attention_flash"
     FUSED = "fused"
@@ -101,9 +137,13 @@ class PathSwitch:
 
 
 # The engine setting of each switch on the verified path, in the order they are written.
-VERIFIED_SWITCHES = {"attention": ("--attention", "naive"), "fused": ("--fused", "off"),
-                     "cuda_graph": ("--cuda-graph", "off"), "sampling": ("--sample-recompute",),
-                     "snapshot": ("--sync-snapshot",)}
+VERIFIED_SWITCHES = {
+    "attention": ("--attention", "naive"),
+    "fused": ("--fused", "off"),
+    "cuda_graph": ("--cuda-graph", "off"),
+    "sampling": ("--sample-recompute",),
+    "snapshot": ("--sync-snapshot",),
+}
 # Every flag a fast path puts on the engine's command line: this table, nothing else.
 PATH_SWITCHES = {
     FastPath.ATTENTION_CUDNN: PathSwitch("attention", ("--attention", "cudnn")),

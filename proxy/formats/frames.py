@@ -4,6 +4,7 @@ Encoding is pure: bytes in, bytes out. The proxy, the tests and the benchmarks
 all speak to the engine through these functions, so there is one definition
 of the wire format on the Python side.
 """
+
 from __future__ import annotations
 
 import struct
@@ -18,10 +19,10 @@ HEADER = struct.Struct("<4sHHQIIII")
 assert HEADER.size == 32
 
 TRAIN, EVAL, SAMPLE, CHECKPOINT, STOP = 1, 2, 3, 4, 5
-SAMPLE_PARAMS = struct.Struct("<IIIf")   # n_prompts, max_new, top_k, temperature
-SAMPLE_PROMPT = struct.Struct("<IIQ")    # n_tokens, count, seed (one per prompt)
-SAMPLE_MAX_COMPLETIONS = 4096            # in one SAMPLE frame, all prompts together (the engine's limit)
-MAX_FRAME_ROWS = 1 << 20                 # rows in one TRAIN or EVAL frame (the engine's limit, train.h)
+SAMPLE_PARAMS = struct.Struct("<IIIf")  # n_prompts, max_new, top_k, temperature
+SAMPLE_PROMPT = struct.Struct("<IIQ")  # n_tokens, count, seed (one per prompt)
+SAMPLE_MAX_COMPLETIONS = 4096  # in one SAMPLE frame, all prompts together (the engine's limit)
+MAX_FRAME_ROWS = 1 << 20  # rows in one TRAIN or EVAL frame (the engine's limit, train.h)
 
 
 def _header(kind: int, frame_id: int, rows: int, row_len: int, payload_bytes: int) -> bytes:
@@ -51,24 +52,33 @@ def eval_frame(request_id: int, tokens: np.ndarray, groups: np.ndarray) -> bytes
 @dataclass(frozen=True)
 class SamplePrompt:
     """One prompt of a SAMPLE frame: `count` completions, drawn with `seed`."""
+
     tokens: list[int] | np.ndarray
     count: int = 1
     seed: int = 0
 
 
-def sample_batch_frame(request_id: int, prompts: list[SamplePrompt], max_new: int, temperature: float = 1.0,
-                       top_k: int = 0) -> bytes:
+def sample_batch_frame(
+    request_id: int, prompts: list[SamplePrompt], max_new: int, temperature: float = 1.0, top_k: int = 0
+) -> bytes:
     """SAMPLE: every prompt's completions of `max_new` tokens in one frame (one batch in the engine).
     The `sample` event lists them prompt by prompt; each is deterministic per (seed, its index)."""
     tokens = [np.ascontiguousarray(p.tokens, dtype="<u2") for p in prompts]
     head = SAMPLE_PARAMS.pack(len(prompts), max_new, top_k, temperature)
-    heads = b"".join(SAMPLE_PROMPT.pack(len(t), p.count, p.seed) for p, t in zip(prompts, tokens))
+    heads = b"".join(SAMPLE_PROMPT.pack(len(t), p.count, p.seed) for p, t in zip(prompts, tokens, strict=False))
     payload = b"".join((head, heads, *(t.tobytes() for t in tokens)))
     return _header(SAMPLE, request_id, 0, 0, len(payload)) + payload
 
 
-def sample_frame(request_id: int, prompt: list[int] | np.ndarray, count: int, max_new: int,
-                 temperature: float = 1.0, top_k: int = 0, seed: int = 0) -> bytes:
+def sample_frame(
+    request_id: int,
+    prompt: list[int] | np.ndarray,
+    count: int,
+    max_new: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+) -> bytes:
     """SAMPLE with one prompt: `count` completions of `max_new` tokens each; deterministic per seed."""
     return sample_batch_frame(request_id, [SamplePrompt(prompt, count, seed)], max_new, temperature, top_k)
 
@@ -85,6 +95,7 @@ def stop_frame() -> bytes:
 class Event:
     """One line the engine printed on stdout, parsed; `received` is when the proxy read it
     (time.monotonic()), which is when the engine finished that work, whatever the proxy was busy with."""
+
     kind: str
     fields: dict
     received: float | None = None

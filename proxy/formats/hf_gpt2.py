@@ -22,6 +22,7 @@ order. Names may carry the `transformer.` prefix (save_pretrained) or not
 This module only maps arrays and builds the JSON; it imports neither torch
 nor transformers (the proxy does not depend on them).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,15 +45,25 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 # Our per-block tensor -> (transformers' name under `transformer.h.<l>.`, transposed?)
 _BLOCK = {
-    "ln1.w": ("ln_1.weight", False), "ln1.b": ("ln_1.bias", False),
-    "qkv.w": ("attn.c_attn.weight", True), "qkv.b": ("attn.c_attn.bias", False),
-    "proj.w": ("attn.c_proj.weight", True), "proj.b": ("attn.c_proj.bias", False),
-    "ln2.w": ("ln_2.weight", False), "ln2.b": ("ln_2.bias", False),
-    "fc.w": ("mlp.c_fc.weight", True), "fc.b": ("mlp.c_fc.bias", False),
-    "fcproj.w": ("mlp.c_proj.weight", True), "fcproj.b": ("mlp.c_proj.bias", False),
+    "ln1.w": ("ln_1.weight", False),
+    "ln1.b": ("ln_1.bias", False),
+    "qkv.w": ("attn.c_attn.weight", True),
+    "qkv.b": ("attn.c_attn.bias", False),
+    "proj.w": ("attn.c_proj.weight", True),
+    "proj.b": ("attn.c_proj.bias", False),
+    "ln2.w": ("ln_2.weight", False),
+    "ln2.b": ("ln_2.bias", False),
+    "fc.w": ("mlp.c_fc.weight", True),
+    "fc.b": ("mlp.c_fc.bias", False),
+    "fcproj.w": ("mlp.c_proj.weight", True),
+    "fcproj.b": ("mlp.c_proj.bias", False),
 }
-_TOP = {"wte": "transformer.wte.weight", "wpe": "transformer.wpe.weight",
-        "lnf.w": "transformer.ln_f.weight", "lnf.b": "transformer.ln_f.bias"}
+_TOP = {
+    "wte": "transformer.wte.weight",
+    "wpe": "transformer.wpe.weight",
+    "lnf.w": "transformer.ln_f.weight",
+    "lnf.b": "transformer.ln_f.bias",
+}
 
 
 def hf_name(name: str) -> tuple[str, bool]:
@@ -116,10 +127,12 @@ def flat_weights(tensors: dict[str, np.ndarray], shape: ModelShape) -> np.ndarra
         if hf_name(name)[1]:
             tensor = tensor.T
         if name == "wpe" and tensor.ndim == 2 and tensor.shape[0] >= view.shape[0]:
-            tensor = tensor[:view.shape[0]]
+            tensor = tensor[: view.shape[0]]
         if tensor.shape != view.shape:
-            raise ValueError(f"tensor {hf_name(name)[0]!r} has shape {list(tensor.shape)}, the model's is "
-                             f"{list(view.shape[::-1] if hf_name(name)[1] else view.shape)}")
+            raise ValueError(
+                f"tensor {hf_name(name)[0]!r} has shape {list(tensor.shape)}, the model's is "
+                f"{list(view.shape[::-1] if hf_name(name)[1] else view.shape)}"
+            )
         view[...] = tensor
     if mine:
         raise ValueError(f"tensor {hf_name(next(iter(mine)))[0]!r} is beyond the model's {shape.layers} layers")
@@ -131,17 +144,20 @@ def flat_weights(tensors: dict[str, np.ndarray], shape: ModelShape) -> np.ndarra
 def config_shape(config: dict) -> ModelShape:
     """The model shape of a GPT-2 config.json (ctx: its n_positions); ValueError naming what this engine does
     not compute (another architecture, activation, epsilon, MLP width, an untied head)."""
+
     def need(key, kinds=(int,)):
         value = config.get(key)
         if not isinstance(value, kinds) or isinstance(value, bool):
             raise ValueError(f"config.json: {key} is {value!r}")
         return value
+
     if config.get("model_type") != "gpt2":
         raise ValueError(f"config.json: model_type {config.get('model_type')!r}, not 'gpt2'")
     activation = config.get("activation_function", GELU_TANH)
     if activation not in (GELU_TANH, "gelu_pytorch_tanh"):
-        raise ValueError(f"config.json: activation_function {activation!r}; this engine computes the tanh GELU "
-                         f"({GELU_TANH})")
+        raise ValueError(
+            f"config.json: activation_function {activation!r}; this engine computes the tanh GELU ({GELU_TANH})"
+        )
     eps = config.get("layer_norm_epsilon", LAYER_NORM_EPS)
     if eps != LAYER_NORM_EPS:
         raise ValueError(f"config.json: layer_norm_epsilon {eps!r}; this engine uses {LAYER_NORM_EPS}")
@@ -153,13 +169,16 @@ def config_shape(config: dict) -> ModelShape:
     for key, value in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
         if config.get(key, value) is not value:
             raise ValueError(f"config.json: {key} {config.get(key)!r}; this engine computes {value}")
-    return ModelShape(vocab=need("vocab_size"), ctx=need("n_positions"), dim=dim, layers=need("n_layer"),
-                      heads=need("n_head"))
+    return ModelShape(
+        vocab=need("vocab_size"), ctx=need("n_positions"), dim=dim, layers=need("n_layer"), heads=need("n_head")
+    )
 
 
 def own_tensors(weights: np.ndarray, shape: ModelShape) -> dict[str, np.ndarray]:
     """The flat weights under our own names and layouts (`--format safetensors`)."""
-    return {name: np.ascontiguousarray(t) for name, t in unflatten(np.asarray(weights, dtype=np.float32), shape).items()}
+    return {
+        name: np.ascontiguousarray(t) for name, t in unflatten(np.asarray(weights, dtype=np.float32), shape).items()
+    }
 
 
 def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
@@ -176,48 +195,78 @@ def encode_safetensors(tensors: dict[str, np.ndarray], metadata: dict[str, str])
         offset += t.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % 8)
-    return b"".join([len(text).to_bytes(8, "little"), text]
-                    + [np.ascontiguousarray(tensors[name], dtype="<f4").tobytes() for name in sorted(tensors)])
+    return b"".join(
+        [len(text).to_bytes(8, "little"), text]
+        + [np.ascontiguousarray(tensors[name], dtype="<f4").tobytes() for name in sorted(tensors)]
+    )
 
 
 def safetensors_metadata(step: int, shape: ModelShape, source: str) -> dict[str, str]:
     """The string metadata both exports carry: transformers' format tag, and where the weights came from."""
-    about = {"step": step, "vocab": shape.vocab, "ctx": shape.ctx, "dim": shape.dim, "layers": shape.layers,
-             "heads": shape.heads, "checkpoint": source}
+    about = {
+        "step": step,
+        "vocab": shape.vocab,
+        "ctx": shape.ctx,
+        "dim": shape.dim,
+        "layers": shape.layers,
+        "heads": shape.heads,
+        "checkpoint": source,
+    }
     return {**SAFETENSORS_FORMAT, "microgpt": json.dumps(about, sort_keys=True)}
 
 
 @dataclass(frozen=True)
 class HFConfig:
     """config.json: a GPT2Config that GPT2LMHeadModel loads as our model."""
+
     shape: ModelShape
     eot_id: int
 
     def to_dict(self) -> dict:
         s = self.shape
         return {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-            "vocab_size": s.vocab, "n_positions": s.ctx, "n_embd": s.dim, "n_layer": s.layers, "n_head": s.heads,
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": s.vocab,
+            "n_positions": s.ctx,
+            "n_embd": s.dim,
+            "n_layer": s.layers,
+            "n_head": s.heads,
             "n_inner": None,  # 4 * n_embd
-            "activation_function": GELU_TANH, "layer_norm_epsilon": LAYER_NORM_EPS,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-            "tie_word_embeddings": True, "bos_token_id": self.eot_id, "eos_token_id": self.eot_id,
-            "initializer_range": 0.02, "use_cache": True, "torch_dtype": "float32",
+            "activation_function": GELU_TANH,
+            "layer_norm_epsilon": LAYER_NORM_EPS,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "scale_attn_weights": True,
+            "scale_attn_by_inverse_layer_idx": False,
+            "reorder_and_upcast_attn": False,
+            "tie_word_embeddings": True,
+            "bos_token_id": self.eot_id,
+            "eos_token_id": self.eot_id,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            "torch_dtype": "float32",
         }
 
 
 @dataclass(frozen=True)
 class HFGenerationConfig:
     """generation_config.json: the run's sample-audit settings; generation stops at <|endoftext|>."""
+
     eot_id: int
     max_new: int
     temperature: float
     top_k: int
 
     def to_dict(self) -> dict:
-        out = {"bos_token_id": self.eot_id, "eos_token_id": self.eot_id, "pad_token_id": self.eot_id,
-               "max_new_tokens": self.max_new, "do_sample": self.temperature > 0}
+        out: dict[str, int | float | bool] = {
+            "bos_token_id": self.eot_id,
+            "eos_token_id": self.eot_id,
+            "pad_token_id": self.eot_id,
+            "max_new_tokens": self.max_new,
+            "do_sample": self.temperature > 0,
+        }
         if self.temperature > 0:
             out["temperature"] = self.temperature
             out["top_k"] = self.top_k
@@ -227,10 +276,16 @@ class HFGenerationConfig:
 @dataclass(frozen=True)
 class HFTokenizerConfig:
     """tokenizer_config.json: tells AutoTokenizer to load tokenizer.json as a fast tokenizer."""
+
     eot: str
     ctx: int
 
     def to_dict(self) -> dict:
-        return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": self.eot, "eos_token": self.eot,
-                "model_max_length": self.ctx, "add_prefix_space": False, "clean_up_tokenization_spaces": False}
-
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.eot,
+            "eos_token": self.eot,
+            "model_max_length": self.ctx,
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+        }

@@ -9,6 +9,8 @@ Reading: any line that is not a complete JSON object of a known type is
 skipped; for a step seen twice the last entry wins. The index keeps byte
 offsets, not entries, so a run of a million steps replays in little memory.
 
+A step line's fields are declared once, in step_fields.py (the field table).
+
 Reading for display (the dashboard): every field is checked on its own; a
 malformed value becomes NaN and an entry whose step is not a non-negative
 integer is dropped (`step_fields`, `eval_fields`), so one bad field never hides
@@ -19,6 +21,7 @@ Replay: the bandit is rebuilt from the per-arm losses of the steps of the
 current phase; steps re-trained after a restart are compared with the entries
 the crashed segment left behind (`compare_replayed`).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,45 +32,11 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from ..atomic import append_whole, open_append, sync_fd
-from ..config.strict import MAX_ARMS, MAX_NAME
-from ..rundir.divergence import lowest_bound
-from ..rundir.layout import LOSS_LINE_LIMIT
+from ..divergence import lowest_bound
+from ..run_names import LOSS_LINE_LIMIT
 from ..safe_fs import capped_lines, open_regular
 from . import bounded_json
-
-
-@dataclass
-class StepEntry:
-    step: int
-    loss: float
-    lr: float
-    grad_norm: float
-    tokens: int  # cumulative
-    time: float
-    ms: float
-    arms: dict[str, float]
-    mixture: dict[str, float]
-    phase: int
-    segment: int
-    inherited: bool = False
-
-    def to_dict(self) -> dict:
-        out = {"type": "step", "step": self.step, "loss": self.loss, "lr": self.lr,
-               "grad_norm": self.grad_norm, "tokens": self.tokens, "time": self.time, "ms": self.ms,
-               "arms": self.arms, "mixture": self.mixture, "phase": self.phase, "segment": self.segment}
-        if self.inherited:
-            out["inherited"] = True
-        return out
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "StepEntry":
-        return cls(step=int(obj["step"]), loss=float(obj["loss"]), lr=float(obj.get("lr", 0.0)),
-                   grad_norm=float(obj.get("grad_norm", 0.0)), tokens=int(obj.get("tokens", 0)),
-                   time=float(obj.get("time", 0.0)), ms=float(obj.get("ms", 0.0)),
-                   arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
-                   mixture={str(k): float(v) for k, v in dict(obj.get("mixture") or {}).items()},
-                   phase=int(obj.get("phase", 0)), segment=int(obj.get("segment", 0)),
-                   inherited=bool(obj.get("inherited", False)))
+from .step_fields import COMPARED_FIELDS, NAN, StepEntry, StepFields, arm_map, num, step_fields, step_of  # noqa: F401
 
 
 @dataclass
@@ -81,25 +50,37 @@ class EvalEntry:
     inherited: bool = False
 
     def to_dict(self) -> dict:
-        out = {"type": "eval", "step": self.step, "loss": self.loss, "arms": self.arms,
-               "time": self.time, "phase": self.phase, "segment": self.segment}
+        out = {
+            "type": "eval",
+            "step": self.step,
+            "loss": self.loss,
+            "arms": self.arms,
+            "time": self.time,
+            "phase": self.phase,
+            "segment": self.segment,
+        }
         if self.inherited:
             out["inherited"] = True
         return out
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "EvalEntry":
-        return cls(step=int(obj["step"]), loss=float(obj["loss"]),
-                   arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
-                   time=float(obj.get("time", 0.0)), phase=int(obj.get("phase", 0)),
-                   segment=int(obj.get("segment", 0)), inherited=bool(obj.get("inherited", False)))
+    def from_dict(cls, obj: dict) -> EvalEntry:
+        return cls(
+            step=int(obj["step"]),
+            loss=float(obj["loss"]),
+            arms={str(k): float(v) for k, v in dict(obj.get("arms") or {}).items()},
+            time=float(obj.get("time", 0.0)),
+            phase=int(obj.get("phase", 0)),
+            segment=int(obj.get("segment", 0)),
+            inherited=bool(obj.get("inherited", False)),
+        )
 
 
 def eval_loss(parts) -> float:
     """An eval entry's `loss`: the (loss, tokens) of each arm, weighted by tokens, summed in the order given."""
     parts = list(parts)
     total = sum(t for _, t in parts)
-    return sum(l * t for l, t in parts) / total
+    return sum(loss * t for loss, t in parts) / total
 
 
 _KINDS = {"step": StepEntry, "eval": EvalEntry}
@@ -116,6 +97,7 @@ def parse_line(line: bytes | str) -> StepEntry | EvalEntry | None:
 
 
 # ---------------------------------------------------------------- writing
+
 
 def encode_line(obj: dict) -> bytes:
     """One entry as a whole line of the log."""
@@ -163,6 +145,7 @@ class LossLogWriter:
 
 # ---------------------------------------------------------------- reading
 
+
 def open_log(path: str | os.PathLike) -> BinaryIO:
     """The log opened for reading by safe_fs's rules (a regular file, no symlink out of its directory)."""
     return open_regular(path, None, within=Path(path).parent)
@@ -195,6 +178,7 @@ def _lowest(table: dict[int, int], key: int, value: int) -> None:
 @dataclass
 class LossLogIndex:
     """Where the last entry of each step lives (byte offsets), plus a little summary."""
+
     path: Path
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # step -> (offset, phase)
     evals: dict[int, int] = field(default_factory=dict)  # step -> offset
@@ -207,7 +191,7 @@ class LossLogIndex:
     skipped: int = 0
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "LossLogIndex":
+    def load(cls, path: str | os.PathLike) -> LossLogIndex:
         index = cls(Path(path))
         if not index.path.exists():
             return index
@@ -269,8 +253,11 @@ class LossLogIndex:
     def first_diverged(self, phase: int, after: int, through: int, sane) -> int | None:
         """The first step in (after, through] whose last entry is of `phase` and whose loss `sane(loss)`
         refuses, or None."""
-        bad = [s for s, loss in self.high_losses.items()
-               if after < s <= through and self.steps[s][1] == phase and not sane(loss)]
+        bad = [
+            s
+            for s, loss in self.high_losses.items()
+            if after < s <= through and self.steps[s][1] == phase and not sane(loss)
+        ]
         return min(bad, default=None)
 
     def max_step(self) -> int:
@@ -297,72 +284,12 @@ def read_tail(path: str | os.PathLike, max_bytes: int = 1 << 20) -> list[StepEnt
 
 # ---------------------------------------------------------------- reading for display
 
-NAN = float("nan")
-
-
-def num(v) -> float:
-    """A finite float, or NaN for anything else (None, strings, bools, inf)."""
-    t = type(v)
-    if t is float:
-        return v if v - v == 0.0 else NAN
-    if t is int and -(1 << 1000) < v < (1 << 1000):
-        return float(v)
-    return NAN
-
-
-def step_of(v) -> int | None:
-    t = type(v)
-    if t is int:
-        return v if 0 <= v < 1 << 53 else None
-    if t is float and v.is_integer() and 0 <= v < 2 ** 53:
-        return int(v)
-    return None
-
-
-def arm_map(v) -> dict[str, float]:
-    """{arm: finite float} from an entry's "arms"/"mixture" object (bad values dropped)."""
-    if type(v) is not dict:
-        return {}
-    out = {}
-    for k, x in v.items():
-        if type(x) is float and x - x == 0.0 or type(x) is int and -(1 << 1000) < x < (1 << 1000):
-            if type(k) is str and 0 < len(k) <= MAX_NAME:
-                out[k] = float(x)
-                if len(out) >= MAX_ARMS:
-                    break
-    return out
-
-
-class StepFields(NamedTuple):
-    step: int
-    tokens: float
-    time: float
-    loss: float
-    lr: float
-    grad_norm: float
-    ms: float
-    mixture: dict
-
 
 class EvalFields(NamedTuple):
     step: int
     loss: float
     arms: dict
     time: float
-
-
-def step_fields(obj: dict) -> StepFields | None:
-    """A step entry's plotted fields (None: not a step entry, or no usable step)."""
-    if obj.get("type") != "step":
-        return None
-    step = obj.get("step")
-    if type(step) is not int or not 0 <= step < 1 << 53:
-        step = step_of(step)
-        if step is None:
-            return None
-    g = obj.get
-    return StepFields(step, num(g("tokens")), num(g("time")), num(g("loss")), num(g("lr")),
-                      num(g("grad_norm")), num(g("ms")), arm_map(g("mixture")))
 
 
 def eval_fields(obj: dict) -> EvalFields | None:
@@ -377,9 +304,11 @@ def eval_fields(obj: dict) -> EvalFields | None:
 
 # ---------------------------------------------------------------- replay
 
+
 @dataclass
 class ReplayMismatch:
     """A step re-trained after a restart that differs from the crashed segment's entry."""
+
     step: int
     recorded_segment: int
     replayed_segment: int
@@ -389,17 +318,22 @@ class ReplayMismatch:
     time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "recorded_segment": self.recorded_segment,
-                "replayed_segment": self.replayed_segment, "fields": self.fields,
-                "recorded": self.recorded, "replayed": self.replayed, "time": self.time}
+        return {
+            "step": self.step,
+            "recorded_segment": self.recorded_segment,
+            "replayed_segment": self.replayed_segment,
+            "fields": self.fields,
+            "recorded": self.recorded,
+            "replayed": self.replayed,
+            "time": self.time,
+        }
 
     def message(self) -> str:
         parts = [f"{f} {self.replayed.get(f)!r} != {self.recorded.get(f)!r}" for f in self.fields]
-        return (f"determinism: step {self.step} replayed in segment {self.replayed_segment} differs "
-                f"from segment {self.recorded_segment}: " + "; ".join(parts))
-
-
-COMPARED_FIELDS = ("loss", "grad_norm", "lr", "tokens", "arms", "mixture")
+        return (
+            f"determinism: step {self.step} replayed in segment {self.replayed_segment} differs "
+            f"from segment {self.recorded_segment}: " + "; ".join(parts)
+        )
 
 
 def compare_replayed(recorded: StepEntry, replayed: StepEntry) -> ReplayMismatch | None:
@@ -408,6 +342,11 @@ def compare_replayed(recorded: StepEntry, replayed: StepEntry) -> ReplayMismatch
     differ = [f for f in COMPARED_FIELDS if a.get(f) != b.get(f)]
     if not differ:
         return None
-    return ReplayMismatch(step=replayed.step, recorded_segment=recorded.segment,
-                          replayed_segment=replayed.segment, fields=differ,
-                          recorded={f: a.get(f) for f in differ}, replayed={f: b.get(f) for f in differ})
+    return ReplayMismatch(
+        step=replayed.step,
+        recorded_segment=recorded.segment,
+        replayed_segment=replayed.segment,
+        fields=differ,
+        recorded={f: a.get(f) for f in differ},
+        replayed={f: b.get(f) for f in differ},
+    )

@@ -5,6 +5,7 @@ reference all use this order, so the count and the layout are defined here
 once. Weight matrices are stored `[out, in]`, row-major, as
 `torch.nn.Linear` stores them.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,14 +16,25 @@ import numpy as np
 
 def _block(c: int) -> list[tuple[str, tuple[int, ...]]]:
     """One transformer block of width C, in order."""
-    return [("ln1.w", (c,)), ("ln1.b", (c,)), ("qkv.w", (3 * c, c)), ("qkv.b", (3 * c,)),
-            ("proj.w", (c, c)), ("proj.b", (c,)), ("ln2.w", (c,)), ("ln2.b", (c,)),
-            ("fc.w", (4 * c, c)), ("fc.b", (4 * c,)), ("fcproj.w", (c, 4 * c)), ("fcproj.b", (c,))]
+    return [
+        ("ln1.w", (c,)),
+        ("ln1.b", (c,)),
+        ("qkv.w", (3 * c, c)),
+        ("qkv.b", (3 * c,)),
+        ("proj.w", (c, c)),
+        ("proj.b", (c,)),
+        ("ln2.w", (c,)),
+        ("ln2.b", (c,)),
+        ("fc.w", (4 * c, c)),
+        ("fc.b", (4 * c,)),
+        ("fcproj.w", (c, 4 * c)),
+        ("fcproj.b", (c,)),
+    ]
 
 
 def param_layout(vocab: int, ctx: int, dim: int, layers: int) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter tensor in flat order: wte, wpe, the blocks `h<l>.*`, lnf."""
-    out = [("wte", (vocab, dim)), ("wpe", (ctx, dim))]
+    out: list[tuple[str, tuple[int, ...]]] = [("wte", (vocab, dim)), ("wpe", (ctx, dim))]
     for layer in range(layers):
         out += [(f"h{layer}.{name}", shape) for name, shape in _block(dim)]
     return out + [("lnf.w", (dim,)), ("lnf.b", (dim,))]
@@ -36,6 +48,7 @@ def n_params(vocab: int, ctx: int, dim: int, layers: int) -> int:
 @dataclass(frozen=True)
 class ModelShape:
     """What fixes the parameter layout (heads only splits `dim`)."""
+
     vocab: int
     ctx: int
     dim: int
@@ -53,11 +66,13 @@ class ModelShape:
 def unflatten(weights: np.ndarray, shape: ModelShape) -> dict[str, np.ndarray]:
     """The flat array as named tensors in flat order (`wte`, `h0.qkv.w`, ...): views, no copies."""
     if weights.shape != (shape.n_params,):
-        raise ValueError(f"{weights.shape[0] if weights.ndim == 1 else weights.shape} weights for a model of "
-                         f"{shape.n_params} parameters")
+        raise ValueError(
+            f"{weights.shape[0] if weights.ndim == 1 else weights.shape} weights for a model of "
+            f"{shape.n_params} parameters"
+        )
     out, offset = {}, 0
     for name, dims in shape.layout():
         size = math.prod(dims)
-        out[name] = weights[offset: offset + size].reshape(dims)
+        out[name] = weights[offset : offset + size].reshape(dims)
         offset += size
     return out

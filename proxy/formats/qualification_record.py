@@ -14,22 +14,23 @@ formats/engine_cli.py (`path_flags`), for the paths whose verdict is
 more, a `flags` list) is refused with one line (QualificationFileError), and
 the caller treats it as absent.
 """
+
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..atomic import atomic_write_json, make_dirs
-from ..rundir.layout import QUALIFICATION, READ_LIMITS
+from ..run_names import QUALIFICATION, READ_LIMITS
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
 from .engine_cli import FastPath, path_flags
 
 READ_LIMIT = READ_LIMITS[QUALIFICATION]  # a few KB in practice; the cache's files too
-VERSION = 2  # version 1 held free-form engine flags: refused, so such a file is checked again
+VERSION: Literal[2] = 2  # version 1 held free-form engine flags: refused, so such a file is checked again
 
 
 class Verdict(str, Enum):
@@ -43,32 +44,38 @@ class QualificationFileError(Exception):
     """A verdict file that cannot be used; the message is one line."""
 
 
-class _Strict(BaseModel):
+class FrozenRecord(BaseModel):
+    """Unknown keys refused, and immutable once read. Not strict (config/strict.py:StrictModel): the record is
+    the proxy's own JSON, whose enum values arrive as strings."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Figures(_Strict):
+class Figures(FrozenRecord):
     """What a check measured against the verified path (None: not measured, e.g. after a crash)."""
-    loss_diff: Optional[float] = None  # the largest |loss - verified loss| over the check's steps
-    update_rel: Optional[float] = None  # the worst tensor's |Δw - Δw_verified| / |Δw_verified| (Δw: the steps' update)
-    m_rel: Optional[float] = None  # the same for Adam's first moment
-    v_rel: Optional[float] = None  # and its second moment
-    element_excess: Optional[float] = None  # the worst element's difference over its tolerance (> 1 fails)
-    worst: Optional[str] = None  # the tensor and quantity of the worst figure, e.g. "m of h1.qkv.w"
-    bitwise: Optional[bool] = None  # two runs gave the same losses and checkpoint, bit for bit
-    tokens_equal: Optional[bool] = None  # sampled tokens equal the verified path's (the KV cache)
-    bytes_equal: Optional[bool] = None  # checkpoint files equal the verified path's (the snapshot)
+
+    loss_diff: float | None = None  # the largest |loss - verified loss| over the check's steps
+    update_rel: float | None = None  # the worst tensor's |Δw - Δw_verified| / |Δw_verified| (Δw: the steps' update)
+    m_rel: float | None = None  # the same for Adam's first moment
+    v_rel: float | None = None  # and its second moment
+    element_excess: float | None = None  # the worst element's difference over its tolerance (> 1 fails)
+    worst: str | None = None  # the tensor and quantity of the worst figure, e.g. "m of h1.qkv.w"
+    bitwise: bool | None = None  # two runs gave the same losses and checkpoint, bit for bit
+    tokens_equal: bool | None = None  # sampled tokens equal the verified path's (the KV cache)
+    bytes_equal: bool | None = None  # checkpoint files equal the verified path's (the snapshot)
 
 
-class Check(_Strict):
+class Check(FrozenRecord):
     """One check against the verified path: a named path alone, or the chosen paths together."""
+
     verdict: Verdict
     detail: str = Field(max_length=1000)  # one line: by how much it passed or failed, or why it could not run
     figures: Figures = Field(default_factory=Figures)
 
 
-class Environment(_Strict):
+class Environment(FrozenRecord):
     """What a verdict holds for: it is used only where all of it matches."""
+
     gpu: str = Field(max_length=256)  # NVML's name of the device the engine uses
     driver: str = Field(max_length=64)
     build: str = Field(pattern=r"^[0-9a-f]{64}$")  # SHA-256 of the engine binary
@@ -76,12 +83,13 @@ class Environment(_Strict):
     shape: dict[Literal["vocab", "ctx", "dim", "layers", "heads", "batch", "grad_accum"], int]
 
 
-class Qualification(_Strict):
+class Qualification(FrozenRecord):
     """Which fast paths an engine build runs on a GPU at a shape, and why."""
+
     version: Literal[2] = VERSION
     environment: Environment
     paths: dict[FastPath, Check]  # the paths checked (a path not here was not checked: not used)
-    together: Optional[Check] = None  # every passed path at once, where more than one passed
+    together: Check | None = None  # every passed path at once, where more than one passed
     created: float  # time.time() of the check
 
     def chosen(self) -> list[FastPath]:

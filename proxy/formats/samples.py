@@ -1,4 +1,5 @@
 """`.samples.json`: the sample audits, a JSON array rewritten atomically, newest last (docs/FORMATS.md)."""
+
 from __future__ import annotations
 
 import os
@@ -6,10 +7,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes
-from ..rundir.layout import READ_LIMITS, SAMPLES
+from ..run_names import READ_LIMITS, SAMPLES
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
-
 
 MAX_TEXT = 4000  # characters of a completion kept in an audit (the dashboard shows as many)
 
@@ -31,10 +31,15 @@ class SampleAudit:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "SampleAudit":
-        return cls(step=int(obj["step"]), time=float(obj.get("time", 0.0)),
-                   samples=[Sample(str(s.get("prompt", "")), str(s.get("completion", "")),
-                                   [int(t) for t in s.get("tokens", [])]) for s in obj.get("samples", [])])
+    def from_dict(cls, obj: dict) -> SampleAudit:
+        return cls(
+            step=int(obj["step"]),
+            time=float(obj.get("time", 0.0)),
+            samples=[
+                Sample(str(s.get("prompt", "")), str(s.get("completion", "")), [int(t) for t in s.get("tokens", [])])
+                for s in obj.get("samples", [])
+            ],
+        )
 
 
 def read_audits(path: str | os.PathLike) -> list[SampleAudit]:
@@ -65,7 +70,7 @@ class SamplesFile:
         audit = replace(audit, samples=[replace(s, completion=s.completion[:MAX_TEXT]) for s in audit.samples])
         self.audits = [a for a in self.audits if a.step != audit.step] + [audit]
         self.audits.sort(key=lambda a: a.step)
-        self.audits = self.audits[-self.keep:]
+        self.audits = self.audits[-self.keep :]
         data = json_bytes([a.to_dict() for a in self.audits])
         while len(data) > READ_LIMITS[SAMPLES] and len(self.audits) > 1:
             self.audits = self.audits[1:]

@@ -1,4 +1,5 @@
 """Token shards: docs/FORMATS.md, "Token shard". Header then uint16 tokens."""
+
 from __future__ import annotations
 
 import os

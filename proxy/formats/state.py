@@ -6,6 +6,7 @@ back only to carry reports forward (replay mismatches, restarts, dropped
 arms) and to update it where no proxy runs (a finished run, an offline
 pivot). Every writer writes a RunState, so every `.state.json` has one shape.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
 from ..errors import FULL_DISK, StorageError
-from ..rundir.layout import READ_LIMITS, STATE
+from ..run_names import READ_LIMITS, STATE
 from ..safe_fs import UnsafeFileError, read_regular
 from . import bounded_json
 
@@ -59,6 +60,7 @@ AUDIT_KINDS = ("sample", "eval", "checkpoint")  # what the engine does between s
 @dataclass
 class AuditTime:
     """One kind of audit: how many, and the seconds the engine's step loop spent on them."""
+
     count: int = 0
     s: float = 0.0
 
@@ -74,6 +76,7 @@ class Goodput:
     the background); `other_s` is the rest: frames the engine waited for, engine
     restarts, the last checkpoint's wait at exit. `tokens_per_s` is `tokens / wall_s`.
     """
+
     wall_s: float = 0.0
     step_s: float = 0.0
     steps: int = 0
@@ -84,17 +87,25 @@ class Goodput:
     tokens_per_s: float | None = None
 
     @classmethod
-    def from_dict(cls, obj) -> "Goodput | None":
+    def from_dict(cls, obj) -> Goodput | None:
         """The account as read back from `.state.json`, or None unless its figures are numbers (the
         snapshot is never trusted)."""
         if not isinstance(obj, dict) or not isinstance(obj.get("audits"), dict):
             return None
         try:
-            audits = {str(k): AuditTime(count=int(_number(a["count"])), s=_number(a["s"]))
-                      for k, a in obj["audits"].items()}
-            return cls(wall_s=_number(obj["wall_s"]), step_s=_number(obj["step_s"]), steps=int(_number(obj["steps"])),
-                       tokens=int(_number(obj["tokens"])), audits=audits, other_s=_number(obj["other_s"]),
-                       overhead=_number(obj["overhead"], none=True), tokens_per_s=_number(obj["tokens_per_s"], none=True))
+            audits = {
+                str(k): AuditTime(count=int(_number(a["count"])), s=_number(a["s"])) for k, a in obj["audits"].items()
+            }
+            return cls(
+                wall_s=_number(obj["wall_s"]),
+                step_s=_number(obj["step_s"]),
+                steps=int(_number(obj["steps"])),
+                tokens=int(_number(obj["tokens"])),
+                audits=audits,
+                other_s=_number(obj["other_s"]),
+                overhead=_number(obj["overhead"], none=True),
+                tokens_per_s=_number(obj["tokens_per_s"], none=True),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -111,6 +122,7 @@ def _number(value, none: bool = False) -> float | None:
 @dataclass
 class RunState:
     """Every field of FORMATS.md's `.state.json`, plus the proxy's reports."""
+
     step: int = 0
     phase: int = 0
     policy: str = ""
@@ -149,14 +161,17 @@ class RunState:
         return finite_json(out)
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "RunState":
+    def from_dict(cls, obj: dict) -> RunState:
         """A snapshot as read back: known fields as written (not validated: it is never trusted), arms and
         engine as their dataclasses, anything else in `extra`."""
         values = _known(cls, obj)
         values.pop("extra", None)
         arms = values.get("arms")
-        values["arms"] = ({str(n): ArmStatus(**_known(ArmStatus, a)) for n, a in arms.items() if isinstance(a, dict)}
-                          if isinstance(arms, dict) else {})
+        values["arms"] = (
+            {str(n): ArmStatus(**_known(ArmStatus, a)) for n, a in arms.items() if isinstance(a, dict)}
+            if isinstance(arms, dict)
+            else {}
+        )
         engine = values.get("engine")
         values["engine"] = EngineStatus(**_known(EngineStatus, engine)) if isinstance(engine, dict) else EngineStatus()
         values["goodput"] = Goodput.from_dict(values.get("goodput"))

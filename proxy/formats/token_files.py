@@ -3,7 +3,7 @@
 | format   | layout |
 |----------|--------|
 | `uint16` | nanoGPT's `train.bin` / `val.bin`: raw little-endian uint16 ids, nothing else (an even size) |
-| `llmc`   | llm.c's shards: 256 int32 header (magic 20240520, version 1 = uint16 ids or 2 = uint32, count), then the ids |
+| `llmc`   | llm.c's shards: 256 int32 header (magic 20240520, version 1 = uint16 ids or 2 = uint32, count), the ids |
 | `npy`    | a NumPy array file of uint16 or uint32 ids, one dimension, C order |
 
 Without a declared format a file's first bytes tell: the llm.c magic, the
@@ -16,6 +16,7 @@ by block.
 `TokenSegment` is how the batch sampler and the prepared-data cache name a
 run of ids in any file, our own token shards (formats/shard.py) included.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,6 +44,7 @@ class TokenFileError(ValueError):
 @dataclass(frozen=True)
 class TokenSegment:
     """Ids [start, stop) of the array of `dtype` that begins `offset` bytes into `path`."""
+
     path: str
     dtype: str  # "<u2" or "<u4"
     offset: int
@@ -58,16 +60,26 @@ class TokenSegment:
         if self.stop <= self.start:
             return np.zeros(0, dtype=self.dtype)
         item = np.dtype(self.dtype).itemsize
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset + item * self.start,
-                         shape=(self.stop - self.start,))
+        return np.memmap(
+            self.path,
+            dtype=self.dtype,
+            mode="r",
+            offset=self.offset + item * self.start,
+            shape=(self.stop - self.start,),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "TokenSegment":
-        seg = cls(path=str(obj["path"]), dtype=str(obj["dtype"]), offset=int(obj["offset"]), start=int(obj["start"]),
-                  stop=int(obj["stop"]))
+    def from_dict(cls, obj: dict) -> TokenSegment:
+        seg = cls(
+            path=str(obj["path"]),
+            dtype=str(obj["dtype"]),
+            offset=int(obj["offset"]),
+            start=int(obj["start"]),
+            stop=int(obj["stop"]),
+        )
         if seg.dtype not in ("<u2", "<u4") or not 0 <= seg.start <= seg.stop or seg.offset < 0:
             raise ValueError(f"not a token segment: {obj}")
         return seg
@@ -100,18 +112,21 @@ def _llmc(path: str, f, size: int) -> TokenFile:
     if magic != LLMC_MAGIC:
         raise TokenFileError(f"{path}: not an llm.c shard (magic {magic}, expected {LLMC_MAGIC})")
     if len(head) < 4 * LLMC_HEADER_INTS:
-        raise TokenFileError(f"{path}: truncated llm.c shard ({size} bytes, shorter than its "
-                             f"{4 * LLMC_HEADER_INTS}-byte header)")
+        raise TokenFileError(
+            f"{path}: truncated llm.c shard ({size} bytes, shorter than its {4 * LLMC_HEADER_INTS}-byte header)"
+        )
     _magic, version, count = struct.unpack_from("<iii", head)
     if version not in LLMC_VERSIONS:
-        raise TokenFileError(f"{path}: llm.c shard version {version} is not one this reads "
-                             f"({', '.join(map(str, LLMC_VERSIONS))})")
+        raise TokenFileError(
+            f"{path}: llm.c shard version {version} is not one this reads ({', '.join(map(str, LLMC_VERSIONS))})"
+        )
     dtype = LLMC_VERSIONS[version]
     expected = 4 * LLMC_HEADER_INTS + np.dtype(dtype).itemsize * count
     if count < 0 or size != expected:
         what = "truncated" if size < expected else "longer than its header says"
-        raise TokenFileError(f"{path}: {what}: its header says {count} tokens ({expected} bytes), the file has "
-                             f"{size} bytes")
+        raise TokenFileError(
+            f"{path}: {what}: its header says {count} tokens ({expected} bytes), the file has {size} bytes"
+        )
     return TokenFile(path, "llmc", dtype, 4 * LLMC_HEADER_INTS, count)
 
 
@@ -137,8 +152,9 @@ def _npy(path: str, f, size: int) -> TokenFile:
     expected = offset + dtype.itemsize * count
     if size != expected:
         what = "truncated" if size < expected else "longer than its header says"
-        raise TokenFileError(f"{path}: {what}: its header says {count} tokens ({expected} bytes), the file has "
-                             f"{size} bytes")
+        raise TokenFileError(
+            f"{path}: {what}: its header says {count} tokens ({expected} bytes), the file has {size} bytes"
+        )
     return TokenFile(path, "npy", NPY_DTYPES[dtype], offset, count)
 
 
@@ -175,7 +191,7 @@ def first_out_of_range(segment: TokenSegment, vocab: int, progress=None) -> tupl
     ids = segment.array()
     item = np.dtype(segment.dtype).itemsize
     for start in range(0, ids.size, SCAN_TOKENS):
-        block = np.asarray(ids[start:start + SCAN_TOKENS])
+        block = np.asarray(ids[start : start + SCAN_TOKENS])
         if block.size and int(block.max()) >= vocab:
             at = int(np.flatnonzero(block >= vocab)[0])
             return segment.start + start + at, int(block[at])
@@ -190,7 +206,7 @@ def copy_ids(segments: list[TokenSegment], write, block: int = SCAN_TOKENS) -> i
     for seg in segments:
         ids = seg.array()
         for start in range(0, ids.size, block):
-            write(np.asarray(ids[start:start + block]).astype("<u2", copy=False))
+            write(np.asarray(ids[start : start + block]).astype("<u2", copy=False))
         total += ids.size
     return total
 

@@ -4,6 +4,7 @@ Both ways in use this: the running proxy (supervision/pivot_desk.py) and
 `proxy pivot` on a stopped run (commands/pivot.py); `proxy fork --caps` names
 its archive the same way. docs/OPERATIONS.md, "Pivot".
 """
+
 from __future__ import annotations
 
 import os
@@ -50,25 +51,40 @@ class PivotResult:
     archived: list[str]  # the sidecars copied into the archive (only those that existed)
 
     def response(self, run: RunDir, request_id: str | None) -> dict:
-        return {"id": request_id, "ok": True, "phase": self.phase.phase, "start_step": self.phase.start_step,
-                "policy": self.phase.policy, "caps": self.phase.caps, "floors": self.phase.floors,
-                "checkpoint": self.phase.checkpoint, "archive": str(self.archive.relative_to(run.root)),
-                "moved": self.moved, "archived": self.archived, "message": self.message(run)}
+        return {
+            "id": request_id,
+            "ok": True,
+            "phase": self.phase.phase,
+            "start_step": self.phase.start_step,
+            "policy": self.phase.policy,
+            "caps": self.phase.caps,
+            "floors": self.phase.floors,
+            "checkpoint": self.phase.checkpoint,
+            "archive": str(self.archive.relative_to(run.root)),
+            "moved": self.moved,
+            "archived": self.archived,
+            "message": self.message(run),
+        }
 
     def message(self, run: RunDir) -> str:
         p = self.phase
         where = self.archive.relative_to(run.root)
-        moved = (f"; {len(self.moved)} newer checkpoint(s) of the old phase moved there" if self.moved else "")
-        archived = (f"{' and '.join(self.archived)} archived in {where}" if self.archived
-                    else f"no sidecars to archive (its receipt is in {where})")
-        return (f"pivoted {run.root} at step {p.start_step}: phase {p.phase} ({p.policy}; caps "
-                + ", ".join(f"{k} {v:g}" for k, v in p.caps.items()) + "; floors "
-                + ", ".join(f"{k} {v:g}" for k, v in p.floors.items())
-                + f") starts at step {p.start_step + 1} from {p.checkpoint or 'scratch'}; {archived}{moved}")
+        moved = f"; {len(self.moved)} newer checkpoint(s) of the old phase moved there" if self.moved else ""
+        archived = (
+            f"{' and '.join(self.archived)} archived in {where}"
+            if self.archived
+            else f"no sidecars to archive (its receipt is in {where})"
+        )
+        return (
+            f"pivoted {run.root} at step {p.start_step}: phase {p.phase} ({p.policy}; caps "
+            + ", ".join(f"{k} {v:g}" for k, v in p.caps.items())
+            + "; floors "
+            + ", ".join(f"{k} {v:g}" for k, v in p.floors.items())
+            + f") starts at step {p.start_step + 1} from {p.checkpoint or 'scratch'}; {archived}{moved}"
+        )
 
 
-def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str,
-                checkpoint: str | None) -> PivotResult:
+def apply_pivot(run: RunDir, step: int, caps: dict, floors: dict, policy: str, checkpoint: str | None) -> PivotResult:
     """Archive the sidecars, set aside newer checkpoints, append the phase. The caller holds the run
     (the live proxy, or the lock) and has made sure `checkpoint` (at `step`) is valid and covered.
 

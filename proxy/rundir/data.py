@@ -15,19 +15,29 @@ in `changes` (the definition it replaced kept as archive/data_<time>.json).
 Nothing here is trusted: data.json is read within its size cap and checked
 against its schema, every file it names against its size and SHA-256.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from .. import temp_names
-from ..atomic import atomic_copy, atomic_write_bytes, copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
+from ..atomic import (
+    atomic_copy,
+    atomic_write_bytes,
+    copy_synced,
+    fsync_dir,
+    json_bytes,
+    make_dirs,
+    storage_guard,
+    write_synced,
+)
+from ..config.strict import StrictModel
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer, TokenizerError
 from ..formats.shard import HEADER, ShardError, shard_segment
 from ..formats.token_files import first_out_of_range
@@ -39,19 +49,16 @@ SHA256 = r"^[0-9a-f]{64}$"
 REPLACED_NAME = "data_{time:.0f}.json"  # in RUN/archive/: a definition a data change replaced
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class FrozenFile(_Strict):
+class FrozenFile(StrictModel):
     """A file of RUN/data/: its name there, size and SHA-256."""
+
     file: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=128)
     bytes: int = Field(ge=0)
     sha256: str = Field(pattern=SHA256)
 
 
 class FrozenTokenizer(FrozenFile):
-    given: Optional[str] = None  # the experiment's tokenizer file (absolute) it was copied from; None: trained
+    given: str | None = None  # the experiment's tokenizer file (absolute) it was copied from; None: trained
     eot_id: int = Field(ge=0)
     tokens: int = Field(ge=1)  # its size (the model's vocabulary may be larger)
 
@@ -60,9 +67,10 @@ class FrozenShard(FrozenFile):
     tokens: int = Field(ge=0)
 
 
-class FrozenSource(_Strict):
+class FrozenSource(StrictModel):
     """One source as the run read it: its kind, its path fields made absolute, its fingerprint, and the number
     and total size of the files it read (to say what changed)."""
+
     kind: str
     paths: dict[str, str] = Field(default_factory=dict)
     fingerprint: str = Field(pattern=SHA256)
@@ -70,20 +78,21 @@ class FrozenSource(_Strict):
     bytes: int = Field(ge=0)
 
 
-class FrozenArm(_Strict):
+class FrozenArm(StrictModel):
     sources: list[FrozenSource]
     val: FrozenShard
     train_tokens: int = Field(ge=0)
 
 
-class DataChange(_Strict):
+class DataChange(StrictModel):
     """A launch that continued with sources other than the frozen ones (`--allow-data-change`)."""
+
     time: float
     step: int = Field(ge=0)  # the step training continued from
     changes: list[str]
 
 
-class DataDefinition(_Strict):
+class DataDefinition(StrictModel):
     format: int
     vocab: int = Field(ge=1)
     cache_key: str = Field(pattern=SHA256)  # the prepared-data cache entry it came from
@@ -93,7 +102,7 @@ class DataDefinition(_Strict):
     changes: list[DataChange] = Field(default_factory=list)
 
 
-def read_definition(run: RunDir) -> Optional[DataDefinition]:
+def read_definition(run: RunDir) -> DataDefinition | None:
     """RUN/data/data.json, checked against its schema; None when there is none; RunDirError (one line) when
     it is unreadable or malformed."""
     path = run.data_definition
@@ -110,15 +119,15 @@ def read_definition(run: RunDir) -> Optional[DataDefinition]:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        raise RunDirError(f"{path}: not a data definition ({where}: {first.get('msg')}); restore the run's "
-                          "data/ directory") from None
+        raise RunDirError(
+            f"{path}: not a data definition ({where}: {first.get('msg')}); restore the run's data/ directory"
+        ) from None
     if definition.format != DEFINITION_FORMAT:
-        raise RunDirError(f"{path}: data definition format {definition.format}, this proxy reads "
-                          f"{DEFINITION_FORMAT}")
+        raise RunDirError(f"{path}: data definition format {definition.format}, this proxy reads {DEFINITION_FORMAT}")
     return definition
 
 
-def _check_file(run: RunDir, frozen: FrozenFile) -> Optional[str]:
+def _check_file(run: RunDir, frozen: FrozenFile) -> str | None:
     """Why one file of RUN/data/ is not the one data.json names, or None."""
     path = run.data_dir / frozen.file  # a plain name (the schema's pattern)
     try:
@@ -148,8 +157,10 @@ def problems(run: RunDir, definition: DataDefinition) -> list[str]:
                 if segment.tokens != frozen.tokens:
                     problem = f"{DATA}/{frozen.file} holds {segment.tokens} tokens, data.json says {frozen.tokens}"
                 elif bad is not None:  # the engine would refuse its eval frames, restart after restart
-                    problem = (f"{DATA}/{frozen.file} holds token id {bad[1]} at position {bad[0]}, at or above "
-                               f"the vocabulary ({definition.vocab})")
+                    problem = (
+                        f"{DATA}/{frozen.file} holds token id {bad[1]} at position {bad[0]}, at or above "
+                        f"the vocabulary ({definition.vocab})"
+                    )
             except (ShardError, OSError) as exc:
                 problem = f"{DATA}/{frozen.file}: {exc}"
         if problem is not None:
@@ -157,7 +168,7 @@ def problems(run: RunDir, definition: DataDefinition) -> list[str]:
     return out
 
 
-def checked_definition(run: RunDir) -> Optional[DataDefinition]:
+def checked_definition(run: RunDir) -> DataDefinition | None:
     """The definition with every file it names verified; None when the run has none; RunDirError naming what is
     wrong otherwise."""
     definition = read_definition(run)
@@ -165,9 +176,11 @@ def checked_definition(run: RunDir) -> Optional[DataDefinition]:
         return None
     wrong = problems(run, definition)
     if wrong:
-        raise RunDirError(f"the run's frozen data are damaged: {'; '.join(wrong[:3])}"
-                          + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
-                          + f" (restore {run.data_dir} from a copy of the run)")
+        raise RunDirError(
+            f"the run's frozen data are damaged: {'; '.join(wrong[:3])}"
+            + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+            + f" (restore {run.data_dir} from a copy of the run)"
+        )
     return definition
 
 
@@ -193,8 +206,16 @@ def val_file(arm: str) -> str:
     return f"{arm}.val.tok"
 
 
-def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tokenizer_json: bytes,
-           given: Optional[str], arms: dict[str, tuple[list[FrozenSource], Path, int]]) -> DataDefinition:
+def freeze(
+    run: RunDir,
+    *,
+    vocab: int,
+    cache_key: str,
+    tokenizer: Tokenizer,
+    tokenizer_json: bytes,
+    given: str | None,
+    arms: dict[str, tuple[list[FrozenSource], Path, int]],
+) -> DataDefinition:
     """Write RUN/data/ whole: the tokenizer's bytes, each arm's validation shard (copied from `arms`' paths)
     and data.json, built in a temp directory beside it and swapped in, so that data.json names only files
     that are there. `arms`: name -> (its sources, its validation shard, its training tokens). The temp
@@ -209,13 +230,26 @@ def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tok
             target = tmp / val_file(name)
             copy_synced(val_path, target)
             size, digest = file_sha256(target)
-            frozen_arms[name] = FrozenArm(sources=sources, train_tokens=train_tokens, val=FrozenShard(
-                file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2))
+            frozen_arms[name] = FrozenArm(
+                sources=sources,
+                train_tokens=train_tokens,
+                val=FrozenShard(file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2),
+            )
         definition = DataDefinition(
-            format=DEFINITION_FORMAT, vocab=vocab, cache_key=cache_key, time=time.time(), arms=frozen_arms,
-            tokenizer=FrozenTokenizer(file=TOKENIZER, bytes=len(tokenizer_json),
-                                      sha256=hashlib.sha256(tokenizer_json).hexdigest(), given=given,
-                                      eot_id=tokenizer.eot_id, tokens=tokenizer.trained_size))
+            format=DEFINITION_FORMAT,
+            vocab=vocab,
+            cache_key=cache_key,
+            time=time.time(),
+            arms=frozen_arms,
+            tokenizer=FrozenTokenizer(
+                file=TOKENIZER,
+                bytes=len(tokenizer_json),
+                sha256=hashlib.sha256(tokenizer_json).hexdigest(),
+                given=given,
+                eot_id=tokenizer.eot_id,
+                tokens=tokenizer.trained_size,
+            ),
+        )
         write_synced(tmp / DATA_DEFINITION, json_bytes(definition.model_dump(mode="json")))
         fsync_dir(tmp)
         with storage_guard(run.data_dir, "replace"):
@@ -231,16 +265,22 @@ def freeze(run: RunDir, *, vocab: int, cache_key: str, tokenizer: Tokenizer, tok
             temp_names.remove_entry(old)
 
 
-def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
-                  arms: dict[str, tuple[list[FrozenSource], Path, int]], changes: list[str],
-                  step: int) -> DataDefinition:
+def record_change(
+    run: RunDir,
+    definition: DataDefinition,
+    cache_key: str,
+    arms: dict[str, tuple[list[FrozenSource], Path, int]],
+    changes: list[str],
+    step: int,
+) -> DataDefinition:
     """A launch continuing with changed sources: the old data.json kept as archive/data_<time>.json; the new
     one records each arm's sources as they are now, with the change appended. The tokenizer and the
     validation shards stay the frozen ones; an arm the definition lacks (the experiment gained it) gets its
     validation shard copied from `arms`."""
     make_dirs(run.root / ARCHIVE)
-    atomic_write_bytes(run.root / ARCHIVE / REPLACED_NAME.format(time=time.time()),
-                       json_bytes(definition.model_dump(mode="json")))
+    atomic_write_bytes(
+        run.root / ARCHIVE / REPLACED_NAME.format(time=time.time()), json_bytes(definition.model_dump(mode="json"))
+    )
     merged = definition.model_copy(deep=True)
     for name, (sources, val_path, train_tokens) in arms.items():
         if name in merged.arms:
@@ -249,8 +289,11 @@ def record_change(run: RunDir, definition: DataDefinition, cache_key: str,
         target = run.data_dir / val_file(name)
         atomic_copy(val_path, target)
         size, digest = file_sha256(target)
-        merged.arms[name] = FrozenArm(sources=sources, train_tokens=train_tokens, val=FrozenShard(
-            file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2))
+        merged.arms[name] = FrozenArm(
+            sources=sources,
+            train_tokens=train_tokens,
+            val=FrozenShard(file=val_file(name), bytes=size, sha256=digest, tokens=(size - HEADER.size) // 2),
+        )
     merged.cache_key = cache_key
     merged.changes.append(DataChange(time=time.time(), step=step, changes=changes))
     atomic_write_bytes(run.data_definition, json_bytes(merged.model_dump(mode="json")))

@@ -12,6 +12,7 @@ delete it), and `proxy verify` says so. A checkpoint of another shape under
 the run's checkpoints is left to the engine, which refuses to load it; the
 proxy then falls back to the next older one.
 """
+
 from __future__ import annotations
 
 from ..config.experiment import Experiment
@@ -90,5 +91,7 @@ def foreign_checkpoints(run: RunDir, experiment: Experiment) -> str | None:
         return None
     path, named = found[0]
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-    return (f"{path}{more}: foreign checkpoint: written by experiment {named!r}, {run.root} is {experiment.name!r}; "
-            f"move it out of {run.checkpoints} (nothing was changed)")
+    return (
+        f"{path}{more}: foreign checkpoint: written by experiment {named!r}, {run.root} is {experiment.name!r}; "
+        f"move it out of {run.checkpoints} (nothing was changed)"
+    )

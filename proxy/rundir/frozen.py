@@ -19,6 +19,7 @@ it is refused with one line naming the edited fields, unless
 --allow-experiment-change, which archives the sealed version as above. A run
 frozen before seals existed is sealed as it is found.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -116,9 +117,11 @@ def check_seal(run: RunDir, allow_change: bool) -> None:
     if seal is not None and seal["sha256"] == hashlib.sha256(raw).hexdigest():
         return
     if fields and not allow_change:
-        raise RunDirError(f"{run.experiment} was edited after the run froze it ({_shown(fields)}); restore it "
-                          f"(the frozen values are in {run.experiment_seal}), or pass --allow-experiment-change "
-                          "to continue with the edited one")
+        raise RunDirError(
+            f"{run.experiment} was edited after the run froze it ({_shown(fields)}); restore it "
+            f"(the frozen values are in {run.experiment_seal}), or pass --allow-experiment-change "
+            "to continue with the edited one"
+        )
     if fields:
         _archive(run, json_bytes(seal["experiment"]))
     _write_seal(run, raw)
@@ -134,21 +137,31 @@ def _archive(run: RunDir, frozen_raw: bytes) -> None:
 def started_training(run: RunDir, index: LossLogIndex, phases: list) -> bool:
     """Whether the run ever trained a step: a step in its log, a checkpoint past step 0, or a pivot. Until
     then what a launch froze is provisional."""
-    return bool(index.steps) or len(phases) > 1 or any((checkpoint_step(p) or 0) > 0
-                                                       for p in list_checkpoints(run.checkpoints))
+    return (
+        bool(index.steps)
+        or len(phases) > 1
+        or any((checkpoint_step(p) or 0) > 0 for p in list_checkpoints(run.checkpoints))
+    )
 
 
-def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_change: bool,
-                      provisional: bool = False) -> list[str]:
+def freeze_experiment(
+    run: RunDir,
+    source: Path,
+    experiment: Experiment,
+    allow_change: bool,
+    provisional: bool = False,
+    effective: bytes | None = None,
+) -> list[str]:
     """Write the frozen copy (and its seal) on the first run, or over a provisional one (no step trained
     yet); on later runs check the seal and compare.
 
     Returns the dotted names of the fields that changed (empty when none).
     A changed experiment without `allow_change` raises RunDirError; with it, the
-    frozen copy is replaced by the new experiment.
+    frozen copy is replaced by the new experiment. `effective`: the bytes to freeze instead of the file's,
+    the experiment with its `--set` overrides applied (config/overrides.py).
     """
     try:
-        raw = read_regular(source, CONFIG_FILE_LIMIT)
+        raw = effective if effective is not None else read_regular(source, CONFIG_FILE_LIMIT)
     except (OSError, UnsafeFileError) as exc:  # it was just read and validated; it changed meanwhile
         raise RunDirError(f"{source}: cannot read it again ({exc})") from None
     if provisional or not run.experiment.exists():
@@ -159,8 +172,10 @@ def freeze_experiment(run: RunDir, source: Path, experiment: Experiment, allow_c
     frozen_raw = _read_frozen(run)
     changed = _diff(_normalized(_parse(frozen_raw, run.experiment)), experiment.model_dump(mode="json"))
     if changed and not allow_change:
-        raise RunDirError(f"{source} differs from the experiment frozen in {run.experiment} ({_shown(changed)}); "
-                          "pass --allow-experiment-change to continue with the new one")
+        raise RunDirError(
+            f"{source} differs from the experiment frozen in {run.experiment} ({_shown(changed)}); "
+            "pass --allow-experiment-change to continue with the new one"
+        )
     if changed:  # keep the old frozen copy: an audit trail, and the mark that the run changed
         _archive(run, frozen_raw)
         atomic_write_bytes(run.experiment, raw)
@@ -189,6 +204,9 @@ def load_frozen_experiment(run: RunDir) -> Experiment:
     A frozen copy edited since it was sealed is refused (nothing is written: the run may be live)."""
     fields, _seal = edited_fields(run, _read_frozen(run))
     if fields:
-        raise ProxyError(f"{run.experiment} was edited after the run froze it ({_shown(fields)}); restore it "
-                         f"(the frozen values are in {run.experiment_seal})", EXIT_USAGE)
+        raise ProxyError(
+            f"{run.experiment} was edited after the run froze it ({_shown(fields)}); restore it "
+            f"(the frozen values are in {run.experiment_seal})",
+            EXIT_USAGE,
+        )
     return load_experiment(run.experiment, check_sources=False)

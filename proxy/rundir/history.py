@@ -16,6 +16,7 @@ after a pivot. So `proxy run`, `proxy pivot` and `proxy fork` check the history
 first; a contradiction is one line (RunDirError) and nothing is changed.
 docs/OPERATIONS.md, "Pivot".
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,8 +60,9 @@ def _phases_json(phases: list[Phase]) -> list[str]:
         if i == 0 and p.start_step != 0:
             problems.append(f"phase 0 starts at step {p.start_step}, not 0")
         if i > 0 and p.start_step < phases[i - 1].start_step:
-            problems.append(f"phase {i} starts at step {p.start_step}, before phase {i - 1} (step "
-                            f"{phases[i - 1].start_step})")
+            problems.append(
+                f"phase {i} starts at step {p.start_step}, before phase {i - 1} (step {phases[i - 1].start_step})"
+            )
         if p.checkpoint is not None and checkpoint_step(p.checkpoint) != p.start_step:
             problems.append(f"phase {i} starts at step {p.start_step} from {p.checkpoint!r}")
     return problems
@@ -70,11 +72,15 @@ def _log(phases: list[Phase], index: LossLogIndex) -> list[str]:
     problems = []
     for number, first in sorted(index.phase_first.items()):
         if not 0 <= number < len(phases):
-            problems.append(f".loss.json logs entries of phase {number} (from step {first}), phases.json has "
-                            f"phases 0..{len(phases) - 1}")
+            problems.append(
+                f".loss.json logs entries of phase {number} (from step {first}), phases.json has "
+                f"phases 0..{len(phases) - 1}"
+            )
         elif index.phase_first_step.get(number, first + 1) <= phases[number].start_step:
-            problems.append(f".loss.json logs step {index.phase_first_step[number]} in phase {number}, which "
-                            f"starts after step {phases[number].start_step}")
+            problems.append(
+                f".loss.json logs step {index.phase_first_step[number]} in phase {number}, which "
+                f"starts after step {phases[number].start_step}"
+            )
     return problems
 
 
@@ -93,8 +99,10 @@ def _receipts(run: RunDir, phases: list[Phase]) -> list[str]:
         if not isinstance(number, int) or number < 1:
             problems.append(f"{where} names no phase >= 1")
         elif number >= len(phases):
-            problems.append(f"{where} records the pivot to phase {number} at step {receipt.get('start_step')}, "
-                            f"phases.json has phases 0..{len(phases) - 1}")
+            problems.append(
+                f"{where} records the pivot to phase {number} at step {receipt.get('start_step')}, "
+                f"phases.json has phases 0..{len(phases) - 1}"
+            )
         else:
             differ = _same_phase(receipt, phases[number])
             if differ:
@@ -120,13 +128,16 @@ def _checkpoints(run: RunDir, phases: list[Phase]) -> list[str]:
         if number is None:
             continue
         if not 0 <= number < len(phases):
-            problems.append(f"checkpoints/{path.name} was written in phase {number}, phases.json has phases "
-                            f"0..{len(phases) - 1}")
+            problems.append(
+                f"checkpoints/{path.name} was written in phase {number}, phases.json has phases 0..{len(phases) - 1}"
+            )
             continue
-        later = [p for p in phases[number + 1:] if step > p.start_step]
+        later = [p for p in phases[number + 1 :] if step > p.start_step]
         if later:
-            problems.append(f"checkpoints/{path.name} (phase {number}) is newer than step {later[0].start_step}, "
-                            f"where phase {later[0].phase} starts (a pivot sets such checkpoints aside)")
+            problems.append(
+                f"checkpoints/{path.name} (phase {number}) is newer than step {later[0].start_step}, "
+                f"where phase {later[0].phase} starts (a pivot sets such checkpoints aside)"
+            )
     return problems
 
 
@@ -136,6 +147,8 @@ def check_history(run: RunDir, phases: list[Phase], index: LossLogIndex) -> None
     problems = _phases_json(phases) + _log(phases, index) + _receipts(run, phases) + _checkpoints(run, phases)
     if problems:
         more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
-        raise RunDirError(f"{run.phases} contradicts the run's own records: {'; '.join(problems[:SHOWN])}{more}; "
-                          "nothing was changed: restore the phases.json this run wrote (docs/OPERATIONS.md, "
-                          "\"Phase history\")")
+        raise RunDirError(
+            f"{run.phases} contradicts the run's own records: {'; '.join(problems[:SHOWN])}{more}; "
+            "nothing was changed: restore the phases.json this run wrote (docs/OPERATIONS.md, "
+            '"Phase history")'
+        )

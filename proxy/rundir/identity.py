@@ -13,12 +13,14 @@ every process record written by the original names another run.
 The file is read by safe_fs's rules and parsed strictly; one that does not
 parse is replaced by a fresh identity, with one line.
 """
+
 from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,6 +36,7 @@ RUN_ID_PATTERN = r"^[0-9a-f]{32}$"
 
 class RunIdentity(BaseModel):
     """RUN/.run.json (docs/FORMATS.md, "Run identity")."""
+
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
     version: int = Field(1, ge=1, le=1)
     run_id: str = Field(pattern=RUN_ID_PATTERN)
@@ -79,8 +82,9 @@ def read_identity(run: RunDir) -> tuple[RunIdentity | None, str | None]:
 
 
 def _mint(here: FileIdentity, copied_from: str | None) -> RunIdentity:
-    return RunIdentity(run_id=secrets.token_hex(16), created=time.time(), dev=here.dev, ino=here.ino,
-                       copied_from=copied_from)
+    return RunIdentity(
+        run_id=secrets.token_hex(16), created=time.time(), dev=here.dev, ino=here.ino, copied_from=copied_from
+    )
 
 
 def load_identity(run: RunDir, warn: Callable[[str], None]) -> tuple[RunIdentity, bool]:
@@ -94,9 +98,11 @@ def load_identity(run: RunDir, warn: Callable[[str], None]) -> tuple[RunIdentity
             warn(f"{unusable}; a new run id is minted")
         return _mint(here, None), True
     if identity.directory != here:
-        warn(f"{run.root} is a copy of run {identity.run_id} (or was moved to another file system): it was "
-             f"created as directory {identity.directory}, this is {here}; it gets a run id of its own, and no "
-             "process the original's records name is ever signalled from here")
+        warn(
+            f"{run.root} is a copy of run {identity.run_id} (or was moved to another file system): it was "
+            f"created as directory {identity.directory}, this is {here}; it gets a run id of its own, and no "
+            "process the original's records name is ever signalled from here"
+        )
         return _mint(here, identity.run_id), True
     return identity, False
 

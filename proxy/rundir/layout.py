@@ -17,12 +17,17 @@
                                (supervision/engine_record.py)
     RUN/.qualification.json    the CUDA engine's fast paths this run uses, and their checks (qualification.py)
     RUN/archive/pivot_<k>/phase.json   a committed pivot's receipt (rundir/history.py)
+    RUN/.overrides.json        the `--set` overrides of the last launch (rundir/overrides_record.py)
+    RUN/tensorboard/           TensorBoard event files and the tracker's marks (tracking/)
+    RUN/wandb/                 the W&B run (offline files, its id) the tracker writes (tracking/)
+    RUN/tracker.log            the tracker's output when `proxy run` started it
     RUN/.pivot.lock            one `proxy pivot` at a time (rundir/lock.py)
     RUN/.pivot_request.json    a live pivot's request, .pivot_claimed.json once taken, and the answer in
-    RUN/.pivot_response.json   (formats/pivot_request.py)
+    RUN/.pivot_response.json   (rundir/pivot_request.py)
 
 The proxy and the dashboard both name files through this module.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,52 +39,48 @@ from .. import temp_names
 from ..atomic import make_dirs
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats import bounded_json
-from ..formats.checkpoint import checkpoint_name
+
+# The names themselves live in the leaf proxy/run_names.py (formats/ reads them there too); every other
+# module takes them from here, with the directory they name.
+from ..run_names import (
+    ACTIVITY_FILES,
+    ARCHIVE,
+    BEST,
+    CHECKPOINTS,
+    DASHBOARD_LOG,
+    DATA,
+    DATA_DEFINITION,
+    ENGINE_LOG,
+    ENGINE_LOG_TAIL,
+    ENGINE_RECORD,
+    EXPERIMENT,
+    EXPERIMENT_SEAL,
+    IDENTITY,
+    LOSS_LINE_LIMIT,
+    LOSS_LOG,
+    OVERRIDES,
+    OWN_DIRS,
+    PHASES,
+    PIVOT_CLAIMED,
+    PIVOT_LOCK,
+    PIVOT_RECEIPT,
+    PIVOT_REQUEST,
+    PIVOT_RESPONSE,
+    QUALIFICATION,
+    READ_LIMITS,
+    RUNS_ROOT,
+    SAMPLES,
+    STATE,
+    TENSORBOARD,
+    TOKENIZER,
+    TRACKER_LOG,
+    TRACKER_MARKS,
+    VAL_SHARD_SUFFIX,
+    WANDB,
+    WANDB_RUN_ID,
+    checkpoint_name,
+)
 from ..safe_fs import UnsafeFileError, file_kind, read_regular
-
-RUNS_ROOT = Path("runs")
-
-EXPERIMENT = "experiment.json"
-EXPERIMENT_SEAL = ".experiment.seal.json"
-CHECKPOINTS = "checkpoints"
-BEST = "best.bin"
-LOSS_LOG = ".loss.json"
-SAMPLES = ".samples.json"
-STATE = ".state.json"
-PHASES = "phases.json"
-DATA = "data"  # the frozen data definition (rundir/data.py): these three names, inside it
-DATA_DEFINITION = "data.json"
-TOKENIZER = "tokenizer.json"
-VAL_SHARD_SUFFIX = ".val.tok"  # <arm>.val.tok
-ARCHIVE = "archive"
-ENGINE_LOG = "engine.log"
-DASHBOARD_LOG = "dashboard.log"
-IDENTITY = ".run.json"
-ENGINE_RECORD = ".engine.json"
-QUALIFICATION = ".qualification.json"
-PIVOT_LOCK = ".pivot.lock"
-PIVOT_REQUEST = ".pivot_request.json"
-PIVOT_CLAIMED = ".pivot_claimed.json"
-PIVOT_RESPONSE = ".pivot_response.json"
-PIVOT_RECEIPT = "phase.json"  # in a pivot's archive directory: the phase it committed (rundir/history.py)
-
-# The directories inside a run that the proxy and the engine write and delete in: each must be a real
-# directory of the run, never a symlink (a `checkpoints` linked to another run would have this run's
-# retention delete that run's checkpoints; a `data` linked elsewhere, the data freeze replace what is there).
-OWN_DIRS = (CHECKPOINTS, ARCHIVE, DATA)
-
-# Files whose modification time says when a run was last active.
-ACTIVITY_FILES = (LOSS_LOG, STATE, EXPERIMENT)
-
-# The most bytes a reader takes from each small file of a run directory (proxy/safe_fs.py refuses a
-# larger one, with one line). The writers stay far below: samples.py trims `.samples.json` to its cap.
-READ_LIMITS = {EXPERIMENT: 1 << 20, EXPERIMENT_SEAL: 4 << 20, PHASES: 4 << 20, STATE: 4 << 20, SAMPLES: 32 << 20,
-               ENGINE_RECORD: 64 << 10, IDENTITY: 4 << 10, QUALIFICATION: 64 << 10,
-               PIVOT_REQUEST: 1 << 20, PIVOT_CLAIMED: 1 << 20,
-               PIVOT_RESPONSE: 1 << 20, PIVOT_RECEIPT: 1 << 20, DATA_DEFINITION: 4 << 20, TOKENIZER: 64 << 20}
-# A validation shard in data/ may be as large as data.json says (its size and SHA-256 are checked there).
-LOSS_LINE_LIMIT = 1 << 20  # the longest `.loss.json` line read; a longer one is skipped like a torn one
-ENGINE_LOG_TAIL = 4096  # bytes of engine.log read back for a crash's reason
 
 
 class RunDirError(ProxyError):
@@ -107,6 +108,22 @@ class RunDir:
     @property
     def best(self) -> Path:
         return self.checkpoints / BEST
+
+    @property
+    def overrides(self) -> Path:
+        return self.root / OVERRIDES
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / TENSORBOARD
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / WANDB
+
+    @property
+    def tracker_log(self) -> Path:
+        return self.root / TRACKER_LOG
 
     @property
     def loss_log(self) -> Path:
@@ -200,8 +217,10 @@ class RunDir:
                     target = f" to {os.readlink(path)}"
                 except OSError:
                     target = ""
-                raise RunDirError(f"{path} is a symlink{target}; a run writes and deletes only inside its own "
-                                  f"directory: make {name}/ a real directory of the run (nothing was changed)")
+                raise RunDirError(
+                    f"{path} is a symlink{target}; a run writes and deletes only inside its own "
+                    f"directory: make {name}/ a real directory of the run (nothing was changed)"
+                )
             if not stat.S_ISDIR(mode):
                 kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
                 raise RunDirError(f"{path} is {kind}, not a directory (nothing was changed)")

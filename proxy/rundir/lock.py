@@ -21,6 +21,7 @@ and the others directly in it) are replaced relative to the locked
 directory's descriptor meanwhile (atomic.py's anchor), so one written in the
 instant of the move still lands in the run.
 """
+
 from __future__ import annotations
 
 import errno
@@ -81,7 +82,7 @@ class KernelLock:
         with storage_guard(self.path, "open"):
             return open_own(self.path, LOCK_FLAGS, "a lock file")
 
-    def acquire(self) -> "KernelLock":
+    def acquire(self) -> KernelLock:
         fd = self._open()
         try:
             for attempt in range(BUSY_TRIES):
@@ -106,7 +107,7 @@ class KernelLock:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
-    def __enter__(self) -> "KernelLock":
+    def __enter__(self) -> KernelLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -120,7 +121,7 @@ class RunLock(KernelLock):
         super().__init__(run.root, directory=True)
         self.run = run
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             super().acquire()
         except LockBusy as busy:
@@ -129,8 +130,11 @@ class RunLock(KernelLock):
             except OSError:
                 here = None
             holder = holder_of(busy.holder, here, _parent(self.run))
-            how = (f"one proxy per run; `proxy stop --run-dir {self.run.root}` stops it" if holder.is_proxy else
-                   "nothing was signalled; the run can start once that process lets go")
+            how = (
+                f"one proxy per run; `proxy stop --run-dir {self.run.root}` stops it"
+                if holder.is_proxy
+                else "nothing was signalled; the run can start once that process lets go"
+            )
             raise RunInUse(f"run directory {self.run.root} is in use by {holder.describe()} ({how})") from None
         except OSError as exc:
             raise RunInUse(f"cannot lock run directory {self.run.root}: {exc.strerror}") from None
@@ -150,9 +154,11 @@ class RunLock(KernelLock):
             now = None
         if now != self.identity:
             where = "is gone" if now is None else f"is now another directory ({now}, locked {self.identity})"
-            raise RunDirReplaced(f"run directory {self.run.root} {where}: it was moved or replaced while this proxy "
-                                 "ran; stopping without writing there (the engine is killed: its checkpoints "
-                                 "would land in whatever now has that name)")
+            raise RunDirReplaced(
+                f"run directory {self.run.root} {where}: it was moved or replaced while this proxy "
+                "ran; stopping without writing there (the engine is killed: its checkpoints "
+                "would land in whatever now has that name)"
+            )
 
 
 class PivotLock(KernelLock):
@@ -161,13 +167,14 @@ class PivotLock(KernelLock):
     def __init__(self, run: RunDir):
         super().__init__(run.pivot_lock)
 
-    def acquire(self) -> "PivotLock":
+    def acquire(self) -> PivotLock:
         try:
             super().acquire()
         except LockBusy as busy:
             who = f"pid {busy.holder.pid}" if busy.holder else "another process"
-            raise PivotInFlight(f"another pivot of this run is in flight ({who}); wait for it to finish, then "
-                                "try again") from None
+            raise PivotInFlight(
+                f"another pivot of this run is in flight ({who}); wait for it to finish, then try again"
+            ) from None
         except UnsafeFileError as exc:
             raise RunDirError(str(exc)) from None
         return self
@@ -211,8 +218,9 @@ def running_proxy(run: RunDir, nothing_done: str) -> Holder:
     if holder is None:
         raise ProxyError(f"no proxy is running for {run.root}")
     if holder.process is None:
-        raise ProxyError(f"{run.root} is locked, but the kernel names no process this user can see holding its "
-                         f"lock; {nothing_done}")
+        raise ProxyError(
+            f"{run.root} is locked, but the kernel names no process this user can see holding its lock; {nothing_done}"
+        )
     if not holder.is_proxy:
         raise ProxyError(f"{run.root} is locked by {holder.describe()}; {nothing_done}")
     return holder

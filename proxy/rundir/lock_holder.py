@@ -20,6 +20,7 @@ a stale one (the previous proxy's, until the new one writes its own) would
 fail the real proxy. Any other holder is named in one line and never
 signalled.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,7 @@ SHOWN_CHARS = 160  # of a foreign holder's command line, in the one line that na
 class Holder:
     """A held run lock: the process holding it when the kernel names one this user can see, and why it is
     not a proxy of the run (`foreign`; None: it is one)."""
+
     process: psutil.Process | None
     foreign: str | None = None
 
@@ -72,11 +74,11 @@ def proxy_arguments(cmdline: list[str]) -> list[str] | None:
     while i < len(cmdline):
         word = cmdline[i]
         if word == "-m":
-            return cmdline[i + 2:] if cmdline[i + 1:i + 2] == [PROXY_MODULE] else None
+            return cmdline[i + 2 :] if cmdline[i + 1 : i + 2] == [PROXY_MODULE] else None
         if word == f"-m{PROXY_MODULE}":
-            return cmdline[i + 1:]
+            return cmdline[i + 1 :]
         if not word.startswith("-"):  # the script Python runs
-            return cmdline[i + 1:] if os.path.basename(word) == PROXY_SCRIPT else None
+            return cmdline[i + 1 :] if os.path.basename(word) == PROXY_SCRIPT else None
         if word in ("-c", "-"):  # a program given inline or on stdin: not the proxy
             return None
         i += 2 if word in OPTIONS_WITH_VALUE else 1
@@ -84,8 +86,9 @@ def proxy_arguments(cmdline: list[str]) -> list[str] | None:
 
 
 def _parsed(arguments: list[str]):
-    """The proxy's own reading of `arguments` (cli.build_parser), or None when it refuses them."""
-    from ..cli import build_parser  # the parser imports the commands' options; the proof needs it only here
+    """The proxy's own reading of `arguments` (arguments.build_parser), or None when it refuses them."""
+    from ..arguments import build_parser  # the parser loads the policies (pydantic); the proof needs it only here
+
     quiet = io.StringIO()  # a `--help` there prints: never into this command's own output
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):

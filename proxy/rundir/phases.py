@@ -3,6 +3,7 @@
 Phase 0 is written when the run is created; each pivot appends one. Steps
 `start_step + 1` onwards belong to a phase, until the next one starts.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ from .layout import PHASES, READ_LIMITS, RunDir, RunDirError
 @dataclass
 class Phase:
     """One entry of phases.json (docs/FORMATS.md)."""
+
     phase: int
     start_step: int
     policy: str
@@ -24,12 +26,17 @@ class Phase:
     checkpoint: str | None = None
 
     @classmethod
-    def from_dict(cls, obj: dict) -> "Phase":
+    def from_dict(cls, obj: dict) -> Phase:
         try:
-            return cls(phase=int(obj["phase"]), start_step=int(obj["start_step"]), policy=str(obj["policy"]),
-                       caps={str(k): float(v) for k, v in dict(obj.get("caps") or {}).items()},
-                       floors={str(k): float(v) for k, v in dict(obj.get("floors") or {}).items()},
-                       time=float(obj.get("time") or 0.0), checkpoint=obj.get("checkpoint"))
+            return cls(
+                phase=int(obj["phase"]),
+                start_step=int(obj["start_step"]),
+                policy=str(obj["policy"]),
+                caps={str(k): float(v) for k, v in dict(obj.get("caps") or {}).items()},
+                floors={str(k): float(v) for k, v in dict(obj.get("floors") or {}).items()},
+                time=float(obj.get("time") or 0.0),
+                checkpoint=obj.get("checkpoint"),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise RunDirError(f"phases.json: malformed phase entry ({exc})") from None
 
@@ -59,8 +66,10 @@ def encode_phases(run: RunDir, phases: list[Phase]) -> bytes:
     """phases.json's bytes; RunDirError when they would outgrow what its readers take (READ_LIMITS)."""
     data = json_bytes([p.to_dict() for p in phases])
     if len(data) > READ_LIMITS[PHASES]:
-        raise RunDirError(f"{run.phases}: {len(phases)} phases would take {len(data)} bytes, more than the "
-                          f"{READ_LIMITS[PHASES]} it may have; no more pivots fit")
+        raise RunDirError(
+            f"{run.phases}: {len(phases)} phases would take {len(data)} bytes, more than the "
+            f"{READ_LIMITS[PHASES]} it may have; no more pivots fit"
+        )
     return data
 
 
@@ -70,9 +79,13 @@ def write_phases(run: RunDir, phases: list[Phase]) -> None:
 
 def first_phase(experiment) -> Phase:
     """Phase 0 from the experiment's arms and bandit policy."""
-    return Phase(phase=0, start_step=0, policy=experiment.bandit.policy,
-                 caps={a.name: float(a.cap) for a in experiment.arms},
-                 floors={a.name: float(a.floor) for a in experiment.arms})
+    return Phase(
+        phase=0,
+        start_step=0,
+        policy=experiment.bandit.policy,
+        caps={a.name: float(a.cap) for a in experiment.arms},
+        floors={a.name: float(a.floor) for a in experiment.arms},
+    )
 
 
 def owned_steps(phases: list[Phase], through: int) -> list[tuple[Phase, int, int]]:
@@ -93,23 +106,32 @@ def ensure_phases(run: RunDir, experiment, provisional: bool = False) -> list[Ph
     no step trained yet); returns the list."""
     phases = read_phases(run)
     fresh = first_phase(experiment)
-    stale = provisional and len(phases) == 1 and (phases[0].policy, phases[0].caps, phases[0].floors) != (
-        fresh.policy, fresh.caps, fresh.floors)
+    stale = (
+        provisional
+        and len(phases) == 1
+        and (phases[0].policy, phases[0].caps, phases[0].floors) != (fresh.policy, fresh.caps, fresh.floors)
+    )
     if not phases or stale:
         phases = [fresh]
         write_phases(run, phases)
     return phases
 
 
-def next_phase(phases: list[Phase], start_step: int, policy: str, caps: dict, floors: dict,
-               checkpoint: str | None) -> Phase:
+def next_phase(
+    phases: list[Phase], start_step: int, policy: str, caps: dict, floors: dict, checkpoint: str | None
+) -> Phase:
     """The phase a pivot appends to `phases`."""
-    return Phase(phase=len(phases), start_step=start_step, policy=policy, caps=dict(caps),
-                 floors=dict(floors), checkpoint=checkpoint)
+    return Phase(
+        phase=len(phases),
+        start_step=start_step,
+        policy=policy,
+        caps=dict(caps),
+        floors=dict(floors),
+        checkpoint=checkpoint,
+    )
 
 
-def append_phase(run: RunDir, start_step: int, policy: str, caps: dict, floors: dict,
-                 checkpoint: str | None) -> Phase:
+def append_phase(run: RunDir, start_step: int, policy: str, caps: dict, floors: dict, checkpoint: str | None) -> Phase:
     """The seam for `proxy pivot`: append a new phase (the list is only ever appended to)."""
     phases = read_phases(run)
     phase = next_phase(phases, start_step, policy, caps, floors, checkpoint)

@@ -5,6 +5,7 @@ proxy (SIGUSR2); the proxy claims it by renaming it to .pivot_claimed.json
 (so a `proxy pivot` that gives up can still withdraw a request nobody took)
 and answers in .pivot_response.json with the request's id.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,18 @@ from .layout import RunDir
 def write_request(run: RunDir, caps: dict, floors: dict, policy: str, caps_file: str) -> str:
     """`proxy pivot`'s side: leave a request for the running proxy; returns its id."""
     request_id = uuid.uuid4().hex
-    atomic_write_json(run.pivot_request, {"id": request_id, "caps": caps, "floors": floors, "policy": policy,
-                                          "caps_file": caps_file, "pid": os.getpid(), "time": time.time()})
+    atomic_write_json(
+        run.pivot_request,
+        {
+            "id": request_id,
+            "caps": caps,
+            "floors": floors,
+            "policy": policy,
+            "caps_file": caps_file,
+            "pid": os.getpid(),
+            "time": time.time(),
+        },
+    )
     return request_id
 
 

@@ -8,15 +8,16 @@ between the engine's checkpoint and the log append thus falls back to an
 older checkpoint rather than guessing. `proxy run`, `proxy pivot` on a
 stopped run and `proxy fork` all choose by this rule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..divergence import insanity, sane_loss
 from ..errors import EXIT_FAILURE, ProxyError
 from ..formats.checkpoint import checkpoint_step, list_checkpoints, misnamed, verify_checkpoint
 from ..formats.loss_log import LossLogIndex
-from .divergence import insanity, sane_loss
 from .phases import Phase, owned_steps
 
 
@@ -39,11 +40,18 @@ def uncovered(index: LossLogIndex, phases: list[Phase], through: int, after: int
     return count, first
 
 
-def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], *, vocab: int,
-                   since: Phase | None = None, at_most: int | None = None,
-                   rejected: set[str] = frozenset()) -> ResumePoint:
+def newest_covered(
+    checkpoint_dir: Path,
+    index: LossLogIndex,
+    phases: list[Phase],
+    *,
+    vocab: int,
+    since: Phase | None = None,
+    at_most: int | None = None,
+    rejected: set[str] = frozenset(),
+) -> ResumePoint:
     """The newest checkpoint (at or before `at_most`) that verifies, whose steps the log covers, and that is
-    sane (rundir/divergence.py: the loss logged for its step; `vocab` is the model's).
+    sane (proxy/divergence.py: the loss logged for its step; `vocab` is the model's).
 
     With `since` (a phase): only checkpoints from its start step on count, and only its own steps must be
     in the log (the earlier phases' steps are history). Without: every step from 1. `rejected` names
@@ -73,32 +81,44 @@ def newest_covered(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase
             if entry is not None and not sane_loss(entry.loss, vocab):
                 reason = f"{path.name}: the run had diverged at its step ({insanity(entry.loss, vocab)})"
             elif entry is not None:  # trained after a diverged step of its phase: descends from diverged weights
-                first = index.first_diverged(entry.phase, after, step,
-                                             lambda loss: sane_loss(loss, vocab))
+                first = index.first_diverged(entry.phase, after, step, lambda loss: sane_loss(loss, vocab))
                 if first is not None:
-                    reason = (f"{path.name}: the run had diverged at step {first}, before it "
-                              f"({insanity(index.high_losses[first], vocab)})")
+                    reason = (
+                        f"{path.name}: the run had diverged at step {first}, before it "
+                        f"({insanity(index.high_losses[first], vocab)})"
+                    )
         if reason is None:
             return ResumePoint(path, step, skipped)
         skipped.append(reason)
     return ResumePoint(None, 0, skipped)
 
 
-def choose_resume(checkpoint_dir: Path, index: LossLogIndex, phases: list[Phase], rejected: set[str], *,
-                  vocab: int, at_most: int | None = None) -> ResumePoint:
+def choose_resume(
+    checkpoint_dir: Path,
+    index: LossLogIndex,
+    phases: list[Phase],
+    rejected: set[str],
+    *,
+    vocab: int,
+    at_most: int | None = None,
+) -> ResumePoint:
     """Where the current (last) phase continues: its newest covered, sane checkpoint (with `at_most`: at or
     before that step; `proxy pivot --at`), or a fresh start in phase 0. ProxyError when there is none to use."""
     phase = phases[-1]
-    point = newest_covered(checkpoint_dir, index, phases, vocab=vocab, since=phase, at_most=at_most,
-                           rejected=rejected)
+    point = newest_covered(checkpoint_dir, index, phases, vocab=vocab, since=phase, at_most=at_most, rejected=rejected)
     if point.path is not None:
         return point
     skipped = point.skipped
     if rejected:
-        raise ProxyError(f"the engine rejected every checkpoint it was offered ({'; '.join(skipped)}); "
-                         f"see the engine's reason in its log", EXIT_FAILURE)
+        raise ProxyError(
+            f"the engine rejected every checkpoint it was offered ({'; '.join(skipped)}); "
+            f"see the engine's reason in its log",
+            EXIT_FAILURE,
+        )
     if phase.start_step > 0:
         upto = f" and at or before step {at_most}" if at_most is not None else ""
-        raise ProxyError(f"no valid checkpoint at or after step {phase.start_step}, where phase "
-                         f"{phase.phase} starts{upto} ({'; '.join(skipped) or 'none found'})")
+        raise ProxyError(
+            f"no valid checkpoint at or after step {phase.start_step}, where phase "
+            f"{phase.phase} starts{upto} ({'; '.join(skipped) or 'none found'})"
+        )
     return point

@@ -2,10 +2,11 @@
 
 Never deleted: any checkpoint a resume or a pivot needs (the caller passes
 those steps as `protected`: the newest checkpoint the log covers, the one the
-current segment resumed from, and every checkpoint named in phases.json).
+current engine launch resumed from, and every checkpoint named in phases.json).
 best.bin is a copy, written atomically; it is never a resume candidate
 (loaders consider only step_*.bin).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def plan_retention(steps: list[int], policy: RetentionPolicy, protected: set[int
     if policy.keep_last <= 0:
         return []
     ordered = sorted(set(steps))
-    keep = set(ordered[-policy.keep_last:])
+    keep = set(ordered[-policy.keep_last :])
     keep |= {s for s in ordered if policy.is_milestone(s)}
     keep |= set(protected)
     return [s for s in ordered if s not in keep]
@@ -53,8 +54,11 @@ def apply_retention(run: RunDir, policy: RetentionPolicy, protected: set[int], d
     following a symlink, so nothing outside the run is ever deleted."""
     run.check_paths()
     checkpoint_dir = run.checkpoints
-    by_step = {step: p for p in checkpoint_files(checkpoint_dir)
-               if (step := checkpoint_step(p)) is not None and step <= durable_through}
+    by_step = {
+        step: p
+        for p in checkpoint_files(checkpoint_dir)
+        if (step := checkpoint_step(p)) is not None and step <= durable_through
+    }
     doomed = plan_retention(list(by_step), policy, protected)
     if not doomed:
         return []

@@ -1,1 +1,2 @@
-"""`proxy run`: setup, the restart loop, one engine launch (a segment), the watchdog, the pivot desk, status."""
+"""`proxy run`: setup, the restart loop, one engine launch (its state, its start, its frames), the watchdog,
+the pivot desk, status."""

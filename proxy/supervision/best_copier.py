@@ -12,11 +12,12 @@ run as any failed write of the proxy does (exit 5), raised again on the event
 loop; any other failure (an unreadable or unsafe source) leaves best.bin as it
 was, with one warning.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import StorageError
 from ..rundir.retention import copy_best
@@ -38,6 +39,7 @@ class BestCopier:
     def start(self, step: int, loss: float, source: Path, best: Path) -> None:
         """Copy `source` (the checkpoint of `step`, validation loss `loss`) over `best` in the background.
         The caller waits for any copy in flight first."""
+
         def copy() -> None:
             try:
                 copy_best(source, best)

@@ -3,15 +3,17 @@
 Both act only on durable checkpoints: those the engine announced (its ckpt
 event comes once the file and its directory entry are fsynced), or older.
 """
+
 from __future__ import annotations
 
+from ..errors import add_note
 from ..formats.checkpoint import checkpoint_path, header_step
 from ..formats.loss_log import LossLogIndex
 from ..rundir.layout import RunDirError
 from ..rundir.retention import apply_retention, best_is_better, protected_by_phases
 from .context import RunContext
+from .launch import EngineLaunch
 from .report import RunReport
-from .segment import Segment
 
 
 def durable(report: RunReport, step: int) -> bool:
@@ -21,25 +23,25 @@ def durable(report: RunReport, step: int) -> bool:
     return report.last_ckpt_step is not None and step <= report.last_ckpt_step
 
 
-def retain(ctx: RunContext, seg: Segment | None) -> None:
+def retain(ctx: RunContext, launch: EngineLaunch | None) -> None:
     """Apply the retention policy to the durable checkpoints, never deleting what a resume or a pivot
     needs: the checkpoints phases.json names, the newest one announced, the newest sane one
-    (rundir/divergence.py), the one this segment resumed from."""
+    (proxy/divergence.py), the one this launch resumed from."""
     report = ctx.report
     if report.last_ckpt_step is None:
         return  # nothing announced yet: no file is known to be complete
     protected = protected_by_phases(ctx.phases) | {report.last_ckpt_step}
     if report.last_sane_ckpt_step is not None:  # never the newest sane one, whatever diverged after it
         protected.add(report.last_sane_ckpt_step)
-    if seg is not None and seg.resume.path is not None:
-        protected.add(seg.resume.step)
+    if launch is not None and launch.resume.path is not None:
+        protected.add(launch.resume.step)
     if ctx.best_copier.busy_step is not None:
         protected.add(ctx.best_copier.busy_step)
     _own_checkpoints(ctx, "retention")
     try:
         apply_retention(ctx.run, ctx.retention, protected, report.last_ckpt_step)
     except RunDirError as exc:  # swapped in between: as below
-        exc.add_note("retention")
+        add_note(exc, "retention")
         raise
     except OSError as exc:
         ctx.warn(f"retention: {exc}")
@@ -53,7 +55,7 @@ def _own_checkpoints(ctx: RunContext, what: str) -> None:
     try:
         ctx.run.check_paths()
     except RunDirError as exc:
-        exc.add_note(what)
+        add_note(exc, what)
         raise
 
 

@@ -1,12 +1,13 @@
 """What one `proxy run` shares between its parts: the run's fixed inputs and its state across engine launches.
 
-The loop (loop.py), a launch (segment.py), the event handlers (events.py),
+The loop (loop.py), a launch (launcher.py), the event handlers (events.py),
 the pivot desk (pivot_desk.py) and the live status (live_status.py) all take this one
 object, so every piece of state has one owner and is visible in one place.
 The fields that change while the run goes on (the bandit, caps and floors, the
-phases, `.samples.json`, the segment number, refused checkpoints, evaluation
+phases, `.samples.json`, the launch number, refused checkpoints, evaluation
 losses) change only through RunContext's own methods.
 """
+
 from __future__ import annotations
 
 import sys
@@ -59,7 +60,7 @@ class Console:
 class RunContext:
     experiment: Experiment
     run: RunDir
-    data: "RunData"  # the tokenizer, the training and validation tokens (run_data.py)
+    data: RunData  # the tokenizer, the training and validation tokens (run_data.py)
     engine_choice: EngineChoice
     opts: SupervisorOptions
     console: Console
@@ -78,7 +79,7 @@ class RunContext:
     bandit: Bandit | None = None  # the current phase's, rebuilt at every launch
     caps: dict[str, float] = field(default_factory=dict)  # in force for the bandit
     floors: dict[str, float] = field(default_factory=dict)
-    segment_number: int = 0  # engine launches of the run so far (`segment` in .loss.json)
+    launch_number: int = 0  # engine launches of the run so far (`segment` in .loss.json)
     rejected: set[str] = field(default_factory=set)  # checkpoints the engine refused (exit 3)
     eval_loss: dict[int, float] = field(default_factory=dict)  # step -> validation loss
     best_copier: BestCopier = field(default_factory=BestCopier)  # best.bin, written off the event loop
@@ -110,14 +111,15 @@ class RunContext:
         self.phases = read_phases(self.run)
         return self.phase
 
-    # The run's live state changes only through these methods: the setup, the launch (segment.py) and the
+    # The run's live state changes only through these methods: the setup, the launch (launcher.py) and the
     # pivot desk call them, and nothing else assigns a field of this object (tests/repository checks it).
 
     def new_bandit(self) -> Bandit:
         """A fresh bandit for the current phase, and the caps and floors in force for it: at every launch
         (then fed the phase's log) and when a pivot starts a new phase."""
-        self.bandit, self.caps, self.floors = bandit_for_phase(self.experiment, self.phase, self.row_spread,
-                                                                self.unigram_gap)
+        self.bandit, self.caps, self.floors = bandit_for_phase(
+            self.experiment, self.phase, self.row_spread, self.unigram_gap
+        )
         return self.bandit
 
     def start_phase(self) -> Phase:
@@ -142,13 +144,13 @@ class RunContext:
         """An evaluation's validation loss (best.bin follows the lowest)."""
         self.eval_loss[step] = loss
 
-    def next_segment(self, logged: int) -> int:
+    def next_launch(self, logged: int) -> int:
         """The number of the engine launch about to start: one past the last (at the run's first launch,
         one past the highest `segment` the log holds, `logged`)."""
-        if self.segment_number == 0:
-            self.segment_number = logged
-        self.segment_number += 1
-        return self.segment_number
+        if self.launch_number == 0:
+            self.launch_number = logged
+        self.launch_number += 1
+        return self.launch_number
 
     def say(self, line: str) -> None:
         self.console.say(line)

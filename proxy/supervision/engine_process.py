@@ -7,6 +7,7 @@ lines into events on a queue; a writer thread feeds frames to stdin so the
 supervisor never blocks on a full pipe. The record of a launched engine, and
 reaping one a killed proxy left behind, are supervision/engine_record.py's.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -95,12 +96,20 @@ class EngineProcess:
         self._frames: queue.Queue = queue.Queue()
         log = open_append(log_path)  # the engine's stderr: a regular file, never a FIFO or a symlink
         try:
-            append_whole(log, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n=== {shlex.join(argv)}\n"
-                         .encode(), log_path)
+            append_whole(
+                log, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n=== {shlex.join(argv)}\n".encode(), log_path
+            )
             try:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                             start_new_session=True, bufsize=0, close_fds=True,
-                                             env=dict(os.environ, **env) if env else None)
+                self.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                    bufsize=0,
+                    close_fds=True,
+                    env=dict(os.environ, **env) if env else None,
+                )
             except OSError as exc:
                 raise EngineError(f"cannot start engine {argv[0]}: {exc.strerror}") from None
         finally:

@@ -32,6 +32,7 @@ locked. A record that fails any check is reported in one line and ignored.
 The checks run again, through a pidfd that keeps naming the verified
 process, right before the SIGKILL, which goes only to that group.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,14 +40,22 @@ import os
 import secrets
 import signal
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..atomic import atomic_write_json
-from ..processes import (FileIdentity, group_leader, identity_seen_by, open_pidfd, pidfd_exited, same_command,
-                         signal_group)
+from ..processes import (
+    FileIdentity,
+    group_leader,
+    identity_seen_by,
+    open_pidfd,
+    pidfd_exited,
+    same_command,
+    signal_group,
+)
 from ..rundir.identity import RUN_ID_PATTERN, RunIdentity, read_record
 from ..rundir.layout import RunDir
 
@@ -71,6 +80,7 @@ def token_hash(token: str) -> str:
 
 class EngineRecord(BaseModel):
     """RUN/.engine.json (docs/FORMATS.md, "The engine record")."""
+
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
     version: int = Field(RECORD_VERSION, ge=RECORD_VERSION, le=RECORD_VERSION)
     pid: int = Field(gt=1, le=PID_MAX)
@@ -82,14 +92,22 @@ class EngineRecord(BaseModel):
     ino: int = Field(ge=0)
 
 
-def record_engine(run: RunDir, identity: RunIdentity, pid: int, create_time: float | None, argv: list[str],
-                  token: str) -> None:
+def record_engine(
+    run: RunDir, identity: RunIdentity, pid: int, create_time: float | None, argv: list[str], token: str
+) -> None:
     """Write the record of an engine just launched (nothing when its start time could not be read: it has
     already exited, and no record is better than one that cannot be verified)."""
     if create_time is None:
         return
-    record = EngineRecord(pid=pid, create_time=create_time, argv=argv, token_sha256=token_hash(token),
-                          run_id=identity.run_id, dev=identity.dev, ino=identity.ino)
+    record = EngineRecord(
+        pid=pid,
+        create_time=create_time,
+        argv=argv,
+        token_sha256=token_hash(token),
+        run_id=identity.run_id,
+        dev=identity.dev,
+        ino=identity.ino,
+    )
     atomic_write_json(run.engine_record, record.model_dump(mode="json"))
 
 
@@ -103,7 +121,7 @@ def _checkpoints_of(proc: psutil.Process) -> FileIdentity | None:
     directory (None: it names none, or none that exists)."""
     cmdline = proc.cmdline()
     places = [cmdline[i + 1] for i, word in enumerate(cmdline[:-1]) if word == CKPT_DIR_FLAG]
-    places += [word[len(CKPT_DIR_FLAG) + 1:] for word in cmdline if word.startswith(CKPT_DIR_FLAG + "=")]
+    places += [word[len(CKPT_DIR_FLAG) + 1 :] for word in cmdline if word.startswith(CKPT_DIR_FLAG + "=")]
     if len(places) != 1:
         return None
     return identity_seen_by(proc.pid, places[0])
@@ -125,8 +143,10 @@ def _mismatch(record: EngineRecord, proc: psutil.Process, checkpoints: FileIdent
         if token is None or token_hash(token) != record.token_sha256:
             return f"its environment lacks the token ({TOKEN_ENV}) of the proxy that launched the engine"
         if checkpoints is None or _checkpoints_of(proc) != checkpoints:
-            return (f"its {CKPT_DIR_FLAG} is not this run's checkpoints directory (by device and inode): it is "
-                    "another run's engine")
+            return (
+                f"its {CKPT_DIR_FLAG} is not this run's checkpoints directory (by device and inode): it is "
+                "another run's engine"
+            )
     except psutil.AccessDenied:
         return "it cannot be inspected (another user's process)"
     except psutil.Error:
@@ -145,9 +165,11 @@ def verified_engine(run: RunDir, identity: RunIdentity, warn: Callable[[str], No
     path = run.engine_record
     if (record.run_id, record.dev, record.ino) != (identity.run_id, identity.dev, identity.ino):
         if record.run_id != identity.copied_from:  # a copy's inherited record: ensure_identity said so
-            warn(f"{path} was written for run {record.run_id} in directory {FileIdentity(record.dev, record.ino)}, "
-                 f"not for this run ({identity.run_id} in {identity.directory}); ignored, nothing signalled "
-                 f"(pid {record.pid} left alone)")
+            warn(
+                f"{path} was written for run {record.run_id} in directory {FileIdentity(record.dev, record.ino)}, "
+                f"not for this run ({identity.run_id} in {identity.directory}); ignored, nothing signalled "
+                f"(pid {record.pid} left alone)"
+            )
         return None
     try:
         proc = psutil.Process(record.pid)
@@ -166,8 +188,9 @@ def verified_engine(run: RunDir, identity: RunIdentity, warn: Callable[[str], No
     return proc
 
 
-def reap_orphan(run: RunDir, identity: RunIdentity, lock: "RunLock", grace_s: float,
-                warn: Callable[[str], None]) -> str | None:
+def reap_orphan(
+    run: RunDir, identity: RunIdentity, lock: RunLock, grace_s: float, warn: Callable[[str], None]
+) -> str | None:
     """An engine a killed proxy left running gets `grace_s` to finish its EOF checkpoint, then its process
     group is killed. Only under `lock`, this run's lock held by the caller: no live proxy of the run owns
     that engine. Returns a line describing what was done, or None if there was no such engine."""

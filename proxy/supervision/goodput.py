@@ -12,6 +12,7 @@ step loop (the write itself runs in the background). Whatever is left is
 `other`: frames the engine waited for, restarts, the wait for the last write
 at exit. `.state.json` carries the result (formats/state.py, `Goodput`).
 """
+
 from __future__ import annotations
 
 from ..formats.state import AUDIT_KINDS, AuditTime, Goodput
@@ -68,9 +69,16 @@ class GoodputMeter:
         audits = {k: AuditTime(count=self.audit_count[k], s=self.audit_ms[k] / 1000.0) for k in AUDIT_KINDS}
         other_s = wall_s - step_s - sum(a.s for a in audits.values())
         measured = wall_s > 0 and self.steps > 0
-        return Goodput(wall_s=wall_s, step_s=step_s, steps=self.steps, tokens=self.tokens, audits=audits,
-                       other_s=other_s, overhead=1.0 - step_s / wall_s if measured else None,
-                       tokens_per_s=self.tokens / wall_s if measured else None)
+        return Goodput(
+            wall_s=wall_s,
+            step_s=step_s,
+            steps=self.steps,
+            tokens=self.tokens,
+            audits=audits,
+            other_s=other_s,
+            overhead=1.0 - step_s / wall_s if measured else None,
+            tokens_per_s=self.tokens / wall_s if measured else None,
+        )
 
 
 def overhead_summary(goodput: Goodput | None) -> str:
@@ -78,5 +86,4 @@ def overhead_summary(goodput: Goodput | None) -> str:
     if goodput is None or not goodput.wall_s > 0 or goodput.overhead is None:
         return "overhead ? (no step yet)"
     shares = [(k, a.s) for k, a in goodput.audits.items()] + [("other", goodput.other_s)]
-    return (f"overhead {goodput.overhead:.1%} (" +
-            ", ".join(f"{k} {s / goodput.wall_s:.1%}" for k, s in shares) + ")")
+    return f"overhead {goodput.overhead:.1%} (" + ", ".join(f"{k} {s / goodput.wall_s:.1%}" for k, s in shares) + ")"

@@ -16,6 +16,7 @@ a step is trained the import is made again at each launch that asks for it;
 afterwards a relaunch with the same `--init-from` finds it done, and any
 other is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,9 @@ def read_config(directory: Path) -> ModelShape:
     try:
         config = bounded_json.loads(read_regular(directory / CONFIG_FILE, CONFIG_LIMIT))
     except FileNotFoundError:
-        raise _fail(directory, f"no {CONFIG_FILE} (a Hugging Face GPT-2 directory holds config.json and "
-                               f"{MODEL_FILE})") from None
+        raise _fail(
+            directory, f"no {CONFIG_FILE} (a Hugging Face GPT-2 directory holds config.json and {MODEL_FILE})"
+        ) from None
     except (OSError, UnsafeFileError, ValueError, RecursionError) as exc:
         raise _fail(directory, f"{CONFIG_FILE} unreadable ({exc})") from None
     if not isinstance(config, dict):
@@ -102,11 +104,23 @@ def non_finite(tensors: dict[str, np.ndarray]) -> str | None:
 
 def _trailer(experiment: Experiment, shape: ModelShape, meta: dict) -> Trailer:
     t = experiment.train
-    return Trailer(shape=shape, batch=t.batch, grad_accum=t.grad_accum, warmup=t.warmup, max_steps=t.max_steps,
-                   lr=t.lr, min_lr=t.min_lr, beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
-                   grad_clip=t.grad_clip, seed=t.seed, tokens_seen=0,
-                   meta=json.dumps({"engine": ENGINE_NAME, "meta": bounded_json.loads(meta_text(meta))},
-                                   separators=(",", ":")))
+    return Trailer(
+        shape=shape,
+        batch=t.batch,
+        grad_accum=t.grad_accum,
+        warmup=t.warmup,
+        max_steps=t.max_steps,
+        lr=t.lr,
+        min_lr=t.min_lr,
+        beta1=t.beta1,
+        beta2=t.beta2,
+        eps=t.eps,
+        weight_decay=t.weight_decay,
+        grad_clip=t.grad_clip,
+        seed=t.seed,
+        tokens_seen=0,
+        meta=json.dumps({"engine": ENGINE_NAME, "meta": bounded_json.loads(meta_text(meta))}, separators=(",", ":")),
+    )
 
 
 def _imported_from(path: Path) -> dict | None:
@@ -120,8 +134,9 @@ def _imported_from(path: Path) -> dict | None:
     return inner.get("init_from") if isinstance(inner, dict) else None
 
 
-def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: Path, trained: bool,
-                 console: Console) -> None:
+def import_model(
+    run: RunDir, experiment: Experiment, data: RunData, directory: Path, trained: bool, console: Console
+) -> None:
     directory = Path(directory)
     if not directory.is_dir():
         raise _fail(directory, "no such directory")
@@ -137,9 +152,11 @@ def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: 
     shape = read_config(directory)
     m = experiment.model
     wanted = ModelShape(m.vocab, m.ctx, m.dim, m.layers, m.heads)
-    differ = [f"{k} {getattr(wanted, k)} (the model's is {getattr(shape, k)})" for k in ("vocab", "dim", "layers",
-                                                                                     "heads")
-              if getattr(wanted, k) != getattr(shape, k)]
+    differ = [
+        f"{k} {getattr(wanted, k)} (the model's is {getattr(shape, k)})"
+        for k in ("vocab", "dim", "layers", "heads")
+        if getattr(wanted, k) != getattr(shape, k)
+    ]
     if m.ctx > shape.ctx:
         differ.append(f"ctx {m.ctx} (the model has {shape.ctx} positions)")
     if differ:
@@ -153,11 +170,17 @@ def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: 
         except OSError as exc:
             raise _fail(directory, f"{TOKENIZER_FILE} unreadable ({exc.strerror})") from None
         if theirs != data.tokenizer_json:
-            raise _fail(directory, f"the run's tokenizer is not its {TOKENIZER_FILE}: name that file in the "
-                                   f"experiment (\"tokenizer\": \"{given}\")")
+            raise _fail(
+                directory,
+                f"the run's tokenizer is not its {TOKENIZER_FILE}: name that file in the "
+                f'experiment ("tokenizer": "{given}")',
+            )
     elif data.definition.tokenizer.given is None:
-        raise _fail(directory, f"no {TOKENIZER_FILE}, and the run trains its own tokenizer, whose ids are not "
-                               "the model's: name the model's tokenizer in the experiment (\"tokenizer\")")
+        raise _fail(
+            directory,
+            f"no {TOKENIZER_FILE}, and the run trains its own tokenizer, whose ids are not "
+            "the model's: name the model's tokenizer in the experiment (\"tokenizer\")",
+        )
     try:
         weights = flat_weights(read_tensors(directory), wanted)
     except ValueError as exc:
@@ -171,6 +194,7 @@ def import_model(run: RunDir, experiment: Experiment, data: RunData, directory: 
     phases = read_phases(run)
     if len(phases) == 1 and phases[0].checkpoint is None:  # the run starts from it (and retention keeps it)
         write_phases(run, [replace(phases[0], checkpoint=relative_checkpoint(0))])
-    console.say(f"step 0 imported from {directory}: {wanted.n_params:,} parameters "
-                f"(vocab {m.vocab}, ctx {m.ctx}, dim {m.dim}, layers {m.layers}, heads {m.heads}); AdamW moments zero")
-
+    console.say(
+        f"step 0 imported from {directory}: {wanted.n_params:,} parameters "
+        f"(vocab {m.vocab}, ctx {m.ctx}, dim {m.dim}, layers {m.layers}, heads {m.heads}); AdamW moments zero"
+    )

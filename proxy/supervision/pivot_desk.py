@@ -6,9 +6,10 @@ with `ok: false`, nothing changed) while the engine is restarting after a
 failure, while another pivot is under way, or while the run is stopping or
 finishing. Otherwise it sends STOP: the engine trains what is in flight,
 checkpoints its last step k and exits; the pivot is applied at k
-(rundir/apply_pivot.py), the next segment starts the new phase from that
+(rundir/apply_pivot.py), the next launch starts the new phase from that
 checkpoint with a fresh bandit, and the desk answers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,20 +18,21 @@ from ..config.caps import check_request
 from ..config.config_file import ExperimentError
 from ..formats.checkpoint import checkpoint_path, verify_checkpoint
 from ..formats.loss_log import LossLogIndex
+from ..rundir.apply_pivot import apply_pivot
 from ..rundir.history import check_history
 from ..rundir.layout import RunDirError, relative_checkpoint
 from ..rundir.phases import read_phases
-from ..rundir.apply_pivot import apply_pivot
 from ..rundir.pivot_request import answer_request, claim_request
 from .checkpoints import retain
 from .context import RunContext
-from .segment import Outcome, Segment
+from .launch import EngineLaunch, Outcome
 from .live_status import write_run_state
 
 
 @dataclass
 class PivotJob:
-    """An accepted request, until its segment has stopped and it is applied or refused."""
+    """An accepted request, until its launch has stopped and it is applied or refused."""
+
     request: dict
     caps: dict[str, float]
     floors: dict[str, float]
@@ -78,19 +80,24 @@ class PivotDesk:
         if self.ctx.signals.pivot:
             self.take(refuse=why)
 
-    def start(self, seg: Segment) -> None:
+    def start(self, launch: EngineLaunch) -> None:
         """Stop feeding; STOP makes the engine train what is in flight, checkpoint and exit."""
         ctx = self.ctx
-        if seg.stop_sent or ctx.signals.stop:
+        if launch.stop_sent or ctx.signals.stop:
             request = self.job.request
             self.job = None
-            why = ("the run is finishing (its last step is in flight)" if seg.next_step > ctx.max_steps
-                   else "the run is stopping")
+            why = (
+                "the run is finishing (its last step is in flight)"
+                if launch.next_step > ctx.max_steps
+                else "the run is stopping"
+            )
             self._refuse(request, why)
             return
-        seg.send_stop()
-        ctx.say(f"pivot requested: the engine finishes step {seg.next_step - 1}, checkpoints and exits; "
-                "the new phase starts from that checkpoint")
+        launch.send_stop()
+        ctx.say(
+            f"pivot requested: the engine finishes step {launch.next_step - 1}, checkpoints and exits; "
+            "the new phase starts from that checkpoint"
+        )
 
     def _same_phase(self) -> Outcome:
         """A pivot not applied: the run goes on in its phase, unless it was asked to stop meanwhile."""
@@ -109,24 +116,26 @@ class PivotDesk:
             return str(exc)
         return None
 
-    def finish(self, seg: Segment, outcome: Outcome) -> Outcome:
-        """After the segment the pivot stopped: apply it at the engine's last checkpoint. Returns the
-        segment's outcome as the loop sees it: PIVOTED (a new phase), RESUME, or the outcome given."""
+    def finish(self, launch: EngineLaunch, outcome: Outcome) -> Outcome:
+        """After the launch the pivot stopped: apply it at the engine's last checkpoint. Returns the
+        launch's outcome as the loop sees it: PIVOTED (a new phase), RESUME, or the outcome given."""
         ctx = self.ctx
         job, self.job = self.job, None
         if outcome != Outcome.STOPPED:  # a clean exit checkpoints its last step, whatever asked for it
             why = {Outcome.FINISHED: "the run reached max_steps first"}.get(
-                outcome, f"the engine failed before its pivot checkpoint ({seg.last_error or outcome.value})")
+                outcome, f"the engine failed before its pivot checkpoint ({launch.last_error or outcome.value})"
+            )
             ctx.warn(f"pivot not applied: {why}")
             answer_request(ctx.run, job.request, False, f"{why}; nothing changed")
             return outcome
-        k = seg.last_step
+        k = launch.last_step
         path = checkpoint_path(ctx.run.checkpoints, k)
         reason = verify_checkpoint(path) if path.exists() else f"{path.name}: missing"
         if reason is not None:
             ctx.warn(f"pivot not applied: the checkpoint at step {k} does not verify ({reason})")
-            answer_request(ctx.run, job.request, False, f"the checkpoint at step {k} does not verify ({reason}); "
-                           "nothing changed")
+            answer_request(
+                ctx.run, job.request, False, f"the checkpoint at step {k} does not verify ({reason}); nothing changed"
+            )
             return self._same_phase()
         contradiction = self._history_problem()
         if contradiction is not None:
@@ -134,24 +143,30 @@ class PivotDesk:
             answer_request(ctx.run, job.request, False, f"{contradiction}; nothing changed")
             return self._same_phase()
         ctx.report.checkpointed(k, str(path))
-        write_run_state(ctx, seg, force=True)  # the state archived is the old phase's, at the pivot step
+        write_run_state(ctx, launch, force=True)  # the state archived is the old phase's, at the pivot step
         before = len(ctx.phases)
         try:
             result = apply_pivot(ctx.run, k, job.caps, job.floors, job.policy, relative_checkpoint(k))
         except (OSError, RunDirError) as exc:
             applied = len(read_phases(ctx.run)) > before
             ctx.warn(f"pivot at step {k}: {exc}" + ("" if applied else "; not applied"))
-            answer_request(ctx.run, job.request, applied, f"pivot at step {k}: {exc}"
-                           + ("" if applied else "; nothing changed"))
+            answer_request(
+                ctx.run, job.request, applied, f"pivot at step {k}: {exc}" + ("" if applied else "; nothing changed")
+            )
             if applied:
                 ctx.reload_phases()
             return self._same_phase()
         ctx.start_phase()
         ctx.report.pivoted()
-        write_run_state(ctx, seg, force=True)
-        retain(ctx, seg)
+        write_run_state(ctx, launch, force=True)
+        retain(ctx, launch)
         response = result.response(ctx.run, job.request.get("id"))
-        answer_request(ctx.run, job.request, True, result.message(ctx.run),
-                       **{k2: v for k2, v in response.items() if k2 not in ("id", "ok", "message")})
+        answer_request(
+            ctx.run,
+            job.request,
+            True,
+            result.message(ctx.run),
+            **{k2: v for k2, v in response.items() if k2 not in ("id", "ok", "message")},
+        )
         ctx.say(result.message(ctx.run))
         return Outcome.STOPPED if ctx.signals.stop else Outcome.PIVOTED

@@ -4,15 +4,16 @@ Counts carried over from an earlier launch (restarts, replay mismatches) are
 read back from the old `.state.json`, the only thing ever read from it: the
 snapshot is never trusted, so anything malformed there is ignored.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from ..formats.state import EngineStatus
 from ..rundir.phases import Phase
 from .goodput import GoodputMeter
-from .throughput import Progress
+from .throughput import ThroughputMeter
 
 MISMATCHES_KEPT = 50  # replay mismatches kept in .state.json, newest last
 
@@ -25,11 +26,11 @@ class RunReport:
     write_failure: dict | None = None  # {"path", "errno", "error"} when a failed write stopped the run
     dashboard: dict | None = None  # {"url", "host"} of the dashboard this proxy started
     tokens: int = 0  # cumulative, as logged
-    progress: Progress = field(default_factory=Progress)
+    progress: ThroughputMeter = field(default_factory=ThroughputMeter)
     goodput: GoodputMeter = field(default_factory=GoodputMeter)
     last_ckpt_step: int | None = None
     last_ckpt_path: str | None = None
-    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (rundir/divergence.py)
+    last_sane_ckpt_step: int | None = None  # the newest checkpoint of a sane step (proxy/divergence.py)
     diverged_step: int | None = None  # the first step this launch found not sane
     diverged_why: str | None = None
     ckpt_ms: float = 0.0  # the slowest checkpoint write seen (the watchdog allows for it)
@@ -43,7 +44,7 @@ class RunReport:
     progress_said: float | None = None  # monotonic time of the last progress line printed
 
     # Every field changes only through these methods, each named for what happened: the setup, the launch
-    # (segment.py), the event handlers, the loop, the live status and the pivot desk call them
+    # (launcher.py), the event handlers, the loop, the live status and the pivot desk call them
     # (tests/repository/test_attribute_owners.py checks that no other code assigns them).
 
     def carry_forward(self, prev: dict, arm_names: list[str], phase: Phase, warn: Callable[[str], None]) -> None:
@@ -62,8 +63,10 @@ class RunReport:
                 self.drop_arms(unknown)
         unknown_caps = sorted((set(phase.caps) | set(phase.floors)) - set(arm_names))
         if unknown_caps:
-            warn(f"phases.json phase {phase.phase} names arm(s) {', '.join(unknown_caps)} that the "
-                 "experiment does not define; dropped")
+            warn(
+                f"phases.json phase {phase.phase} names arm(s) {', '.join(unknown_caps)} that the "
+                "experiment does not define; dropped"
+            )
             self.drop_arms(unknown_caps)
 
     def drop_arms(self, names) -> None:
@@ -90,8 +93,9 @@ class RunReport:
 
     def engine_ready(self, kind: str | None, device, threads, precision, mem_bytes) -> None:
         """What the engine's `ready` event says of it."""
-        self.engine = replace(self.engine, kind=kind, device=device, threads=threads, precision=precision,
-                              mem_bytes=mem_bytes)
+        self.engine = replace(
+            self.engine, kind=kind, device=device, threads=threads, precision=precision, mem_bytes=mem_bytes
+        )
 
     def engine_usage(self, alive: bool, rss_bytes: int | None, cpu_percent: float | None) -> None:
         """The engine process as the proxy last measured it."""
@@ -100,9 +104,13 @@ class RunReport:
     def engine_exited(self) -> None:
         self.engine = replace(self.engine, alive=False)
 
-    def trained(self, tokens: int) -> int:
-        """A step's event: `tokens` more trained. Returns the run's cumulative count, as logged."""
+    def record_step(self, step: int, tokens: int, ms: float, loss: float, mixture: dict[str, float], now: float) -> int:
+        """A step's event, read at wall-clock time `now`: `tokens` more trained in the engine's `ms` of step
+        compute, its `loss`, the `mixture` it was drawn from. Returns the run's cumulative token count, as
+        logged."""
         self.tokens += tokens
+        self.goodput.step(ms, tokens)
+        self.progress.observe(now, self.tokens, step, loss, ms, mixture=mixture)
         return self.tokens
 
     def checkpoint_took(self, write_ms: float) -> None:

@@ -26,6 +26,7 @@ would not be the run's).
 `proxy run --run-dir DIR` without an experiment file reads the sources at
 their frozen absolute paths, so relative paths need not resolve against DIR.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,12 +39,19 @@ import numpy as np
 from ..config.experiment import Experiment
 from ..config.sources import Source
 from ..data.prepare import DataError, Hashes, PreparedData, fingerprints, load_cached, prepare_data, v1_key
-from ..data.source_readers import SourceError, source_files, source_fingerprint
+from ..data.source_files import SourceError, source_files, source_fingerprint
 from ..data.tokenizer import GIVEN_LIMIT, Tokenizer
-from ..errors import EXIT_USAGE, ProxyError
+from ..errors import EXIT_USAGE, ProxyError, add_note
 from ..formats.token_files import TokenSegment
-from ..rundir.data import (DataDefinition, FrozenSource, checked_definition, freeze, record_change, run_tokenizer,
-                          run_val_arrays)
+from ..rundir.data import (
+    DataDefinition,
+    FrozenSource,
+    checked_definition,
+    freeze,
+    record_change,
+    run_tokenizer,
+    run_val_arrays,
+)
 from ..rundir.layout import RunDir
 from ..safe_fs import UnsafeFileError, read_regular
 
@@ -59,8 +67,9 @@ class RunData:
     definition: DataDefinition
 
 
-def resolved_experiment(experiment: Experiment, experiment_dir: Path,
-                        definition: DataDefinition | None = None) -> Experiment:
+def resolved_experiment(
+    experiment: Experiment, experiment_dir: Path, definition: DataDefinition | None = None
+) -> Experiment:
     """The experiment with every source path (and the tokenizer's) absolute: joined to `experiment_dir`, or,
     with `definition`, taken from it (where the run read them) for each source it records."""
     arms = []
@@ -69,8 +78,11 @@ def resolved_experiment(experiment: Experiment, experiment_dir: Path,
         sources = []
         for i, src in enumerate(arm.sources):
             recorded = frozen.sources[i] if frozen is not None and i < len(frozen.sources) else None
-            if recorded is not None and recorded.kind == src.kind and set(recorded.paths) == \
-                    {name for name, _v, _w in src.path_fields()}:
+            if (
+                recorded is not None
+                and recorded.kind == src.kind
+                and set(recorded.paths) == {name for name, _v, _w in src.path_fields()}
+            ):
                 sources.append(src.model_copy(update=recorded.paths))
             else:
                 sources.append(src.resolved(experiment_dir))
@@ -78,8 +90,9 @@ def resolved_experiment(experiment: Experiment, experiment_dir: Path,
     tokenizer = experiment.tokenizer
     if tokenizer is not None:
         given = definition.tokenizer.given if definition is not None else None
-        tokenizer = given if given is not None else os.path.normpath(os.path.join(os.path.abspath(experiment_dir),
-                                                                                  tokenizer))
+        tokenizer = (
+            given if given is not None else os.path.normpath(os.path.join(os.path.abspath(experiment_dir), tokenizer))
+        )
     return experiment.model_copy(update={"arms": arms, "tokenizer": tokenizer})
 
 
@@ -87,11 +100,17 @@ def _frozen_sources(experiment: Experiment, fingerprints: dict[str, list[str]]) 
     out = {}
     for arm in experiment.arms:
         sources = []
-        for src, fp in zip(arm.sources, fingerprints[arm.name]):
+        for src, fp in zip(arm.sources, fingerprints[arm.name], strict=False):
             files = source_files(src, "/")
-            sources.append(FrozenSource(kind=src.kind, paths={n: v for n, v, _w in src.path_fields()},
-                                        fingerprint=fp, files=len(files),
-                                        bytes=sum(p.stat().st_size for p in files)))
+            sources.append(
+                FrozenSource(
+                    kind=src.kind,
+                    paths={n: v for n, v, _w in src.path_fields()},
+                    fingerprint=fp,
+                    files=len(files),
+                    bytes=sum(p.stat().st_size for p in files),
+                )
+            )
         out[arm.name] = sources
     return out
 
@@ -111,11 +130,13 @@ def compare(definition: DataDefinition, experiment: Experiment) -> tuple[list[st
             changes.append(f"arm {arm.name!r} is not in the frozen data (the experiment gained it)")
             continue
         if [s.kind for s in arm.sources] != [s.kind for s in frozen.sources]:
-            changes.append(f"arm {arm.name!r} reads {', '.join(s.kind for s in arm.sources)}, it was frozen reading "
-                           f"{', '.join(s.kind for s in frozen.sources)}")
+            changes.append(
+                f"arm {arm.name!r} reads {', '.join(s.kind for s in arm.sources)}, it was frozen reading "
+                f"{', '.join(s.kind for s in frozen.sources)}"
+            )
             continue
         arm_fps = []
-        for i, (src, was) in enumerate(zip(arm.sources, frozen.sources)):
+        for i, (src, was) in enumerate(zip(arm.sources, frozen.sources, strict=False)):
             what = f"arm {arm.name!r} source {i} ({_describe(src)})"
             try:
                 now = source_fingerprint(src, "/", hashes)
@@ -127,9 +148,11 @@ def compare(definition: DataDefinition, experiment: Experiment) -> tuple[list[st
             arm_fps.append(now)
             if now != was.fingerprint:
                 size = sum(p.stat().st_size for p in files)
-                detail = (f"{was.files} file(s), {was.bytes:,} bytes then; {len(files)} file(s), {size:,} bytes now"
-                          if (was.files, was.bytes) != (len(files), size) else
-                          f"the same {size:,} bytes in {len(files)} file(s), other content")
+                detail = (
+                    f"{was.files} file(s), {was.bytes:,} bytes then; {len(files)} file(s), {size:,} bytes now"
+                    if (was.files, was.bytes) != (len(files), size)
+                    else f"the same {size:,} bytes in {len(files)} file(s), other content"
+                )
                 changes.append(f"{what} changed since the run froze it ({detail})")
         if len(arm_fps) == len(arm.sources):
             fps[arm.name] = arm_fps
@@ -145,15 +168,17 @@ def compare(definition: DataDefinition, experiment: Experiment) -> tuple[list[st
         try:
             digest = hashlib.sha256(read_regular(path, GIVEN_LIMIT)).hexdigest()
             if digest != definition.tokenizer.sha256:
-                changes.append(f"tokenizer {path} is not the run's frozen tokenizer any more (the run keeps the "
-                               "frozen one)")
+                changes.append(
+                    f"tokenizer {path} is not the run's frozen tokenizer any more (the run keeps the frozen one)"
+                )
         except (OSError, UnsafeFileError) as exc:
             changes.append(f"tokenizer {path} vanished ({exc}); the run keeps its frozen copy")
     return changes, vanished, fps
 
 
-def _prepare(experiment: Experiment, cache_dir: Path, tokenizer_json: bytes | None,
-             fps: dict[str, list[str]] | None = None) -> PreparedData:
+def _prepare(
+    experiment: Experiment, cache_dir: Path, tokenizer_json: bytes | None, fps: dict[str, list[str]] | None = None
+) -> PreparedData:
     return prepare_data(experiment, "/", cache_dir, tokenizer_json=tokenizer_json, fps=fps)
 
 
@@ -162,8 +187,10 @@ def _arms_for_freeze(experiment: Experiment, data: PreparedData, fps: dict[str, 
         sources = _frozen_sources(experiment, fps)
     except (SourceError, OSError) as exc:
         raise DataError(f"the sources changed while being prepared: {exc}") from None
-    return {arm: (sources[arm], data.val_shards[arm], sum(s.tokens for s in data.train[arm]))
-            for arm in experiment.arm_names}
+    return {
+        arm: (sources[arm], data.val_shards[arm], sum(s.tokens for s in data.train[arm]))
+        for arm in experiment.arm_names
+    }
 
 
 def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, warn) -> PreparedData:
@@ -173,41 +200,73 @@ def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, warn) -> Prepa
         fps = fingerprints(experiment, "/")
         key = v1_key(experiment, "/", fps)
     except DataError as exc:
-        exc.add_note(f"{run.root} trained before runs froze their data, and its sources cannot be read to find "
-                     "the data it was prepared with")
+        add_note(
+            exc,
+            f"{run.root} trained before runs froze their data, and its sources cannot be read to find "
+            "the data it was prepared with",
+        )
         raise
     data = load_cached(experiment, "/", cache_dir, key)
     if data is None:
-        raise ProxyError(f"{run.root} trained before runs froze their data, and the data it was prepared with are "
-                         f"not in the cache ({cache_dir}/data-{key[:24]}): a tokenizer trained now would not be its "
-                         "own; relaunch it with the version that made it, or start a new run", EXIT_USAGE)
-    warn(f"{run.root} trained before runs froze their data; freezing the data it was prepared with "
-         f"({data.path}) into {run.data_dir}")
+        raise ProxyError(
+            f"{run.root} trained before runs froze their data, and the data it was prepared with are "
+            f"not in the cache ({cache_dir}/data-{key[:24]}): a tokenizer trained now would not be its "
+            "own; relaunch it with the version that made it, or start a new run",
+            EXIT_USAGE,
+        )
+    warn(
+        f"{run.root} trained before runs froze their data; freezing the data it was prepared with "
+        f"({data.path}) into {run.data_dir}"
+    )
     data.fingerprints = fps
     return data
 
 
-def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cache_dir: Path, *, binding: bool,
-                  allow_change: bool, from_frozen: bool, resume_step: int, warn) -> RunData:
+def open_run_data(
+    run: RunDir,
+    experiment: Experiment,
+    experiment_dir: Path,
+    cache_dir: Path,
+    *,
+    binding: bool,
+    allow_change: bool,
+    from_frozen: bool,
+    resume_step: int,
+    warn,
+) -> RunData:
     """The launch's data (module docstring). ProxyError (one line, exit 2) for a bad source, a refused data
     change, or damaged frozen data."""
     definition = checked_definition(run)
     if not binding or definition is None:
         resolved = resolved_experiment(experiment, experiment_dir, definition if from_frozen else None)
         data = _legacy(run, resolved, cache_dir, warn) if binding else _prepare(resolved, cache_dir, None)
-        definition = freeze(run, vocab=experiment.model.vocab, cache_key=data.key, tokenizer=data.tokenizer,
-                            tokenizer_json=data.tokenizer_json, given=resolved.tokenizer,
-                            arms=_arms_for_freeze(resolved, data, data.fingerprints))
-        return RunData(data.tokenizer, data.tokenizer_json, data.train,
-                       run_val_arrays(run, definition, experiment.arm_names), definition)
+        definition = freeze(
+            run,
+            vocab=experiment.model.vocab,
+            cache_key=data.key,
+            tokenizer=data.tokenizer,
+            tokenizer_json=data.tokenizer_json,
+            given=resolved.tokenizer,
+            arms=_arms_for_freeze(resolved, data, data.fingerprints),
+        )
+        return RunData(
+            data.tokenizer,
+            data.tokenizer_json,
+            data.train,
+            run_val_arrays(run, definition, experiment.arm_names),
+            definition,
+        )
 
     tokenizer, tokenizer_json = run_tokenizer(run, definition)
     resolved = resolved_experiment(experiment, experiment_dir, definition if from_frozen else None)
     changes, vanished, fps = compare(definition, resolved)
     if changes and not allow_change:
         more = f"; and {len(changes) - SHOWN} more" if len(changes) > SHOWN else ""
-        raise ProxyError(f"{run.root}: {'; '.join(changes[:SHOWN])}{more}; pass --allow-data-change to train on "
-                         "the sources as they are now (recorded in data/data.json), or restore them", EXIT_USAGE)
+        raise ProxyError(
+            f"{run.root}: {'; '.join(changes[:SHOWN])}{more}; pass --allow-data-change to train on "
+            "the sources as they are now (recorded in data/data.json), or restore them",
+            EXIT_USAGE,
+        )
     frozen_fps = {name: [s.fingerprint for s in arm.sources] for name, arm in definition.arms.items()}
     same_sources = all(fps.get(arm.name) == frozen_fps.get(arm.name) for arm in resolved.arms)
     data = None
@@ -216,14 +275,20 @@ def open_run_data(run: RunDir, experiment: Experiment, experiment_dir: Path, cac
         if data is not None and data.tokenizer_json != tokenizer_json:
             data = None
         if data is None and vanished:
-            raise ProxyError(f"{run.root}: {changes[0]}, and the data prepared from it are no longer in the cache "
-                             f"({cache_dir}); restore the source to continue", EXIT_USAGE)
+            raise ProxyError(
+                f"{run.root}: {changes[0]}, and the data prepared from it are no longer in the cache "
+                f"({cache_dir}); restore the source to continue",
+                EXIT_USAGE,
+            )
     if data is None:
         data = _prepare(resolved, cache_dir, tokenizer_json, fps)
     if changes:
-        arms = ({} if vanished else _arms_for_freeze(resolved, data, fps))
+        arms = {} if vanished else _arms_for_freeze(resolved, data, fps)
         definition = record_change(run, definition, data.key, arms, changes, resume_step)
-        warn(f"training on changed data (--allow-data-change): {'; '.join(changes[:SHOWN])}"
-             + (f"; and {len(changes) - SHOWN} more" if len(changes) > SHOWN else "") + "; recorded in data/data.json")
+        warn(
+            f"training on changed data (--allow-data-change): {'; '.join(changes[:SHOWN])}"
+            + (f"; and {len(changes) - SHOWN} more" if len(changes) > SHOWN else "")
+            + "; recorded in data/data.json"
+        )
     val = run_val_arrays(run, definition, experiment.arm_names)
     return RunData(tokenizer, tokenizer_json, data.train, val, definition)

@@ -12,15 +12,17 @@ run that is not a regular file within its size cap (safe_fs.py) ends the
 command with one line and exit 2; a stop signal before training starts,
 with one line and exit 130.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..config.experiment import Experiment, load_experiment
+from ..config.experiment import Experiment
+from ..config.overrides import load_effective
 from ..data.batches import BatchSampler, segment_arrays
-from ..data.row_spread import row_spread, unigram_gap
 from ..data.prepare import default_cache_dir
+from ..data.row_spread import row_spread, unigram_gap
 from ..data.tokenizer import prompt_ids
 from ..errors import EXIT_OK
 from ..formats.loss_log import LossLogIndex, LossLogWriter
@@ -33,6 +35,7 @@ from ..rundir.history import check_history
 from ..rundir.identity import RunIdentity, load_identity, save_identity
 from ..rundir.layout import RunDir, RunDirError, default_run_dir
 from ..rundir.lock import RunLock
+from ..rundir.overrides_record import OverridesRecord, write_overrides
 from ..rundir.phases import ensure_phases, first_phase, read_phases
 from ..rundir.resume import choose_resume
 from ..rundir.retention import RetentionPolicy
@@ -59,6 +62,7 @@ class RunRequest:
     cache_dir: Path | None = None
     options: SupervisorOptions = field(default_factory=SupervisorOptions)
     engine_paths: str = "qualified"  # the CUDA engine's fast paths: "qualified" (checked on this GPU) or "verified"
+    overrides: list[str] = field(default_factory=list)  # `--set KEY=VALUE` (config/overrides.py)
 
 
 def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
@@ -77,10 +81,12 @@ def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
 
 def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: Console) -> int:
     """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
-    starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises ProxyError for anything the user must fix; returns the exit code
-    otherwise."""
+    starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises
+    ProxyError for anything the user must fix; returns the exit code otherwise."""
     # a run's frozen experiment: its sources are where the run's data definition says (run_data.py)
-    experiment = load_experiment(request.experiment_path, check_sources=not request.from_frozen)
+    experiment, effective = load_effective(
+        request.experiment_path, request.overrides, check_sources=not request.from_frozen
+    )
     engine = choose_engine(request.engine)
     run = RunDir(Path(request.run_dir) if request.run_dir else default_run_dir(experiment.name))
     run.create()
@@ -94,12 +100,20 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         foreign = foreign_checkpoints(run, experiment)
         if foreign is not None:
             raise RunDirError(foreign)
-        changed = freeze_experiment(run, Path(request.experiment_path), experiment,
-                                    request.allow_experiment_change, provisional=not binding)
+        changed = freeze_experiment(
+            run,
+            Path(request.experiment_path),
+            experiment,
+            request.allow_experiment_change,
+            provisional=not binding,
+            effective=effective,
+        )
+        write_overrides(run, OverridesRecord.of(request.overrides))
         phases = ensure_phases(run, experiment, provisional=not binding)
         if changed:
-            console.warn(f"experiment changed ({', '.join(changed)}); continuing with the new one "
-                         "(--allow-experiment-change)")
+            console.warn(
+                f"experiment changed ({', '.join(changed)}); continuing with the new one (--allow-experiment-change)"
+            )
         identity, unsaved = load_identity(run, console.warn)
         reaped = reap_orphan(run, identity, lock, request.options.orphan_grace_s, console.warn)
         if reaped:
@@ -107,14 +121,23 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
 
         resume = choose_resume(run.checkpoints, index, phases, set(), vocab=int(experiment.model.vocab))
         if resume.step >= experiment.train.max_steps:
-            console.say(f"run {run.root} already finished at step {resume.step} (max_steps "
-                        f"{experiment.train.max_steps}); nothing to do")
+            console.say(
+                f"run {run.root} already finished at step {resume.step} (max_steps "
+                f"{experiment.train.max_steps}); nothing to do"
+            )
             _mark_finished(run)
             return EXIT_OK
-        data = open_run_data(run, experiment, Path(request.experiment_path).parent,
-                             request.cache_dir or default_cache_dir(), binding=binding,
-                             allow_change=request.allow_data_change, from_frozen=request.from_frozen,
-                             resume_step=resume.step, warn=console.warn)
+        data = open_run_data(
+            run,
+            experiment,
+            Path(request.experiment_path).parent,
+            request.cache_dir or default_cache_dir(),
+            binding=binding,
+            allow_change=request.allow_data_change,
+            from_frozen=request.from_frozen,
+            resume_step=resume.step,
+            warn=console.warn,
+        )
         if request.init_from is not None:
             import_model(run, experiment, data, request.init_from, binding, console)
         ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
@@ -129,8 +152,9 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         lock.release()
 
 
-def choose_engine_paths(experiment: Experiment, run: RunDir, engine: EngineChoice, request: RunRequest,
-                        console: Console) -> list[str]:
+def choose_engine_paths(
+    experiment: Experiment, run: RunDir, engine: EngineChoice, request: RunRequest, console: Console
+) -> list[str]:
     """The CUDA engine's path flags for this run (qualification.py): the verified paths, or those that
     passed their check on this GPU, as recorded in the run directory. Other engines take none."""
     if engine.kind != "cuda":
@@ -138,10 +162,24 @@ def choose_engine_paths(experiment: Experiment, run: RunDir, engine: EngineChoic
     if request.engine_paths == "verified":
         return list(VERIFIED_FLAGS)
     m, t = experiment.model, experiment.train
-    model = {"vocab": m.vocab, "ctx": m.ctx, "dim": m.dim, "layers": m.layers, "heads": m.heads, "batch": t.batch,
-             "grad_accum": t.grad_accum}
-    return run_engine_paths(run, engine.path, experiment.engine_flags(), model,
-                            request.cache_dir or default_cache_dir(), console.say, console.warn)
+    model = {
+        "vocab": m.vocab,
+        "ctx": m.ctx,
+        "dim": m.dim,
+        "layers": m.layers,
+        "heads": m.heads,
+        "batch": t.batch,
+        "grad_accum": t.grad_accum,
+    }
+    return run_engine_paths(
+        run,
+        engine.path,
+        experiment.engine_flags(),
+        model,
+        request.cache_dir or default_cache_dir(),
+        console.say,
+        console.warn,
+    )
 
 
 def _encode_prompts(experiment: Experiment, data: RunData, console: Console) -> list[tuple[str, list[int]]]:
@@ -161,13 +199,26 @@ def _encode_prompts(experiment: Experiment, data: RunData, console: Console) -> 
     return out
 
 
-def build_context(experiment: Experiment, run: RunDir, data: RunData, engine: EngineChoice,
-                  options: SupervisorOptions, console: Console, signals: SignalCounts, lock: RunLock,
-                  identity: RunIdentity) -> RunContext:
+def build_context(
+    experiment: Experiment,
+    run: RunDir,
+    data: RunData,
+    engine: EngineChoice,
+    options: SupervisorOptions,
+    console: Console,
+    signals: SignalCounts,
+    lock: RunLock,
+    identity: RunIdentity,
+) -> RunContext:
     """The run's context: batches, prompts, phases, the open log, the sample audits, the carried-over report."""
     train = experiment.train
-    sampler = BatchSampler({arm: segment_arrays(data.train[arm]) for arm in experiment.arm_names}, data.val,
-                           experiment.arm_names, int(train.seed), int(experiment.model.ctx) + 1)
+    sampler = BatchSampler(
+        {arm: segment_arrays(data.train[arm]) for arm in experiment.arm_names},
+        data.val,
+        experiment.arm_names,
+        int(train.seed),
+        int(experiment.model.ctx) + 1,
+    )
     prompts = _encode_prompts(experiment, data, console)
     phases = read_phases(run)
     writer = LossLogWriter(run.loss_log, options.fsync_every_s)
@@ -177,17 +228,36 @@ def build_context(experiment: Experiment, run: RunDir, data: RunData, engine: En
     load_best(report, run.best, run.loss_log)
     spread = row_spread(sampler, experiment.target_arms, int(experiment.model.vocab))
     if len(spread) > 1:
-        console.say("row spread of the target arms (the target policy's prior): " +
-                    ", ".join(f"{arm} {value:.3f}" for arm, value in spread.items()))
+        console.say(
+            "row spread of the target arms (the target policy's prior): "
+            + ", ".join(f"{arm} {value:.3f}" for arm, value in spread.items())
+        )
     gap = unigram_gap(sampler, experiment.target_arms, int(experiment.model.vocab))
     if gap:
-        console.say("unigram gap of the other arms to the targets (the target policy's opening): " +
-                    ", ".join(f"{arm} {value:+.2f}" for arm, value in gap.items()))
-    return RunContext(experiment=experiment, run=run, data=data, engine_choice=engine, opts=options,
-                      console=console, signals=signals, sampler=sampler, prompts=prompts, phases=phases,
-                      writer=writer, samples=samples, report=report,
-                      retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)), lock=lock,
-                      identity=identity, row_spread=spread, unigram_gap=gap)
+        console.say(
+            "unigram gap of the other arms to the targets (the target policy's opening): "
+            + ", ".join(f"{arm} {value:+.2f}" for arm, value in gap.items())
+        )
+    return RunContext(
+        experiment=experiment,
+        run=run,
+        data=data,
+        engine_choice=engine,
+        opts=options,
+        console=console,
+        signals=signals,
+        sampler=sampler,
+        prompts=prompts,
+        phases=phases,
+        writer=writer,
+        samples=samples,
+        report=report,
+        retention=RetentionPolicy(int(train.keep_last), int(train.milestone_every)),
+        lock=lock,
+        identity=identity,
+        row_spread=spread,
+        unigram_gap=gap,
+    )
 
 
 def _mark_finished(run: RunDir) -> None:

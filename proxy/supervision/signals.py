@@ -12,6 +12,7 @@ library may catch any exception where it lands (tqdm does while it starts a
 thread), so the signal is also remembered, and `check_interrupted` raises
 it again before training starts.
 """
+
 from __future__ import annotations
 
 import signal
@@ -28,8 +29,11 @@ _interrupted: list[int] = []  # the stop signals `interrupt` took (the first one
 
 
 def _interruption(signum: int) -> ProxyError:
-    return ProxyError(f"interrupted by {signal.Signals(signum).name} before training started; nothing was "
-                      "trained in this launch (relaunch the same command to start again)", EXIT_INTERRUPTED)
+    return ProxyError(
+        f"interrupted by {signal.Signals(signum).name} before training started; nothing was "
+        "trained in this launch (relaunch the same command to start again)",
+        EXIT_INTERRUPTED,
+    )
 
 
 def interrupt(signum, _frame) -> None:

@@ -14,6 +14,7 @@ The last line names the checkpoint a relaunch resumes from as the resume
 rule itself chooses it (rundir/resume.py: verified, covered by the log), not
 the step the run reached, which may be past the newest checkpoint intact.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,19 +41,24 @@ def engine_full_disk(ctx: RunContext, code: int | None, last_error: str | None) 
         if os.strerror(number) in last_error:
             step = re.search(r"checkpoint at step (\d+)", last_error)
             what = f"the engine's checkpoint of step {step.group(1)}" if step else "the engine's checkpoint"
-            return EngineStorageError(ctx.run.checkpoints, OSError(number, os.strerror(number)),
-                                      action=f"write {what} into")
+            return EngineStorageError(
+                ctx.run.checkpoints, OSError(number, os.strerror(number)), action=f"write {what} into"
+            )
     return None
 
 
 def resume_line(ctx: RunContext) -> str:
     """Where a relaunch goes on from: the newest intact checkpoint the resume rule takes, or a fresh start."""
     try:
-        point = choose_resume(ctx.run.checkpoints, LossLogIndex.load(ctx.run.loss_log), ctx.phases, ctx.rejected,
-                              vocab=int(ctx.experiment.model.vocab))
+        point = choose_resume(
+            ctx.run.checkpoints,
+            LossLogIndex.load(ctx.run.loss_log),
+            ctx.phases,
+            ctx.rejected,
+            vocab=int(ctx.experiment.model.vocab),
+        )
     except (ProxyError, OSError, UnsafeFileError, ValueError) as exc:
         return f"no checkpoint to resume from was found ({str(exc)[:200]})"
     if point.path is None:
         return "no intact checkpoint: a relaunch starts from scratch"
     return f"a relaunch resumes from {point.path} (step {point.step}), the newest intact checkpoint the log covers"
-

@@ -1,4 +1,5 @@
 """Smoothed loss, throughput and ETA: the figures `proxy run` prints and `proxy status` shows."""
+
 from __future__ import annotations
 
 import math
@@ -18,12 +19,13 @@ JUMP_MIN_S = 600.0
 class Rates(NamedTuple):
     """Tokens per second of wall-clock time (what the run gets: audits and waits included), of the
     engine's step compute alone (the step events' `ms`), and the seconds to max_steps at the first."""
+
     tokens_per_s: float | None
     engine_tokens_per_s: float | None
     eta_s: float | None
 
 
-class Progress:
+class ThroughputMeter:
     """Fed (wall time, cumulative tokens, step, loss, step ms, mixture) once per step, in step order.
 
     The window spans the steps of the last WINDOW_S seconds, so it holds many
@@ -41,8 +43,9 @@ class Progress:
         self.smoothed: float | None = None
         self.mixture: dict[str, float] = {}  # the one the last step was drawn from
 
-    def observe(self, time: float, tokens: int, step: int, loss: float, ms: float = 0.0,
-                mixture: dict[str, float] | None = None) -> None:
+    def observe(
+        self, time: float, tokens: int, step: int, loss: float, ms: float = 0.0, mixture: dict[str, float] | None = None
+    ) -> None:
         """`time` is the wall-clock time of the step; the window keeps the sane clock instead."""
         if self.last_wall is not None:
             self.clock += sane_interval(time - self.last_wall, ms)

@@ -27,14 +27,15 @@ slower than the estimate also computes; silent at twice the allowance it is
 killed whatever its CPU does, since an engine spinning in a loop that never
 ends a step computes too.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
-from .segment import Segment
+from .launch import EngineLaunch
 
 GOODBYE_S = 60.0  # an engine that said `exit` but keeps its stdout open
 PAUSE_S = 2.0  # a look at the watchdog this long after the last one: the proxy itself did not run between
@@ -46,8 +47,9 @@ MIN_WINDOW_S = 1.0  # the CPU time is compared over at least this much wall time
 @dataclass(frozen=True)
 class _Sample:
     """The engine's CPU time, read halfway through one silence."""
-    segment: int
-    silence_from: float  # the segment's last_activity when read: a new event starts a new silence
+
+    launch: int  # the EngineLaunch's number
+    silence_from: float  # the launch's last_activity when read: a new event starts a new silence
     at: float
     cpu_s: float | None
 
@@ -61,77 +63,77 @@ class Watchdog:
         self.sample: _Sample | None = None
         self.verdict = ""  # why the last hung() said so, for the line that reports the kill
 
-    def _base(self, seg: Segment) -> float:
+    def _base(self, launch: EngineLaunch) -> float:
         if self.hang_timeout:
             return float(self.hang_timeout)
-        if len(seg.step_walls) < 3:
+        if len(launch.step_walls) < 3:
             return 300.0
-        return max(30.0, 20.0 * statistics.median(seg.step_walls))
+        return max(30.0, 20.0 * statistics.median(launch.step_walls))
 
-    def allowance(self, seg: Segment, ckpt_ms: float) -> float:
+    def allowance(self, launch: EngineLaunch, ckpt_ms: float) -> float:
         """Seconds of silence allowed now, given what is in flight and the slowest checkpoint seen."""
-        base = self._base(seg)
-        head = seg.outstanding[0] if seg.outstanding else None
+        base = self._base(launch)
+        head = launch.outstanding[0] if launch.outstanding else None
         allowance = base * (head.work if head else 1.0)
-        if seg.ckpt_pending or (head is not None and head.kind == "stop"):
+        if launch.ckpt_pending or (head is not None and head.kind == "stop"):
             allowance += base if self.hang_timeout else max(60.0, 10.0 * ckpt_ms / 1000.0)
-        if seg.ready is None or seg.last_step_wall is None:  # loading, first step
+        if launch.ready is None or launch.last_step_wall is None:  # loading, first step
             allowance = max(allowance, 3 * base if self.hang_timeout else 600.0)
         return allowance
 
     def begin(self) -> None:
-        """A new segment: the loop looks from now on (the time between segments is no segment's)."""
+        """A new launch: the loop looks from now on (the time between launches is no launch's)."""
         self.last_look, self.sample = None, None
 
-    def look(self, seg: Segment, now: float) -> float:
+    def look(self, launch: EngineLaunch, now: float) -> float:
         """Called once per loop iteration: a gap since the last look longer than PAUSE_S is the proxy's own
         pause, taken off the engine's silence (the part of it the silence spans, less the POLL_S the loop
         waits anyway). Returns the seconds taken off (0.0: none)."""
         last, self.last_look = self.last_look, now
         if last is None or now - last <= PAUSE_S:
             return 0.0
-        credit = now - max(last, seg.last_activity) - self.poll_s
+        credit = now - max(last, launch.last_activity) - self.poll_s
         if credit <= 0:
             return 0.0
-        seg.excuse_silence(credit)
+        launch.excuse_silence(credit)
         if self.sample is not None:  # the same silence, moved with it
             self.sample = replace(self.sample, silence_from=self.sample.silence_from + credit)
         self.paused_s += credit
         return credit
 
-    def quiet(self, seg: Segment, now: float) -> float:
+    def quiet(self, launch: EngineLaunch, now: float) -> float:
         """The engine's silence, in the proxy's own running time."""
-        return now - seg.last_activity
+        return now - launch.last_activity
 
-    def hung(self, seg: Segment, ckpt_ms: float, pending: bool, cpu: Callable[[], float | None]) -> bool:
+    def hung(self, launch: EngineLaunch, ckpt_ms: float, pending: bool, cpu: Callable[[], float | None]) -> bool:
         """Whether the engine is hung now: silent too long (not counting the proxy's pauses), no event
         waiting to be handled (`pending`), and, within twice the allowance, no CPU progress (`cpu` reads its
         CPU seconds)."""
-        if seg.hung or seg.killed or pending:
+        if launch.hung or launch.killed or pending:
             return False
         now = time.monotonic()
-        quiet = self.quiet(seg, now)
-        if seg.exit_reason is not None:  # said goodbye but its stdout stays open
+        quiet = self.quiet(launch, now)
+        if launch.exit_reason is not None:  # said goodbye but its stdout stays open
             self.verdict = "after saying goodbye"
             return quiet > GOODBYE_S
-        if not seg.outstanding:
+        if not launch.outstanding:
             return False
-        allowance = self.allowance(seg, ckpt_ms)
+        allowance = self.allowance(launch, ckpt_ms)
         sample = self.sample
-        if sample is not None and (sample.segment, sample.silence_from) != (seg.number, seg.last_activity):
+        if sample is not None and (sample.launch, sample.silence_from) != (launch.number, launch.last_activity):
             sample = self.sample = None  # an event came since: a new silence
         if quiet < allowance / 2:
             return False
         if sample is None:
-            self.sample = _Sample(seg.number, seg.last_activity, now, cpu())
+            self.sample = _Sample(launch.number, launch.last_activity, now, cpu())
             return False
         if quiet <= allowance or now - sample.at < MIN_WINDOW_S:
             return False
         now_cpu = cpu()
-        busy = (sample.cpu_s is not None and now_cpu is not None
-                and now_cpu - sample.cpu_s >= CPU_SHARE * (now - sample.at))
+        busy = (
+            sample.cpu_s is not None and now_cpu is not None and now_cpu - sample.cpu_s >= CPU_SHARE * (now - sample.at)
+        )
         if busy and quiet <= BUSY_FACTOR * allowance:
             return False
-        self.verdict = ("computing all the while (a loop that never ends a step)" if busy
-                        else "using no CPU meanwhile")
+        self.verdict = "computing all the while (a loop that never ends a step)" if busy else "using no CPU meanwhile"
         return True

@@ -6,6 +6,7 @@ machine's site-packages and is not on that list fails with ModuleNotFoundError, 
 image; the standard library, the checkout and the carried wheels' target directory (not a
 site-packages directory) import as usual. Child Python processes inherit PYTHONPATH, so they get the
 same rule."""
+
 from __future__ import annotations
 
 import importlib.abc
@@ -25,11 +26,17 @@ class _GpuImageOnly(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None:
             return None
-        where = spec.origin if spec.origin not in (None, "namespace") else next(
-            iter(spec.submodule_search_locations or []), None)
+        where = (
+            spec.origin
+            if spec.origin not in (None, "namespace")
+            else next(iter(spec.submodule_search_locations or []), None)
+        )
         if where and os.path.realpath(where).startswith(_SITE_DIRS):
-            raise ModuleNotFoundError(f"No module named '{name}' (the GPU image does not have it, and no carried "
-                                      f"wheel installs it: scripts/gpu_session.sh --dry-run)", name=name)
+            raise ModuleNotFoundError(
+                f"No module named '{name}' (the GPU image does not have it, and no carried "
+                f"wheel installs it: scripts/gpu_session.sh --dry-run)",
+                name=name,
+            )
         return None
 
 

@@ -7,6 +7,7 @@ them all). A run that already finished is left as it is (the proxy says
 "nothing to do"), and one that was interrupted resumes: running the
 evaluation again continues where it stopped.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,9 @@ def plan_runs(experiment_path: Path, policies: list[str], seeds: list[int], runs
     for policy in policies:
         for seed in seeds:
             name = f"{base['name']}-{policy}-s{seed}"
-            exp = dict(base, name=name, train=dict(base["train"], seed=seed),
-                       bandit=bandit_for(policy, base.get("bandit", {})))
+            exp = dict(
+                base, name=name, train=dict(base["train"], seed=seed), bandit=bandit_for(policy, base.get("bandit", {}))
+            )
             path = runs_dir / "experiments" / f"{name}.json"
             if not path.exists() or json.loads(path.read_text()) != exp:
                 atomic_write_json(path, exp)
@@ -108,15 +110,32 @@ def finished(run_dir: Path, max_steps: int) -> bool:
 
 
 def _start(spec: RunSpec, options: LaunchOptions) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "proxy", "run", str(spec.experiment), "--run-dir", str(spec.run_dir),
-            "--no-dashboard", "--engine", options.engine]
+    argv = [
+        sys.executable,
+        "-m",
+        "proxy",
+        "run",
+        str(spec.experiment),
+        "--run-dir",
+        str(spec.run_dir),
+        "--no-dashboard",
+        "--engine",
+        options.engine,
+    ]
     if options.cache_dir is not None:
         argv += ["--cache-dir", str(options.cache_dir)]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(spec.log, "ab") as log:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _stop_all(running: dict) -> None:
@@ -133,6 +152,7 @@ def _stop_all(running: dict) -> None:
 @dataclass
 class LoadSampler:
     """The 1-minute load average, sampled while the runs train (how busy the machine was)."""
+
     samples: list[float] = field(default_factory=list)
 
     def sample(self) -> None:
@@ -162,8 +182,13 @@ def _launch(specs: list[RunSpec], max_steps: int, options: LaunchOptions, load: 
     pending = list(specs)
     running: dict[int, tuple[subprocess.Popen, RunSpec, float]] = {}
     results: list[RunResult] = []
-    bar = tqdm(total=max_steps * len(specs), unit="step", disable=not options.progress, dynamic_ncols=True,
-               desc=f"runs 0/{len(specs)}")
+    bar = tqdm(
+        total=max_steps * len(specs),
+        unit="step",
+        disable=not options.progress,
+        dynamic_ncols=True,
+        desc=f"runs 0/{len(specs)}",
+    )
     last_sample = 0.0
     try:
         while pending or running:

@@ -1,5 +1,6 @@
 """scripts/bench_goodput.py: a short real proxy run measured from outside, the results file, and the
 PERFORMANCE.md table it renders."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,27 @@ def test_a_tiny_run_through_the_real_proxy(tmp_path):
     if not (REPO / "build" / "microgpt_cpu").is_file():
         pytest.fail("build/microgpt_cpu is missing: build it with `make cpu`")
     results = tmp_path / "goodput.json"
-    res = run_script("run", REPO / "experiments" / "TINY-TRAIN.json", "--steps", STEPS, "--threads", 1,
-                     "--train", "eval_every=20", "--train", "sample_every=20", "--train", "ckpt_every=10",
-                     "--label", "tiny", "--json", results, "--keep", tmp_path / "work", cache=tmp_path / "cache")
+    res = run_script(
+        "run",
+        REPO / "experiments" / "TINY-TRAIN.json",
+        "--steps",
+        STEPS,
+        "--threads",
+        1,
+        "--train",
+        "eval_every=20",
+        "--train",
+        "sample_every=20",
+        "--train",
+        "ckpt_every=10",
+        "--label",
+        "tiny",
+        "--json",
+        results,
+        "--keep",
+        tmp_path / "work",
+        cache=tmp_path / "cache",
+    )
     assert res.returncode == 0, res.stderr
     (r,) = json.loads(results.read_text())
     assert r["label"] == "tiny" and r["steps"] == STEPS and r["experiment"] == "TINY-TRAIN"
@@ -49,28 +68,52 @@ def test_a_tiny_run_through_the_real_proxy(tmp_path):
 
 
 def test_table_rendered_between_markers(tmp_path):
-    run = {"label": "after", "commit": "abc1234", "experiment": "P", "steps": 100, "threads": 1, "engine": "cpu",
-           "command": "python scripts/bench_goodput.py run --threads 1", "machine": "2 CPUs (X)", "date": "d",
-           "load_before": 6.0, "load_after": 6.5, "startup_s": 2.0, "wall_s": 200.0, "step_s": 180.0,
-           "audits": {"sample": {"count": 4, "s": 5.0}, "eval": {"count": 4, "s": 12.0},
-                      "checkpoint": {"count": 4, "s": 0.5}},
-           "after_last_step_s": 4.0, "tokens": 204800, "proxy_goodput": None}
+    run = {
+        "label": "after",
+        "commit": "abc1234",
+        "experiment": "P",
+        "steps": 100,
+        "threads": 1,
+        "engine": "cpu",
+        "command": "python scripts/bench_goodput.py run --threads 1",
+        "machine": "2 CPUs (X)",
+        "date": "d",
+        "load_before": 6.0,
+        "load_after": 6.5,
+        "startup_s": 2.0,
+        "wall_s": 200.0,
+        "step_s": 180.0,
+        "audits": {
+            "sample": {"count": 4, "s": 5.0},
+            "eval": {"count": 4, "s": 12.0},
+            "checkpoint": {"count": 4, "s": 0.5},
+        },
+        "after_last_step_s": 4.0,
+        "tokens": 204800,
+        "proxy_goodput": None,
+    }
     results = tmp_path / "r.json"
     results.write_text(json.dumps([run]))
     table = bench_goodput.render_table(bench_goodput.load_runs(results)).splitlines()
-    assert table[2] == ("| after | `abc1234` | 100 | 2.0 s | 200.0 s | 180.0 s | **20.0 s (10.0%)** | 5.0 s (2.5%) "
-                        "| 12.0 s (6.0%) | 0.5 s (0.2%) | 2.5 s (1.2%) | 1,024 / 1,138 | 6.0-6.5 |")
+    assert table[2] == (
+        "| after | `abc1234` | 100 | 2.0 s | 200.0 s | 180.0 s | **20.0 s (10.0%)** | 5.0 s (2.5%) "
+        "| 12.0 s (6.0%) | 0.5 s (0.2%) | 2.5 s (1.2%) | 1,024 / 1,138 | 6.0-6.5 |"
+    )
     assert "- `python scripts/bench_goodput.py run --threads 1`" in table
     doc = tmp_path / "PERF.md"
-    doc.write_text("# P\n\n" + bench_goodput.MARKERS.begin("old") + "\nstale\n" + bench_goodput.MARKERS.end + "\nkept\n")
+    doc.write_text(
+        "# P\n\n" + bench_goodput.MARKERS.begin("old") + "\nstale\n" + bench_goodput.MARKERS.end + "\nkept\n"
+    )
     assert bench_goodput.main(["render", str(results), "--doc", str(doc)]) == 0
     text = doc.read_text()
     assert "stale" not in text and "| after |" in text and text.endswith(bench_goodput.MARKERS.end + "\nkept\n")
     assert bench_goodput.MARKERS.begin(str(results)) in text
 
 
-@pytest.mark.parametrize("content,why", [("not json", "not JSON"), ('{"a": 1}', "expected a list of runs"),
-                                         ('[{"label": 1}]', "a run is malformed")])
+@pytest.mark.parametrize(
+    "content,why",
+    [("not json", "not JSON"), ('{"a": 1}', "expected a list of runs"), ('[{"label": 1}]', "a run is malformed")],
+)
 def test_bad_results_file_is_one_line_and_exit_2(tmp_path, capsys, content, why):
     results = tmp_path / "r.json"
     results.write_text(content)

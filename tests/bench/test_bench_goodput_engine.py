@@ -1,5 +1,6 @@
 """scripts/bench_goodput_engine.py: one short real measurement, the results file, and the
 PERFORMANCE.md table it renders."""
+
 from __future__ import annotations
 
 import json
@@ -45,12 +46,26 @@ def test_a_short_measurement_is_added_to_the_results_file(tmp_path):
 
 
 def test_table_rendered_between_markers_and_bad_files_refused(tmp_path):
-    run = {"label": "after", "commit": "abc1234", "machine": "2 CPUs (X)", "date": "d", "threads": 1,
-           "command": "python scripts/bench_goodput_engine.py --threads 1", "load": [0.5, 0.7],
-           "audit": {"old": {"frames": 4, "ms": [9000.0, 8000.0, 10000.0]},
-                     "new": {"frames": 1, "ms": [900.0, 1000.0, 1100.0]}, "speedup": 9.0},
-           "checkpoints_engine": {"median_step_ms": 500.0, "loop_stall_ms": [5.0, 7.0, 9.0],
-                                  "write_ms": [100.0, 120.0, 140.0], "background_writer": True}}
+    run = {
+        "label": "after",
+        "commit": "abc1234",
+        "machine": "2 CPUs (X)",
+        "date": "d",
+        "threads": 1,
+        "command": "python scripts/bench_goodput_engine.py --threads 1",
+        "load": [0.5, 0.7],
+        "audit": {
+            "old": {"frames": 4, "ms": [9000.0, 8000.0, 10000.0]},
+            "new": {"frames": 1, "ms": [900.0, 1000.0, 1100.0]},
+            "speedup": 9.0,
+        },
+        "checkpoints_engine": {
+            "median_step_ms": 500.0,
+            "loop_stall_ms": [5.0, 7.0, 9.0],
+            "write_ms": [100.0, 120.0, 140.0],
+            "background_writer": True,
+        },
+    }
     results = tmp_path / "r.json"
     results.write_text(json.dumps([run]))
     doc = tmp_path / "PERF.md"

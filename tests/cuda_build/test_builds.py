@@ -11,6 +11,7 @@ GPU, gets as far as looking for one). A second build with CUDNN=0 into a
 scratch directory (one architecture, to keep CI short) must link no cuDNN and
 say so in --help. Without nvcc there is nothing to build: skipped.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,9 @@ def test_default_build_has_cudnn_loaded_at_run_time():
     search = ":".join(dynamic_section(ENGINE, "RUNPATH") + dynamic_section(ENGINE, "RPATH")).split(":")
     assert str(Path(info["CUDNN_SO"]).parent) in search, search
     # The forwarders must not be exported: cuDNN's own libraries would bind their calls to them.
-    exported = subprocess.run(["nm", "-D", "--defined-only", str(ENGINE)], capture_output=True, text=True,
-                              check=True).stdout.split()
+    exported = subprocess.run(
+        ["nm", "-D", "--defined-only", str(ENGINE)], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert not [name for name in exported if name.startswith(("cudnn", "nvrtc"))]
     assert "cudnn" in attention_line(help_text(ENGINE))
 
@@ -87,15 +89,31 @@ def test_default_build_starts_without_cudnn_or_nvrtc(tmp_path):
         return  # a run would start on the GPU: --help and --version prove the binary loads
     tokens = tmp_path / "tokens.bin"
     tokens.write_bytes(bytes(4096))
-    run = subprocess.run([*prefix, str(ENGINE), "--data", str(tokens), "--ckpt-dir", str(tmp_path / "ckpt"),
-                          "--attention", "cudnn", "--precision", "bf16"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [
+            *prefix,
+            str(ENGINE),
+            "--data",
+            str(tokens),
+            "--ckpt-dir",
+            str(tmp_path / "ckpt"),
+            "--attention",
+            "cudnn",
+            "--precision",
+            "bf16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert LOADER_FAILURE not in run.stderr and "no CUDA device" in run.stderr, run.stderr
 
 
 def test_build_without_cudnn(tmp_path):
     build = tmp_path / "build"
-    out = subprocess.run(["make", "cuda", "CUDNN=0", f"BUILD={build}", ONE_ARCH], cwd=REPO, capture_output=True,
-                         text=True, timeout=1200)
+    out = subprocess.run(
+        ["make", "cuda", "CUDNN=0", f"BUILD={build}", ONE_ARCH], cwd=REPO, capture_output=True, text=True, timeout=1200
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "without cuDNN (CUDNN=0" in out.stdout, out.stdout
     engine = build / "microgpt_cuda"

@@ -12,6 +12,7 @@ an NVRTC error code, not a crash; a cuDNN call before loading stops the program 
 Needs the cuDNN headers the CUDA build uses: skipped without nvcc, like the rest of
 tests/cuda_build.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,9 +41,20 @@ def info() -> dict[str, str]:
 
 def build_checker(info: dict[str, str], binary: Path, *link: str) -> Path:
     includes = [info["CUDNN_INC"], info["NVRTC_INC"], f"{info['CUDA_HOME']}/include", str(LOADER.parent)]
-    command = [os.environ.get("CXX", "g++"), "-std=c++17", "-O1", "-Wall", "-Werror",
-               *(f"-I{d}" for d in includes), "-o", str(binary), str(HERE / "cudnn_loader_check.cpp"), str(LOADER),
-               "-ldl", *link]
+    command = [
+        os.environ.get("CXX", "g++"),
+        "-std=c++17",
+        "-O1",
+        "-Wall",
+        "-Werror",
+        *(f"-I{d}" for d in includes),
+        "-o",
+        str(binary),
+        str(HERE / "cudnn_loader_check.cpp"),
+        str(LOADER),
+        "-ldl",
+        *link,
+    ]
     out = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     return binary
@@ -97,8 +109,9 @@ def test_missing_nvrtc_is_an_error_code_and_one_warning(checker, tmp_path):
     out = run(hiding(system_library_dirs(), tmp_path), checker, "nvrtc", "")
     assert out.returncode == 4 and out.stdout == f"nvrtc result {NVRTC_ERROR_INTERNAL_ERROR}\n", out.stdout + out.stderr
     lines = out.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("microgpt: warning: cudnn-frontend called NVRTC: NVRTC not loaded: "
-                                                   "libnvrtc.so."), out.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "microgpt: warning: cudnn-frontend called NVRTC: NVRTC not loaded: libnvrtc.so."
+    ), out.stderr
     assert "cannot open shared object file" in lines[0]
 
 

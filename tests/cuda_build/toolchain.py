@@ -6,6 +6,7 @@ them: a private mount namespace (`unshare --mount --map-root-user`) in which eac
 directories is replaced by a tmpfs holding every other file of it, bind-mounted back (so a
 directory shared with libcublasLt keeps it). Nothing outside the namespace changes.
 """
+
 from __future__ import annotations
 
 import re
@@ -77,8 +78,18 @@ def hiding(dirs: set[Path], scratch: Path) -> list[str]:
         return []
     if shutil.which("unshare") is None:
         pytest.skip("no unshare(1) here: cannot hide cuDNN and NVRTC from the engine")
-    prefix = ["unshare", "--mount", "--map-root-user", "sh", "-c", HIDE_SCRIPT, "sh", str(scratch),
-              *map(str, sorted(dirs)), "--"]
+    prefix = [
+        "unshare",
+        "--mount",
+        "--map-root-user",
+        "sh",
+        "-c",
+        HIDE_SCRIPT,
+        "sh",
+        str(scratch),
+        *map(str, sorted(dirs)),
+        "--",
+    ]
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         pytest.skip(f"a private mount namespace is not permitted here ({probe.stderr.strip()[:200]})")
@@ -87,6 +98,7 @@ def hiding(dirs: set[Path], scratch: Path) -> list[str]:
 
 def visible_libraries(prefix: list[str], dirs: set[Path]) -> list[str]:
     """cuDNN or NVRTC files still visible in `dirs` under `prefix` (to prove the hiding worked)."""
-    listing = subprocess.run([*prefix, "ls", "-1A", *map(str, sorted(dirs))], capture_output=True, text=True,
-                             timeout=60, check=True).stdout
+    listing = subprocess.run(
+        [*prefix, "ls", "-1A", *map(str, sorted(dirs))], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     return [name for name in listing.split() if HIDDEN.match(name)]

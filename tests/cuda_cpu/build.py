@@ -20,6 +20,7 @@ include or their flags change.
 The mutation check (test_mutations.py) builds a mutated copy of microgpt/
 with source_root, reusing the unmutated support objects.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,11 +59,15 @@ class Variant:
 
 
 VARIANTS = {
-    "hazard": Variant(kernel_flags=("-DCUDA_ON_CPU_HAZARDS", "-fsanitize=thread"),
-                      support_flags=("-DCUDA_ON_CPU_HAZARDS",), c_flags=(),
-                      link_flags=()),
-    "asan": Variant(kernel_flags=tuple(SANITIZE), support_flags=tuple(SANITIZE), c_flags=tuple(SANITIZE),
-                    link_flags=tuple(SANITIZE)),
+    "hazard": Variant(
+        kernel_flags=("-DCUDA_ON_CPU_HAZARDS", "-fsanitize=thread"),
+        support_flags=("-DCUDA_ON_CPU_HAZARDS",),
+        c_flags=(),
+        link_flags=(),
+    ),
+    "asan": Variant(
+        kernel_flags=tuple(SANITIZE), support_flags=tuple(SANITIZE), c_flags=tuple(SANITIZE), link_flags=tuple(SANITIZE)
+    ),
 }
 
 
@@ -72,8 +77,11 @@ def _compilers() -> tuple[str, str]:
 
 def _stale(target: Path, deps: list[Path], stamp: Path, command: list[str]) -> bool:
     """True when target must be rebuilt: missing, older than a dependency, or built by another command."""
-    if not target.exists() or not stamp.exists() or stamp.read_text() != hashlib.sha256(
-            "\0".join(command).encode()).hexdigest():
+    if (
+        not target.exists()
+        or not stamp.exists()
+        or stamp.read_text() != hashlib.sha256("\0".join(command).encode()).hexdigest()
+    ):
         return True
     t = target.stat().st_mtime
     return any(not d.exists() or d.stat().st_mtime > t for d in deps)
@@ -106,6 +114,7 @@ def _compile(source: Path, obj: Path, command: list[str], cwd: Path) -> None:
 @dataclass
 class Plan:
     """What building one variant takes: its compiles, then its link."""
+
     compiles: list[tuple[Path, Path, list[str]]]  # (source, object, command)
     objects: list[Path]
     binary: Path
@@ -113,8 +122,14 @@ class Plan:
     cwd: Path
 
 
-def plan(variant: str, *, source_root: Path = REPO, out: Path | None = None,
-         kernel_units: tuple[str, ...] = KERNEL_UNITS, support_from: Path | None = None) -> Plan:
+def plan(
+    variant: str,
+    *,
+    source_root: Path = REPO,
+    out: Path | None = None,
+    kernel_units: tuple[str, ...] = KERNEL_UNITS,
+    support_from: Path | None = None,
+) -> Plan:
     """The build of one variant's check binary.
 
     source_root: the tree whose tests/cuda_cpu/ and microgpt/ are compiled.
@@ -142,8 +157,10 @@ def build_all(plans: list[Plan], jobs: int | None = None) -> list[Path]:
     sharing one pool of jobs (default: the CPU count); returns the binaries."""
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
         # The longest compiles first: the sanitizer builds of the kernel units.
-        work = sorted((c + (p.cwd,) for p in plans for c in p.compiles), key=lambda c: "-fsanitize=address,undefined"
-                      not in c[2] or "kernels_" not in c[0].name)
+        work = sorted(
+            (c + (p.cwd,) for p in plans for c in p.compiles),
+            key=lambda c: "-fsanitize=address,undefined" not in c[2] or "kernels_" not in c[0].name,
+        )
         for f in [pool.submit(_compile, *w) for w in work]:
             f.result()
     for p in plans:

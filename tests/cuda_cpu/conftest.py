@@ -2,6 +2,7 @@
 variants (build.py: hazard, asan) once per session and runs them side by
 side; the tests read the results. Needs only the host compilers: no nvcc, no
 GPU."""
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ RUN_TIMEOUT = 420.0
 @dataclass(frozen=True)
 class OutputError:
     """One output's errors against the reference, and the bounds they are held to."""
+
     norm: float | None
     row: float | None
     bound: float
@@ -30,6 +32,7 @@ class OutputError:
 @dataclass(frozen=True)
 class CaseResult:
     """One line of cuda_cpu_check's output (cuda_cpu_check.cpp)."""
+
     case: str
     kernels: list[str]
     errors: dict[str, OutputError]
@@ -41,7 +44,7 @@ class CaseResult:
     differs: str | None = None
 
     @classmethod
-    def parse(cls, line: str) -> "CaseResult":
+    def parse(cls, line: str) -> CaseResult:
         doc = json.loads(line)
         doc["errors"] = {k: OutputError(**v) for k, v in doc["errors"].items()}
         return cls(**doc)
@@ -50,6 +53,7 @@ class CaseResult:
 @dataclass
 class CheckRun:
     """One run of a check binary: its cases, exit status, stderr, seconds."""
+
     variant: str
     binary: Path
     returncode: int
@@ -71,10 +75,12 @@ def kernel_checks() -> dict[str, CheckRun]:
     """Both variants built and run: hazard twice per case (in order, then
     reversed), asan once."""
     try:
-        binaries = dict(zip(builder.VARIANTS, builder.build_all([builder.plan(v) for v in builder.VARIANTS])))
+        binaries = dict(
+            zip(builder.VARIANTS, builder.build_all([builder.plan(v) for v in builder.VARIANTS]), strict=False)
+        )
     except builder.BuildError as exc:
         pytest.fail(f"building the kernel checks failed: {exc}", pytrace=False)
     runs = {"hazard": ["--runs", "2"], "asan": ["--runs", "1"]}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(runs, pool.map(lambda v: run_checks(binaries[v], v, runs[v]), runs)))
+        done = dict(zip(runs, pool.map(lambda v: run_checks(binaries[v], v, runs[v]), runs), strict=False))
     return done

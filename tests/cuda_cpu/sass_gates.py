@@ -18,6 +18,7 @@ toolkit or the nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels
     python tests/cuda_cpu/sass_gates.py [BINARY]            # check (default build/microgpt_cuda)
     python tests/cuda_cpu/sass_gates.py --write-budget      # record the current registers and shared memory
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -64,6 +65,7 @@ class GateError(RuntimeError):
 @dataclass
 class KernelCode:
     """One kernel's machine code for one architecture."""
+
     registers: int
     stack: int
     shared: int
@@ -79,8 +81,9 @@ def find_tool(name: str) -> Path | None:
         return Path(found)
     nvcc = shutil.which("nvcc")
     if nvcc:
-        out = subprocess.run([nvcc, "-dryrun", "-c", "-x", "cu", "/dev/null", "-o", "/dev/null"],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [nvcc, "-dryrun", "-c", "-x", "cu", "/dev/null", "-o", "/dev/null"], capture_output=True, text=True
+        )
         for line in out.stderr.splitlines():
             if line.startswith("#$ _HERE_="):
                 candidate = Path(line.split("=", 1)[1]) / name
@@ -122,7 +125,7 @@ def _demangle(names: list[str]) -> dict[str, str]:
         return {}
     out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True)
     lines = out.stdout.splitlines()
-    return dict(zip(names, lines)) if out.returncode == 0 and len(lines) == len(names) else {}
+    return dict(zip(names, lines, strict=False)) if out.returncode == 0 and len(lines) == len(names) else {}
 
 
 def machine_code(binary: Path) -> dict[str, dict[str, KernelCode]]:
@@ -185,8 +188,9 @@ def check(code: dict[str, dict[str, KernelCode]], budget: dict, archs=ARCHS) -> 
             if c.shared > b["shared"]:
                 bad.append(f"{arch} {kernel}: {c.shared} bytes of static shared memory > budget {b['shared']}")
             if b.get("hmma") is not None and c.hmma != b["hmma"]:
-                bad.append(f"{arch} {kernel}: {c.hmma} HMMA instructions, expected {b['hmma']} (one loop body's "
-                           f"mma.sync)")
+                bad.append(
+                    f"{arch} {kernel}: {c.hmma} HMMA instructions, expected {b['hmma']} (one loop body's mma.sync)"
+                )
     return bad
 
 
@@ -205,8 +209,10 @@ def budget_for(code: dict[str, dict[str, KernelCode]], archs=ARCHS) -> dict:
 
 def budget_text(budget: dict) -> str:
     """sass_budget.json: one line per kernel, so a change reads as one line of diff."""
-    lines = ['{"about": "Per-kernel machine-code budget of build/microgpt_cuda (tests/cuda_cpu/sass_gates.py): '
-             'registers and static shared memory (bytes) at most, HMMA exactly (flash kernels)."']
+    lines = [
+        '{"about": "Per-kernel machine-code budget of build/microgpt_cuda (tests/cuda_cpu/sass_gates.py): '
+        'registers and static shared memory (bytes) at most, HMMA exactly (flash kernels)."'
+    ]
     for arch in budget:
         entries = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in budget[arch].items()]
         lines.append(f' "{arch}": {{\n' + ",\n".join(entries) + "\n }")

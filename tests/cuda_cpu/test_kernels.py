@@ -4,6 +4,7 @@ within the bounds tests/gpu uses, the same bits when the threads and blocks
 run in reverse order, no hazard in shared or global memory, and clean under
 AddressSanitizer and UndefinedBehaviorSanitizer. A kernel added to
 microgpt/ without a check here fails test_every_kernel_is_checked."""
+
 from __future__ import annotations
 
 import re

@@ -3,6 +3,7 @@ sm_80 and sm_90: no spills, no local memory, registers and shared memory
 within sass_budget.json, the HMMA the tensor-core kernels are written to
 issue. Skipped, with the reason, where there is no nvcc, no cuobjdump (toolkit
 or wheel), or no cuBLAS to build the engine with; no GPU needed."""
+
 from __future__ import annotations
 
 import copy
@@ -41,9 +42,23 @@ def engine_code() -> dict[str, dict[str, gates.KernelCode]]:
 def spill_code(tmp_path_factory) -> dict[str, dict[str, gates.KernelCode]]:
     _need_tools()
     fatbin = tmp_path_factory.mktemp("spill") / "spill_kernel.fatbin"
-    subprocess.run(["nvcc", "-fatbin", "-O3", "-gencode", "arch=compute_80,code=sm_80", "-gencode",
-                    "arch=compute_90,code=sm_90", str(HERE / "spill_kernel.cu"), "-o", str(fatbin)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            "nvcc",
+            "-fatbin",
+            "-O3",
+            "-gencode",
+            "arch=compute_80,code=sm_80",
+            "-gencode",
+            "arch=compute_90,code=sm_90",
+            str(HERE / "spill_kernel.cu"),
+            "-o",
+            str(fatbin),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return gates.machine_code(fatbin)
 
 
@@ -88,7 +103,9 @@ def test_the_gates_fail_over_budget_and_name_the_kernel(engine_code):
     bad = gates.check(engine_code, tight)
     regs = engine_code["sm_80"]["flash_attention_forward_kernel<64>"].registers
     assert f"sm_80 flash_attention_forward_kernel<64>: {regs} registers > budget {regs - 1}" in bad
-    assert any(b.startswith("sm_90 layernorm_forward_kernel<float>: ") and "shared memory > budget -1" in b for b in bad)
+    assert any(
+        b.startswith("sm_90 layernorm_forward_kernel<float>: ") and "shared memory > budget -1" in b for b in bad
+    )
     assert any(b.startswith("sm_90 flash_attention_backward_dq_kernel<128>: 96 HMMA") for b in bad), bad
     assert any(b.startswith("sm_80 adamw_kernel<float>: no budget") for b in bad)
     assert any(b.startswith("sm_90 gone_kernel<1>: in the budget but not in the binary") for b in bad)

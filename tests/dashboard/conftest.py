@@ -7,6 +7,7 @@ tests are skipped (with that reason) only when /usr/bin/chromium is absent.
 Test files are named test_dashboard_*.py and this directory has no
 __init__.py, so nothing here can shadow the real `dashboard` package.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,16 @@ from dashboard.synthetic import SyntheticRun
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -75,7 +84,7 @@ class LiveWriter:
             if self.run.step % 10 == 0:
                 self.run.write_state()
 
-    def __enter__(self) -> "LiveWriter":
+    def __enter__(self) -> LiveWriter:
         self._thread.start()
         return self
 
@@ -122,8 +131,9 @@ def start_server(run_dirs: list[Path], port: int, log: Path, extra: list[str] | 
         cmd += ["--run-dir", str(d)]
     cmd += extra or []
     out = open(log, "wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1")
+    )
     out.close()
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 30
@@ -145,8 +155,9 @@ def server_factory(tmp_path):
     servers: list[Server] = []
 
     def start(run_dirs: list[Path], port: int | None = None, extra: list[str] | None = None) -> Server:
-        s = start_server([Path(d) for d in run_dirs], port or free_port(),
-                         tmp_path / f"dashboard-{len(servers)}.log", extra)
+        s = start_server(
+            [Path(d) for d in run_dirs], port or free_port(), tmp_path / f"dashboard-{len(servers)}.log", extra
+        )
         servers.append(s)
         return s
 
@@ -163,8 +174,9 @@ def server_factory(tmp_path):
 @pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():
-        pytest.skip("browser tests need Debian's /usr/bin/chromium (absent here); "
-                    "scripts/install_test_deps.sh installs it")
+        pytest.skip(
+            "browser tests need Debian's /usr/bin/chromium (absent here); scripts/install_test_deps.sh installs it"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

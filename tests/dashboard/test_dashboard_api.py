@@ -1,12 +1,13 @@
 """The JSON endpoints, in process (FastAPI TestClient, lifespan and watcher running)."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
-from conftest import make_run
 from fastapi.testclient import TestClient
 
+from conftest import make_run
 from dashboard.app import LOOPBACK_HOSTS, create_app
 
 
@@ -50,7 +51,10 @@ def test_series_overview_and_zoom(client):
 def test_evals_sidecars_checkpoints(client):
     e = client.get("/api/runs/0/evals").json()
     assert e["step"] == [50, 100, 150, 200, 250, 300, 350, 400] and set(e["arms"]) == {
-        "stdlib_code", "stdlib_docs", "web_text"}
+        "stdlib_code",
+        "stdlib_docs",
+        "web_text",
+    }
     st = client.get("/api/runs/0/state").json()["value"]
     assert st["step"] == 400 and st["engine"]["kind"] == "cpu"
     ph = client.get("/api/runs/0/phases").json()["value"]
@@ -133,3 +137,15 @@ def test_classify_changed_paths():
     assert classify(root, "/r/.state.json.123.tmp") is None
     assert classify(root, "/r/engine.log") is None
     assert classify(root, "/r/archive/pivot_100/.state.json") is None
+
+
+def test_columns_and_every_column_in_the_series(client):
+    from dashboard.columns import ENVELOPE_COLS, columns_payload
+
+    cols = client.get("/api/columns").json()
+    assert cols == columns_payload()
+    for path in ("/api/runs/0/series?width=100", "/api/runs/0/series?from=10&to=20&width=100"):
+        p = client.get(path).json()
+        for c in cols:
+            col = p[c["name"]]["mean"] if c["name"] in ENVELOPE_COLS else p[c["name"]]
+            assert len(col) == p["n"] > 0, (path, c["name"])

@@ -1,9 +1,11 @@
 """The page in a real headless Chromium against a real server on a live run directory."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
+
 from conftest import ARTIFACTS, make_run
 
 READY = "() => window.__dashboard && window.__dashboard.ready"
@@ -40,14 +42,18 @@ def test_live_page(tmp_path, server_factory, page, live_writer):
     for step in (401, 402):
         run.append_steps(1)
         t = time.monotonic()
-        page.wait_for_function(f"() => window.__dashboard.lastStep >= {step} && "
-                               f"document.querySelector('#status').textContent.includes('step {step:,}')",
-                               timeout=2000)
+        page.wait_for_function(
+            f"() => window.__dashboard.lastStep >= {step} && "
+            f"document.querySelector('#status').textContent.includes('step {step:,}')",
+            timeout=2000,
+        )
         assert time.monotonic() - t < 2.0
     # the live push carries the wall-clock rate too (over the steps the server had before it)
-    page.wait_for_function("() => { const c = window.__dashboardChart('chart-tps'); "
-                           "return c && c.data[0].length >= 402 && c.data[2][c.data[2].length - 1] != null; }",
-                           timeout=2000)
+    page.wait_for_function(
+        "() => { const c = window.__dashboardChart('chart-tps'); "
+        "return c && c.data[0].length >= 402 && c.data[2][c.data[2].length - 1] != null; }",
+        timeout=2000,
+    )
 
     # a pivot (a new phase in phases.json, written by rename) gets a marker
     assert page.locator("#chart-loss .pivot-marker").count() == 0

@@ -1,4 +1,5 @@
 """`proxy dashboard` arguments (dashboard.server.main) and spawn()."""
+
 from __future__ import annotations
 
 import socket
@@ -6,14 +7,20 @@ import subprocess
 import sys
 
 import httpx
-from conftest import REPO, free_port, make_run
 
+from conftest import REPO, free_port, make_run
 from dashboard import server
 
 
 def run_main(args: list[str], cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dashboard", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "dashboard", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_missing_run_dir_is_one_line_and_exit_2(tmp_path):
@@ -39,8 +46,10 @@ def test_default_is_most_recent_run_and_spawn(tmp_path, monkeypatch):
     new = make_run(tmp_path / "runs" / "new", steps=20)
     monkeypatch.chdir(tmp_path)
     assert server.resolve_run_dirs(None) == [new.root]
-    assert server.resolve_run_dirs([str(tmp_path / "runs")]) == [(tmp_path / "runs" / "new").resolve(),
-                                                                  (tmp_path / "runs" / "old").resolve()]
+    assert server.resolve_run_dirs([str(tmp_path / "runs")]) == [
+        (tmp_path / "runs" / "new").resolve(),
+        (tmp_path / "runs" / "old").resolve(),
+    ]
     port = free_port()
     proc, url = server.spawn([new.root], port=port, log_path=tmp_path / "dashboard.log")
     try:

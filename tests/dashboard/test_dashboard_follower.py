@@ -1,4 +1,5 @@
 """The byte-offset JSONL follower: torn lines, garbage, replacement, overlong lines."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ def test_parse_lines_keeps_offsets_and_skips_garbage():
     assert [o["step"] for _, _, o in out] == [1, 2]
     assert used == len(data) - len(b'{"type": "st')
     s, e, _ = out[1]
-    assert data[s - 100:e - 100] == entry(2)
+    assert data[s - 100 : e - 100] == entry(2)
 
 
 def test_torn_last_line_waits_for_its_newline(tmp_path):

@@ -1,5 +1,6 @@
 """The dashboard on a run the real training proxy is writing (TINY-TRAIN on the engine under test: the
 CPU engine unless MICROGPT_TEST_ENGINE names another)."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,8 @@ import sys
 import time
 
 import pytest
-from conftest import ARTIFACTS, REPO
 
+from conftest import ARTIFACTS, REPO
 from harness.engines import engine_under_test
 from harness.gate import Gate
 
@@ -38,9 +39,24 @@ def test_dashboard_follows_a_real_training_run(tmp_path, server_factory, page):
     gate = Gate(tmp_path / "gate", ENGINE.path)
     gate.hold_after(20)
     log = open(tmp_path / "proxy.log", "wb")
-    proxy = subprocess.Popen([sys.executable, "-m", "proxy", "run", "experiments/TINY-TRAIN.json",
-                              "--run-dir", str(run_dir), "--engine", gate.engine_flag, "--no-dashboard"],
-                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "run",
+            "experiments/TINY-TRAIN.json",
+            "--run-dir",
+            str(run_dir),
+            "--engine",
+            gate.engine_flag,
+            "--no-dashboard",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
     try:
         deadline = time.monotonic() + 300
@@ -86,9 +102,9 @@ def test_wall_clock_rate_of_a_real_run_never_beats_the_engine(tmp_path):
     import json
 
     from dashboard import payload
-    from proxy.formats.loss_log import step_fields
     from dashboard.log_follower import parse_lines
     from dashboard.run_index import RunIndex
+    from proxy.formats.loss_log import step_fields
 
     exp = json.loads((REPO / "experiments" / "TINY-TRAIN.json").read_text())
     exp["name"] = "TINY-WALL"
@@ -96,9 +112,24 @@ def test_wall_clock_rate_of_a_real_run_never_beats_the_engine(tmp_path):
     path = tmp_path / "TINY-WALL.json"
     path.write_text(json.dumps(exp))
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "proxy", "run", str(path), "--run-dir", str(run_dir),
-                           "--engine", ENGINE.flag, "--no-dashboard"], cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "run",
+            str(path),
+            "--run-dir",
+            str(run_dir),
+            "--engine",
+            ENGINE.flag,
+            "--no-dashboard",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
     data = (run_dir / ".loss.json").read_bytes()
@@ -119,7 +150,7 @@ def test_wall_clock_rate_of_a_real_run_never_beats_the_engine(tmp_path):
         """(points with a rate, the highest wall/engine ratio): each point against the engine over the steps
         since the newest candidate start (`starts`, before it) at least 10 s older."""
         n, top = 0, 0.0
-        for i, (end, rate) in enumerate(zip(ends, rates)):
+        for _i, (end, rate) in enumerate(zip(ends, rates, strict=False)):
             if rate is None:
                 continue
             since = max(s for s in starts if s < end and log[s].time <= log[end].time - payload.WALL_WINDOW_S)
@@ -136,11 +167,13 @@ def test_wall_clock_rate_of_a_real_run_never_beats_the_engine(tmp_path):
     live, window, prev = [], None, None
     for i in range(0, len(rows), 7):
         window = window or run.wall_window(rows[i].step)
-        out, prev = payload.rows_payload(rows[i:i + 7], prev, window)
+        out, prev = payload.rows_payload(rows[i : i + 7], prev, window)
         live += out["wall_tok_s"]
-    checks = {"full resolution": (full["step"], full["wall_tok_s"], full["step"]),
-              "live": (sorted(log), live, sorted(log)),
-              "overview": (over["step_end"], over["wall_tok_s"], [over["step"][0]] + over["step_end"])}
+    checks = {
+        "full resolution": (full["step"], full["wall_tok_s"], full["step"]),
+        "live": (sorted(log), live, sorted(log)),
+        "overview": (over["step_end"], over["wall_tok_s"], [over["step"][0]] + over["step_end"]),
+    }
     for name, (ends, rates, starts) in checks.items():
         n, top = worst(ends, rates, starts)
         assert n >= 0.3 * len(ends), f"{name}: only {n} of {len(ends)} points have a rate"

@@ -3,6 +3,7 @@
 Requests are sent over a raw socket so that no client library normalizes the
 path ("..", encoded slashes) before the server sees it.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Downsampling and the block store: spikes survive, replays win, memory stays small."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,17 @@ from proxy.formats.loss_log import step_fields
 
 
 def line(step: int, loss: float, **kw) -> str:
-    e = {"type": "step", "step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "tokens": step * 100,
-         "time": 1000.0 + step, "ms": 10.0, "mixture": {"a": 0.25, "b": 0.75}}
+    e = {
+        "type": "step",
+        "step": step,
+        "loss": loss,
+        "lr": 1e-3,
+        "grad_norm": 1.0,
+        "tokens": step * 100,
+        "time": 1000.0 + step,
+        "ms": 10.0,
+        "mixture": {"a": 0.25, "b": 0.75},
+    }
     e.update(kw)
     return json.dumps(e) + "\n"
 
@@ -25,8 +35,12 @@ def write_log(root, n: int, spike_at: int | None = None) -> None:
         for s in range(1, n + 1):
             f.write(line(s, 10.0 if s == spike_at else 2.0 + (s % 7) * 0.01))
             if s % 100 == 0:
-                f.write(json.dumps({"type": "eval", "step": s, "loss": 2.5, "arms": {"a": 2.4, "b": 2.6},
-                                    "time": 1000.0 + s}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"type": "eval", "step": s, "loss": 2.5, "arms": {"a": 2.4, "b": 2.6}, "time": 1000.0 + s}
+                    )
+                    + "\n"
+                )
 
 
 def test_merge_keeps_min_and_max_and_mean():
@@ -44,8 +58,14 @@ def test_merge_keeps_min_and_max_and_mean():
 
 
 def test_round_sig_is_short_and_json_safe():
-    assert round_sig([4.103000164031982, 0.000600000028, float("nan"), float("inf"), 0.0, 123456789.0]) == \
-        [4.103, 0.0006, None, None, 0.0, 123457000.0]
+    assert round_sig([4.103000164031982, 0.000600000028, float("nan"), float("inf"), 0.0, 123456789.0]) == [
+        4.103,
+        0.0006,
+        None,
+        None,
+        0.0,
+        123457000.0,
+    ]
 
 
 def test_spike_survives_every_zoom_level(tmp_path):
@@ -79,7 +99,7 @@ def test_replayed_steps_last_entry_wins(tmp_path):
     assert run.store.n_steps == 3 * K + 5
     p = run.series(None, None, 1000)
     assert p["raw"]
-    by_step = dict(zip(p["step"], p["loss"]["mean"]))
+    by_step = dict(zip(p["step"], p["loss"]["mean"], strict=False))
     assert by_step[3] == 7.5 and by_step[3 * K + 2] == 8.5 and len(p["step"]) == 3 * K + 5
     # summaries of the dirty block are recomputed from the log: the old value is gone
     p = run.series(None, None, 2)
@@ -104,7 +124,7 @@ def test_garbage_types_and_values_are_skipped(tmp_path):
         f.write('{"type": "step", "step": true, "loss": 1}\n')
         f.write('{"type": "step", "step": 2, "loss": "high", "mixture": {"a": "x", "": 1, "b": null}}\n')
         f.write('{"type": "mystery", "step": 3}\n')
-        f.write('not json at all\n')
+        f.write("not json at all\n")
         f.write(line(4, 2.0))
     run = RunIndex(0, "r", tmp_path)
     run.refresh_log()
@@ -175,6 +195,7 @@ def test_arm_names_bounded_as_the_schema_bounds_them():
     """The dashboard reads `.loss.json` with the proxy's reader: arm names of at most the schema's MAX_NAME
     characters, at most MAX_ARMS arms (a forged longer name or more arms are dropped, never plotted)."""
     from proxy.config.experiment import MAX_ARMS, MAX_NAME
+
     longest, too_long = "a" * MAX_NAME, "b" * (MAX_NAME + 1)
     f = step_fields({"type": "step", "step": 1, "mixture": {longest: 0.5, too_long: 0.5}})
     assert f is not None and f.mixture == {longest: 0.5}

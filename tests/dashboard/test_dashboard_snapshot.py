@@ -1,5 +1,6 @@
 """What a new user sees first: charts that say why they are empty, labelled axes, the status card's step
 from the newest source, and the static mode (`?static=1`) that lets a headless browser take a screenshot."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, make_run
 
+from conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, make_run
 from dashboard.synthetic import SyntheticRun
 
 READY = "() => window.__dashboard && window.__dashboard.ready"
@@ -36,9 +37,14 @@ def test_every_empty_chart_says_why_and_every_axis_is_labelled(tmp_path, server_
     page.goto(srv.url)
     page.wait_for_function(READY, timeout=10000)
     empty = {c: chart(page, c)["empty"] for c in CHARTS}
-    assert empty == {"chart-loss": "no training steps logged yet", "chart-val": "no evaluation yet (one every 100 steps)",
-                     "chart-mix": "no mixture logged yet", "chart-lr": "no training steps logged yet",
-                     "chart-gn": "no training steps logged yet", "chart-tps": "no training steps logged yet"}
+    assert empty == {
+        "chart-loss": "no training steps logged yet",
+        "chart-val": "no evaluation yet (one every 100 steps)",
+        "chart-mix": "no mixture logged yet",
+        "chart-lr": "no training steps logged yet",
+        "chart-gn": "no training steps logged yet",
+        "chart-tps": "no training steps logged yet",
+    }
     assert page.locator(".chart-empty").count() == len(CHARTS)
 
     # the first steps arrive live: the step charts fill in, the validation chart still says why it is empty
@@ -51,12 +57,18 @@ def test_every_empty_chart_says_why_and_every_axis_is_labelled(tmp_path, server_
     assert chart(page, "chart-val")["empty"] == "no evaluation yet (one every 100 steps)"
     # axes: x by what the x axis shows, y by what is plotted
     axes = {c: chart(page, c)["axes"] for c in CHARTS}
-    assert axes == {"chart-loss": ["step", "loss (nats/token)"], "chart-val": ["step", "loss (nats/token)"],
-                    "chart-mix": ["step", "weight (stacked)"], "chart-lr": ["step", "learning rate"],
-                    "chart-gn": ["step", "gradient norm"], "chart-tps": ["step", "tokens / s"]}
+    assert axes == {
+        "chart-loss": ["step", "loss (nats/token)"],
+        "chart-val": ["step", "loss (nats/token)"],
+        "chart-mix": ["step", "weight (stacked)"],
+        "chart-lr": ["step", "learning rate"],
+        "chart-gn": ["step", "gradient norm"],
+        "chart-tps": ["step", "tokens / s"],
+    }
     page.select_option("#xmode", "tokens")
-    page.wait_for_function("() => window.__dashboardChart('chart-loss').axes[0] === 'tokens (cumulative)'",
-                           timeout=3000)
+    page.wait_for_function(
+        "() => window.__dashboardChart('chart-loss').axes[0] === 'tokens (cumulative)'", timeout=3000
+    )
     assert not page.console_errors, page.console_errors
 
 
@@ -117,9 +129,19 @@ def test_headless_screenshot_with_a_virtual_time_budget_finishes(tmp_path, serve
     shot = ARTIFACTS / "dashboard-static.png"
     shot.unlink(missing_ok=True)
     t = time.monotonic()
-    done = subprocess.run([str(CHROMIUM), *CHROMIUM_ARGS, f"--screenshot={shot}", "--window-size=1400,1800",
-                           "--virtual-time-budget=10000", srv.url + "?static=1"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            str(CHROMIUM),
+            *CHROMIUM_ARGS,
+            f"--screenshot={shot}",
+            "--window-size=1400,1800",
+            "--virtual-time-budget=10000",
+            srv.url + "?static=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.monotonic() - t
     assert done.returncode == 0, done.stderr[-2000:]
     png = shot.read_bytes()

@@ -1,4 +1,5 @@
 """Server-sent events from a real server: new entries only, resume, torn lines, replacement."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import threading
 import time
 
 import httpx
+
 from conftest import make_run
 
 
@@ -80,7 +82,7 @@ def test_push_new_entries_and_resume_from_last_event_id(tmp_path, server_factory
     run = make_run(tmp_path / "run-a", steps=100)
     srv = server_factory([run.root])
     info = srv.wait_indexed()[0]
-    at = f'{info["generation"]}.{info["offset"]}'
+    at = f"{info['generation']}.{info['offset']}"
     sse = SSE(srv.url + f"api/stream?runs=0&at={at}")
     assert sse.next("status")[0] == 200
     side, _ = sse.next("sidecar", pred=lambda d: d["kind"] == "state")

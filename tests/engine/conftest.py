@@ -11,6 +11,7 @@ The shape, the engine wrapper and the test data are the harness's
 (tests/harness/shape.py, engine.py, data.py); everything speaks the wire
 formats through proxy/formats/, so this suite never re-implements a format.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,19 +28,23 @@ TINY = Shape()
 
 # Why a test is the CPU engine's alone (the reason its skip gives on another engine).
 THREADS = "the CPU engine's --threads"
-TORCH = ("the CPU engine's float32 arithmetic against PyTorch (the CUDA engine is compared with the CPU one "
-         "in tests/gpu/test_vs_cpu.py)")
+TORCH = (
+    "the CPU engine's float32 arithmetic against PyTorch (the CUDA engine is compared with the CPU one "
+    "in tests/gpu/test_vs_cpu.py)"
+)
 
 
 def cpu_only(why: str):
     """Skip on an engine built for anything but the CPU, saying why."""
-    return pytest.mark.skipif(ENGINE.build not in ("cpu", None),
-                              reason=f"{why}; the engine under test is the {ENGINE.build} one")
+    return pytest.mark.skipif(
+        ENGINE.build not in ("cpu", None), reason=f"{why}; the engine under test is the {ENGINE.build} one"
+    )
 
 
 def lr_at(shape: Shape, s: int) -> float:
     """ENGINE.md's schedule for the update producing step s (1-based)."""
     from .torch_reference import lr_at as schedule
+
     return schedule(s, shape.lr, shape.min_lr, shape.warmup, shape.steps)
 
 
@@ -87,4 +92,3 @@ def run_engine(engine_bin, tmp_path):
 def dir_snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
     """name -> (bytes, mtime_ns) of every file in a directory."""
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir()) if p.is_file()}
-

@@ -7,6 +7,7 @@ resume bit-exact; a failed background write ends the run as a synchronous one di
 The writes are made slow (or made to fail late) by tests/engine/fsync_shim.c, preloaded into the
 engine: every fsync sleeps DELAY_MS first, so a write takes at least 2 * DELAY_MS, far longer
 than a few TINY steps on one thread, even on a busy machine."""
+
 from __future__ import annotations
 
 import signal
@@ -59,9 +60,11 @@ def test_training_goes_on_while_a_checkpoint_is_written(engine_bin, run_engine, 
     while (ev := eng.next_event()) is not None:
         if ev.kind == "ckpt":
             path = event_path(ev, eng)
-            on_arrival[ev["step"]] = (path.is_file() and verify_checkpoint(path) is None,
-                                      path.stat().st_size if path.is_file() else None,
-                                      f".step_{ev['step']:06d}.bin.tmp" in temps(ck))
+            on_arrival[ev["step"]] = (
+                path.is_file() and verify_checkpoint(path) is None,
+                path.stat().st_size if path.is_file() else None,
+                f".step_{ev['step']:06d}.bin.tmp" in temps(ck),
+            )
     assert eng.proc.wait(timeout=60) == 0, eng.stderr
 
     ckpts = eng.of("ckpt")
@@ -70,8 +73,9 @@ def test_training_goes_on_while_a_checkpoint_is_written(engine_bin, run_engine, 
     for k in (5, 10, 15):  # training went on while step k's file was written
         assert order.index(("step", k + 1)) < order.index(("ckpt", k)), order
     for c in ckpts:
-        assert on_arrival[c["step"]] == (True, c["bytes"], False), \
+        assert on_arrival[c["step"]] == (True, c["bytes"], False), (
             f"ckpt event for step {c['step']} before its file was complete and in place: {on_arrival[c['step']]}"
+        )
         assert c["ms"] >= 2 * DELAY_MS, f"ms is the write's time (two fsyncs of {DELAY_MS} ms): {c.fields}"
         assert c["snapshot_ms"] < DELAY_MS, c.fields
     for c in ckpts[1:]:  # each waited for its predecessor, in flight for >= 2 * DELAY_MS, five steps before
@@ -125,8 +129,9 @@ def test_stop_eof_and_sigterm_wait_for_the_write_in_flight(run_engine, tmp_path,
         eng.send(frames.checkpoint_frame())
         eng.train(s2, t2, g2)
         eng.wait_for("step", step=2)
-        assert wait_for_temp(ck, 1) and not (ck / "step_000001.bin").exists(), \
+        assert wait_for_temp(ck, 1) and not (ck / "step_000001.bin").exists(), (
             f"{how}: step 1's write should still be in flight"
+        )
         if how == "stop":
             eng.send(frames.stop_frame())
         elif how == "eof":
@@ -156,8 +161,9 @@ def test_a_write_that_finishes_while_idle_is_announced_at_once(run_engine, tmp_p
     assert [c["step"] for c in eng.of("ckpt")] == [1], "step 1 is saved: STOP writes nothing more"
 
 
-def test_a_failed_background_write_exits_5_and_keeps_the_previous_checkpoint(engine_bin, run_engine, tmp_path,
-                                                                            fsync_shim):
+def test_a_failed_background_write_exits_5_and_keeps_the_previous_checkpoint(
+    engine_bin, run_engine, tmp_path, fsync_shim
+):
     """The file's fsync fails (EIO) after DELAY_MS, while training goes on: the run ends as a failed
     synchronous write ended it, with exit 5 and one line, the previous checkpoint intact, no partial file."""
     cfg = TINY.but(steps=1000, threads=1)
@@ -165,8 +171,9 @@ def test_a_failed_background_write_exits_5_and_keeps_the_previous_checkpoint(eng
     prev = initial_checkpoint(engine_bin, cfg, ck)
     before = (prev.read_bytes(), prev.stat().st_mtime_ns)
     shard = make_shard(tmp_path / "d.tok", cfg.vocab)
-    eng = run_engine(standalone_args(cfg, shard, ck, 5, "--resume", "latest"),
-                     env=shim_env(fsync_shim, DELAY_MS, fail=True))
+    eng = run_engine(
+        standalone_args(cfg, shard, ck, 5, "--resume", "latest"), env=shim_env(fsync_shim, DELAY_MS, fail=True)
+    )
     assert eng.finish() == 5, eng.stderr
     err = eng.stderr.splitlines()
     assert len(err) == 1 and err[0].startswith("microgpt: error: checkpoint at step 5 failed (fsync"), err
@@ -184,7 +191,7 @@ def test_an_error_while_a_write_is_in_flight_lets_it_finish_and_announces_it_fir
     """A protocol error ends the run; the checkpoint being written completes first and is announced,
     so no file on disk goes unannounced, no temp file stays, and the error is the last event."""
     ck = tmp_path / "ck"
-    (s, tok, grp), = train_frames(TINY, 1, 1)
+    ((s, tok, grp),) = train_frames(TINY, 1, 1)
     stdin = frames.train_frame(s, tok, grp) + frames.checkpoint_frame() + b"XGF1" + bytes(28)
     res = run_once(engine_bin, proxy_mode(ck), cwd=tmp_path, stdin=stdin, env=shim_env(fsync_shim, DELAY_MS))
     assert res.returncode == 4, res.stderr.decode()

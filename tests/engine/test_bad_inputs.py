@@ -4,6 +4,7 @@ codes"), and a valid checkpoint already in the ckpt dir left untouched (bytes
 and mtime). Plus the positive twins: --help, a bare ANDREA file, and
 `--resume latest` skipping a corrupt newest file.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,8 @@ from harness.engine import parse_events, run_once
 from harness.shape import Shape, proxy_args
 from proxy.formats import frames
 from proxy.formats.checkpoint import read_checkpoint
-from proxy.formats.shard import HEADER as SHARD_HEADER, SHARD_MAGIC
+from proxy.formats.shard import HEADER as SHARD_HEADER
+from proxy.formats.shard import SHARD_MAGIC
 
 from .conftest import TINY, dir_snapshot
 
@@ -52,7 +54,7 @@ def ck(tmp_path, valid_ckpt, engine_bin):
 def flags(cfg: Shape = CFG, drop=(), **override) -> list[str]:
     """cfg.flags() with some flags replaced (override, '_' -> '-') or removed (drop); never duplicated."""
     pairs = cfg.flags()
-    d = dict(zip(pairs[::2], pairs[1::2]))
+    d = dict(zip(pairs[::2], pairs[1::2], strict=False))
     for k, v in override.items():
         d["--" + k.replace("_", "-")] = str(v)
     for k in drop:
@@ -69,7 +71,7 @@ def assert_one_line_failure(res, code: int, *, contains: str | tuple = ()):
     assert line.startswith("microgpt"), f"stderr line should start with 'microgpt': {line!r}"
     assert "Traceback" not in line and "usage" not in line.lower(), line
     assert len(line) < 400, f"not one clear line: {line!r}"
-    for word in ((contains,) if isinstance(contains, str) else contains):
+    for word in (contains,) if isinstance(contains, str) else contains:
         assert word.lower() in line.lower(), f"stderr should mention {word!r}: {line!r}"
     return line
 
@@ -123,12 +125,46 @@ def test_help_lists_every_flag(engine_bin, tmp_path):
     res = run_once(engine_bin, ["--help"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     out = res.stdout.decode() + res.stderr.decode()
-    missing = [f for f in ("--data", "--ckpt-dir", "--resume", "--ckpt-every", "--keep-last", "--vocab", "--ctx",
-                           "--dim", "--layers", "--heads", "--batch", "--grad-accum", "--steps", "--lr",
-                           "--min-lr", "--warmup", "--beta1", "--beta2", "--eps", "--weight-decay",
-                           "--grad-clip", "--seed", "--threads", "--precision", "--attention", "--fused",
-                           "--cuda-graph", "--meta", "--dump-grads", "--dump-grads-step",
-                           "--allow-hparam-change", "--sample-recompute", "--sync-snapshot", "--help") if f not in out]
+    missing = [
+        f
+        for f in (
+            "--data",
+            "--ckpt-dir",
+            "--resume",
+            "--ckpt-every",
+            "--keep-last",
+            "--vocab",
+            "--ctx",
+            "--dim",
+            "--layers",
+            "--heads",
+            "--batch",
+            "--grad-accum",
+            "--steps",
+            "--lr",
+            "--min-lr",
+            "--warmup",
+            "--beta1",
+            "--beta2",
+            "--eps",
+            "--weight-decay",
+            "--grad-clip",
+            "--seed",
+            "--threads",
+            "--precision",
+            "--attention",
+            "--fused",
+            "--cuda-graph",
+            "--meta",
+            "--dump-grads",
+            "--dump-grads-step",
+            "--allow-hparam-change",
+            "--sample-recompute",
+            "--sync-snapshot",
+            "--help",
+        )
+        if f not in out
+    ]
     assert not missing, f"--help does not list {missing}"
 
 
@@ -139,16 +175,25 @@ def test_help_lists_every_flag(engine_bin, tmp_path):
 def corrupt(valid: bytes, region: str) -> bytes:
     n = CFG.n_params
     b = bytearray(valid)
-    at = {"weights": 8 + 4 * (n // 2), "m": 8 + 4 * n + 4 * (n // 3), "v": 8 + 8 * n + 4 * (n // 5),
-          "trailer": 8 + 12 * n + 20, "meta": 8 + 12 * n + 128 + 2, "crc": len(b) - 16,
-          "end-magic": len(b) - 3, "n_params": 4}[region]
+    at = {
+        "weights": 8 + 4 * (n // 2),
+        "m": 8 + 4 * n + 4 * (n // 3),
+        "v": 8 + 8 * n + 4 * (n // 5),
+        "trailer": 8 + 12 * n + 20,
+        "meta": 8 + 12 * n + 128 + 2,
+        "crc": len(b) - 16,
+        "end-magic": len(b) - 3,
+        "n_params": 4,
+    }[region]
     b[at] ^= 0x5A
     return bytes(b)
 
 
 BAD_FILES = {
-    **{f"flip-{r}": (lambda v, r=r: corrupt(v, r)) for r in
-       ("weights", "m", "v", "trailer", "meta", "crc", "end-magic", "n_params")},
+    **{
+        f"flip-{r}": (lambda v, r=r: corrupt(v, r))
+        for r in ("weights", "m", "v", "trailer", "meta", "crc", "end-magic", "n_params")
+    },
     "truncated-in-weights": lambda v: v[: 8 + 4 * (CFG.n_params // 2)],
     "truncated-in-trailer": lambda v: v[: 8 + 12 * CFG.n_params + 60],
     "trailer-cut-by-one": lambda v: v[:-1],
@@ -156,7 +201,7 @@ BAD_FILES = {
     "empty": lambda v: b"",
     "foreign-random": lambda v: np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8).tobytes(),
     "foreign-text": lambda v: b"this is not a checkpoint\n" * 100,
-    "bare-wrong-n": lambda v: struct.pack("<ii", 2, CFG.n_params - 1) + v[8: 8 + 12 * (CFG.n_params - 1)],
+    "bare-wrong-n": lambda v: struct.pack("<ii", 2, CFG.n_params - 1) + v[8 : 8 + 12 * (CFG.n_params - 1)],
 }
 
 
@@ -171,11 +216,14 @@ def test_rejected_checkpoint_exits_3(engine_bin, tmp_path, ck, valid_ckpt, case)
     assert dir_snapshot(ck) == before, "a rejected file (or the valid one) was modified, or a file was written"
 
 
-@pytest.mark.parametrize("override", [{"dim": 64}, {"vocab": 100}, {"layers": 3}, {"heads": 8}, {"ctx": 32}],
-                         ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+@pytest.mark.parametrize(
+    "override",
+    [{"dim": 64}, {"vocab": 100}, {"layers": 3}, {"heads": 8}, {"ctx": 32}],
+    ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()),
+)
 def test_shape_mismatch_exits_3(engine_bin, tmp_path, ck, override):
     before = dir_snapshot(ck)
-    (key, value), = override.items()
+    ((key, value),) = override.items()
     args = ["--data", "-", "--ckpt-dir", ck, "--ckpt-every", 0, "--resume", ck / VALID_NAME, *flags(**override)]
     res = run_once(engine_bin, args, cwd=tmp_path, stdin=frames.stop_frame())
     line = assert_one_line_failure(res, 3, contains="shape")
@@ -185,8 +233,9 @@ def test_shape_mismatch_exits_3(engine_bin, tmp_path, ck, override):
 
 def test_resume_missing_file_exits_3(engine_bin, tmp_path, ck):
     before = dir_snapshot(ck)
-    res = run_once(engine_bin, proxy_args(CFG, ck, "--resume", ck / "step_000777.bin"), cwd=tmp_path,
-                   stdin=frames.stop_frame())
+    res = run_once(
+        engine_bin, proxy_args(CFG, ck, "--resume", ck / "step_000777.bin"), cwd=tmp_path, stdin=frames.stop_frame()
+    )
     assert_one_line_failure(res, 3)
     assert dir_snapshot(ck) == before
 
@@ -208,15 +257,16 @@ def test_resume_latest_skips_corrupt_newest(run_engine, ck, valid_ckpt):
 
 T1 = CFG.ctx + 1
 FIRST = VALID_STEP + 1  # the good frame every case starts with
-NEXT = VALID_STEP + 2   # the id the engine expects after it
+NEXT = VALID_STEP + 2  # the id the engine expects after it
 
 
 def good(step=NEXT, seed=0):
     return frames.train_frame(step, random_rows(CFG, CFG.rows, seed), random_groups(CFG.rows, seed))
 
 
-def raw_frame(kind=frames.TRAIN, fid=NEXT, rows=CFG.rows, row_len=T1, payload=None, magic=frames.FRAME_MAGIC,
-              payload_bytes=None):
+def raw_frame(
+    kind=frames.TRAIN, fid=NEXT, rows=CFG.rows, row_len=T1, payload=None, magic=frames.FRAME_MAGIC, payload_bytes=None
+):
     if payload is None:
         payload = random_rows(CFG, rows, 1)[:, :row_len].astype("<u2").tobytes() + b"\0\0" * rows
     n = len(payload) if payload_bytes is None else payload_bytes
@@ -267,8 +317,9 @@ PROTOCOL_CASES = {
     "sample-more-prompt-headers-than-payload": sample_frame_raw(sample_payload(([1], 1), n_prompts=3)),
     "sample-payload-shorter-than-params": sample_frame_raw(sample_payload(([1], 1))[:8]),
     "sample-payload-bytes-disagree": sample_frame_raw(sample_payload(([1, 2], 1)) + b"\0\0"),
-    "sample-payload-bytes-too-few": sample_frame_raw(sample_payload(([1, 2], 1)),
-                                                     payload_bytes=len(sample_payload(([1, 2], 1))) - 2),
+    "sample-payload-bytes-too-few": sample_frame_raw(
+        sample_payload(([1, 2], 1)), payload_bytes=len(sample_payload(([1, 2], 1))) - 2
+    ),
     "sample-truncated": frames.sample_batch_frame(1, [frames.SamplePrompt([1, 2, 3])], max_new=2)[:-3],
     "sample-rows-nonzero": sample_frame_raw(sample_payload(([1], 1)), rows=1),
     "checkpoint-with-payload": raw_frame(kind=frames.CHECKPOINT, fid=0, rows=0, row_len=0, payload=b"\0" * 8),
@@ -362,8 +413,9 @@ def test_non_finite_loss_exits_6_nothing_written(engine_bin, tmp_path, ck):
     """lr 1e38 blows the weights up after one update: step 2's loss is not finite."""
     before = dir_snapshot(ck)
     stdin = b"".join(frames.train_frame(s, t, g) for s, t, g in train_frames(CFG, 1, 3)) + frames.stop_frame()
-    res = run_once(engine_bin, ["--data", "-", "--ckpt-dir", ck, "--ckpt-every", 1, *flags(lr=1e38)],
-                   cwd=tmp_path, stdin=stdin)
+    res = run_once(
+        engine_bin, ["--data", "-", "--ckpt-dir", ck, "--ckpt-every", 1, *flags(lr=1e38)], cwd=tmp_path, stdin=stdin
+    )
     assert_one_line_failure(res, 6)
     events = parse_events(res.stdout)
     errors = [e for e in events if e.kind == "error"]

@@ -2,6 +2,7 @@
 after the first step that ends S seconds or more after the last checkpoint started (or, for the
 first, after the engine started, resumed or not), beside `--ckpt-every N`, whichever comes first.
 Which steps get a checkpoint then depends on timing; the losses and the final file must not."""
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,9 @@ from proxy.formats.checkpoint import list_checkpoints, verify_checkpoint
 
 from .conftest import TINY
 
-S = 0.4          # seconds between timed checkpoints
-PACE = 0.05      # seconds the test waits between frames
-N_STEPS = 30     # so a run lasts >= N_STEPS * PACE = 1.5 s
+S = 0.4  # seconds between timed checkpoints
+PACE = 0.05  # seconds the test waits between frames
+N_STEPS = 30  # so a run lasts >= N_STEPS * PACE = 1.5 s
 TOLERANCE = 0.15  # event arrival times (in this process) versus the engine's own clock
 
 
@@ -47,7 +48,7 @@ def test_ckpt_every_seconds_checkpoints_on_the_clock_and_changes_no_result(run_e
     elapsed = arrival[N_STEPS] - ready_at
     assert 2 <= len(timed) <= elapsed / S + 1, f"{len(timed)} timed checkpoints in {elapsed:.2f} s: {ckpts}"
     assert arrival[timed[0]] - ready_at >= S - TOLERANCE, "the first is due S seconds after start-up"
-    for a, b in zip(timed, timed[1:]):
+    for a, b in zip(timed, timed[1:], strict=False):
         assert arrival[b] - arrival[a] >= S - TOLERANCE, f"timed checkpoints at steps {a} and {b} are closer than {S} s"
         assert arrival[b - 1] - arrival[a] < S + TOLERANCE, f"step {b - 1} was already due: it ended {S} s after {a}"
     assert {reason for _, reason in ckpts} <= {"timed", "stop"}
@@ -67,9 +68,11 @@ def test_the_step_cadence_and_the_clock_whichever_comes_first(run_engine, tmp_pa
     ckpts = [(c["step"], c["reason"]) for c in eng.of("ckpt")]
     assert [s for s, reason in ckpts if reason == "periodic"] == [7, 14, 21, 28], ckpts
     timed = [s for s, reason in ckpts if reason == "timed"]
-    assert timed, f"7 steps take >= {7 * PACE:.2f} s, more than {clock} s: some timed checkpoint must come first; {ckpts}"
+    assert timed, (
+        f"7 steps take >= {7 * PACE:.2f} s, more than {clock} s: some timed checkpoint must come first; {ckpts}"
+    )
     steps = [s for s, _ in ckpts]
-    for prev, cur in zip(steps, steps[1:]):  # the clock restarts at every checkpoint, whatever started it
+    for prev, cur in zip(steps, steps[1:], strict=False):  # the clock restarts at every checkpoint, whatever started it
         if cur in timed:
             assert arrival[cur] - arrival[prev] >= clock - TOLERANCE, f"timed at {cur}, only just after {prev}: {ckpts}"
 

@@ -5,6 +5,7 @@ only on the CPU model it was made on. Built here from the same source with the t
 (the instruction set stays this machine's, so every build runs here), the engine must train the same
 losses and write the same checkpoint bytes.
 """
+
 from __future__ import annotations
 
 import platform
@@ -51,9 +52,14 @@ def test_cpu_tuning_does_not_change_results(tmp_path):
     builds = {}
     for name, arch in tunings().items():
         out = tmp_path / f"build{len(builds)}"
-        builds[name] = (out / "microgpt_cpu", subprocess.Popen(
-            ["make", "-s", "-C", str(REPO), "cpu", f"BUILD={out}", f"CPU_ARCH={arch}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        builds[name] = (
+            out / "microgpt_cpu",
+            subprocess.Popen(
+                ["make", "-s", "-C", str(REPO), "cpu", f"BUILD={out}", f"CPU_ARCH={arch}"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            ),
+        )
     for name, (_binary, make) in builds.items():
         log = make.communicate(timeout=600)[0].decode()
         assert make.returncode == 0, f"{name}: the build failed:\n{log}"

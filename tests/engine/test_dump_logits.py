@@ -1,4 +1,5 @@
 """`--dump-logits FILE`: every SAMPLE frame appends the logits its tokens were picked from (FORMATS.md)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,13 +43,13 @@ def test_dumped_logits_are_the_models_and_frames_append(engine_bin, run_engine, 
     raw = np.fromfile(dump, dtype="<f4")
     assert raw.size == sum(count * max_new for _p, count, max_new, _t in requests) * cfg.vocab
     offset = 0
-    for (prompt, count, max_new, temperature), event in zip(requests, events):
-        block = raw[offset: offset + count * max_new * cfg.vocab].reshape(count, max_new, cfg.vocab)
+    for (prompt, count, max_new, temperature), event in zip(requests, events, strict=False):
+        block = raw[offset : offset + count * max_new * cfg.vocab].reshape(count, max_new, cfg.vocab)
         offset += block.size
         for k, new in enumerate(event["tokens"]):
             sequence = prompt + new
             for j in range(max_new):
-                window = sequence[: len(prompt) + j][-cfg.ctx:]
+                window = sequence[: len(prompt) + j][-cfg.ctx :]
                 with torch.no_grad():
                     want = model.logits(torch.tensor([window]))[0, -1].numpy()
                 assert np.abs(block[k, j] - want).max() < LOGIT_TOL, (k, j)
@@ -57,8 +58,12 @@ def test_dumped_logits_are_the_models_and_frames_append(engine_bin, run_engine, 
 
 
 def test_a_dump_file_that_cannot_be_created_is_one_line_and_exit_5(engine_bin, tmp_path):
-    res = run_once(engine_bin, proxy_args(TINY, tmp_path / "ck", "--dump-logits", tmp_path / "no" / "such.f32"),
-                   cwd=tmp_path, stdin=frames.stop_frame())
+    res = run_once(
+        engine_bin,
+        proxy_args(TINY, tmp_path / "ck", "--dump-logits", tmp_path / "no" / "such.f32"),
+        cwd=tmp_path,
+        stdin=frames.stop_frame(),
+    )
     assert res.returncode == 5, res.stderr
     lines = res.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "cannot create" in lines[0] and "such.f32" in lines[0], lines

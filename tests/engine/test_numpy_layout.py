@@ -4,6 +4,7 @@ This file deliberately uses no project code to read the file (only to write
 the engine's input), so it checks the engine against the published layout,
 not against our own reader; then it checks our reader agrees.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     eng = run_engine(proxy_args(cfg, ck, "--meta", json.dumps(meta)))
     ready = eng.wait_for("ready")
     assert ready["n_params"] == cfg.n_params
-    assert cfg.n_params == (cfg.vocab * cfg.dim + cfg.ctx * cfg.dim
-                            + cfg.layers * (12 * cfg.dim ** 2 + 13 * cfg.dim) + 2 * cfg.dim)
+    assert cfg.n_params == (
+        cfg.vocab * cfg.dim + cfg.ctx * cfg.dim + cfg.layers * (12 * cfg.dim**2 + 13 * cfg.dim) + 2 * cfg.dim
+    )
     assert ready["engine"] == ENGINE.build and ready["resumed_from"] is None and ready["step"] == 0
     for s, tok, grp in train_frames(cfg, 1, 3):
         eng.train(s, tok, grp)
@@ -41,8 +43,8 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     raw = np.fromfile(path, dtype=np.uint8)
     step, n = raw[:8].view(np.int32)
     assert (step, n) == (3, cfg.n_params)
-    f = raw[8:8 + 12 * n].view(np.float32)
-    weights, m, v = f[:n], f[n:2 * n], f[2 * n:]
+    f = raw[8 : 8 + 12 * n].view(np.float32)
+    weights, m, v = f[:n], f[n : 2 * n], f[2 * n :]
     assert np.isfinite(f).all()
     assert weights.std() > 0 and np.abs(m).max() > 0 and v.min() >= 0 and v.max() > 0
 
@@ -57,16 +59,24 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     assert (magic, version) == (b"MGPTTRLR", 1)
     assert trailer_bytes == 128 + meta_bytes + 24
     ints = struct.unpack_from("<9i", data, t + 16)
-    assert ints == (cfg.vocab, cfg.ctx, cfg.dim, cfg.layers, cfg.heads, cfg.batch, cfg.grad_accum,
-                    cfg.warmup, cfg.steps)
+    assert ints == (
+        cfg.vocab,
+        cfg.ctx,
+        cfg.dim,
+        cfg.layers,
+        cfg.heads,
+        cfg.batch,
+        cfg.grad_accum,
+        cfg.warmup,
+        cfg.steps,
+    )
     floats = struct.unpack_from("<7f", data, t + 52)
-    want = np.array([cfg.lr, cfg.min_lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip],
-                    np.float32)
+    want = np.array([cfg.lr, cfg.min_lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip], np.float32)
     assert np.array_equal(np.array(floats, np.float32), want), floats
     seed, tokens_seen = struct.unpack_from("<QQ", data, t + 80)
     assert seed == cfg.seed and tokens_seen == 3 * cfg.rows * cfg.ctx
-    assert data[t + 96:t + 128] == b"\0" * 32
-    meta_json = json.loads(data[t + 128:t + 128 + meta_bytes].decode("utf-8"))
+    assert data[t + 96 : t + 128] == b"\0" * 32
+    meta_json = json.loads(data[t + 128 : t + 128 + meta_bytes].decode("utf-8"))
     assert meta_json == {"engine": ENGINE.build, "meta": meta}
 
     # --- the project's reader agrees with numpy

@@ -6,6 +6,7 @@ what is checked is the math: loss, every gradient, AdamW with the schedule,
 clipping and decoupled decay, grad accumulation, per-group losses, EVAL and
 greedy SAMPLE.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,13 +26,13 @@ from proxy.formats.shard import write_shard
 from .conftest import TINY, TORCH, cpu_only, lr_at
 from .torch_reference import Reference, Trainer, decays, param_slices
 
-LOSS_TOL = 1e-5      # loss from --dump-grads vs float64 torch
-GRAD_TOL = 1e-4      # every gradient element
+LOSS_TOL = 1e-5  # loss from --dump-grads vs float64 torch
+GRAD_TOL = 1e-4  # every gradient element
 TRAIN_LOSS_TOL = 1e-4  # losses over 10 AdamW steps
 # Measured against the engine at the time of writing: loss 3e-7, grads 6e-8, 10-step losses 3e-7,
 # weights 6e-6 (Adam amplifies rounding where gradients are tiny), m and v 3e-6 / 7e-6 relative.
-W_TOL = 5e-5         # weights after 10 steps; decay on a LayerNorm weight would move it by ~2e-3
-MOMENT_RTOL = 1e-4   # Adam m, v: relative to the largest element of each
+W_TOL = 5e-5  # weights after 10 steps; decay on a LayerNorm weight would move it by ~2e-3
+MOMENT_RTOL = 1e-4  # Adam m, v: relative to the largest element of each
 
 
 def shape_of(cfg: Shape) -> ModelShape:
@@ -40,8 +41,9 @@ def shape_of(cfg: Shape) -> ModelShape:
 
 def trainer_for(cfg: Shape, weights: np.ndarray) -> Trainer:
     model = Reference(shape_of(cfg), weights)
-    return Trainer(model, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps, cfg.beta1, cfg.beta2, cfg.eps,
-                   cfg.weight_decay, cfg.grad_clip)
+    return Trainer(
+        model, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip
+    )
 
 
 def worst(a: np.ndarray, b: np.ndarray, cfg: Shape) -> str:
@@ -73,7 +75,7 @@ def test_loss_and_grads_match_torch(engine_bin, run_engine, tmp_path, grad_accum
     ckpt_dir = tmp_path / "ck"
     init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     weights = read_checkpoint(init).weights
-    (s, rows, groups), = train_frames(cfg, 1, 1, seed=3)
+    ((s, rows, groups),) = train_frames(cfg, 1, 1, seed=3)
 
     grads_path = tmp_path / "grads.f32"
     eng = run_engine(proxy_args(cfg, ckpt_dir, "--resume", init, "--dump-grads", grads_path))
@@ -101,15 +103,26 @@ def test_dump_grads_step_n_is_that_steps_gradients(run_engine, tmp_path):
     step 1 of a run resumed from the step-2 checkpoint (the qualification compares step 3's)."""
     cfg = TINY.but(batch=2)
     frames3 = train_frames(cfg, 1, 3, seed=5)
-    full = run_engine(proxy_args(cfg, tmp_path / "full", "--ckpt-every", "2", "--dump-grads", tmp_path / "g3.f32",
-                                 "--dump-grads-step", "3"))
+    full = run_engine(
+        proxy_args(
+            cfg, tmp_path / "full", "--ckpt-every", "2", "--dump-grads", tmp_path / "g3.f32", "--dump-grads-step", "3"
+        )
+    )
     for s, rows, groups in frames3:
         full.train(s, rows, groups)
     ev = full.wait_for("grads")
     assert full.finish() == 0, full.stderr
     assert ev["step"] == 3 and [e["step"] for e in full.of("step")] == [1, 2]
-    again = run_engine(proxy_args(cfg, tmp_path / "again", "--resume", tmp_path / "full" / "step_000002.bin",
-                                  "--dump-grads", tmp_path / "g1.f32"))
+    again = run_engine(
+        proxy_args(
+            cfg,
+            tmp_path / "again",
+            "--resume",
+            tmp_path / "full" / "step_000002.bin",
+            "--dump-grads",
+            tmp_path / "g1.f32",
+        )
+    )
     s, rows, groups = frames3[2]
     again.train(s, rows, groups)
     ev1 = again.wait_for("grads")
@@ -128,8 +141,9 @@ def test_dump_grads_standalone_single_window(engine_bin, run_engine, tmp_path):
     ckpt_dir = tmp_path / "ck"
     init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     grads_path = tmp_path / "g.f32"
-    eng = run_engine(engine_args(ckpt_dir, data=shard, resume=init, settings=cfg.flags(),
-                                 extra=["--dump-grads", grads_path]))
+    eng = run_engine(
+        engine_args(ckpt_dir, data=shard, resume=init, settings=cfg.flags(), extra=["--dump-grads", grads_path])
+    )
     ev = eng.wait_for("grads")
     assert eng.finish() == 0, eng.stderr
     rows = np.tile(tokens, (cfg.batch, 1))
@@ -142,8 +156,9 @@ def test_dump_grads_standalone_single_window(engine_bin, run_engine, tmp_path):
 
 
 @cpu_only(TORCH)
-@pytest.mark.parametrize("grad_accum,grad_clip", [(1, 0.05), (2, 0.05), (1, 0.0)],
-                         ids=["accum1-clipped", "accum2-clipped", "accum1-noclip"])
+@pytest.mark.parametrize(
+    "grad_accum,grad_clip", [(1, 0.05), (2, 0.05), (1, 0.0)], ids=["accum1-clipped", "accum2-clipped", "accum1-noclip"]
+)
 def test_adamw_steps_match_torch(engine_bin, run_engine, tmp_path, grad_accum, grad_clip):
     # warmup 3 of a 10-step horizon: warmup, cosine and its end are all exercised.
     # clip 0.05 is far below this model's gradient norm, so every step is clipped.
@@ -188,8 +203,12 @@ def test_adamw_steps_match_torch(engine_bin, run_engine, tmp_path, grad_accum, g
     w = ref.model.flat()
     m, v = ref.moments()
     bad = per_tensor_report(final.weights, w, cfg, W_TOL)
-    assert not bad, ("weights after 10 steps differ from torch (decay only on 2-D tensors?):\n" + "\n".join(bad)
-                     + "\n" + worst(final.weights, w, cfg))
+    assert not bad, (
+        "weights after 10 steps differ from torch (decay only on 2-D tensors?):\n"
+        + "\n".join(bad)
+        + "\n"
+        + worst(final.weights, w, cfg)
+    )
     bad = per_tensor_report(final.m, m, cfg, MOMENT_RTOL * np.abs(m).max())
     assert not bad, "Adam m differs from torch exp_avg:\n" + "\n".join(bad) + "\n" + worst(final.m, m, cfg)
     bad = per_tensor_report(final.v, v, cfg, MOMENT_RTOL * np.abs(v).max())
@@ -205,7 +224,7 @@ def test_weight_decay_only_on_matrices(engine_bin, run_engine, tmp_path):
     init = initial_checkpoint(engine_bin, cfg, ckpt_dir)
     start = read_checkpoint(init)
     ref = trainer_for(cfg, start.weights)
-    (s, rows, groups), = train_frames(cfg, 1, 1, seed=2)
+    ((s, rows, groups),) = train_frames(cfg, 1, 1, seed=2)
     eng = run_engine(proxy_args(cfg, ckpt_dir, "--resume", init))
     eng.wait_for("ready")
     eng.train(1, rows, groups)
@@ -272,7 +291,7 @@ def test_eval_and_greedy_sample_match_torch(engine_bin, run_engine, tmp_path):
 
     # EVAL and SAMPLE do not touch the model: the first TRAIN step is still torch's step 1
     ref = trainer_for(cfg, read_checkpoint(init).weights)
-    (s, rows, groups), = train_frames(cfg, 1, 1, seed=8)
+    ((s, rows, groups),) = train_frames(cfg, 1, 1, seed=8)
     eng.train(1, rows, groups)
     ev = eng.wait_for("step", step=1)
     want = ref.step(rows, groups)["loss"]

@@ -7,6 +7,7 @@ Losses (and gradient norms) are compared as the floats parsed from events:
 the engine prints 9 significant digits, so a float32 round-trips exactly
 (FORMATS.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,9 @@ def straight(engine_bin, tmp_path_factory):
     exits = [e for e in events if e.kind == "exit"]
     assert [e["reason"] for e in exits] == ["done"] and exits[0]["step"] == MID.steps
     ckpts = [(e["step"], e["reason"]) for e in events if e.kind == "ckpt"]
-    assert [s for s, _ in ckpts] == list(range(EVERY, MID.steps + 1, EVERY)), \
+    assert [s for s, _ in ckpts] == list(range(EVERY, MID.steps + 1, EVERY)), (
         f"--ckpt-every {EVERY} over {MID.steps} steps: one checkpoint per multiple, the last one once; got {ckpts}"
+    )
     final = d / "ck" / f"step_{MID.steps:06d}.bin"
     assert verify_checkpoint(final) is None
     return shard, losses, final.read_bytes(), events
@@ -120,8 +122,9 @@ def test_threads_do_not_change_results(engine_bin, tmp_path, straight):
         got = outcome(ev)
         diff = {s: (got.get(s), losses[s]) for s in losses if got.get(s) != losses[s]}
         assert not diff, f"--threads {threads} vs --threads 2 losses differ: {diff}"
-        assert (d / "ck" / f"step_{MID.steps:06d}.bin").read_bytes() == final, \
+        assert (d / "ck" / f"step_{MID.steps:06d}.bin").read_bytes() == final, (
             f"--threads {threads}: final checkpoint bytes differ from --threads 2"
+        )
 
 
 def test_proxy_sigkill_after_ckpt_then_resume_is_bit_exact(run_engine, tmp_path):
@@ -177,15 +180,36 @@ def test_resume_takes_unset_optimizer_flags_from_checkpoint(run_engine, tmp_path
     eng.send(frames.stop_frame())
     assert eng.finish() == 0, eng.stderr
 
-    shape_only = ["--vocab", cfg.vocab, "--ctx", cfg.ctx, "--dim", cfg.dim, "--layers", cfg.layers,
-                  "--heads", cfg.heads, "--batch", cfg.batch]
+    shape_only = [
+        "--vocab",
+        cfg.vocab,
+        "--ctx",
+        cfg.ctx,
+        "--dim",
+        cfg.dim,
+        "--layers",
+        cfg.layers,
+        "--heads",
+        cfg.heads,
+        "--batch",
+        cfg.batch,
+    ]
     eng = run_engine(["--data", "-", "--ckpt-dir", ck, "--ckpt-every", 0, "--resume", "latest", *shape_only])
     ready = eng.wait_for("ready", step=2)
     conf = ready["config"]
-    for key, want in [("lr", cfg.lr), ("min_lr", cfg.min_lr), ("warmup", cfg.warmup), ("steps", cfg.steps),
-                      ("weight_decay", cfg.weight_decay), ("grad_clip", cfg.grad_clip), ("beta2", cfg.beta2)]:
+    for key, want in [
+        ("lr", cfg.lr),
+        ("min_lr", cfg.min_lr),
+        ("warmup", cfg.warmup),
+        ("steps", cfg.steps),
+        ("weight_decay", cfg.weight_decay),
+        ("grad_clip", cfg.grad_clip),
+        ("beta2", cfg.beta2),
+    ]:
         got = conf.get(key, conf.get(key.replace("_", "-")))
-        assert got is not None and math.isclose(got, want, rel_tol=1e-6), f"config {key}: {got!r}, checkpoint has {want!r}"
+        assert got is not None and math.isclose(got, want, rel_tol=1e-6), (
+            f"config {key}: {got!r}, checkpoint has {want!r}"
+        )
     for s, tok, grp in data[2:]:
         eng.train(s, tok, grp)
         ev = eng.wait_for("step", step=s)
@@ -214,7 +238,7 @@ def test_resume_with_changed_lr_needs_allow_flag(engine_bin, run_engine, tmp_pat
 
     eng = run_engine(proxy_args(changed, ck, "--resume", "latest", "--allow-hparam-change"))
     eng.wait_for("ready", step=0)
-    (s, tok, grp), = train_frames(cfg, 1, 1)
+    ((s, tok, grp),) = train_frames(cfg, 1, 1)
     eng.train(1, tok, grp)
     ev = eng.wait_for("step", step=1)
     assert math.isclose(ev["lr"], lr_at(changed, 1), rel_tol=1e-6), (ev["lr"], lr_at(changed, 1))
@@ -234,8 +258,9 @@ def test_keep_last_keeps_newest(engine_bin, tmp_path):
     cfg = TINY.but(steps=8)
     shard = make_shard(tmp_path / "d.tok", cfg.vocab)
     ck = tmp_path / "ck"
-    res = run_once(engine_bin, ["--data", shard, "--ckpt-dir", ck, "--ckpt-every", 2, "--keep-last", 2,
-                                *cfg.flags()], cwd=tmp_path)
+    res = run_once(
+        engine_bin, ["--data", shard, "--ckpt-dir", ck, "--ckpt-every", 2, "--keep-last", 2, *cfg.flags()], cwd=tmp_path
+    )
     assert res.returncode == 0, res.stderr.decode()
     assert sorted(p.name for p in ck.iterdir()) == ["step_000006.bin", "step_000008.bin"]
     for p in ck.iterdir():

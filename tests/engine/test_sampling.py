@@ -3,6 +3,7 @@ the tokens of the recompute path (`--sample-recompute`, what engines without a K
 bit for bit, across temperatures, top-k, counts, prompt lengths (within, at and beyond the
 context), batch chunking and thread counts; and one frame with several prompts gives exactly
 what one frame per prompt gives."""
+
 from __future__ import annotations
 
 import itertools
@@ -33,8 +34,10 @@ def prompt_lengths(cfg: Shape) -> list[int]:
 
 def prompts_for(cfg: Shape, seed: int) -> list[SamplePrompt]:
     rng = np.random.default_rng(seed)
-    return [SamplePrompt(rng.integers(0, cfg.vocab, size=n).tolist(), count=1 + i % 3, seed=seed * 10 + i)
-            for i, n in enumerate(prompt_lengths(cfg))]
+    return [
+        SamplePrompt(rng.integers(0, cfg.vocab, size=n).tolist(), count=1 + i % 3, seed=seed * 10 + i)
+        for i, n in enumerate(prompt_lengths(cfg))
+    ]
 
 
 def trained_engine(run_engine, tmp_path, cfg: Shape, name: str, *extra):
@@ -48,15 +51,17 @@ def trained_engine(run_engine, tmp_path, cfg: Shape, name: str, *extra):
 
 
 def sample_all(eng, frames_by_id: dict[int, bytes]) -> dict[int, list]:
-    for rid, frame in frames_by_id.items():
+    for _rid, frame in frames_by_id.items():
         eng.send(frame)
     return {rid: eng.wait_for("sample", id=rid)["tokens"] for rid in frames_by_id}
 
 
 def batched_frames(cfg: Shape, max_new: int) -> dict[int, bytes]:
     """One frame per (temperature, top_k): every prompt length, counts 1-3 (more rows than --batch)."""
-    return {rid: frames.sample_batch_frame(rid, prompts_for(cfg, rid), max_new, temperature, top_k)
-            for rid, (temperature, top_k) in enumerate(SETTINGS, start=1)}
+    return {
+        rid: frames.sample_batch_frame(rid, prompts_for(cfg, rid), max_new, temperature, top_k)
+        for rid, (temperature, top_k) in enumerate(SETTINGS, start=1)
+    }
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -101,8 +106,13 @@ def test_one_frame_of_prompts_equals_one_frame_per_prompt(run_engine, tmp_path, 
     extra = ("--sample-recompute",) if path == "recompute" else ()
     eng = trained_engine(run_engine, tmp_path, cfg, path, *extra)
     together = sample_all(eng, {1: frames.sample_batch_frame(1, prompts, max_new, temperature, top_k)})[1]
-    apart = sample_all(eng, {10 + i: frames.sample_frame(10 + i, p.tokens, p.count, max_new, temperature, top_k,
-                                                         p.seed) for i, p in enumerate(prompts)})
+    apart = sample_all(
+        eng,
+        {
+            10 + i: frames.sample_frame(10 + i, p.tokens, p.count, max_new, temperature, top_k, p.seed)
+            for i, p in enumerate(prompts)
+        },
+    )
     eng.close_stdin()
     assert eng.finish() == 0, eng.stderr
     assert together == list(itertools.chain.from_iterable(apart[10 + i] for i in range(len(prompts))))
@@ -111,8 +121,11 @@ def test_one_frame_of_prompts_equals_one_frame_per_prompt(run_engine, tmp_path, 
 def test_sample_event_keeps_the_frame_order_and_counts(run_engine, tmp_path):
     cfg = SHAPES["tiny"]
     eng = trained_engine(run_engine, tmp_path, cfg, "order")
-    prompts = [SamplePrompt([1, 2], count=2, seed=1), SamplePrompt([3], count=1, seed=1),
-               SamplePrompt([1, 2], count=2, seed=1)]
+    prompts = [
+        SamplePrompt([1, 2], count=2, seed=1),
+        SamplePrompt([3], count=1, seed=1),
+        SamplePrompt([1, 2], count=2, seed=1),
+    ]
     ev = sample_all(eng, {4: frames.sample_batch_frame(4, prompts, 6, 1.0, 0)})[4]
     eng.close_stdin()
     assert eng.finish() == 0, eng.stderr

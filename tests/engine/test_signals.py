@@ -1,5 +1,6 @@
 """Signals, EOF and the CHECKPOINT/STOP frames (ARCHITECTURE.md "Signals", FORMATS.md "Engine frames"),
 and crash safety of checkpoint writes (FORMATS.md "Writing")."""
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,6 @@ def assert_only_complete_checkpoints(ckpt_dir, allow_tmp: bool):
             continue
         assert p.name.startswith("step_") and p.name.endswith(".bin"), f"unexpected file in ckpt dir: {p.name}"
         assert verify_checkpoint(p) is None, verify_checkpoint(p)
-
 
 
 def assert_one_checkpoint_and_exit(eng, step: int, reason: str) -> None:
@@ -67,7 +67,9 @@ def test_sigusr1_checkpoints_and_training_goes_on(run_engine, tmp_path):
     # file is written in the background while training goes on, so the ckpt event may come after
     # later step events: the step it holds is one trained no earlier than the signal was sent.
     last = eng.of("step")[-1]["step"]
-    assert before <= c["step"] <= last, f"SIGUSR1 (sent after step {before}) checkpoint at {c['step']}, last step {last}"
+    assert before <= c["step"] <= last, (
+        f"SIGUSR1 (sent after step {before}) checkpoint at {c['step']}, last step {last}"
+    )
     path = event_path(c, eng)
     assert path.name == f"step_{c['step']:06d}.bin" and verify_checkpoint(path) is None
     assert c["bytes"] == path.stat().st_size
@@ -155,10 +157,10 @@ def test_checkpoint_frame_then_stop(run_engine, tmp_path):
     c = eng.wait_for("ckpt")
     assert (c["step"], c["reason"]) == (1, "frame"), c.fields
     assert verify_checkpoint(ck / "step_000001.bin") is None
-    eng.train(*data[1])              # goes on after a CHECKPOINT frame
+    eng.train(*data[1])  # goes on after a CHECKPOINT frame
     eng.send(frames.checkpoint_frame())
     assert eng.wait_for("ckpt")["step"] == 2
-    eng.send(frames.stop_frame())    # step 2 is saved: STOP must not write it again
+    eng.send(frames.stop_frame())  # step 2 is saved: STOP must not write it again
     assert eng.finish() == 0, eng.stderr
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(1, "frame"), (2, "frame")]
     assert [(e["step"], e["reason"]) for e in eng.of("exit")] == [(2, "stop")]
@@ -213,7 +215,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous_valid(run_engine, tmp_pa
     write_s = max(first["ms"] / 1000.0, 0.001)
 
     killed_mid_write = 0
-    for attempt in range(5):
+    for _attempt in range(5):
         eng = run_engine(proxy_args(cfg, ck, "--resume", "latest"))
         ready = eng.wait_for("ready")
         assert_only_complete_checkpoints(ck, allow_tmp=False)  # stale temp files are gone at start
@@ -237,8 +239,10 @@ def test_sigkill_during_checkpoint_write_keeps_previous_valid(run_engine, tmp_pa
             killed_mid_write += 1
         assert_only_complete_checkpoints(ck, allow_tmp=True)
         assert verify_checkpoint(base) is None and base.read_bytes() == base_bytes
-    assert killed_mid_write >= 1, (f"never caught a write in progress (write takes {write_s * 1000:.1f} ms); "
-                                   "temp files named .step_NNNNNN.bin.tmp?")
+    assert killed_mid_write >= 1, (
+        f"never caught a write in progress (write takes {write_s * 1000:.1f} ms); "
+        "temp files named .step_NNNNNN.bin.tmp?"
+    )
 
     # a final start cleans the temp files and resumes from the newest complete file
     eng = run_engine(proxy_args(cfg, ck, "--resume", "latest"))
@@ -263,8 +267,14 @@ def test_failed_checkpoint_write_exits_5_previous_intact(engine_bin, run_engine,
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     stdin = b"".join(frames.train_frame(s, t, g) for s, t, g in train_frames(cfg, 1, 2)) + frames.checkpoint_frame()
-    res = subprocess.run([str(engine_bin), *proxy_args(cfg, ck, "--resume", "latest")], input=stdin,
-                         capture_output=True, cwd=tmp_path, timeout=60, preexec_fn=small_disk)
+    res = subprocess.run(
+        [str(engine_bin), *proxy_args(cfg, ck, "--resume", "latest")],
+        input=stdin,
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=60,
+        preexec_fn=small_disk,
+    )
     err = res.stderr.decode()
     assert res.returncode == 5, (res.returncode, err)
     assert len(err.splitlines()) == 1 and err.startswith("microgpt"), err

@@ -2,6 +2,7 @@
 definitions (frames, exit codes, the checkpoint trailer and footer, the token shard's header).
 
 Nothing here runs the engine: a constant changed on one side only fails here, before any end-to-end test."""
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,20 @@ ENGINE = ROOT / "microgpt"
 
 # C field types as struct codes (every header is little-endian with natural alignment and no padding: each
 # struct has a static_assert on its size, and the Python side asserts its Struct's size).
-C_TYPES = {"char": "s", "unsigned char": "s", "uint8_t": "B", "int8_t": "b", "uint16_t": "H", "int16_t": "h",
-           "uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q", "float": "f", "double": "d"}
+C_TYPES = {
+    "char": "s",
+    "unsigned char": "s",
+    "uint8_t": "B",
+    "int8_t": "b",
+    "uint16_t": "H",
+    "int16_t": "h",
+    "uint32_t": "I",
+    "int32_t": "i",
+    "uint64_t": "Q",
+    "int64_t": "q",
+    "float": "f",
+    "double": "d",
+}
 
 
 def _header(name: str) -> str:
@@ -30,27 +43,27 @@ def c_enum(header: str, prefix: str) -> dict[str, int]:
     """Every `PREFIX_NAME = value` of the header's enums."""
     found = {}
     for body in re.findall(r"enum\s*\{([^}]*)\}", _header(header)):
-        for name, value in re.findall(r"\b(%s\w+)\s*=\s*(\d+)" % prefix, body):
+        for name, value in re.findall(rf"\b({prefix}\w+)\s*=\s*(\d+)", body):
             found[name] = int(value)
     assert found, f"no {prefix}* enum in microgpt/{header}"
     return found
 
 
 def c_define(header: str, name: str) -> str:
-    m = re.search(r"^#define\s+%s\s+(.+?)\s*$" % name, _header(header), re.MULTILINE)
+    m = re.search(rf"^#define\s+{name}\s+(.+?)\s*$", _header(header), re.MULTILINE)
     assert m, f"no #define {name} in microgpt/{header}"
     return m.group(1)
 
 
 def c_struct(header: str, name: str) -> list[str]:
     """A `typedef struct { ... } name;` as struct codes, one per value (`9i` is nine `i`; a char array is `Ns`)."""
-    m = re.search(r"typedef\s+struct\s*\{([^}]*)\}\s*%s\s*;" % name, _header(header))
+    m = re.search(rf"typedef\s+struct\s*\{{([^}}]*)\}}\s*{name}\s*;", _header(header))
     assert m, f"no struct {name} in microgpt/{header}"
     codes = []
     for decl in filter(None, (d.strip() for d in m.group(1).split(";"))):
         ctype = next((t for t in sorted(C_TYPES, key=len, reverse=True) if decl.startswith(t + " ")), None)
         assert ctype, f"{name}: a field of a type this test does not know: {decl!r}"
-        for var in decl[len(ctype):].split(","):
+        for var in decl[len(ctype) :].split(","):
             arr = re.fullmatch(r"\s*\w+\s*(?:\[(\d+)\])?\s*", var)
             assert arr, f"{name}: cannot read field {var!r}"
             count = int(arr.group(1) or 1)
@@ -75,14 +88,18 @@ def c_string(define: str) -> bytes:
 
 def test_frame_types():
     assert c_enum("protocol.h", "MG_FRAME_") == {
-        "MG_FRAME_TRAIN": frames.TRAIN, "MG_FRAME_EVAL": frames.EVAL, "MG_FRAME_SAMPLE": frames.SAMPLE,
-        "MG_FRAME_CHECKPOINT": frames.CHECKPOINT, "MG_FRAME_STOP": frames.STOP}
+        "MG_FRAME_TRAIN": frames.TRAIN,
+        "MG_FRAME_EVAL": frames.EVAL,
+        "MG_FRAME_SAMPLE": frames.SAMPLE,
+        "MG_FRAME_CHECKPOINT": frames.CHECKPOINT,
+        "MG_FRAME_STOP": frames.STOP,
+    }
 
 
 def test_frame_header_layout_and_magic():
     assert c_struct("protocol.h", "MgFrameHeader") == py_struct(frames.HEADER.format)
-    # The magic is checked where the header is read (train.h's frame loop), against the header's 4 bytes.
-    magics = set(re.findall(r'memcmp\(h\.magic,\s*"([^"]*)",\s*4\)', _header("train.h")))
+    # The magic is checked where the header is read (protocol.h's mg_read_frame_header), against its 4 bytes.
+    magics = set(re.findall(r'memcmp\(h->magic,\s*"([^"]*)",\s*4\)', _header("protocol.h")))
     assert magics == {frames.FRAME_MAGIC.decode()}
 
 
@@ -94,9 +111,13 @@ def test_sample_frame_layout_and_limits():
 
 def test_engine_exit_codes():
     assert c_enum("common.h", "MG_EXIT_") == {
-        "MG_EXIT_OK": engine_cli.EXIT_OK, "MG_EXIT_USAGE": engine_cli.EXIT_USAGE,
-        "MG_EXIT_CKPT": engine_cli.EXIT_CHECKPOINT, "MG_EXIT_PROTOCOL": engine_cli.EXIT_PROTOCOL,
-        "MG_EXIT_IO": engine_cli.EXIT_IO, "MG_EXIT_NUMERIC": engine_cli.EXIT_NUMERICS}
+        "MG_EXIT_OK": engine_cli.EXIT_OK,
+        "MG_EXIT_USAGE": engine_cli.EXIT_USAGE,
+        "MG_EXIT_CKPT": engine_cli.EXIT_CHECKPOINT,
+        "MG_EXIT_PROTOCOL": engine_cli.EXIT_PROTOCOL,
+        "MG_EXIT_IO": engine_cli.EXIT_IO,
+        "MG_EXIT_NUMERIC": engine_cli.EXIT_NUMERICS,
+    }
     assert set(engine_cli.EXIT_MEANINGS) == set(c_enum("common.h", "MG_EXIT_").values())
 
 
@@ -113,7 +134,7 @@ def test_checkpoint_trailer_and_footer():
 
 def test_token_shard_header():
     # The loader reads the header by offsets: the magic's 8 bytes, then version, vocab, n_tokens.
-    loader = _header("protocol.h")
+    loader = _header("shard.h")
     assert re.findall(r'memcmp\(head,\s*"([^"]*)",\s*8\)', loader) == [shard.SHARD_MAGIC.decode()]
     assert re.findall(r"version != (\d+)", loader) == [str(shard.SHARD_VERSION)]
     offsets = [int(n) for n in re.findall(r"memcpy\(&\w+(?:\.\w+)?,\s*head \+ (\d+),", loader)]

@@ -12,6 +12,7 @@ Written from the contract, deliberately plainly (explicit softmax attention, no
 fused kernels), and in float64 by default so that the reference's own rounding
 is far below the tolerances the tests allow the float32 engine.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ class Reference:
             t = torch.tensor(flat[sl].astype(np.float64), dtype=dtype).reshape(shp).requires_grad_(True)
             self.names.append(name)
             self.params.append(t)
-        self.p = dict(zip(self.names, self.params))
+        self.p = dict(zip(self.names, self.params, strict=False))
 
     # ---------------------------------------------------------------- model
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
@@ -63,8 +64,8 @@ class Reference:
         hd = C // H
         x = p["wte"][idx] + p["wpe"][:T]
         mask = torch.ones(T, T, dtype=torch.bool).tril()
-        for l in range(s.layers):
-            q_ = f"h{l}."
+        for layer in range(s.layers):
+            q_ = f"h{layer}."
             h = F.layer_norm(x, (C,), p[q_ + "ln1.w"], p[q_ + "ln1.b"], LN_EPS)
             qkv = h @ p[q_ + "qkv.w"].T + p[q_ + "qkv.b"]
             q, k, v = qkv.split(C, dim=-1)
@@ -118,9 +119,9 @@ class Reference:
     def greedy(self, prompt: list[int], max_new: int) -> list[int]:
         ids = list(prompt)
         for _ in range(max_new):
-            ctx = torch.tensor([ids[-self.shape.ctx:]])
+            ctx = torch.tensor([ids[-self.shape.ctx :]])
             ids.append(int(self.logits(ctx)[0, -1].argmax()))
-        return ids[len(prompt):]
+        return ids[len(prompt) :]
 
 
 def lr_at(s: int, lr: float, min_lr: float, warmup: int, steps: int) -> float:
@@ -136,16 +137,31 @@ def lr_at(s: int, lr: float, min_lr: float, warmup: int, steps: int) -> float:
 class Trainer:
     """torch.optim.AdamW (decay on 2-D tensors only), clip_grad_norm_, the engine's schedule."""
 
-    def __init__(self, model: Reference, lr: float, min_lr: float, warmup: int, steps: int,
-                 beta1: float, beta2: float, eps: float, weight_decay: float, grad_clip: float):
+    def __init__(
+        self,
+        model: Reference,
+        lr: float,
+        min_lr: float,
+        warmup: int,
+        steps: int,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        grad_clip: float,
+    ):
         self.model = model
         self.sched = dict(lr=lr, min_lr=min_lr, warmup=warmup, steps=steps)
         self.grad_clip = grad_clip
-        dec = [t for n, t in zip(model.names, model.params) if decays(n)]
-        nodec = [t for n, t in zip(model.names, model.params) if not decays(n)]
-        self.opt = torch.optim.AdamW([{"params": dec, "weight_decay": weight_decay},
-                                      {"params": nodec, "weight_decay": 0.0}],
-                                     lr=lr, betas=(beta1, beta2), eps=eps, foreach=False)
+        dec = [t for n, t in zip(model.names, model.params, strict=False) if decays(n)]
+        nodec = [t for n, t in zip(model.names, model.params, strict=False) if not decays(n)]
+        self.opt = torch.optim.AdamW(
+            [{"params": dec, "weight_decay": weight_decay}, {"params": nodec, "weight_decay": 0.0}],
+            lr=lr,
+            betas=(beta1, beta2),
+            eps=eps,
+            foreach=False,
+        )
         self.step_no = 0
 
     def step(self, rows: np.ndarray, groups: np.ndarray | None = None) -> dict:
@@ -167,8 +183,9 @@ class Trainer:
         if groups is not None:
             per_row = tl.detach().mean(dim=1)
             groups = np.asarray(groups)
-            out["group_loss"] = {str(int(g)): float(per_row[torch.from_numpy(groups == g)].mean())
-                                 for g in np.unique(groups)}
+            out["group_loss"] = {
+                str(int(g)): float(per_row[torch.from_numpy(groups == g)].mean()) for g in np.unique(groups)
+            }
         return out
 
     def moments(self) -> tuple[np.ndarray, np.ndarray]:

@@ -18,6 +18,7 @@
 
 A missing engine binary is a failure with a clear message, never a skip.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,9 @@ def pytest_runtest_makereport(item, call):
         _TEST_RESULTS[node_id(item)] = report.outcome
     if report.failed:
         seed = scenarios.fault_seed()
-        report.sections.append(("fault seed", f"FAULT_SEED={seed}\nreproduce: FAULT_SEED={seed} "
-                                              f"python -m pytest '{node_id(item)}'"))
+        report.sections.append(
+            ("fault seed", f"FAULT_SEED={seed}\nreproduce: FAULT_SEED={seed} python -m pytest '{node_id(item)}'")
+        )
 
 
 def node_id(item) -> str:
@@ -69,8 +71,14 @@ def pytest_sessionfinish(session, exitstatus):
         "seed": scenarios.fault_seed(),
         "started": _STARTED,
         "seconds": round(time.time() - _STARTED, 1),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "engine": str(engine.path), "engine_kind": engine.kind, "gpu": gpu_name(engine)},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "engine": str(engine.path),
+            "engine_kind": engine.kind,
+            "gpu": gpu_name(engine),
+        },
         "tests": _TEST_RESULTS,
         "outcomes": _OUTCOMES,
         "kills": scenarios.kill_counts(_OUTCOMES),
@@ -89,8 +97,9 @@ def gpu_name(engine) -> str | None:
     if engine.kind != "cuda":
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()]

@@ -1,5 +1,6 @@
 """The dashboard while it indexes a large `.loss.json`: a real uvicorn server (`python -m dashboard`)
 over a synthetic run directory written the way the proxy writes one (dashboard/synthetic.py)."""
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,11 @@ def _add_garbage(log: Path, size: int) -> None:
     log.write_bytes(data[:middle] + b"x" * (size - 1) + b"\n" + data[middle:])
 
 
-def dashboard_indexing(workdir: Path, name: str = "dashboard-indexing",
-                       fault_class: str = "queries while the dashboard indexes a large log") -> Outcome:
+def dashboard_indexing(
+    workdir: Path,
+    name: str = "dashboard-indexing",
+    fault_class: str = "queries while the dashboard indexes a large log",
+) -> Outcome:
     """A run directory with a ~40 MB `.loss.json` that has a 64 MB line of garbage in its middle, served
     by a fresh dashboard: while it indexes, queries (`/api/runs`, `/api/runs/0/series`) are polled back
     to back. Each must wait at most about one chunk of indexing (docs/DASHBOARD.md): at most three
@@ -89,11 +93,15 @@ def dashboard_indexing(workdir: Path, name: str = "dashboard-indexing",
         out.note("queries answered while indexing", len(partial))
         out.note("slowest answer while indexing (s)", round(worst, 2))
         if worst > 3 * per_chunk + 1.0:
-            out.fail(f"a query waited {worst:.1f}s; a chunk of indexing takes {per_chunk:.1f}s on average "
-                     f"({chunks} chunks of valid lines in {index_seconds:.1f}s)")
+            out.fail(
+                f"a query waited {worst:.1f}s; a chunk of indexing takes {per_chunk:.1f}s on average "
+                f"({chunks} chunks of valid lines in {index_seconds:.1f}s)"
+            )
         if len(partial) < max(3, chunks // 4) or partial != sorted(partial) or partial[-1] == 0:
-            out.fail(f"{len(partial)} answers while {chunks} chunks were indexed, steps {partial[:10]}: "
-                     "queries did not get in between chunks, or the index did not grow")
+            out.fail(
+                f"{len(partial)} answers while {chunks} chunks were indexed, steps {partial[:10]}: "
+                "queries did not get in between chunks, or the index did not grow"
+            )
         if series_partial == 0:
             out.fail("no series was served before the index completed")
     finally:
@@ -122,8 +130,12 @@ class _CountingFile:
         self.f.close()
 
 
-def overlong_line_reads(workdir: Path, monkeypatch, name: str = "dashboard-overlong-line",
-                        fault_class: str = "a 64 MB line without a newline while the dashboard indexes") -> Outcome:
+def overlong_line_reads(
+    workdir: Path,
+    monkeypatch,
+    name: str = "dashboard-overlong-line",
+    fault_class: str = "a 64 MB line without a newline while the dashboard indexes",
+) -> Outcome:
     """The dashboard's own index (in-process) over a log with a 64 MB garbage line in its middle: every
     poll of the log, each done under the index's lock, reads at most one chunk, so no query ever waits
     for the whole line to be skipped; the valid lines on both sides are all indexed, the garbage skipped."""

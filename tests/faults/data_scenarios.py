@@ -1,4 +1,4 @@
-"""Data and storage a run trusts too much (issue 40): a frozen validation file holding an id beyond the
+"""Data and storage a run trusts too much: a frozen validation file holding an id beyond the
 vocabulary, a full disk that only the engine's checkpoint writes meet, files that are not regular files
 given where a checkpoint is expected, forged steps and clock jumps in `.loss.json` shown by `proxy status`.
 
@@ -6,6 +6,7 @@ Each runs the real `python -m proxy` against a copy of the stopped template run 
 its exit code, no traceback, nothing changed; where the cause can be removed, a relaunch that finishes
 bit-identical to the uninterrupted run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,10 +23,20 @@ import numpy as np
 from harness.engine import TIMEOUT
 from proxy.formats.loss_log import StepEntry, encode_line, parse_line
 
-from .proxy_checks import (checkpoints_kept, fill_disk, launch, one_line_exit, only_appended, proxy_cmd, run_cmd,
-                           run_state, start_training, temp_files, tmpfs)
-from .proxy_harness import (FAULT_EXPERIMENT, ProxyEnv, expected_resume, no_traceback, read_log,
-                            write_fault_experiment)
+from .proxy_checks import (
+    checkpoints_kept,
+    fill_disk,
+    launch,
+    one_line_exit,
+    only_appended,
+    proxy_cmd,
+    run_cmd,
+    run_state,
+    start_training,
+    temp_files,
+    tmpfs,
+)
+from .proxy_harness import FAULT_EXPERIMENT, ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
 from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
 from .run_dir_scenarios import _run_files
 from .scenarios import ENGINE, Outcome
@@ -47,7 +58,7 @@ def _poison_val(run: Path, arm: str, position: int, token: int) -> str:
     val = run / "data" / f"{arm}.val.tok"
     raw = bytearray(val.read_bytes())
     header = len(raw) - 2 * json.loads((run / "data" / "data.json").read_text())["arms"][arm]["val"]["tokens"]
-    raw[header + 2 * position:header + 2 * position + 2] = np.array([token], "<u2").tobytes()
+    raw[header + 2 * position : header + 2 * position + 2] = np.array([token], "<u2").tobytes()
     val.write_bytes(bytes(raw))
     definition = json.loads((run / "data" / "data.json").read_text())
     definition["arms"][arm]["val"]["sha256"] = hashlib.sha256(raw).hexdigest()
@@ -55,8 +66,9 @@ def _poison_val(run: Path, arm: str, position: int, token: int) -> str:
     return f"data/{arm}.val.tok"
 
 
-def frozen_val_beyond_vocab(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-frozen-val-vocab",
-                            fault_class: str = DATA_CLASS) -> Outcome:
+def frozen_val_beyond_vocab(
+    env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-frozen-val-vocab", fault_class: str = DATA_CLASS
+) -> Outcome:
     """A frozen `<arm>.val.tok` holding id 65535 (vocab 300), its hash updated in data.json: `proxy run`
     (relaunch) and `proxy eval` refuse at once with one line naming the file and the id (exit 2), no
     engine started, nothing changed. (Before: five engine restarts and a crash loop, exit 3.)"""
@@ -66,8 +78,10 @@ def frozen_val_beyond_vocab(env: ProxyEnv, template: Path, workdir: Path, name: 
     where = _poison_val(run, "semis", 7, 65535)
     snapshot = _run_files(run)
     argv = [a for a in env.argv(run) if a != str(env.experiment)]
-    for what, command in (("run", argv), ("eval", proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache,
-                                                             "--engine", ENGINE.flag))):
+    for what, command in (
+        ("run", argv),
+        ("eval", proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache, "--engine", ENGINE.flag)),
+    ):
         out.begin_fault()
         rc, p = launch(lambda: run_cmd(command, timeout=TIMEOUT), out, f"[{what}]")
         line = one_line_exit(p, rc, 2, where, out, f"[{what}]")
@@ -82,8 +96,13 @@ def frozen_val_beyond_vocab(env: ProxyEnv, template: Path, workdir: Path, name: 
     return out.close()
 
 
-def engine_disk_full(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-engine-disk-full",
-                     fault_class: str = ENGINE_DISK_CLASS) -> Outcome | str:
+def engine_disk_full(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-engine-disk-full",
+    fault_class: str = ENGINE_DISK_CLASS,
+) -> Outcome | str:
     """RUN/checkpoints is a small tmpfs of its own, filled while the run trains: the engine's next checkpoint
     fails with ENOSPC (exit 5) while the proxy's own files still take writes. The proxy stops at once with
     exit 5 (not five restarts and a crash loop, exit 3), one line naming ENOSPC and the checkpoint a
@@ -127,8 +146,13 @@ def engine_disk_full(env: ProxyEnv, template: Path, workdir: Path, name: str = "
     return out.close()
 
 
-def checkpoint_not_regular(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-eval-checkpoint-device",
-                           fault_class: str = NOT_REGULAR_CLASS) -> Outcome:
+def checkpoint_not_regular(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-eval-checkpoint-device",
+    fault_class: str = NOT_REGULAR_CLASS,
+) -> Outcome:
     """`proxy eval --checkpoint X` for X /dev/zero, a FIFO, a directory: exit 2, one line saying what X is
     (never "no such checkpoint file", which it is not), at once; a missing file is still "no such"."""
     out = Outcome(fault_class, name)
@@ -137,13 +161,22 @@ def checkpoint_not_regular(env: ProxyEnv, template: Path, workdir: Path, name: s
     os.mkfifo(fifo)
     folder = workdir / "folder"
     folder.mkdir()
-    for what, target, needle in (("/dev/zero", "/dev/zero", "a character device, not a regular file"),
-                                 ("a FIFO", fifo, "a FIFO, not a regular file"),
-                                 ("a directory", folder, "a directory, not a regular file"),
-                                 ("a missing file", workdir / "nothing.bin", "no such checkpoint file")):
+    for what, target, needle in (
+        ("/dev/zero", "/dev/zero", "a character device, not a regular file"),
+        ("a FIFO", fifo, "a FIFO, not a regular file"),
+        ("a directory", folder, "a directory, not a regular file"),
+        ("a missing file", workdir / "nothing.bin", "no such checkpoint file"),
+    ):
         out.begin_fault()
-        rc, p = launch(lambda: run_cmd(proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache,
-                                                 "--engine", ENGINE.flag, "--checkpoint", target)), out, what)
+        rc, p = launch(
+            lambda: run_cmd(
+                proxy_cmd(
+                    "eval", "--run-dir", run, "--cache-dir", env.cache, "--engine", ENGINE.flag, "--checkpoint", target
+                )
+            ),
+            out,
+            what,
+        )
         out.note(what, one_line_exit(p, rc, 2, needle, out, f"[--checkpoint {what}]"))
     return out.close()
 
@@ -161,8 +194,13 @@ def _status_json(run: Path, out: Outcome, where: str) -> dict:
     return json.loads("\n".join(p.lines))
 
 
-def status_forged_steps(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-status-forged-steps",
-                        fault_class: str = STATUS_CLASS) -> Outcome:
+def status_forged_steps(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-status-forged-steps",
+    fault_class: str = STATUS_CLASS,
+) -> Outcome:
     """`.loss.json` of a stopped run given five more steps whose times jump a year ahead, then back, and a
     forged step 999999999999: `proxy status` shows the last real step (at most 100%) with one warning
     naming the forged step, and the same tokens/s as the log without the jumps (each jump counted as the
@@ -170,8 +208,10 @@ def status_forged_steps(env: ProxyEnv, template: Path, workdir: Path, name: str 
     out = Outcome(fault_class, name)
     steady = copy_run(template, workdir / "steady")
     jumped = copy_run(template, workdir / "jumped")
-    last = max((e for e in map(parse_line, (steady / ".loss.json").read_bytes().splitlines())
-                if isinstance(e, StepEntry)), key=lambda e: e.step)
+    last = max(
+        (e for e in map(parse_line, (steady / ".loss.json").read_bytes().splitlines()) if isinstance(e, StepEntry)),
+        key=lambda e: e.step,
+    )
     for run, jump in ((steady, 0.0), (jumped, YEAR_S)):
         with open(run / ".loss.json", "ab") as f:
             for k in range(1, 6):
@@ -183,8 +223,10 @@ def status_forged_steps(env: ProxyEnv, template: Path, workdir: Path, name: str 
     out.begin_fault()
     want, got = _status_json(steady, out, "steady"), _status_json(jumped, out, "jumped")
     if got["step"] != last.step + 5 or got["step"] > got["max_steps"] or got.get("steps_beyond_max") != [FORGED_STEP]:
-        out.fail(f"status --json: step {got['step']} of {got['max_steps']}, steps_beyond_max "
-                 f"{got.get('steps_beyond_max')}; expected {last.step + 5} and [{FORGED_STEP}]")
+        out.fail(
+            f"status --json: step {got['step']} of {got['max_steps']}, steps_beyond_max "
+            f"{got.get('steps_beyond_max')}; expected {last.step + 5} and [{FORGED_STEP}]"
+        )
     rate, sane = got.get("tokens_per_s"), want.get("tokens_per_s")
     if rate is None or sane is None or not 0.2 * sane <= rate <= 5 * sane:
         out.fail(f"tokens/s {rate} with the clock jumps, {sane} without: a jump counted as time")
@@ -207,8 +249,9 @@ WORD_MEMORY = 3 << 30  # RLIMIT_AS of the evaluating proxy (and its engine): the
 WORD_SECONDS = 180.0
 
 
-def eval_huge_word(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-eval-huge-word",
-                   fault_class: str = WORD_CLASS) -> Outcome:
+def eval_huge_word(
+    env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-eval-huge-word", fault_class: str = WORD_CLASS
+) -> Outcome:
     """`proxy eval --data` of a 20 MiB file holding one word ('a' repeated) under RLIMIT_AS 3 GiB: it is
     encoded in pieces of at most text.WORD_CHARS characters a word, so it evaluates (exit 0) within the
     memory limit and 3 minutes, its rows in two EVAL frames, every token counted. (Before: one BPE word,
@@ -222,11 +265,20 @@ def eval_huge_word(env: ProxyEnv, template: Path, workdir: Path, name: str = "pr
 
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (WORD_MEMORY, WORD_MEMORY))
+
     out.begin_fault()
     t0 = time.monotonic()
-    rc, p = launch(lambda: run_cmd(proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache, "--engine",
-                                             ENGINE.flag, "--data", word, "--json"),
-                                   timeout=WORD_SECONDS, preexec_fn=limit), out, "eval --data word.txt")
+    rc, p = launch(
+        lambda: run_cmd(
+            proxy_cmd(
+                "eval", "--run-dir", run, "--cache-dir", env.cache, "--engine", ENGINE.flag, "--data", word, "--json"
+            ),
+            timeout=WORD_SECONDS,
+            preexec_fn=limit,
+        ),
+        out,
+        "eval --data word.txt",
+    )
     seconds = time.monotonic() - t0
     no_traceback(p, out, "eval --data word.txt")
     if rc != 0:
@@ -245,10 +297,13 @@ TABLE_CLASS = "hostile table sources (hf_dataset, Parquet)"
 def _save_to_disk(directory: Path, rows: list[str]) -> Path:
     """A `datasets` save_to_disk directory of one Arrow stream file (pyarrow only)."""
     import pyarrow as pa  # noqa: PLC0415 - the [parquet] extra, present in the test environment
+
     directory.mkdir(parents=True)
     table = pa.table({"text": rows})
-    with pa.OSFile(str(directory / "data-00000-of-00001.arrow"), "wb") as sink, \
-            pa.ipc.new_stream(sink, table.schema) as writer:
+    with (
+        pa.OSFile(str(directory / "data-00000-of-00001.arrow"), "wb") as sink,
+        pa.ipc.new_stream(sink, table.schema) as writer,
+    ):
         for batch in table.to_batches(max_chunksize=50):
             writer.write_batch(batch)
     (directory / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
@@ -262,6 +317,7 @@ def table_sources(env: ProxyEnv, workdir: Path) -> Outcome:
     dictionary-encoded prepares and trains (exit 0)."""
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
+
     out = Outcome(TABLE_CLASS, "proxy-table-sources")
     exp_dir = workdir / "exp"
     base = json.loads(write_fault_experiment(exp_dir).read_text())
@@ -279,10 +335,13 @@ def table_sources(env: ProxyEnv, workdir: Path) -> Outcome:
 
     def truncated():
         arrow.unlink()
-        arrow.write_bytes(whole[:len(whole) // 2])
-    cases = [("Arrow file a symlink to /dev/zero", as_device, "is a character device, not a regular file"),
-             ("Arrow file a FIFO", as_fifo, "is a FIFO, not a regular file"),
-             ("Arrow file truncated", truncated, "data-00000-of-00001.arrow: record batch")]
+        arrow.write_bytes(whole[: len(whole) // 2])
+
+    cases = [
+        ("Arrow file a symlink to /dev/zero", as_device, "is a character device, not a regular file"),
+        ("Arrow file a FIFO", as_fifo, "is a FIFO, not a regular file"),
+        ("Arrow file truncated", truncated, "data-00000-of-00001.arrow: record batch"),
+    ]
     for i, (what, damage, needle) in enumerate(cases):
         damage()
         exp = json.loads(json.dumps(base))
@@ -325,6 +384,7 @@ def _gpt2_directory(directory: Path, tokenizer: Path, poison: tuple[str, float] 
     mapping, no torch): random weights, `poison` = (tensor, value) set at one place."""
     from proxy.formats.hf_gpt2 import SAFETENSORS_FORMAT, HFConfig, encode_safetensors, hf_tensors  # noqa: PLC0415
     from proxy.formats.parameters import ModelShape  # noqa: PLC0415
+
     m = FAULT_EXPERIMENT["model"]
     shape = ModelShape(m["vocab"], m["ctx"], m["dim"], m["layers"], m["heads"])
     directory.mkdir(parents=True)
@@ -348,10 +408,12 @@ def init_from_non_finite(env: ProxyEnv, workdir: Path) -> Outcome:
     shutil.copy(env.ref / "data" / "tokenizer.json", exp_dir / "tokenizer.json")
     base["tokenizer"] = "tokenizer.json"
     (exp_dir / "init.json").write_text(json.dumps(base))
-    cases = [("NaN", ("transformer.h.0.attn.c_attn.weight", float("nan"))),
-             ("+inf", ("transformer.wpe.weight", float("inf"))),
-             ("-inf", ("transformer.ln_f.bias", float("-inf"))),
-             ("finite", None)]
+    cases = [
+        ("NaN", ("transformer.h.0.attn.c_attn.weight", float("nan"))),
+        ("+inf", ("transformer.wpe.weight", float("inf"))),
+        ("-inf", ("transformer.ln_f.bias", float("-inf"))),
+        ("finite", None),
+    ]
     for i, (what, poison) in enumerate(cases):
         directory = _gpt2_directory(workdir / f"gpt2-{i}", exp_dir / "tokenizer.json", poison)
         run = workdir / f"run-{i}"
@@ -363,8 +425,9 @@ def init_from_non_finite(env: ProxyEnv, workdir: Path) -> Outcome:
             if rc != 0 or not any("step 0 imported from" in ln for ln in p.lines):
                 out.fail(f"[finite weights] exit {rc}, not imported: {p.stderr_lines()[-2:]}")
             continue
-        line = one_line_exit(p, rc, 2, f"tensor {poison[0]} holds {what} (at flat index 3); nothing imported",
-                             out, f"[{what}]")
+        line = one_line_exit(
+            p, rc, 2, f"tensor {poison[0]} holds {what} (at flat index 3); nothing imported", out, f"[{what}]"
+        )
         out.note(what, line)
         if any((run / "checkpoints").glob("*")) if (run / "checkpoints").is_dir() else False:
             out.fail(f"[{what}] something was written to checkpoints/: {sorted((run / 'checkpoints').iterdir())}")

@@ -2,7 +2,7 @@
 
 The adversarial test found a checkpoint with 135,168 of 136,960 weights infinite announced, verified and
 resumed from in a crash loop, and a run whose loss reached 1.4e15 while finite, whose retention deleted
-every good checkpoint. rundir/divergence.py defines "sane"; these scenarios check each half of the rule:
+every good checkpoint. proxy/divergence.py defines "sane"; these scenarios check each half of the rule:
 
 - the engine refuses to write a state with a non-finite weight or moment (exit 6, one line) and to load
   one (exit 3; `--resume latest` falls back past it);
@@ -11,6 +11,7 @@ every good checkpoint. rundir/divergence.py defines "sane"; these scenarios chec
   and stops the same way (no crash loop); retention (keep_last 1) never deletes the newest sane checkpoint;
   `proxy verify` and every resume pass over a checkpoint that is not sane or not finite.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def _with_infinities(raw: bytes, count: int) -> bytes:
     begin, _end = checkpoint_regions(raw)["weights"]
     b = bytearray(raw)
     for i in range(count):
-        b[begin + 4 * i: begin + 4 * i + 4] = struct.pack("<f", float("inf"))
+        b[begin + 4 * i : begin + 4 * i + 4] = struct.pack("<f", float("inf"))
     return with_crc(bytes(b))
 
 
@@ -57,8 +58,10 @@ def engine_non_finite(workdir: Path) -> Outcome:
     rc, p = run_standalone(huge, shard, ck, 1, resume=None)
     errors = [ln for ln in p.stderr.splitlines() if "error" in ln]
     if rc != 6 or len(errors) != 1 or "not written" not in errors[0] or "not finite" not in errors[0]:
-        out.fail(f"[overflowing update]: exit {rc}, errors {errors}; expected exit 6 and one line saying the "
-                 "checkpoint was not written")
+        out.fail(
+            f"[overflowing update]: exit {rc}, errors {errors}; expected exit 6 and one line saying the "
+            "checkpoint was not written"
+        )
     else:
         out.note("engine refusing a non-finite state: the line", errors[0])
     left = sorted(p.name for p in ck.iterdir()) if ck.exists() else []
@@ -79,8 +82,10 @@ def engine_non_finite(workdir: Path) -> Outcome:
     rc, p = run_standalone(TINY.but(steps=4), shard, good, 2, resume="latest")
     ready = p.of("ready")
     if rc != 0 or not ready or int(ready[0]["step"]) != 2 or "not finite" not in p.stderr:
-        out.fail(f"[--resume latest past a non-finite checkpoint]: exit {rc}, resumed "
-                 f"{ready[0]['step'] if ready else None}: {tail_lines(p.stderr)}")
+        out.fail(
+            f"[--resume latest past a non-finite checkpoint]: exit {rc}, resumed "
+            f"{ready[0]['step'] if ready else None}: {tail_lines(p.stderr)}"
+        )
     return out.close()
 
 
@@ -130,8 +135,9 @@ def proxy_divergence(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         kept = sorted(checkpoint_step(p) for p in list_checkpoints(run / "checkpoints"))
         named = [s for s in kept if f"step_{s:06d}.bin" in lines[0]]
         if not named:
-            out.fail(f"[lr 1]: the newest sane checkpoint the line names is gone (kept {kept}): {lines[0]}",
-                     data_lost=1)
+            out.fail(
+                f"[lr 1]: the newest sane checkpoint the line names is gone (kept {kept}): {lines[0]}", data_lost=1
+            )
         out.note("lr 1: checkpoints kept with keep_last 1", kept)
         rc, v = run_cmd(proxy_cmd("verify", "--run-dir", run))
         text = "\n".join(v.lines)

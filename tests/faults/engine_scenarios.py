@@ -4,6 +4,7 @@ test_fuzz.py): kill storms, corrupt checkpoints, failed writes, signals in a wri
 The shared parts (Outcome, the model shapes, the checkpoint watcher) are in scenarios.py, whose
 docstring says how every scenario is built and seeded.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,19 +22,43 @@ import numpy as np
 from harness.engine import TIMEOUT, Child, Hang
 from harness.shape import Shape
 from proxy.formats import frames
-from proxy.formats.checkpoint import (FOOTER_BYTES as FOOTER, TRAILER_FIXED_BYTES as TRAILER_FIXED, body_bytes,
-                                      list_checkpoints, verify_checkpoint)
+from proxy.formats.checkpoint import FOOTER_BYTES as FOOTER
+from proxy.formats.checkpoint import TRAILER_FIXED_BYTES as TRAILER_FIXED
+from proxy.formats.checkpoint import body_bytes, list_checkpoints, verify_checkpoint
 from proxy.formats.engine_cli import engine_args
 
-from .scenarios import (ENGINE, LARGE, TINY, CkptWatch, Outcome, compare_files, fsize_limit, reference_run, rng_for,
-                        run_standalone, same_path, start_standalone, step_record, tail_lines, temps_in)
+from .scenarios import (
+    ENGINE,
+    LARGE,
+    TINY,
+    CkptWatch,
+    Outcome,
+    compare_files,
+    fsize_limit,
+    reference_run,
+    rng_for,
+    run_standalone,
+    same_path,
+    start_standalone,
+    step_record,
+    tail_lines,
+    temps_in,
+)
 
 # ---------------------------------------------------------------------------
 # engine scenarios
 
 
-def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int, modes: dict[str, float],
-                      name: str, fault_class: str, ref_every: int | None = None) -> Outcome:
+def engine_kill_storm(
+    workdir: Path,
+    model: Shape,
+    ckpt_every: int,
+    n_kills: int,
+    modes: dict[str, float],
+    name: str,
+    fault_class: str,
+    ref_every: int | None = None,
+) -> Outcome:
     """SIGKILL a standalone engine at seeded random moments, relaunch with `--resume latest`.
 
     Modes: "startup" (a few ms after exec: loading, stale-temp cleanup), "step" (right after a
@@ -55,7 +80,7 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
     watch = CkptWatch(ck)
     kills = launches = 0
     stale: set[str] = set()
-    mode_names, weights = zip(*modes.items())
+    mode_names, weights = zip(*modes.items(), strict=False)
     while True:
         expect_path, expect_step = watch.newest_valid()
         p = start_standalone(model, shard, ck, ckpt_every)
@@ -68,8 +93,10 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
             if ready is None:
                 out.fail(f"launch {launches}: no ready event (rc {p.wait()}): {tail_lines(p.stderr)}")
             if int(ready["step"]) != expect_step or not same_path(ready["resumed_from"], expect_path):
-                out.fail(f"launch {launches}: resumed at step {ready['step']} from {ready['resumed_from']}, "
-                         f"expected the newest valid checkpoint {expect_path} (step {expect_step})")
+                out.fail(
+                    f"launch {launches}: resumed at step {ready['step']} from {ready['resumed_from']}, "
+                    f"expected the newest valid checkpoint {expect_path} (step {expect_step})"
+                )
             out.end_fault()  # the previous kill is judged once this launch resumed correctly
         if mode is None:
             try:
@@ -126,9 +153,11 @@ def engine_kill_storm(workdir: Path, model: Shape, ckpt_every: int, n_kills: int
         ref_names = sorted(p.name for p in list_checkpoints(ref_dir))
         got_names = sorted(p.name for p in list_checkpoints(ck))
         if ref_names != got_names:
-            out.fail(f"final: checkpoint set differs from the uninterrupted run's: "
-                     f"missing {sorted(set(ref_names) - set(got_names))}, extra {sorted(set(got_names) - set(ref_names))}",
-                     data_lost=len(set(ref_names) - set(got_names)))
+            out.fail(
+                f"final: checkpoint set differs from the uninterrupted run's: "
+                f"missing {sorted(set(ref_names) - set(got_names))}, extra {sorted(set(got_names) - set(ref_names))}",
+                data_lost=len(set(ref_names) - set(got_names)),
+            )
     out.note("checkpoints compared byte for byte", compared)
     return out.close()
 
@@ -146,8 +175,10 @@ def _check_steps(p: Child, ref_steps: dict, out: Outcome, where: str) -> None:
     for e in p.of("step"):
         s = int(e["step"])
         if ref_steps.get(s) != step_record(e):
-            out.fail(f"{where}: step {s} differs from the uninterrupted run: {step_record(e)} != {ref_steps.get(s)}",
-                     data_lost=1)
+            out.fail(
+                f"{where}: step {s} differs from the uninterrupted run: {step_record(e)} != {ref_steps.get(s)}",
+                data_lost=1,
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -160,10 +191,15 @@ def checkpoint_regions(raw: bytes) -> dict[str, tuple[int, int]]:
     body = body_bytes(n)
     size = len(raw)
     return {
-        "step": (0, 4), "n_params": (4, 8),
-        "weights": (8, 8 + 4 * n), "adam_m": (8 + 4 * n, 8 + 8 * n), "adam_v": (8 + 8 * n, body),
-        "trailer fixed part": (body, body + TRAILER_FIXED), "trailer meta JSON": (body + TRAILER_FIXED, size - FOOTER),
-        "footer trailer_bytes": (size - FOOTER, size - FOOTER + 8), "footer crc": (size - 16, size - 12),
+        "step": (0, 4),
+        "n_params": (4, 8),
+        "weights": (8, 8 + 4 * n),
+        "adam_m": (8 + 4 * n, 8 + 8 * n),
+        "adam_v": (8 + 8 * n, body),
+        "trailer fixed part": (body, body + TRAILER_FIXED),
+        "trailer meta JSON": (body + TRAILER_FIXED, size - FOOTER),
+        "footer trailer_bytes": (size - FOOTER, size - FOOTER + 8),
+        "footer crc": (size - 16, size - 12),
         "footer end magic": (size - 8, size),
     }
 
@@ -173,9 +209,13 @@ SIZE_REASONS = ("truncated", "does not match", "not a microgpt checkpoint", "no 
 REGION_REASONS = {
     "step": ("checksum mismatch", "not a microgpt checkpoint"),  # the sign bit makes the step negative
     "n_params": SIZE_REASONS,
-    "weights": ("checksum mismatch",), "adam_m": ("checksum mismatch",), "adam_v": ("checksum mismatch",),
-    "trailer fixed part": ("checksum mismatch",), "trailer meta JSON": ("checksum mismatch",),
-    "footer trailer_bytes": ("does not match",), "footer crc": ("checksum mismatch",),
+    "weights": ("checksum mismatch",),
+    "adam_m": ("checksum mismatch",),
+    "adam_v": ("checksum mismatch",),
+    "trailer fixed part": ("checksum mismatch",),
+    "trailer meta JSON": ("checksum mismatch",),
+    "footer trailer_bytes": ("does not match",),
+    "footer crc": ("checksum mismatch",),
     "footer end magic": ("no end magic",),
 }
 
@@ -201,8 +241,9 @@ class Corruption:
     latest_fallback: bool = True  # under --resume latest the engine skips it and loads the older one
 
 
-def corruptions(valid: bytes, other_shape: bytes, rng: random.Random, flips_per_region: int = 2,
-                truncations: int = 3) -> list[Corruption]:
+def corruptions(
+    valid: bytes, other_shape: bytes, rng: random.Random, flips_per_region: int = 2, truncations: int = 3
+) -> list[Corruption]:
     """Every corruption of `valid` (a step-4 checkpoint of TINY) the scenario tries."""
     regions = checkpoint_regions(valid)
     n = int(np.frombuffer(valid, "<i4", 1, 4)[0])
@@ -211,8 +252,9 @@ def corruptions(valid: bytes, other_shape: bytes, rng: random.Random, flips_per_
     for region, (begin, end) in regions.items():
         for _ in range(flips_per_region):
             bit = rng.randrange(begin * 8, end * 8)
-            cases.append(Corruption(f"bit {bit - begin * 8} of {region} flipped", flip_bit(valid, bit),
-                                    REGION_REASONS[region]))
+            cases.append(
+                Corruption(f"bit {bit - begin * 8} of {region} flipped", flip_bit(valid, bit), REGION_REASONS[region])
+            )
     lengths = {0, 7, body - 1, body + 1, len(valid) - 1}
     while len(lengths) < 5 + truncations:
         cut = rng.randrange(0, len(valid))
@@ -227,28 +269,52 @@ def corruptions(valid: bytes, other_shape: bytes, rng: random.Random, flips_per_
     # n_params 32 fewer and every region cut to match, CRC recomputed: the trailer's shape disagrees
     k = n - 32
     f = np.frombuffer(valid, "<f4", 3 * n, 8)
-    short = (np.array([4, k], "<i4").tobytes() + f[:k].tobytes() + f[n:n + k].tobytes() + f[2 * n:2 * n + k].tobytes()
-             + valid[body:])
-    cases.append(Corruption("n_params 32 fewer, consistent sizes (CRC recomputed)", with_crc(short),
-                            ("does not match the shape",)))
-    cases.append(Corruption("a checkpoint of another model shape (dim 16)", other_shape, ("shape mismatch",),
-                            latest_fallback=False))
-    cases.append(Corruption("bare ANDREA file of another model shape", other_shape[:body_bytes(int(
-        np.frombuffer(other_shape, "<i4", 1, 4)[0]))], ("shape mismatch",), latest_fallback=False))
+    short = (
+        np.array([4, k], "<i4").tobytes()
+        + f[:k].tobytes()
+        + f[n : n + k].tobytes()
+        + f[2 * n : 2 * n + k].tobytes()
+        + valid[body:]
+    )
+    cases.append(
+        Corruption(
+            "n_params 32 fewer, consistent sizes (CRC recomputed)", with_crc(short), ("does not match the shape",)
+        )
+    )
+    cases.append(
+        Corruption(
+            "a checkpoint of another model shape (dim 16)", other_shape, ("shape mismatch",), latest_fallback=False
+        )
+    )
+    cases.append(
+        Corruption(
+            "bare ANDREA file of another model shape",
+            other_shape[: body_bytes(int(np.frombuffer(other_shape, "<i4", 1, 4)[0]))],
+            ("shape mismatch",),
+            latest_fallback=False,
+        )
+    )
     foreign_rng = np.random.default_rng(rng.randrange(2**32))
     cases.append(Corruption("foreign file: empty", b"", SIZE_REASONS))
     cases.append(Corruption("foreign file: text", b"this is not a checkpoint\n" * 20, SIZE_REASONS))
     cases.append(Corruption("foreign file: 4 KiB of random bytes", foreign_rng.bytes(4096), SIZE_REASONS))
     cases.append(Corruption("foreign file: a PNG header", b"\x89PNG\r\n\x1a\n" + foreign_rng.bytes(600), SIZE_REASONS))
-    shard = b"MGPTTOKS" + (1).to_bytes(4, "little") + (64).to_bytes(4, "little") + (100).to_bytes(8, "little") \
-        + bytes(8) + foreign_rng.integers(0, 64, 100, dtype="<u2").tobytes()
+    shard = (
+        b"MGPTTOKS"
+        + (1).to_bytes(4, "little")
+        + (64).to_bytes(4, "little")
+        + (100).to_bytes(8, "little")
+        + bytes(8)
+        + foreign_rng.integers(0, 64, 100, dtype="<u2").tobytes()
+    )
     cases.append(Corruption("foreign file: a token shard", shard, SIZE_REASONS))
     cases.append(Corruption("bare ANDREA file (no trailer)", valid[:body], ()))
     return cases
 
 
-def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
-                      fault_class: str = "corrupted checkpoint (engine loader)") -> Outcome:
+def engine_corruption(
+    workdir: Path, name: str = "engine-corrupt-checkpoints", fault_class: str = "corrupted checkpoint (engine loader)"
+) -> Outcome:
     """Corrupt the newest of two checkpoints in every documented way; resume explicitly and with latest.
 
     Rejected files: exit 3 with one line naming the reason, the file untouched, nothing written;
@@ -269,8 +335,15 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
     cases = corruptions(valid, (other_dir / "step_000004.bin").read_bytes(), rng)
     kinds: dict[str, int] = {}
     for case in cases:
-        kind = ("bit flip" if case.name.startswith("bit ") else "truncation" if case.name.startswith("truncated")
-                else "foreign file" if case.name.startswith("foreign") else case.name)
+        kind = (
+            "bit flip"
+            if case.name.startswith("bit ")
+            else "truncation"
+            if case.name.startswith("truncated")
+            else "foreign file"
+            if case.name.startswith("foreign")
+            else case.name
+        )
         kinds[kind] = kinds.get(kind, 0) + 1
     out.note("cases", kinds)
     out.note("regions with bit flips", sorted(checkpoint_regions(valid)))
@@ -280,9 +353,10 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
         # the proxy's verifier
         d = workdir / f"case{i:02d}"
         reason = verify_checkpoint(_plant(d / "ck", ref_dir, case.data))
-        if case.reasons and (reason is None or not any(r in reason for r in case.reasons)) \
-                and case.latest_fallback:
-            out.fail(f"{where} proxy.formats.checkpoint.verify_checkpoint said {reason!r}, expected one of {case.reasons}")
+        if case.reasons and (reason is None or not any(r in reason for r in case.reasons)) and case.latest_fallback:
+            out.fail(
+                f"{where} proxy.formats.checkpoint.verify_checkpoint said {reason!r}, expected one of {case.reasons}"
+            )
         # explicit --resume FILE
         target = d / "ck" / "step_000004.bin"
         rc, p = run_standalone(model, shard, d / "ck", 2, resume=target)
@@ -312,18 +386,26 @@ def engine_corruption(workdir: Path, name: str = "engine-corrupt-checkpoints",
         rc, p = run_standalone(model, shard, d2 / "ck", 2, resume="latest")
         ready = p.of("ready")
         want = 4 if not case.reasons else 2
-        if rc != 0 or not ready or int(ready[0]["step"]) != want or \
-                not same_path(ready[0]["resumed_from"], d2 / "ck" / f"step_{want:06d}.bin"):
-            out.fail(f"{where} --resume latest: exit {rc}, ready {ready[0].fields if ready else None}, expected "
-                     f"a resume from step {want}; stderr {p.stderr_lines()[-3:]}")
+        if (
+            rc != 0
+            or not ready
+            or int(ready[0]["step"]) != want
+            or not same_path(ready[0]["resumed_from"], d2 / "ck" / f"step_{want:06d}.bin")
+        ):
+            out.fail(
+                f"{where} --resume latest: exit {rc}, ready {ready[0].fields if ready else None}, expected "
+                f"a resume from step {want}; stderr {p.stderr_lines()[-3:]}"
+            )
         if case.reasons and not any("skipping" in ln and any(r in ln for r in case.reasons) for ln in p.stderr_lines()):
-            out.fail(f"{where} --resume latest skipped the file without a warning naming the reason: "
-                     f"{p.stderr_lines()}")
+            out.fail(
+                f"{where} --resume latest skipped the file without a warning naming the reason: {p.stderr_lines()}"
+            )
         out.steps_lost += 4 - want
         got = d2 / "ck" / "step_000006.bin"
         if not got.exists() or got.read_bytes() != final_ref:
-            out.fail(f"{where} --resume latest: the run's final checkpoint differs from the uninterrupted run's",
-                     data_lost=1)
+            out.fail(
+                f"{where} --resume latest: the run's final checkpoint differs from the uninterrupted run's", data_lost=1
+            )
         shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(d2, ignore_errors=True)
     return out.close()
@@ -347,8 +429,9 @@ def try_mount_tmpfs(mountpoint: Path, size_bytes: int) -> str | None:
     mountpoint.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or not shutil.which("mount"):
         return "not root, or no mount(8)"
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mountpoint)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mountpoint)], capture_output=True, text=True
+    )
     return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited {r.returncode}")
 
 
@@ -362,8 +445,9 @@ def _check_failed_save(p: Child, rc: int, ck: Path, before: dict, out: Outcome, 
     if rc != 5:
         out.fail(f"{where}: exit {rc}, expected 5 (I/O); stderr {lines[-3:]}")
     if len(lines) != 1 or not lines[0].startswith("microgpt: error: checkpoint at step") or strerror not in lines[0]:
-        out.fail(f"{where}: expected one line 'microgpt: error: checkpoint at step N failed (... {strerror})'; "
-                 f"got {lines}")
+        out.fail(
+            f"{where}: expected one line 'microgpt: error: checkpoint at step N failed (... {strerror})'; got {lines}"
+        )
     errors = p.of("error")
     if len(errors) != 1 or int(errors[0]["code"]) != 5:
         out.fail(f"{where}: expected one error event with code 5; got {[e.fields for e in errors]}")
@@ -378,8 +462,9 @@ def _check_failed_save(p: Child, rc: int, ck: Path, before: dict, out: Outcome, 
         out.fail(f"{where}: temp files left behind: {temps_in(ck)}")
 
 
-def engine_disk_full_tmpfs(workdir: Path, name: str = "engine-disk-full-tmpfs",
-                           fault_class: str = "full disk during a checkpoint (engine)") -> Outcome | str:
+def engine_disk_full_tmpfs(
+    workdir: Path, name: str = "engine-disk-full-tmpfs", fault_class: str = "full disk during a checkpoint (engine)"
+) -> Outcome | str:
     """The checkpoint directory on a tmpfs that holds five checkpoints: the sixth save fails with
     ENOSPC. Then the files are copied to a roomy disk and the run resumes to the end, byte-identical."""
     out = Outcome(fault_class, name)
@@ -418,8 +503,12 @@ def engine_disk_full_tmpfs(workdir: Path, name: str = "engine-disk-full-tmpfs",
     return out.close()
 
 
-def engine_write_error_rlimit(workdir: Path, n_trials: int = 3, name: str = "engine-write-error-rlimit",
-                              fault_class: str = "write error during a checkpoint (engine, EFBIG)") -> Outcome:
+def engine_write_error_rlimit(
+    workdir: Path,
+    n_trials: int = 3,
+    name: str = "engine-write-error-rlimit",
+    fault_class: str = "write error during a checkpoint (engine, EFBIG)",
+) -> Outcome:
     """RLIMIT_FSIZE below one checkpoint: the next save fails with EFBIG partway (seeded limits,
     including 0). Exit 5, one line, the previous checkpoints intact, no partial file; a relaunch
     without the limit resumes from the newest valid checkpoint and ends byte-identical."""
@@ -453,8 +542,12 @@ def engine_write_error_rlimit(workdir: Path, n_trials: int = 3, name: str = "eng
 # signals
 
 
-def engine_sigterm_in_write(workdir: Path, n_trials: int = 4, name: str = "engine-sigterm-in-write",
-                            fault_class: str = "SIGTERM during a checkpoint write (engine)") -> Outcome:
+def engine_sigterm_in_write(
+    workdir: Path,
+    n_trials: int = 4,
+    name: str = "engine-sigterm-in-write",
+    fault_class: str = "SIGTERM during a checkpoint write (engine)",
+) -> Outcome:
     """SIGTERM at a random offset inside a 22 MB checkpoint write: the write completes, the engine
     exits 0 with `exit` reason signal and a valid checkpoint of its last step; the relaunches end
     byte-identical to the uninterrupted run."""
@@ -483,8 +576,10 @@ def engine_sigterm_in_write(workdir: Path, n_trials: int = 4, name: str = "engin
         exits = p.of("exit")
         last = p.last_step(start)
         if rc != 0 or not exits or exits[-1]["reason"] != "signal" or int(exits[-1]["step"]) != last:
-            out.fail(f"trial {trial}: exit {rc}, exit events {[e.fields for e in exits]}, last step {last}; "
-                     f"{p.stderr_lines()[-3:]}")
+            out.fail(
+                f"trial {trial}: exit {rc}, exit events {[e.fields for e in exits]}, last step {last}; "
+                f"{p.stderr_lines()[-3:]}"
+            )
         ckpts = [int(e["step"]) for e in p.of("ckpt")]
         if not ckpts or ckpts[-1] != last:
             out.fail(f"trial {trial}: the last checkpoint event is for step {ckpts[-1:]} but step {last} was trained")
@@ -504,8 +599,9 @@ def engine_sigterm_in_write(workdir: Path, n_trials: int = 4, name: str = "engin
     return out.close()
 
 
-def engine_sigusr1_storm(workdir: Path, n_signals: int = 200, name: str = "engine-sigusr1-storm",
-                         fault_class: str = "SIGUSR1 storm (engine)") -> Outcome:
+def engine_sigusr1_storm(
+    workdir: Path, n_signals: int = 200, name: str = "engine-sigusr1-storm", fault_class: str = "SIGUSR1 storm (engine)"
+) -> Outcome:
     """200 SIGUSR1 at random short intervals while training: training goes on, every checkpoint
     verifies, every step's loss equals an unsignalled run's, the final checkpoint is byte-identical,
     and a run resumed from a randomly chosen SIGUSR1 checkpoint ends byte-identical too."""
@@ -554,8 +650,9 @@ def engine_sigusr1_storm(workdir: Path, n_signals: int = 200, name: str = "engin
     return out.close()
 
 
-def engine_sigstop(workdir: Path, n_stops: int = 3, name: str = "engine-sigstop",
-                   fault_class: str = "hung engine (SIGSTOP)") -> Outcome:
+def engine_sigstop(
+    workdir: Path, n_stops: int = 3, name: str = "engine-sigstop", fault_class: str = "hung engine (SIGSTOP)"
+) -> Outcome:
     """SIGSTOP a standalone engine for a while, then SIGCONT: training resumes where it was and the
     result is byte-identical (the proxy-level scenario is the one that detects and kills a hang)."""
     out = Outcome(fault_class, name, one_storm=True)
@@ -600,8 +697,13 @@ def feed_engine(workdir: Path, data: bytes, timeout: float = 20.0) -> tuple[int 
     """
     ck = workdir / "ck"
     shutil.rmtree(ck, ignore_errors=True)
-    proc = subprocess.Popen(proxy_mode_argv(FUZZ_MODEL, ck), cwd=str(workdir), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        proxy_mode_argv(FUZZ_MODEL, ck),
+        cwd=str(workdir),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         stdout, stderr = proc.communicate(data, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -630,8 +732,9 @@ def feed_engine(workdir: Path, data: bytes, timeout: float = 20.0) -> tuple[int 
         if len(lines) != 1 or not lines[0].startswith("microgpt: error:"):
             problems.append(f"exit 4 without exactly one 'microgpt: error:' line: {lines}")
         if len(errors) != 1 or events[-1].kind != "error":
-            problems.append(f"exit 4 with {len(errors)} error events (the last event: "
-                            f"{events[-1].kind if events else None})")
+            problems.append(
+                f"exit 4 with {len(errors)} error events (the last event: {events[-1].kind if events else None})"
+            )
     elif rc == 0:
         if errors or any("error" in ln for ln in lines):
             problems.append(f"exit 0 but errors reported: {lines}")

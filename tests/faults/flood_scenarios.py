@@ -9,6 +9,7 @@ connection closed; a reading client gets its stream afterwards;
 the server's memory stays bounded during the flood and comes back near its baseline once the clients
 are gone. (The adversarial test saw /healthz time out for ~20 s and RSS go from 71 MB to 1.08 GB.)
 """
+
 from __future__ import annotations
 
 import json
@@ -191,26 +192,32 @@ def event_stream_flood(workdir: Path, clients: int = CLIENTS) -> Outcome:
         out.note("clients", clients)
         out.note("answered 200 (streams), 503 (refused)", [served, refused])
         out.note("streams dropped for not reading", body.get("streams_dropped"))
-        out.note("seconds until every stream of a non-reader was dropped", round(dropped_at, 1)
-                 if dropped_at is not None else None)
+        out.note(
+            "seconds until every stream of a non-reader was dropped",
+            round(dropped_at, 1) if dropped_at is not None else None,
+        )
         out.note("slowest /healthz during the flood (s)", round(worst, 2))
-        out.note("RSS MiB: baseline, peak, after", [round(baseline / 2**20), round(peak / 2**20),
-                                                   round(after / 2**20)])
+        out.note("RSS MiB: baseline, peak, after", [round(baseline / 2**20), round(peak / 2**20), round(after / 2**20)])
         if served > MAX_STREAMS or served + refused < clients - 10:
-            out.fail(f"{served} streams served and {refused} refused of {clients}: more than {MAX_STREAMS} "
-                     "streams, or clients left without an answer")
+            out.fail(
+                f"{served} streams served and {refused} refused of {clients}: more than {MAX_STREAMS} "
+                "streams, or clients left without an answer"
+            )
         if worst > HEALTH_LIMIT_S or failed_health:
             out.fail(f"/healthz took up to {worst:.1f}s ({failed_health} answers not 200) during the flood")
         if dropped_at is None:
-            out.fail(f"the non-reading clients' streams were not dropped within "
-                     f"{max(WRITE_TIMEOUT_S, UNACKED_TIMEOUT_S) + 15:.0f}s")
+            out.fail(
+                f"the non-reading clients' streams were not dropped within "
+                f"{max(WRITE_TIMEOUT_S, UNACKED_TIMEOUT_S) + 15:.0f}s"
+            )
         if "hello" not in after_names:
             out.fail(f"a reading client after the flood got {after_names}")
         if peak - baseline > PEAK_LIMIT:
             out.fail(f"RSS reached {peak / 2**20:.0f} MiB from a baseline of {baseline / 2**20:.0f} MiB")
         if after - baseline > AFTER_LIMIT:
-            out.fail(f"RSS stayed at {after / 2**20:.0f} MiB after the clients left (baseline "
-                     f"{baseline / 2**20:.0f} MiB)")
+            out.fail(
+                f"RSS stayed at {after / 2**20:.0f} MiB after the clients left (baseline {baseline / 2**20:.0f} MiB)"
+            )
         if proc.poll() is not None:
             out.fail(f"the dashboard exited ({proc.returncode})")
     finally:
@@ -239,8 +246,13 @@ def exposed_dashboard(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         argv = [a for a in env.argv(run, engine=gate.engine_flag) if a != "--no-dashboard"]
         penv = dict(os.environ, PYTHONUNBUFFERED="1")
         penv["PYTHONPATH"] = str(REPO) + os.pathsep + penv.get("PYTHONPATH", "")
-        proxy = Child([*argv, "--host", host, "--port", str(free_port())], cwd=REPO, new_session=True,
-                   parse_events=False, env=penv)
+        proxy = Child(
+            [*argv, "--host", host, "--port", str(free_port())],
+            cwd=REPO,
+            new_session=True,
+            parse_events=False,
+            env=penv,
+        )
         try:
             if not LogTail(run / ".loss.json").wait_step(newest + 3, proxy):
                 out.fail(f"[{host}]: the proxy exited early: {tail_lines(proxy.stderr)}")

@@ -5,6 +5,7 @@ Each must end with one line on stderr and exit 2, at once, within a memory limit
 and change nothing in the run. The adversarial test saw `--data /dev/zero` grow until MemoryError, a FIFO
 hang, and PermissionError / OSError tracebacks from hashing a source.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from harness.engine import Child, Hang
+
 from .path_scenarios import tree
 from .proxy_checks import memory_limit, one_line_exit, proxy_cmd, run_cmd
 from .proxy_harness import ProxyEnv, write_fault_experiment
@@ -56,12 +58,16 @@ def eval_data(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     folder = workdir / "folder"
     folder.mkdir()
     before = tree(run)
-    for what, target in (("/dev/zero", "/dev/zero"), ("a FIFO", fifo), ("a 2 GiB file", sparse),
-                         ("a directory", folder), ("/proc/self/mem", "/proc/self/mem")):
+    for what, target in (
+        ("/dev/zero", "/dev/zero"),
+        ("a FIFO", fifo),
+        ("a 2 GiB file", sparse),
+        ("a directory", folder),
+        ("/proc/self/mem", "/proc/self/mem"),
+    ):
         out.begin_fault()
         t0 = time.monotonic()
-        argv = proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache, "--engine", ENGINE.flag,
-                         "--data", target)
+        argv = proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache, "--engine", ENGINE.flag, "--data", target)
         try:
             rc, p = run_cmd(argv, preexec_fn=memory_limit())
         except Hang as exc:
@@ -72,8 +78,9 @@ def eval_data(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         out.fail("eval --data changed the run directory", data_lost=1)
     text = workdir / "text.txt"
     text.write_text("alpha beta gamma delta epsilon zeta eta theta. " * 40)
-    rc, p = run_cmd(proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache, "--engine", ENGINE.flag,
-                              "--data", text))
+    rc, p = run_cmd(
+        proxy_cmd("eval", "--run-dir", run, "--cache-dir", env.cache, "--engine", ENGINE.flag, "--data", text)
+    )
     if rc != 0:
         out.fail(f"[--data a text file]: exit {rc}: {p.stderr_lines()[-2:]}")
     return out.close()
@@ -94,12 +101,14 @@ def unreadable_sources(env: ProxyEnv, workdir: Path) -> Outcome:
     (locked / "doc.txt").write_text("inside a directory nobody may list\n")
     locked.chmod(0)
     (exp_dir / "folder.txt").mkdir()
-    cases = [("a file without read permission (EACCES)", {"file": "secret.txt"}, "secret.txt", True),
-             ("a directory without permission", {"dir": "locked"}, "locked", True),
-             ("a dir source of /proc/self", {"dir": "/proc/self"}, "/proc/self", False),
-             ("/proc/self/mem (EIO)", {"file": "/proc/self/mem"}, "/proc/self/mem", False),
-             ("a directory as a file source (EISDIR)", {"file": "folder.txt"}, "folder.txt", False),
-             ("a path through a file (ENOTDIR)", {"file": "dots.txt/child"}, "dots.txt/child", False)]
+    cases = [
+        ("a file without read permission (EACCES)", {"file": "secret.txt"}, "secret.txt", True),
+        ("a directory without permission", {"dir": "locked"}, "locked", True),
+        ("a dir source of /proc/self", {"dir": "/proc/self"}, "/proc/self", False),
+        ("/proc/self/mem (EIO)", {"file": "/proc/self/mem"}, "/proc/self/mem", False),
+        ("a directory as a file source (EISDIR)", {"file": "folder.txt"}, "folder.txt", False),
+        ("a path through a file (ENOTDIR)", {"file": "dots.txt/child"}, "dots.txt/child", False),
+    ]
     try:
         for i, (what, source, needle, owner) in enumerate(cases):
             out.begin_fault()
@@ -108,8 +117,20 @@ def unreadable_sources(env: ProxyEnv, workdir: Path) -> Outcome:
             path = exp_dir / f"case-{i}.json"
             path.write_text(json.dumps(exp))
             cache, run = workdir / f"cache-{i}", workdir / f"run-{i}"
-            argv = [sys.executable, "-m", "proxy", "run", str(path), "--run-dir", str(run), "--no-dashboard",
-                    "--cache-dir", str(cache), "--engine", ENGINE.flag]
+            argv = [
+                sys.executable,
+                "-m",
+                "proxy",
+                "run",
+                str(path),
+                "--run-dir",
+                str(run),
+                "--no-dashboard",
+                "--cache-dir",
+                str(cache),
+                "--engine",
+                ENGINE.flag,
+            ]
             try:
                 rc, p = _run(as_file_owner(argv) if owner else argv)
             except Hang as exc:

@@ -1,4 +1,4 @@
-"""JSON nested without bound in the files of a run (issue 40, point 7).
+"""JSON nested without bound in the files of a run.
 
 Python's json module recurses once per `[`: a line of 200,000 `[` (under the
 loss log's 1 MiB line cap) or a checkpoint's metadata nested 4,000 deep (under
@@ -17,8 +17,9 @@ proxy/formats/bounded_json.py (depth 64 at most):
   of theirs that is not JSON.
 
 Real processes against real run directories, in a pid namespace of their own
-(sandbox.py), as the other scenarios of issue 40.
+(sandbox.py), as the other scenarios of hostile files.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,14 @@ from proxy.formats.checkpoint import encode_checkpoint, list_checkpoints, read_c
 
 from .process_scenarios import _env
 from .proxy_checks import one_line_exit, proxy_cmd, run_cmd
-from .proxy_harness import (ProxyEnv, compare_with_reference, first_resume, no_traceback, read_log,
-                            write_fault_experiment)
+from .proxy_harness import (
+    ProxyEnv,
+    compare_with_reference,
+    first_resume,
+    no_traceback,
+    read_log,
+    write_fault_experiment,
+)
 from .proxy_scenarios import copy_run, relaunch_and_compare
 from .sandbox import require_namespace
 from .scenarios import ENGINE, Outcome, tail_lines
@@ -72,8 +79,12 @@ def _follow_ups(env: ProxyEnv, run: Path, workdir: Path, out: Outcome, tag: str)
         ("status", proxy_cmd("status", "--run-dir", run)),
         ("eval", proxy_cmd("eval", "--run-dir", run, *cache)),
         ("export", proxy_cmd("export", "--run-dir", run, "--out", workdir / f"export-{tag}", *cache)),
-        ("sample", proxy_cmd("sample", "--run-dir", run, "--prompt", "alpha ", "--max-new", 4, "--engine",
-                             ENGINE.flag, *cache)),
+        (
+            "sample",
+            proxy_cmd(
+                "sample", "--run-dir", run, "--prompt", "alpha ", "--max-new", 4, "--engine", ENGINE.flag, *cache
+            ),
+        ),
         ("fork", proxy_cmd("fork", "--run-dir", run, "--at", newest.name[5:11], "--to", workdir / f"fork-{tag}")),
     ]:
         _command(argv, 0, out, f"{tag}: {what}")
@@ -116,8 +127,10 @@ def deep_json(env: dict, template: str, workdir: str) -> Outcome:
         out.fail(f"[deep checkpoint metadata: run]: {exc}")
     no_traceback(p, out, "[deep checkpoint metadata: run]")
     if rc != 0 or first_resume(run, segments) != ck.step:
-        out.fail(f"[deep checkpoint metadata: run]: exit {rc}, resumed from {first_resume(run, segments)}, "
-                 f"expected 0 and step {ck.step}: {tail_lines(p.stderr)}")
+        out.fail(
+            f"[deep checkpoint metadata: run]: exit {rc}, resumed from {first_resume(run, segments)}, "
+            f"expected 0 and step {ck.step}: {tail_lines(p.stderr)}"
+        )
     if newest.read_bytes() != planted:
         out.fail("[deep checkpoint metadata: run]: the checkpoint was changed", data_lost=1)
     newest.write_bytes(original)  # the one file that differs from the reference's by design

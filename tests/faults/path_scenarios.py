@@ -10,6 +10,7 @@ another experiment.
 
 Real processes against real run directories, as in run_dir_scenarios.py (whose helpers these use).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ def _newest(run: Path) -> int:
 # symlinks out of the run
 
 
-def _refused_then_restored(p, rc: int, run: Path, other: Path, before: dict, out: Outcome, what: str,
-                           note: str) -> None:
+def _refused_then_restored(
+    p, rc: int, run: Path, other: Path, before: dict, out: Outcome, what: str, note: str
+) -> None:
     """The proxy refused checkpoints/ as a symlink with one line (exit 2) and left the other run as it was;
     then the run's own checkpoints/ is put back."""
     out.note(note, one_line_exit(p, rc, 2, "is a symlink", out, f"[{what}]"))
@@ -97,8 +99,16 @@ def symlinked_run_dirs(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     (run / "checkpoints").rename(run / "checkpoints.own")
     (run / "checkpoints").symlink_to(other / "checkpoints")
     rc, p = run_cmd(env.argv(run))
-    _refused_then_restored(p, rc, run, other, before, out, "stopped run, checkpoints/ linked to another run",
-                           "checkpoints/ a symlink: the line")
+    _refused_then_restored(
+        p,
+        rc,
+        run,
+        other,
+        before,
+        out,
+        "stopped run, checkpoints/ linked to another run",
+        "checkpoints/ a symlink: the line",
+    )
     relaunch_and_compare(env, run, out, "[stopped run, restored]")
 
     out.begin_fault()  # (3) archive/ linked elsewhere, and an experiment change that would archive into it
@@ -112,8 +122,9 @@ def symlinked_run_dirs(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     rc, p = run_cmd(env.argv(run, "--allow-experiment-change", experiment=changed))
     one_line_exit(p, rc, 2, "is a symlink", out, "[archive/ linked elsewhere, experiment changed]")
     if any(elsewhere.iterdir()):
-        out.fail(f"[archive/ linked elsewhere]: {sorted(x.name for x in elsewhere.iterdir())} written there",
-                 data_lost=1)
+        out.fail(
+            f"[archive/ linked elsewhere]: {sorted(x.name for x in elsewhere.iterdir())} written there", data_lost=1
+        )
     (run / "archive").unlink()
     launch_and_compare(env, run, out, "[archive/ restored]")
 
@@ -132,8 +143,16 @@ def symlinked_run_dirs(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
         rc = proxy.finish(TIMEOUT)
     except Hang as exc:
         out.fail(f"[swap while training]: {exc}")
-    _refused_then_restored(proxy, rc, run, other, before, out, "swap while training",
-                           "checkpoints/ swapped for a symlink while training: the line")
+    _refused_then_restored(
+        proxy,
+        rc,
+        run,
+        other,
+        before,
+        out,
+        "swap while training",
+        "checkpoints/ swapped for a symlink while training: the line",
+    )
     launch_and_compare(env, run, out, "[swap while training, restored]")
     return out.close()
 
@@ -165,8 +184,14 @@ def huge_step_numbers(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     commands = [
         ("verify", proxy_cmd("verify", "--run-dir", run), 1, "its header holds step"),
         ("export", proxy_cmd("export", "--run-dir", run, "--out", workdir / "export", *cache), 0, None),
-        ("sample", proxy_cmd("sample", "--run-dir", run, "--prompt", "alpha ", "--max-new", 4, "--engine",
-                             ENGINE.flag, *cache), 0, None),
+        (
+            "sample",
+            proxy_cmd(
+                "sample", "--run-dir", run, "--prompt", "alpha ", "--max-new", 4, "--engine", ENGINE.flag, *cache
+            ),
+            0,
+            None,
+        ),
         ("fork", proxy_cmd("fork", "--run-dir", run, "--at", 3_000_000_000, "--to", workdir / "fork"), 0, None),
     ]
     for what, argv, code, needle in commands:
@@ -205,8 +230,7 @@ def huge_step_numbers(env: ProxyEnv, template: Path, workdir: Path) -> Outcome:
     no_traceback(p, out, "[run]")
     said = [ln for ln in p.stderr_lines() if "step_2000000000.bin" in ln and "its header holds step" in ln]
     if rc != 0 or len(said) != 1:
-        out.fail(f"[run]: exit {rc}, expected 0 and one line passing over step_2000000000.bin: "
-                 f"{p.stderr_lines()[-4:]}")
+        out.fail(f"[run]: exit {rc}, expected 0 and one line passing over step_2000000000.bin: {p.stderr_lines()[-4:]}")
     else:
         out.note("run: the line", said[0])
     compare_with_reference(env, run, out, where="[run]")
@@ -266,8 +290,11 @@ def archive_names(env: ProxyEnv, workdir: Path) -> Outcome:
             out.fail(f"[change {i + 1}]: exit {rc}: {tail_lines(p.stderr)}")
     archived = frozen.replaced_experiments(RunDir(run_dir))
     if len(archived) != 2 or archived[0].read_bytes() != original:
-        out.fail(f"after two changes: archive holds {[p.name for p in archived]}; the original frozen experiment "
-                 f"{'kept' if archived and archived[0].read_bytes() == original else 'lost'}", data_lost=1)
+        out.fail(
+            f"after two changes: archive holds {[p.name for p in archived]}; the original frozen experiment "
+            f"{'kept' if archived and archived[0].read_bytes() == original else 'lost'}",
+            data_lost=1,
+        )
     out.note("two relaunches: archive names", [p.name for p in archived])
     out.note("two relaunches: seconds between them", round(stamps[1] - stamps[0], 2))
     return out.close()

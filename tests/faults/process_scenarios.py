@@ -7,6 +7,7 @@ process it can reach. Sentinels (sandbox.Sentinels) are the victims watched: aft
 must be alive and not stopped, the run's own processes must be the ones that ran, and the run must end
 as the uninterrupted reference run does.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,20 @@ from proxy.rundir.identity import ensure_identity
 from proxy.rundir.layout import RunDir
 
 from .proxy_checks import proxy_cmd, run_cmd
-from .proxy_harness import (LogTail, ProxyEnv, compare_with_reference, engine_alive, engine_record, no_traceback,
-                            read_log)
+from .proxy_harness import (
+    LogTail,
+    ProxyEnv,
+    compare_with_reference,
+    engine_alive,
+    engine_record,
+    no_traceback,
+    read_log,
+)
 from .proxy_scenarios import copy_run
 from .sandbox import Sentinels, require_namespace
 from .scenarios import ENGINE, Outcome, tail_lines
 
-RECORD_CLASS = "forged engine records (pid true, 1, -1, \"12\", a live unrelated pid)"
+RECORD_CLASS = 'forged engine records (pid true, 1, -1, "12", a live unrelated pid)'
 COPY_CLASS = "a copied live run relaunched"
 LOCK_CLASS = "lock files deleted or forged while the proxy runs"
 MOVED_CLASS = "run directory moved or replaced under a live proxy"
@@ -90,19 +98,28 @@ def forged_engine_records(env: dict, template: str, workdir: str) -> Outcome:
             ('bare pid "12"', {"pid": "12"}, "not an engine record"),
             ("bare pid 1.9", {"pid": 1.9}, "not an engine record"),
             ("record with pid true", {**real, "pid": True}, "not an engine record"),
-            ("record with pid 1 and its real start time",
-             {**real, "pid": 1, "create_time": psutil.Process(1).create_time()}, "not an engine record"),
+            (
+                "record with pid 1 and its real start time",
+                {**real, "pid": 1, "create_time": psutil.Process(1).create_time()},
+                "not an engine record",
+            ),
             ("record with pid -1", {**real, "pid": -1}, "not an engine record"),
             ('record with pid "12"', {**real, "pid": "12"}, "not an engine record"),
-            ("record naming a live unrelated process with its real start time",
-             {**real, "pid": alone, "create_time": sentinels.create_time("unrelated")},
-             f"names pid {alone}, but its command line"),
-            ("record naming a live process of pid 1's group with its real start time",
-             {**real, "pid": grouped, "create_time": sentinels.create_time("pid 1's group")},
-             f"names pid {grouped}, but its command line"),
-            ("record of another run naming a live process",
-             {**real, "run_id": "0" * 32, "pid": alone, "create_time": sentinels.create_time("unrelated")},
-             "not for this run"),
+            (
+                "record naming a live unrelated process with its real start time",
+                {**real, "pid": alone, "create_time": sentinels.create_time("unrelated")},
+                f"names pid {alone}, but its command line",
+            ),
+            (
+                "record naming a live process of pid 1's group with its real start time",
+                {**real, "pid": grouped, "create_time": sentinels.create_time("pid 1's group")},
+                f"names pid {grouped}, but its command line",
+            ),
+            (
+                "record of another run naming a live process",
+                {**real, "run_id": "0" * 32, "pid": alone, "create_time": sentinels.create_time("unrelated")},
+                "not for this run",
+            ),
         ]
         for i, (what, record, needle) in enumerate(cases):
             out.begin_fault()
@@ -119,8 +136,10 @@ def forged_engine_records(env: dict, template: str, workdir: str) -> Outcome:
             no_traceback(p, out, what)
             hits = [ln for ln in p.stderr_lines() if ".engine.json" in ln]
             if rc != 0 or len(hits) != 1 or needle not in hits[0] or "nothing signalled" not in hits[0]:
-                out.fail(f"{what}: expected exit 0 and one line naming .engine.json ({needle!r}, nothing signalled); "
-                         f"exit {rc}, lines {hits or tail_lines(p.stderr)}")
+                out.fail(
+                    f"{what}: expected exit 0 and one line naming .engine.json ({needle!r}, nothing signalled); "
+                    f"exit {rc}, lines {hits or tail_lines(p.stderr)}"
+                )
             elif i in (0, 9):
                 out.note(f"{what}: the line", hits[0])
             _watch(sentinels, out, what)
@@ -169,8 +188,9 @@ def copied_live_run(env: dict, template: str, workdir: str) -> Outcome:
                 out.note("the copy says", said[0])
             compare_with_reference(env, copy, out, where="the copy")
         if not engine_alive(record) or not proxy.alive():
-            out.fail(f"the original's engine {record} or proxy {proxy.pid} did not survive the copy's launch",
-                     data_lost=0)
+            out.fail(
+                f"the original's engine {record} or proxy {proxy.pid} did not survive the copy's launch", data_lost=0
+            )
         _watch(sentinels, out, "after the copy ran")
         gate.open()
         rc = proxy.finish(300)
@@ -178,8 +198,10 @@ def copied_live_run(env: dict, template: str, workdir: str) -> Outcome:
         if rc != 0:
             out.fail(f"the original exited {rc}: {tail_lines(proxy.stderr)}")
         if _segments(original) - segments:
-            out.fail(f"the original's engine was restarted (segments {sorted(_segments(original))}, "
-                     f"before the copy {sorted(segments)})")
+            out.fail(
+                f"the original's engine was restarted (segments {sorted(_segments(original))}, "
+                f"before the copy {sorted(segments)})"
+            )
         compare_with_reference(env, original, out, where="the original")
         _watch(sentinels, out, "at the end")
     finally:
@@ -217,8 +239,10 @@ def forged_lock_files(env: dict, template: str, workdir: str) -> Outcome:
             no_traceback(second, out, f"second proxy ({forged_or_gone} lock files)")
             lines = second.stderr_lines()
             if rc != 1 or not lines or f"in use by proxy pid {proxy.pid}" not in lines[-1]:
-                out.fail(f"second proxy with {forged_or_gone} lock files: exit {rc}, {lines[-2:]}; expected exit 1 "
-                         f"naming proxy pid {proxy.pid}")
+                out.fail(
+                    f"second proxy with {forged_or_gone} lock files: exit {rc}, {lines[-2:]}; expected exit 1 "
+                    f"naming proxy pid {proxy.pid}"
+                )
             if engine_record(run) != record or not engine_alive(record):
                 out.fail(f"second proxy with {forged_or_gone} lock files touched the first one's engine")
         _watch(sentinels, out, "second proxy")
@@ -304,8 +328,10 @@ def moved_run_directory(env: dict, template: str, workdir: str) -> Outcome:
             no_traceback(proxy, out, impostor)
             lines = proxy.stderr_lines()
             if rc != 1 or not lines or "moved or replaced" not in lines[-1]:
-                out.fail(f"{impostor}: exit {rc}, last lines {lines[-2:]}; expected exit 1 and a last line saying "
-                         "the run directory was moved or replaced")
+                out.fail(
+                    f"{impostor}: exit {rc}, last lines {lines[-2:]}; expected exit 1 and a last line saying "
+                    "the run directory was moved or replaced"
+                )
             else:
                 out.note(f"{impostor}: last line", lines[-1])
             if engine_alive(record):

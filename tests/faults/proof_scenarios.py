@@ -1,4 +1,4 @@
-"""Processes proven ours, and hang detection that knows the proxy's own pauses (issue 40, points 3, 4, 8).
+"""Processes proven ours, and hang detection that knows the proxy's own pauses.
 
 - A live run's engine record copied into another run (its own run identity fields put in): the other
   run's relaunch must leave the live engine alone (one line), as must a record whose argv was edited to
@@ -13,6 +13,7 @@
 
 Every scenario runs as pid 1 of its own pid namespace (sandbox.py), with sentinels as the victims watched.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,15 @@ from proxy.rundir.layout import RunDir
 
 from .process_scenarios import _env, _newest, _segments, _tree, _watch
 from .proxy_checks import proxy_cmd, run_cmd
-from .proxy_harness import (LogTail, compare_with_reference, engine_alive, engine_record, no_traceback, read_log,
-                            write_fault_experiment)
+from .proxy_harness import (
+    LogTail,
+    compare_with_reference,
+    engine_alive,
+    engine_record,
+    no_traceback,
+    read_log,
+    write_fault_experiment,
+)
 from .proxy_scenarios import copy_run
 from .sandbox import Sentinels, require_namespace
 from .scenarios import ENGINE, Outcome, tail_lines
@@ -74,8 +82,9 @@ def forged_record_of_live_run(env: dict, template: str, workdir: str) -> Outcome
     out = Outcome(FORGED_CLASS, "forged-record-of-live-run")
     sentinels = Sentinels()
     live = workdir / "A"
-    long_run = write_fault_experiment(workdir / "long", max_steps=LONG_STEPS, ckpt_every=500, eval_every=500,
-                                      sample_every=500)
+    long_run = write_fault_experiment(
+        workdir / "long", max_steps=LONG_STEPS, ckpt_every=500, eval_every=500, sample_every=500
+    )
     proxy = env.start(live, experiment=long_run)
     try:
         if not LogTail(live / ".loss.json").wait_step(5, proxy):
@@ -88,13 +97,21 @@ def forged_record_of_live_run(env: dict, template: str, workdir: str) -> Outcome
         at = argv.index("--ckpt-dir")
         cases = [
             ("A's record with B's run identity", lambda b: a_record, "not this run's checkpoints directory"),
-            ("A's record, its --ckpt-dir edited to B's checkpoints",
-             lambda b: {**a_record, "argv": argv[:at + 1] + [str(b / "checkpoints")] + argv[at + 2:]},
-             "its command line is not the recorded engine's"),
-            ("a record naming A's live proxy (its real start time and command line)",
-             lambda b: {**a_record, "pid": proxy.pid, "create_time": a_proxy.create_time(),
-                        "argv": a_proxy.cmdline()[1:]},
-             "lacks the token"),
+            (
+                "A's record, its --ckpt-dir edited to B's checkpoints",
+                lambda b: {**a_record, "argv": argv[: at + 1] + [str(b / "checkpoints")] + argv[at + 2 :]},
+                "its command line is not the recorded engine's",
+            ),
+            (
+                "a record naming A's live proxy (its real start time and command line)",
+                lambda b: {
+                    **a_record,
+                    "pid": proxy.pid,
+                    "create_time": a_proxy.create_time(),
+                    "argv": a_proxy.cmdline()[1:],
+                },
+                "lacks the token",
+            ),
         ]
         for i, (what, forge, needle) in enumerate(cases):
             out.begin_fault()
@@ -110,8 +127,10 @@ def forged_record_of_live_run(env: dict, template: str, workdir: str) -> Outcome
             no_traceback(p, out, what)
             hits = _engine_lines(p)
             if rc != 0 or len(hits) != 1 or needle not in hits[0] or "nothing signalled" not in hits[0]:
-                out.fail(f"{what}: expected exit 0 and one line naming .engine.json ({needle!r}, nothing "
-                         f"signalled); exit {rc}, lines {hits or tail_lines(p.stderr)}")
+                out.fail(
+                    f"{what}: expected exit 0 and one line naming .engine.json ({needle!r}, nothing "
+                    f"signalled); exit {rc}, lines {hits or tail_lines(p.stderr)}"
+                )
             out.note(f"{what}: the line", hits[0])
             out.note(f"{what}: B's run took (s)", round(time.monotonic() - started, 1))
             if not engine_alive(record) or not proxy.alive():
@@ -125,8 +144,10 @@ def forged_record_of_live_run(env: dict, template: str, workdir: str) -> Outcome
         no_traceback(proxy, out, "A")
         state = json.loads((live / ".state.json").read_text())
         if rc != 0 or state.get("status") != "stopped" or state.get("restarts"):
-            out.fail(f"A: exit {rc}, status {state.get('status')}, restarts {state.get('restarts')}: "
-                     f"{tail_lines(proxy.stderr)}")
+            out.fail(
+                f"A: exit {rc}, status {state.get('status')}, restarts {state.get('restarts')}: "
+                f"{tail_lines(proxy.stderr)}"
+            )
         if _segments(live) != segments:
             out.fail(f"A's engine was restarted (segments {sorted(_segments(live))}, before {sorted(segments)})")
         _watch(sentinels, out, "at the end")
@@ -169,8 +190,10 @@ def _run_files(run: Path) -> dict:
 def _intact(holder: subprocess.Popen, out: Outcome, where: str) -> None:
     try:
         if holder.poll() is not None or psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED:
-            out.fail(f"{where}: the lock holder (pid {holder.pid}) was signalled: "
-                     f"{'exit ' + str(holder.returncode) if holder.poll() is not None else 'stopped'}")
+            out.fail(
+                f"{where}: the lock holder (pid {holder.pid}) was signalled: "
+                f"{'exit ' + str(holder.returncode) if holder.poll() is not None else 'stopped'}"
+            )
     except psutil.Error:
         out.fail(f"{where}: the lock holder (pid {holder.pid}) is gone")
 
@@ -193,10 +216,14 @@ def foreign_lock_holders(env: dict, template: str, workdir: str) -> Outcome:
     caps.write_text(json.dumps({"caps": {"dots": 0.9, "semis": 0.9}, "floors": {"dots": 0.1, "semis": 0.1}}))
     holders = [
         ("flock -x RUN sleep 300", ["flock", "-x", str(run), "sleep", "300"]),
-        ("a script named proxy running `proxy run` of another run directory",
-         [sys.executable, str(fake), "run", "--run-dir", str(other)]),
-        ("a script named proxy running `proxy status` of this run directory",
-         [sys.executable, str(fake), "status", "--run-dir", str(run)]),
+        (
+            "a script named proxy running `proxy run` of another run directory",
+            [sys.executable, str(fake), "run", "--run-dir", str(other)],
+        ),
+        (
+            "a script named proxy running `proxy status` of this run directory",
+            [sys.executable, str(fake), "status", "--run-dir", str(run)],
+        ),
     ]
     commands = [
         ("checkpoint", proxy_cmd("checkpoint", "--run-dir", run), 1),
@@ -217,8 +244,10 @@ def foreign_lock_holders(env: dict, template: str, workdir: str) -> Outcome:
                     no_traceback(p, out, f"[{what}] proxy {name}")
                     lines = [ln for ln in p.stderr_lines() if ln.strip()]
                     if rc != code or len(lines) != 1 or named not in lines[0]:
-                        out.fail(f"[{what}] proxy {name}: exit {rc}, stderr {lines[-3:]}; expected exit {code} and "
-                                 f"one line naming {named!r}")
+                        out.fail(
+                            f"[{what}] proxy {name}: exit {rc}, stderr {lines[-3:]}; expected exit {code} and "
+                            f"one line naming {named!r}"
+                        )
                     if name != "run" and "nothing" not in lines[0]:
                         out.fail(f"[{what}] proxy {name}: the line does not say nothing was done: {lines[0]}")
                     out.note(f"[{what}] proxy {name}", lines[0])
@@ -228,10 +257,16 @@ def foreign_lock_holders(env: dict, template: str, workdir: str) -> Outcome:
                     shown = json.loads("\n".join(p.lines)) if rc == 0 else {}
                 except ValueError:
                     shown = {}
-                if (rc != 0 or shown.get("proxy_pid") is not None or shown.get("alive")
-                        or named not in str(shown.get("lock_holder"))):
-                    out.fail(f"[{what}] proxy status --json: exit {rc}, proxy_pid {shown.get('proxy_pid')}, alive "
-                             f"{shown.get('alive')}, lock_holder {shown.get('lock_holder')!r}")
+                if (
+                    rc != 0
+                    or shown.get("proxy_pid") is not None
+                    or shown.get("alive")
+                    or named not in str(shown.get("lock_holder"))
+                ):
+                    out.fail(
+                        f"[{what}] proxy status --json: exit {rc}, proxy_pid {shown.get('proxy_pid')}, alive "
+                        f"{shown.get('alive')}, lock_holder {shown.get('lock_holder')!r}"
+                    )
                 rc, p = run_cmd(proxy_cmd("status", "--run-dir", run))
                 warned = [ln for ln in p.lines if ln.startswith("WARNING:") and named in ln]
                 if rc != 0 or len(warned) != 1 or any("proxy pid" in ln for ln in p.lines):
@@ -301,8 +336,10 @@ def stopped_proxy(env: dict, template: str, workdir: str) -> Outcome:
         if not tail.wait_step(later, proxy):
             out.fail(f"(1) the proxy exited after its pause: {tail_lines(proxy.stderr)}")
         if _hang_lines(proxy) or _segments(run) != segments:
-            out.fail(f"(1) the healthy engine was taken for hung: {_hang_lines(proxy)}, segments "
-                     f"{sorted(_segments(run))} (before {sorted(segments)})")
+            out.fail(
+                f"(1) the healthy engine was taken for hung: {_hang_lines(proxy)}, segments "
+                f"{sorted(_segments(run))} (before {sorted(segments)})"
+            )
         if len(_pause_lines(proxy)) != 1:
             out.fail(f"(1) expected one line saying the proxy did not run: {tail_lines(proxy.stderr)}")
         out.note("(1) the line", _pause_lines(proxy)[0])
@@ -336,8 +373,10 @@ def stopped_proxy(env: dict, template: str, workdir: str) -> Outcome:
             out.fail(f"exit {rc}: {tail_lines(proxy.stderr)}")
         state = json.loads((run / ".state.json").read_text())
         if state.get("restarts") != 1 or len(_hang_lines(proxy)) != 1:
-            out.fail(f"expected exactly one restart (the real hang): restarts {state.get('restarts')}, hang lines "
-                     f"{_hang_lines(proxy)}")
+            out.fail(
+                f"expected exactly one restart (the real hang): restarts {state.get('restarts')}, hang lines "
+                f"{_hang_lines(proxy)}"
+            )
         compare_with_reference(env, run, out)
         _watch(sentinels, out, "at the end")
     finally:

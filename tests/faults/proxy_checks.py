@@ -2,6 +2,7 @@
 refusal, the log only appended to, the checkpoints kept, temp files, a tmpfs or a full disk, a relaunch
 compared with the reference (run_dir_scenarios.py, path_scenarios.py, process_scenarios.py and the others).
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,10 @@ def start_training(env: ProxyEnv, run: Path, out: Outcome, past: int = 2) -> Chi
 
 def memory_limit():
     """preexec_fn: RLIMIT_AS = MEMORY_LIMIT (with the engine's small needs well inside it)."""
+
     def apply():
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
     return apply
 
 
@@ -99,7 +102,7 @@ def only_appended(run: Path, before: bytes, out: Outcome, where: str) -> None:
         out.fail(f"{where}: .loss.json lost or changed bytes it had", data_lost=1)
     if after and not after.endswith(b"\n"):
         out.fail(f"{where}: .loss.json ends in a torn line ({after[-60:]!r})")
-    bad = [ln for ln in after[len(before):].split(b"\n") if ln.strip() and parse_line(ln) is None]
+    bad = [ln for ln in after[len(before) :].split(b"\n") if ln.strip() and parse_line(ln) is None]
     if bad:
         out.fail(f"{where}: {len(bad)} appended line(s) are not complete entries (first {bad[0][:80]!r})")
 
@@ -122,8 +125,9 @@ def one_line_exit(p: Child, rc: int, code: int, needle: str, out: Outcome, where
     lines = p.stderr_lines()
     hits = [ln for ln in lines if needle in ln]
     if rc != code or len(hits) != 1 or lines[-1] != hits[0]:
-        out.fail(f"{where}: expected exit {code} and one last stderr line with {needle!r}; exit {rc}, "
-                 f"stderr {lines[-4:]}")
+        out.fail(
+            f"{where}: expected exit {code} and one last stderr line with {needle!r}; exit {rc}, stderr {lines[-4:]}"
+        )
     return hits[0]
 
 

@@ -1,6 +1,7 @@
 """The proxy's fault environment: a tiny experiment, its uninterrupted reference run, reading the log, the
 engine record, and comparing a faulted run with the reference (scenarios.py says how scenarios are built).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,34 @@ from .scenarios import ENGINE, REPO, Outcome, compare_files
 FAULT_EXPERIMENT = {
     "name": "FAULTS-TINY",
     "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
-    "train": {"batch": 4, "grad_accum": 1, "max_steps": 48, "lr": 0.003, "min_lr": 0.0003, "warmup": 4,
-              "seed": 1337, "ckpt_every": 4, "eval_every": 16, "eval_rows": 4, "sample_every": 16, "lag": 2,
-              "keep_last": 1000, "milestone_every": 0, "threads": 1},
+    "train": {
+        "batch": 4,
+        "grad_accum": 1,
+        "max_steps": 48,
+        "lr": 0.003,
+        "min_lr": 0.0003,
+        "warmup": 4,
+        "seed": 1337,
+        "ckpt_every": 4,
+        "eval_every": 16,
+        "eval_rows": 4,
+        "sample_every": 16,
+        "lag": 2,
+        "keep_last": 1000,
+        "milestone_every": 0,
+        "threads": 1,
+    },
     "bandit": {"policy": "ucb1"},
-    "arms": [{"name": "dots", "sources": [{"file": "dots.txt"}]},
-             {"name": "semis", "sources": [{"file": "semis.txt"}], "floor": 0.1}],
+    "arms": [
+        {"name": "dots", "sources": [{"file": "dots.txt"}]},
+        {"name": "semis", "sources": [{"file": "semis.txt"}], "floor": 0.1},
+    ],
     "samples": {"prompts": ["alpha "], "max_new": 8, "temperature": 0.8, "top_k": 10, "count": 1},
 }
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
-         "upsilon phi chi psi omega").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+    "upsilon phi chi psi omega"
+).split()
 
 
 def write_fault_experiment(directory: Path, **train_overrides) -> Path:
@@ -44,8 +63,9 @@ def write_fault_experiment(directory: Path, **train_overrides) -> Path:
     for fname, end in (("dots.txt", ".\n"), ("semis.txt", ";\n")):
         path = directory / fname
         if not path.exists():
-            path.write_text("".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + end
-                                    for _ in range(3000)))
+            path.write_text(
+                "".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + end for _ in range(3000))
+            )
     exp = json.loads(json.dumps(FAULT_EXPERIMENT))
     exp["train"].update(train_overrides)
     path = directory / "experiment.json"
@@ -64,16 +84,36 @@ class ProxyEnv:
     ref_seconds: float = 0.0
 
     def argv(self, run_dir: Path, *extra, experiment: Path | None = None, engine: str | None = None) -> list[str]:
-        return [sys.executable, "-m", "proxy", "run", str(experiment or self.experiment), "--run-dir", str(run_dir),
-                "--no-dashboard", "--cache-dir", str(self.cache), "--engine", engine or ENGINE.flag,
-                "--restart-backoff", "0.05", *map(str, extra)]
+        return [
+            sys.executable,
+            "-m",
+            "proxy",
+            "run",
+            str(experiment or self.experiment),
+            "--run-dir",
+            str(run_dir),
+            "--no-dashboard",
+            "--cache-dir",
+            str(self.cache),
+            "--engine",
+            engine or ENGINE.flag,
+            "--restart-backoff",
+            "0.05",
+            *map(str, extra),
+        ]
 
     def start(self, run_dir: Path, *extra, preexec_fn=None, **kw) -> Child:
         """`python -m proxy run` in its own process group (so the whole group can be killed)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        return Child(self.argv(run_dir, *extra, **kw), cwd=REPO, new_session=True, parse_events=False, env=env,
-                     preexec_fn=preexec_fn)
+        return Child(
+            self.argv(run_dir, *extra, **kw),
+            cwd=REPO,
+            new_session=True,
+            parse_events=False,
+            env=env,
+            preexec_fn=preexec_fn,
+        )
 
     def run(self, run_dir: Path, *extra, timeout: float = 300.0, **kw) -> tuple[int, Child]:
         p = self.start(run_dir, *extra, **kw)
@@ -89,14 +129,17 @@ def prepare_proxy_env(root: Path) -> ProxyEnv:
     rc, p = env.run(env.ref)
     env.ref_seconds = time.monotonic() - t0
     if rc != 0:
-        raise AssertionError(f"the uninterrupted reference run `{' '.join(p.argv)}` exited {rc}:\n"
-                             f"{p.stderr[-2000:]}\n{chr(10).join(p.lines[-20:])}")
+        raise AssertionError(
+            f"the uninterrupted reference run `{' '.join(p.argv)}` exited {rc}:\n"
+            f"{p.stderr[-2000:]}\n{chr(10).join(p.lines[-20:])}"
+        )
     return env
 
 
 @dataclass
 class LogView:
     """`.loss.json` read the way FORMATS.md says: complete JSON objects only, last entry per step wins."""
+
     steps: dict
     evals: dict
     raw: bytes
@@ -209,6 +252,7 @@ def engine_record(run_dir: Path) -> tuple[int, float | None] | None:
 
 def engine_alive(rec) -> bool:
     import psutil
+
     if rec is None:
         return False
     pid, created = rec
@@ -241,8 +285,9 @@ def wait_engine_gone(rec, timeout: float = 90.0) -> bool:
     return False
 
 
-def expected_resume(run_dir: Path, max_segment: int | None = None, phase: int = 0,
-                    among: set[str] | None = None) -> int:
+def expected_resume(
+    run_dir: Path, max_segment: int | None = None, phase: int = 0, among: set[str] | None = None
+) -> int:
     """ARCHITECTURE.md: the newest checkpoint that verifies and whose steps are all in the log. `among`:
     only checkpoints of these names count (those on disk when the proxy chose; by the time a test looks,
     the relaunched engine may have written newer ones)."""
@@ -251,8 +296,9 @@ def expected_resume(run_dir: Path, max_segment: int | None = None, phase: int = 
         if among is not None and p.name not in among:
             continue
         s = checkpoint_step(p)
-        if verify_checkpoint(p) is None and all(t in log.steps and int(log.steps[t].get("phase", 0)) == phase
-                                                for t in range(1, s + 1)):
+        if verify_checkpoint(p) is None and all(
+            t in log.steps and int(log.steps[t].get("phase", 0)) == phase for t in range(1, s + 1)
+        ):
             return s
     return 0
 
@@ -274,8 +320,9 @@ def first_resume(run_dir: Path, after_segment: int) -> int | None:
 COMPARED_STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens", "arms", "mixture")
 
 
-def compare_with_reference(env: ProxyEnv, run_dir: Path, out: Outcome, samples_after: int = 0,
-                           where: str = "final") -> None:
+def compare_with_reference(
+    env: ProxyEnv, run_dir: Path, out: Outcome, samples_after: int = 0, where: str = "final"
+) -> None:
     """The finished run equals the uninterrupted one: every step entry, every eval, the samples,
     the final checkpoint and every checkpoint both have; no replay mismatch reported."""
     ref, got = read_log(env.ref / ".loss.json"), read_log(run_dir / ".loss.json")
@@ -296,14 +343,17 @@ def compare_with_reference(env: ProxyEnv, run_dir: Path, out: Outcome, samples_a
         out.fail(f"{where}: .state.json unreadable after the run: {exc}")
         state = {}
     if state and (state.get("status") != "finished" or int(state.get("replay_mismatch_count") or 0)):
-        out.fail(f"{where}: .state.json status {state.get('status')!r}, replay mismatches "
-                 f"{state.get('replay_mismatch_count')} {state.get('replay_mismatches', [])[:2]}")
+        out.fail(
+            f"{where}: .state.json status {state.get('status')!r}, replay mismatches "
+            f"{state.get('replay_mismatch_count')} {state.get('replay_mismatches', [])[:2]}"
+        )
     ref_samples = _samples(env.ref)
     got_samples = _samples(run_dir)
     for s, toks in ref_samples.items():
         if s > samples_after and got_samples.get(s) != toks:
-            out.fail(f"{where}: sample audit at step {s} {'missing' if s not in got_samples else 'differs'}",
-                     data_lost=1)
+            out.fail(
+                f"{where}: sample audit at step {s} {'missing' if s not in got_samples else 'differs'}", data_lost=1
+            )
     final = f"step_{env.max_steps:06d}.bin"
     if not (run_dir / "checkpoints" / final).exists():
         out.fail(f"{where}: final checkpoint {final} missing", data_lost=1)
@@ -321,6 +371,6 @@ def _samples(run_dir: Path) -> dict:
 def no_traceback(p: Child, out: Outcome, where: str) -> None:
     text = p.stderr
     if "Traceback (most recent call last)" in text:
-        tb = text[text.rindex("Traceback (most recent call last)"):].splitlines()
+        tb = text[text.rindex("Traceback (most recent call last)") :].splitlines()
         files = [ln.strip() for ln in tb if ln.strip().startswith("File ")]
         out.fail(f"{where}: the proxy printed a traceback: {tb[-1].strip()} (at {files[-1] if files else '?'})")

@@ -2,6 +2,7 @@
 test_sidecars.py): kill storms under the proxy, damaged sidecars, a full disk, corrupt checkpoints, hung
 and crashing engines, signal storms (scenarios.py says how scenarios are built).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,31 @@ from harness.shape import Shape
 from proxy.formats.checkpoint import checkpoint_files, checkpoint_step, list_checkpoints
 
 from .engine_scenarios import checkpoint_regions, flip_bit
-from .proxy_harness import (LogTail, ProxyEnv, compare_with_reference, engine_alive, engine_record, expected_resume,
-                            first_resume, kill_engine, no_traceback, read_log, wait_engine_gone, write_fault_experiment)
-from .scenarios import (ENGINE, CkptWatch, Outcome, compare_files, fsize_limit, rng_for, run_standalone,
-                        tail_lines, temps_in)
+from .proxy_harness import (
+    LogTail,
+    ProxyEnv,
+    compare_with_reference,
+    engine_alive,
+    engine_record,
+    expected_resume,
+    first_resume,
+    kill_engine,
+    no_traceback,
+    read_log,
+    wait_engine_gone,
+    write_fault_experiment,
+)
+from .scenarios import (
+    ENGINE,
+    CkptWatch,
+    Outcome,
+    compare_files,
+    fsize_limit,
+    rng_for,
+    run_standalone,
+    tail_lines,
+    temps_in,
+)
 
 # ---------------------------------------------------------------------------
 # proxy scenarios
@@ -40,8 +62,9 @@ def slow_write_engine(directory: Path, shim: Path, delay_ms: int) -> Path:
     the one the proxy records and kills) with every fsync delayed, so that a checkpoint's background write
     lasts at least 2 x delay_ms (the file's fsync, then its directory's) while training goes on."""
     path = Path(directory) / "engine-slow-writes.sh"
-    path.write_text(f"#!/bin/sh\nexport LD_PRELOAD='{shim}' MG_TEST_FSYNC_DELAY_MS={int(delay_ms)}\n"
-                    f"exec '{ENGINE.path}' \"$@\"\n")
+    path.write_text(
+        f"#!/bin/sh\nexport LD_PRELOAD='{shim}' MG_TEST_FSYNC_DELAY_MS={int(delay_ms)}\nexec '{ENGINE.path}' \"$@\"\n"
+    )
     path.chmod(0o755)
     return path
 
@@ -57,8 +80,16 @@ def unannounced_checkpoint(run: Path) -> bool:
     return bool(newest) and (checkpoint_step(newest[0]) or 0) > (announced or 0)
 
 
-def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engine: str | None = None,
-                     write_s: float | None = None, name: str | None = None, fault_class: str | None = None) -> Outcome:
+def proxy_kill_storm(
+    env: ProxyEnv,
+    workdir: Path,
+    kind: str,
+    n_kills: int,
+    engine: str | None = None,
+    write_s: float | None = None,
+    name: str | None = None,
+    fault_class: str | None = None,
+) -> Outcome:
     """SIGKILL the proxy (its process group), the engine, or both, at seeded random moments (40% of
     them right after a checkpointing step, in or around the write); relaunch the same command when the
     proxy died. Every relaunch resumes from the newest valid checkpoint whose steps are all in
@@ -113,14 +144,17 @@ def proxy_kill_storm(env: ProxyEnv, workdir: Path, kind: str, n_kills: int, engi
             out.fail(f"the proxy exited {p.wait()} without training a new segment: {tail_lines(p.stderr)}")
         seg, resume = got
         if resume != launch.first_step - 1:
-            out.fail(f"segment {seg} logged step {resume + 1} first; its engine's first frame was step "
-                     f"{launch.first_step}")
+            out.fail(
+                f"segment {seg} logged step {resume + 1} first; its engine's first frame was step {launch.first_step}"
+            )
         if kind == "engine" and kills:
             expected = expected_resume(run, max_segment=seen, among=on_disk)
             lost_from = read_log(run / ".loss.json", max_segment=seen).max_step
         if resume != expected:
-            out.fail(f"segment {seg} resumed from step {resume}; the newest valid checkpoint covered by "
-                     f".loss.json is step {expected}")
+            out.fail(
+                f"segment {seg} resumed from step {resume}; the newest valid checkpoint covered by "
+                f".loss.json is step {expected}"
+            )
         out.steps_lost += max(0, lost_from - resume)
         out.end_fault()
         seen = seg
@@ -202,8 +236,9 @@ def _snapshot(run: Path) -> dict:
     return {p.name: p.read_bytes() for p in list_checkpoints(run / "checkpoints")}
 
 
-def relaunch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str, samples_after: int = 0,
-                         *extra, expect_resume: int | None = None) -> Child | None:
+def relaunch_and_compare(
+    env: ProxyEnv, run: Path, out: Outcome, where: str, samples_after: int = 0, *extra, expect_resume: int | None = None
+) -> Child | None:
     """Relaunch the same command on `run`; it must resume where documented, finish with exit 0, keep
     every byte `.loss.json` had (append-only), and equal the uninterrupted run."""
     before_log = (run / ".loss.json").read_bytes() if (run / ".loss.json").exists() else b""
@@ -231,10 +266,23 @@ def relaunch_and_compare(env: ProxyEnv, run: Path, out: Outcome, where: str, sam
 
 
 def _garbage_lines(rng: random.Random) -> list[bytes]:
-    pool = [b"{", b"}", b"[1, 2, 3]", b'"a string"', b"null", b"42", b'{"type": "unknown", "step": 3}',
-            b'{"type": "step"}', b'{"type": "step", "step": "seven", "loss": 1.0}', b"\x00" * 17,
-            b"\xff\xfe\xfd not utf-8 \xc3\x28", b'{"type": "step", "step": 9, "lo', b"   ", b"\t",
-            bytes(rng.randrange(1, 255) for _ in range(40)).replace(b"\n", b" ")]
+    pool = [
+        b"{",
+        b"}",
+        b"[1, 2, 3]",
+        b'"a string"',
+        b"null",
+        b"42",
+        b'{"type": "unknown", "step": 3}',
+        b'{"type": "step"}',
+        b'{"type": "step", "step": "seven", "loss": 1.0}',
+        b"\x00" * 17,
+        b"\xff\xfe\xfd not utf-8 \xc3\x28",
+        b'{"type": "step", "step": 9, "lo',
+        b"   ",
+        b"\t",
+        bytes(rng.randrange(1, 255) for _ in range(40)).replace(b"\n", b" "),
+    ]
     return rng.sample(pool, 6)
 
 
@@ -261,6 +309,7 @@ def _mut_delete(fname):
     def mutate(run: Path, rng) -> str:
         (run / fname).unlink()
         return f"{fname} deleted"
+
     return mutate
 
 
@@ -268,6 +317,7 @@ def _mut_bytes(fname):
     def mutate(run: Path, rng) -> str:
         (run / fname).write_bytes(bytes(rng.randrange(256) for _ in range(300)))
         return f"{fname} replaced by 300 random bytes"
+
     return mutate
 
 
@@ -276,6 +326,7 @@ def _mut_truncate(fname):
         raw = (run / fname).read_bytes()
         (run / fname).write_bytes(raw[: rng.randint(1, max(1, len(raw) - 2))])
         return f"{fname} truncated"
+
     return mutate
 
 
@@ -283,27 +334,37 @@ def _mut_json(fname, obj):
     def mutate(run: Path, rng) -> str:
         (run / fname).write_text(json.dumps(obj))
         return f"{fname} = {json.dumps(obj)[:80]}"
+
     return mutate
 
 
 # (case name, mutation, "resume" | "refuse")
-LOSS_LOG_CASES = [
-    ("torn last line", _mut_loss_torn, "resume"),
-    ("garbage lines", _mut_loss_garbage, "resume"),
-]
+LOSS_LOG_CASES = [("torn last line", _mut_loss_torn, "resume"), ("garbage lines", _mut_loss_garbage, "resume")]
 SIDECAR_CASES = [
     (".state.json missing", _mut_delete(".state.json"), "resume"),
     (".state.json random bytes", _mut_bytes(".state.json"), "resume"),
-    (".state.json wrong types", _mut_json(".state.json", {"arms": "x", "replay_mismatches": 7,
-                                                           "replay_mismatch_count": "many", "status": 5,
-                                                           "step": "x", "engine": [], "best": 3}), "resume"),
+    (
+        ".state.json wrong types",
+        _mut_json(
+            ".state.json",
+            {
+                "arms": "x",
+                "replay_mismatches": 7,
+                "replay_mismatch_count": "many",
+                "status": 5,
+                "step": "x",
+                "engine": [],
+                "best": 3,
+            },
+        ),
+        "resume",
+    ),
     (".samples.json missing", _mut_delete(".samples.json"), "resume"),
     (".samples.json truncated", _mut_truncate(".samples.json"), "resume"),
     (".samples.json wrong types", _mut_json(".samples.json", [{"step": "x"}, 5, {"samples": 3}, None]), "resume"),
     ("phases.json missing", _mut_delete("phases.json"), "resume"),
     ("phases.json random bytes", _mut_bytes("phases.json"), "refuse"),
-    ("phases.json wrong types", _mut_json("phases.json", [{"phase": 0, "start_step": "zero", "policy": 1}]),
-     "refuse"),
+    ("phases.json wrong types", _mut_json("phases.json", [{"phase": 0, "start_step": "zero", "policy": 1}]), "refuse"),
 ]
 
 
@@ -347,8 +408,13 @@ def sidecar_cases(env: ProxyEnv, template: Path, workdir: Path, cases, name: str
     return out.close()
 
 
-def proxy_disk_full(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-disk-full",
-                    fault_class: str = "write error during a checkpoint (proxy run, EFBIG)") -> Outcome:
+def proxy_disk_full(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-disk-full",
+    fault_class: str = "write error during a checkpoint (proxy run, EFBIG)",
+) -> Outcome:
     """A stopped run relaunched under RLIMIT_FSIZE of half a checkpoint (inherited by the engine): the
     next checkpoint fails with EFBIG (engine exit 5). The proxy restarts it like any crash and stops as
     a crash loop (exit 3) with a last line naming the failed write; every checkpoint stays as it was,
@@ -369,8 +435,10 @@ def proxy_disk_full(env: ProxyEnv, template: Path, workdir: Path, name: str = "p
     no_traceback(p, out, "under RLIMIT_FSIZE")
     # docs/OPERATIONS.md: an engine exit is a crash; five without progress are a crash loop (exit 3)
     if rc != 3 or not lines or "crash loop" not in lines[-1] or "File too large" not in lines[-1]:
-        out.fail(f"expected exit 3 and a last line about the crash loop naming the failed write "
-                 f"(File too large); exit {rc}, {lines[-3:]}")
+        out.fail(
+            f"expected exit 3 and a last line about the crash loop naming the failed write "
+            f"(File too large); exit {rc}, {lines[-3:]}"
+        )
     out.note("exit code", rc)
     out.note("last line", lines[-1] if lines else None)
     out.note("RLIMIT_FSIZE (bytes)", limit)
@@ -385,8 +453,13 @@ def proxy_disk_full(env: ProxyEnv, template: Path, workdir: Path, name: str = "p
     return out.close()
 
 
-def proxy_corrupt_checkpoint(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-corrupt-checkpoint",
-                             fault_class: str = "corrupted newest checkpoint (proxy falls back)") -> Outcome:
+def proxy_corrupt_checkpoint(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-corrupt-checkpoint",
+    fault_class: str = "corrupted newest checkpoint (proxy falls back)",
+) -> Outcome:
     """The newest checkpoint of a stopped run (1) has a bit flipped in its weights: the proxy skips
     it, saying why, and resumes from the next older one; (2) is a valid checkpoint of another model
     shape: the engine rejects it (exit 3) and the proxy falls back to the next older one. Both runs
@@ -420,14 +493,22 @@ def proxy_corrupt_checkpoint(env: ProxyEnv, template: Path, workdir: Path, name:
     if p is not None:
         log = (run / "engine.log").read_text(errors="replace")
         if "shape mismatch" not in log:
-            out.fail(f"the engine never got (and rejected) the other model's checkpoint: engine.log tail "
-                     f"{tail_lines(log)}")
+            out.fail(
+                f"the engine never got (and rejected) the other model's checkpoint: engine.log tail {tail_lines(log)}"
+            )
         out.note("another model's checkpoint: stderr", tail_lines(p.stderr, 2))
     return out.close()
 
 
-def proxy_hung_engine(env: ProxyEnv, template: Path, workdir: Path, n_hangs: int = 2, hang_timeout: float = 2.0,
-                      name: str = "proxy-hung-engine", fault_class: str = "hung engine (SIGSTOP)") -> Outcome:
+def proxy_hung_engine(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    n_hangs: int = 2,
+    hang_timeout: float = 2.0,
+    name: str = "proxy-hung-engine",
+    fault_class: str = "hung engine (SIGSTOP)",
+) -> Outcome:
     """SIGSTOP the engine at seeded moments under `--hang-timeout 2`: the proxy notices, kills its
     process group, restarts from the newest valid checkpoint; the run finishes equal to the
     uninterrupted one. A frame gate holds each launch at its first step until its target is set,
@@ -489,12 +570,17 @@ def proxy_hung_engine(env: ProxyEnv, template: Path, workdir: Path, n_hangs: int
 CRASHING_ENGINES = {
     "segfaults at once": "#!/bin/sh\nulimit -c 0\necho 'engine: about to crash' >&2\nkill -SEGV $$\n",
     "prints junk and exits 1": "#!/bin/sh\necho 'this is not an event'\necho '{\"event\": 5}'\n"
-                               "echo 'engine exploded' >&2\nexit 1\n",
+    "echo 'engine exploded' >&2\nexit 1\n",
 }
 
 
-def proxy_crash_loop(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-crash-loop",
-                     fault_class: str = "crash loop (engine dies at every start)") -> Outcome:
+def proxy_crash_loop(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-crash-loop",
+    fault_class: str = "crash loop (engine dies at every start)",
+) -> Outcome:
     """An engine that dies at every start: the proxy gives up after --max-failures with exit 3 and a
     clear message, records status crashloop, changes no checkpoint and no logged step; relaunched
     with a working engine the run finishes equal to the uninterrupted one."""
@@ -524,14 +610,22 @@ def proxy_crash_loop(env: ProxyEnv, template: Path, workdir: Path, name: str = "
         if _snapshot(run) != ckpts:
             out.fail(f"[{case}] checkpoints changed", data_lost=1)
         after = read_log(run / ".loss.json")
-        if not (run / ".loss.json").read_bytes().startswith(log) or after.max_step != read_log(template / ".loss.json").max_step:
+        if (
+            not (run / ".loss.json").read_bytes().startswith(log)
+            or after.max_step != read_log(template / ".loss.json").max_step
+        ):
             out.fail(f"[{case}] .loss.json changed", data_lost=1)
     relaunch_and_compare(env, run, out, "relaunch with a working engine")
     return out.close()
 
 
-def proxy_sigusr1_storm(env: ProxyEnv, workdir: Path, n_signals: int = 200, name: str = "proxy-sigusr1-storm",
-                        fault_class: str = "SIGUSR1 storm (proxy)") -> Outcome:
+def proxy_sigusr1_storm(
+    env: ProxyEnv,
+    workdir: Path,
+    n_signals: int = 200,
+    name: str = "proxy-sigusr1-storm",
+    fault_class: str = "SIGUSR1 storm (proxy)",
+) -> Outcome:
     """200 SIGUSR1 to the proxy while it trains (each asks for a checkpoint): training goes on, every
     checkpoint verifies, and the finished run equals the uninterrupted one. A frame gate paces the
     engine by the storm (one more step every few signals, up to `last`), so the storm and training
@@ -572,8 +666,12 @@ def proxy_sigusr1_storm(env: ProxyEnv, workdir: Path, n_signals: int = 200, name
     return out.close()
 
 
-def proxy_keep_all(env: ProxyEnv, workdir: Path, name: str = "proxy-keep-last-0",
-                   fault_class: str = "checkpoint retention with keep_last 0 (keep all)") -> Outcome:
+def proxy_keep_all(
+    env: ProxyEnv,
+    workdir: Path,
+    name: str = "proxy-keep-last-0",
+    fault_class: str = "checkpoint retention with keep_last 0 (keep all)",
+) -> Outcome:
     """docs/EXPERIMENTS.md: `keep_last` 0 keeps all checkpoints. A run with it must still hold every
     periodic checkpoint at the end (a deleted one is a lost valid checkpoint)."""
     out = Outcome(fault_class, name)

@@ -1,12 +1,13 @@
-"""Fault scenarios beyond the engine: the proxy's own writes failing, run-directory and command-line
-files that are not regular files, a phase history that contradicts the run's records, names beyond
-their bounds, stop signals before training, and the smaller cases of docs/RELIABILITY.md.
+"""Fault scenarios beyond the engine: run-directory and command-line files that are not regular files, a
+phase history that contradicts the run's records, names beyond their bounds, stop signals before training,
+and the smaller cases of docs/RELIABILITY.md (the proxy's own writes failing: storage_scenarios.py).
 
 Like scenarios.py (whose helpers these use), every scenario runs real processes (`python -m proxy`,
 the engine binary) against a real run directory, returns an Outcome, and asserts what survives: no
 traceback, one line, the exit code, every complete `.loss.json` line and every valid checkpoint
 kept, and a relaunch that resumes bit-exactly once the cause is gone.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,142 +22,20 @@ from pathlib import Path
 from harness.engine import TIMEOUT, Child
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
-from .engine_scenarios import umount
-from .proxy_checks import (REFUSE_TIMEOUT, checkpoints_kept, fill_disk, launch, launch_and_compare, memory_limit,
-                           one_line_exit, only_appended, proxy_cmd, run_cmd, run_state, start_training, temp_files,
-                           tmpfs)
+from .proxy_checks import (
+    REFUSE_TIMEOUT,
+    launch,
+    launch_and_compare,
+    memory_limit,
+    one_line_exit,
+    proxy_cmd,
+    run_cmd,
+    run_state,
+    start_training,
+)
 from .proxy_harness import LogTail, ProxyEnv, expected_resume, no_traceback, read_log, write_fault_experiment
-from .proxy_scenarios import _snapshot, copy_run, relaunch_and_compare
-from .scenarios import Outcome, fsize_limit, tail_lines
-
-
-# ---------------------------------------------------------------------------
-# the proxy's own writes failing
-
-
-def _check_storage_stop(p: Child, rc: int, run: Path, log: bytes, ckpts: dict, errno_name: str, out: Outcome,
-                        where: str) -> None:
-    """docs/OPERATIONS.md, "A full disk": exit 5, one last line naming the file and the errno, no torn
-    line, every line and checkpoint kept, nothing half-written, `.state.json` stopped with the cause."""
-    line = one_line_exit(p, rc, 5, f"({errno_name})", out, where)
-    out.note(f"{where}: last line", line)
-    only_appended(run, log, out, where)
-    checkpoints_kept(run, ckpts, out, where)
-    if temp_files(run):
-        out.fail(f"{where}: temp files left behind: {temp_files(run)}")
-    state = run_state(run)
-    failure = state.get("write_failure") or {}
-    if state.get("status") != "stopped" or failure.get("errno") != errno_name:
-        out.fail(f"{where}: .state.json status {state.get('status')!r}, write_failure {failure}; expected "
-                 f"'stopped' and {errno_name}")
-
-
-def proxy_append_efbig(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-append-efbig",
-                       fault_class: str = "write error in the proxy's own files (proxy run, EFBIG)") -> Outcome:
-    """RLIMIT_FSIZE that only `.loss.json` reaches (twice a checkpoint; the log is padded with a garbage
-    line, which readers skip, to a few lines below it): an append fails partway with EFBIG. The proxy
-    cuts the partial line off, stops the engine cleanly (it checkpoints: its files are below the limit),
-    sets `.state.json` stopped with the cause, exits 5 with one line; relaunched without the limit the
-    run finishes bit-identical to the uninterrupted one."""
-    out = Outcome(fault_class, name)
-    run = copy_run(template, workdir / "run")
-    ckpts = _snapshot(run)
-    limit = 2 * max(len(b) for b in ckpts.values())
-    log_path = run / ".loss.json"
-    pad = limit - log_path.stat().st_size - 1200  # room for two or three more step lines
-    with open(log_path, "ab") as f:
-        f.write(b"#" * (pad - 1) + b"\n")
-    log = log_path.read_bytes()
-    out.begin_fault()
-    rc, p = launch(lambda: env.run(run, preexec_fn=fsize_limit(limit), timeout=TIMEOUT), out, "under the limit")
-    _check_storage_stop(p, rc, run, log, ckpts, "EFBIG", out, "append past RLIMIT_FSIZE")
-    if p.stderr_lines() and "the engine stopped and wrote its checkpoint" not in p.stderr_lines()[-1]:
-        out.fail(f"the engine was not stopped cleanly: {p.stderr_lines()[-1]}")
-    out.note("RLIMIT_FSIZE (bytes)", limit)
-    out.steps_lost += max(0, read_log(log_path).max_step - expected_resume(run))
-    relaunch_and_compare(env, run, out, "relaunch without the limit")
-    return out.close()
-
-
-def proxy_disk_full_midrun(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-disk-full-midrun",
-                           fault_class: str = "full disk while the proxy runs (tmpfs, ENOSPC)") -> Outcome | str:
-    """The run directory on a small tmpfs, filled to the last byte while the run trains: whichever write
-    fails first (a `.loss.json` append, `.state.json`, or the engine's checkpoint, after which the proxy's
-    next write fails), the proxy ends with exit 5 and one line, no torn line, every line and valid
-    checkpoint kept, `.state.json` stopped with ENOSPC (written over itself: no block is free); after
-    the filler is deleted the relaunch finishes bit-identical."""
-    out = Outcome(fault_class, name)
-    mnt = workdir / "mnt"
-    with tmpfs(mnt, 8 << 20) as why:
-        if why is not None:
-            return f"cannot mount a tmpfs here ({why})"
-        run = copy_run(template, mnt / "run")
-        ckpts, log = _snapshot(run), (run / ".loss.json").read_bytes()
-        p = start_training(env, run, out)
-        out.begin_fault()
-        out.note("bytes written to fill the disk", fill_disk(mnt))
-        rc, _ = launch(lambda: (p.finish(TIMEOUT), p), out, "on the full disk")
-        _check_storage_stop(p, rc, run, log, ckpts, "ENOSPC", out, "disk filled while training")
-        out.steps_lost += max(0, read_log(run / ".loss.json").max_step - expected_resume(run))
-        (mnt / "filler").unlink()
-        relaunch_and_compare(env, run, out, "relaunch after freeing space")
-    return out.close()
-
-
-def proxy_disk_full_first_launch(env: ProxyEnv, workdir: Path, name: str = "proxy-disk-full-first-launch",
-                                 fault_class: str = "full disk at a run's first launch (tmpfs, ENOSPC)"
-                                 ) -> Outcome | str:
-    """A new run directory on a tmpfs that is already full: the proxy's first write fails. Exit 5, one
-    line naming the file, no traceback, no temp file; after freeing space the same command trains the
-    whole run, bit-identical to the uninterrupted one."""
-    out = Outcome(fault_class, name)
-    mnt = workdir / "mnt"
-    with tmpfs(mnt, 4 << 20) as why:
-        if why is not None:
-            return f"cannot mount a tmpfs here ({why})"
-        run = mnt / "run"
-        fill_disk(mnt)
-        out.begin_fault()
-        rc, p = launch(lambda: env.run(run, timeout=TIMEOUT), out, "first launch on a full disk")
-        line = one_line_exit(p, rc, 5, "(ENOSPC)", out, "first launch on a full disk")
-        out.note("last line", line)
-        if temp_files(run):
-            out.fail(f"temp files left behind: {temp_files(run)}")
-        (mnt / "filler").unlink()
-        launch_and_compare(env, run, out, "relaunch after freeing space")
-    return out.close()
-
-
-def proxy_read_only_at_launch(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-read-only",
-                              fault_class: str = "read-only run directory at launch (EROFS)") -> Outcome | str:
-    """A stopped run seen through a read-only bind mount: the proxy's first write (its lock) fails with
-    EROFS. Exit 5, one line, nothing changed; through a writable path the relaunch finishes bit-identical."""
-    out = Outcome(fault_class, name)
-    run = copy_run(template, workdir / "run")
-    view = workdir / "ro"
-    view.mkdir()
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return "not root, or no mount(8)"
-    r = subprocess.run(["mount", "--bind", str(run), str(view)], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"cannot bind-mount here ({r.stderr.strip()})"
-    try:
-        r = subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], capture_output=True, text=True)
-        if r.returncode != 0:
-            return f"cannot remount read-only here ({r.stderr.strip()})"
-        ckpts, log = _snapshot(run), (run / ".loss.json").read_bytes()
-        out.begin_fault()
-        rc, p = env.run(view, timeout=TIMEOUT)
-        line = one_line_exit(p, rc, 5, "(EROFS)", out, "launch on a read-only mount")
-        out.note("last line", line)
-        checkpoints_kept(run, ckpts, out, "read-only launch")
-        if (run / ".loss.json").read_bytes() != log:
-            out.fail(".loss.json changed through a read-only mount", data_lost=1)
-    finally:
-        umount(view)
-    relaunch_and_compare(env, run, out, "relaunch through a writable path")
-    return out.close()
-
+from .proxy_scenarios import copy_run, relaunch_and_compare
+from .scenarios import Outcome, tail_lines
 
 # ---------------------------------------------------------------------------
 # files that are not regular files (or too large, or a symlink out of the run)
@@ -167,6 +46,7 @@ def _to_dev_zero(name: str):
         (run / name).unlink()
         os.symlink("/dev/zero", run / name)
         return f"{name} -> /dev/zero"
+
     return damage
 
 
@@ -175,6 +55,7 @@ def _to_fifo(name: str):
         (run / name).unlink()
         os.mkfifo(run / name)
         return f"{name} is a FIFO"
+
     return damage
 
 
@@ -183,6 +64,7 @@ def _to_sparse(name: str, size: int):
         with open(run / name, "r+b") as f:
             f.truncate(size)
         return f"{name} grown to {size} bytes (sparse)"
+
     return damage
 
 
@@ -193,6 +75,7 @@ def _to_outside(name: str):
         (run / name).unlink()
         os.symlink(outside, run / name)
         return f"{name} -> {outside} (a valid copy outside the run)"
+
     return damage
 
 
@@ -234,8 +117,13 @@ def _run_files(run: Path) -> dict:
     return out
 
 
-def unsafe_run_files(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-unsafe-run-files",
-                     fault_class: str = "run-directory files that are devices, FIFOs, huge or symlinks out") -> Outcome:
+def unsafe_run_files(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-unsafe-run-files",
+    fault_class: str = "run-directory files that are devices, FIFOs, huge or symlinks out",
+) -> Outcome:
     """A file of a stopped run replaced by a symlink to /dev/zero, a FIFO, an 8 GiB sparse file or a
     symlink out of the run, then the run relaunched under RLIMIT_AS 8 GiB. A checkpoint is skipped with
     one line (the run resumes from the next older one); any other file is refused: exit 2, one last line
@@ -266,8 +154,13 @@ def unsafe_run_files(env: ProxyEnv, template: Path, workdir: Path, name: str = "
     return out.close()
 
 
-def unsafe_command_line_files(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-unsafe-arguments",
-                              fault_class: str = "command-line files that are devices or FIFOs") -> Outcome:
+def unsafe_command_line_files(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-unsafe-arguments",
+    fault_class: str = "command-line files that are devices or FIFOs",
+) -> Outcome:
     """`proxy run /dev/zero`, `proxy run FIFO`, `proxy pivot --caps /dev/zero`, `proxy pivot --caps FIFO`,
     `proxy status` of a run whose `.state.json` is /dev/zero: exit 2, one line naming the file, at once
     (under RLIMIT_AS 8 GiB), nothing in the run directory changed."""
@@ -310,9 +203,14 @@ def _covered_resume(run: Path, start: int) -> int:
     log = read_log(run / ".loss.json")
     for p in list_checkpoints(run / "checkpoints"):
         s = checkpoint_step(p)
-        if s >= start and verify_checkpoint(p) is None and all(
+        if (
+            s >= start
+            and verify_checkpoint(p) is None
+            and all(
                 t in log.steps and int(log.steps[t].get("phase", 0)) == (0 if t <= start else 1)
-                for t in range(1, s + 1)):
+                for t in range(1, s + 1)
+            )
+        ):
             return s
     return start
 
@@ -349,6 +247,7 @@ def _phases_edit(edit):
         what = edit(phases[1])
         (run / "phases.json").write_text(json.dumps(phases))
         return what
+
     return damage
 
 
@@ -387,8 +286,13 @@ HISTORY_CASES = [
 ]
 
 
-def phase_history(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-phase-history",
-                  fault_class: str = "phase history lost or rewritten after a pivot") -> Outcome:
+def phase_history(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-phase-history",
+    fault_class: str = "phase history lost or rewritten after a pivot",
+) -> Outcome:
     """A run pivoted at step c and trained on into phase 1, then its phases.json deleted, replaced by
     the copy from before the pivot, or edited. `proxy run`, `proxy pivot` and `proxy fork` each refuse
     with one line (exit 2) naming the contradiction with the log, the pivot's receipt or a checkpoint,
@@ -404,8 +308,11 @@ def phase_history(env: ProxyEnv, template: Path, workdir: Path, name: str = "pro
         what = damage(run, before)
         out.begin_fault()
         snapshot = _run_files(run)
-        argvs = {"run": env.argv(run), "pivot": proxy_cmd("pivot", "--run-dir", run, "--caps", caps),
-                 "fork": proxy_cmd("fork", "--run-dir", run, "--at", c + 4, "--to", workdir / f"fork{i}")}
+        argvs = {
+            "run": env.argv(run),
+            "pivot": proxy_cmd("pivot", "--run-dir", run, "--caps", caps),
+            "fork": proxy_cmd("fork", "--run-dir", run, "--at", c + 4, "--to", workdir / f"fork{i}"),
+        }
         for command in commands:
             where = f"[{case}: proxy {command}]"
             rc, p = launch(lambda: run_cmd(argvs[command], timeout=TIMEOUT), out, where)
@@ -443,12 +350,14 @@ def _set(path: tuple, value):
         for key in path[:-1]:
             d = d[key]
         d[path[-1]] = value
+
     return edit
 
 
 def _many_arms(n: int):
     def edit(doc):
         doc["arms"] = [{"name": f"arm{i}", "sources": [{"file": "dots.txt"}]} for i in range(n)]
+
     return edit
 
 
@@ -461,14 +370,22 @@ OUT_OF_BOUNDS = [
     ("17 prompts", _set(("samples", "prompts"), ["p"] * 17), "samples.prompts"),
     ("samples.count 17", _set(("samples", "count"), 17), "samples.count"),
     ("samples.max_new 4097", _set(("samples", "max_new"), 4097), "samples.max_new"),
-    ("a source path of 5000 characters", _set(("arms", 0, "sources", 0, "file"), "d" * 5000),
-     "arms[0].sources[0].file"),
+    (
+        "a source path of 5000 characters",
+        _set(("arms", 0, "sources", 0, "file"), "d" * 5000),
+        "arms[0].sources[0].file",
+    ),
     ("an unknown key of 100000 characters", _set(("train", "k" * 100_000), 1), "train: unknown key"),
 ]
 
 
-def names_out_of_bounds(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-bounds",
-                        fault_class: str = "names and strings beyond their bounds") -> Outcome:
+def names_out_of_bounds(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-bounds",
+    fault_class: str = "names and strings beyond their bounds",
+) -> Outcome:
     """Each name, string and list of an experiment or caps file has a bound (docs/EXPERIMENTS.md,
     "Bounds"). Beyond it `proxy run` exits 2 with one short line naming the field (no traceback, no run
     directory), and `proxy pivot --caps` with an arm name of 100000 characters exits 2 with one short
@@ -503,9 +420,10 @@ def names_out_of_bounds(env: ProxyEnv, template: Path, workdir: Path, name: str 
 
     def at_bounds(doc):
         doc["name"] = longest["name"]
-        for arm, arm_name in zip(doc["arms"], longest["arms"]):
+        for arm, arm_name in zip(doc["arms"], longest["arms"], strict=False):
             arm["name"] = arm_name
         doc["train"]["max_steps"] = 8
+
     exp = _experiment_with(env, workdir / "exp-bounds", at_bounds)
     run = workdir / "run-bounds"
     out.begin_fault()
@@ -515,16 +433,20 @@ def names_out_of_bounds(env: ProxyEnv, template: Path, workdir: Path, name: str 
         out.fail(f"an experiment at the bounds exited {rc}: {tail_lines(p.stderr)}")
     steps = read_log(run / ".loss.json").steps
     if sorted(steps) != list(range(1, 9)) or set(steps[8].get("mixture", {})) != set(longest["arms"]):
-        out.fail(f"the run at the bounds logged steps {sorted(steps)}, mixture over "
-                 f"{set(steps.get(8, {}).get('mixture', {}))}")
+        out.fail(
+            f"the run at the bounds logged steps {sorted(steps)}, mixture over "
+            f"{set(steps.get(8, {}).get('mixture', {}))}"
+        )
     from dashboard.run_index import RunIndex  # the dashboard's own index of the run directory
+
     index = RunIndex(0, "bounds", run)
     index.refresh_sidecars()
     index.refresh_log()
     info = index.info()
     if info["experiment"] != longest["name"] or sorted(info["arms"]) != sorted(longest["arms"]) or info["steps"] != 8:
-        out.fail(f"the dashboard's index shows experiment {info['experiment']!r}, arms {info['arms']}, "
-                 f"{info['steps']} steps")
+        out.fail(
+            f"the dashboard's index shows experiment {info['experiment']!r}, arms {info['arms']}, {info['steps']} steps"
+        )
     return out.close()
 
 
@@ -554,8 +476,12 @@ def _dead_pid() -> int:
     return child.pid
 
 
-def stop_before_training(env: ProxyEnv, workdir: Path, name: str = "proxy-stop-before-training",
-                         fault_class: str = "SIGTERM, SIGHUP, SIGINT before training starts") -> Outcome:
+def stop_before_training(
+    env: ProxyEnv,
+    workdir: Path,
+    name: str = "proxy-stop-before-training",
+    fault_class: str = "SIGTERM, SIGHUP, SIGINT before training starts",
+) -> Outcome:
     """A new run whose data are being prepared (a fresh cache) gets SIGTERM, SIGHUP or SIGINT: one last
     line saying it was interrupted, exit 130, no traceback, no temp directory left in the cache. A
     temp directory a dead preparation left (an older version, a kill -9) is removed at the next start,
@@ -586,14 +512,21 @@ def stop_before_training(env: ProxyEnv, workdir: Path, name: str = "proxy-stop-b
     out.begin_fault()
     launch_and_compare(env, run, out, "the launch after the interruptions")
     if dead.exists() or not live.exists():
-        out.fail(f"stale temp directory of a dead preparation {'kept' if dead.exists() else 'removed'}; "
-                 f"a live one's {'kept' if live.exists() else 'removed'}")
+        out.fail(
+            f"stale temp directory of a dead preparation {'kept' if dead.exists() else 'removed'}; "
+            f"a live one's {'kept' if live.exists() else 'removed'}"
+        )
     shutil.rmtree(live, ignore_errors=True)
     return out.close()
 
 
-def sighup_while_training(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-sighup",
-                          fault_class: str = "SIGHUP while training (proxy run)") -> Outcome:
+def sighup_while_training(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-sighup",
+    fault_class: str = "SIGHUP while training (proxy run)",
+) -> Outcome:
     """SIGHUP to a training proxy (its terminal closed) stops it as SIGTERM does: the engine checkpoints,
     exit 0, `.state.json` stopped, a line saying how to resume; the relaunch finishes bit-identical."""
     out = Outcome(fault_class, name)
@@ -617,8 +550,10 @@ def sighup_while_training(env: ProxyEnv, template: Path, workdir: Path, name: st
 
 def _strict_json(text: str):
     """json.loads that refuses NaN and Infinity, as every strict JSON reader does."""
+
     def refuse(name):
         raise ValueError(f"{name} is not JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -630,8 +565,13 @@ NON_FINITE_LINES = [  # a step and an eval past any the run logged, so that they
 ]
 
 
-def status_json_non_finite(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-status-nan",
-                           fault_class: str = "NaN and Infinity in .loss.json (proxy status --json)") -> Outcome:
+def status_json_non_finite(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-status-nan",
+    fault_class: str = "NaN and Infinity in .loss.json (proxy status --json)",
+) -> Outcome:
     """`.loss.json` holding NaN and Infinity literals (a foreign writer): `proxy status --json` prints
     strict JSON (they are null), exit 0, no traceback; the plain report prints too."""
     out = Outcome(fault_class, name)
@@ -659,8 +599,12 @@ def status_json_non_finite(env: ProxyEnv, template: Path, workdir: Path, name: s
 BOGUS = {"step_000999.bin": "a 0-byte file", "step_000998.bin": "a directory"}
 
 
-def bogus_checkpoints(env: ProxyEnv, workdir: Path, name: str = "proxy-bogus-checkpoints",
-                      fault_class: str = "bogus step_NNNNNN.bin files (status, resume, retention)") -> Outcome:
+def bogus_checkpoints(
+    env: ProxyEnv,
+    workdir: Path,
+    name: str = "proxy-bogus-checkpoints",
+    fault_class: str = "bogus step_NNNNNN.bin files (status, resume, retention)",
+) -> Outcome:
     """With keep_last 2, a 0-byte step_000999.bin and a directory step_000998.bin put in a stopped run:
     `proxy status` names the newest real checkpoint, the relaunch skips both with a line each, and
     retention neither counts nor deletes them: the run ends with the same checkpoints the rule keeps
@@ -694,8 +638,9 @@ def bogus_checkpoints(env: ProxyEnv, workdir: Path, name: str = "proxy-bogus-che
     kept = {checkpoint_step(q) for q in list_checkpoints(ck) if verify_checkpoint(q) is None}
     want = {env.max_steps - env.ckpt_every, env.max_steps, newest}
     if kept != want:
-        out.fail(f"retention kept checkpoints {sorted(kept)}, the rule keeps {sorted(want)}",
-                 data_lost=len(want - kept))
+        out.fail(
+            f"retention kept checkpoints {sorted(kept)}, the rule keeps {sorted(want)}", data_lost=len(want - kept)
+        )
     if (ck / "step_000999.bin").read_bytes() != b"" or not (ck / "step_000998.bin").is_dir():
         out.fail("a bogus file was deleted or changed (what is not understood is left alone)")
     out.note("checkpoints kept", sorted(kept))
@@ -708,6 +653,7 @@ def _frozen_edit(path: tuple, value):
         _set(path, value)(doc)
         (run / "experiment.json").write_text(json.dumps(doc, indent=1))
         return f"{'.'.join(map(str, path))} = {value!r}"
+
     return damage
 
 
@@ -719,8 +665,13 @@ FROZEN_EDITS = [
 ]
 
 
-def frozen_experiment_edited(env: ProxyEnv, template: Path, workdir: Path, name: str = "proxy-frozen-edited",
-                             fault_class: str = "frozen experiment.json edited by hand") -> Outcome:
+def frozen_experiment_edited(
+    env: ProxyEnv,
+    template: Path,
+    workdir: Path,
+    name: str = "proxy-frozen-edited",
+    fault_class: str = "frozen experiment.json edited by hand",
+) -> Outcome:
     """The frozen RUN/experiment.json edited by hand, the run relaunched from it (`proxy run --run-dir`):
     refused at once with one line naming the field (exit 2), no engine started (engine.log unchanged),
     nothing changed. With the edit undone the relaunch finishes bit-identical."""

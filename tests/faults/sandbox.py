@@ -17,6 +17,7 @@ and never stopped after every fault.
 
 The scenario's Outcome comes back as the last line of its stdout (JSON).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,8 +44,12 @@ def unavailable() -> str | None:
     if shutil.which("unshare") is None:
         return "no unshare(1) on this machine"
     try:
-        out = subprocess.run([*UNSHARE, "--", sys.executable, "-c", "import os; print(os.getpid())"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [*UNSHARE, "--", sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unshare failed: {exc}"
     if out.returncode != 0 or out.stdout.strip() != "1":
@@ -64,16 +69,19 @@ def run_scenario(function: str, timeout: float, **kwargs) -> dict:
         raise AssertionError(f"{function} did not finish within {timeout:.0f}s in its sandbox: {tail!r}") from None
     for line in reversed(out.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
-    raise AssertionError(f"{function} left no outcome (exit {out.returncode}):\n{out.stderr[-3000:]}\n"
-                         f"{out.stdout[-2000:]}")
+            return json.loads(line[len(RESULT_MARK) :])
+    raise AssertionError(
+        f"{function} left no outcome (exit {out.returncode}):\n{out.stderr[-3000:]}\n{out.stdout[-2000:]}"
+    )
 
 
 def require_namespace() -> None:
     """Refuse to go on outside a fresh pid namespace (where this process is pid 1)."""
     if os.getpid() != 1:
-        raise SystemExit("tests/faults/sandbox.py: a scenario that forges process records runs only as pid 1 of "
-                         "its own pid namespace (run_scenario); refusing")
+        raise SystemExit(
+            "tests/faults/sandbox.py: a scenario that forges process records runs only as pid 1 of "
+            "its own pid namespace (run_scenario); refusing"
+        )
 
 
 class Sentinels:

@@ -28,6 +28,7 @@ storms, hangs, the SIGUSR1 storm, the stopped template) drive it through a
 frame gate (harness/gate.py) that holds it at the step the scenario aims
 at, so a fast engine can neither finish first nor outrun the scenario.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,14 +88,14 @@ def rng_for(name: str) -> random.Random:
 class FaultCheckFailed(AssertionError):
     """A broken invariant, raised by the check that found it; `outcome` is the scenario's, as it stood."""
 
-    def __init__(self, outcome: "Outcome", message: str):
+    def __init__(self, outcome: Outcome, message: str):
         super().__init__(f"{outcome.scenario}: {message} (FAULT_SEED={outcome.seed})")
         self.outcome = outcome
 
 
 # The outcomes made since the running test began (conftest.py clears it): a failed check ends its scenario
 # before the scenario returns its outcome, and the report still records it.
-MADE: list["Outcome"] = []
+MADE: list[Outcome] = []
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Outcome:
     """What one scenario injected and what survived. `failures` holds the broken invariant (one: the first
     fails the test). In `one_storm` the checks after the storm judge all its faults: a failure fails them
     all."""
+
     fault_class: str
     scenario: str
     seed: int = field(default_factory=fault_seed)
@@ -145,7 +147,7 @@ class Outcome:
     def bump(self, key: str, by: int = 1) -> None:
         self.notes[key] = self.notes.get(key, 0) + by
 
-    def close(self) -> "Outcome":
+    def close(self) -> Outcome:
         self.end_fault()
         self.seconds = round(time.monotonic() - self._t0, 2)
         return self
@@ -157,8 +159,10 @@ class Outcome:
         return d
 
     def summary(self) -> str:
-        head = (f"{self.scenario}: injected {self.injected}, survived {self.survived}, steps lost "
-                f"{self.steps_lost}, data lost {self.data_lost} (FAULT_SEED={self.seed})")
+        head = (
+            f"{self.scenario}: injected {self.injected}, survived {self.survived}, steps lost "
+            f"{self.steps_lost}, data lost {self.data_lost} (FAULT_SEED={self.seed})"
+        )
         if not self.failures:
             return head
         shown = self.failures[:15]
@@ -191,8 +195,10 @@ def kill_counts(outcomes: list[dict]) -> dict:
 
 def fsize_limit(limit: int):
     """preexec_fn: RLIMIT_FSIZE = limit bytes (the engine ignores SIGXFSZ, so writes fail with EFBIG)."""
+
     def apply():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -208,19 +214,24 @@ TINY = Shape(vocab=64, ctx=16, dim=32, layers=1, heads=4, batch=4, steps=200, wa
 LARGE = Shape(vocab=4096, ctx=16, dim=256, layers=1, heads=4, batch=2, steps=14, warmup=4, threads=1)
 
 
-def standalone_argv(model: Shape, shard: Path, ckpt_dir: Path, ckpt_every: int, resume: str | Path | None = "latest",
-                    extra=()) -> list[str]:
+def standalone_argv(
+    model: Shape, shard: Path, ckpt_dir: Path, ckpt_every: int, resume: str | Path | None = "latest", extra=()
+) -> list[str]:
     return [str(ENGINE.path), *standalone_args(model, shard, ckpt_dir, ckpt_every, *extra, resume=resume)]
 
 
 def start_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None) -> Child:
     """The engine under test in standalone mode; its stdout lines kept, the events among them parsed."""
-    return Child(standalone_argv(model, shard, ckpt_dir, ckpt_every, resume, extra), cwd=Path(ckpt_dir).parent,
-                 preexec_fn=preexec_fn)
+    return Child(
+        standalone_argv(model, shard, ckpt_dir, ckpt_every, resume, extra),
+        cwd=Path(ckpt_dir).parent,
+        preexec_fn=preexec_fn,
+    )
 
 
-def run_standalone(model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None,
-                   timeout: float = TIMEOUT) -> tuple[int, Child]:
+def run_standalone(
+    model, shard, ckpt_dir, ckpt_every, resume="latest", extra=(), preexec_fn=None, timeout: float = TIMEOUT
+) -> tuple[int, Child]:
     p = start_standalone(model, shard, ckpt_dir, ckpt_every, resume, extra, preexec_fn)
     return p.finish(timeout), p
 
@@ -241,8 +252,9 @@ def step_record(ev) -> tuple:
 
 def temps_in(directory: Path) -> list[str]:
     try:
-        return sorted(p.name for p in Path(directory).iterdir()
-                      if p.name.startswith(".step_") and p.name.endswith(".bin.tmp"))
+        return sorted(
+            p.name for p in Path(directory).iterdir() if p.name.startswith(".step_") and p.name.endswith(".bin.tmp")
+        )
     except FileNotFoundError:
         return []
 
@@ -279,9 +291,11 @@ class CkptWatch:
             reason = verify_checkpoint(p)
             if reason is not None:
                 lost = 1 if name in self.valid else 0
-                out.fail(f"{when}: {name} does not verify ({reason})" +
-                         (" although it was valid before" if lost else ": a partial file a loader could take"),
-                         data_lost=lost)
+                out.fail(
+                    f"{when}: {name} does not verify ({reason})"
+                    + (" although it was valid before" if lost else ": a partial file a loader could take"),
+                    data_lost=lost,
+                )
                 self.valid.pop(name, None)
                 continue
             if name in self.valid:
@@ -330,8 +344,13 @@ def start_dashboard(run: Path, workdir: Path) -> tuple[subprocess.Popen, int]:
     log = open(workdir / "dashboard.log", "wb")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "dashboard", "--run-dir", str(run), "--port", str(port),
-                             "--poll", "0.5"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dashboard", "--run-dir", str(run), "--port", str(port), "--poll", "0.5"],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     log.close()
     return proc, port
 

@@ -1,4 +1,4 @@
-"""Temp names planted, temp leftovers of kill -9, a fork's frozen data (issue 40, point 2 and point 9).
+"""Temp names planted, temp leftovers of kill -9, a fork's frozen data.
 
 - Temp names planted before a command runs: 300 symlinks `RUN/.data.tmp-<n>` to a directory outside (the
   data freeze once wrote its files there and left RUN/data a link to it), the same names as regular files
@@ -19,6 +19,7 @@
 Real processes against real run directories, in a pid namespace of their own (sandbox.py): the temp names
 hold pids, and there the pids 1..300 planted are the scenario's own namespace's.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -121,8 +122,11 @@ def planted_temp_names(env: dict, template: str, workdir: str) -> Outcome:
     outside, before = _outside(workdir, "outside-export")
     _links(workdir, lambda n: f".exported.export-{n}", outside)
     exported = workdir / "exported"
-    _ok(proxy_cmd("export", "--run-dir", env.ref, "--out", exported, "--cache-dir", env.cache), out,
-        "[.exported.export-<n> symlinks]")
+    _ok(
+        proxy_cmd("export", "--run-dir", env.ref, "--out", exported, "--cache-dir", env.cache),
+        out,
+        "[.exported.export-<n> symlinks]",
+    )
     _real_dir(exported, out, "[export]")
     unchanged(outside, before, out, "[.exported.export-<n> symlinks]")
 
@@ -198,6 +202,7 @@ os.kill(pid, signal.SIGKILL)
 
 def _temps(directory: Path) -> list[str]:
     from proxy.temp_names import is_temp
+
     return sorted(p.name for p in directory.iterdir() if is_temp(p.name)) if directory.is_dir() else []
 
 
@@ -213,14 +218,22 @@ def kill9_leftovers(env: dict, template: str, workdir: str) -> Outcome:
     outside, before = _outside(workdir, "outside")
     step = expected_resume(run)
     penv = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.run([sys.executable, "-c", _LEAVE, str(run), str(forks), str(exports), str(outside),
-                            str(step)], env=penv, capture_output=True, text=True, timeout=60)
+    child = subprocess.run(
+        [sys.executable, "-c", _LEAVE, str(run), str(forks), str(exports), str(outside), str(step)],
+        env=penv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if child.returncode != -9 or "made" not in child.stdout:
         out.fail(f"the leaving process: exit {child.returncode}: {child.stderr[-500:]}")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     try:
-        kept = [run / f"..state.json.{live.pid}.tmp", forks / f".forked.fork-{live.pid}",
-                exports / f".exported.export-{live.pid}"]
+        kept = [
+            run / f"..state.json.{live.pid}.tmp",
+            forks / f".forked.fork-{live.pid}",
+            exports / f".exported.export-{live.pid}",
+        ]
         kept[0].write_bytes(b"a live writer's")
         kept[1].mkdir()
         kept[2].mkdir()
@@ -230,8 +243,11 @@ def kill9_leftovers(env: dict, template: str, workdir: str) -> Outcome:
         out.begin_fault()
         _ok(proxy_cmd("fork", "--run-dir", run, "--at", step, "--to", forks / "forked"), out, "[fork]")
         out.begin_fault()
-        _ok(proxy_cmd("export", "--run-dir", run, "--out", exports / "exported", "--cache-dir", env.cache), out,
-            "[export]")
+        _ok(
+            proxy_cmd("export", "--run-dir", run, "--out", exports / "exported", "--cache-dir", env.cache),
+            out,
+            "[export]",
+        )
         out.begin_fault()
         relaunch_and_compare(env, run, out, "[run]")
         for d in (run, run / "checkpoints", run / "archive", forks, exports):
@@ -276,8 +292,15 @@ sys.exit(main(sys.argv[2:]))
 def _killed_holding(argv: list, hold: str, out: Outcome, where: str) -> Path:
     """`python -m proxy *argv`, SIGKILLed while the temp it made first exists; that temp's path."""
     penv = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-c", _HELD, hold, *map(str, argv)], env=penv, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HELD, hold, *map(str, argv)],
+        env=penv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = ""
         while not line.startswith("TEMP "):
@@ -357,8 +380,10 @@ def fork_data(env: dict, template: str, workdir: str) -> Outcome:
     _replace_frozen(tok, "tokenizer.json", b'{"model": {}}')
     for run, needle in ((run_val, "dots.val.tok"), (tok, "tokenizer.json")):
         target = workdir / f"fork-of-{run.name}"
-        for what, argv in (("fork", proxy_cmd("fork", "--run-dir", run, "--at", 24, "--to", target)),
-                           ("eval", proxy_cmd("eval", "--run-dir", run, *cache))):
+        for what, argv in (
+            ("fork", proxy_cmd("fork", "--run-dir", run, "--at", 24, "--to", target)),
+            ("eval", proxy_cmd("eval", "--run-dir", run, *cache)),
+        ):
             out.begin_fault()
             rc, p = run_cmd(argv)
             out.note(f"{run.name}: {what}", one_line_exit(p, rc, 2, needle, out, f"[{run.name}: {what}]"))

@@ -1,5 +1,6 @@
 """Corrupted checkpoints are rejected as documented (or loaded, for a bare ANDREA file), with
 fallback to the next older one; retention never deletes what `keep_last 0` says it keeps."""
+
 from __future__ import annotations
 
 from . import engine_scenarios, proxy_scenarios

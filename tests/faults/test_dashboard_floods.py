@@ -1,6 +1,7 @@
 """The dashboard flooded by a thousand event-stream clients that never read, against a real uvicorn
 server: streams bounded (503 beyond), /healthz answering, non-readers dropped, memory bounded and back
 near its baseline afterwards."""
+
 from __future__ import annotations
 
 from . import flood_scenarios as fs

@@ -1,5 +1,6 @@
 """The dashboard answers while it indexes a large log (a real uvicorn server), and reads a line without
 a newline one chunk at a time under its lock."""
+
 from __future__ import annotations
 
 from . import dashboard_scenarios

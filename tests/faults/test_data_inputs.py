@@ -1,5 +1,6 @@
-"""Data and storage a run trusts too much (issue 40): frozen validation ids beyond the vocabulary, a full
+"""Data and storage a run trusts too much: frozen validation ids beyond the vocabulary, a full
 disk only the engine's checkpoints meet, a device or FIFO named as a checkpoint."""
+
 from __future__ import annotations
 
 import pytest

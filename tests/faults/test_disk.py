@@ -1,6 +1,7 @@
 """A full disk or a write error during a checkpoint: the save fails loudly (exit 5, one line), the
 previous checkpoint stays valid, no partial file is left that a loader would take, and the run,
 once there is room again, resumes and ends byte-identical."""
+
 from __future__ import annotations
 
 import pytest

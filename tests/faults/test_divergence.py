@@ -1,6 +1,7 @@
 """Diverged runs: the engine refuses to write or load non-finite weights and moments; the proxy stops at
-the first step whose loss is not sane (rundir/divergence.py) or on the engine's exit 6, naming the newest
+the first step whose loss is not sane (proxy/divergence.py) or on the engine's exit 6, naming the newest
 sane checkpoint, which retention keeps and every resume goes back to; no crash loop."""
+
 from __future__ import annotations
 
 from . import divergence_scenarios as ds

@@ -4,6 +4,7 @@ experiment files (the loader and `python -m proxy run BAD.json`), caps files (th
 
 Always one clear error and a non-zero exit (or, for input that happens to be valid, a normal run),
 never a traceback, a death by signal or a hang."""
+
 from __future__ import annotations
 
 import copy
@@ -17,10 +18,10 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from proxy.formats import frames
 from proxy.config.caps import load_caps, load_pivot_caps
 from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import load_experiment
+from proxy.formats import frames
 from proxy.rundir.layout import RunDir
 from proxy.rundir.phases import read_phases
 
@@ -54,15 +55,20 @@ def _tokens(draw, n: int, bad: bool) -> bytes:
 @st.composite
 def frame(draw) -> bytes:
     kind = draw(st.sampled_from(["train", "train", "eval", "sample", "sample", "checkpoint", "stop", "other"]))
-    magic = draw(st.one_of(_often(frames.FRAME_MAGIC, b"MGF2", b"\0\0\0\0", b"mgf1"), st.binary(min_size=4, max_size=4)))
+    magic = draw(
+        st.one_of(_often(frames.FRAME_MAGIC, b"MGF2", b"\0\0\0\0", b"mgf1"), st.binary(min_size=4, max_size=4))
+    )
     flags = draw(_often(0, 1, 0x8000))
     reserved = draw(_often(0, 1, 2**31))
     payload = b""
     rows = row_len = ident = 0
     if kind in ("train", "eval"):
         typ = frames.TRAIN if kind == "train" else frames.EVAL
-        rows = draw(_often(ROWS, 0, 1, 3, ROWS + 1, 2**20, 2**20 + 1, U32) if kind == "train"
-                    else st.sampled_from([1, 2, 3, 7, 0, 2**20, 2**20 + 1, U32]))
+        rows = draw(
+            _often(ROWS, 0, 1, 3, ROWS + 1, 2**20, 2**20 + 1, U32)
+            if kind == "train"
+            else st.sampled_from([1, 2, 3, 7, 0, 2**20, 2**20 + 1, U32])
+        )
         row_len = draw(_often(T1, 0, T1 - 1, T1 + 1, U32))
         ident = draw(_often(1, 0, 2, U64) if kind == "train" else st.integers(0, U64))
         exact = rows * row_len * 2 + rows * 2
@@ -74,14 +80,25 @@ def frame(draw) -> bytes:
     elif kind == "sample":
         typ = frames.SAMPLE
         n_prompts = draw(_often(draw(st.integers(1, 3)), 0, 4097, U32))
-        prompts = [(draw(_often(draw(st.integers(1, 12)), 0, 10**6)),
-                    draw(_often(draw(st.integers(1, 4)), 0, 4097, U32)), draw(st.integers(0, U64)))
-                   for _ in range(min(n_prompts, 4))]
-        params = frames.SAMPLE_PARAMS.pack(n_prompts, draw(_often(draw(st.integers(1, 12)), 0, 2**20 + 1, U32)),
-                                           draw(_often(0, 3, V, U32)),
-                                           draw(st.sampled_from([0.0, 0.8, 1.0, 1.0, -1.0, math.nan, math.inf, 1e30])))
-        payload = params + b"".join(frames.SAMPLE_PROMPT.pack(*p) for p in prompts) \
+        prompts = [
+            (
+                draw(_often(draw(st.integers(1, 12)), 0, 10**6)),
+                draw(_often(draw(st.integers(1, 4)), 0, 4097, U32)),
+                draw(st.integers(0, U64)),
+            )
+            for _ in range(min(n_prompts, 4))
+        ]
+        params = frames.SAMPLE_PARAMS.pack(
+            n_prompts,
+            draw(_often(draw(st.integers(1, 12)), 0, 2**20 + 1, U32)),
+            draw(_often(0, 3, V, U32)),
+            draw(st.sampled_from([0.0, 0.8, 1.0, 1.0, -1.0, math.nan, math.inf, 1e30])),
+        )
+        payload = (
+            params
+            + b"".join(frames.SAMPLE_PROMPT.pack(*p) for p in prompts)
             + b"".join(_tokens(draw, min(n, 64), draw(st.booleans())) for n, _, _ in prompts)
+        )
         exact = frames.SAMPLE_PARAMS.size + frames.SAMPLE_PROMPT.size * n_prompts + 2 * sum(n for n, _, _ in prompts)
         size = draw(st.sampled_from(["exact"] * 5 + ["plus", "minus", "random"]))
         ident = draw(st.integers(0, U64))
@@ -98,19 +115,19 @@ def frame(draw) -> bytes:
         payload = draw(st.binary(max_size=64))
         exact = len(payload)
         size = "exact"
-    payload_bytes = {"exact": exact, "plus": exact + 1, "minus": max(0, exact - 1)}.get(size) \
-        if size != "random" else draw(st.integers(0, U32))
+    payload_bytes = (
+        {"exact": exact, "plus": exact + 1, "minus": max(0, exact - 1)}.get(size)
+        if size != "random"
+        else draw(st.integers(0, U32))
+    )
     payload_bytes = min(payload_bytes, U32)
     data = frames.HEADER.pack(magic, typ, flags, ident, rows & U32, row_len & U32, payload_bytes, reserved) + payload
     if draw(st.integers(0, 7)) == 0:  # cut the frame somewhere
-        data = data[:draw(st.integers(0, len(data) - 1))]
+        data = data[: draw(st.integers(0, len(data) - 1))]
     return data
 
 
-frame_streams = st.one_of(
-    st.lists(frame(), min_size=1, max_size=3).map(b"".join),
-    st.binary(min_size=1, max_size=300),
-)
+frame_streams = st.one_of(st.lists(frame(), min_size=1, max_size=3).map(b"".join), st.binary(min_size=1, max_size=300))
 
 
 def _fuzz(out: Outcome, record, body):
@@ -159,10 +176,14 @@ def _get_parent(doc, path):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 
 
 @st.composite
@@ -180,8 +201,9 @@ def mutated(draw, valid: dict) -> dict | list:
         elif op == "replace":
             parent[path[-1]] = draw(json_values)
         elif op == "edge":
-            parent[path[-1]] = draw(st.sampled_from([0, -1, 1, 2**31, 2**63, 1e308, -0.0, 0.5, "", "x" * 300,
-                                                     [], {}, None, True]))
+            parent[path[-1]] = draw(
+                st.sampled_from([0, -1, 1, 2**31, 2**63, 1e308, -0.0, 0.5, "", "x" * 300, [], {}, None, True])
+            )
         elif isinstance(parent, dict):
             parent[draw(st.text(min_size=1, max_size=10))] = draw(json_values)
         else:
@@ -314,8 +336,11 @@ def test_fuzzed_caps_files_loader(tmp_path, record):
             out.bump("documents that were valid")
             if set(caps) != set(arms) or set(floors) != set(arms):
                 problems.append(f"maps do not cover every arm: {caps} {floors}")
-            elif not all(0 <= floors[a] <= caps[a] <= 1 for a in arms) or sum(floors.values()) > 1 + 1e-9 \
-                    or sum(caps.values()) < 1 - 1e-9:
+            elif (
+                not all(0 <= floors[a] <= caps[a] <= 1 for a in arms)
+                or sum(floors.values()) > 1 + 1e-9
+                or sum(caps.values()) < 1 - 1e-9
+            ):
                 problems.append(f"accepted caps/floors with no mixture: {caps} {floors}")
         except ExperimentError as exc:
             problems = _one_line(exc, caps_path)
@@ -351,8 +376,14 @@ def test_fuzzed_caps_files_pivot_cli(proxy_env, stopped_run, tmp_path, record):
         caps_path.write_bytes(doc)
         assume(not _loads(lambda: load_pivot_caps(caps_path, experiment, phase)))  # a valid one would pivot the run
         out.begin_fault()
-        r = subprocess.run([sys.executable, "-m", "proxy", "pivot", "--caps", str(caps_path), "--run-dir", str(run)],
-                           capture_output=True, text=True, timeout=60, cwd=scenarios.REPO, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "proxy", "pivot", "--caps", str(caps_path), "--run-dir", str(run)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=scenarios.REPO,
+            env=env,
+        )
         problems = _refused_in_one_line(r.returncode, r.stderr, caps_path)
         if _tree(run) != before:
             problems.append("the run directory changed")

@@ -2,6 +2,7 @@
 checkpoint writes (which run in the background while the engine trains on): no valid checkpoint is
 ever lost, every resume starts from the newest valid one, and the finished run is bit-identical to
 an uninterrupted one."""
+
 from __future__ import annotations
 
 import shutil
@@ -18,12 +19,19 @@ def test_engine_sigkill_at_random_moments(engine_bin, tmp_path, record):
     """40 SIGKILLs of a standalone engine (--ckpt-every 2): at startup, after a step, after a ckpt
     event, and inside checkpoint writes; every checkpoint of the finished run equals the uninterrupted
     run's byte for byte."""
-    out = record(engine_scenarios.engine_kill_storm(
-        # 600 steps: room for 40 kills however fast the engine runs between a kill's target
-        # step and the kill itself (each kill lets the run progress a few steps)
-        tmp_path, TINY.but(steps=600), ckpt_every=2, n_kills=40,
-        modes={"startup": 1.0, "step": 5.0, "ckpt": 1.5, "write": 2.5},
-        name="engine-kill-random", fault_class="kill -9 of the engine (standalone, random moments)"))
+    out = record(
+        engine_scenarios.engine_kill_storm(
+            # 600 steps: room for 40 kills however fast the engine runs between a kill's target
+            # step and the kill itself (each kill lets the run progress a few steps)
+            tmp_path,
+            TINY.but(steps=600),
+            ckpt_every=2,
+            n_kills=40,
+            modes={"startup": 1.0, "step": 5.0, "ckpt": 1.5, "write": 2.5},
+            name="engine-kill-random",
+            fault_class="kill -9 of the engine (standalone, random moments)",
+        )
+    )
     out.check()
     assert out.injected == 40, f"only {out.injected} of 40 kills landed before the run ended: {out.notes}"
 
@@ -32,9 +40,18 @@ def test_engine_sigkill_inside_checkpoint_writes(engine_bin, tmp_path, record):
     """12 SIGKILLs of an engine with a 22 MB checkpoint written every step, each at a random offset
     within the measured write time. Most land inside the write (a temp file is left behind): the
     temp file is never taken and is removed by the next start; the final checkpoint is byte-identical."""
-    out = record(engine_scenarios.engine_kill_storm(
-        tmp_path, LARGE, ckpt_every=1, n_kills=12, modes={"write": 1.0}, ref_every=0,
-        name="engine-kill-in-write", fault_class="kill -9 of the engine inside checkpoint writes (22 MB)"))
+    out = record(
+        engine_scenarios.engine_kill_storm(
+            tmp_path,
+            LARGE,
+            ckpt_every=1,
+            n_kills=12,
+            modes={"write": 1.0},
+            ref_every=0,
+            name="engine-kill-in-write",
+            fault_class="kill -9 of the engine inside checkpoint writes (22 MB)",
+        )
+    )
     out.check()
     hits = out.notes.get("kills that landed inside a checkpoint write (temp file left)", 0)
     assert hits >= 3, f"only {hits} of {out.injected} kills landed inside a write: the scenario missed its target"
@@ -60,11 +77,20 @@ def test_proxy_level_kills_inside_background_writes(proxy_env, tmp_path, record,
     from the newest valid checkpoint the log covers, no valid checkpoint is lost, and the finished run
     equals the uninterrupted one."""
     engine = proxy_scenarios.slow_write_engine(tmp_path, build_fsync_shim(tmp_path), WRITE_DELAY_MS)
-    out = record(proxy_scenarios.proxy_kill_storm(
-        proxy_env, tmp_path, kind, n_kills, engine=str(engine), write_s=2.5 * WRITE_DELAY_MS / 1000.0,
-        name=f"proxy-kill-{kind}-in-write",
-        fault_class=proxy_scenarios.PROXY_KILL_KINDS[kind] + " inside background checkpoint writes"))
+    out = record(
+        proxy_scenarios.proxy_kill_storm(
+            proxy_env,
+            tmp_path,
+            kind,
+            n_kills,
+            engine=str(engine),
+            write_s=2.5 * WRITE_DELAY_MS / 1000.0,
+            name=f"proxy-kill-{kind}-in-write",
+            fault_class=proxy_scenarios.PROXY_KILL_KINDS[kind] + " inside background checkpoint writes",
+        )
+    )
     out.check()
-    hits = (out.notes.get("kills that left a checkpoint temp file (inside a write)", 0)
-            + out.notes.get("kills that left a checkpoint the proxy had not seen announced", 0))
+    hits = out.notes.get("kills that left a checkpoint temp file (inside a write)", 0) + out.notes.get(
+        "kills that left a checkpoint the proxy had not seen announced", 0
+    )
     assert hits >= n_kills // 2, f"only {hits} of {out.injected} kills landed inside a write: {out.notes}"

@@ -2,6 +2,7 @@
 projection), and not the rows each arm gets in a batch (their rounding), whatever the float rounding.
 A hypothesis property over projections of random points onto random valid caps and floors (sums on
 and within the bounds' tolerance of 1 included) and random batch sizes and draws, seeded by FAULT_SEED."""
+
 from __future__ import annotations
 
 import math
@@ -37,9 +38,9 @@ def bounds_and_point(draw):
             scale = (1 + draw(st.sampled_from([0.0, TOLERANCE / 2, -TOLERANCE / 2, 1e-16, -1e-16]))) / total
             target[:] = [min(1.0, t * scale) for t in target]
             if which == "caps":
-                floors = [min(f, c) for f, c in zip(floors, caps)]
+                floors = [min(f, c) for f, c in zip(floors, caps, strict=False)]
             else:
-                caps = [max(f, c) for f, c in zip(floors, caps)]
+                caps = [max(f, c) for f, c in zip(floors, caps, strict=False)]
     v = [draw(st.floats(-10, 10)) for _ in range(k)]
     return np.array(v), np.array(floors), np.array(caps)
 
@@ -49,8 +50,11 @@ def test_mixtures_never_exceed_a_cap(record):
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @seed(scenarios.fault_seed())
-    @given(case=bounds_and_point(), rows=st.integers(1, 512),
-           u=st.one_of(st.floats(0, 1, exclude_max=True), st.sampled_from([0.0, 0.5, 1 - 2**-53])))
+    @given(
+        case=bounds_and_point(),
+        rows=st.integers(1, 512),
+        u=st.one_of(st.floats(0, 1, exclude_max=True), st.sampled_from([0.0, 0.5, 1 - 2**-53])),
+    )
     def check(case, rows, u):
         v, floors, caps = case
         if check_caps_floors(dict(enumerate(caps)), dict(enumerate(floors))):
@@ -64,8 +68,10 @@ def test_mixtures_never_exceed_a_cap(record):
         for i in range(len(w)):
             most, least = math.ceil(Fraction(caps[i]) * rows), math.floor(Fraction(floors[i]) * rows)
             if not least <= n[i] <= most:
-                problems.append(f"arm {i}: {n[i]} of {rows} rows, bounds {least}..{most} (cap {caps[i]!r}, "
-                                f"floor {floors[i]!r}, weight {w[i]!r}, u {u!r})")
+                problems.append(
+                    f"arm {i}: {n[i]} of {rows} rows, bounds {least}..{most} (cap {caps[i]!r}, "
+                    f"floor {floors[i]!r}, weight {w[i]!r}, u {u!r})"
+                )
         if n.sum() != rows:
             problems.append(f"{n.sum()} rows assigned of {rows}")
         out.end_fault()

@@ -1,5 +1,6 @@
 """The checks of a scenario are assertions: the first broken invariant fails the test where it is found,
 and the outcome as it stood still reaches the reliability report."""
+
 from __future__ import annotations
 
 import pytest

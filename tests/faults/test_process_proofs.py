@@ -1,6 +1,7 @@
 """Processes proven ours and the proxy's own pauses (proof_scenarios.py): a live run's engine record copied
 into another run, foreign holders of the run's lock, the proxy SIGSTOPped longer than --hang-timeout. Each
 runs as pid 1 of its own pid namespace (sandbox.py)."""
+
 from __future__ import annotations
 
 import pytest

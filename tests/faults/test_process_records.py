@@ -2,6 +2,7 @@
 pid with its real start time), forged and deleted lock files, a copied live run, a run directory
 replaced under its proxy. Each scenario runs as pid 1 of its own pid namespace (sandbox.py), so that a
 wrong kill cannot reach a process outside it; sentinels inside are the victims watched."""
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"no pid namespace for 
 
 def _in_sandbox(function: str, proxy_env, stopped_run, tmp_path, timeout: float = 900) -> Outcome:
     started = time.monotonic()
-    data = sandbox.run_scenario(function, timeout, env=asdict(proxy_env), template=str(stopped_run),
-                                workdir=str(tmp_path))
+    data = sandbox.run_scenario(
+        function, timeout, env=asdict(proxy_env), template=str(stopped_run), workdir=str(tmp_path)
+    )
     outcome = Outcome(**{k: v for k, v in data.items() if k != "seconds"})
     outcome._t0 = started  # the scenario's time, sandbox included
     return outcome

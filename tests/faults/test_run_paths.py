@@ -1,6 +1,7 @@
 """Paths out of the run (checkpoints/ or archive/ a symlink, at launch and swapped in while training),
 step numbers beyond the engine's (a stray step_3000000000.bin), archive names that collide within one
 second, a checkpoint written by another experiment among the run's."""
+
 from __future__ import annotations
 
 from . import path_scenarios as ps

@@ -1,5 +1,6 @@
 """Signals and misbehaving engines: SIGTERM inside a checkpoint write, SIGUSR1 storms, a hung
 (SIGSTOPped) engine, an engine in a crash loop, a stop signal before training starts, SIGHUP."""
+
 from __future__ import annotations
 
 import shutil

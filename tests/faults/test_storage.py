@@ -2,6 +2,7 @@
 launch (ENOSPC, a real tmpfs), a read-only run directory (EROFS), an I/O error (EIO, injected into
 the log's write in-process: no device here can be made to fail on demand). Always one line, exit 5,
 no torn line, every complete line and valid checkpoint kept, and bit-identical once the cause is gone."""
+
 from __future__ import annotations
 
 import errno
@@ -12,7 +13,7 @@ import pytest
 from proxy.errors import StorageError
 from proxy.formats.loss_log import LossLogWriter, StepEntry
 
-from . import run_dir_scenarios as rds
+from . import storage_scenarios
 from .scenarios import Outcome
 
 
@@ -23,19 +24,19 @@ def _recorded_or_skip(out, record):
 
 
 def test_proxy_append_past_the_file_size_limit(proxy_env, stopped_run, tmp_path, record):
-    record(rds.proxy_append_efbig(proxy_env, stopped_run, tmp_path)).check()
+    record(storage_scenarios.proxy_append_efbig(proxy_env, stopped_run, tmp_path)).check()
 
 
 def test_proxy_disk_full_while_training(proxy_env, stopped_run, tmp_path, record):
-    _recorded_or_skip(rds.proxy_disk_full_midrun(proxy_env, stopped_run, tmp_path), record)
+    _recorded_or_skip(storage_scenarios.proxy_disk_full_midrun(proxy_env, stopped_run, tmp_path), record)
 
 
 def test_proxy_disk_full_at_first_launch(proxy_env, tmp_path, record):
-    _recorded_or_skip(rds.proxy_disk_full_first_launch(proxy_env, tmp_path), record)
+    _recorded_or_skip(storage_scenarios.proxy_disk_full_first_launch(proxy_env, tmp_path), record)
 
 
 def test_proxy_read_only_run_directory(proxy_env, stopped_run, tmp_path, record):
-    _recorded_or_skip(rds.proxy_read_only_at_launch(proxy_env, stopped_run, tmp_path), record)
+    _recorded_or_skip(storage_scenarios.proxy_read_only_at_launch(proxy_env, stopped_run, tmp_path), record)
 
 
 def test_log_append_io_error_leaves_no_torn_line(tmp_path, monkeypatch, record):
@@ -43,8 +44,19 @@ def test_log_append_io_error_leaves_no_torn_line(tmp_path, monkeypatch, record):
     out = Outcome("I/O error appending to .loss.json (EIO, injected in-process)", "loss-log-eio")
     path = tmp_path / ".loss.json"
     writer = LossLogWriter(path)
-    entry = StepEntry(step=1, loss=4.0, lr=1e-3, grad_norm=1.0, tokens=64, time=1.0, ms=1.0, arms={"a": 4.0},
-                      mixture={"a": 1.0}, phase=0, segment=1)
+    entry = StepEntry(
+        step=1,
+        loss=4.0,
+        lr=1e-3,
+        grad_norm=1.0,
+        tokens=64,
+        time=1.0,
+        ms=1.0,
+        arms={"a": 4.0},
+        mixture={"a": 1.0},
+        phase=0,
+        segment=1,
+    )
     writer.append(entry)
     before = path.read_bytes()
     real_write = os.write
@@ -65,7 +77,7 @@ def test_log_append_io_error_leaves_no_torn_line(tmp_path, monkeypatch, record):
             out.fail(f"not one line naming the file and EIO: {exc}")
     monkeypatch.undo()
     if path.read_bytes() != before:
-        out.fail(f"the half-written line stayed: {path.read_bytes()[len(before):]!r}", data_lost=1)
+        out.fail(f"the half-written line stayed: {path.read_bytes()[len(before) :]!r}", data_lost=1)
     writer.append(StepEntry(**{**entry.__dict__, "step": 3}))
     writer.close()
     if path.read_bytes().count(b"\n") != 2:

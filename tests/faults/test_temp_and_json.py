@@ -1,8 +1,9 @@
-"""Issue 40, points 2, 7 and the fork and leftover items of point 9: temp names planted with symlinks, files
+"""Temp names and JSON a run trusts too much: temp names planted with symlinks, files
 and directories (the data freeze, fork, export, a pivot's archive, the proxy's and the engine's temp files),
 the temp files and directories a kill -9 leaves, a fork's frozen data, JSON nested without bound. Each
 scenario runs as pid 1 of its own pid namespace (sandbox.py): temp names carry pids, and there every pid is
 the scenario's own."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Inputs that cannot be read as they claim: `proxy eval --data` given a device, a FIFO, a huge file or a
 directory; data sources that refuse reads (EACCES, EIO, EINVAL, EISDIR, ENOTDIR). One line, exit 2."""
+
 from __future__ import annotations
 
 from . import input_scenarios as ins

@@ -16,6 +16,7 @@ MICROGPT_CUDA_ENGINE / MICROGPT_CPU_ENGINE override the binaries, and
 MICROGPT_GPU_SUITE=force runs the suite without the GPU check (to exercise
 the harness itself with, say, MICROGPT_CUDA_ENGINE=build/microgpt_cpu).
 """
+
 from __future__ import annotations
 
 import os
@@ -105,8 +106,15 @@ def smooth(losses: dict[int, float], window: int = 10) -> np.ndarray:
 # running engines
 
 
-def train(binary: Path, shape: Shape, workdir: Path, ckpt_dir: Path, steps: dict[int, bytes], *extra: str,
-          env: dict | None = None) -> Engine:
+def train(
+    binary: Path,
+    shape: Shape,
+    workdir: Path,
+    ckpt_dir: Path,
+    steps: dict[int, bytes],
+    *extra: str,
+    env: dict | None = None,
+) -> Engine:
     """Feed these TRAIN frames, then EOF (the engine checkpoints and exits 0)."""
     eng = Engine(binary, proxy_args(shape, ckpt_dir, *extra), workdir, env=env)
     for s in sorted(steps):
@@ -122,6 +130,7 @@ def train(binary: Path, shape: Shape, workdir: Path, ckpt_dir: Path, steps: dict
 class GradDump:
     """The first forward+backward of a run: its loss, raw gradients, and the
     engine (ready event, stderr) that computed them."""
+
     loss: float
     grads: np.ndarray
     engine: Engine
@@ -131,11 +140,16 @@ class GradDump:
         return self.engine.of("ready")[0]["device"]
 
 
-def dump_grads_run(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
-                   env: dict | None = None) -> GradDump:
+def dump_grads_run(
+    binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str, env: dict | None = None
+) -> GradDump:
     out = workdir / f"grads.{binary.name}.{time.monotonic_ns()}.bin"
-    eng = Engine(binary, proxy_args(shape, workdir / "ckpt-unused", "--resume", str(resume), "--dump-grads", str(out),
-                                    *extra), workdir, env=env)
+    eng = Engine(
+        binary,
+        proxy_args(shape, workdir / "ckpt-unused", "--resume", str(resume), "--dump-grads", str(out), *extra),
+        workdir,
+        env=env,
+    )
     eng.send(frame)
     ev = eng.wait_for("grads")
     eng.close_stdin()
@@ -146,8 +160,9 @@ def dump_grads_run(binary: Path, shape: Shape, workdir: Path, resume: Path, fram
     return GradDump(ev["loss"], grads, eng)
 
 
-def dump_grads(binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str,
-               env: dict | None = None) -> tuple[float, np.ndarray]:
+def dump_grads(
+    binary: Path, shape: Shape, workdir: Path, resume: Path, frame: bytes, *extra: str, env: dict | None = None
+) -> tuple[float, np.ndarray]:
     """(loss, gradients) of the first forward+backward from `resume` on `frame`."""
     run = dump_grads_run(binary, shape, workdir, resume, frame, *extra, env=env)
     return run.loss, run.grads

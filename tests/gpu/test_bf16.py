@@ -3,6 +3,7 @@ within 2e-2, 200-step loss curves within 2% of each other; the fused
 cuBLASLt epilogues against the unfused kernels; bf16 run-to-run determinism.
 The bf16 side runs with each attention path (--attention naive and flash);
 fp32 always runs the naive kernels, the reference."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ def test_bf16_first_loss_close_to_fp32(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
     frame = markov_frames(SHAPE, 1, 1)[1]
     l32, g32 = dump_grads(cuda_bin, SHAPE, tmp_path / "fp32", init, frame, "--precision", "fp32")
-    l16, g16 = dump_grads(cuda_bin, SHAPE, tmp_path / "bf16", init, frame, "--precision", "bf16",
-                          "--attention", attention)
+    l16, g16 = dump_grads(
+        cuda_bin, SHAPE, tmp_path / "bf16", init, frame, "--precision", "bf16", "--attention", attention
+    )
     assert abs(l16 - l32) <= LOSS_TOLERANCE, (l16, l32)
     cos = float(np.dot(g16, g32) / (np.linalg.norm(g16) * np.linalg.norm(g32)))
     assert cos > COSINE_MIN, f"bf16 gradient direction cosine {cos}"
@@ -40,8 +42,18 @@ def test_bf16_curve_tracks_fp32_for_200_steps(attention, cpu_bin, cuda_bin, tmp_
     steps = markov_frames(SHAPE, 1, 200)
     runs = {}
     for prec in ("fp32", "bf16"):
-        eng = train(cuda_bin, SHAPE, tmp_path / prec, tmp_path / prec / "ckpt", steps, "--resume", str(init),
-                    "--precision", prec, *(["--attention", attention] if prec == "bf16" else []))
+        eng = train(
+            cuda_bin,
+            SHAPE,
+            tmp_path / prec,
+            tmp_path / prec / "ckpt",
+            steps,
+            "--resume",
+            str(init),
+            "--precision",
+            prec,
+            *(["--attention", attention] if prec == "bf16" else []),
+        )
         ready = eng.of("ready")[0]
         assert ready["precision"] == prec
         if prec == "bf16":
@@ -59,8 +71,16 @@ def test_fused_epilogues_match_unfused(cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
     steps = markov_frames(SHAPE, 1, 20)
     fused = train(cuda_bin, SHAPE, tmp_path / "fused", tmp_path / "fused" / "ckpt", steps, "--resume", str(init))
-    plain = train(cuda_bin, SHAPE, tmp_path / "plain", tmp_path / "plain" / "ckpt", steps, "--resume", str(init),
-                  env={**os.environ, "MICROGPT_CUDA_FUSE": "0"})
+    plain = train(
+        cuda_bin,
+        SHAPE,
+        tmp_path / "plain",
+        tmp_path / "plain" / "ckpt",
+        steps,
+        "--resume",
+        str(init),
+        env={**os.environ, "MICROGPT_CUDA_FUSE": "0"},
+    )
     lf, lp = fused.losses(), plain.losses()
     assert abs(lf[1] - lp[1]) <= 1e-2, (lf[1], lp[1])
     assert all(abs(lf[s] - lp[s]) <= 0.01 * lp[s] for s in lp), (lf, lp)
@@ -70,10 +90,12 @@ def test_fused_epilogues_match_unfused(cpu_bin, cuda_bin, tmp_path):
 def test_bf16_is_deterministic(attention, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
     steps = markov_frames(SHAPE, 1, 10)
-    a = train(cuda_bin, SHAPE, tmp_path / "a", tmp_path / "a" / "ckpt", steps, "--resume", str(init),
-              "--attention", attention)
-    b = train(cuda_bin, SHAPE, tmp_path / "b", tmp_path / "b" / "ckpt", steps, "--resume", str(init),
-              "--attention", attention)
+    a = train(
+        cuda_bin, SHAPE, tmp_path / "a", tmp_path / "a" / "ckpt", steps, "--resume", str(init), "--attention", attention
+    )
+    b = train(
+        cuda_bin, SHAPE, tmp_path / "b", tmp_path / "b" / "ckpt", steps, "--resume", str(init), "--attention", attention
+    )
     assert a.losses() == b.losses()
     assert [e["grad_norm"] for e in a.of("step")] == [e["grad_norm"] for e in b.of("step")]
     # ...and the checkpoints they wrote at EOF are byte-identical.

@@ -1,6 +1,7 @@
 """A checkpoint written by either engine resumes in the other: the CPU
 engine's file on the GPU (fp32) and the GPU's file on the CPU, each
 continuing within 1e-4 of the engine that wrote it."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def test_cpu_checkpoint_resumes_on_gpu(cpu_bin, cuda_bin, tmp_path):
     mid = tmp_path / "cpu" / "ckpt" / "step_000005.bin"
     assert read_checkpoint(mid).step == 5
     cpu = train(cpu_bin, SHAPE, tmp_path / "cpu2", tmp_path / "cpu2" / "ckpt", rest, "--resume", str(mid))
-    gpu = train(cuda_bin, SHAPE, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", rest, "--resume", str(mid),
-                "--precision", "fp32")
+    gpu = train(
+        cuda_bin, SHAPE, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", rest, "--resume", str(mid), "--precision", "fp32"
+    )
     assert gpu.of("ready")[0]["step"] == 5
     lc, lg = cpu.losses(), gpu.losses()
     assert sorted(lg) == [6, 7, 8]
@@ -34,14 +36,32 @@ def test_cpu_checkpoint_resumes_on_gpu(cpu_bin, cuda_bin, tmp_path):
 def test_gpu_checkpoint_resumes_on_cpu(cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
     first, rest = markov_frames(SHAPE, 1, 5), markov_frames(SHAPE, 6, 8)
-    train(cuda_bin, SHAPE, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", first, "--resume", str(init),
-          "--precision", "fp32")
+    train(
+        cuda_bin,
+        SHAPE,
+        tmp_path / "gpu",
+        tmp_path / "gpu" / "ckpt",
+        first,
+        "--resume",
+        str(init),
+        "--precision",
+        "fp32",
+    )
     mid = tmp_path / "gpu" / "ckpt" / "step_000005.bin"
     ck = read_checkpoint(mid)  # verifies size, CRC and trailer
     assert ck.step == 5 and json.loads(ck.trailer.meta)["engine"] == "cuda"
     assert np.isfinite(ck.weights).all() and np.isfinite(ck.m).all() and (ck.v >= 0).all()
-    gpu = train(cuda_bin, SHAPE, tmp_path / "gpu2", tmp_path / "gpu2" / "ckpt", rest, "--resume", str(mid),
-                "--precision", "fp32")
+    gpu = train(
+        cuda_bin,
+        SHAPE,
+        tmp_path / "gpu2",
+        tmp_path / "gpu2" / "ckpt",
+        rest,
+        "--resume",
+        str(mid),
+        "--precision",
+        "fp32",
+    )
     cpu = train(cpu_bin, SHAPE, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", rest, "--resume", str(mid))
     lc, lg = cpu.losses(), gpu.losses()
     assert sorted(lc) == [6, 7, 8]
@@ -51,13 +71,23 @@ def test_gpu_checkpoint_resumes_on_cpu(cpu_bin, cuda_bin, tmp_path):
 def test_bf16_checkpoint_is_fp32_and_loads_on_cpu(cpu_bin, cuda_bin, tmp_path):
     """bf16 training still writes fp32 master weights and moments."""
     init = initial_checkpoint(cpu_bin, SHAPE, tmp_path / "init")
-    train(cuda_bin, SHAPE, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", markov_frames(SHAPE, 1, 3), "--resume",
-          str(init), "--precision", "bf16")
+    train(
+        cuda_bin,
+        SHAPE,
+        tmp_path / "gpu",
+        tmp_path / "gpu" / "ckpt",
+        markov_frames(SHAPE, 1, 3),
+        "--resume",
+        str(init),
+        "--precision",
+        "bf16",
+    )
     mid = tmp_path / "gpu" / "ckpt" / "step_000003.bin"
     ck = read_checkpoint(mid)
     # fp32 masters: the weights are not all representable in bf16.
     as_bf16 = (ck.weights.view(np.uint32) & 0xFFFF) == 0
     assert not as_bf16.all()
-    cpu = train(cpu_bin, SHAPE, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", markov_frames(SHAPE, 4, 4), "--resume",
-                str(mid))
+    cpu = train(
+        cpu_bin, SHAPE, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", markov_frames(SHAPE, 4, 4), "--resume", str(mid)
+    )
     assert np.isfinite(cpu.losses()[4])

@@ -1,4 +1,4 @@
-"""The fast paths of issue 28 on a GPU: cuDNN attention, the fused step kernels, the step as one
+"""The CUDA engine's fast paths on a GPU: cuDNN attention, the fused step kernels, the step as one
 CUDA graph, sampling with the KV cache, the asynchronous checkpoint snapshot, and the qualification
 that decides which of them a run uses (proxy/qualification.py). Each fast path against the verified
 path (naive attention, verified kernels, no graph) within the suite's bf16 tolerances; the graph
@@ -6,8 +6,8 @@ against the same kernels without it, bit for bit; determinism and bit-exact resu
 on; the KV cache's tokens and logits against the recompute path's, bit for bit.
 
 Run first in a GPU session (scripts/gpu_session.sh): the rest of tests/gpu covers the verified path."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
@@ -71,8 +71,9 @@ def test_the_graph_replays_the_fused_step_bit_for_bit(cuda_bin, tmp_path):
         runs[name] = train(cuda_bin, SHAPE, tmp_path / name, tmp_path / name / "ckpt", steps, *flags)
     assert runs["graph"].of("ready")[0]["paths"]["cuda_graph"] is True
     assert runs["graph"].losses() == runs["fused"].losses()
-    assert (tmp_path / "graph" / "ckpt" / "step_000010.bin").read_bytes() == \
-        (tmp_path / "fused" / "ckpt" / "step_000010.bin").read_bytes()
+    assert (tmp_path / "graph" / "ckpt" / "step_000010.bin").read_bytes() == (
+        tmp_path / "fused" / "ckpt" / "step_000010.bin"
+    ).read_bytes()
 
 
 def test_all_fast_paths_are_deterministic_and_resume_bit_exact(cuda_bin, tmp_path):
@@ -84,23 +85,31 @@ def test_all_fast_paths_are_deterministic_and_resume_bit_exact(cuda_bin, tmp_pat
     assert full.finish() == 0, full.stderr
     twice = train(cuda_bin, SHAPE, tmp_path / "twice", tmp_path / "twice" / "ckpt", steps, *ALL_FAST)
     assert twice.losses() == full.losses()
-    again = train(cuda_bin, SHAPE, tmp_path / "again", tmp_path / "again" / "ckpt",
-                  {s: steps[s] for s in range(11, 21)}, "--resume", str(tmp_path / "full" / "step_000010.bin"),
-                  *ALL_FAST)
+    again = train(
+        cuda_bin,
+        SHAPE,
+        tmp_path / "again",
+        tmp_path / "again" / "ckpt",
+        {s: steps[s] for s in range(11, 21)},
+        "--resume",
+        str(tmp_path / "full" / "step_000010.bin"),
+        *ALL_FAST,
+    )
     assert again.losses() == {s: full.losses()[s] for s in range(11, 21)}
-    assert (tmp_path / "again" / "ckpt" / "step_000020.bin").read_bytes() == \
-        (tmp_path / "full" / "step_000020.bin").read_bytes()
+    assert (tmp_path / "again" / "ckpt" / "step_000020.bin").read_bytes() == (
+        tmp_path / "full" / "step_000020.bin"
+    ).read_bytes()
 
 
 def test_asynchronous_snapshots_hold_the_state_of_their_step(cuda_bin, tmp_path):
     """Checkpoints taken while training goes on (every 2 steps) hold exactly the state a run stopped at
     that step writes."""
     steps = markov_frames(SHAPE, 1, 6)
-    busy = train(cuda_bin, SHAPE, tmp_path / "busy", tmp_path / "busy" / "ckpt", steps, "--ckpt-every", "2",
-                 *ALL_FAST)
+    busy = train(cuda_bin, SHAPE, tmp_path / "busy", tmp_path / "busy" / "ckpt", steps, "--ckpt-every", "2", *ALL_FAST)
     assert len(busy.of("ckpt")) >= 3
-    train(cuda_bin, SHAPE, tmp_path / "quiet", tmp_path / "quiet" / "ckpt", {s: steps[s] for s in (1, 2, 3, 4)},
-                  *ALL_FAST)
+    train(
+        cuda_bin, SHAPE, tmp_path / "quiet", tmp_path / "quiet" / "ckpt", {s: steps[s] for s in (1, 2, 3, 4)}, *ALL_FAST
+    )
     a = read_checkpoint(tmp_path / "busy" / "ckpt" / "step_000004.bin")
     b = read_checkpoint(tmp_path / "quiet" / "ckpt" / "step_000004.bin")
     for field in ("weights", "m", "v"):
@@ -113,13 +122,29 @@ def test_kv_cache_sampling_matches_recompute(precision, cpu_bin, cuda_bin, tmp_p
     the same logits, bit for bit (greedy and sampled, prompts of different lengths)."""
     shape = BASE.but(vocab=512, ctx=64, dim=128, heads=2, layers=2, batch=4)
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
-    prompts = [frames.SamplePrompt([1, 2, 3], 2, 11), frames.SamplePrompt([7] * 9, 1, 12),
-               frames.SamplePrompt([5], 2, 13)]
+    prompts = [
+        frames.SamplePrompt([1, 2, 3], 2, 11),
+        frames.SamplePrompt([7] * 9, 1, 12),
+        frames.SamplePrompt([5], 2, 13),
+    ]
     out = {}
     for mode, extra in (("kv", []), ("recompute", ["--sample-recompute"])):
         logits = tmp_path / f"{mode}.logits"
-        eng = Engine(cuda_bin, proxy_args(shape, tmp_path / mode, "--resume", str(init), "--precision", precision,
-                                          "--dump-logits", str(logits), *extra), tmp_path / mode)
+        eng = Engine(
+            cuda_bin,
+            proxy_args(
+                shape,
+                tmp_path / mode,
+                "--resume",
+                str(init),
+                "--precision",
+                precision,
+                "--dump-logits",
+                str(logits),
+                *extra,
+            ),
+            tmp_path / mode,
+        )
         eng.send(frames.sample_batch_frame(1, prompts, 40, 0.0, 0))
         greedy = eng.wait_for("sample", id=1)
         eng.send(frames.sample_batch_frame(2, prompts, 40, 0.9, 40))

@@ -8,6 +8,7 @@ Tolerances are the suite's bf16 ones (test_bf16.py): loss within 2e-2 of the
 reference, gradient cosine above 0.99, here for every parameter tensor. The
 kernels alone are held much tighter by test_flash_kernels.py; determinism
 and the 200-step learning curve of flash are in test_bf16.py."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,8 @@ from harness.data import markov_frames, markov_rows
 from harness.engine import Engine, initial_checkpoint
 from harness.shape import Shape, proxy_args
 from proxy.formats import frames
-from proxy.qualification import COSINE_MIN, LOSS_TOLERANCE as LOSS_TOL  # the qualification's tolerances
+from proxy.qualification import COSINE_MIN  # the qualification's tolerances
+from proxy.qualification import LOSS_TOLERANCE as LOSS_TOL
 
 from .conftest import BASE, GradDump, dump_grads_run, train
 
@@ -44,8 +46,11 @@ def assert_close(shape: Shape, run: GradDump, ref: GradDump, what: str, naive: G
     assert abs(run.loss - ref.loss) <= LOSS_TOL, f"loss {run.loss} vs {what} {ref.loss}"
     cos = tensor_cosines(shape, run.grads, ref.grads)
     control = tensor_cosines(shape, naive.grads, ref.grads) if naive else {}
-    bad = [f"{n}: cosine {c:.5f}" + (f" (naive bf16: {control[n]:.5f})" if control else "")
-           for n, c in cos.items() if not c > COSINE_MIN]
+    bad = [
+        f"{n}: cosine {c:.5f}" + (f" (naive bf16: {control[n]:.5f})" if control else "")
+        for n, c in cos.items()
+        if not c > COSINE_MIN
+    ]
     assert not bad, f"flash gradients against {what}:\n" + "\n".join(bad)
 
 
@@ -56,10 +61,12 @@ def test_flash_gradients_match_naive_and_cpu(case, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
     frame = markov_frames(shape, 1, 1)[1]
     cpu = dump_grads_run(cpu_bin, shape, tmp_path / "cpu", init, frame)
-    naive = dump_grads_run(cuda_bin, shape, tmp_path / "naive", init, frame, "--precision", "bf16",
-                           "--attention", "naive")
-    flash = dump_grads_run(cuda_bin, shape, tmp_path / "flash", init, frame, "--precision", "bf16",
-                           "--attention", "flash")
+    naive = dump_grads_run(
+        cuda_bin, shape, tmp_path / "naive", init, frame, "--precision", "bf16", "--attention", "naive"
+    )
+    flash = dump_grads_run(
+        cuda_bin, shape, tmp_path / "flash", init, frame, "--precision", "bf16", "--attention", "flash"
+    )
     assert naive.device.endswith("attention naive"), naive.device
     assert flash.device.endswith("attention flash"), flash.device
     assert "--attention flash" not in flash.engine.stderr, flash.engine.stderr  # no fallback warning
@@ -72,8 +79,9 @@ RESUME_SHAPE = BASE.but(ctx=100, dim=128, heads=2, batch=4, steps=20)  # head di
 
 def test_flash_resume_is_bit_exact(cuda_bin, tmp_path):
     steps = markov_frames(RESUME_SHAPE, 1, 20)
-    full = Engine(cuda_bin, proxy_args(RESUME_SHAPE, tmp_path / "full", "--ckpt-every", "5", "--attention", "flash"),
-                  tmp_path)
+    full = Engine(
+        cuda_bin, proxy_args(RESUME_SHAPE, tmp_path / "full", "--ckpt-every", "5", "--attention", "flash"), tmp_path
+    )
     for s in range(1, 21):
         full.send(steps[s])
     full.close_stdin()
@@ -81,13 +89,22 @@ def test_flash_resume_is_bit_exact(cuda_bin, tmp_path):
     assert full.of("ready")[0]["device"].endswith("attention flash")
     losses = full.losses()
     assert sorted(losses) == list(range(1, 21))
-    again = train(cuda_bin, RESUME_SHAPE, tmp_path / "again", tmp_path / "again" / "ckpt",
-                  {s: steps[s] for s in range(11, 21)}, "--resume", str(tmp_path / "full" / "step_000010.bin"),
-                  "--attention", "flash")
+    again = train(
+        cuda_bin,
+        RESUME_SHAPE,
+        tmp_path / "again",
+        tmp_path / "again" / "ckpt",
+        {s: steps[s] for s in range(11, 21)},
+        "--resume",
+        str(tmp_path / "full" / "step_000010.bin"),
+        "--attention",
+        "flash",
+    )
     assert again.losses() == {s: losses[s] for s in range(11, 21)}
     # The checkpoint at the end of both runs: byte for byte the same file.
-    assert (tmp_path / "again" / "ckpt" / "step_000020.bin").read_bytes() == \
-        (tmp_path / "full" / "step_000020.bin").read_bytes()
+    assert (tmp_path / "again" / "ckpt" / "step_000020.bin").read_bytes() == (
+        tmp_path / "full" / "step_000020.bin"
+    ).read_bytes()
 
 
 def test_flash_eval_and_sample(cpu_bin, cuda_bin, tmp_path):
@@ -98,8 +115,13 @@ def test_flash_eval_and_sample(cpu_bin, cuda_bin, tmp_path):
     groups = np.array([0, 1, 0, 2, 1], dtype=np.uint16)[: len(rows)]
     results = {}
     for attention in ("naive", "flash"):
-        eng = Engine(cuda_bin, proxy_args(shape, tmp_path / attention, "--resume", str(init), "--precision", "bf16",
-                                          "--attention", attention), tmp_path / attention)
+        eng = Engine(
+            cuda_bin,
+            proxy_args(
+                shape, tmp_path / attention, "--resume", str(init), "--precision", "bf16", "--attention", attention
+            ),
+            tmp_path / attention,
+        )
         eng.send(frames.eval_frame(1, rows, groups))
         ev = eng.wait_for("eval", id=1)
         eng.send(frames.sample_frame(2, [1, 2, 3], count=2, max_new=20, temperature=0.0))
@@ -129,10 +151,18 @@ def test_flash_falls_back_to_naive(case, cuda_bin, tmp_path):
     steps = markov_frames(shape, 1, 3)
     runs = {}
     for attention in ("naive", "flash"):
-        runs[attention] = train(cuda_bin, shape, tmp_path / attention, tmp_path / attention / "ckpt", steps, *extra,
-                                "--attention", attention)
+        runs[attention] = train(
+            cuda_bin,
+            shape,
+            tmp_path / attention,
+            tmp_path / attention / "ckpt",
+            steps,
+            *extra,
+            "--attention",
+            attention,
+        )
     asked = runs["flash"]
     assert asked.of("ready")[0]["device"].endswith("attention naive"), asked.of("ready")[0]["device"]
-    warnings = [l for l in asked.stderr.splitlines() if "--attention flash" in l]
+    warnings = [line for line in asked.stderr.splitlines() if "--attention flash" in line]
     assert len(warnings) == 1 and says in warnings[0], asked.stderr
     assert asked.losses() == runs["naive"].losses()

@@ -4,6 +4,7 @@ bf16 inputs: head dims 32, 64, 128 at T = 1, 64, 100 (not a multiple of the
 64-row tile) and 1024. Outputs are poisoned with NaN before every launch, so
 an element no kernel writes fails the test; each case runs twice and must
 repeat bit for bit."""
+
 from __future__ import annotations
 
 import json

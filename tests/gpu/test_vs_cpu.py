@@ -1,6 +1,7 @@
 """fp32 CUDA against the CPU reference engine, from the same checkpoint:
 first loss within 1e-5, every gradient tensor within 1e-4 relative, and ten
 training steps whose losses agree within 1e-4."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,8 +61,17 @@ def test_ten_steps_match_cpu(name, cpu_bin, cuda_bin, tmp_path):
     init = initial_checkpoint(cpu_bin, shape, tmp_path / "init")
     steps = markov_frames(shape, 1, 10)
     cpu = train(cpu_bin, shape, tmp_path / "cpu", tmp_path / "cpu" / "ckpt", steps, "--resume", str(init))
-    gpu = train(cuda_bin, shape, tmp_path / "gpu", tmp_path / "gpu" / "ckpt", steps, "--resume", str(init),
-                "--precision", "fp32")
+    gpu = train(
+        cuda_bin,
+        shape,
+        tmp_path / "gpu",
+        tmp_path / "gpu" / "ckpt",
+        steps,
+        "--resume",
+        str(init),
+        "--precision",
+        "fp32",
+    )
     lc, lg = cpu.losses(), gpu.losses()
     assert sorted(lc) == sorted(lg) == list(range(1, 11))
     diffs = {s: abs(lg[s] - lc[s]) for s in lc}
@@ -81,8 +91,9 @@ def test_eval_and_greedy_sample_match_cpu(cpu_bin, cuda_bin, tmp_path):
     prompt = [1, 2, 3]
     results = {}
     for binary, extra in ((cpu_bin, []), (cuda_bin, ["--precision", "fp32"])):
-        eng = Engine(binary, proxy_args(shape, tmp_path / binary.name, "--resume", str(init), *extra),
-                     tmp_path / binary.name)
+        eng = Engine(
+            binary, proxy_args(shape, tmp_path / binary.name, "--resume", str(init), *extra), tmp_path / binary.name
+        )
         eng.send(frames.eval_frame(1, rows, groups))
         ev = eng.wait_for("eval", id=1)
         eng.send(frames.sample_frame(2, prompt, count=2, max_new=shape.ctx, temperature=0.0))

@@ -3,6 +3,7 @@
 The data of a step depends on the step and the seed only, so a resumed run is fed exactly the frames
 the uninterrupted run was fed.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,15 +48,19 @@ def step_seed(seed: int, step: int) -> int:
 
 def train_frames(shape: Shape, first_step: int, n: int, seed: int = 7) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """(step, tokens, groups) for steps first_step .. first_step+n-1: uniform random tokens."""
-    return [(s, random_rows(shape, shape.rows, step_seed(seed, s)), random_groups(shape.rows, step_seed(seed, s)))
-            for s in range(first_step, first_step + n)]
+    return [
+        (s, random_rows(shape, shape.rows, step_seed(seed, s)), random_groups(shape.rows, step_seed(seed, s)))
+        for s in range(first_step, first_step + n)
+    ]
 
 
 def markov_frames(shape: Shape, first: int, last: int, seed: int = 7) -> dict[int, bytes]:
     """TRAIN frames (bytes) for steps first..last of learnable Markov-chain data, by step."""
     groups = (np.arange(shape.rows) % 3).astype(np.uint16)
-    return {s: frames.train_frame(s, markov_rows(shape, shape.rows, step_seed(seed, s)), groups)
-            for s in range(first, last + 1)}
+    return {
+        s: frames.train_frame(s, markov_rows(shape, shape.rows, step_seed(seed, s)), groups)
+        for s in range(first, last + 1)
+    }
 
 
 def make_shard(path: Path, vocab: int, n_tokens: int = 20_000, seed: int = 0) -> Path:

@@ -13,6 +13,7 @@ Two ways to wait, for two kinds of test:
 
 Every frame and event is spoken through proxy/formats/frames.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ from .shape import Shape, proxy_args
 TIMEOUT = 120.0  # seconds one interaction may take on a busy 2-core box before it counts as hung
 
 # Every child started, in order: tests/conftest.py kills those a test left running.
-LIVE: list["Child"] = []
+LIVE: list[Child] = []
 
 
 class EngineError(AssertionError):
@@ -48,8 +49,18 @@ class Hang(EngineError):
 class Child:
     """A child process: stdout lines on a queue, parsed as engine events where they are; stderr kept."""
 
-    def __init__(self, argv, cwd, *, env: dict | None = None, stdin_pipe: bool = False, preexec_fn=None,
-                 new_session: bool = False, parse_events: bool = True, timeout: float = TIMEOUT):
+    def __init__(
+        self,
+        argv,
+        cwd,
+        *,
+        env: dict | None = None,
+        stdin_pipe: bool = False,
+        preexec_fn=None,
+        new_session: bool = False,
+        parse_events: bool = True,
+        timeout: float = TIMEOUT,
+    ):
         """`env` is the child's whole environment (None: ours); `timeout` the default of every wait."""
         self.argv = [str(a) for a in argv]
         self.cwd = Path(cwd)
@@ -57,8 +68,16 @@ class Child:
         self.parse = parse_events
         self.timeout = timeout
         stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     preexec_fn=preexec_fn, start_new_session=new_session, env=env)
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=preexec_fn,
+            start_new_session=new_session,
+            env=env,
+        )
         self.pid = self.proc.pid
         LIVE.append(self)
         self.lines: list[str] = []
@@ -126,8 +145,9 @@ class Child:
         try:
             raw = self._q.get(timeout=max(0.0, timeout))
         except queue.Empty:
-            raise Hang(f"no output from {Path(self.argv[0]).name} within {timeout:.0f}s; "
-                       f"stderr tail: {self.stderr[-2000:]!r}") from None
+            raise Hang(
+                f"no output from {Path(self.argv[0]).name} within {timeout:.0f}s; stderr tail: {self.stderr[-2000:]!r}"
+            ) from None
         if raw is None:
             self._eof = True
             return None
@@ -206,8 +226,9 @@ class Child:
             rc = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except (Hang, subprocess.TimeoutExpired):
             self.kill_all()
-            raise Hang(f"{Path(self.argv[0]).name} did not finish within {timeout:.0f}s; "
-                       f"stderr tail: {self.stderr[-2000:]!r}") from None
+            raise Hang(
+                f"{Path(self.argv[0]).name} did not finish within {timeout:.0f}s; stderr tail: {self.stderr[-2000:]!r}"
+            ) from None
         self.close()
         return rc
 
@@ -279,14 +300,21 @@ class Child:
         return self.proc.poll() is None
 
 
-
 class Engine(Child):
     """A running engine: frames to stdin (a pipe unless `stdin_pipe=False`), events from stdout."""
 
-    def __init__(self, binary: Path, args, cwd: Path, *, env: dict | None = None, stdin_pipe: bool = True,
-                 preexec_fn=None, timeout: float = TIMEOUT):
-        super().__init__([binary, *args], cwd, env=env, stdin_pipe=stdin_pipe, preexec_fn=preexec_fn,
-                         timeout=timeout)
+    def __init__(
+        self,
+        binary: Path,
+        args,
+        cwd: Path,
+        *,
+        env: dict | None = None,
+        stdin_pipe: bool = True,
+        preexec_fn=None,
+        timeout: float = TIMEOUT,
+    ):
+        super().__init__([binary, *args], cwd, env=env, stdin_pipe=stdin_pipe, preexec_fn=preexec_fn, timeout=timeout)
 
     def train(self, step: int, tokens: np.ndarray, groups: np.ndarray | None = None) -> None:
         if groups is None:
@@ -312,8 +340,9 @@ class Engine(Child):
         while True:
             ev = self.next_event(max(0.01, deadline - time.monotonic()))
             if ev is None:
-                raise EngineError(f"stdout ended before a {kind!r} event {match}; rc={self.proc.poll()} "
-                                  f"stderr: {self.stderr!r}")
+                raise EngineError(
+                    f"stdout ended before a {kind!r} event {match}; rc={self.proc.poll()} stderr: {self.stderr!r}"
+                )
             if ev.kind == kind and all(ev.get(k) == v for k, v in match.items()):
                 return ev
             if ev.kind == "error" and kind != "error":
@@ -339,11 +368,13 @@ class Engine(Child):
         return {e["step"]: e["loss"] for e in self.of("step")}
 
 
-def run_once(binary: Path, args, cwd: Path, stdin: bytes = b"", timeout: float = TIMEOUT,
-             env: dict | None = None) -> subprocess.CompletedProcess:
+def run_once(
+    binary: Path, args, cwd: Path, stdin: bytes = b"", timeout: float = TIMEOUT, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run the engine to completion on `stdin` bytes; stdout and stderr as bytes."""
-    return subprocess.run([str(binary), *[str(a) for a in args]], input=stdin, capture_output=True,
-                          cwd=cwd, timeout=timeout, env=env)
+    return subprocess.run(
+        [str(binary), *[str(a) for a in args]], input=stdin, capture_output=True, cwd=cwd, timeout=timeout, env=env
+    )
 
 
 def parse_events(stdout: bytes) -> list:

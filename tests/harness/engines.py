@@ -8,6 +8,7 @@ Every proxy run in the tests names its engine with `--engine` (`EngineUnderTest.
 never drives an engine because of what the machine happens to have. `auto` is refused for that
 reason. The names and the GPU check are the proxy's own (proxy/supervision/engine_process.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,13 +59,21 @@ def engine_under_test(environ=os.environ) -> EngineUnderTest:
     kind = request if request in ("cpu", "cuda") else "custom"
     path = engine_binary(request)
     if request == "auto":
-        return EngineUnderTest(request, path, kind, f"{ENV}=auto: name the engine (cpu, cuda or a path); "
-                                                    "a test never picks one by what the machine has")
+        return EngineUnderTest(
+            request,
+            path,
+            kind,
+            f"{ENV}=auto: name the engine (cpu, cuda or a path); a test never picks one by what the machine has",
+        )
     try:
         choice = choose_engine(request)
     except EngineError as exc:
         return EngineUnderTest(request, path.resolve(), kind, f"{ENV}={request}: {exc}")
     if choice.kind == "cuda" and not gpu_visible():
-        return EngineUnderTest(request, choice.path, kind, f"{ENV}=cuda: no NVIDIA GPU visible "
-                                                           "(no /dev/nvidia0, and `nvidia-smi -L` lists none)")
+        return EngineUnderTest(
+            request,
+            choice.path,
+            kind,
+            f"{ENV}=cuda: no NVIDIA GPU visible (no /dev/nvidia0, and `nvidia-smi -L` lists none)",
+        )
     return EngineUnderTest(request, choice.path, choice.kind, None)

@@ -4,6 +4,7 @@ Every fsync of a process that preloads the library first sleeps MG_TEST_FSYNC_DE
 milliseconds, then fails with EIO if MG_TEST_FSYNC_FAIL=1 (the C file says why that is enough).
 The library is built with the C compiler that builds the engine ($CC, else cc).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,11 @@ SOURCE = Path(__file__).with_name("fsync_shim.c")
 def build_fsync_shim(directory: Path) -> Path:
     """SOURCE compiled as directory/fsync_shim.so; a compile error fails the test with its output."""
     out = Path(directory) / "fsync_shim.so"
-    res = subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(out), str(SOURCE), "-ldl"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", str(out), str(SOURCE), "-ldl"],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         raise AssertionError(f"cannot build {SOURCE}: {res.stderr}")
     return out

@@ -18,13 +18,14 @@ that kind (a CHECKPOINT the proxy was asked for) reached the gate: raising the l
 through with the steps ahead of it. A stop (a STOP frame) and a proxy that went away (EOF) pass
 everything: the gate only holds an engine the proxy wants to keep training.
 """
+
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from proxy.atomic import atomic_write_text
 from proxy.formats import frames
@@ -47,6 +48,7 @@ exec_engine({engine!r}, {directory!r}, {header!r}, {magic!r}, {train}, {stop})
 @dataclass(frozen=True)
 class Received:
     """One line of the relay's record: a launch's first TRAIN frame, or a frame that is not TRAIN."""
+
     pid: int  # the engine's
     relay_pid: int
     kind: int  # frames.TRAIN, frames.CHECKPOINT, ...
@@ -66,9 +68,18 @@ class Gate:
         self.record_path = self.directory / "frames"
         self.wrapper = self.directory / "gated-engine"
         self.open()
-        self.wrapper.write_text(WRAPPER.format(python=sys.executable, engine=str(self.engine), tests=str(TESTS),
-                                               directory=str(self.directory), header=frames.HEADER.format,
-                                               magic=frames.FRAME_MAGIC, train=frames.TRAIN, stop=frames.STOP))
+        self.wrapper.write_text(
+            WRAPPER.format(
+                python=sys.executable,
+                engine=str(self.engine),
+                tests=str(TESTS),
+                directory=str(self.directory),
+                header=frames.HEADER.format,
+                magic=frames.FRAME_MAGIC,
+                train=frames.TRAIN,
+                stop=frames.STOP,
+            )
+        )
         self.wrapper.chmod(0o755)
 
     @property

@@ -18,6 +18,7 @@ group and every signal sent to it. The relay passes the proxy's frames on in ord
   where a relaunched engine resumes before it trains, and that a request reached the gate;
 - when the engine's end closes (it exited or was killed) the relay exits too.
 """
+
 from __future__ import annotations
 
 import errno
@@ -67,8 +68,17 @@ def _detach_stdout() -> None:
 
 
 class Relay:
-    def __init__(self, up: int, down: int, directory: Path, engine_pid: int, header: struct.Struct, magic: bytes,
-                 train: int, stop: int):
+    def __init__(
+        self,
+        up: int,
+        down: int,
+        directory: Path,
+        engine_pid: int,
+        header: struct.Struct,
+        magic: bytes,
+        train: int,
+        stop: int,
+    ):
         self.up, self.down = up, down
         self.limit_path = directory / "limit"
         self.record_path = directory / "frames"
@@ -98,8 +108,8 @@ class Relay:
                 break
             if len(self.incoming) < size + payload:
                 break
-            self.frames.append((kind, frame_id, bytes(self.incoming[:size + payload])))
-            del self.incoming[:size + payload]
+            self.frames.append((kind, frame_id, bytes(self.incoming[: size + payload])))
+            del self.incoming[: size + payload]
             if kind == self.train:
                 if self.first_train_seen:
                     continue

@@ -5,6 +5,7 @@ its condition holds, as if the engine were that much faster than the test: at 0.
 trains hundreds of TINY steps before the test acts. A suite that passes with it does not depend on
 the engine's speed (docs/RELIABILITY.md, "Speed-independence").
 """
+
 from __future__ import annotations
 
 import os

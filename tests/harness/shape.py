@@ -5,6 +5,7 @@ engine's command line is built by proxy/formats/engine_cli.py, as the proxy buil
 defaults are the engine suite's tiny model (a step in about a millisecond on the CPU engine); a
 suite that wants another base shape says so once (`BASE = Shape(...)`) and derives with `but()`.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -19,6 +20,7 @@ from proxy.formats.parameters import ModelShape
 @dataclass(frozen=True)
 class Shape(ModelShape):
     """ModelShape (what fixes the parameter layout) plus the batch, schedule and optimizer settings."""
+
     vocab: int = 64
     ctx: int = 16
     dim: int = 32
@@ -43,7 +45,7 @@ class Shape(ModelShape):
         """Token rows per optimizer step (a TRAIN frame's rows)."""
         return self.batch * self.grad_accum
 
-    def but(self, **changes) -> "Shape":
+    def but(self, **changes) -> Shape:
         return replace(self, **changes)
 
     def flags(self) -> list[str]:
@@ -66,8 +68,8 @@ def proxy_args(shape: Shape, ckpt_dir: Path, *extra) -> list[str]:
     return engine_args(ckpt_dir, ckpt_every=0, settings=shape.flags(), extra=extra)
 
 
-def standalone_args(shape: Shape, shard: Path, ckpt_dir: Path, ckpt_every: int, *extra,
-                    resume: str | Path | None = None) -> list[str]:
+def standalone_args(
+    shape: Shape, shard: Path, ckpt_dir: Path, ckpt_every: int, *extra, resume: str | Path | None = None
+) -> list[str]:
     """Standalone mode: the engine reads `shard` itself and trains steps 1..shape.steps."""
-    return engine_args(ckpt_dir, data=shard, resume=resume, ckpt_every=ckpt_every, settings=shape.flags(),
-                       extra=extra)
+    return engine_args(ckpt_dir, data=shard, resume=resume, ckpt_every=ckpt_every, settings=shape.flags(), extra=extra)

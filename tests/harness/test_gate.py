@@ -1,6 +1,7 @@
 """The frame gate itself (harness/gate.py), on the engine under test in proxy mode: it holds TRAIN
 frames above the limit and nothing else, lets a STOP and an EOF through, keeps the engine's pid
 and its results bit for bit, says where a launch starts, and ends with the engine."""
+
 from __future__ import annotations
 
 import os
@@ -86,8 +87,9 @@ def test_gate_holds_train_frames_and_a_stop_passes(engine_path, tmp_path):
     direct.send(frames.stop_frame())
     assert direct.finish() == 0, direct.stderr
     assert eng.losses() == direct.losses()
-    assert (tmp_path / "gated" / "ck" / "step_000006.bin").read_bytes() == \
-        (tmp_path / "direct" / "ck" / "step_000006.bin").read_bytes()
+    assert (tmp_path / "gated" / "ck" / "step_000006.bin").read_bytes() == (
+        tmp_path / "direct" / "ck" / "step_000006.bin"
+    ).read_bytes()
 
 
 def test_gate_passes_everything_at_eof(engine_path, tmp_path):

@@ -1,4 +1,5 @@
 """Data: sources, tokenizer, train/val split, preparation and its cache."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,13 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from proxy.data.split import VAL, by_hash, val_doc_max
-from proxy.data.tokenizer import EOT
-from proxy.data import (DataError, SourceError, Tokenizer, data_key, load_documents, prepare_data,
-                        source_files, train_tokenizer)
-from proxy.data.progress_bars import Progress
 from proxy.config.experiment import load_experiment, parse_experiment
 from proxy.config.sources import parse_source
+from proxy.data import (
+    DataError,
+    SourceError,
+    Tokenizer,
+    data_key,
+    load_documents,
+    prepare_data,
+    source_files,
+    train_tokenizer,
+)
+from proxy.data.progress_bars import ProgressBars
+from proxy.data.split import VAL, by_hash, val_doc_max
+from proxy.data.tokenizer import EOT
 from proxy.formats.shard import read_shard
 
 
@@ -27,16 +36,19 @@ def train_tokens(data, arm):
     (segment,) = data.train[arm]
     return segment.array()
 
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_experiment(sources_a, sources_b, vocab=300, ctx=16, name="small"):
-    return parse_experiment({
-        "name": name,
-        "model": {"vocab": vocab, "ctx": ctx, "dim": 16, "layers": 1, "heads": 2},
-        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
-        "arms": [{"name": "a", "sources": sources_a}, {"name": "b", "sources": sources_b}],
-    })
+    return parse_experiment(
+        {
+            "name": name,
+            "model": {"vocab": vocab, "ctx": ctx, "dim": 16, "layers": 1, "heads": 2},
+            "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+            "arms": [{"name": "a", "sources": sources_a}, {"name": "b", "sources": sources_b}],
+        }
+    )
 
 
 @pytest.fixture
@@ -52,14 +64,17 @@ def corpus(tmp_path):
     (d / "bin.py").write_bytes(b"\xff\xfe\x00binary")
     with open(tmp_path / "docs.jsonl", "w") as f:
         for i in range(200):
-            f.write(json.dumps({"text": f"Document {i}: the quick brown fox jumps over {i} lazy dogs. " * 5,
-                                "id": i}) + "\n")
+            f.write(
+                json.dumps({"text": f"Document {i}: the quick brown fox jumps over {i} lazy dogs. " * 5, "id": i})
+                + "\n"
+            )
             if i % 50 == 0:
                 f.write("\n")
     return tmp_path
 
 
 # --- sources ----------------------------------------------------------------
+
 
 def test_dir_source(corpus):
     src = SourceConfig(dir="corpus", suffix=".py")
@@ -115,6 +130,7 @@ def test_builtin_sources():
 
 # --- tokenizer ----------------------------------------------------------------
 
+
 def test_tokenizer_train_roundtrip(tmp_path, corpus):
     docs = load_documents(SourceConfig(dir="corpus", suffix=".py"), corpus)
     tok = train_tokenizer(docs, 300)
@@ -133,6 +149,7 @@ def test_tokenizer_train_roundtrip(tmp_path, corpus):
 
 
 # --- split (proxy/data/split.py) ------------------------------------------------
+
 
 def split_of(tmp_path, docs, name="split"):
     """Prepare one arm of JSON Lines documents (the other arm a fixed file): its val text and train text."""
@@ -157,7 +174,7 @@ def test_split_many_documents(tmp_path):
     assert 10 <= len(chosen) == stats["val_docs"] < 100
     head = "".join(d + EOT for d in chosen)
     assert val.startswith(head)
-    assert train + val[len(head):] == "".join(d + EOT for d in docs if d not in chosen)
+    assert train + val[len(head) :] == "".join(d + EOT for d in docs if d not in chosen)
     # the split depends on content, not on position
     _data, _train, reversed_val = split_of(tmp_path, list(reversed(docs)), "reversed")
     assert reversed_val.startswith("".join(d + EOT for d in reversed(chosen)))
@@ -172,10 +189,11 @@ def test_split_single_document(tmp_path):
 
 # --- preparation and cache ------------------------------------------------------
 
+
 def test_prepare_and_cache(tmp_path, corpus):
     exp = small_experiment([{"dir": "corpus", "suffix": ".py"}], [{"jsonl": "docs.jsonl"}])
     err = io.StringIO()
-    data = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err))
+    data = prepare_data(exp, corpus, tmp_path / "cache", progress=ProgressBars(True, err))
     assert not data.cached
     log = err.getvalue()
     assert "training tokenizer" in log and "encoding 2 arm(s)" in log and "\x1b" not in log
@@ -191,7 +209,7 @@ def test_prepare_and_cache(tmp_path, corpus):
 
     # second call: no work, same files
     err2 = io.StringIO()
-    again = prepare_data(exp, corpus, tmp_path / "cache", progress=Progress(True, err2))
+    again = prepare_data(exp, corpus, tmp_path / "cache", progress=ProgressBars(True, err2))
     assert again.cached and again.path == data.path and again.train == data.train
     assert err2.getvalue() == ""
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [data.path.name]
@@ -201,6 +219,7 @@ def test_prepare_and_cache(tmp_path, corpus):
     moved = tmp_path / "moved"
     (moved).mkdir()
     import shutil
+
     shutil.copytree(corpus / "corpus", moved / "corpus")
     shutil.copy(corpus / "docs.jsonl", moved / "docs.jsonl")
     assert data_key(exp, moved) == k1
@@ -245,11 +264,26 @@ def test_the_format_1_key_is_the_old_versions(tmp_path):
     """A run trained before runs froze their data finds its data by the key format 1 gave them (pinned: the
     value the version before computed for these files)."""
     from proxy.data.prepare import v1_key
+
     (tmp_path / "corpus.txt").write_text("hello world, this is a tiny corpus.\n" * 200)
     (tmp_path / "d.jsonl").write_text("".join(f'{{"t": "doc {i}"}}\n' for i in (1, 2, 3)))
-    exp = parse_experiment({
-        "name": "V1", "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
-        "train": {"batch": 2, "max_steps": 10, "lr": 0.001, "min_lr": 0.0001, "warmup": 1, "seed": 1, "eval_rows": 2},
-        "arms": [{"name": "a", "sources": [{"file": "corpus.txt"}, {"jsonl": "d.jsonl", "field": "t"}]},
-                 {"name": "b", "sources": [{"dir": ".", "suffix": ".txt", "max_chars": 1000}]}]})
+    exp = parse_experiment(
+        {
+            "name": "V1",
+            "model": {"vocab": 300, "ctx": 16, "dim": 16, "layers": 1, "heads": 2},
+            "train": {
+                "batch": 2,
+                "max_steps": 10,
+                "lr": 0.001,
+                "min_lr": 0.0001,
+                "warmup": 1,
+                "seed": 1,
+                "eval_rows": 2,
+            },
+            "arms": [
+                {"name": "a", "sources": [{"file": "corpus.txt"}, {"jsonl": "d.jsonl", "field": "t"}]},
+                {"name": "b", "sources": [{"dir": ".", "suffix": ".txt", "max_chars": 1000}]},
+            ],
+        }
+    )
     assert v1_key(exp, tmp_path) == "21b65c2959ab3733c1c73ffac5f1aa1c7a57c39a233bdd0d1b6b319b78bdc0c1"

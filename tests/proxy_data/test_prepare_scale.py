@@ -4,6 +4,7 @@ UNIT_BYTES (planning, in this process) and the sample bound are made small here
 so that a test-sized corpus takes the paths a gigabyte takes: files split
 over many units, JSON Lines split between lines, a sample of the text.
 """
+
 from __future__ import annotations
 
 import io
@@ -21,8 +22,8 @@ import pytest
 from proxy.config.experiment import parse_experiment
 from proxy.config.sources import parse_source
 from proxy.data import DataError, SourceError, load_documents, prepare_data, train_tokenizer
-from proxy.data.progress_bars import Progress
-from proxy.data.source_readers import stdlib_files
+from proxy.data.builtin_sources import stdlib_files
+from proxy.data.progress_bars import ProgressBars
 from proxy.data.text import WORD_CHARS, binary_reason, pieces, safe_cut
 from proxy.formats.shard import read_shard
 
@@ -55,7 +56,7 @@ def test_safe_cuts_encode_as_the_whole(code_text, tokenizer):
     assert [i for p in parts for i in tokenizer.encode(p)] == whole
     # bytes cut the same way (a file read in parts)
     data = text.encode()
-    assert safe_cut(data, 5_000) == len(text[:safe_cut(text, 5_000)].encode())
+    assert safe_cut(data, 5_000) == len(text[: safe_cut(text, 5_000)].encode())
     # Windows line ends: cut before the \r\n, and the pieces still encode as the whole
     crlf = text.replace("\n", "\r\n")
     parts = pieces(crlf, size=5_000)
@@ -68,10 +69,12 @@ def test_safe_cuts_encode_as_the_whole(code_text, tokenizer):
 
 
 def experiment(arms: dict, vocab=1024, tokenizer=None):
-    obj = {"name": "scale", "model": {"vocab": vocab, "ctx": 32, "dim": 16, "layers": 1, "heads": 2},
-           "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1,
-                     "eval_rows": 2},
-           "arms": [{"name": name, "sources": sources} for name, sources in arms.items()]}
+    obj = {
+        "name": "scale",
+        "model": {"vocab": vocab, "ctx": 32, "dim": 16, "layers": 1, "heads": 2},
+        "train": {"batch": 2, "max_steps": 10, "lr": 1e-3, "min_lr": 1e-4, "warmup": 1, "seed": 1, "eval_rows": 2},
+        "arms": [{"name": name, "sources": sources} for name, sources in arms.items()],
+    }
     if tokenizer:
         obj["tokenizer"] = tokenizer
     return parse_experiment(obj)
@@ -89,13 +92,15 @@ def test_one_and_two_workers_give_the_same_bytes(tmp_path, code_text, tokenizer,
     (tmp_path / "big.txt").write_text(code_text)
     with open(tmp_path / "lines.jsonl", "w") as f:
         for i in range(3000):
-            f.write(json.dumps({"text": f"line {i}: " + code_text[i * 97:i * 97 + 300]}) + "\n")
+            f.write(json.dumps({"text": f"line {i}: " + code_text[i * 97 : i * 97 + 300]}) + "\n")
     (tmp_path / "dir").mkdir()
     for i in range(40):
-        (tmp_path / "dir" / f"m{i:02d}.py").write_text(code_text[i * 10_000:(i + 1) * 10_000])
+        (tmp_path / "dir" / f"m{i:02d}.py").write_text(code_text[i * 10_000 : (i + 1) * 10_000])
     (tmp_path / "tokenizer.json").write_text(tokenizer.to_str())
-    exp = experiment({"big": [{"file": "big.txt"}], "lines": [{"jsonl": "lines.jsonl"}],
-                      "dir": [{"dir": "dir", "suffix": ".py"}]}, tokenizer="tokenizer.json")
+    exp = experiment(
+        {"big": [{"file": "big.txt"}], "lines": [{"jsonl": "lines.jsonl"}], "dir": [{"dir": "dir", "suffix": ".py"}]},
+        tokenizer="tokenizer.json",
+    )
     one = prepare_data(exp, tmp_path, tmp_path / "one", progress=False, workers=1)
     two = prepare_data(exp, tmp_path, tmp_path / "two", progress=False, workers=2)
     assert one.key == two.key
@@ -113,9 +118,9 @@ def test_the_tokenizer_trains_on_a_bounded_sample(tmp_path, code_text, monkeypat
     exp = experiment({"a": [{"file": "big.txt"}]})
     monkeypatch.setattr("proxy.data.source_readers.UNIT_BYTES", 64 * 1024)
     monkeypatch.setattr("proxy.data.split.SAMPLE_BYTES", 300_000)
-    monkeypatch.setattr("proxy.data.prepare.SAMPLE_CAP", 600_000)
+    monkeypatch.setattr("proxy.data.text_arms.SAMPLE_CAP", 600_000)
     err = io.StringIO()
-    data = prepare_data(exp, tmp_path, tmp_path / "cache", progress=Progress(True, err), workers=1)
+    data = prepare_data(exp, tmp_path, tmp_path / "cache", progress=ProgressBars(True, err), workers=1)
     log = err.getvalue()
     sampled = float(log.split("training tokenizer (vocab 1024)")[1].split("learned from ")[1].split("M")[0])
     assert 0.15 < sampled <= 0.6, log  # about 300 KB of 2 MB, never past the cap
@@ -127,8 +132,11 @@ def test_binary_data_is_not_text(tmp_path):
     ids = np.random.default_rng(0).integers(1, 128, 5000).astype("<u2")  # every other byte NUL, valid UTF-8
     (tmp_path / "ids.bin").write_bytes(ids.tobytes())
     assert binary_reason(ids.tobytes()) == "binary data (NUL bytes), not text"
-    with pytest.raises(SourceError, match=r'ids.bin: binary data \(NUL bytes\), not text; for token ids use a '
-                                          r'\{"tokens": \.\.\.\} source'):
+    with pytest.raises(
+        SourceError,
+        match=r"ids.bin: binary data \(NUL bytes\), not text; for token ids use a "
+        r'\{"tokens": \.\.\.\} source',
+    ):
         load_documents(parse_source({"file": "ids.bin"}), tmp_path)
     control = bytes(np.random.default_rng(1).integers(1, 9, 4000, dtype=np.uint8)) + b"text\n" * 100
     (tmp_path / "control.txt").write_bytes(control)
@@ -151,8 +159,14 @@ def test_binary_data_is_not_text(tmp_path):
 def test_no_piece_holds_a_run_longer_than_a_word(code_text, tokenizer):
     """Runs of non-whitespace or of whitespace longer than WORD_CHARS are cut every WORD_CHARS characters;
     ordinary text is not (its pieces still encode as the whole, test_safe_cuts_encode_as_the_whole)."""
-    text = (code_text[:50_000] + "x" * (3 * WORD_CHARS + 5) + "!" * WORD_CHARS + " " * (2 * WORD_CHARS + 1)
-            + "é" * (WORD_CHARS + 1) + code_text[50_000:60_000])
+    text = (
+        code_text[:50_000]
+        + "x" * (3 * WORD_CHARS + 5)
+        + "!" * WORD_CHARS
+        + " " * (2 * WORD_CHARS + 1)
+        + "é" * (WORD_CHARS + 1)
+        + code_text[50_000:60_000]
+    )
     parts = pieces(text, size=20_000)
     assert "".join(parts) == text
     longest = max(len(run) for part in parts for run in re.findall(r"\S+|\s+", part))
@@ -193,10 +207,16 @@ def _prepare_in_a_child(tmp_path, source: dict) -> tuple[dict, float]:
 
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, str(tmp_path / "prepare_one.py"), str(tmp_path), json.dumps(source)],
-                          capture_output=True, text=True, timeout=WORD_LIMIT_S, preexec_fn=limit,
-                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "prepare_one.py"), str(tmp_path), json.dumps(source)],
+        capture_output=True,
+        text=True,
+        timeout=WORD_LIMIT_S,
+        preexec_fn=limit,
+        env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     seconds = time.monotonic() - t0
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), seconds
@@ -216,6 +236,7 @@ def test_a_tiny_parquet_file_of_huge_rows_prepares_in_bounded_memory(tmp_path):
     its rows are decoded a few at a time and each cut into words of WORD_CHARS."""
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
+
     pq.write_table(pa.table({"text": ["q" * (4 << 20)] * 24}), tmp_path / "rows.parquet", compression="zstd")
     assert (tmp_path / "rows.parquet").stat().st_size < 4096
     report, seconds = _prepare_in_a_child(tmp_path, {"parquet": "rows.parquet"})

@@ -13,6 +13,7 @@ that does not is refused before it starts. A test that acts mid-run holds
 the engine at a step with a frame gate (harness/gate.py, the `gate`
 fixture) instead of racing it.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -53,8 +54,9 @@ def gate(engine, tmp_path) -> Gate:
     return Gate(tmp_path / "gate", engine.path)
 
 
-def run_args(experiment: Path | None, run_dir: Path, *extra, engine: str | None = None,
-             dashboard: bool = False) -> list[str]:
+def run_args(
+    experiment: Path | None, run_dir: Path, *extra, engine: str | None = None, dashboard: bool = False
+) -> list[str]:
     """`proxy run` arguments naming the engine: the engine under test, or `engine` (a gate's flag)."""
     args = ["run"] + ([str(experiment)] if experiment is not None else [])
     args += ["--run-dir", str(run_dir), "--engine", engine or ENGINE.flag]
@@ -64,8 +66,7 @@ def run_args(experiment: Path | None, run_dir: Path, *extra, engine: str | None 
 def require_engine_flag(args: list[str]) -> None:
     """Every proxy run in the tests says which engine it drives, never what the machine has."""
     if args and args[0] == "run" and "--engine" not in args:
-        pytest.fail(f"`proxy {' '.join(args)}` names no engine: build its arguments with run_args()",
-                    pytrace=False)
+        pytest.fail(f"`proxy {' '.join(args)}` names no engine: build its arguments with run_args()", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -98,16 +99,23 @@ def proxy_env(cache: Path) -> dict:
 class Proxy:
     """One `python -m proxy ...` child in its own session (harness.engine.Child: its output read as it comes).
     `start()` launches it; a second `start()` launches the same command again (a relaunch)."""
+
     args: list[str]
     cache: Path
     child: Child | None = None
     started: ClassVar[list] = []
 
-    def start(self) -> "Proxy":
+    def start(self) -> Proxy:
         require_engine_flag(self.args)
         Proxy.started.append(self)
-        self.child = Child([sys.executable, "-m", "proxy", *self.args], REPO, env=proxy_env(self.cache),
-                           new_session=True, parse_events=False, timeout=RUN_TIMEOUT)
+        self.child = Child(
+            [sys.executable, "-m", "proxy", *self.args],
+            REPO,
+            env=proxy_env(self.cache),
+            new_session=True,
+            parse_events=False,
+            timeout=RUN_TIMEOUT,
+        )
         return self
 
     @property
@@ -119,8 +127,10 @@ class Proxy:
             return self.child.finish(timeout)
         except Hang:  # its session too: a process of it may be what holds stdout open
             self.kill_group()
-            pytest.fail(f"proxy {' '.join(self.args)} did not finish in {timeout:.0f}s\n"
-                        f"stdout: {self.stdout()[-3000:]}\nstderr: {self.stderr()[-3000:]}")
+            pytest.fail(
+                f"proxy {' '.join(self.args)} did not finish in {timeout:.0f}s\n"
+                f"stdout: {self.stdout()[-3000:]}\nstderr: {self.stderr()[-3000:]}"
+            )
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
         self.child.killpg(sig)
@@ -168,8 +178,15 @@ def _reap_proxies():
 def run_cmd(args: list[str], cache: Path, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
     """A proxy command run to completion (status, stop, a whole run, ...)."""
     require_engine_flag(args)
-    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=REPO, env=proxy_env(cache),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        cwd=REPO,
+        env=proxy_env(cache),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_line_error(result, code: int) -> str:

@@ -5,6 +5,7 @@ tokenizer.json trained with HF tokenizers, token files encoded with it in
 nanoGPT's, llm.c's and NumPy's formats, a Parquet file and a `save_to_disk`
 directory. Nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from proxy.data.source_readers import stdlib_files
+from proxy.data.builtin_sources import stdlib_files
 from proxy.data.tokenizer import train_tokenizer
 from proxy.formats.token_files import LLMC_MAGIC
 
 from .conftest import REPO, Proxy, proxy_env, read_entries, run_args, run_cmd
 
 VOCAB = 512
-TRAIN = dict(batch=4, max_steps=30, lr=3e-3, min_lr=3e-4, warmup=5, seed=7, ckpt_every=10, eval_every=10,
-             eval_rows=4, sample_every=10, threads=1)
+TRAIN = dict(
+    batch=4,
+    max_steps=30,
+    lr=3e-3,
+    min_lr=3e-4,
+    warmup=5,
+    seed=7,
+    ckpt_every=10,
+    eval_every=10,
+    eval_rows=4,
+    sample_every=10,
+    threads=1,
+)
 
 
 def texts(limit: int) -> list[str]:
@@ -56,28 +68,33 @@ def data_dir(tmp_path_factory) -> Path:
     ids = np.concatenate([np.array(tok.encode(t) + [tok.eot_id], dtype=np.uint16) for t in docs])
     third = ids.size // 3
     (d / "train.bin").write_bytes(ids[:third].tobytes())
-    (d / "val.bin").write_bytes(ids[third:third + 3000].tobytes())
-    (d / "shard.bin").write_bytes(llmc(ids[third:2 * third]))
-    np.save(d / "ids.npy", ids[2 * third:].astype(np.uint32))
+    (d / "val.bin").write_bytes(ids[third : third + 3000].tobytes())
+    (d / "shard.bin").write_bytes(llmc(ids[third : 2 * third]))
+    np.save(d / "ids.npy", ids[2 * third :].astype(np.uint32))
     markdown = [p.read_text() for p in sorted((REPO / "docs").glob("*.md"))]
     rows = [para for text in markdown for para in text.split("\n\n") if para.strip()]
     pq.write_table(pa.table({"text": rows, "n": list(range(len(rows)))}), d / "docs.parquet", row_group_size=200)
     saved = d / "saved"
     saved.mkdir()
     table = pa.table({"text": rows[::-1]})
-    with pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as sink, \
-            pa.ipc.new_stream(sink, table.schema) as writer:
+    with (
+        pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as sink,
+        pa.ipc.new_stream(sink, table.schema) as writer,
+    ):
         writer.write_table(table, max_chunksize=100)
     (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
     (saved / "dataset_info.json").write_text("{}")
     return d
 
 
-def experiment(directory: Path, name: str, arms: list[dict], tokenizer: str | None = "tokenizer.json",
-               **train) -> Path:
-    exp = {"name": name, "model": {"vocab": VOCAB, "ctx": 32, "dim": 32, "layers": 2, "heads": 4},
-           "train": {**TRAIN, **train}, "arms": arms,
-           "samples": {"prompts": ["def ", "The "], "max_new": 16, "temperature": 0.8, "top_k": 40, "count": 1}}
+def experiment(directory: Path, name: str, arms: list[dict], tokenizer: str | None = "tokenizer.json", **train) -> Path:
+    exp = {
+        "name": name,
+        "model": {"vocab": VOCAB, "ctx": 32, "dim": 32, "layers": 2, "heads": 4},
+        "train": {**TRAIN, **train},
+        "arms": arms,
+        "samples": {"prompts": ["def ", "The "], "max_new": 16, "temperature": 0.8, "top_k": 40, "count": 1},
+    }
     if tokenizer is not None:
         exp["tokenizer"] = tokenizer
     path = directory / f"{name}.json"
@@ -110,8 +127,13 @@ def test_every_source_kind_trains(engine, data_cache, data_dir, tmp_path):
     assert (run / "data" / "tokenizer.json").read_bytes() == (data_dir / "tokenizer.json").read_bytes()
     definition = json.loads((run / "data" / "data.json").read_text())
     assert definition["tokenizer"]["given"] == str(data_dir / "tokenizer.json")
-    assert [s["kind"] for a in names for s in definition["arms"][a]["sources"]] == \
-        ["tokens", "tokens", "tokens", "parquet", "hf_dataset"]
+    assert [s["kind"] for a in names for s in definition["arms"][a]["sources"]] == [
+        "tokens",
+        "tokens",
+        "tokens",
+        "parquet",
+        "hf_dataset",
+    ]
     audits = json.loads((run / ".samples.json").read_text())
     assert audits and all(s["completion"] for s in audits[-1]["samples"])
     # proxy eval reproduces the logged evaluation bit for bit, from the run alone
@@ -150,13 +172,22 @@ def test_bad_sources_are_one_line_and_exit_2(engine, data_cache, data_dir, tmp_p
     cases = [
         ("wrong magic", [{"tokens": "train.bin", "format": "llmc"}], "train.bin: not an llm.c shard (magic"),
         ("truncated", [{"tokens": "cut.bin"}], "cut.bin: truncated: its header says 5000 tokens"),
-        ("ids >= vocab", [{"tokens": "big.bin"}], f"big.bin: token id {VOCAB + 7} at position 4321 is at or above "
-                                                  f"model.vocab {VOCAB}"),
+        (
+            "ids >= vocab",
+            [{"tokens": "big.bin"}],
+            f"big.bin: token id {VOCAB + 7} at position 4321 is at or above model.vocab {VOCAB}",
+        ),
         ("missing column", [{"parquet": "docs.parquet", "column": "body"}], "no column 'body' (columns: text, n)"),
-        ("binary as text", [{"file": "train.bin"}], 'train.bin: binary data (NUL bytes), not text; for token ids use '
-                                                     'a {"tokens": ...} source'),
-        ("unknown kind", [{"parquett": "docs.parquet"}], "unknown key 'parquett'; a source is one of file, glob, dir, "
-                                                         "jsonl, parquet, hf_dataset, tokens, builtin"),
+        (
+            "binary as text",
+            [{"file": "train.bin"}],
+            'train.bin: binary data (NUL bytes), not text; for token ids use a {"tokens": ...} source',
+        ),
+        (
+            "unknown kind",
+            [{"parquett": "docs.parquet"}],
+            "unknown key 'parquett'; a source is one of file, glob, dir, jsonl, parquet, hf_dataset, tokens, builtin",
+        ),
     ]
     for i, (case, sources, needle) in enumerate(cases):
         exp = experiment(bad, f"BAD{i}", [{"name": "a", "sources": sources}])
@@ -170,10 +201,20 @@ def test_bad_sources_are_one_line_and_exit_2(engine, data_cache, data_dir, tmp_p
 def test_pyarrow_absent_is_one_line_with_the_install_hint(engine, data_cache, data_dir, tmp_path):
     """The import of pyarrow made to fail in a child process: one line, the install hint, exit 2."""
     exp = experiment(data_dir, "NOARROW", [{"name": "p", "sources": [{"parquet": "docs.parquet"}]}])
-    code = ("import sys; sys.modules['pyarrow'] = None; from proxy.cli import main; "
-            f"sys.exit(main({json.dumps(run_args(exp, tmp_path / 'run'))}))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=proxy_env(tmp_path / "cache"),
-                            capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; sys.modules['pyarrow'] = None; from proxy.cli import main; "
+        f"sys.exit(main({json.dumps(run_args(exp, tmp_path / 'run'))}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=proxy_env(tmp_path / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     line = last_line_error(result, 2)
-    assert line.startswith("proxy: arm 'p': parquet ") and "docs.parquet' needs pyarrow, which is not installed: " \
-        "pip install 'microgpt[parquet]'" in line
+    assert (
+        line.startswith("proxy: arm 'p': parquet ")
+        and "docs.parquet' needs pyarrow, which is not installed: pip install 'microgpt[parquet]'" in line
+    )

@@ -1,4 +1,5 @@
 """TINY-TRAIN end to end: it trains, the loss falls, every sidecar is valid, a relaunch says done."""
+
 from __future__ import annotations
 
 import json
@@ -11,15 +12,32 @@ import pytest
 from proxy.config.experiment import load_experiment
 from proxy.data.batches import BatchSampler
 from proxy.formats import frames
-from proxy.formats.shard import read_shard
-from proxy.formats.checkpoint import checkpoint_path, checkpoint_step, list_checkpoints, read_checkpoint, verify_checkpoint
+from proxy.formats.checkpoint import (
+    checkpoint_path,
+    checkpoint_step,
+    list_checkpoints,
+    read_checkpoint,
+    verify_checkpoint,
+)
 from proxy.formats.engine_cli import engine_args
+from proxy.formats.shard import read_shard
 from proxy.formats.state import AUDIT_KINDS
 
 from .conftest import ENGINE, TINY, Proxy, make_experiment, read_entries, run_args, run_cmd
 
-STATE_FIELDS = {"step", "phase", "policy", "status", "arms", "tokens", "tokens_per_s", "eta_s",
-                "last_checkpoint", "engine", "updated"}
+STATE_FIELDS = {
+    "step",
+    "phase",
+    "policy",
+    "status",
+    "arms",
+    "tokens",
+    "tokens_per_s",
+    "eta_s",
+    "last_checkpoint",
+    "engine",
+    "updated",
+}
 ENGINE_FIELDS = {"kind", "device", "pid", "alive", "rss_bytes", "cpu_percent", "mem_bytes"}
 ARM_FIELDS = {"pulls", "ema", "reward", "weight", "cap", "floor"}
 
@@ -40,8 +58,19 @@ def check_sidecars(run_dir, exp: dict) -> None:
     assert [e["step"] for e in steps] == list(range(1, max_steps + 1))
     rows = train["batch"] * train.get("grad_accum", 1)
     for i, e in enumerate(steps):
-        assert set(e) >= {"step", "loss", "lr", "grad_norm", "tokens", "time", "ms", "arms", "mixture",
-                          "phase", "segment"}
+        assert set(e) >= {
+            "step",
+            "loss",
+            "lr",
+            "grad_norm",
+            "tokens",
+            "time",
+            "ms",
+            "arms",
+            "mixture",
+            "phase",
+            "segment",
+        }
         assert e["tokens"] == (i + 1) * rows * exp["model"]["ctx"]
         assert math.isfinite(e["loss"]) and e["lr"] > 0 and e["grad_norm"] > 0
         assert set(e["arms"]) <= set(arms) and e["arms"]
@@ -87,8 +116,9 @@ def check_sidecars(run_dir, exp: dict) -> None:
     assert ckpts and checkpoint_step(ckpts[0]) == max_steps
     for path in ckpts:
         assert verify_checkpoint(path) is None
-    assert len(ckpts) <= max(train["keep_last"], 1) + (max_steps // train["milestone_every"]
-                                                       if train.get("milestone_every") else 0)
+    assert len(ckpts) <= max(train["keep_last"], 1) + (
+        max_steps // train["milestone_every"] if train.get("milestone_every") else 0
+    )
     best_step = min(evals, key=lambda e: e["loss"])["step"]
     best = read_checkpoint(run_dir / "checkpoints" / "best.bin")
     assert best.step == best_step
@@ -122,8 +152,13 @@ def check_evals_against_per_arm_frames(run_dir, path, data_cache, tmp_path) -> N
     loss their token-weighted mean."""
     experiment = load_experiment(path)
     val = {arm: read_shard(run_dir / "data" / f"{arm}.val.tok")[0] for arm in experiment.arm_names}  # as frozen
-    sampler = BatchSampler({arm: [t] for arm, t in val.items()}, val, experiment.arm_names,
-                           int(experiment.train.seed), int(experiment.model.ctx) + 1)
+    sampler = BatchSampler(
+        {arm: [t] for arm, t in val.items()},
+        val,
+        experiment.arm_names,
+        int(experiment.train.seed),
+        int(experiment.model.ctx) + 1,
+    )
     evals = {e["step"]: e for e in read_entries(run_dir) if e["type"] == "eval"}
     compared = 0
     for step, logged in sorted(evals.items()):
@@ -131,15 +166,19 @@ def check_evals_against_per_arm_frames(run_dir, path, data_cache, tmp_path) -> N
         if not ckpt.exists():
             continue
         arms = experiment.arm_names
-        feed = b"".join(frames.eval_frame(arm + 1, *sampler.eval_batch(arm, int(experiment.train.eval_rows)))
-                        for arm in range(len(arms)))
-        argv = [str(ENGINE.path), *engine_args(tmp_path / f"scratch-{step}", resume=ckpt, ckpt_every=0,
-                                          settings=experiment.engine_flags())]
+        feed = b"".join(
+            frames.eval_frame(arm + 1, *sampler.eval_batch(arm, int(experiment.train.eval_rows)))
+            for arm in range(len(arms))
+        )
+        argv = [
+            str(ENGINE.path),
+            *engine_args(tmp_path / f"scratch-{step}", resume=ckpt, ckpt_every=0, settings=experiment.engine_flags()),
+        ]
         out = subprocess.run(argv, input=feed, capture_output=True, timeout=120, check=True).stdout
         events = {e["id"]: e for e in map(json.loads, out.splitlines()) if e["event"] == "eval"}
         parts = [(events[a + 1]["group_loss"][str(a)], events[a + 1]["group_tokens"][str(a)]) for a in range(len(arms))]
-        assert logged["arms"] == {name: loss for name, (loss, _t) in zip(arms, parts)}, step
-        assert logged["loss"] == sum(l * t for l, t in parts) / sum(t for _l, t in parts), step
+        assert logged["arms"] == {name: loss for name, (loss, _t) in zip(arms, parts, strict=False)}, step
+        assert logged["loss"] == sum(loss * t for loss, t in parts) / sum(t for _loss, t in parts), step
         compared += 1
     assert compared >= 2, f"only {compared} evals had a checkpoint to compare on"
 
@@ -150,7 +189,9 @@ def test_tiny_trains_end_to_end(engine, data_cache, tmp_path):
     path = make_experiment(tmp_path, "TINY-TRAIN")
     exp = json.loads(path.read_text())
     shipped = json.loads(TINY.read_text())["train"]
-    assert {k: v for k, v in exp["train"].items() if k != "threads"} == {k: v for k, v in shipped.items() if k != "threads"}
+    assert {k: v for k, v in exp["train"].items() if k != "threads"} == {
+        k: v for k, v in shipped.items() if k != "threads"
+    }
     run_dir = tmp_path / "run"
     proxy = Proxy(run_args(path, run_dir), data_cache).start()
     assert proxy.wait() == 0, proxy.output()

@@ -1,4 +1,5 @@
 """Supervision under faults: crash loops, hung engines, signals, the lock, changed experiments, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,20 @@ import signal
 
 from proxy.formats import frames
 
-from .conftest import (ENGINE, Proxy, engine_pid, last_steps, make_experiment, max_logged_step, one_line_error,
-                       pid_alive, run_args, run_cmd, state, wait_for)
+from .conftest import (
+    ENGINE,
+    Proxy,
+    engine_pid,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    one_line_error,
+    pid_alive,
+    run_args,
+    run_cmd,
+    state,
+    wait_for,
+)
 
 TRAIN = dict(max_steps=200, ckpt_every=20, eval_every=50, sample_every=50, keep_last=2, milestone_every=0)
 
@@ -19,8 +32,20 @@ def test_crash_loop_stops_with_a_clear_message(engine, data_cache, tmp_path):
     bad.write_text("#!/bin/sh\necho 'bad engine: giving up' >&2\nexit 1\n")
     bad.chmod(0o755)
     run_dir = tmp_path / "run"
-    result = run_cmd(["run", str(exp), "--run-dir", str(run_dir), "--no-dashboard", "--engine", str(bad),
-                      "--restart-backoff", "0.05"], data_cache)
+    result = run_cmd(
+        [
+            "run",
+            str(exp),
+            "--run-dir",
+            str(run_dir),
+            "--no-dashboard",
+            "--engine",
+            str(bad),
+            "--restart-backoff",
+            "0.05",
+        ],
+        data_cache,
+    )
     assert result.returncode == 3, result.stderr
     assert "crash loop" in result.stderr and "5 times" in result.stderr
     assert "bad engine: giving up" in result.stderr  # the engine's own last words
@@ -35,8 +60,9 @@ def test_engine_that_rejects_its_flags_is_fatal_at_once(engine, data_cache, tmp_
     bad = tmp_path / "usage-engine.sh"
     bad.write_text("#!/bin/sh\necho 'error: unknown flag --whatever' >&2\nexit 2\n")
     bad.chmod(0o755)
-    result = run_cmd(["run", str(exp), "--run-dir", str(tmp_path / "run"), "--no-dashboard", "--engine", str(bad)],
-                     data_cache)
+    result = run_cmd(
+        ["run", str(exp), "--run-dir", str(tmp_path / "run"), "--no-dashboard", "--engine", str(bad)], data_cache
+    )
     assert result.returncode == 1, result.stderr
     assert "engine cannot run: error: unknown flag --whatever" in result.stderr
 
@@ -64,8 +90,9 @@ def test_checkpoint_stop_signals_lock_and_relaunch(engine, gate, data_cache, tmp
     # periodic checkpoints, which could make the requested one a no-op (the step already saved).
     # The gate holds the engine a few steps past each point the test waits for: whatever its speed,
     # it is where the test expects when the test acts.
-    exp = make_experiment(tmp_path, "SIGNALS", **{**TRAIN, "max_steps": 20000, "ckpt_every": 0,
-                                                  "eval_every": 100, "sample_every": 100})
+    exp = make_experiment(
+        tmp_path, "SIGNALS", **{**TRAIN, "max_steps": 20000, "ckpt_every": 0, "eval_every": 100, "sample_every": 100}
+    )
     run_dir = tmp_path / "run"
     args = run_args(exp, run_dir, engine=gate.engine_flag)
     gate.hold_after(25)
@@ -199,8 +226,9 @@ def test_run_starts_the_dashboard_and_it_dies_with_the_proxy(engine, gate, data_
             return False
 
     wait_for(page, 60, "the dashboard page", proxy, poll=0.5)
+    # proxy run starts the dashboard as `python -m dashboard ...` (proxy/commands/run.py)
     children = [int(p) for p in open(f"/proc/{proxy.proc.pid}/task/{proxy.proc.pid}/children").read().split()]
-    dashboards = [p for p in children if "\0proxy\0dashboard\0" in open(f"/proc/{p}/cmdline").read()]
+    dashboards = [p for p in children if "\0-m\0dashboard\0" in open(f"/proc/{p}/cmdline").read()]
     assert len(dashboards) == 1
     os.kill(proxy.proc.pid, signal.SIGKILL)  # the proxy alone, not its group
     proxy.proc.wait(30)

@@ -7,6 +7,7 @@ need, and `proxy run` refuses the changed run with one line unless
 its file works from the run directory alone; a launch that failed before its
 first step froze nothing binding.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,10 +24,13 @@ def relative_experiment(root: Path, name: str = "REL", **train) -> Path:
     """root/exp/NAME.json reading ../data/corpus.txt and ../data/code/*.py (relative to the experiment file)."""
     exp = json.loads(TINY.read_text())
     exp["name"] = name
-    exp["train"].update({"max_steps": 30, "ckpt_every": 10, "eval_every": 10, "sample_every": 10, "keep_last": 0,
-                         "threads": 1, **train})
-    exp["arms"] = [{"name": "corpus", "sources": [{"file": "../data/corpus.txt"}]},
-                   {"name": "code", "sources": [{"glob": "../data/code/*.py"}]}]
+    exp["train"].update(
+        {"max_steps": 30, "ckpt_every": 10, "eval_every": 10, "sample_every": 10, "keep_last": 0, "threads": 1, **train}
+    )
+    exp["arms"] = [
+        {"name": "corpus", "sources": [{"file": "../data/corpus.txt"}]},
+        {"name": "code", "sources": [{"glob": "../data/code/*.py"}]},
+    ]
     (root / "exp").mkdir(parents=True, exist_ok=True)
     (root / "data" / "code").mkdir(parents=True, exist_ok=True)
     (root / "data" / "corpus.txt").write_text(CORPUS)
@@ -40,8 +44,11 @@ def relative_experiment(root: Path, name: str = "REL", **train) -> Path:
 def follow_ups(run: Path, engine, cache: Path, out: Path) -> dict[str, str]:
     """What sample, eval, verify print and export writes, for a run at step 20."""
     result = {}
-    for name, args in (("sample", ["sample", "--prompt", "The ", "--max-new", "24", "--seed", "3"]),
-                       ("eval", ["eval", "--json"]), ("verify", ["verify", "--json"])):
+    for name, args in (
+        ("sample", ["sample", "--prompt", "The ", "--max-new", "24", "--seed", "3"]),
+        ("eval", ["eval", "--json"]),
+        ("verify", ["verify", "--json"]),
+    ):
         extra = ["--engine", engine.flag] if name in ("sample", "eval") else []
         step = ["--step", "20"] if name != "verify" else []
         done = run_cmd([*args, "--run-dir", str(run), *step, *extra], cache)
@@ -86,8 +93,10 @@ def test_follow_ups_need_no_source_and_run_refuses_a_changed_one(engine, gate, d
     changed = run_cmd(run_args(exp, run), data_cache)
     assert changed.returncode == 2 and "Traceback" not in changed.stderr
     line = changed.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"proxy: {run}: arm 'corpus' source 0 (file {corpus}) changed since the run froze it "
-                           f"(the same {len(CORPUS.encode()):,} bytes in 1 file(s), other content)"), line
+    assert line.startswith(
+        f"proxy: {run}: arm 'corpus' source 0 (file {corpus}) changed since the run froze it "
+        f"(the same {len(CORPUS.encode()):,} bytes in 1 file(s), other content)"
+    ), line
     assert "--allow-data-change" in line
     corpus.unlink()
     shutil.rmtree(tmp_path / "data" / "code")
@@ -159,11 +168,14 @@ def test_a_fork_carries_the_data_definition(engine, data_cache, tmp_path):
     assert run_cmd(run_args(exp, run), data_cache).returncode == 0
     fork = tmp_path / "fork"
     assert run_cmd(["fork", "--run-dir", str(run), "--at", "20", "--to", str(fork)], data_cache).returncode == 0
-    assert {p.name: p.read_bytes() for p in (fork / "data").iterdir()} == \
-        {p.name: p.read_bytes() for p in (run / "data").iterdir()}
+    assert {p.name: p.read_bytes() for p in (fork / "data").iterdir()} == {
+        p.name: p.read_bytes() for p in (run / "data").iterdir()
+    }
     (tmp_path / "data" / "corpus.txt").unlink()
-    evals = [run_cmd(["eval", "--run-dir", str(r), "--step", "20", "--engine", engine.flag, "--json"], data_cache)
-             for r in (run, fork)]
+    evals = [
+        run_cmd(["eval", "--run-dir", str(r), "--step", "20", "--engine", engine.flag, "--json"], data_cache)
+        for r in (run, fork)
+    ]
     assert all(e.returncode == 0 for e in evals), [e.stderr for e in evals]
     logged = [e for e in read_entries(run) if e["type"] == "eval" and e["step"] == 20][0]
     assert json.loads(evals[0].stdout)["arms"] == json.loads(evals[1].stdout)["arms"] == logged["arms"]
@@ -175,8 +187,11 @@ def test_damaged_frozen_data_is_refused_in_one_line(engine, data_cache, tmp_path
     assert run_cmd(run_args(exp, run), data_cache).returncode == 0
     tok = run / "data" / "tokenizer.json"
     tok.write_bytes(tok.read_bytes().replace(b'"<|endoftext|>"', b'"<|endoftexT|>"', 1))
-    for args in (["sample", "--prompt", "x", "--engine", engine.flag], ["eval", "--engine", engine.flag],
-                 ["export", "--out", str(tmp_path / "x")]):
+    for args in (
+        ["sample", "--prompt", "x", "--engine", engine.flag],
+        ["eval", "--engine", engine.flag],
+        ["export", "--out", str(tmp_path / "x")],
+    ):
         result = run_cmd([*args, "--run-dir", str(run)], data_cache)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1, result.stderr
@@ -209,12 +224,23 @@ def test_a_run_made_before_frozen_data_uses_the_data_it_was_made_with(engine, da
         shutil.copy(data.train[arm][0].path, entry / f"{arm}.train.tok")
         shutil.copy(data.val_shards[arm], entry / f"{arm}.val.tok")
         arms[arm] = {"train": f"{arm}.train.tok", "val": f"{arm}.val.tok", **data.stats[arm]}
-    (entry / "manifest.json").write_text(json.dumps({"format": 1, "key": v1_key(experiment, exp.parent),
-                                                     "vocab": 512, "tokenizer": "tokenizer.json", "arms": arms}))
+    (entry / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "key": v1_key(experiment, exp.parent),
+                "vocab": 512,
+                "tokenizer": "tokenizer.json",
+                "arms": arms,
+            }
+        )
+    )
     gone = run_cmd(["eval", "--run-dir", str(run), "--step", "20", "--engine", engine.flag], tmp_path / "empty")
     assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1
-    assert "holds no frozen data (made before runs froze them), and the data it was prepared with are not in the " \
+    assert (
+        "holds no frozen data (made before runs froze them), and the data it was prepared with are not in the "
         "cache" in gone.stderr
+    )
     # relative sources resolve against the run directory for a run without data/: give the experiment's place
     frozen = json.loads(exp.read_text().replace("../data/", str(tmp_path / "data") + "/"))
     (run / "experiment.json").write_text(json.dumps(frozen))
@@ -230,5 +256,6 @@ def test_a_run_made_before_frozen_data_uses_the_data_it_was_made_with(engine, da
     assert relaunch.returncode == 0, relaunch.stderr
     assert "trained before runs froze their data; freezing the data it was prepared with" in relaunch.stderr
     assert (run / "data" / "tokenizer.json").read_bytes() == data.tokenizer_json
-    assert max(last_steps(run)) == 30 and json.loads((run / "data" / "data.json").read_text())["cache_key"] == \
-        v1_key(experiment, exp.parent)
+    assert max(last_steps(run)) == 30 and json.loads((run / "data" / "data.json").read_text())["cache_key"] == v1_key(
+        experiment, exp.parent
+    )

@@ -2,6 +2,7 @@
 duplicates arm. The target policy (which reads the evaluations) and the progress policy resume bit
 for bit after a kill, and scripts/eval_mixing.py runs, summarises, plots (or says why not), writes
 the doc's tables and compares summaries."""
+
 from __future__ import annotations
 
 import json
@@ -31,16 +32,27 @@ def curation_experiment(directory: Path, name: str, policy: str, all_targets: bo
     exp["name"] = name
     exp["arms"] += [{**a, "target": all_targets} for a in CURATION_ARMS]
     exp["bandit"] = {"policy": policy}
-    exp["train"].update({"threads": 1, "max_steps": MAX_STEPS, "ckpt_every": 20, "eval_every": 30,
-                         "sample_every": 0, "keep_last": 2, "milestone_every": 0, **train})
+    exp["train"].update(
+        {
+            "threads": 1,
+            "max_steps": MAX_STEPS,
+            "ckpt_every": 20,
+            "eval_every": 30,
+            "sample_every": 0,
+            "keep_last": 2,
+            "milestone_every": 0,
+            **train,
+        }
+    )
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     path.write_text(json.dumps(exp, indent=1))
     return path
 
 
-@pytest.mark.parametrize("policy, opening, kill_at", [("target", None, 52), ("progress", None, 52),
-                                                    ("target", 0.5, 22)])
+@pytest.mark.parametrize(
+    "policy, opening, kill_at", [("target", None, 52), ("progress", None, 52), ("target", 0.5, 22)]
+)
 def test_policy_resumes_with_the_same_mixtures(engine, gate, data_cache, tmp_path, policy, opening, kill_at):
     """A proxy killed mid-run (after checkpoints, with steps and evaluations past the newest one
     logged) and relaunched rebuilds the bandit from .loss.json, the target policy's evaluations
@@ -88,8 +100,15 @@ def test_policy_resumes_with_the_same_mixtures(engine, gate, data_cache, tmp_pat
 def run_script(args: list[str], cache: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     env = proxy_env(cache)
     env.update(extra_env or {})
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "eval_mixing.py"), *args], cwd=REPO, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "eval_mixing.py"), *args],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
@@ -98,9 +117,23 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     doc = tmp_path / "DOC.md"
     sys.path.insert(0, str(REPO / "scripts"))
     from mixing.report import BEGIN, END  # noqa: PLC0415 - the script's own markers
+
     doc.write_text(f"# Doc\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
-    common = ["--experiment", str(exp), "--policies", "uniform", "target", "--seeds", "3", "--runs-dir", str(runs),
-              "--summary", str(summary), "--plots", str(plots)]
+    common = [
+        "--experiment",
+        str(exp),
+        "--policies",
+        "uniform",
+        "target",
+        "--seeds",
+        "3",
+        "--runs-dir",
+        str(runs),
+        "--summary",
+        str(summary),
+        "--plots",
+        str(plots),
+    ]
     done = run_script([*common, "--jobs", "2", "--doc", str(doc), "--no-progress"], data_cache)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -108,12 +141,19 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert list(whole["mixes"]) == ["EVAL"]
     s = whole["mixes"]["EVAL"]
     assert s["default_policy"] == "target" and s["baseline"] == "uniform" and s["seeds"] == [3]
-    assert s["low_quality_arms"] == ["junk", "dup"] and [a["target"] for a in s["arms"]] == [True, True, True, False, False]
+    assert s["low_quality_arms"] == ["junk", "dup"] and [a["target"] for a in s["arms"]] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     assert s["goals"]["fewer_steps"] == 0.15  # a mix with arms to curate away
     uni, tgt = s["policies"]["uniform"], s["policies"]["target"]
     assert uni["target_curve"]["steps"] == [10, 20, 30, 40] == tgt["target_curve"]["steps"]
     reach = uni["steps_to_baseline_final"]  # uniform against itself: the same steps, none fewer
     assert reach["per_seed"] == reach["baseline_per_seed"] and reach["fewer_steps"] == 0
+    assert reach["mean_curve"] == {"step": reach["per_seed"]["3"], "fewer_steps": 0.0}  # its mean curve: one seed
     assert reach["per_seed"]["3"] in (10, 20, 30, 40)
     assert all(abs(w - 0.2) < 1e-9 for ws in uni["mixture"]["weights"].values() for w in ws)
     assert uni["max_move"] == 0 and uni["final_target_loss"]["vs_baseline"] == 0
@@ -149,14 +189,38 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
         assert "nothing to do" in (runs / "logs" / f"{name}.log").read_text()
 
     # --compare: the same results pass; a changed number is found, named, and exits 1
-    same = run_script([*common, "--report-only", "--summary", str(tmp_path / "again.json"), "--compare", str(summary),
-                       "--plots", str(tmp_path / "img2")], data_cache, env)
+    same = run_script(
+        [
+            *common,
+            "--report-only",
+            "--summary",
+            str(tmp_path / "again.json"),
+            "--compare",
+            str(summary),
+            "--plots",
+            str(tmp_path / "img2"),
+        ],
+        data_cache,
+        env,
+    )
     assert same.returncode == 0 and "equal those in" in same.stdout, same.stdout + same.stderr
     changed = json.loads(summary.read_text())
     changed["mixes"]["EVAL"]["policies"]["target"]["max_move"] += 1e-5
     (tmp_path / "changed.json").write_text(json.dumps(changed))
-    differ = run_script([*common, "--report-only", "--summary", str(tmp_path / "again.json"), "--compare",
-                         str(tmp_path / "changed.json"), "--plots", str(tmp_path / "img2")], data_cache, env)
+    differ = run_script(
+        [
+            *common,
+            "--report-only",
+            "--summary",
+            str(tmp_path / "again.json"),
+            "--compare",
+            str(tmp_path / "changed.json"),
+            "--plots",
+            str(tmp_path / "img2"),
+        ],
+        data_cache,
+        env,
+    )
     assert differ.returncode == 1 and "EVAL: policies differ" in differ.stderr, differ.stderr
 
     # the plots and the doc's tables from the summary alone; bad input is one line and exit 2
@@ -166,10 +230,13 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     assert run_script([*redraw, "--doc", str(doc)], data_cache).returncode == 0
     assert "| **target** (default) |" in doc.read_text() and len(list((tmp_path / "img3").iterdir())) == 2
     from mixing.report import markers  # noqa: PLC0415
+
     begin, end = markers("policies")  # a second block of the same doc, named
     doc.write_text(f"{BEGIN}\nkept\n{END}\n{begin}\n{end}\n")
     assert run_script([*redraw, "--doc", str(doc), "--doc-block", "policies"], data_cache).returncode == 0
-    assert doc.read_text().startswith(f"{BEGIN}\nkept\n{END}\n{begin}\n") and "| **target** (default) |" in doc.read_text()
+    assert (
+        doc.read_text().startswith(f"{BEGIN}\nkept\n{END}\n{begin}\n") and "| **target** (default) |" in doc.read_text()
+    )
     assert summary.read_bytes() == written  # the summary itself is left alone
     nomarks = tmp_path / "NOMARKS.md"
     nomarks.write_text("no markers\n")
@@ -189,11 +256,30 @@ def test_eval_mixing_stops_its_runs_on_sigterm(engine, data_cache, tmp_path):
     exit 130, no proxy left running, and the same command resumes them."""
     exp = curation_experiment(tmp_path, "STOP", "target", max_steps=400, eval_every=50)
     runs = tmp_path / "runs"
-    args = [sys.executable, str(REPO / "scripts" / "eval_mixing.py"), "--experiment", str(exp), "--seeds", "1",
-            "--runs-dir", str(runs), "--summary", str(tmp_path / "s.json"), "--plots", str(tmp_path / "img"),
-            "--no-progress"]
-    proc = subprocess.Popen(args, cwd=REPO, env=proxy_env(data_cache), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        sys.executable,
+        str(REPO / "scripts" / "eval_mixing.py"),
+        "--experiment",
+        str(exp),
+        "--seeds",
+        "1",
+        "--runs-dir",
+        str(runs),
+        "--summary",
+        str(tmp_path / "s.json"),
+        "--plots",
+        str(tmp_path / "img"),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=REPO,
+        env=proxy_env(data_cache),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     logs = [runs / "STOP-uniform-s1" / ".loss.json", runs / "STOP-target-s1" / ".loss.json"]
     wait_for(lambda: all(p.exists() and p.stat().st_size > 0 for p in logs), 240, "both runs training")
     proc.send_signal(signal.SIGTERM)
@@ -205,14 +291,17 @@ def test_eval_mixing_stops_its_runs_on_sigterm(engine, data_cache, tmp_path):
         assert "stopped" in (runs / "logs" / f"{name}.log").read_text().lower()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--policies", "uniform", "greedy"], "unknown policy greedy"),
-    (["--seeds", "1", "1"], "must not repeat"),
-    (["--jobs", "0"], "--jobs must be at least 1"),
-    (["--mix", "good", "nope"], "unknown mix nope"),
-    (["--mix", "good", "--experiment", "x.json"], "--mix and --experiment exclude each other"),
-    (["--doc-block", "a b"], "--doc-block must be letters, digits"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policies", "uniform", "greedy"], "unknown policy greedy"),
+        (["--seeds", "1", "1"], "must not repeat"),
+        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--mix", "good", "nope"], "unknown mix nope"),
+        (["--mix", "good", "--experiment", "x.json"], "--mix and --experiment exclude each other"),
+        (["--doc-block", "a b"], "--doc-block must be letters, digits"),
+    ],
+)
 def test_eval_mixing_bad_arguments(data_cache, args, message):
     bad = run_script(args, data_cache)
     assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
@@ -224,6 +313,7 @@ def test_max_move_and_the_goals_of_a_mix():
     sys.path.insert(0, str(REPO / "scripts"))
     import numpy as np  # noqa: PLC0415
     from mixing.summary import fewer_steps_goal, low_quality_arms, max_move  # noqa: PLC0415
+
     from proxy.config.experiment import load_experiment  # noqa: PLC0415
 
     steps = np.arange(1, 201)
@@ -258,3 +348,34 @@ def test_the_mean_curve_reach_beside_the_goal():
     assert mean_curve_reach(baseline, baseline) == (100, pytest.approx(0.0))
     early = summarised([6.0, 5.5, 4.99, 5.05, 5.0])  # a baseline whose curve dips below its final value first
     assert mean_curve_reach(summarised([6.0, 4.99, 5.0, 5.0, 5.0]), early) == (40, pytest.approx(1 / 3))
+
+
+def test_the_fewer_steps_goal_reads_the_mean_curve():
+    """The goal is met when the mean curve over the seeds reaches the baseline's mean final value early
+    enough, even where a seed never reaches its own baseline's (the per-seed figures stay beside it), and
+    missed when the mean curve is too late, even where the per-seed mean says more."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from mixing.summary import with_mean_curve_goal  # noqa: PLC0415
+
+    def summarised(mean, per_seed_fewer):
+        return {
+            "target_curve": {"steps": [20, 40, 60, 80, 100], "mean": mean},
+            "steps_to_baseline_final": {"per_seed": {"1": None}, "fewer_steps": per_seed_fewer},
+            "goals": {"final_loss": True, "fewer_steps": None, "steady": True},
+        }
+
+    policies = with_mean_curve_goal(
+        {
+            "uniform": summarised([6.0, 5.5, 5.2, 5.05, 5.0], 0.0),
+            "early": summarised([6.0, 5.4, 5.0, 4.9, 4.8], None),
+            "late": summarised([6.0, 5.5, 5.2, 5.0, 4.9], 0.5),
+        },
+        goal=0.15,
+    )
+    early, late, base = policies["early"], policies["late"], policies["uniform"]
+    assert early["steps_to_baseline_final"]["mean_curve"] == {"step": 60, "fewer_steps": 0.4}
+    assert early["goals"]["fewer_steps"] is True and early["steps_to_baseline_final"]["fewer_steps"] is None
+    assert late["steps_to_baseline_final"]["mean_curve"] == {"step": 80, "fewer_steps": 0.2}
+    assert with_mean_curve_goal({"uniform": base, "late": late}, goal=0.25)["late"]["goals"]["fewer_steps"] is False
+    assert base["goals"]["fewer_steps"] is False  # the baseline is 0% ahead of itself
+    assert list(early["goals"]) == ["final_loss", "fewer_steps", "steady"]  # the order of the summary's keys kept

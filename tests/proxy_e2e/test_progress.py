@@ -1,5 +1,6 @@
 """What `proxy run` tells a user while it trains: a progress line on a step count and on the clock, checkpoint
 lines that name their own step, a stop that ends a long sample audit at once, and `proxy --version`."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,11 @@ from proxy.supervision.live_status import PROGRESS_EVERY_S
 
 from .conftest import TINY, Proxy, make_experiment, max_logged_step, run_args, run_cmd, state, wait_for
 
-PROGRESS = re.compile(r"^step (\d+)/(\d+) \| loss (\d+\.\d{4}) \(smoothed (\d+\.\d{4})\) \| (\S+) tok/s \(engine (\S+)\)"
-                      r" \| ETA (\S+) \| mixture (code [01]\.\d\d, docstrings [01]\.\d\d, topics [01]\.\d\d)"
-                      r"( \| last step \S+ ago)?$")
+PROGRESS = re.compile(
+    r"^step (\d+)/(\d+) \| loss (\d+\.\d{4}) \(smoothed (\d+\.\d{4})\) \| (\S+) tok/s \(engine (\S+)\)"
+    r" \| ETA (\S+) \| mixture (code [01]\.\d\d, docstrings [01]\.\d\d, topics [01]\.\d\d)"
+    r"( \| last step \S+ ago)?$"
+)
 
 
 def timed_lines(proxy: Proxy, seen: dict[str, float]) -> None:
@@ -27,8 +30,9 @@ def timed_lines(proxy: Proxy, seen: dict[str, float]) -> None:
 def test_progress_lines_on_the_step_count(engine, data_cache, tmp_path):
     """A fast engine: a progress line every `train.log_every` steps with step, loss, smoothed loss, tokens/s of
     the wall clock and of the engine, ETA and the mixture; checkpoint lines name the checkpoint's own step."""
-    exp = make_experiment(tmp_path, "FAST", max_steps=300, log_every=50, ckpt_every=100, eval_every=100,
-                          sample_every=100)
+    exp = make_experiment(
+        tmp_path, "FAST", max_steps=300, log_every=50, ckpt_every=100, eval_every=100, sample_every=100
+    )
     proxy = Proxy(run_args(exp, tmp_path / "run"), data_cache).start()
     assert proxy.wait() == 0, proxy.output()
     out = proxy.stdout().splitlines()
@@ -39,12 +43,18 @@ def test_progress_lines_on_the_step_count(engine, data_cache, tmp_path):
     assert progress[-1][7] == "0m00s"  # ETA at the last step
     checkpoints = [line for line in out if line.startswith("checkpoint ")]
     assert [line.split(" (")[0] for line in checkpoints] == [f"checkpoint step_{s:06d}.bin" for s in (100, 200, 300)]
-    for line, step in zip(checkpoints, (100, 200, 300)):
+    for line, step in zip(checkpoints, (100, 200, 300), strict=False):
         assert line.startswith(f"checkpoint step_{step:06d}.bin (step {step}; periodic, write "), line
-        assert re.search(r"\| overhead \d+\.\d% \(sample \d+\.\d%, eval \d+\.\d%, checkpoint \d+\.\d%, "
-                         r"other -?\d+\.\d%\)$", line), line
-    assert [line.split(":")[0] for line in out if line.startswith("eval step")] == \
-        ["eval step 100", "eval step 200", "eval step 300"]
+        assert re.search(
+            r"\| overhead \d+\.\d% \(sample \d+\.\d%, eval \d+\.\d%, checkpoint \d+\.\d%, "
+            r"other -?\d+\.\d%\)$",
+            line,
+        ), line
+    assert [line.split(":")[0] for line in out if line.startswith("eval step")] == [
+        "eval step 100",
+        "eval step 200",
+        "eval step 300",
+    ]
     assert not [line for line in out if "threads)" in line]
 
 
@@ -52,8 +62,7 @@ def test_progress_lines_on_the_clock_when_steps_are_slow(engine, gate, data_cach
     """An engine slower than the clock (held by the gate, as a CPU holds a big model for minutes per step):
     a progress line at least every 30 s of wall time, before the first step of a launch too."""
     assert PROGRESS_EVERY_S == 30.0
-    exp = make_experiment(tmp_path, "SLOW", max_steps=20000, log_every=1000, ckpt_every=0, eval_every=0,
-                          sample_every=0)
+    exp = make_experiment(tmp_path, "SLOW", max_steps=20000, log_every=1000, ckpt_every=0, eval_every=0, sample_every=0)
     gate.hold_after(0)  # the first step waits
     proxy = Proxy(run_args(exp, tmp_path / "run", engine=gate.engine_flag), data_cache).start()
     seen: dict[str, float] = {}
@@ -63,12 +72,14 @@ def test_progress_lines_on_the_clock_when_steps_are_slow(engine, gate, data_cach
         return next((line for line in seen if text in line), None)
 
     ready_line = wait_for(lambda: line_with("engine ready: "), 120, "engine ready", proxy, poll=0.1)
-    first = wait_for(lambda: line_with("first step of this launch in progress"), 45, "a line before the first step",
-                     proxy, poll=0.1)
+    first = wait_for(
+        lambda: line_with("first step of this launch in progress"), 45, "a line before the first step", proxy, poll=0.1
+    )
     waited = seen[first] - seen[ready_line]
     assert PROGRESS_EVERY_S - 1 <= waited <= PROGRESS_EVERY_S + 2, waited
-    assert first.startswith("step 0/20000 | first step of this launch in progress (0m29s") or \
-        first.startswith("step 0/20000 | first step of this launch in progress (0m30s"), first
+    assert first.startswith("step 0/20000 | first step of this launch in progress (0m29s") or first.startswith(
+        "step 0/20000 | first step of this launch in progress (0m30s"
+    ), first
     # `proxy status` meanwhile: no overhead figure before the first step (not "overhead 100%")
     status = run_cmd(["status", "--run-dir", str(tmp_path / "run")], data_cache)
     assert "goodput:     no figure before the first step" in status.stdout, status.stdout

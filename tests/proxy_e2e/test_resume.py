@@ -5,6 +5,7 @@ both, SIGKILL) and relaunched with the same command each time must end with
 the same per-step losses (last entry per step), mixtures and final weights,
 Adam m and v, bit for bit, as a run never interrupted.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,22 @@ import pytest
 from harness.gate import KILL_SLACK
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
-from .conftest import (Proxy, assert_same_checkpoint, engine_pid, last_steps, make_experiment, max_logged_step, pid_alive,
-                       run_args, run_cmd, state, wait_for)
+from .conftest import (
+    Proxy,
+    assert_same_checkpoint,
+    engine_pid,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    pid_alive,
+    run_args,
+    run_cmd,
+    state,
+    wait_for,
+)
 
 MAX_STEPS = 160
-TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=40, keep_last=2,
-             milestone_every=80)
+TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=40, keep_last=2, milestone_every=80)
 COMPARED = ("loss", "grad_norm", "lr", "tokens", "arms", "mixture")
 
 
@@ -54,7 +65,7 @@ def test_bit_exact_resume_after_random_kills(straight, gate, data_cache, tmp_pat
     targets = sorted(rng.sample(range(8, MAX_STEPS - 15), 3))
     modes = [rng.choice(["proxy-group", "engine", "both"]) for _ in targets]
     proxy = None
-    for target, mode in zip(targets, modes):
+    for target, mode in zip(targets, modes, strict=False):
         gate.hold_after(target + KILL_SLACK)  # the kill lands at most KILL_SLACK steps past its target
         proxy = proxy or Proxy(args, data_cache).start()
         wait_for(lambda: max_logged_step(run_dir) >= target, 240, f"step {target}", proxy, poll=0.005)
@@ -194,8 +205,9 @@ def test_a_stop_drops_the_queued_steps_and_the_resume_is_exact(straight, gate, d
     stopped = max_logged_step(run_dir)
     assert reported <= stopped <= reported + 1, f"reported step {reported} when stopped, trained to {stopped}"
     assert verify_checkpoint(run_dir / "checkpoints" / f"step_{stopped:06d}.bin") is None
-    assert f"stopped at step {stopped}; checkpoint {run_dir / 'checkpoints' / f'step_{stopped:06d}.bin'}" \
-        in proxy.stdout()
+    assert (
+        f"stopped at step {stopped}; checkpoint {run_dir / 'checkpoints' / f'step_{stopped:06d}.bin'}" in proxy.stdout()
+    )
     assert state(run_dir)["status"] == "stopped"
 
     gate.open()

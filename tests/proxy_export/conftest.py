@@ -4,6 +4,7 @@ The run (tests/proxy_e2e's TINY derivative: 60 steps, a checkpoint and an
 eval every 20, every checkpoint kept) is trained once per module by a real
 `proxy run`; tests only read it, or damage a copy.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -11,9 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from proxy_e2e.conftest import (REPO, Proxy, _reap_proxies, assert_same_checkpoint, data_cache, engine, gate,  # noqa: F401
-                                last_steps, make_experiment, max_logged_step, proxy_env, run_args, run_cmd,
-                                wait_for)
+from proxy_e2e.conftest import (  # noqa: F401
+    REPO,
+    Proxy,
+    _reap_proxies,
+    assert_same_checkpoint,
+    data_cache,
+    engine,
+    gate,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    proxy_env,
+    run_args,
+    run_cmd,
+    wait_for,
+)
 from proxy_pivot.conftest import one_line_error, tree_hashes  # noqa: F401
 
 MAX_STEPS = 60
@@ -27,8 +41,9 @@ def trained_run(engine, data_cache, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("trained")
     exp = make_experiment(root, "EXPORTED", **TRAIN)
     run = root / "run"
-    proxy = Proxy(["run", str(exp), "--run-dir", str(run), "--no-dashboard", "--engine", engine.flag],
-                  data_cache).start()
+    proxy = Proxy(
+        ["run", str(exp), "--run-dir", str(run), "--no-dashboard", "--engine", engine.flag], data_cache
+    ).start()
     assert proxy.wait() == 0, proxy.output()
     return run
 

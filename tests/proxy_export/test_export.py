@@ -1,4 +1,5 @@
 """`proxy export`: transformers loads the directory and computes the engine's logits; the tokenizer round-trips."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,14 @@ from proxy.supervision.engine_process import EngineChoice
 from .conftest import REPO, one_line_error, run_cmd, tree_hashes
 
 STEP = 60
-TEXTS = ["def f(x):\n    return x * 2\n", "The quick brown fox.", "  leading spaces\tand\ttabs\n\n",
-         "unicode: é ü 漢字 🙂", "two <|endoftext|> documents", ""]
+TEXTS = [
+    "def f(x):\n    return x * 2\n",
+    "The quick brown fox.",
+    "  leading spaces\tand\ttabs\n\n",
+    "unicode: é ü 漢字 🙂",
+    "two <|endoftext|> documents",
+    "",
+]
 
 
 def run_tokenizer(run, cache) -> Tokenizer:
@@ -44,8 +51,9 @@ def exported(trained_run, data_cache, tmp_path_factory):
     return out
 
 
-def engine_logits(run, engine, prompt: list[int], count: int, max_new: int, temperature: float, seed: int,
-                  dump) -> tuple[np.ndarray, list[list[int]]]:
+def engine_logits(
+    run, engine, prompt: list[int], count: int, max_new: int, temperature: float, seed: int, dump
+) -> tuple[np.ndarray, list[list[int]]]:
     """The logits the engine's SAMPLE path picked each new token from (--dump-logits), and the tokens."""
     source = resolve_source(str(run), STEP, None)
     with CheckpointEngine(EngineChoice(engine.path, engine.kind), source, extra=["--dump-logits", str(dump)]) as eng:
@@ -54,15 +62,23 @@ def engine_logits(run, engine, prompt: list[int], count: int, max_new: int, temp
     return logits.reshape(count, max_new, source.shape.vocab), event["tokens"]
 
 
-def test_transformers_loads_the_export_and_matches_the_engines_logits(trained_run, exported, engine, data_cache,
-                                                                      tmp_path):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install "
-                                       "'.[test]'); the export is still tested without it below")
+def test_transformers_loads_the_export_and_matches_the_engines_logits(
+    trained_run, exported, engine, data_cache, tmp_path
+):
+    transformers = pytest.importorskip(
+        "transformers",
+        reason="transformers is not installed (pip install '.[test]'); the export is still tested without it below",
+    )
     model = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
     assert model.dtype == torch.float32
     shape = resolve_source(str(trained_run), STEP, None).shape
-    assert (model.config.vocab_size, model.config.n_positions, model.config.n_embd, model.config.n_layer,
-            model.config.n_head) == (shape.vocab, shape.ctx, shape.dim, shape.layers, shape.heads)
+    assert (
+        model.config.vocab_size,
+        model.config.n_positions,
+        model.config.n_embd,
+        model.config.n_layer,
+        model.config.n_head,
+    ) == (shape.vocab, shape.ctx, shape.dim, shape.layers, shape.heads)
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # tied, not a copy
 
     # the tensors themselves: each of ours, transposed where GPT-2 uses Conv1D
@@ -81,13 +97,14 @@ def test_transformers_loads_the_export_and_matches_the_engines_logits(trained_ru
     max_new = shape.ctx - len(prompt)
     worst, worst_twin = 0.0, 0.0
     for temperature, count, seed in ((0.0, 1, 0), (0.8, 3, 7)):
-        logits, completions = engine_logits(trained_run, engine, prompt, count, max_new, temperature, seed,
-                                            tmp_path / f"logits-{seed}.f32")
+        logits, completions = engine_logits(
+            trained_run, engine, prompt, count, max_new, temperature, seed, tmp_path / f"logits-{seed}.f32"
+        )
         for k, new in enumerate(completions):
             sequence = torch.tensor([prompt + new[:-1]])
             with torch.no_grad():
-                hf = model(sequence).logits[0, len(prompt) - 1:].numpy()
-                twin = erf_twin(sequence).logits[0, len(prompt) - 1:].numpy()
+                hf = model(sequence).logits[0, len(prompt) - 1 :].numpy()
+                twin = erf_twin(sequence).logits[0, len(prompt) - 1 :].numpy()
             assert hf.shape == logits[k].shape
             worst = max(worst, float(np.abs(hf - logits[k]).max()))
             worst_twin = max(worst_twin, float(np.abs(twin - logits[k]).max()))
@@ -111,8 +128,9 @@ def test_the_exported_tokenizer_round_trips(trained_run, exported, data_cache):
     assert config["activation_function"] == "gelu_new" and config["layer_norm_epsilon"] == 1e-5
     assert config["tie_word_embeddings"] is True and config["resid_pdrop"] == config["attn_pdrop"] == 0.0
 
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed: AutoTokenizer "
-                                       "not checked")
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed: AutoTokenizer not checked"
+    )
     auto = transformers.AutoTokenizer.from_pretrained(exported)
     for text in TEXTS:
         ids = auto(text)["input_ids"]
@@ -135,8 +153,7 @@ def test_plain_safetensors_hold_our_tensors(trained_run, data_cache, tmp_path):
     expected = unflatten(ckpt.weights, ckpt.trailer.shape)
     assert list(tensors) == sorted(expected) and all(np.array_equal(tensors[n], expected[n]) for n in expected)
     # the HF format needs the run's tokenizer: one line, nothing written
-    line = one_line_error(run_cmd(["export", "--checkpoint", str(loose), "--out", str(tmp_path / "hf")],
-                                  data_cache), 2)
+    line = one_line_error(run_cmd(["export", "--checkpoint", str(loose), "--out", str(tmp_path / "hf")], data_cache), 2)
     assert "not in a run directory" in line and "--run-dir" in line
     assert not (tmp_path / "hf").exists()
 
@@ -152,14 +169,21 @@ def test_export_refusals_leave_everything_as_it_was(trained_run, exported, data_
         assert "not a directory" in line and str(out) in line, line
     assert a_file.read_text() == "mine"
     target = str(tmp_path / "new")
-    line = one_line_error(run_cmd(["export", "--run-dir", str(trained_run), "--step", "30", "--out", target],
-                                  data_cache), 2)
+    line = one_line_error(
+        run_cmd(["export", "--run-dir", str(trained_run), "--step", "30", "--out", target], data_cache), 2
+    )
     assert "no checkpoint at step 30" in line
-    line = one_line_error(run_cmd(["export", "--checkpoint", str(tmp_path / "nope.bin"), "--out", target],
-                                  data_cache), 2)
+    line = one_line_error(
+        run_cmd(["export", "--checkpoint", str(tmp_path / "nope.bin"), "--out", target], data_cache), 2
+    )
     assert "no such checkpoint file" in line
-    line = one_line_error(run_cmd(["export", "--run-dir", str(trained_run), "--step", "30", "--out",
-                                   str(tmp_path / "deep" / "new")], data_cache), 2)
+    line = one_line_error(
+        run_cmd(
+            ["export", "--run-dir", str(trained_run), "--step", "30", "--out", str(tmp_path / "deep" / "new")],
+            data_cache,
+        ),
+        2,
+    )
     assert "no checkpoint at step 30" in line  # refused before anything is made: no parent either
     assert tree_hashes(trained_run) == before_run and tree_hashes(exported) == before_out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
@@ -168,14 +192,16 @@ def test_export_refusals_leave_everything_as_it_was(trained_run, exported, data_
 def test_export_creates_missing_parents_and_fills_an_empty_directory(trained_run, data_cache, tmp_path):
     """As save_pretrained does: `--out a/b/c` makes a and b; an existing empty directory is filled."""
     deep = tmp_path / "a" / "b" / "model"
-    result = run_cmd(["export", "--run-dir", str(trained_run), "--format", "safetensors", "--out", str(deep)],
-                     data_cache)
+    result = run_cmd(
+        ["export", "--run-dir", str(trained_run), "--format", "safetensors", "--out", str(deep)], data_cache
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert sorted(p.name for p in deep.iterdir()) == ["model.safetensors"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = run_cmd(["export", "--run-dir", str(trained_run), "--format", "safetensors", "--out", str(empty)],
-                     data_cache)
+    result = run_cmd(
+        ["export", "--run-dir", str(trained_run), "--format", "safetensors", "--out", str(empty)], data_cache
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     a, b = load_file(empty / "model.safetensors"), load_file(deep / "model.safetensors")
     assert list(a) == list(b) and all(np.array_equal(a[n], b[n]) for n in a)
@@ -189,16 +215,22 @@ def test_safetensors_are_written_the_same_in_every_process(tmp_path):
     import sys
 
     from proxy.formats.hf_gpt2 import encode_safetensors
-    code = ("import sys, numpy as np; from proxy.formats.hf_gpt2 import encode_safetensors as e; "
-            "t = {n: np.arange(k * 6, dtype=np.float32).reshape(2, 3 * k) for k, n in enumerate('cab', 1)}; "
-            "sys.stdout.buffer.write(e(t, {'format': 'pt', 'microgpt': 'x', 'a': 'y'}))")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=REPO).stdout
-            for _ in range(4)}
+
+    code = (
+        "import sys, numpy as np; from proxy.formats.hf_gpt2 import encode_safetensors as e; "
+        "t = {n: np.arange(k * 6, dtype=np.float32).reshape(2, 3 * k) for k, n in enumerate('cab', 1)}; "
+        "sys.stdout.buffer.write(e(t, {'format': 'pt', 'microgpt': 'x', 'a': 'y'}))"
+    )
+    outs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=REPO).stdout for _ in range(4)
+    }
     assert len(outs) == 1
     path = tmp_path / "m.safetensors"
     path.write_bytes(outs.pop())
     loaded = load_file(path)
-    assert sorted(loaded) == ["a", "b", "c"] and np.array_equal(loaded["b"], np.arange(18, dtype=np.float32).reshape(2, 9))
+    assert sorted(loaded) == ["a", "b", "c"] and np.array_equal(
+        loaded["b"], np.arange(18, dtype=np.float32).reshape(2, 9)
+    )
     assert (8 + int.from_bytes(path.read_bytes()[:8], "little")) % 8 == 0
     with pytest.raises(ValueError, match="only float32"):
         encode_safetensors({"x": np.zeros(2, np.float16)}, {})

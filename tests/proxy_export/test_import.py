@@ -4,6 +4,7 @@ The directory is made here: a tokenizer.json trained with HF tokenizers (GPT-2's
 <|endoftext|> the last id) and a randomly initialised `transformers.GPT2LMHeadModel` (every tensor random,
 LayerNorms too) saved with `save_pretrained`. Nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,21 @@ from .conftest import REPO, Proxy, assert_same_checkpoint, last_steps, max_logge
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra (pip install '.[test]')")
 
 SHAPE = dict(vocab=384, ctx=64, dim=64, layers=2, heads=4)
-TRAIN = dict(batch=4, max_steps=40, lr=1e-3, min_lr=1e-4, warmup=4, seed=11, ckpt_every=5, eval_every=20,
-             eval_rows=4, sample_every=20, keep_last=2, milestone_every=0, threads=1)
+TRAIN = dict(
+    batch=4,
+    max_steps=40,
+    lr=1e-3,
+    min_lr=1e-4,
+    warmup=4,
+    seed=11,
+    ckpt_every=5,
+    eval_every=20,
+    eval_rows=4,
+    sample_every=20,
+    keep_last=2,
+    milestone_every=0,
+    threads=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +52,27 @@ def gpt2(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=SHAPE["vocab"] - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=SHAPE["vocab"] - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator([p.read_text() for p in sorted((REPO / "proxy").rglob("*.py"))], trainer)
     tok.add_special_tokens(["<|endoftext|>"])  # the last id, as in GPT-2
     assert tok.get_vocab_size() == SHAPE["vocab"] and tok.token_to_id("<|endoftext|>") == SHAPE["vocab"] - 1
     tok.save(str(d / "tokenizer.json"))
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=SHAPE["vocab"], n_positions=SHAPE["ctx"], n_embd=SHAPE["dim"],
-                                     n_layer=SHAPE["layers"], n_head=SHAPE["heads"], activation_function="gelu_new",
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                     bos_token_id=SHAPE["vocab"] - 1, eos_token_id=SHAPE["vocab"] - 1)
+    config = transformers.GPT2Config(
+        vocab_size=SHAPE["vocab"],
+        n_positions=SHAPE["ctx"],
+        n_embd=SHAPE["dim"],
+        n_layer=SHAPE["layers"],
+        n_head=SHAPE["heads"],
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=SHAPE["vocab"] - 1,
+        eos_token_id=SHAPE["vocab"] - 1,
+    )
     model = transformers.GPT2LMHeadModel(config)
     with torch.no_grad():
         for p in model.parameters():  # LayerNorm weights and biases random too: every tensor is checked
@@ -59,10 +83,14 @@ def gpt2(tmp_path_factory):
 
 def experiment(directory, gpt2, name="FINETUNE", **changes):
     (directory / "corpus.txt").write_text("".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md"))))
-    exp = {"name": name, "model": {**SHAPE, **changes.pop("model", {})}, "train": {**TRAIN, **changes},
-           "tokenizer": str(gpt2 / "tokenizer.json"),
-           "arms": [{"name": "docs", "sources": [{"file": "corpus.txt"}]}],
-           "samples": {"prompts": ["The "], "max_new": 16, "temperature": 0.8, "top_k": 40, "count": 1}}
+    exp = {
+        "name": name,
+        "model": {**SHAPE, **changes.pop("model", {})},
+        "train": {**TRAIN, **changes},
+        "tokenizer": str(gpt2 / "tokenizer.json"),
+        "arms": [{"name": "docs", "sources": [{"file": "corpus.txt"}]}],
+        "samples": {"prompts": ["The "], "max_new": 16, "temperature": 0.8, "top_k": 40, "count": 1},
+    }
     path = directory / f"{name}.json"
     path.write_text(json.dumps(exp, indent=1))
     return path
@@ -106,7 +134,7 @@ def test_the_engine_computes_the_models_logits(imported, gpt2, engine, tmp_path)
     worst = 0.0
     for k, new in enumerate(event["tokens"]):
         with torch.no_grad():
-            hf = model(torch.tensor([prompt + new[:-1]])).logits[0, len(prompt) - 1:].numpy()
+            hf = model(torch.tensor([prompt + new[:-1]])).logits[0, len(prompt) - 1 :].numpy()
         worst = max(worst, float(np.abs(hf - logits[k]).max()))
     print(f"max |engine - transformers| logit difference at step 0: {worst:.3g}")
     assert worst < 1e-4, worst
@@ -137,10 +165,16 @@ def test_fine_tuning_resumes_bit_exactly_after_kill_9(imported, gpt2, gate, data
 
 def test_refusals_are_one_line(gpt2, engine, data_cache, tmp_path):
     cases = []
-    cases.append((experiment(tmp_path, gpt2, "WIDE", model={"dim": 32}), gpt2,
-                  "the experiment's model does not fit it: model.dim 32 (the model's is 64)"))
-    cases.append((experiment(tmp_path, gpt2, "LONG", model={"ctx": 128}), gpt2,
-                  "model.ctx 128 (the model has 64 positions)"))
+    cases.append(
+        (
+            experiment(tmp_path, gpt2, "WIDE", model={"dim": 32}),
+            gpt2,
+            "the experiment's model does not fit it: model.dim 32 (the model's is 64)",
+        )
+    )
+    cases.append(
+        (experiment(tmp_path, gpt2, "LONG", model={"ctx": 128}), gpt2, "model.ctx 128 (the model has 64 positions)")
+    )
     other = tmp_path / "other.json"
     other.write_text(json.dumps(json.loads((gpt2 / "tokenizer.json").read_text()), indent=4))  # other bytes
     exp = experiment(tmp_path, gpt2, "OTHERTOK")
@@ -159,16 +193,24 @@ def test_refusals_are_one_line(gpt2, engine, data_cache, tmp_path):
     shutil.copy(gpt2 / "config.json", bare)
     cases.append((experiment(tmp_path, gpt2, "BARE"), bare, "no model.safetensors"))
     from safetensors.numpy import save_file
-    for kind, value, tensor in (("NaN", np.nan, "transformer.h.1.mlp.c_fc.weight"),
-                                ("+inf", np.inf, "transformer.ln_f.bias"),
-                                ("-inf", -np.inf, "transformer.wte.weight")):
+
+    for kind, value, tensor in (
+        ("NaN", np.nan, "transformer.h.1.mlp.c_fc.weight"),
+        ("+inf", np.inf, "transformer.ln_f.bias"),
+        ("-inf", -np.inf, "transformer.wte.weight"),
+    ):
         poisoned = tmp_path / f"poisoned-{kind}"
         shutil.copytree(gpt2, poisoned)
         tensors = load_file(poisoned / "model.safetensors")
         tensors[tensor].reshape(-1)[7] = value
         save_file(tensors, poisoned / "model.safetensors", metadata={"format": "pt"})
-        cases.append((experiment(tmp_path, gpt2, f"POISON{len(cases)}"), poisoned,
-                      f"model.safetensors: tensor {tensor} holds {kind} (at flat index 7); nothing imported"))
+        cases.append(
+            (
+                experiment(tmp_path, gpt2, f"POISON{len(cases)}"),
+                poisoned,
+                f"model.safetensors: tensor {tensor} holds {kind} (at flat index 7); nothing imported",
+            )
+        )
     for i, (exp, directory, needle) in enumerate(cases):
         run = tmp_path / f"run{i}"
         result = run_cmd(run_args(exp, run, "--init-from", directory), data_cache)
@@ -182,6 +224,7 @@ def test_refusals_are_one_line(gpt2, engine, data_cache, tmp_path):
 def test_the_proxys_checkpoint_writer_is_the_engines(imported):
     """encode_checkpoint, which writes the imported step 0, gives an engine-written checkpoint's bytes back."""
     from proxy.formats.checkpoint import encode_checkpoint
+
     path = checkpoint_path(imported / "checkpoints", TRAIN["max_steps"])
     ckpt = read_checkpoint(path)
     assert encode_checkpoint(ckpt.step, ckpt.weights, ckpt.m, ckpt.v, ckpt.trailer) == path.read_bytes()

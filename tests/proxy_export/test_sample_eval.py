@@ -1,5 +1,6 @@
 """`proxy sample` and `proxy eval` on a finished run: deterministic text, the logged eval reproduced, the run
 never written to, one line for every bad input."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,21 @@ def test_sample_is_deterministic_per_seed_and_reads_only(trained_run, engine, da
     assert len(texts) == 2 and texts[0].startswith("1 of 2 (step 60, seed 11)")
     assert all(t.split("\n", 1)[1].startswith(PROMPT) for t in texts)
     # the checkpoint named by path (best.bin, inside the run) gives the same text as its step's file
-    by_path = run_cmd(["sample", "--checkpoint", str(trained_run / "checkpoints" / "best.bin"), "--engine",
-                       engine.flag, "--prompt", PROMPT, "--seed", "11", *args], data_cache)
+    by_path = run_cmd(
+        [
+            "sample",
+            "--checkpoint",
+            str(trained_run / "checkpoints" / "best.bin"),
+            "--engine",
+            engine.flag,
+            "--prompt",
+            PROMPT,
+            "--seed",
+            "11",
+            *args,
+        ],
+        data_cache,
+    )
     assert by_path.returncode == 0, by_path.stderr
     assert by_path.stdout == first.stdout
     # greedy from an earlier checkpoint
@@ -56,8 +70,9 @@ def test_eval_equals_the_logged_eval_at_every_step(trained_run, engine, data_cac
     before = tree_hashes(trained_run)
     index = LossLogIndex.load(trained_run / ".loss.json")
     for step in EVAL_STEPS:
-        result = run_cmd(["eval", "--run-dir", str(trained_run), "--step", str(step), "--engine", engine.flag,
-                          "--json"], data_cache)
+        result = run_cmd(
+            ["eval", "--run-dir", str(trained_run), "--step", str(step), "--engine", engine.flag, "--json"], data_cache
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         report, logged = json.loads(result.stdout), index.eval(step)
         assert report["step"] == step
@@ -75,8 +90,22 @@ def test_eval_of_text_files_matches_a_pytorch_forward(trained_run, engine, data_
     short, long = tmp_path / "short.py", tmp_path / "long.txt"
     short.write_text((REPO / "proxy" / "errors.py").read_text())
     long.write_text((REPO / "docs" / "ARCHITECTURE.md").read_text())
-    result = run_cmd(["eval", "--run-dir", str(trained_run), "--step", "40", "--engine", engine.flag, "--json",
-                      "--data", str(short), str(long)], data_cache)
+    result = run_cmd(
+        [
+            "eval",
+            "--run-dir",
+            str(trained_run),
+            "--step",
+            "40",
+            "--engine",
+            engine.flag,
+            "--json",
+            "--data",
+            str(short),
+            str(long),
+        ],
+        data_cache,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert list(report["files"]) == [str(short), str(long)]
@@ -106,27 +135,39 @@ def test_bad_inputs_get_one_line_and_a_nonzero_exit(trained_run, engine, data_ca
     run = str(trained_run)
     before = tree_hashes(trained_run)
     assert "encodes to no tokens" in one_line_error(
-        run_cmd(["sample", "--run-dir", run, "--engine", engine.flag, "--prompt", ""], data_cache), 2)
+        run_cmd(["sample", "--run-dir", run, "--engine", engine.flag, "--prompt", ""], data_cache), 2
+    )
     # a prompt that is not text: bytes that are not UTF-8 on the command line
-    result = subprocess.run([sys.executable, "-m", "proxy", "sample", "--run-dir", run, "--engine", engine.flag,
-                             "--prompt", b"def \xff"], cwd=REPO, env=proxy_env(data_cache), capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "sample", "--run-dir", run, "--engine", engine.flag, "--prompt", b"def \xff"],
+        cwd=REPO,
+        env=proxy_env(data_cache),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "not valid Unicode text" in one_line_error(result, 2)
     assert "no checkpoint at step 30" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--step", "30", "--engine", engine.flag], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--step", "30", "--engine", engine.flag], data_cache), 2
+    )
     assert "--step: not a step number" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--step", "newest", "--engine", engine.flag], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--step", "newest", "--engine", engine.flag], data_cache), 2
+    )
     assert "no such checkpoint file" in one_line_error(
-        run_cmd(["sample", "--checkpoint", str(tmp_path / "nope.bin"), "--prompt", PROMPT], data_cache), 2)
+        run_cmd(["sample", "--checkpoint", str(tmp_path / "nope.bin"), "--prompt", PROMPT], data_cache), 2
+    )
     assert "must be in [1, 4096]" in one_line_error(
-        run_cmd(["sample", "--run-dir", run, "--prompt", PROMPT, "--count", "0"], data_cache), 2)
+        run_cmd(["sample", "--run-dir", run, "--prompt", PROMPT, "--count", "0"], data_cache), 2
+    )
     missing = tmp_path / "missing.txt"
     assert "cannot read" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--engine", engine.flag, "--data", str(missing)], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--engine", engine.flag, "--data", str(missing)], data_cache), 2
+    )
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("x = 1\n")
     assert "fewer than the 65 (ctx + 1)" in one_line_error(
-        run_cmd(["eval", "--run-dir", run, "--engine", engine.flag, "--data", str(tiny)], data_cache), 2)
+        run_cmd(["eval", "--run-dir", run, "--engine", engine.flag, "--data", str(tiny)], data_cache), 2
+    )
 
     # a corrupt checkpoint (one flipped byte) and a truncated one, named by path
     good = (trained_run / "checkpoints" / "step_000040.bin").read_bytes()
@@ -134,7 +175,12 @@ def test_bad_inputs_get_one_line_and_a_nonzero_exit(trained_run, engine, data_ca
     flipped.write_bytes(good[:1000] + bytes([good[1000] ^ 1]) + good[1001:])
     truncated.write_bytes(good[: len(good) // 2])
     for path, why in ((flipped, "checksum mismatch"), (truncated, "truncated")):
-        line = one_line_error(run_cmd(["sample", "--run-dir", run, "--checkpoint", str(path), "--engine",
-                                       engine.flag, "--prompt", PROMPT], data_cache), 2)
+        line = one_line_error(
+            run_cmd(
+                ["sample", "--run-dir", run, "--checkpoint", str(path), "--engine", engine.flag, "--prompt", PROMPT],
+                data_cache,
+            ),
+            2,
+        )
         assert line.startswith("proxy: corrupt checkpoint:") and why in line and str(path) in line, line
     assert tree_hashes(trained_run) == before

@@ -1,14 +1,30 @@
 """Shared helpers for the pivot and fork suite: real proxies, the engine under test, the frame gate
 (tests/proxy_e2e's)."""
+
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
 
-from proxy_e2e.conftest import (TINY, Proxy, _reap_proxies, assert_same_checkpoint, data_cache, engine, gate,  # noqa: F401
-                                last_steps, make_experiment, max_logged_step, one_line_error, read_entries,
-                                run_args, run_cmd, state, wait_for)
+from proxy_e2e.conftest import (  # noqa: F401
+    TINY,
+    Proxy,
+    _reap_proxies,
+    assert_same_checkpoint,
+    data_cache,
+    engine,
+    gate,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    one_line_error,
+    read_entries,
+    run_args,
+    run_cmd,
+    state,
+    wait_for,
+)
 
 ARMS = ["code", "docstrings", "topics"]
 # the pivot's caps file: another policy, a cap that binds, a floor that binds (topics keeps its 0.1)
@@ -25,8 +41,11 @@ def write_caps(directory: Path, obj=NEW_CAPS, name: str = "caps.json") -> Path:
 
 def tree_hashes(root: Path) -> dict[str, str]:
     """sha256 of every file under `root` (hidden ones included), by relative path."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def phases(run_dir: Path) -> list[dict]:

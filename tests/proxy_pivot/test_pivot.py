@@ -7,6 +7,7 @@ continues: the two runs must agree bit for bit (per-step entries and final
 weights, Adam m and v), which proves both that replay respects phases and
 that a live pivot means the same as an offline one.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -19,9 +20,26 @@ import time
 
 from harness.gate import KILL_SLACK
 
-from .conftest import (ARMS, COMPARED, Proxy, assert_same_checkpoint, check_new_phase_steps, last_steps, make_experiment,
-                       max_logged_step, one_line_error, phases, read_entries, rows_per_batch, run_args, run_cmd,
-                       state, tree_hashes, wait_for, write_caps)
+from .conftest import (
+    ARMS,
+    COMPARED,
+    Proxy,
+    assert_same_checkpoint,
+    check_new_phase_steps,
+    last_steps,
+    make_experiment,
+    max_logged_step,
+    one_line_error,
+    phases,
+    read_entries,
+    rows_per_batch,
+    run_args,
+    run_cmd,
+    state,
+    tree_hashes,
+    wait_for,
+    write_caps,
+)
 
 MAX_STEPS = 200
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=25, keep_last=2, milestone_every=0)
@@ -77,9 +95,14 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     k = ph[1]["start_step"]
     assert request_at <= k < MAX_STEPS
     assert f"pivoted {live} at step {k}" in pivot.stdout
-    assert ph[1] == {**ph[1], "phase": 1, "policy": "exp3", "checkpoint": f"checkpoints/step_{k:06d}.bin",
-                     "caps": {"code": 0.25, "docstrings": 1.0, "topics": 1.0},
-                     "floors": {"code": 0.0, "docstrings": 0.45, "topics": 0.1}}
+    assert ph[1] == {
+        **ph[1],
+        "phase": 1,
+        "policy": "exp3",
+        "checkpoint": f"checkpoints/step_{k:06d}.bin",
+        "caps": {"code": 0.25, "docstrings": 1.0, "topics": 1.0},
+        "floors": {"code": 0.0, "docstrings": 0.45, "topics": 0.1},
+    }
     assert ph[0]["start_step"] == 0 and ph[0]["policy"] == "ucb1" and ph[1]["time"] >= ph[0]["time"]
 
     # the archive: the samples and the state as they were on disk when the pivot landed
@@ -245,10 +268,13 @@ def test_concurrent_pivots_and_restarts_are_refused(engine, gate, data_cache, tm
     os.kill(engine_pid, signal.SIGSTOP)  # the first pivot's STOP waits on this engine
     first = Proxy(["pivot", "--caps", str(caps), "--run-dir", str(run_dir)], data_cache).start()
     try:
-        wait_for(lambda: (run_dir / ".pivot_claimed.json").exists(), 60, "the proxy to claim the first pivot",
-                 first)
-        other = {"id": "second", "caps": {"code": 1.0, "docstrings": 1.0, "topics": 1.0},
-                 "floors": {"code": 0.0, "docstrings": 0.0, "topics": 0.1}, "policy": "ucb1"}
+        wait_for(lambda: (run_dir / ".pivot_claimed.json").exists(), 60, "the proxy to claim the first pivot", first)
+        other = {
+            "id": "second",
+            "caps": {"code": 1.0, "docstrings": 1.0, "topics": 1.0},
+            "floors": {"code": 0.0, "docstrings": 0.0, "topics": 0.1},
+            "policy": "ucb1",
+        }
         (run_dir / ".pivot_request.json").write_text(json.dumps(other))
         os.kill(proxy.proc.pid, signal.SIGUSR2)
 

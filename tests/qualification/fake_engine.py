@@ -25,6 +25,7 @@ fast path makes), and the environment makes paths misbehave:
                      bytes    (snapshot) a checkpoint holding the state of the step after its own
   FAKE_LOG         a file that gets one line per invocation (its path flags)
 """
+
 import math
 import os
 import signal
@@ -64,7 +65,9 @@ def lr_at(s, lr, min_lr, warmup, steps):  # microgpt/model.h, mg_lr_at
 class Fake:
     def __init__(self, args, active, breaks):
         self.args, self.active, self.breaks = args, active, breaks
-        self.V, self.T, self.C, self.L, self.H = (int(args[f"--{k}"]) for k in ("vocab", "ctx", "dim", "layers", "heads"))
+        self.V, self.T, self.C, self.L, self.H = (
+            int(args[f"--{k}"]) for k in ("vocab", "ctx", "dim", "layers", "heads")
+        )
         self.n = n_params(self.V, self.T, self.C, self.L)
         self.opt = {k: float(args[f"--{k}"]) for k in ("lr", "min-lr", "beta1", "beta2", "eps", "weight-decay")}
         self.warmup, self.steps = int(args["--warmup"]), int(args["--steps"])
@@ -81,7 +84,7 @@ class Fake:
         a = np.random.default_rng(int(tokens.astype(np.int64).sum())).normal(size=self.n).astype(np.float32)
         g = a + np.float32(0.5) * self.w
         loss = 4.0 + float(np.mean(a * self.w)) + (0.1 if self.broken("loss") else 0.0)
-        for k, p in enumerate(p for p in self.active if p in ("cudnn", "flash", "fused", "graph")):
+        for k, _p in enumerate(p for p in self.active if p in ("cudnn", "flash", "fused", "graph")):
             g *= np.float32(1.0 + 1e-4 * (1 + k))  # a fast path's small, fixed difference
         if self.broken("scale"):
             g *= np.float32(1.5)
@@ -95,10 +98,11 @@ class Fake:
             b1, b2 = self.opt["beta1"], self.opt["beta2"]
             self.m = (b1 * self.m + (1 - b1) * g).astype(np.float32)
             self.v = (b2 * self.v + (1 - b2) * g * g).astype(np.float32)
-            step_size = lr / (1 - b1 ** s) * (1.5 if self.broken("update") else 1.0)
+            step_size = lr / (1 - b1**s) * (1.5 if self.broken("update") else 1.0)
             decay = 1 - lr * self.opt["weight-decay"]
-            self.w = (self.w * decay - step_size * self.m / (np.sqrt(self.v) / math.sqrt(1 - b2 ** s)
-                                                             + self.opt["eps"])).astype(np.float32)
+            self.w = (
+                self.w * decay - step_size * self.m / (np.sqrt(self.v) / math.sqrt(1 - b2**s) + self.opt["eps"])
+            ).astype(np.float32)
         self.step = s
         if self.pending is not None:  # a snapshot that copied the state of the step after its own
             self.write(self.pending)
@@ -115,10 +119,23 @@ class Fake:
             self.write(self.step)
 
     def write(self, step):
-        trailer = Trailer(ModelShape(self.V, self.T, self.C, self.L, self.H), int(self.args["--batch"]),
-                          int(self.args["--grad-accum"]), self.warmup, self.steps, self.opt["lr"], self.opt["min-lr"],
-                          self.opt["beta1"], self.opt["beta2"], self.opt["eps"], self.opt["weight-decay"],
-                          float(self.args["--grad-clip"]), int(self.args["--seed"]), 0, '{"engine":"fake","meta":null}')
+        trailer = Trailer(
+            ModelShape(self.V, self.T, self.C, self.L, self.H),
+            int(self.args["--batch"]),
+            int(self.args["--grad-accum"]),
+            self.warmup,
+            self.steps,
+            self.opt["lr"],
+            self.opt["min-lr"],
+            self.opt["beta1"],
+            self.opt["beta2"],
+            self.opt["eps"],
+            self.opt["weight-decay"],
+            float(self.args["--grad-clip"]),
+            int(self.args["--seed"]),
+            0,
+            '{"engine":"fake","meta":null}',
+        )
         path = checkpoint_path(self.args["--ckpt-dir"], step)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encode_checkpoint(step, self.w, self.m, self.v, trailer))
@@ -139,26 +156,47 @@ class Fake:
 
 def main(argv):
     args = parse(argv)
-    attention, fused, graph = args.get("--attention", "naive"), args.get("--fused") == "on", args.get("--cuda-graph") == "on"
+    attention, fused, graph = (
+        args.get("--attention", "naive"),
+        args.get("--fused") == "on",
+        args.get("--cuda-graph") == "on",
+    )
     fused = fused or graph
     available = set(os.environ.get("FAKE_AVAILABLE", "cudnn,flash,fused,graph").split(","))
     breaks = dict(b.split(":") for b in os.environ.get("FAKE_BREAK", "").split(",") if b)
     if os.environ.get("FAKE_LOG"):
         with open(os.environ["FAKE_LOG"], "a") as f:
-            f.write(" ".join(a for a in argv if a.startswith("--") and a[2:] in (
-                "attention", "fused", "cuda-graph", "sample-recompute", "sync-snapshot")) +
-                    f" {attention} fused={fused} graph={graph}\n")
+            f.write(
+                " ".join(
+                    a
+                    for a in argv
+                    if a.startswith("--")
+                    and a[2:] in ("attention", "fused", "cuda-graph", "sample-recompute", "sync-snapshot")
+                )
+                + f" {attention} fused={fused} graph={graph}\n"
+            )
     if attention != "naive" and attention not in available:
-        print(f"microgpt: warning: --attention {attention}: not in this build; using the naive attention kernels",
-              file=sys.stderr)
+        print(
+            f"microgpt: warning: --attention {attention}: not in this build; using the naive attention kernels",
+            file=sys.stderr,
+        )
         attention = "naive"
     if graph and "graph" not in available:
         graph = False
     if fused and "fused" not in available:
         fused = graph = False
-    active = [p for p, on in (("cudnn", attention == "cudnn"), ("flash", attention == "flash"), ("fused", fused),
-                              ("graph", graph), ("kv", "--sample-recompute" not in args),
-                              ("snapshot", "--sync-snapshot" not in args)) if on]
+    active = [
+        p
+        for p, on in (
+            ("cudnn", attention == "cudnn"),
+            ("flash", attention == "flash"),
+            ("fused", fused),
+            ("graph", graph),
+            ("kv", "--sample-recompute" not in args),
+            ("snapshot", "--sync-snapshot" not in args),
+        )
+        if on
+    ]
     if attention != "naive" and fused:
         active.append("together")
     for p in active:
@@ -166,14 +204,20 @@ def main(argv):
         if how == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         elif how == "exit":
-            print("microgpt: error: CUDA error at microgpt_cuda.cu:1: an illegal memory access was encountered",
-                  file=sys.stderr)
+            print(
+                "microgpt: error: CUDA error at microgpt_cuda.cu:1: an illegal memory access was encountered",
+                file=sys.stderr,
+            )
             return 5
         elif how == "hang":
             time.sleep(3600)
-    print('{"event":"ready","step":0,"device":"Fake GPU (sm_90, 132 SMs, 79.6 GiB), attention %s","precision":"bf16",'
-          '"paths":{"attention":"%s","fused":%s,"cuda_graph":%s}}'
-          % (attention, attention, "true" if fused else "false", "true" if graph else "false"), flush=True)
+    print(
+        '{{"event":"ready","step":0,"device":"Fake GPU (sm_90, 132 SMs, 79.6 GiB), attention {}","precision":"bf16",'
+        '"paths":{{"attention":"{}","fused":{},"cuda_graph":{}}}}}'.format(
+            attention, attention, "true" if fused else "false", "true" if graph else "false"
+        ),
+        flush=True,
+    )
     fake = Fake(args, active, breaks)
     stdin = sys.stdin.buffer
     while True:

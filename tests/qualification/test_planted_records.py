@@ -1,7 +1,8 @@
-"""Issue 40, point 1: a planted `.qualification.json` or cached verdict puts nothing on the engine's command
+"""A planted `.qualification.json` or cached verdict puts nothing on the engine's command
 line but the flag table's flags (engine_cli.PATH_SWITCHES) for paths that passed, and only where its
 environment matches; and the GPU's identity is read through NVML's own calls (a fake libnvidia-ml.so.1
 built here), without an engine."""
+
 from __future__ import annotations
 
 import json
@@ -27,18 +28,33 @@ TABLE_WORDS = set(VERIFIED_FLAGS) | {w for entry in PATH_SWITCHES.values() for w
 
 
 def attack(build: str, elsewhere: Path) -> dict:
-    """Issue 40's record: the binary's real SHA-256 and flags that write outside the run."""
-    return {"version": 1, "device": "Fake GPU", "build": build, "shape": {**MODEL, "precision": "bf16"},
-            "flags": ["--attention", "naive", "--ckpt-dir", str(elsewhere), "--dump-logits",
-                      str(elsewhere / "precious.txt")],
-            "verdicts": [], "loss_tolerance": 0.02, "cosine_min": 0.99, "created": 0.0}
+    """A forged record: the binary's real SHA-256 and flags that write outside the run."""
+    return {
+        "version": 1,
+        "device": "Fake GPU",
+        "build": build,
+        "shape": {**MODEL, "precision": "bf16"},
+        "flags": [
+            "--attention",
+            "naive",
+            "--ckpt-dir",
+            str(elsewhere),
+            "--dump-logits",
+            str(elsewhere / "precious.txt"),
+        ],
+        "verdicts": [],
+        "loss_tolerance": 0.02,
+        "cosine_min": 0.99,
+        "created": 0.0,
+    }
 
 
 def forged(env, **paths: Verdict) -> dict:
     """A well-formed record for `env` whose paths (and their check together) say what `paths` says."""
     checks = {FastPath(p): Check(verdict=v, detail="forged") for p, v in paths.items()}
-    return Qualification(environment=env, paths=checks, together=Check(verdict=Verdict.PASSED, detail="forged"),
-                         created=0.0).model_dump(mode="json")
+    return Qualification(
+        environment=env, paths=checks, together=Check(verdict=Verdict.PASSED, detail="forged"), created=0.0
+    ).model_dump(mode="json")
 
 
 def assert_table_only(flags: list[str]) -> None:
@@ -46,11 +62,13 @@ def assert_table_only(flags: list[str]) -> None:
 
 
 def environment_of(exe: Path):
-    return qual.Environment(gpu=GPU.gpu, driver=GPU.driver, build=file_sha256(exe)[1], cudnn=cudnn_version(),
-                            shape=MODEL)
+    return qual.Environment(
+        gpu=GPU.gpu, driver=GPU.driver, build=file_sha256(exe)[1], cudnn=cudnn_version(), shape=MODEL
+    )
 
 
 # ------------------------------------------------------------------ at the function that builds the flags
+
 
 def variants(exe: Path, elsewhere: Path) -> dict[str, dict]:
     env = environment_of(exe)
@@ -58,8 +76,12 @@ def variants(exe: Path, elsewhere: Path) -> dict[str, dict]:
     return {
         "version 1 with flags": attack(env.build, elsewhere),
         "flags beside the verdicts": {**genuine, "flags": attack(env.build, elsewhere)["flags"]},
-        "flags inside a check": {**genuine, "paths": {"attention_cudnn": {
-            "verdict": "passed", "detail": "", "flags": ["--dump-logits", str(elsewhere / "x")]}}},
+        "flags inside a check": {
+            **genuine,
+            "paths": {
+                "attention_cudnn": {"verdict": "passed", "detail": "", "flags": ["--dump-logits", str(elsewhere / "x")]}
+            },
+        },
         "an unknown path": {**genuine, "paths": {"--ckpt-dir " + str(elsewhere): {"verdict": "passed", "detail": ""}}},
         "an unknown verdict": {**genuine, "paths": {"fused": {"verdict": "trust me", "detail": ""}}},
         "a forged build hash": forged(env.model_copy(update={"build": "0" * 64}), attention_cudnn=Verdict.PASSED),
@@ -68,9 +90,18 @@ def variants(exe: Path, elsewhere: Path) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("where", ["run", "cache"])
-@pytest.mark.parametrize("variant", ["version 1 with flags", "flags beside the verdicts", "flags inside a check",
-                                     "an unknown path", "an unknown verdict", "a forged build hash",
-                                     "a build that is no hash"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "version 1 with flags",
+        "flags beside the verdicts",
+        "flags inside a check",
+        "an unknown path",
+        "an unknown verdict",
+        "a forged build hash",
+        "a build that is no hash",
+    ],
+)
 def test_a_planted_record_is_refused_and_checked_again(fake, tmp_path, variant, where):
     exe, log = fake
     elsewhere = tmp_path / "elsewhere"
@@ -110,18 +141,28 @@ def test_a_matching_forged_verdict_gets_only_the_table_flags(fake, tmp_path, whe
     planted.write_text(json.dumps(forged(environment_of(exe), fused=Verdict.PASSED, cuda_graph=Verdict.PASSED)))
     if where == "cache":
         run.qualification.unlink()
-    assert run_paths(run, exe, cache) == ["--attention", "naive", "--fused", "on", "--cuda-graph", "on",
-                                          "--sample-recompute", "--sync-snapshot"]
+    assert run_paths(run, exe, cache) == [
+        "--attention",
+        "naive",
+        "--fused",
+        "on",
+        "--cuda-graph",
+        "on",
+        "--sample-recompute",
+        "--sync-snapshot",
+    ]
 
 
 # ------------------------------------------------------------------ NVML, through its own calls
+
 
 @pytest.fixture(scope="module")
 def fake_nvml(tmp_path_factory) -> Path:
     """A directory holding a fake libnvidia-ml.so.1 (fake_nvml.c), for LD_LIBRARY_PATH."""
     out = tmp_path_factory.mktemp("nvml")
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out / "libnvidia-ml.so.1"), str(HERE / "fake_nvml.c")],
-                   check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O1", "-o", str(out / "libnvidia-ml.so.1"), str(HERE / "fake_nvml.c")], check=True
+    )
     return out
 
 
@@ -130,10 +171,13 @@ def identity_in_child(nvml: Path | None, **env) -> str:
     child_env.update(env, PYTHONPATH=str(REPO))
     if nvml is not None:
         child_env["LD_LIBRARY_PATH"] = str(nvml)
-    code = ("from proxy.gpu_identity import read_gpu_identity, GpuIdentityError\n"
-            "try:\n    print(read_gpu_identity())\nexcept GpuIdentityError as e:\n    print('error:', e)\n")
-    return subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    code = (
+        "from proxy.gpu_identity import read_gpu_identity, GpuIdentityError\n"
+        "try:\n    print(read_gpu_identity())\nexcept GpuIdentityError as e:\n    print('error:', e)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_the_gpu_identity_comes_from_nvml(fake_nvml):
@@ -148,8 +192,9 @@ def test_the_gpu_identity_comes_from_nvml(fake_nvml):
 
 # ------------------------------------------------------------------ through `proxy run --engine cuda`
 
+
 def test_proxy_run_keeps_planted_flags_off_the_engine(fake_nvml, tmp_path):
-    """Issue 40's attack through the real command: a copy of the proxy whose build/microgpt_cuda logs its
+    """The planted-record attack through the real command: a copy of the proxy whose build/microgpt_cuda logs its
     arguments and runs the CPU engine; NVML (the fake) names the CPU engine's device, so the whole
     qualification runs against a real engine. Both planted files are refused, nothing is written outside
     the run, and the engine's arguments hold only the table's path flags."""
@@ -180,11 +225,33 @@ def test_proxy_run_keeps_planted_flags_off_the_engine(fake_nvml, tmp_path):
     cached.parent.mkdir(parents=True)
     cached.write_text(json.dumps(attack(build, elsewhere)))
     child_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    child_env.update(PYTHONPATH=str(repo), MICROGPT_CACHE=str(cache), LD_LIBRARY_PATH=str(fake_nvml),
-                     FAKE_NVML_NAME="cpu", PYTHONUNBUFFERED="1")
-    result = subprocess.run([sys.executable, "-m", "proxy", "run", str(exp_path), "--run-dir", str(run_dir),
-                             "--engine", "cuda", "--no-dashboard"], cwd=tmp_path, env=child_env,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    child_env.update(
+        PYTHONPATH=str(repo),
+        MICROGPT_CACHE=str(cache),
+        LD_LIBRARY_PATH=str(fake_nvml),
+        FAKE_NVML_NAME="cpu",
+        PYTHONUNBUFFERED="1",
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "run",
+            str(exp_path),
+            "--run-dir",
+            str(run_dir),
+            "--engine",
+            "cuda",
+            "--no-dashboard",
+        ],
+        cwd=tmp_path,
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in elsewhere.iterdir()) == ["precious.txt"]
     assert (elsewhere / "precious.txt").read_text() == "precious\n"
@@ -198,5 +265,9 @@ def test_proxy_run_keeps_planted_flags_off_the_engine(fake_nvml, tmp_path):
     record = json.loads((run_dir / ".qualification.json").read_text())
     assert record["version"] == 2 and "flags" not in record
     assert {p: c["verdict"] for p, c in record["paths"].items()} == {
-        "attention_cudnn": "unavailable", "attention_flash": "unavailable", "fused": "unavailable",
-        "kv_cache": "passed", "async_snapshot": "passed"}
+        "attention_cudnn": "unavailable",
+        "attention_flash": "unavailable",
+        "fused": "unavailable",
+        "kv_cache": "passed",
+        "async_snapshot": "passed",
+    }

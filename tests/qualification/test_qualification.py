@@ -4,6 +4,7 @@ way a path can be wrong (a gradient scale, a learning rate off or stale, a step 
 sampled tokens, other checkpoint bytes, a crash, a hang, two runs that differ); the verdict is cached per
 environment; a run records its verdict and a relaunch keeps it; and no planted record puts anything on the
 engine's command line but the flag table's flags for paths that passed."""
+
 from __future__ import annotations
 
 import sys
@@ -23,10 +24,42 @@ from proxy.safe_fs import file_sha256
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 MODEL = {"vocab": 64, "ctx": 16, "dim": 16, "layers": 2, "heads": 2, "batch": 2, "grad_accum": 1}
-SETTINGS = ["--vocab", "64", "--ctx", "16", "--dim", "16", "--layers", "2", "--heads", "2", "--batch", "2",
-            "--grad-accum", "1", "--steps", "100", "--lr", "0.001", "--min-lr", "0.0001", "--warmup", "10",
-            "--beta1", "0.9", "--beta2", "0.95", "--eps", "1e-08", "--weight-decay", "0.1", "--grad-clip", "1.0",
-            "--seed", "1337"]
+SETTINGS = [
+    "--vocab",
+    "64",
+    "--ctx",
+    "16",
+    "--dim",
+    "16",
+    "--layers",
+    "2",
+    "--heads",
+    "2",
+    "--batch",
+    "2",
+    "--grad-accum",
+    "1",
+    "--steps",
+    "100",
+    "--lr",
+    "0.001",
+    "--min-lr",
+    "0.0001",
+    "--warmup",
+    "10",
+    "--beta1",
+    "0.9",
+    "--beta2",
+    "0.95",
+    "--eps",
+    "1e-08",
+    "--weight-decay",
+    "0.1",
+    "--grad-clip",
+    "1.0",
+    "--seed",
+    "1337",
+]
 ALL_FAST = ["--attention", "cudnn", "--fused", "on", "--cuda-graph", "on"]
 GPU = GpuIdentity("Fake GPU", "999.01")
 # The check's processes when every path passes: the verified run, two of cuDNN, fused and the graph,
@@ -39,8 +72,10 @@ def fake(tmp_path, monkeypatch):
     """An executable fake engine, a log of its invocations, a fake GPU identity and a clean environment."""
     exe = tmp_path / "bin" / "microgpt_cuda"
     exe.parent.mkdir()
-    exe.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.path.insert(0, {str(REPO)!r})\n"
-                   f"runpy.run_path({str(HERE / 'fake_engine.py')!r}, run_name='__main__')\n")
+    exe.write_text(
+        f"#!{sys.executable}\nimport runpy, sys\nsys.path.insert(0, {str(REPO)!r})\n"
+        f"runpy.run_path({str(HERE / 'fake_engine.py')!r}, run_name='__main__')\n"
+    )
     exe.chmod(0o755)
     log = tmp_path / "invocations.log"
     monkeypatch.setenv("FAKE_LOG", str(log))
@@ -69,15 +104,31 @@ def new_run(tmp_path: Path) -> RunDir:
 
 
 def run_paths(run: RunDir, exe: Path, cache: Path, said: list | None = None, warned: list | None = None) -> list[str]:
-    return qual.run_engine_paths(run, exe, SETTINGS, MODEL, cache, (said if said is not None else []).append,
-                                 (warned if warned is not None else []).append)
+    return qual.run_engine_paths(
+        run,
+        exe,
+        SETTINGS,
+        MODEL,
+        cache,
+        (said if said is not None else []).append,
+        (warned if warned is not None else []).append,
+    )
 
 
 # ------------------------------------------------------------------ the flag table
 
+
 def test_the_flag_table_is_the_only_source_of_path_flags():
-    assert VERIFIED_FLAGS == ["--attention", "naive", "--fused", "off", "--cuda-graph", "off", "--sample-recompute",
-                              "--sync-snapshot"]
+    assert VERIFIED_FLAGS == [
+        "--attention",
+        "naive",
+        "--fused",
+        "off",
+        "--cuda-graph",
+        "off",
+        "--sample-recompute",
+        "--sync-snapshot",
+    ]
     assert path_flags(list(FastPath)[:1] + list(FastPath)[2:]) == ALL_FAST
     assert path_flags([FastPath.KV_CACHE]) == VERIFIED_FLAGS[:6] + ["--sync-snapshot"]
     for bad in ([FastPath.ATTENTION_CUDNN, FastPath.ATTENTION_FLASH], [FastPath.CUDA_GRAPH]):
@@ -88,12 +139,18 @@ def test_the_flag_table_is_the_only_source_of_path_flags():
 
 # ------------------------------------------------------------------ checks that pass
 
+
 def test_every_fast_path_passes(fake, tmp_path):
     exe, log = fake
     lines: list[str] = []
     q = qualify(exe, tmp_path / "cache", lines)
-    assert verdicts(q) == {"attention_cudnn": "passed", "fused": "passed", "cuda_graph": "passed",
-                           "kv_cache": "passed", "async_snapshot": "passed"}
+    assert verdicts(q) == {
+        "attention_cudnn": "passed",
+        "fused": "passed",
+        "cuda_graph": "passed",
+        "kv_cache": "passed",
+        "async_snapshot": "passed",
+    }
     assert q.together is not None and q.together.verdict == Verdict.PASSED
     assert q.engine_flags() == ALL_FAST
     assert len(invocations(log)) == ALL_PASS_PROCESSES  # flash is not checked once cuDNN passed
@@ -217,6 +274,7 @@ def test_no_gpu_identity_means_the_verified_path(fake, tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ the cache and the run's record
+
 
 def test_the_verdict_is_cached_per_environment(fake, tmp_path, monkeypatch):
     exe, log = fake

@@ -14,10 +14,11 @@ or be listed in ALLOWED below. Anything deeper (`x.a.b = ...`, `x.a[k].b = ...`,
 ...`) changes an object that `x` or `self` merely holds, and is refused whoever `x` is. An item of a plain
 name (`out[k] = ...`) is a local container's and is not checked.
 
-The live state of `proxy run` (RunContext, RunReport, Segment, SignalCounts) is also checked for the other way
-to change a field: a mutating call on one of its containers (`seg.outstanding.append(...)`,
+The live state of `proxy run` (RunContext, RunReport, EngineLaunch, MixtureSchedule, SignalCounts) is also
+checked for the other way to change a field: a mutating call on one of its containers (`seg.outstanding.append(...)`,
 `ctx.rejected.add(...)`) outside the object's own methods.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,9 +26,10 @@ import typing
 from collections import deque
 from pathlib import Path
 
+from proxy.bandit.schedule import MixtureSchedule
 from proxy.supervision.context import RunContext
+from proxy.supervision.launch import EngineLaunch
 from proxy.supervision.report import RunReport
-from proxy.supervision.segment import Segment
 from proxy.supervision.signals import SignalCounts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,8 +55,7 @@ def _targets(node: ast.AST) -> list[ast.expr]:
         found = [item.optional_vars for item in node.items if item.optional_vars is not None]
     elif isinstance(node, ast.Delete):
         found = list(node.targets)
-    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
-            and node.args:
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
         found = [ast.Attribute(value=node.args[0], attr="?", ctx=ast.Store(), lineno=node.lineno)]
     else:
         return []
@@ -157,8 +158,10 @@ def test_no_module_assigns_attributes_of_objects_it_does_not_own():
         allowed = {text for where, text in ALLOWED if where == rel}
         for line, text in foreign_assignments(ast.parse(path.read_text(encoding="utf-8")), allowed):
             offenders.append(f"{rel}:{line}: {text}")
-    assert not offenders, ("attributes assigned outside their object's own methods (add a method that says "
-                           "what happened, or build a new value):\n" + "\n".join(offenders))
+    assert not offenders, (
+        "attributes assigned outside their object's own methods (add a method that says "
+        "what happened, or build a new value):\n" + "\n".join(offenders)
+    )
 
 
 def test_every_allowed_assignment_is_still_there():
@@ -170,10 +173,29 @@ def test_every_allowed_assignment_is_still_there():
 
 # The live state of `proxy run`: their container fields change only in their own methods, like their other
 # fields (a call such as `seg.outstanding.append(...)` elsewhere is an assignment in all but name).
-STATE_CLASSES = (RunContext, RunReport, Segment, SignalCounts)
-MUTATORS = {"add", "append", "appendleft", "clear", "difference_update", "discard", "extend", "extendleft",
-            "insert", "intersection_update", "pop", "popitem", "popleft", "remove", "reverse", "rotate",
-            "setdefault", "sort", "symmetric_difference_update", "update"}
+STATE_CLASSES = (RunContext, RunReport, EngineLaunch, MixtureSchedule, SignalCounts)
+MUTATORS = {
+    "add",
+    "append",
+    "appendleft",
+    "clear",
+    "difference_update",
+    "discard",
+    "extend",
+    "extendleft",
+    "insert",
+    "intersection_update",
+    "pop",
+    "popitem",
+    "popleft",
+    "remove",
+    "reverse",
+    "rotate",
+    "setdefault",
+    "sort",
+    "symmetric_difference_update",
+    "update",
+}
 
 
 def _container_fields() -> set[str]:
@@ -191,15 +213,18 @@ def foreign_mutations(tree: ast.Module, fields: set[str]) -> list[tuple[int, str
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
             held = node.func.value
-            if isinstance(held, ast.Attribute) and held.attr in fields and \
-                    not (isinstance(held.value, ast.Name) and held.value.id in OWN):
+            if (
+                isinstance(held, ast.Attribute)
+                and held.attr in fields
+                and not (isinstance(held.value, ast.Name) and held.value.id in OWN)
+            ):
                 found.append((node.lineno, ast.unparse(node.func)))
     return found
 
 
 def test_no_module_changes_the_run_state_containers_of_another():
     fields = _container_fields()
-    assert {"outstanding", "mixtures", "pending_weights", "requests", "dropped_arms", "rejected"} <= fields
+    assert {"outstanding", "mixtures", "requests", "dropped_arms", "rejected"} <= fields
     offenders = []
     for path in sorted((ROOT / "proxy").rglob("*.py")):
         rel = str(path.relative_to(ROOT))
@@ -211,10 +236,12 @@ def test_no_module_changes_the_run_state_containers_of_another():
 def test_the_container_check_can_fail():
     code = "seg.outstanding.append(x)\nself.ctx.rejected.add(p)\nself.requests.pop(1)\nctx.writer.append(e)\n"
     assert foreign_mutations(ast.parse(code), {"outstanding", "rejected", "requests"}) == [
-        (1, "seg.outstanding.append"), (2, "self.ctx.rejected.add")]
+        (1, "seg.outstanding.append"),
+        (2, "self.ctx.rejected.add"),
+    ]
 
 
-CAUGHT = '''
+CAUGHT = """
 def handler(ctx, seg, report, state):
     seg.last_step = 4
     seg.ckpt_pending, seg.ckpt_pending_step = True, 4
@@ -243,8 +270,8 @@ def outer():
     made = Thing()
     def inner(made):
         made.x = 1
-'''
-PASSED = '''
+"""
+PASSED = """
 class Report:
     def set_status(self, status):
         self.status = status
@@ -266,12 +293,26 @@ def judge():
     out["x"] = 1
     def inner():
         verdict.detail = "closure over a made object"
-'''
+"""
 
 
 def test_the_check_can_fail():
     assert [text for _line, text in foreign_assignments(ast.parse(CAUGHT))] == [
-        "seg.last_step", "seg.ckpt_pending", "seg.ckpt_pending_step", "report.tokens", "report.engine.alive",
-        "ctx.report.message", "seg.mixtures[3]", "seg.mixtures[3]", "seg.last_step", "state.?", "local.status",
-        "copy.status", "self.ctx.report.engine.alive", "self.segment.hung", "made.part.x", "made.x"]
+        "seg.last_step",
+        "seg.ckpt_pending",
+        "seg.ckpt_pending_step",
+        "report.tokens",
+        "report.engine.alive",
+        "ctx.report.message",
+        "seg.mixtures[3]",
+        "seg.mixtures[3]",
+        "seg.last_step",
+        "state.?",
+        "local.status",
+        "copy.status",
+        "self.ctx.report.engine.alive",
+        "self.segment.hung",
+        "made.part.x",
+        "made.x",
+    ]
     assert foreign_assignments(ast.parse(PASSED)) == []

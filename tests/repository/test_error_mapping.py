@@ -5,6 +5,7 @@ project (an OSError, a library's error) into an error of ours whose class carrie
 happened; or it notes what was being done (`exc.add_note(...)`) and raises the same error again. It never
 raises the base `ProxyError` (choosing a line and a code is cli.py's job), and never catches one of our
 errors to raise another in its place."""
+
 from __future__ import annotations
 
 import ast
@@ -83,8 +84,9 @@ def test_the_check_can_fail():
     rewrap = "try:\n    f()\nexcept KeyError as exc:\n    raise ProxyError(f'cannot: {exc}', 2) from None\n"
     assert violations(ast.parse(rewrap), namespace) == ["line 4: raises ProxyError in an except clause"]
     replace = "try:\n    f()\nexcept RunDirError as exc:\n    raise DataError(str(exc)) from None\n"
-    assert violations(ast.parse(replace), namespace) == ["line 4: catches RunDirError and raises DataError in its "
-                                                         "place"]
+    assert violations(ast.parse(replace), namespace) == [
+        "line 4: catches RunDirError and raises DataError in its place"
+    ]
     translate = "try:\n    f()\nexcept KeyError as exc:\n    raise DataError(f'no arm {exc}') from None\n"
     note = "try:\n    f()\nexcept RunDirError as exc:\n    exc.add_note('cannot fork')\n    raise\n"
     assert violations(ast.parse(translate), namespace) == [] and violations(ast.parse(note), namespace) == []

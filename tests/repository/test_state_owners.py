@@ -7,6 +7,7 @@ augmented or an annotated assignment), an item assignment `ctx.FIELD[...] = ...`
 (`add`, `append`, `update`, ...) on a FIELD that is a plain dict, list or set. Objects that own themselves
 (the report, the writer, the samples file, the signal counts) are called, not assigned here, and are not
 RunContext fields' containers in this sense."""
+
 from __future__ import annotations
 
 import ast
@@ -21,8 +22,7 @@ OWNER = "proxy/supervision/context.py"
 FIELDS = {f.name for f in dataclasses.fields(RunContext)}
 HINTS = typing.get_type_hints(RunContext)
 CONTAINERS = {name for name, hint in HINTS.items() if typing.get_origin(hint) in (dict, list, set)}
-MUTATORS = {"add", "append", "extend", "insert", "update", "pop", "popitem", "clear", "discard", "remove",
-            "setdefault"}
+MUTATORS = {"add", "append", "extend", "insert", "update", "pop", "popitem", "clear", "discard", "remove", "setdefault"}
 
 
 def _ctx_field(node: ast.AST) -> str | None:
@@ -32,8 +32,12 @@ def _ctx_field(node: ast.AST) -> str | None:
     base = node.value
     if isinstance(base, ast.Name) and base.id == "ctx":
         return node.attr
-    if isinstance(base, ast.Attribute) and base.attr == "ctx" and isinstance(base.value, ast.Name) \
-            and base.value.id == "self":
+    if (
+        isinstance(base, ast.Attribute)
+        and base.attr == "ctx"
+        and isinstance(base.value, ast.Name)
+        and base.value.id == "self"
+    ):
         return node.attr
     return None
 
@@ -47,7 +51,7 @@ def writes(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
         for target in targets:
-            for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]):
+            for t in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
                 name = _ctx_field(t.value if isinstance(t, ast.Subscript) else t)
                 if name is not None:
                     found.append((node.lineno, name))
@@ -59,7 +63,7 @@ def writes(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_only_run_context_changes_its_fields():
-    assert {"bandit", "caps", "floors", "phases", "samples", "segment_number"} <= FIELDS
+    assert {"bandit", "caps", "floors", "phases", "samples", "launch_number"} <= FIELDS
     assert {"caps", "floors", "rejected", "eval_loss"} <= CONTAINERS
     offenders = []
     for path in sorted((ROOT / "proxy").rglob("*.py")):
@@ -72,7 +76,14 @@ def test_only_run_context_changes_its_fields():
 
 
 def test_the_check_can_fail():
-    code = ("ctx.bandit, ctx.caps = 1, 2\nself.ctx.segment_number += 1\nctx.eval_loss[3] = 1.0\n"
-            "ctx.rejected.add('x')\nctx.writer.append(e)\nseg.last_step = 4\n")
-    assert writes(ast.parse(code)) == [(1, "bandit"), (1, "caps"), (2, "segment_number"), (3, "eval_loss"),
-                                       (4, "rejected")]
+    code = (
+        "ctx.bandit, ctx.caps = 1, 2\nself.ctx.launch_number += 1\nctx.eval_loss[3] = 1.0\n"
+        "ctx.rejected.add('x')\nctx.writer.append(e)\nseg.last_step = 4\n"
+    )
+    assert writes(ast.parse(code)) == [
+        (1, "bandit"),
+        (1, "caps"),
+        (2, "launch_number"),
+        (3, "eval_loss"),
+        (4, "rejected"),
+    ]

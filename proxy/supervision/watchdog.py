@@ -87,19 +87,19 @@ class Watchdog:
 
     def look(self, launch: EngineLaunch, now: float) -> float:
         """Called once per loop iteration: a gap since the last look longer than PAUSE_S is the proxy's own
-        pause, taken off the engine's silence (the part of it the silence spans, less the POLL_S the loop
-        waits anyway). Returns the seconds taken off (0.0: none)."""
+        pause. The part of it the engine's silence spans, less the POLL_S the loop waits anyway, is taken off
+        that silence. Returns the pause's length (0.0: none), whether or not the engine spoke meanwhile: an
+        event read the moment the proxy runs again already ended the silence, yet the proxy did not run."""
         last, self.last_look = self.last_look, now
         if last is None or now - last <= PAUSE_S:
             return 0.0
         credit = now - max(last, launch.last_activity) - self.poll_s
-        if credit <= 0:
-            return 0.0
-        launch.excuse_silence(credit)
-        if self.sample is not None:  # the same silence, moved with it
-            self.sample = replace(self.sample, silence_from=self.sample.silence_from + credit)
-        self.paused_s += credit
-        return credit
+        if credit > 0:
+            launch.excuse_silence(credit)
+            if self.sample is not None:  # the same silence, moved with it
+                self.sample = replace(self.sample, silence_from=self.sample.silence_from + credit)
+            self.paused_s += credit
+        return now - last - self.poll_s
 
     def quiet(self, launch: EngineLaunch, now: float) -> float:
         """The engine's silence, in the proxy's own running time."""

@@ -48,6 +48,18 @@ def test_a_pause_of_the_proxy_is_not_the_engines_silence():
     assert dog.look(seg, start + PAUSE_S - 0.1) == 0.0
 
 
+def test_a_pause_is_said_even_when_an_event_ended_the_silence():
+    """The loop handles an event read the moment the proxy runs again before it looks at the watchdog: the
+    engine's silence is over (nothing to take off it), yet the proxy was stopped, and the look says how long."""
+    dog = Watchdog(5.0, 0.2)
+    start = time.monotonic()
+    seg = _segment(0.0)
+    dog.look(seg, start - 15.0)  # the last look before the stop
+    seg.last_activity = start  # the event written while the proxy was stopped, handled first
+    paused = dog.look(seg, start)
+    assert 14.0 < paused < 15.0 and dog.paused_s == 0.0 and dog.quiet(seg, start) == 0.0
+
+
 def test_hang_confirmed_by_cpu_time():
     # stopped or blocked: no CPU between the halfway sample and the end of the allowance: hung
     dog = Watchdog(5.0, 0.2)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-from importlib import metadata
 from pathlib import Path
+
+# Standard library only, so importable on the GPU image; bench_cuda.py puts the repository on sys.path.
+from proxy import gpu_identity
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,13 +54,10 @@ def gpu_facts() -> dict:
 
 
 def cudnn_version() -> str | None:
-    """The nvidia-cudnn wheel's version (the cuDNN the engine loads, docs/CUDA.md), or None."""
-    for dist in ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    """The nvidia-cudnn wheel's version (the cuDNN the engine loads, docs/CUDA.md), or None: the qualification's
+    own reading (proxy/gpu_identity.py), so a benchmark and a verdict name the same cuDNN."""
+    version = gpu_identity.cudnn_version()
+    return None if version == "none" else version
 
 
 def source_commit() -> str | None:

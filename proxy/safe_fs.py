@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from .errors import EXIT_USAGE
+from .stop_signals import held
 
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -83,17 +84,22 @@ def inside(path: str | os.PathLike, within: str | os.PathLike) -> bool:
 
 
 def open_fd(path: str | os.PathLike, flags: int, limit: int | None) -> BinaryIO:
-    """open(2) `path` with `flags`, then require a regular file of at most `limit` bytes (None: any size)."""
-    fd = os.open(path, flags)
+    """open(2) `path` with `flags`, then require a regular file of at most `limit` bytes (None: any size).
+
+    The descriptor is made and handed to its file object while the stop signals wait (their handler
+    raises wherever it lands): from then on only the file object closes it. A descriptor closed by hand
+    and again by a file object closes whatever file has reused the number meanwhile."""
+    with held():
+        f = open(path, "rb", opener=lambda p, _mode: os.open(p, flags))
     try:
-        st = os.fstat(fd)
+        st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFileError(path, f"{file_kind(st.st_mode)}, not a regular file; not read")
         if limit is not None and st.st_size > limit:
             raise UnsafeFileError(path, f"{st.st_size} bytes, more than the {limit} such a file may have; not read")
-        return os.fdopen(fd, "rb")
+        return f
     except BaseException:
-        os.close(fd)
+        f.close()
         raise
 
 

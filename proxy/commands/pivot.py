@@ -37,8 +37,8 @@ from ..rundir.lock import Holder, PivotLock, RunLock, run_lock_holder, running_p
 from ..rundir.phases import read_phases
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
+from ..stop_signals import held
 from ..supervision.engine_record import reap_orphan
-from ..supervision.signals import STOPS
 from .which_run import resolve_run, started_run
 
 
@@ -159,14 +159,11 @@ def _offline(
             print(f"proxy: not pivoting at {reason}", file=sys.stderr, flush=True)
         checkpoint = relative_checkpoint(step) if resume.path is not None else None
         # `proxy stop` finds us holding the run's lock: a stop request waits until the pivot is whole
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPS))
-        try:
+        with held():
             if unsaved:
                 save_identity(run, identity)
             result = apply_pivot(run, step, caps, floors, policy, checkpoint)  # RunDirError: nothing changed
             _offline_state(run, experiment, result, caps_path)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         logged = index.max_step()
         print(result.message(run), file=out, flush=True)
         if logged > step:

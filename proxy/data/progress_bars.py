@@ -8,31 +8,20 @@ once when it ends, so logs stay short and readable.
 from __future__ import annotations
 
 import io
-import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TextIO
 
 from tqdm import tqdm
+
+from ..stop_signals import held
 
 LOG_EVERY_S = 2.0  # not a terminal: at most one line per task this often while it runs
 # tqdm's monitor thread (it redraws bars that stall) is not needed here, and starting it catches any
 # exception, a stop signal's included (supervision/signals.py)
 tqdm.monitor_interval = 0
-# The signals a handler may raise from (`proxy run`'s setup ends where a stop signal lands: a bar made half
-# by then prints a traceback when it is collected). They wait while tqdm works, and come right after.
-HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-@contextmanager
-def _held() -> Iterator[None]:
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+# tqdm's own work runs with the stop signals held (a bar made half when a stop signal's handler raises prints
+# a traceback when it is collected); they come right after.
 
 
 class ProgressBar:
@@ -52,7 +41,7 @@ class ProgressBar:
         if total is None:  # no amount to show: the label, the time taken and the note
             options["bar_format"] = "{desc}  {elapsed}{postfix}"
         # off a terminal tqdm draws into nothing; the lines are printed here
-        with _held():
+        with held():
             self.bar = tqdm(
                 file=progress.stream if self.live else io.StringIO(),
                 ascii=not self.live,
@@ -64,12 +53,12 @@ class ProgressBar:
 
     def _line(self) -> None:
         self.last_line = time.monotonic()
-        with _held():
+        with held():
             line = str(self.bar)
         self.p.write(line + "\n")
 
     def advance(self, n: float = 1) -> None:
-        with _held():
+        with held():
             self.bar.update(n)
         if self.p.enabled and not self.live and time.monotonic() - self.last_line >= LOG_EVERY_S:
             self._line()
@@ -78,14 +67,14 @@ class ProgressBar:
         if self.closed:
             return
         self.closed = True
-        with _held():
+        with held():
             if self.bar.total:
                 self.bar.update(max(0, self.bar.total - self.bar.n))
             if note:
                 self.bar.set_postfix_str(note, refresh=False)
         if self.p.enabled and not self.live:
             self._line()
-        with _held():
+        with held():
             self.bar.close()
 
     def __enter__(self) -> ProgressBar:
@@ -96,7 +85,7 @@ class ProgressBar:
             self.done()
         elif not self.closed:
             self.closed = True
-            with _held():
+            with held():
                 self.bar.close()
             if self.p.enabled:
                 self.p.write(f"{self.bar.desc}: failed\n")

@@ -19,8 +19,9 @@ import signal
 from dataclasses import dataclass
 
 from ..errors import EXIT_INTERRUPTED, ProxyError
+from ..stop_signals import STOP_SIGNALS
 
-STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOPS = STOP_SIGNALS
 EARLY = (signal.SIGUSR1, signal.SIGUSR2)
 ALL = STOPS + EARLY
 

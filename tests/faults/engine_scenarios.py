@@ -607,8 +607,12 @@ def engine_sigusr1_storm(
     and a run resumed from a randomly chosen SIGUSR1 checkpoint ends byte-identical too."""
     out = Outcome(fault_class, name, one_storm=True)
     rng = rng_for(name)
-    model = TINY.but(steps=800)  # long enough that the storm ends well before training does
+    model = TINY.but(steps=2000)  # long enough that the storm ends well before training does
+    begun = time.monotonic()
     shard, ref_dir, rc, ref = reference_run(workdir, model, 0)
+    # paced by this machine's speed: the sleeps add up to at most half the unsignalled run's time (a fast
+    # machine trains the 2000 steps in under a second), and each signalled checkpoint only slows the run
+    longest_sleep = min(0.002, (time.monotonic() - begun) / n_signals)
     ref_steps = {int(e["step"]): step_record(e) for e in ref.of("step")}
     ck = workdir / "ck"
     p = start_standalone(model, shard, ck, 0, resume=None)
@@ -619,7 +623,7 @@ def engine_sigusr1_storm(
             break
         sent += 1
         out.begin_fault()
-        time.sleep(rng.uniform(0.0, 0.002))
+        time.sleep(rng.uniform(0.0, longest_sleep))
     try:
         rc = p.finish(TIMEOUT)
     except Hang as exc:

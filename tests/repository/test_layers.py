@@ -18,6 +18,7 @@ PROXY = ROOT / "proxy"
 # its own part and any part before it in this list, nothing after it.
 LAYERS = (
     "errors",
+    "stop_signals",
     "safe_fs",
     "temp_names",
     "atomic",

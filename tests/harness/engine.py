@@ -296,6 +296,13 @@ class Child:
         except ProcessLookupError:
             return False
 
+    def cpu_seconds(self) -> float:
+        """CPU time the child has used (user + system, all its threads), from /proc: readable until it is
+        reaped, so also just after it exited. What it did, however busy the machine is."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 

@@ -49,10 +49,19 @@
     X(cudnnStatus_t, cudnnBackendExecute,                                                                         \
       (cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan, cudnnBackendDescriptor_t variantPack),       \
       (handle, executionPlan, variantPack))                                                                       \
+    MG_CUDNN_FUNCTIONS_SINCE_9_23(X)
+
+// cuDNN 9.23 added cudnnGetExecutionPlanWorkspaceSize; the frontend calls it only when built against 9.23 or
+// later (CUDNN_VERSION >= 92300), so older headers (9.19 on the GPU image) neither declare nor need it.
+#if CUDNN_VERSION >= 92300
+#define MG_CUDNN_FUNCTIONS_SINCE_9_23(X)                                                                          \
     X(cudnnStatus_t, cudnnGetExecutionPlanWorkspaceSize,                                                          \
       (cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan, cudnnBackendDescriptor_t variantPack,        \
        size_t *workspaceSizeInBytes),                                                                             \
       (handle, executionPlan, variantPack, workspaceSizeInBytes))
+#else
+#define MG_CUDNN_FUNCTIONS_SINCE_9_23(X)
+#endif
 
 // The NVRTC functions the frontend refers to. Only its sm100 RMSNorm+SiLU
 // engine calls them, never the attention graphs; NVRTC is loaded at the first

@@ -262,7 +262,7 @@ phase_build() {
     fi
     place_cudnn_object
     make cuda-info PYTHON="$PY" CUDNN_FRONTEND_INC="$FRONTEND_DIR"
-    make -j3 engines PYTHON="$PY" "${arch[@]}" CUDNN_FRONTEND_INC="$FRONTEND_DIR" || rc=1
+    make -j3 engines PYTHON="$PY" "${arch[@]}" CUDNN_FRONTEND_INC="$FRONTEND_DIR" MG_SOURCE="$(source_commit)" || rc=1
     readelf -d build/microgpt_cuda | grep NEEDED
     return $rc
 }
@@ -390,10 +390,16 @@ wait_llmc() {  # prints the train_gpt2cu path when llm.c was built, else nothing
 # scripts/bench_cuda.py, results in $OUT_DIR/bench-NAME.json; a dry run measures nothing but runs the
 # same command line with neither the engine nor PyTorch. A trainer that could not run (bench_cuda.py
 # records it as skipped, with the reason) fails the phase.
+# The commit the checkout was at when prepare ran here: the GPU machine's copy of the tree has another git
+# state (its `git describe` named a commit days old), so the carried one comes first.
+source_commit() {
+    cat .gpu-carry/commit 2>/dev/null || git describe --always --dirty --abbrev=12 2>/dev/null
+}
+
 bench() {
     local name=$1 commit
     shift
-    commit=$(git describe --always --dirty --abbrev=12 2>/dev/null || cat .gpu-carry/commit 2>/dev/null)
+    commit=$(source_commit)
     "$PY" scripts/bench_cuda.py "$@" ${commit:+--commit "$commit"} --json "$OUT_DIR/bench-$name.json" \
         ${DRY:+--no-engine --no-torch} || return 1
     "$PY" - "$OUT_DIR/bench-$name.json" <<'PYEOF'
@@ -441,7 +447,7 @@ phase_goodput() {
 
 export -f carried_requirements carried_plugins pip_download_for phase_prepare phase_wheels cudnn_wheel_dir \
     place_cudnn_object llmc_make phase_build phase_check run_pytest phase_cpu engine_quick_args engine_quick_frames \
-    phase_sanitize phase_test_fast phase_test phase_test_e2e phase_profile phase_profile_124m wait_llmc bench \
+    phase_sanitize phase_test_fast phase_test phase_test_e2e phase_profile phase_profile_124m wait_llmc source_commit bench \
     phase_bench_124m phase_bench_12m phase_bench_b32 phase_goodput
 
 # ---------------------------------------------------------------------------

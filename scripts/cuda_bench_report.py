@@ -2,14 +2,14 @@
 """The CUDA benchmark's results file, and the table docs/PERFORMANCE.md shows.
 
 scripts/bench_cuda.py --json FILE writes a BenchReport (below) as JSON; the
-H100 figures are committed as docs/bench/cuda-h100.json. This script turns
+figures of each GPU are committed as docs/bench/cuda-<gpu>.json. This script turns
 such a file into the markdown table between the markers in PERFORMANCE.md
 (rewritten atomically; everything outside the markers is kept), and merges
 the files of several benchmark runs on one GPU into one:
 
-    python scripts/cuda_bench_report.py render docs/bench/cuda-h100.json --doc docs/PERFORMANCE.md
-    python scripts/cuda_bench_report.py render docs/bench/cuda-h100.json     # print the table
-    python scripts/cuda_bench_report.py merge a.json b.json -o docs/bench/cuda-h100.json
+    python scripts/cuda_bench_report.py render docs/bench/cuda-h200.json --doc docs/PERFORMANCE.md
+    python scripts/cuda_bench_report.py render docs/bench/cuda-h200.json     # print the table
+    python scripts/cuda_bench_report.py merge a.json b.json -o docs/bench/cuda-h200.json
 
 Every bad input (unreadable or malformed JSON, missing markers) is one line
 on stderr and exit 2; the document is then left as it was.

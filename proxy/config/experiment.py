@@ -19,6 +19,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 
 from ..formats.engine_cli import MAX_STEP, setting_flags
 from ..formats.frames import SAMPLE_MAX_COMPLETIONS
+from ..formats.lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SCHEDULE, Schedule
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
 from .config_file import config_error, format_validation_error, read_json
@@ -90,6 +91,8 @@ class TrainConfig(StrictModel):
     max_steps: int = Field(ge=1, le=MAX_STEP)  # the engine's steps are int32
     lr: float = Field(gt=0)
     min_lr: float = Field(ge=0)
+    lr_schedule: Schedule = DEFAULT_SCHEDULE  # after the warmup (formats/lr_schedule.py)
+    decay_fraction: float = Field(default=DEFAULT_DECAY_FRACTION, gt=0, le=1)  # wsd: the final fraction that decays
     warmup: int = Field(ge=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.95, ge=0, lt=1)
@@ -240,6 +243,8 @@ class Experiment(StrictModel):
             steps=t.max_steps,
             lr=t.lr,
             min_lr=t.min_lr,
+            lr_schedule=t.lr_schedule,
+            decay_fraction=t.decay_fraction,
             warmup=t.warmup,
             beta1=t.beta1,
             beta2=t.beta2,

@@ -100,6 +100,8 @@ def test_engine_flags(tmp_path):
         "--steps": "300",
         "--lr": "0.003",
         "--min-lr": "0.0003",
+        "--lr-schedule": "cosine",
+        "--decay-fraction": "0.2",
         "--warmup": "20",
         "--beta1": "0.9",
         "--beta2": "0.95",

@@ -161,8 +161,8 @@ def test_wrong_type(tmp_path):
 
 def test_missing_field(tmp_path):
     data = copy.deepcopy(BASE)
-    del data["train"]["lr"]
-    assert "train.lr: missing" in error_of(tmp_path, data)
+    del data["train"]["max_steps"]  # the one train key without a default
+    assert "train.max_steps: missing" in error_of(tmp_path, data)
 
 
 def test_cap_below_floor(tmp_path):

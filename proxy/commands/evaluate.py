@@ -54,7 +54,8 @@ def predicted_tokens(starts: np.ndarray, ctx: int) -> int:
 def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
     """Each arm's validation rows, exactly as the run's evals take them (the run's frozen validation tokens)."""
     _run, experiment = source.require_run("the validation data")
-    rows, row_len = experiment.train.eval_row_count(source.shape.ctx), source.shape.ctx + 1
+    longest = max(data.val[name].size for name in experiment.arm_names)
+    rows, row_len = experiment.train.eval_row_count(source.shape.ctx, longest), source.shape.ctx + 1
     parts = []
     for arm, name in enumerate(experiment.arm_names):
         val = data.val[name]

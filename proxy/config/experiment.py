@@ -147,10 +147,14 @@ class TrainConfig(StrictModel):
         """Rows per TRAIN frame: batch * grad_accum."""
         return self.batch * self.grad_accum
 
-    def eval_row_count(self, ctx: int) -> int:
+    def eval_row_count(self, ctx: int, longest_val: int | None = None) -> int:
         """Validation rows per arm at each evaluation: eval_rows, else enough rows of `ctx` predicted
-        tokens to hold eval_tokens."""
-        return self.eval_rows if self.eval_rows is not None else -(-self.eval_tokens // ctx)
+        tokens to hold eval_tokens, but no more than the longest arm's validation tokens (`longest_val`,
+        when known) hold side by side: rows beyond that would only repeat its tokens."""
+        if self.eval_rows is not None:
+            return self.eval_rows
+        rows = -(-self.eval_tokens // ctx)
+        return rows if longest_val is None else max(1, min(rows, longest_val // (ctx + 1)))
 
 
 class ArmConfig(StrictModel):

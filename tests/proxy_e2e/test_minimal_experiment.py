@@ -12,7 +12,7 @@ from proxy.formats.lr_schedule import lr_at
 from .conftest import TINY, last_steps, read_entries, run_args, run_cmd, state
 
 
-def test_a_minimal_experiment_trains(data_cache, tmp_path):
+def test_a_minimal_experiment_trains(engine, data_cache, tmp_path):
     model = json.loads(TINY.read_text())["model"]
     data = {"builtin": "stdlib_code", "modules": ["json", "textwrap"]}
     exp = tmp_path / "MINIMAL.json"
@@ -30,3 +30,7 @@ def test_a_minimal_experiment_trains(data_cache, tmp_path):
     evals = [e for e in read_entries(run_dir) if e.get("type") == "eval"]
     assert [e["step"] for e in evals] == [20] and list(evals[0]["arms"]) == ["main"]
     assert state(run_dir)["status"] == "finished"
+    # `proxy eval` takes the same eval_tokens rows (capped by the validation tokens) and so gives the same loss
+    result = run_cmd(["eval", "--run-dir", str(run_dir), "--step", "20", "--engine", engine.flag, "--json"], data_cache)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["arms"] == evals[0]["arms"]

@@ -39,6 +39,8 @@ def test_the_train_defaults_are_the_documented_ones(tmp_path):
         None,
     )
     assert t.eval_row_count(64) == 512 and t.eval_row_count(1000) == 33  # whole rows holding eval_tokens
+    assert t.eval_row_count(64, longest_val=5000) == 76  # no more rows than 5000 tokens hold side by side
+    assert t.eval_row_count(64, longest_val=10) == 1
 
 
 def test_min_lr_and_warmup_follow_lr_and_max_steps_unless_given(tmp_path):
@@ -48,7 +50,7 @@ def test_min_lr_and_warmup_follow_lr_and_max_steps_unless_given(tmp_path):
     assert (t.min_lr, t.warmup) == (0.0, 2)
     assert load(tmp_path, {**MINIMAL, "train": {"max_steps": 19}}).train.warmup == 0
     given = {"max_steps": 10, "eval_rows": 4, "eval_tokens": 10}
-    assert load(tmp_path, {**MINIMAL, "train": given}).train.eval_row_count(64) == 4  # eval_rows wins
+    assert load(tmp_path, {**MINIMAL, "train": given}).train.eval_row_count(64, longest_val=100) == 4  # it wins
 
 
 def test_a_bad_lr_is_the_one_error_not_a_min_lr_missing(tmp_path):

@@ -128,7 +128,7 @@ class TrainConfig(StrictModel):
             return data
         data = dict(data)
         lr, steps = data.get("lr", DEFAULT_LR), data.get("max_steps")
-        number = isinstance(lr, float | int) and not isinstance(lr, bool)
+        number = isinstance(lr, float | int) and not isinstance(lr, bool) and lr > 0
         if "min_lr" not in data:  # 0 in place of a bad lr's: only the lr's error is reported
             data["min_lr"] = float(f"{lr / 10:.12g}") if number else 0.0  # 6e-05, not 5.9999999999999995e-05
         if "warmup" not in data:

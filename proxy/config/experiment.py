@@ -30,7 +30,7 @@ from .tracking import LogConfig
 
 DEFAULT_LR = 6e-4  # GPT-2 small's, nanoGPT's
 MAX_DEFAULT_WARMUP = 1000
-DEFAULT_EVAL_TOKENS = 32768  # docs/EXPERIMENTS.md, "How many tokens an evaluation takes"
+DEFAULT_EVAL_TOKENS = 65536  # docs/EXPERIMENTS.md, "How many tokens an evaluation takes"
 DATA_ARM = "main"  # the one arm an experiment's `data` becomes
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens

@@ -35,10 +35,10 @@ def test_the_train_defaults_are_the_documented_ones(tmp_path):
         "cosine",
         0.2,
         100,
-        32768,
+        65536,
         None,
     )
-    assert t.eval_row_count(64) == 512 and t.eval_row_count(1000) == 33  # whole rows holding eval_tokens
+    assert t.eval_row_count(64) == 1024 and t.eval_row_count(1000) == 66  # whole rows holding eval_tokens
     assert t.eval_row_count(64, longest_val=5000) == 76  # no more rows than 5000 tokens hold side by side
     assert t.eval_row_count(64, longest_val=10) == 1
 

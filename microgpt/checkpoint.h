@@ -69,8 +69,13 @@ typedef struct {
     float lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
     uint64_t seed;
     uint64_t tokens_seen;
-    unsigned char reserved[32];
+    int32_t lr_schedule;   // version 2: the code of MG_SCHEDULES (config.h); version 1 holds zeros here: cosine
+    float decay_fraction;  // version 2: --decay-fraction
+    unsigned char reserved[24];
 } MgTrailer;
+
+// The trailer version written; version 1 (no schedule fields) is still read, as cosine.
+#define MG_TRAILER_VERSION 2
 
 typedef struct {
     uint64_t trailer_bytes;
@@ -200,7 +205,7 @@ static int mg_write_checkpoint(const MgCkptDir *dir, const MgConfig *cfg, const 
     MgTrailer tr;
     memset(&tr, 0, sizeof tr);
     memcpy(tr.magic, MG_TRAILER_MAGIC, 8);
-    tr.version = 1;
+    tr.version = MG_TRAILER_VERSION;
     tr.meta_bytes = (uint32_t)meta_bytes;
     tr.vocab = cfg->vocab; tr.ctx = cfg->ctx; tr.dim = cfg->dim; tr.layers = cfg->layers; tr.heads = cfg->heads;
     tr.batch = cfg->batch; tr.grad_accum = cfg->grad_accum; tr.warmup = cfg->warmup; tr.max_steps = cfg->steps;
@@ -208,6 +213,8 @@ static int mg_write_checkpoint(const MgCkptDir *dir, const MgConfig *cfg, const 
     tr.eps = cfg->eps; tr.weight_decay = cfg->weight_decay; tr.grad_clip = cfg->grad_clip;
     tr.seed = cfg->seed;
     tr.tokens_seen = st->tokens_seen;
+    tr.lr_schedule = mg_schedule_code(cfg->lr_schedule);
+    tr.decay_fraction = cfg->decay_fraction;
 
     // A new file: a stale temp, or anything left under its name (a symlink too), is removed, never written through.
     unlinkat(dir->fd, tmp, 0);
@@ -285,7 +292,12 @@ static int mg_read_checkpoint(const char *path, MgState *st, char *err, size_t e
         if (mg_crc32(0, raw, size - 16) != foot.crc) { snprintf(err, errcap, "%s: checksum mismatch", path); goto done; }
         memcpy(&st->trailer, raw + body, MG_TRAILER_FIXED);
         if (memcmp(st->trailer.magic, MG_TRAILER_MAGIC, 8)) { snprintf(err, errcap, "%s: bad trailer magic", path); goto done; }
-        if (st->trailer.version != 1) { snprintf(err, errcap, "%s: unsupported trailer version %u", path, st->trailer.version); goto done; }
+        if (st->trailer.version != 1 && st->trailer.version != MG_TRAILER_VERSION) { snprintf(err, errcap, "%s: unsupported trailer version %u", path, st->trailer.version); goto done; }
+        if (st->trailer.version == 1) {  // written before schedules: the cosine, and --decay-fraction's default
+            st->trailer.lr_schedule = MG_SCHEDULE_COSINE;
+            st->trailer.decay_fraction = 0.2f;
+        }
+        if (st->trailer.lr_schedule < 0 || st->trailer.lr_schedule >= MG_N_SCHEDULES) { snprintf(err, errcap, "%s: unknown learning-rate schedule %d in its trailer", path, st->trailer.lr_schedule); goto done; }
         if ((uint64_t)MG_TRAILER_FIXED + st->trailer.meta_bytes + MG_FOOTER != foot.trailer_bytes) { snprintf(err, errcap, "%s: trailer sizes disagree", path); goto done; }
         MgLayout lay = mg_layout(st->trailer.vocab, st->trailer.ctx, st->trailer.dim, st->trailer.layers);
         if (st->trailer.vocab <= 0 || st->trailer.ctx <= 0 || st->trailer.dim <= 0 || st->trailer.layers <= 0 || lay.n != st->n) {
@@ -431,6 +443,16 @@ static void mg_reconcile_float(MgConfig *cfg, const char *flag, float *value, fl
     mg_warn("--%s changed from %g to %g on resume", flag, in_file, *value);
 }
 
+static void mg_reconcile_schedule(MgConfig *cfg, int in_file, const char *path) {
+    int code = mg_schedule_code(cfg->lr_schedule);
+    if (code < 0 || code == in_file) return;  // an unknown name: mg_validate says so
+    if (!mg_given(cfg, "lr-schedule")) { cfg->lr_schedule = MG_SCHEDULES[in_file]; return; }
+    if (!cfg->allow_hparam_change)
+        mg_fail(MG_EXIT_CKPT, "--lr-schedule %s differs from %s in %s (pass --allow-hparam-change to accept)",
+                cfg->lr_schedule, MG_SCHEDULES[in_file], path);
+    mg_warn("--lr-schedule changed from %s to %s on resume", MG_SCHEDULES[in_file], cfg->lr_schedule);
+}
+
 static void mg_reconcile(MgConfig *cfg, const MgState *st, const char *path) {
     if (!st->has_trailer) {
         MgLayout lay = mg_layout(cfg->vocab, cfg->ctx, cfg->dim, cfg->layers);
@@ -451,6 +473,8 @@ static void mg_reconcile(MgConfig *cfg, const MgState *st, const char *path) {
     mg_reconcile_int(cfg, "steps", &cfg->steps, t->max_steps, 0, path);
     mg_reconcile_float(cfg, "lr", &cfg->lr, t->lr, path);
     mg_reconcile_float(cfg, "min-lr", &cfg->min_lr, t->min_lr, path);
+    mg_reconcile_schedule(cfg, t->lr_schedule, path);
+    mg_reconcile_float(cfg, "decay-fraction", &cfg->decay_fraction, t->decay_fraction, path);
     mg_reconcile_float(cfg, "beta1", &cfg->beta1, t->beta1, path);
     mg_reconcile_float(cfg, "beta2", &cfg->beta2, t->beta2, path);
     mg_reconcile_float(cfg, "eps", &cfg->eps, t->eps, path);

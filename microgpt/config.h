@@ -24,6 +24,8 @@ typedef struct {
     int vocab, ctx, dim, layers, heads;
     int batch, grad_accum, steps, warmup;
     float lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
+    const char *lr_schedule;  // one of MG_SCHEDULES (model.h's mg_lr_at)
+    float decay_fraction;     // wsd: the final fraction of --steps that decays to --min-lr
     uint64_t seed;
     int threads;
     const char *precision;
@@ -41,6 +43,17 @@ typedef struct {
 } MgConfig;
 
 typedef enum { MG_INT, MG_FLOAT, MG_U64, MG_STR, MG_BOOL } MgFlagType;
+
+// The learning-rate schedules, by their code in a checkpoint's trailer (docs/FORMATS.md): a version 1
+// trailer, written before schedules existed, holds none and means cosine (code 0).
+static const char *const MG_SCHEDULES[] = {"cosine", "wsd", "constant", "linear"};
+enum { MG_SCHEDULE_COSINE, MG_SCHEDULE_WSD, MG_SCHEDULE_CONSTANT, MG_SCHEDULE_LINEAR, MG_N_SCHEDULES };
+
+static int mg_schedule_code(const char *name) {
+    for (int i = 0; i < MG_N_SCHEDULES; i++)
+        if (name && strcmp(name, MG_SCHEDULES[i]) == 0) return i;
+    return -1;
+}
 
 typedef struct {
     const char *name;
@@ -75,7 +88,9 @@ static const MgFlag MG_FLAGS[] = {
     {"steps", MG_INT, MG_OFF(steps), 1, 0x7fffffff, "schedule horizon; standalone stops here (default 5000)"},
     {"warmup", MG_INT, MG_OFF(warmup), 0, 0x7fffffff, "linear warmup steps (default 100)"},
     {"lr", MG_FLOAT, MG_OFF(lr), 0, 0, "peak learning rate, > 0 (default 6e-4)"},
-    {"min-lr", MG_FLOAT, MG_OFF(min_lr), 0, 0, "cosine floor (default 6e-5)"},
+    {"min-lr", MG_FLOAT, MG_OFF(min_lr), 0, 0, "the rate a decaying schedule ends at (default 6e-5)"},
+    {"lr-schedule", MG_STR, MG_OFF(lr_schedule), 0, 0, "after warmup: cosine, wsd (stable, then linear decay over --decay-fraction), constant or linear (default cosine)"},
+    {"decay-fraction", MG_FLOAT, MG_OFF(decay_fraction), 0, 0, "wsd: the final fraction of --steps that decays to --min-lr, in (0, 1] (default 0.2)"},
     {"beta1", MG_FLOAT, MG_OFF(beta1), 0, 0, "AdamW beta1 (default 0.9)"},
     {"beta2", MG_FLOAT, MG_OFF(beta2), 0, 0, "AdamW beta2 (default 0.95)"},
     {"eps", MG_FLOAT, MG_OFF(eps), 0, 0, "AdamW epsilon (default 1e-8)"},
@@ -116,6 +131,7 @@ static void mg_defaults(MgConfig *cfg) {
     cfg->batch = 8; cfg->grad_accum = 1; cfg->steps = 5000; cfg->warmup = 100;
     cfg->lr = 6e-4f; cfg->min_lr = 6e-5f; cfg->beta1 = 0.9f; cfg->beta2 = 0.95f;
     cfg->eps = 1e-8f; cfg->weight_decay = 0.1f; cfg->grad_clip = 1.0f;
+    cfg->lr_schedule = MG_SCHEDULES[0]; cfg->decay_fraction = 0.2f;
     cfg->seed = 1337;
     cfg->precision = NULL;  // engine default
     cfg->dump_grads_step = 1;
@@ -261,6 +277,9 @@ static void mg_validate(const MgConfig *cfg) {
     // lr > 0, as the experiment schema (proxy/config/experiment.py) requires.
     if (cfg->lr <= 0) mg_fail(MG_EXIT_USAGE, "--lr must be > 0");
     if (cfg->min_lr < 0) mg_fail(MG_EXIT_USAGE, "--min-lr must be >= 0");
+    if (mg_schedule_code(cfg->lr_schedule) < 0)
+        mg_fail(MG_EXIT_USAGE, "--lr-schedule: '%s' is not cosine, wsd, constant or linear", cfg->lr_schedule);
+    if (!(cfg->decay_fraction > 0 && cfg->decay_fraction <= 1)) mg_fail(MG_EXIT_USAGE, "--decay-fraction must be in (0, 1]");
     if (cfg->beta1 < 0 || cfg->beta1 >= 1) mg_fail(MG_EXIT_USAGE, "--beta1 must be in [0, 1)");
     if (cfg->beta2 < 0 || cfg->beta2 >= 1) mg_fail(MG_EXIT_USAGE, "--beta2 must be in [0, 1)");
     if (cfg->eps <= 0) mg_fail(MG_EXIT_USAGE, "--eps must be > 0");
@@ -319,7 +338,9 @@ static void mg_print_config(const MgConfig *c) {
     printf("\"config\":{\"vocab\":%d,\"ctx\":%d,\"dim\":%d,\"layers\":%d,\"heads\":%d,\"batch\":%d,\"grad_accum\":%d,"
            "\"steps\":%d,\"warmup\":%d,\"lr\":", c->vocab, c->ctx, c->dim, c->layers, c->heads, c->batch, c->grad_accum, c->steps, c->warmup);
     mg_json_float(stdout, c->lr); fputs(",\"min_lr\":", stdout);
-    mg_json_float(stdout, c->min_lr); fputs(",\"beta1\":", stdout);
+    mg_json_float(stdout, c->min_lr); fputs(",\"lr_schedule\":", stdout);
+    mg_json_string(stdout, c->lr_schedule); fputs(",\"decay_fraction\":", stdout);
+    mg_json_float(stdout, c->decay_fraction); fputs(",\"beta1\":", stdout);
     mg_json_float(stdout, c->beta1); fputs(",\"beta2\":", stdout);
     mg_json_float(stdout, c->beta2); fputs(",\"eps\":", stdout);
     mg_json_float(stdout, c->eps); fputs(",\"weight_decay\":", stdout);

@@ -136,15 +136,51 @@ static void mg_init_params(float *w, const MgConfig *cfg) {
 
 // ----------------------------------------------------------------------------
 // Learning rate: a pure function of the step, so restoring the step restores
-// the schedule. Step s is 1-based: the update that produces step s.
+// the schedule. Step s is 1-based: the update that produces step s. Every
+// schedule warms up linearly to --lr over --warmup steps; then
+//   cosine:   half a cosine from lr down to min_lr at --steps;
+//   wsd:      lr (stable) until the last decay_fraction of --steps, then a
+//             straight line down to min_lr at --steps: raising --steps while
+//             still stable changes no rate already used, nor the next one;
+//   constant: lr;
+//   linear:   a straight line from lr down to min_lr at --steps.
+// Past --steps the decaying schedules stay at min_lr.
+
+// wsd's first decaying step is the one after this (at least the warmup's end).
+static int mg_wsd_decay_start(const MgConfig *cfg) {
+    int decay = (int)lround((double)cfg->decay_fraction * cfg->steps);
+    if (decay < 1) decay = 1;
+    int start = cfg->steps - decay;
+    return start > cfg->warmup ? start : cfg->warmup;
+}
+
+// The fraction of [from, to] that step s has covered, clamped to [0, 1].
+static double mg_progress(int s, int from, int to) {
+    if (to <= from) return 1.0;
+    double p = (double)(s - from) / (to - from);
+    return p < 0 ? 0 : p > 1 ? 1 : p;
+}
 
 static float mg_lr_at(const MgConfig *cfg, int s) {
     if (cfg->warmup > 0 && s <= cfg->warmup) return (float)((double)cfg->lr * s / cfg->warmup);
-    int span = cfg->steps - cfg->warmup;
-    double progress = span > 0 ? (double)(s - cfg->warmup) / span : 1.0;
-    if (progress > 1.0) progress = 1.0;
-    double cosine = 0.5 * (1.0 + cos(3.141592653589793 * progress));
-    return (float)(cfg->min_lr + (cfg->lr - cfg->min_lr) * cosine);
+    // (lr - min_lr) is a float difference, as the cosine has always computed it: the same rates, bit for
+    // bit; each decay is min_lr plus a share of it, so its last step is min_lr exactly
+    float drop = cfg->lr - cfg->min_lr;
+    switch (mg_schedule_code(cfg->lr_schedule)) {
+    case MG_SCHEDULE_CONSTANT:
+        return cfg->lr;
+    case MG_SCHEDULE_LINEAR:
+        return (float)(cfg->min_lr + drop * (1.0 - mg_progress(s, cfg->warmup, cfg->steps)));
+    case MG_SCHEDULE_WSD: {
+        int start = mg_wsd_decay_start(cfg);
+        if (s <= start) return cfg->lr;
+        return (float)(cfg->min_lr + drop * (1.0 - mg_progress(s, start, cfg->steps)));
+    }
+    default: {  // cosine (mg_validate refuses any other name)
+        double cosine = 0.5 * (1.0 + cos(3.141592653589793 * mg_progress(s, cfg->warmup, cfg->steps)));
+        return (float)(cfg->min_lr + drop * cosine);
+    }
+    }
 }
 
 #endif  // MICROGPT_MODEL_H

@@ -3,10 +3,11 @@ set of path flags, trains CHECK_STEPS steps of the run's shape on fixed tokens, 
 checkpoints; what it gave is read back here (CheckRun) for qualification_compare.py to judge.
 
 The check's schedule is the run's optimizer at the run's peak learning rate:
-`--warmup 1 --steps CHECK_STEPS` puts the peak at step 1 and decays it (the
-run's cosine) to the run's min_lr at the last step, so every step has its own
-learning rate (a path that keeps a stale one is seen) and the steps move the
-weights as far as the run's own steps do.
+`--lr-schedule cosine --warmup 1 --steps CHECK_STEPS` puts the peak at step 1
+and decays it along a cosine to the run's min_lr at the last step, whatever
+the run's own schedule (a wsd or constant one would hold the rate still), so
+every step has its own learning rate (a path that keeps a stale one is seen)
+and the steps move the weights as far as the run's own steps do.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .formats.engine_cli import engine_args
 from .processes import signal_group
 from .safe_fs import UnsafeFileError, file_sha256
 
+CHECK_SCHEDULE = "cosine"  # every check step at its own rate (see above), whatever the run's schedule
 CHECK_STEPS = 12  # steps each check trains: enough for Adam's moments to hold several steps' gradients
 MID_STEP = CHECK_STEPS // 2  # a checkpoint here is written while the next steps train (the async snapshot)
 CHECK_TIMEOUT_S = 120.0  # one check process; past it the process group is killed and the path failed
@@ -52,7 +54,7 @@ class CheckRun:
 
 def check_settings(settings: list[str]) -> list[str]:
     """The run's engine settings with the check's schedule (later flags win in the engine)."""
-    return [*settings, "--warmup", "1", "--steps", str(CHECK_STEPS)]
+    return [*settings, "--lr-schedule", CHECK_SCHEDULE, "--warmup", "1", "--steps", str(CHECK_STEPS)]
 
 
 def check_tokens(vocab: int, ctx: int, rows: int) -> list[np.ndarray]:

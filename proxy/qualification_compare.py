@@ -21,9 +21,10 @@ import math
 
 import numpy as np
 
+from .formats.lr_schedule import lr_at
 from .formats.parameters import param_layout
 from .formats.qualification_record import Check, Figures, Verdict
-from .qualification_checks import CHECK_STEPS, MID_STEP, CheckRun
+from .qualification_checks import CHECK_SCHEDULE, CHECK_STEPS, MID_STEP, CheckRun
 
 # The loss of every check step within LOSS_TOLERANCE of the verified path's: the GPU suite's bf16
 # tolerance (tests/gpu/test_flash.py, test_bf16.py; with COSINE_MIN, their gradient-direction bound).
@@ -62,20 +63,12 @@ def update_bound(t: int, beta1: float, beta2: float) -> float:
     return (1 - beta1) / (1 - beta1**t) * math.sqrt((1 - beta2**t) / (1 - beta2)) * math.sqrt(series)
 
 
-def lr_at(step: int, lr: float, min_lr: float, warmup: int, steps: int) -> float:
-    """The engine's schedule (microgpt/model.h, mg_lr_at): linear warmup, then cosine to min_lr."""
-    if warmup > 0 and step <= warmup:
-        return lr * step / warmup
-    span = steps - warmup
-    progress = min(1.0, (step - warmup) / span) if span > 0 else 1.0
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def max_update_difference(optimizer: dict[str, float]) -> float:
     """The most two AdamW trajectories of CHECK_STEPS steps at the check's schedule can differ by, per element."""
     b1, b2 = optimizer["beta1"], optimizer["beta2"]
     return 2 * sum(
-        lr_at(t, optimizer["lr"], optimizer["min_lr"], 1, CHECK_STEPS) * update_bound(t, b1, b2)
+        lr_at(t, lr=optimizer["lr"], min_lr=optimizer["min_lr"], warmup=1, steps=CHECK_STEPS, schedule=CHECK_SCHEDULE)
+        * update_bound(t, b1, b2)
         for t in range(1, CHECK_STEPS + 1)
     )
 

@@ -1,8 +1,8 @@
 """`proxy eval`: a checkpoint's validation loss, per arm or per text file (docs/CLI.md, "proxy eval").
 
 By default the rows are the ones the run's evals use (the batch sampler's
-eval rows: `train.eval_rows` evenly spaced rows of each arm's validation
-shard), sent as the run sends them (one EVAL frame holding every arm's rows,
+eval rows: `train.eval_tokens` worth of rows, or `train.eval_rows`, evenly
+spaced over each arm's validation shard), sent as the run sends them (one EVAL frame holding every arm's rows,
 group id = arm) to the same engine, and combined by the same rule
 (formats/loss_log.py `eval_loss`), so on the same build the result equals the
 eval entry the run logged at that step, bit for bit.
@@ -54,7 +54,8 @@ def predicted_tokens(starts: np.ndarray, ctx: int) -> int:
 def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
     """Each arm's validation rows, exactly as the run's evals take them (the run's frozen validation tokens)."""
     _run, experiment = source.require_run("the validation data")
-    rows, row_len = int(experiment.train.eval_rows), source.shape.ctx + 1
+    longest = max(data.val[name].size for name in experiment.arm_names)
+    rows, row_len = experiment.train.eval_row_count(source.shape.ctx, longest), source.shape.ctx + 1
     parts = []
     for arm, name in enumerate(experiment.arm_names):
         val = data.val[name]

@@ -15,10 +15,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ..formats.engine_cli import MAX_STEP, setting_flags
 from ..formats.frames import SAMPLE_MAX_COMPLETIONS
+from ..formats.lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SCHEDULE, Schedule
 from ..formats.parameters import n_params
 from .bounds import cap_below_floor, check_caps_floors
 from .config_file import config_error, format_validation_error, read_json
@@ -27,6 +28,10 @@ from .sources import FILE, SourceConfig, TokensSource, is_token_source, path_pro
 from .strict import MAX_ARMS, MAX_NAME, MAX_PATH, MAX_WORD, PathText, StrictModel, Word  # noqa: F401 - the bounds, re-exported
 from .tracking import LogConfig
 
+DEFAULT_LR = 6e-4  # GPT-2 small's, nanoGPT's
+MAX_DEFAULT_WARMUP = 1000
+DEFAULT_EVAL_TOKENS = 65536  # docs/EXPERIMENTS.md, "How many tokens an evaluation takes"
+DATA_ARM = "main"  # the one arm an experiment's `data` becomes
 ARM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 MAX_TOKEN_ID = 65536  # token shards and frames carry uint16 tokens
 
@@ -83,30 +88,53 @@ class ModelConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
-    """Optimizer, schedule and the proxy's cadence (checkpoints, evals, samples)."""
+    """Optimizer, schedule and the proxy's cadence (checkpoints, evals, samples). Only max_steps is
+    required; min_lr and warmup default to values derived from lr and max_steps (_derived_defaults)."""
 
-    batch: int = Field(ge=1)
+    batch: int = Field(default=8, ge=1)
     grad_accum: int = Field(default=1, ge=1)
     max_steps: int = Field(ge=1, le=MAX_STEP)  # the engine's steps are int32
-    lr: float = Field(gt=0)
+    lr: float = Field(default=DEFAULT_LR, gt=0)
     min_lr: float = Field(ge=0)
+    lr_schedule: Schedule = DEFAULT_SCHEDULE  # after the warmup (formats/lr_schedule.py)
+    decay_fraction: float = Field(default=DEFAULT_DECAY_FRACTION, gt=0, le=1)  # wsd: the final fraction that decays
     warmup: int = Field(ge=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.95, ge=0, lt=1)
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.1, ge=0)
     grad_clip: float = Field(default=1.0, ge=0)
-    seed: int = Field(ge=0, lt=2**63)
+    seed: int = Field(default=1337, ge=0, lt=2**63)
     ckpt_every: int = Field(default=100, ge=0)
     ckpt_every_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # also on the clock; 0: off
     eval_every: int = Field(default=100, ge=0)
-    eval_rows: int = Field(ge=1)
+    # the held-out tokens each arm is evaluated on (rows of ctx predicted tokens); eval_rows, when given, wins
+    eval_tokens: int = Field(default=DEFAULT_EVAL_TOKENS, ge=1)
+    eval_rows: int | None = Field(default=None, ge=1)
     sample_every: int = Field(default=100, ge=0)
     log_every: int = Field(default=100, ge=0)  # a progress line every N steps (and every 30 s); 0: on the clock only
     lag: int = Field(default=2, ge=1)
     keep_last: int = Field(default=3, ge=0)
     milestone_every: int = Field(default=1000, ge=0)
     threads: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_defaults(cls, data: Any) -> Any:
+        """min_lr: lr / 10 (nanoGPT's and GPT-3's floor); warmup: 5% of max_steps, at most 1000 steps
+        (GPT-3 warms up over its first few hundred million tokens). Only where the value they derive
+        from is itself valid; otherwise that field's own error is the one reported."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        lr, steps = data.get("lr", DEFAULT_LR), data.get("max_steps")
+        number = isinstance(lr, float | int) and not isinstance(lr, bool) and lr > 0
+        if "min_lr" not in data:  # 0 in place of a bad lr's: only the lr's error is reported
+            data["min_lr"] = float(f"{lr / 10:.12g}") if number else 0.0  # 6e-05, not 5.9999999999999995e-05
+        if "warmup" not in data:
+            good = isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1
+            data["warmup"] = min(MAX_DEFAULT_WARMUP, steps // 20) if good else 0
+        return data
 
     @model_validator(mode="after")
     def _lr_order(self):
@@ -118,6 +146,15 @@ class TrainConfig(StrictModel):
     def rows(self) -> int:
         """Rows per TRAIN frame: batch * grad_accum."""
         return self.batch * self.grad_accum
+
+    def eval_row_count(self, ctx: int, longest_val: int | None = None) -> int:
+        """Validation rows per arm at each evaluation: eval_rows, else enough rows of `ctx` predicted
+        tokens to hold eval_tokens, but no more than the longest arm's validation tokens (`longest_val`,
+        when known) hold side by side: rows beyond that would only repeat its tokens."""
+        if self.eval_rows is not None:
+            return self.eval_rows
+        rows = -(-self.eval_tokens // ctx)
+        return rows if longest_val is None else max(1, min(rows, longest_val // (ctx + 1)))
 
 
 class ArmConfig(StrictModel):
@@ -178,15 +215,44 @@ class Experiment(StrictModel):
     bandit: BanditConfig = Field(default_factory=TargetConfig)  # policies.py: one model per policy
     # a Hugging Face tokenizer.json to use instead of training a byte-level BPE on the arms' text
     tokenizer: PathText | None = None
-    arms: list[ArmConfig] = Field(max_length=MAX_ARMS)
+    # one dataset without a mixture: its sources become the one arm DATA_ARM (_data_is_one_arm)
+    data: list[SourceConfig] | None = None
+    arms: list[ArmConfig] = Field(default_factory=list, max_length=MAX_ARMS)
     samples: SampleConfig = Field(default_factory=SampleConfig)
     log: LogConfig = Field(default_factory=LogConfig)  # TensorBoard and W&B (config/tracking.py)
+    _from_data: bool = PrivateAttr(default=False)  # its one arm was written as `data` (messages name it so)
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _one_source_or_a_list(cls, data: Any) -> Any:
+        return [data] if isinstance(data, dict) else data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_is_one_arm(cls, raw: Any) -> Any:
+        """`"data": SOURCE or [SOURCES]` is the arm `{"name": DATA_ARM, "sources": [...]}`: read as that arm
+        from here on (and dumped so), never beside `arms`."""
+        if not isinstance(raw, dict) or raw.get("data") is None:
+            return raw
+        if raw.get("arms"):
+            raise ValueError("give either data (one dataset) or arms (a mixture), not both")
+        return raw
+
+    @model_validator(mode="after")
+    def _one_arm_from_data(self):
+        if self.data is not None:
+            self.arms = [ArmConfig(name=DATA_ARM, sources=self.data)]
+            self.data = None
+            self._from_data = True
+        if not self.arms:
+            raise ValueError("no data: give data (one dataset) or arms (a mixture)")
+        return self
 
     @field_validator("arms")
     @classmethod
     def _arms(cls, arms: list[ArmConfig]) -> list[ArmConfig]:
         if not arms:
-            raise ValueError("at least one arm is required")
+            return arms  # data instead, or neither: _one_arm_from_data says so
         names = [a.name for a in arms]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -240,6 +306,8 @@ class Experiment(StrictModel):
             steps=t.max_steps,
             lr=t.lr,
             min_lr=t.min_lr,
+            lr_schedule=t.lr_schedule,
+            decay_fraction=t.decay_fraction,
             warmup=t.warmup,
             beta1=t.beta1,
             beta2=t.beta2,
@@ -263,7 +331,8 @@ def source_problems(experiment: Experiment, experiment_dir: Path | str) -> list[
             for name, text, what in src.path_fields():
                 problem = path_problem(name, text, what, experiment_dir)
                 if problem:
-                    problems.append(f"arms[{i}].sources[{j}].{problem}")
+                    where = f"data[{j}]" if experiment._from_data else f"arms[{i}].sources[{j}]"
+                    problems.append(f"{where}.{problem}")
     return problems
 
 

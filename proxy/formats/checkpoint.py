@@ -23,6 +23,7 @@ from ..errors import EXIT_USAGE, ProxyError
 from ..run_names import checkpoint_name
 from ..safe_fs import UnsafeFileError, open_regular
 from .engine_cli import MAX_STEP
+from .lr_schedule import DEFAULT_DECAY_FRACTION, DEFAULT_SCHEDULE, SCHEDULES
 from .parameters import ModelShape
 
 TRAILER_MAGIC = b"MGPTTRLR"
@@ -32,7 +33,8 @@ FOOTER_BYTES = 24
 MAX_META_BYTES = 8192  # the engine's metadata buffer (microgpt/checkpoint.h): no trailer holds more
 NAME_PATTERN = re.compile(r"^step_(\d{6,})\.bin$")  # temp files (.step_NNNNNN.bin.tmp) never match
 
-_FIXED = struct.Struct("<8sII9i7fQQ32s")
+TRAILER_VERSION = 2  # written; version 1 (before schedules: zeros where 2 keeps the schedule) is read as cosine
+_FIXED = struct.Struct("<8sII9i7fQQif24s")
 assert _FIXED.size == TRAILER_FIXED_BYTES
 _FOOTER = struct.Struct("<QII8s")
 assert _FOOTER.size == FOOTER_BYTES
@@ -116,6 +118,8 @@ class Trailer:
     seed: int
     tokens_seen: int
     meta: str
+    lr_schedule: str = DEFAULT_SCHEDULE
+    decay_fraction: float = DEFAULT_DECAY_FRACTION
 
 
 @dataclass
@@ -136,14 +140,17 @@ def _decode_trailer(buf: bytes | memoryview, trailer_bytes: int, path: Path) -> 
     magic, version, meta_bytes = fields[0], fields[1], fields[2]
     if magic != TRAILER_MAGIC:
         raise CheckpointError(f"{path}: bad trailer magic")
-    if version != 1:
+    if version not in (1, TRAILER_VERSION):
         raise CheckpointError(f"{path}: unsupported trailer version {version}")
     if TRAILER_FIXED_BYTES + meta_bytes + FOOTER_BYTES != trailer_bytes:
         raise CheckpointError(f"{path}: trailer sizes disagree")
     ints, floats = fields[3:12], fields[12:19]
     seed, tokens_seen = fields[19], fields[20]
+    code, decay_fraction = (fields[21], fields[22]) if version >= 2 else (0, DEFAULT_DECAY_FRACTION)
+    if not 0 <= code < len(SCHEDULES):
+        raise CheckpointError(f"{path}: unknown learning-rate schedule {code} in its trailer")
     meta = bytes(buf[TRAILER_FIXED_BYTES : TRAILER_FIXED_BYTES + meta_bytes]).decode("utf-8", errors="replace")
-    return Trailer(ModelShape(*ints[:5]), *ints[5:], *floats, seed, tokens_seen, meta)
+    return Trailer(ModelShape(*ints[:5]), *ints[5:], *floats, seed, tokens_seen, meta, SCHEDULES[code], decay_fraction)
 
 
 def _parse(raw: bytes, path: Path, verify_crc: bool) -> tuple[int, int, Trailer | None]:
@@ -215,7 +222,7 @@ def encode_checkpoint(step: int, weights: np.ndarray, m: np.ndarray, v: np.ndarr
     s, t = trailer.shape, trailer
     fixed = _FIXED.pack(
         TRAILER_MAGIC,
-        1,
+        TRAILER_VERSION,
         len(meta),
         s.vocab,
         s.ctx,
@@ -235,7 +242,9 @@ def encode_checkpoint(step: int, weights: np.ndarray, m: np.ndarray, v: np.ndarr
         t.grad_clip,
         t.seed,
         t.tokens_seen,
-        b"\0" * 32,
+        SCHEDULES.index(t.lr_schedule),
+        t.decay_fraction,
+        b"\0" * 24,
     )
     body = b"".join(
         [

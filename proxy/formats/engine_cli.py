@@ -28,6 +28,8 @@ SETTINGS = (
     "steps",
     "lr",
     "min_lr",
+    "lr_schedule",
+    "decay_fraction",
     "warmup",
     "beta1",
     "beta2",
@@ -58,6 +60,8 @@ def flag(setting: str) -> str:
 
 
 def _value(value) -> str:
+    if isinstance(value, str):  # a name (--lr-schedule wsd)
+        return value
     return repr(float(value)) if isinstance(value, float) else str(int(value))
 
 

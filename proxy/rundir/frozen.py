@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_write_bytes, json_bytes, make_dirs, write_unique
@@ -36,6 +37,7 @@ from ..formats.checkpoint import checkpoint_step, list_checkpoints
 from ..formats.loss_log import LossLogIndex
 from ..safe_fs import UnsafeFileError, read_regular
 from .layout import RunDir, RunDirError
+from .lr_change import lr_change_note
 
 REPLACED_PATTERN = "experiment_*.json"  # in RUN/archive/
 REPLACED_NAME = re.compile(r"^experiment_(\d+)(?:_(\d+))?\.json$")
@@ -144,6 +146,12 @@ def started_training(run: RunDir, index: LossLogIndex, phases: list) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Freeze:
+    changed: list[str]  # the dotted names of the fields that changed (empty when none)
+    lr_note: str | None = None  # what the change does to the next step's learning rate (rundir/lr_change.py)
+
+
 def freeze_experiment(
     run: RunDir,
     source: Path,
@@ -151,14 +159,16 @@ def freeze_experiment(
     allow_change: bool,
     provisional: bool = False,
     effective: bytes | None = None,
-) -> list[str]:
+    next_step: int = 1,
+) -> Freeze:
     """Write the frozen copy (and its seal) on the first run, or over a provisional one (no step trained
     yet); on later runs check the seal and compare.
 
-    Returns the dotted names of the fields that changed (empty when none).
     A changed experiment without `allow_change` raises RunDirError; with it, the
-    frozen copy is replaced by the new experiment. `effective`: the bytes to freeze instead of the file's,
-    the experiment with its `--set` overrides applied (config/overrides.py).
+    frozen copy is replaced by the new experiment. Either way a change to the learning-rate schedule
+    says what it does to the rate of `next_step` (the step after the newest trained). `effective`: the
+    bytes to freeze instead of the file's, the experiment with its `--set` overrides applied
+    (config/overrides.py).
     """
     try:
         raw = effective if effective is not None else read_regular(source, CONFIG_FILE_LIMIT)
@@ -167,20 +177,23 @@ def freeze_experiment(
     if provisional or not run.experiment.exists():
         atomic_write_bytes(run.experiment, raw)
         _write_seal(run, raw)
-        return []
+        return Freeze([])
     check_seal(run, allow_change)
     frozen_raw = _read_frozen(run)
-    changed = _diff(_normalized(_parse(frozen_raw, run.experiment)), experiment.model_dump(mode="json"))
+    frozen = _normalized(_parse(frozen_raw, run.experiment))
+    changed = _diff(frozen, experiment.model_dump(mode="json"))
+    note = lr_change_note(frozen, experiment.train, next_step) if changed and isinstance(frozen, dict) else None
     if changed and not allow_change:
         raise RunDirError(
             f"{source} differs from the experiment frozen in {run.experiment} ({_shown(changed)}); "
-            "pass --allow-experiment-change to continue with the new one"
+            + (f"{note}; " if note else "")
+            + "pass --allow-experiment-change to continue with the new one"
         )
     if changed:  # keep the old frozen copy: an audit trail, and the mark that the run changed
         _archive(run, frozen_raw)
         atomic_write_bytes(run.experiment, raw)
         _write_seal(run, raw)
-    return changed
+    return Freeze(changed, note)
 
 
 def _replaced_order(path: Path) -> tuple[int, int, str]:

@@ -77,7 +77,7 @@ class FrameFeeder:
     def send_evals(self, launch: EngineLaunch, step: int) -> None:
         """One EVAL frame holding every arm's fixed validation rows (group id = arm), so the engine runs them
         in the fewest forward passes; its event carries each arm's mean loss."""
-        rows = int(self.train.eval_rows)
+        rows = self.train.eval_row_count(self.sampler.row_len - 1, max(v.size for v in self.sampler.val))
         if rows <= 0:
             return
         tokens, groups = self.sampler.eval_batch_all(rows)

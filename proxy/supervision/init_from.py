@@ -112,6 +112,8 @@ def _trailer(experiment: Experiment, shape: ModelShape, meta: dict) -> Trailer:
         max_steps=t.max_steps,
         lr=t.lr,
         min_lr=t.min_lr,
+        lr_schedule=t.lr_schedule,
+        decay_fraction=t.decay_fraction,
         beta1=t.beta1,
         beta2=t.beta2,
         eps=t.eps,

@@ -48,7 +48,7 @@ def say_progress(
         parts.append(f"loss {progress.last_loss:.4f}{smoothed}")
     parts.append(f"{fmt_rate(rates.tokens_per_s)} tok/s (engine {fmt_rate(rates.engine_tokens_per_s)})")
     parts.append(f"ETA {fmt_duration(rates.eta_s)}")
-    if progress.mixture:
+    if len(progress.mixture or ()) > 1:  # one arm (a single dataset): always 1.00, nothing to say
         parts.append("mixture " + ", ".join(f"{arm} {w:.2f}" for arm, w in progress.mixture.items()))
     if on_clock:  # no step count asked for it: say how long the engine has been at the next one
         parts.append(f"last step {fmt_duration(now - launch.last_step_wall)} ago")

@@ -100,19 +100,21 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         foreign = foreign_checkpoints(run, experiment)
         if foreign is not None:
             raise RunDirError(foreign)
-        changed = freeze_experiment(
+        frozen = freeze_experiment(
             run,
             Path(request.experiment_path),
             experiment,
             request.allow_experiment_change,
             provisional=not binding,
             effective=effective,
+            next_step=max(index.steps, default=0) + 1,
         )
         write_overrides(run, OverridesRecord.of(request.overrides))
         phases = ensure_phases(run, experiment, provisional=not binding)
-        if changed:
+        if frozen.changed:
             console.warn(
-                f"experiment changed ({', '.join(changed)}); continuing with the new one (--allow-experiment-change)"
+                f"experiment changed ({', '.join(frozen.changed)}); continuing with the new one "
+                "(--allow-experiment-change)" + (f"; {frozen.lr_note}" if frozen.lr_note else "")
             )
         identity, unsaved = load_identity(run, console.warn)
         reaped = reap_orphan(run, identity, lock, request.options.orphan_grace_s, console.warn)

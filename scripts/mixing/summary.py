@@ -252,7 +252,7 @@ def summarize(
         "experiment": experiment.name,
         "max_steps": experiment.train.max_steps,
         "eval_every": experiment.train.eval_every,
-        "eval_rows": experiment.train.eval_rows,
+        "eval_rows": experiment.train.eval_row_count(experiment.model.ctx),
         "arms": [{"name": a.name, "target": a.target, "cap": a.cap, "floor": a.floor} for a in arms],
         "low_quality_arms": low_quality_arms(experiment),
         "baseline": BASELINE,

@@ -56,7 +56,7 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     assert zlib.crc32(data[:-16]) == crc
     t = 8 + 12 * n
     magic, version, meta_bytes = struct.unpack_from("<8sII", data, t)
-    assert (magic, version) == (b"MGPTTRLR", 1)
+    assert (magic, version) == (b"MGPTTRLR", 2)
     assert trailer_bytes == 128 + meta_bytes + 24
     ints = struct.unpack_from("<9i", data, t + 16)
     assert ints == (
@@ -75,7 +75,10 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     assert np.array_equal(np.array(floats, np.float32), want), floats
     seed, tokens_seen = struct.unpack_from("<QQ", data, t + 80)
     assert seed == cfg.seed and tokens_seen == 3 * cfg.rows * cfg.ctx
-    assert data[t + 96 : t + 128] == b"\0" * 32
+    schedule, decay_fraction = struct.unpack_from("<if", data, t + 96)
+    assert schedule == ("cosine", "wsd", "constant", "linear").index(cfg.lr_schedule)
+    assert decay_fraction == np.float32(cfg.decay_fraction)
+    assert data[t + 104 : t + 128] == b"\0" * 24
     meta_json = json.loads(data[t + 128 : t + 128 + meta_bytes].decode("utf-8"))
     assert meta_json == {"engine": ENGINE.build, "meta": meta}
 

@@ -31,6 +31,8 @@ class Shape(ModelShape):
     steps: int = 10
     lr: float = 3e-3
     min_lr: float = 3e-4
+    lr_schedule: str = "cosine"
+    decay_fraction: float = 0.2
     warmup: int = 3
     beta1: float = 0.9
     beta2: float = 0.95

@@ -100,6 +100,8 @@ def test_engine_flags(tmp_path):
         "--steps": "300",
         "--lr": "0.003",
         "--min-lr": "0.0003",
+        "--lr-schedule": "cosine",
+        "--decay-fraction": "0.2",
         "--warmup": "20",
         "--beta1": "0.9",
         "--beta2": "0.95",
@@ -159,8 +161,8 @@ def test_wrong_type(tmp_path):
 
 def test_missing_field(tmp_path):
     data = copy.deepcopy(BASE)
-    del data["train"]["lr"]
-    assert "train.lr: missing" in error_of(tmp_path, data)
+    del data["train"]["max_steps"]  # the one train key without a default
+    assert "train.max_steps: missing" in error_of(tmp_path, data)
 
 
 def test_cap_below_floor(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 
 from proxy.bandit import make_bandit
 from proxy.bandit.schedule import MixtureSchedule
+from proxy.config.experiment import TrainConfig
 from proxy.config.policies import EXP3Config
 from proxy.formats import frames
 from proxy.rundir.resume import ResumePoint
@@ -30,6 +31,8 @@ class EngineStandIn:
 @dataclass
 class SamplerStandIn:
     drawn: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    row_len: int = 4  # ctx 3
+    val: list[np.ndarray] = field(default_factory=lambda: [np.zeros(100, np.uint16)] * len(ARMS))
 
     def train_batch(self, step: int, weights: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
         self.drawn.append((step, weights))
@@ -51,7 +54,7 @@ def launch_and_feeder(max_steps: int, eval_every: int) -> tuple[EngineLaunch, Fr
         replay_index=None,
         replay_through=0,
     )
-    train = SimpleNamespace(max_steps=max_steps, rows=2, eval_rows=1, eval_every=eval_every, sample_every=0, seed=1)
+    train = TrainConfig(max_steps=max_steps, batch=2, eval_rows=1, eval_every=eval_every, sample_every=0, seed=1)
     sampler = SamplerStandIn()
     return launch, FrameFeeder(sampler, train, SimpleNamespace(), []), sampler
 

@@ -215,7 +215,7 @@ def _build(
                     if not opened or opened[-1].name != arm:
                         if opened:
                             info[opened[-1].name] = opened[-1].finish()
-                        opened.append(ArmWriter(arm, tmp, vocab))
+                        opened.append(ArmWriter(arm, tmp, vocab, arms.named_val(arm)))
                     opened[-1].add(result)
                     skipped += len(result.skipped)
                     first_skipped = first_skipped or (result.skipped[0] if result.skipped else None)

@@ -73,13 +73,14 @@ class UnitTask:
     unit: Unit
     largest_val_doc: int  # split.val_doc_max of the unit's arm
     sample_rate: float = 0.0  # > 0: sample mode (no tokenizer yet): return the sample, not ids
+    split: str | None = None  # TRAIN or VAL: every document of the unit goes there (named validation files)
 
 
 def _pieces(task: UnitTask, notes: UnitNotes) -> Iterator[tuple[str, str, bool]]:
     """(split, piece, whether its document ends with it) for every non-empty document of the unit, in
     order."""
     for doc in read_unit(task.unit, notes):
-        split = doc.split or _decide(doc, task.largest_val_doc)
+        split = task.split or doc.split or _decide(doc, task.largest_val_doc)
         if doc.last and doc.split is None and not doc.text:
             continue  # an empty document is no document
         chunks = pieces(doc.text)

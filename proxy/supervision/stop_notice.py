@@ -37,7 +37,9 @@ def _estimate(launch: EngineLaunch, ckpt_ms: float, now: float) -> str:
 
 
 def seconds(x: float) -> str:
-    """A duration as a person reads it: 0.04s, 7.5s, 42s, 3m05s."""
+    """A duration as a person reads it: 0.041s, 7.5s, 42s, 3m05s."""
+    if x < 0.01:
+        return "under 0.01s"
     if x < 10:
         return f"{x:.2g}s" if x < 1 else f"{x:.1f}s"
     return f"{x:.0f}s" if x < 60 else fmt_duration(x)

@@ -1,6 +1,8 @@
 # microgpt build. `make` builds the engines and installs the Python package
-# into the active environment; `make test` installs test dependencies and runs
-# the whole suite.
+# into the active environment (a virtual environment where the system's Python
+# is externally managed, PEP 668: README.md), then says in one line what it
+# built and what it skipped, and why; `make test` installs test dependencies
+# and runs the whole suite.
 PYTHON ?= python3
 CC     ?= gcc
 NVCC   ?= $(shell command -v nvcc 2>/dev/null)
@@ -30,20 +32,27 @@ ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/
 .PHONY: all engines cpu cuda cuda-cpu install lint test test-gpu clean
 
 all: engines install
+	@echo "make: $(ENGINES_LINE); installed the proxy into $(shell $(PYTHON) -c 'import sys; print(sys.prefix)')"
 
+ENGINES_LINE = built $(BUILT_ENGINES)$(if $(CUDA_SKIP),; skipped the CUDA engine ($(CUDA_SKIP)),)
 engines: cpu cuda
+	@$(if $(filter engines,$(MAKECMDGOALS)),echo "make: $(ENGINES_LINE)",true)
 
 cpu: $(BUILD)/microgpt_cpu
 
 $(BUILD)/microgpt_cpu: microgpt/microgpt_cpu.c $(ENGINE_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ microgpt/microgpt_cpu.c $(LDLIBS)
 
+# CUDA_SKIP: why the CUDA engine is not built (empty when it is); `make` and `make engines` go on with the
+# CPU engine and name the reason in their summary line, an explicit `make cuda` fails with it.
 ifneq ($(NVCC),)
 include microgpt/cuda.mk
 else
+CUDA_SKIP := no nvcc on PATH; the CPU engine is used
 cuda:
-	@echo "make: nvcc not found, skipping the CUDA engine (the CPU engine is used)"
+	@$(if $(filter cuda,$(MAKECMDGOALS)),echo "make cuda: $(CUDA_SKIP)" >&2; exit 1,true)
 endif
+BUILT_ENGINES := $(BUILD)/microgpt_cpu$(if $(CUDA_SKIP),, and $(BUILD)/microgpt_cuda)
 
 $(BUILD):
 	mkdir -p $(BUILD)
@@ -55,7 +64,12 @@ $(BUILD):
 cuda-cpu:
 	$(PYTHON) tests/cuda_cpu/build.py
 
+# The system's Python on Debian and Ubuntu is externally managed (PEP 668): pip refuses to install into it,
+# with a screenful. Said here in one line, with the command that makes a virtual environment.
+NEEDS_VENV := import os, sys, sysconfig; sys.exit(sys.prefix == sys.base_prefix and not \
+  os.environ.get('PIP_BREAK_SYSTEM_PACKAGES') and os.path.isfile(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))
 install:
+	@$(PYTHON) -c "$(NEEDS_VENV)" || { echo "make: $(PYTHON) is the system's Python, which pip does not install into (externally managed): make a virtual environment first, python3 -m venv .venv && . .venv/bin/activate (README.md)" >&2; exit 1; }
 	$(PYTHON) -m pip install --quiet -e .
 
 # The linter, the formatter's check and the type checker, configured in pyproject.toml ([tool.ruff],

@@ -4,8 +4,8 @@
 # cublasLt.h), else from the nvidia-cublas wheel (pip install nvidia-cublas),
 # found through $(PYTHON). Override with CUBLAS_INC=... CUBLAS_LIB=... .
 # The binary gets an rpath to the library's directory, so it runs without
-# LD_LIBRARY_PATH. If cuBLAS is missing, `make` says so loudly and goes on
-# with the CPU engine; an explicit `make cuda` fails.
+# LD_LIBRARY_PATH. If cuBLAS is missing, `make` says so in its summary line
+# (CUDA_SKIP) and goes on with the CPU engine; an explicit `make cuda` fails.
 #
 # cuDNN (--attention cudnn, cuda/attention_cudnn.cpp) is found the same way:
 # cudnn.h and libcudnn.so.9 from the toolkit, else from the nvidia-cudnn-cu13
@@ -144,13 +144,11 @@ $(BUILD)/flash_attention_check: tests/gpu/flash_attention_check.cu $(CUDA_OP_HEA
 
 else
 
-# An explicit `make cuda` fails; `make` / `make engines` warn and go on.
+# An explicit `make cuda` fails with the reason; `make` / `make engines` name it in their summary and go on.
+CUDA_SKIP := nvcc $(NVCC) has no cuBLAS: neither $(CUDA_HOME)/include/cublasLt.h nor the nvidia-cublas wheel \
+  for $(PYTHON); $(PYTHON) -m pip install nvidia-cublas, or set CUBLAS_INC and CUBLAS_LIB, to build it
 cuda:
-	@echo "make: *** cuBLAS not found: the CUDA engine (build/microgpt_cuda) is NOT built. ***" >&2
-	@echo "make:     nvcc is $(NVCC) (CUDA $(CUDA_MAJOR)), but neither $(CUDA_HOME)/include/cublasLt.h" >&2
-	@echo "make:     nor the nvidia-cublas wheel (for $(PYTHON)) was found." >&2
-	@echo "make:     Install it with:  $(PYTHON) -m pip install nvidia-cublas   (or set CUBLAS_INC and CUBLAS_LIB)" >&2
-	@$(if $(filter cuda $(BUILD)/microgpt_cuda,$(MAKECMDGOALS)),exit 1,true)
+	@$(if $(filter cuda $(BUILD)/microgpt_cuda,$(MAKECMDGOALS)),echo "make cuda: $(CUDA_SKIP)" >&2; exit 1,true)
 
 endif
 

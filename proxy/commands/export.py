@@ -21,7 +21,6 @@ from pathlib import Path
 
 from .. import temp_names
 from ..atomic import fsync_dir, json_bytes, write_synced
-from ..data.tokenizer import EOT
 from ..errors import EXIT_OK, add_note
 from ..formats.hf_gpt2 import (
     CONFIG_FILE,
@@ -59,7 +58,7 @@ def export_files(source: ModelSource, fmt: str, cache_dir: str | None) -> dict[s
             HFGenerationConfig(eot, int(audits.max_new), float(audits.temperature), int(audits.top_k or 0)).to_dict()
         ),
         TOKENIZER_FILE: data.tokenizer_json,
-        TOKENIZER_CONFIG_FILE: json_bytes(HFTokenizerConfig(EOT, source.shape.ctx).to_dict()),
+        TOKENIZER_CONFIG_FILE: json_bytes(HFTokenizerConfig(data.tokenizer.eot, source.shape.ctx).to_dict()),
     }
 
 

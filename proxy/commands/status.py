@@ -84,8 +84,12 @@ def status_report(run: RunDir) -> dict:
         ordered = [e for e in ordered if e.step <= max_steps]
     evals = [e for e in tail if isinstance(e, EvalEntry)]
     progress = ThroughputMeter()  # the same window as the running proxy's figures
-    for e in ordered[-WINDOW_STEPS:]:
-        progress.observe(e.time, e.tokens, e.step, e.loss, e.ms)
+    window = ordered[-WINDOW_STEPS:]
+    for before, e in zip([None, *window], window, strict=False):
+        # running time only: the time between two launches (a stopped run, a restart) is not counted
+        progress.observe(
+            e.time, e.tokens, e.step, e.loss, e.ms, new_launch=before is not None and before.segment != e.segment
+        )
     rates = progress.rates(max_steps)
     last = ordered[-1] if ordered else None
     try:

@@ -215,6 +215,8 @@ class Experiment(StrictModel):
     bandit: BanditConfig = Field(default_factory=TargetConfig)  # policies.py: one model per policy
     # a Hugging Face tokenizer.json to use instead of training a byte-level BPE on the arms' text
     tokenizer: PathText | None = None
+    # its end-of-text token (the separator between documents); None: the first of tokenizer.COMMON_EOTS it holds
+    eot: Word | None = None
     # one dataset without a mixture: its sources become the one arm DATA_ARM (_data_is_one_arm)
     data: list[SourceConfig] | None = None
     arms: list[ArmConfig] = Field(default_factory=list, max_length=MAX_ARMS)
@@ -268,6 +270,8 @@ class Experiment(StrictModel):
     def _tokens_need_a_tokenizer(self):
         if self.tokenizer == "":
             raise ValueError("tokenizer must not be empty")
+        if self.eot is not None and self.tokenizer is None:
+            raise ValueError("eot names the end-of-text token of a given tokenizer: name the tokenizer too")
         token_arms = [a.name for a in self.arms if any(isinstance(s, TokensSource) for s in a.sources)]
         if token_arms and self.tokenizer is None:
             raise ValueError(

@@ -77,10 +77,13 @@ def apply_overrides(data: Any, overrides: list[Override]) -> Any:
     return out
 
 
-def load_effective(path: Path, texts: list[str], check_sources: bool = True) -> tuple[Experiment, bytes | None]:
+def load_effective(
+    path: Path, texts: list[str], check_sources: bool = True, model_defaults: dict[str, int] | None = None
+) -> tuple[Experiment, bytes | None]:
     """The experiment file with the `--set` overrides applied and validated, and the bytes the run freezes
-    (None without overrides: the file's own bytes)."""
-    if not texts:
+    (None when they are the file's own). `model_defaults`: the `model` block's values where the file gives
+    none (`--init-from`'s config.json), applied before the overrides."""
+    if not texts and not model_defaults:
         return load_experiment(path, check_sources=check_sources), None
     if len(texts) > MAX_OVERRIDES:
         raise ExperimentError(f"--set: at most {MAX_OVERRIDES} overrides, got {len(texts)}")
@@ -88,11 +91,23 @@ def load_effective(path: Path, texts: list[str], check_sources: bool = True) -> 
     data = read_json(path)
     if not isinstance(data, dict):
         raise config_error(path, [f"expected a JSON object at the top level, got {type(data).__name__}"])
-    data = apply_overrides(data, overrides)
-    label = f"{path} with --set {', '.join(short(t) for t in texts)}"
+    filled = with_model_defaults(data, model_defaults or {})
+    if not texts and filled == data:
+        return load_experiment(path, check_sources=check_sources), None
+    data = apply_overrides(filled, overrides)
+    label = f"{path}" + (f" with --set {', '.join(short(t) for t in texts)}" if texts else "")
     experiment = parse_experiment(data, label)
     if check_sources:
         problems = source_problems(experiment, path.parent)
         if problems:
             raise config_error(label, problems)
     return experiment, json_bytes(data)
+
+
+def with_model_defaults(data: dict, defaults: dict[str, int]) -> dict:
+    """`data` with each key of `defaults` its `model` block lacks added (a block that is no object is left to
+    the schema's message)."""
+    model = data.get("model", {})
+    if not defaults or not isinstance(model, dict):
+        return data
+    return {**data, "model": {**defaults, **model}}

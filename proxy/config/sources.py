@@ -83,6 +83,12 @@ class Source(StrictModel):
     def describe(self) -> str:
         return f"{self.kind} {self.target!r}"
 
+    def val_part(self) -> Source | None:
+        """The text source of the validation documents the user named (`val`, `val_split`), read as this kind
+        reads its own: then no document of the arm is split off for validation. None: none named (a token
+        file's `val` is read in place, proxy/data/token_arms.py)."""
+        return None
+
     @model_validator(mode="after")
     def _paths_not_empty(self):
         for name, value, _what in self.path_fields():
@@ -97,71 +103,90 @@ class TextSource(Source):
     max_chars: int | None = Field(default=None, ge=1)
 
 
-class FileSource(TextSource):
+class NamedVal(TextSource):
+    """A kind whose `val` names its validation documents: a file, a pattern or a directory (`val_is`) read
+    as the kind reads its own (docs/EXPERIMENTS.md, "Sources")."""
+
+    val: PathText | None = None
+    val_is: ClassVar[str] = FILE  # what `val` names
+
+    def path_fields(self):
+        return [(self.kind, self.target, self.val_is)] + ([("val", self.val, self.val_is)] if self.val else [])
+
+    def val_part(self) -> Source | None:
+        if self.val is None:
+            return None
+        return self.model_copy(update={self.kind: self.val, "val": None, "max_chars": None})
+
+
+class FileSource(NamedVal):
     """The whole file is one document (UTF-8 text; binary data is refused)."""
 
     kind: ClassVar[str] = "file"
+    val_is: ClassVar[str] = FILE
     file: PathText
 
-    def path_fields(self):
-        return [("file", self.file, FILE)]
 
-
-class GlobSource(TextSource):
+class GlobSource(NamedVal):
     """Every matching file (recursive `**`), sorted by path, one document each; files that are not text skipped."""
 
     kind: ClassVar[str] = "glob"
+    val_is: ClassVar[str] = PATTERN
     glob: PathText
 
-    def path_fields(self):
-        return [("glob", self.glob, PATTERN)]
 
-
-class DirSource(TextSource):
+class DirSource(NamedVal):
     """Every file under the directory whose name ends with `suffix` (default: any), hidden ones skipped,
     sorted by relative path, one document each; files that are not text skipped."""
 
     kind: ClassVar[str] = "dir"
+    val_is: ClassVar[str] = DIRECTORY
     dir: PathText
     suffix: Word | None = None
 
-    def path_fields(self):
-        return [("dir", self.dir, DIRECTORY)]
 
-
-class JsonlSource(TextSource):
+class JsonlSource(NamedVal):
     """One document per non-blank line: the string in `field` (default "text")."""
 
     kind: ClassVar[str] = "jsonl"
+    val_is: ClassVar[str] = FILE
     jsonl: PathText
     field: Word | None = None
 
-    def path_fields(self):
-        return [("jsonl", self.jsonl, FILE)]
 
-
-class ParquetSource(TextSource):
+class ParquetSource(NamedVal):
     """One document per row of a string column of Parquet files (a path or a pattern, sorted); needs pyarrow."""
 
     kind: ClassVar[str] = "parquet"
+    val_is: ClassVar[str] = PATTERN
     parquet: PathText
     column: Word = "text"
-
-    def path_fields(self):
-        return [("parquet", self.parquet, PATTERN)]
 
 
 class HFDatasetSource(TextSource):
     """A Hugging Face `save_to_disk` directory (Arrow files and their JSON): one document per row of a string
-    column; a DatasetDict's `split` (default "train"). Read with pyarrow, not the `datasets` package."""
+    column; a DatasetDict's `split` (default "train"), and `val_split` the split of its validation documents.
+    Read with pyarrow, not the `datasets` package."""
 
     kind: ClassVar[str] = "hf_dataset"
     hf_dataset: PathText
     split: Word | None = None
     column: Word = "text"
+    val_split: Word | None = None  # the DatasetDict's split of the validation documents ("validation")
 
     def path_fields(self):
         return [("hf_dataset", self.hf_dataset, DIRECTORY)]
+
+    def val_part(self) -> Source | None:
+        if self.val_split is None:
+            return None
+        return self.model_copy(update={"split": self.val_split, "val_split": None, "max_chars": None})
+
+    @model_validator(mode="after")
+    def _val_is_another_split(self):
+        if self.val_split is not None and self.val_split == (self.split or "train"):
+            raise ValueError(f"val_split {self.val_split!r} is the training split itself")
+        return self
 
 
 class TokensSource(Source):

@@ -149,6 +149,8 @@ def data_key(
     fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
     arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
     tokenizer = {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
+    if experiment.eot is not None:  # the separator written between documents (one found in the file: its bytes)
+        tokenizer = {**tokenizer, "eot": experiment.eot}
     obj = {
         "format": FORMAT_VERSION,
         "vocab": experiment.model.vocab,
@@ -188,7 +190,7 @@ def _build(
     n = n_workers or default_workers(arms.total)
     if given is not None:
         try:
-            tok = Tokenizer.from_json(given, vocab, experiment.tokenizer or "the run's tokenizer")
+            tok = Tokenizer.from_json(given, vocab, experiment.tokenizer or "the run's tokenizer", experiment.eot)
         except TokenizerError as exc:
             raise DataError(str(exc)) from None
         tokenizer_json = given
@@ -215,7 +217,7 @@ def _build(
                     if not opened or opened[-1].name != arm:
                         if opened:
                             info[opened[-1].name] = opened[-1].finish()
-                        opened.append(ArmWriter(arm, tmp, vocab))
+                        opened.append(ArmWriter(arm, tmp, vocab, arms.named_val(arm)))
                     opened[-1].add(result)
                     skipped += len(result.skipped)
                     first_skipped = first_skipped or (result.skipped[0] if result.skipped else None)
@@ -277,9 +279,9 @@ def _build(
 # The cache entry.
 
 
-def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> PreparedData | None:
+def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]], eot: str | None) -> PreparedData | None:
     """The cache entry at `entry`, or None when absent, incomplete, or naming token files other than the
-    experiment's (`external`: a token-file arm's files as they are now)."""
+    experiment's (`external`: a token-file arm's files as they are now); `eot`: the experiment's."""
     try:
         manifest = bounded_json.loads(read_regular(entry / MANIFEST, MANIFEST_LIMIT))
     except (OSError, ValueError, UnsafeFileError, RecursionError):
@@ -295,7 +297,7 @@ def _load(entry: Path, key: str, vocab: int, external: dict[str, list[str]]) -> 
             }
         elif hashlib.sha256(tokenizer_json).hexdigest() != manifest["tokenizer_sha256"]:
             return None
-        tok = Tokenizer.from_json(tokenizer_json, vocab, str(entry / TOKENIZER_FILE))
+        tok = Tokenizer.from_json(tokenizer_json, vocab, str(entry / TOKENIZER_FILE), eot)
         for name, info in manifest["arms"].items():
             segments = []
             for s in info["train"]:
@@ -371,7 +373,7 @@ def load_cached(
         return None
     if Path(cache_dir).is_dir():
         remove_stale_temps(Path(cache_dir))
-    data = _load(Path(cache_dir) / f"data-{key[:24]}", key, experiment.model.vocab, external)
+    data = _load(Path(cache_dir) / f"data-{key[:24]}", key, experiment.model.vocab, external, experiment.eot)
     if data is not None:
         check_lengths(data, experiment)
     return data
@@ -412,7 +414,7 @@ def prepare_data(
     if cache_dir.is_dir():
         remove_stale_temps(cache_dir)
     vocab = experiment.model.vocab
-    data = _load(entry, key, vocab, external)
+    data = _load(entry, key, vocab, external, experiment.eot)
     if data is None:
         make_dirs(cache_dir)
         prog.note(f"preparing data for {experiment.name} (first use) into {entry}")
@@ -423,19 +425,19 @@ def prepare_data(
                 tmp.mkdir()
             _build(experiment, experiment_dir, key, tmp, prog, given, hashes, workers)
             if entry.exists():  # damaged entry, or another process finished first
-                if _load(entry, key, vocab, external) is None:
+                if _load(entry, key, vocab, external, experiment.eot) is None:
                     shutil.rmtree(entry)
             try:
                 with storage_guard(entry, "rename into"):
                     os.rename(tmp, entry)
             except OSError:
-                if _load(entry, key, vocab, external) is None:
+                if _load(entry, key, vocab, external, experiment.eot) is None:
                     raise
             fsync_dir(cache_dir)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-        data = _load(entry, key, vocab, external)
+        data = _load(entry, key, vocab, external, experiment.eot)
         if data is None:
             raise DataError(f"data preparation wrote {entry} but it does not load")
         data.cached = False

@@ -133,6 +133,9 @@ def source_fingerprint(src: Source, base_dir: Path | str, file_hash: Callable[[P
                 name = p.name
             h.update(b"\0name\0" + os.fsencode(name))
         h.update((b"\0val\0" if p in val_files else b"\0file\0") + file_hash(p).encode())
+    val = src.val_part()
+    if val is not None:  # the validation documents the user named (a source without them hashes as before)
+        h.update(b"\0named val\0" + source_fingerprint(val, base, file_hash).encode())
     return h.hexdigest()
 
 
@@ -146,5 +149,8 @@ def hash_file(path: Path) -> str:
 
 
 def source_bytes(src: Source, base_dir: Path | str) -> int:
-    """Total size of the files `src` reads (progress bars; the validation split's bound on a document)."""
-    return sum(p.stat().st_size for p in source_files(src, base_dir))
+    """Total size of the files `src` reads, its named validation files included (progress bars; the validation
+    split's bound on a document)."""
+    val = src.val_part()
+    own = sum(p.stat().st_size for p in source_files(src, base_dir))
+    return own + (source_bytes(val, base_dir) if val is not None else 0)

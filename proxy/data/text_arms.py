@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..config.experiment import Experiment
+from ..config.experiment import ArmConfig, Experiment
 from ..config.sources import BuiltinSource
 from ..formats.shard import ShardWriter
 from . import source_readers
@@ -16,7 +16,7 @@ from .data_error import DataError, unreadable
 from .progress_bars import ProgressBars
 from .source_files import SourceError, hash_file, source_bytes
 from .source_readers import limited_units
-from .split import SAMPLE_CAP, by_hash, sample_rate, tail_tokens, val_doc_max
+from .split import SAMPLE_CAP, TRAIN, VAL, by_hash, sample_rate, tail_tokens, val_doc_max
 from .tokenizer import Tokenizer, train_tokenizer
 from .workers import UnitTask, Workers
 
@@ -35,14 +35,28 @@ class Hashes(dict):
         return digest
 
 
-class ArmWriter:
-    """One text arm's two shards, written as the units' results come in order."""
+def named_val(arm: ArmConfig) -> bool:
+    """Whether the arm's validation documents are the ones its sources name (`val`, `val_split`)."""
+    return any(src.val_part() is not None for src in arm.sources)
 
-    def __init__(self, name: str, tmp: Path, vocab: int):
+
+def _always(split: str):
+    """The train/val decision of a source part whose documents all go one way."""
+    return lambda _path, _size: split
+
+
+class ArmWriter:
+    """One text arm's two shards, written as the units' results come in order. `named_val`: its validation
+    documents are the ones its sources name, so no tail of the training stream moves over."""
+
+    def __init__(self, name: str, tmp: Path, vocab: int, named_val: bool = False):
         self.name = name
+        self.named_val = named_val
         self.train = ShardWriter(tmp / f"{name}.train.tok", vocab)
         self.val = ShardWriter(tmp / f"{name}.val.tok", vocab)
         self.stats = {"kind": "text", "docs": 0, "val_docs": 0, "chars": 0}
+        if named_val:
+            self.stats["val_named"] = True
 
     def add(self, result) -> None:
         self.train.append(result.train)
@@ -53,7 +67,7 @@ class ArmWriter:
 
     def finish(self) -> dict:
         """The validation split's tail (split.py rule 2) moved over; both shards closed; the arm's stats."""
-        tail = tail_tokens(self.train.count, self.val.count)
+        tail = 0 if self.named_val else tail_tokens(self.train.count, self.val.count)
         if tail:
             self.val.append(self.train.take_tail(tail))
         self.stats.update(train_tokens=self.train.finish(), val_tokens=self.val.finish(), val_tail_tokens=tail)
@@ -84,6 +98,9 @@ class TextArms:
             raise DataError(str(exc)) from None
         self.docs: dict[tuple[str, int], int] = {}
 
+    def named_val(self, name: str) -> bool:
+        return named_val(next(a for a in self.arms if a.name == name))
+
     @property
     def total(self) -> int:
         return sum(self.bytes.values())
@@ -96,11 +113,16 @@ class TextArms:
             def decide(path: Path, size: int, largest=largest) -> str:
                 return by_hash(size, bytes.fromhex(self.hashes(path)), largest)
 
+            named = named_val(arm)
             for i, src in enumerate(arm.sources):
                 self.docs.setdefault((arm.name, i), 0)
+                val = src.val_part()
+                # an arm with named validation documents splits none off: its sources' documents all train
+                parts = [(src, TRAIN if named else None)] + ([(val, VAL)] if val is not None else [])
                 try:
-                    for unit in limited_units(src, self.base, decide):
-                        yield arm.name, i, UnitTask(unit, largest, rate)
+                    for part, split in parts:
+                        for unit in limited_units(part, self.base, decide if split is None else _always(split)):
+                            yield arm.name, i, UnitTask(unit, largest, rate, split)
                 except SourceError as exc:
                     raise DataError(f"arm {arm.name!r}: {exc}") from None
 

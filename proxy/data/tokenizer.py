@@ -7,8 +7,10 @@ trained on a bounded, deterministic sample of the arms' text (prepare.py):
 at most SAMPLE_BYTES, so its memory does not grow with the corpus.
 
 A given one (the experiment's `tokenizer`, e.g. GPT-2's `tokenizer.json`) is
-used as it is: it must hold `<|endoftext|>` (the document separator) and at
-most `model.vocab` tokens.
+used as it is: it must hold at most `model.vocab` tokens and an end-of-text
+token (the document separator): the one the experiment names (`eot`), or
+else the first of COMMON_EOTS it holds (GPT-2's, Llama 2's and T5's, Gemma's,
+BERT's, Llama 3's).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from ..run_names import READ_LIMITS, TOKENIZER
 from .text import PIECE_CHARS, pieces
 
 EOT = "<|endoftext|>"
+# the end-of-text tokens looked for, in this order, in a given tokenizer that the experiment names none of
+COMMON_EOTS = (EOT, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
 ENCODE_CHARS = 4 * PIECE_CHARS  # the most text given to one encode_batch call (its Encodings are large)
 SAMPLE_BYTES = 64 << 20  # the most text a tokenizer is trained on (a deterministic sample of the pieces)
 GIVEN_LIMIT = READ_LIMITS[TOKENIZER]  # the largest tokenizer.json read (GPT-2's is 1.4 MB)
@@ -49,16 +53,16 @@ class Tokenizer:
     experiment's), at least the number of trained tokens; ids at or above the
     trained count never come out of `encode` and decode to nothing."""
 
-    def __init__(self, hf: _HFTokenizer, vocab_size: int | None = None):
+    def __init__(self, hf: _HFTokenizer, vocab_size: int | None = None, eot: str = EOT):
         self.hf = hf
         self.trained_size = hf.get_vocab_size(with_added_tokens=True)
         self.vocab_size = vocab_size if vocab_size is not None else self.trained_size
         if self.vocab_size < self.trained_size:
             raise ValueError(f"vocab_size {self.vocab_size} is below the tokenizer's {self.trained_size} tokens")
-        eot = hf.token_to_id(EOT)
-        if eot is None:
-            raise ValueError(f"tokenizer has no {EOT} token")
-        self.eot_id = eot
+        eot_id = hf.token_to_id(eot)
+        if eot_id is None:
+            raise ValueError(f"tokenizer has no {eot} token")
+        self.eot, self.eot_id = eot, eot_id  # the separator written between documents
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
@@ -104,9 +108,13 @@ class Tokenizer:
         return cls(_HFTokenizer.from_file(str(path)), vocab_size)
 
     @classmethod
-    def from_json(cls, raw: bytes, vocab_size: int, where: str) -> Tokenizer:
-        """A tokenizer.json's bytes as the model's tokenizer; TokenizerError (one line naming `where`) when
-        it does not parse, has no <|endoftext|>, or holds more tokens than the model's vocabulary."""
+    def from_json(
+        cls, raw: bytes, vocab_size: int, where: str, eot: str | None = None, eot_id: int | None = None
+    ) -> Tokenizer:
+        """A tokenizer.json's bytes as the model's tokenizer, its end-of-text token `eot`, or the token of id
+        `eot_id` (a run's recorded one), or else the first of COMMON_EOTS it holds; TokenizerError (one line
+        naming `where`) when it does not parse, has no such token, or holds more tokens than the model's
+        vocabulary."""
         try:
             hf = _HFTokenizer.from_str(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -118,15 +126,33 @@ class Tokenizer:
             raise TokenizerError(
                 f"{where}: {size} tokens, more than model.vocab {vocab_size} (set model.vocab to at least {size})"
             )
-        if hf.token_to_id(EOT) is None:
-            raise TokenizerError(f"{where}: has no {EOT} token (the separator written between documents)")
-        return cls(hf, vocab_size)
+        if eot_id is not None:
+            eot = hf.id_to_token(eot_id)
+            if eot is None:
+                raise TokenizerError(f"{where}: has no token of id {eot_id} (the run's end-of-text token)")
+        return cls(hf, vocab_size, end_of_text(hf, where, eot))
 
     def __len__(self) -> int:
         return self.vocab_size
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, trained={self.trained_size})"
+
+
+def end_of_text(hf: _HFTokenizer, where: str, eot: str | None) -> str:
+    """The end-of-text token of a given tokenizer: `eot` when named, else the first of COMMON_EOTS it holds;
+    TokenizerError (one line) when there is none."""
+    if eot is not None:
+        if hf.token_to_id(eot) is None:
+            raise TokenizerError(f"{where}: has no token {eot!r} (the experiment's eot)")
+        return eot
+    found = next((t for t in COMMON_EOTS if hf.token_to_id(t) is not None), None)
+    if found is None:
+        raise TokenizerError(
+            f"{where}: has none of the end-of-text tokens {', '.join(COMMON_EOTS)} (the separator written "
+            'between documents): name its own in the experiment ("eot": "<|im_end|>")'
+        )
+    return found
 
 
 def prompt_ids(tokenizer: Tokenizer, text: str, ctx: int) -> list[int]:

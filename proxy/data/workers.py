@@ -73,13 +73,14 @@ class UnitTask:
     unit: Unit
     largest_val_doc: int  # split.val_doc_max of the unit's arm
     sample_rate: float = 0.0  # > 0: sample mode (no tokenizer yet): return the sample, not ids
+    split: str | None = None  # TRAIN or VAL: every document of the unit goes there (named validation files)
 
 
 def _pieces(task: UnitTask, notes: UnitNotes) -> Iterator[tuple[str, str, bool]]:
     """(split, piece, whether its document ends with it) for every non-empty document of the unit, in
     order."""
     for doc in read_unit(task.unit, notes):
-        split = doc.split or _decide(doc, task.largest_val_doc)
+        split = task.split or doc.split or _decide(doc, task.largest_val_doc)
         if doc.last and doc.split is None and not doc.text:
             continue  # an empty document is no document
         chunks = pieces(doc.text)
@@ -127,7 +128,7 @@ def run_task(task: UnitTask) -> UnitResult:
     return UnitResult(arrays[TRAIN], arrays[VAL], docs, val_docs, chars, notes.skipped)
 
 
-def _init_worker(tokenizer_json: str | None, vocab: int) -> None:
+def _init_worker(tokenizer_json: str | None, vocab: int, eot: str | None = None) -> None:
     global _tokenizer
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -137,7 +138,7 @@ def _init_worker(tokenizer_json: str | None, vocab: int) -> None:
         pass
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if tokenizer_json is not None:
-        _tokenizer = Tokenizer.from_json(tokenizer_json.encode("utf-8"), vocab, "the run's tokenizer")
+        _tokenizer = Tokenizer.from_json(tokenizer_json.encode("utf-8"), vocab, "the run's tokenizer", eot)
 
 
 class WorkerError(RuntimeError):
@@ -163,7 +164,7 @@ class Workers:
             self.n,
             multiprocessing.get_context("spawn"),
             _init_worker,
-            (tok.to_str() if tok is not None else None, tok.vocab_size if tok is not None else 0),
+            (tok.to_str(), tok.vocab_size, tok.eot) if tok is not None else (None, 0, None),
         )
         return self
 

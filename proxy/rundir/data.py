@@ -189,7 +189,7 @@ def run_tokenizer(run: RunDir, definition: DataDefinition) -> tuple[Tokenizer, b
     path = run.data_dir / definition.tokenizer.file
     try:
         raw = read_regular(path, GIVEN_LIMIT, within=run.root)
-        return Tokenizer.from_json(raw, definition.vocab, str(path)), raw
+        return Tokenizer.from_json(raw, definition.vocab, str(path), eot_id=definition.tokenizer.eot_id), raw
     except (OSError, UnsafeFileError, TokenizerError) as exc:
         raise RunDirError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None  # named once
 

@@ -4,7 +4,8 @@ DIR holds `config.json` and `model.safetensors` (what `save_pretrained` and
 the Hub's gpt2 have; read with safetensors and numpy, no torch), and usually
 `tokenizer.json`. The experiment's model must be DIR's: the same vocabulary,
 width, layers and heads, and a context no longer than its positions (wpe's
-first `ctx` rows are taken). The run's tokenizer must be DIR's too (the
+first `ctx` rows are taken). The keys its `model` block leaves out (the whole
+block too) are taken from config.json (`model_block`), ctx its n_positions. The run's tokenizer must be DIR's too (the
 experiment names it with "tokenizer"): the embeddings are its ids.
 
 The weights become `checkpoints/step_000000.bin` with zero AdamW moments and
@@ -62,6 +63,15 @@ def read_config(directory: Path) -> ModelShape:
         return config_shape(config)
     except ValueError as exc:
         raise _fail(directory, str(exc)) from None
+
+
+def model_block(directory: Path) -> dict[str, int]:
+    """The experiment's `model` block as DIR's config.json gives it (ctx: its n_positions): the values of the
+    keys an experiment leaves out (config/overrides.py, with_model_defaults)."""
+    if not Path(directory).is_dir():
+        raise _fail(directory, "no such directory")
+    shape = read_config(Path(directory))
+    return {"vocab": shape.vocab, "ctx": shape.ctx, "dim": shape.dim, "layers": shape.layers, "heads": shape.heads}
 
 
 def read_tensors(directory: Path) -> dict[str, np.ndarray]:

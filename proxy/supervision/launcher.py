@@ -21,6 +21,7 @@ from .context import RunContext
 from .engine_process import EngineProcess
 from .engine_record import TOKEN_ENV, new_token, record_engine
 from .launch import EngineLaunch
+from .throughput import SMOOTHING_MEMORY, smoothed_over
 
 
 def _replay_eval(ctx: RunContext, schedule: MixtureSchedule, index: LossLogIndex, step: int) -> None:
@@ -69,13 +70,16 @@ def start_launch(ctx: RunContext) -> EngineLaunch:
     ctx.next_launch(index.max_segment)
     schedule = _rebuild_bandit(ctx, index, c)
 
-    tokens, loss = 0, None
+    tokens, loss, smoothed = 0, None, None
     if c > 0:
         entry = index.step(c)
         trailer = read_trailer(resume.path) if entry is None else None
         tokens = int((entry.tokens if entry is not None else trailer.tokens_seen if trailer else None) or 0)
         loss = entry.loss if entry is not None else None
-    ctx.report.resumed(c, str(resume.path) if resume.path is not None else None, tokens, loss)
+        # the smoothed loss goes on from the logged steps, as `proxy status` computes it, not from step c's loss
+        logged = index.iter_steps(max(1, c - SMOOTHING_MEMORY + 1), c)
+        smoothed = smoothed_over(e.loss for _s, e in logged if e is not None)
+    ctx.report.resumed(c, str(resume.path) if resume.path is not None else None, tokens, loss, smoothed)
     replay_through = max((s for s, (_o, p) in index.steps.items() if s > c and p == phase.phase), default=c)
 
     meta = {"experiment": ctx.experiment.name, "phase": phase.phase}

@@ -38,6 +38,7 @@ from .launcher import start_launch
 from .live_status import last_step, say_progress_on_clock, write_run_state
 from .pivot_desk import PivotDesk
 from .signals import SignalCounts
+from .stop_notice import stop_notice
 from .storage_stop import EngineStorageError, engine_full_disk, resume_line
 from .watchdog import Watchdog
 
@@ -301,9 +302,9 @@ class Supervisor:
         """Stop requests (the second SIGTERMs the engine, the third kills it), pivot requests, checkpoints."""
         ctx, signals = self.ctx, self.ctx.signals
         if signals.stop and not launch.stop_signalled:
-            what = launch.in_flight()
+            notice = stop_notice(launch, ctx.report.ckpt_ms, time.monotonic())
             launch.stop_now()
-            ctx.say(f"stop requested: the engine {what} and exits")
+            ctx.say(notice)
         elif signals.stop >= 2 + launch.signals_forwarded and launch.signals_forwarded < 2:
             if launch.stop_repeated() == 1:
                 ctx.warn(

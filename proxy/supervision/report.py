@@ -77,12 +77,14 @@ class RunReport:
         """The dashboard this proxy started: {"url", "host"}, or None."""
         self.dashboard = where
 
-    def resumed(self, step: int, path: str | None, tokens: int, loss: float | None) -> None:
+    def resumed(
+        self, step: int, path: str | None, tokens: int, loss: float | None, smoothed: float | None = None
+    ) -> None:
         """A launch resumes at `step` from the checkpoint `path` (None: from scratch, as no checkpoint on disk
-        is known to be valid and covered by the log), with `tokens` trained so far and `loss` the step's as
-        logged (None: not logged)."""
+        is known to be valid and covered by the log), with `tokens` trained so far, `loss` the step's as
+        logged (None: not logged) and `smoothed` the smoothed loss rebuilt from the log up to it."""
         self.tokens = tokens
-        self.progress.restart(loss)
+        self.progress.restart(loss, smoothed)
         if path is not None:
             self.checkpointed(step, path)
         else:

@@ -43,7 +43,7 @@ from .checkpoints import load_best
 from .context import Console, RunContext, SupervisorOptions
 from .engine_process import EngineChoice, choose_engine
 from .engine_record import reap_orphan
-from .init_from import import_model
+from .init_from import import_model, model_block
 from .loop import Supervisor
 from .report import RunReport
 from .run_data import RunData, open_run_data
@@ -85,7 +85,10 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
     ProxyError for anything the user must fix; returns the exit code otherwise."""
     # a run's frozen experiment: its sources are where the run's data definition says (run_data.py)
     experiment, effective = load_effective(
-        request.experiment_path, request.overrides, check_sources=not request.from_frozen
+        request.experiment_path,
+        request.overrides,
+        check_sources=not request.from_frozen,
+        model_defaults=model_block(request.init_from) if request.init_from is not None else None,
     )
     engine = choose_engine(request.engine)
     run = RunDir(Path(request.run_dir) if request.run_dir else default_run_dir(experiment.name))

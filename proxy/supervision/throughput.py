@@ -14,6 +14,12 @@ WINDOW_STEPS = 5000  # ...but at most this many steps
 # as that compute time instead. Audits (evals, checkpoints) between steps stay well inside the bound.
 JUMP_FACTOR = 1000.0
 JUMP_MIN_S = 600.0
+# the smoothed loss: an exponential moving average, 0.9 of its old value and 0.1 of the new loss (two
+# constants, as 1.0 - 0.9 is not the double 0.1)
+SMOOTHING_OLD, SMOOTHING_NEW = 0.9, 0.1
+# a smoothed loss rebuilt from the last SMOOTHING_MEMORY logged steps equals, in doubles, one fed since step 1:
+# the weight left on anything older, 0.9 ** 400 (5e-19), is below a double's resolution
+SMOOTHING_MEMORY = 400
 
 
 class Rates(NamedTuple):
@@ -44,18 +50,26 @@ class ThroughputMeter:
         self.mixture: dict[str, float] = {}  # the one the last step was drawn from
 
     def observe(
-        self, time: float, tokens: int, step: int, loss: float, ms: float = 0.0, mixture: dict[str, float] | None = None
+        self,
+        time: float,
+        tokens: int,
+        step: int,
+        loss: float,
+        ms: float = 0.0,
+        mixture: dict[str, float] | None = None,
+        new_launch: bool = False,
     ) -> None:
-        """`time` is the wall-clock time of the step; the window keeps the sane clock instead."""
+        """`time` is the wall-clock time of the step; the window keeps the sane clock instead. `new_launch`: the
+        step is the first of another engine launch than the one before it, so the wall time between them (the
+        run stopped, data prepared, an engine started) is no running time: only the step's compute counts."""
         if self.last_wall is not None:
-            self.clock += sane_interval(time - self.last_wall, ms)
+            self.clock += compute_seconds(ms) if new_launch else sane_interval(time - self.last_wall, ms)
         self.last_wall = time
         time = self.clock
         self.last_loss = loss
         if mixture is not None:
             self.mixture = dict(mixture)
-        # an exponential moving average, 0.9 of the old value
-        self.smoothed = loss if self.smoothed is None else 0.9 * self.smoothed + 0.1 * loss
+        self.smoothed = smooth(self.smoothed, loss)
         if len(self.window) == self.window.maxlen:
             self._drop_oldest()
         self.window.append((time, tokens, step, ms))
@@ -68,12 +82,14 @@ class ThroughputMeter:
         self.window.popleft()
         self.window_ms -= self.window[0][3]  # the new oldest becomes the baseline
 
-    def restart(self, last_loss: float | None) -> None:
-        """A new engine: the throughput starts over; the loss it resumes from is the last one."""
+    def restart(self, last_loss: float | None, smoothed: float | None) -> None:
+        """A new engine: the throughput starts over; the loss it resumes from is the last one, and the smoothed
+        loss the one rebuilt from the log up to that step (`smoothed_over`), as `proxy status` rebuilds it."""
         self.window.clear()
         self.window_ms = 0.0
         if last_loss is not None:
             self.last_loss = last_loss
+        self.smoothed = smoothed
 
     def start(self, time: float, tokens: int, step: int) -> None:
         """The engine is ready at `step`: the baseline of the window, so the first step has a rate (its
@@ -94,10 +110,28 @@ class ThroughputMeter:
         return Rates((k1 - k0) / (t1 - t0), engine, max(0, max_steps - s1) * (t1 - t0) / (s1 - s0))
 
 
+def smooth(smoothed: float | None, loss: float) -> float:
+    """The smoothed loss after one more step's `loss` (the first loss sets it)."""
+    return loss if smoothed is None else SMOOTHING_OLD * smoothed + SMOOTHING_NEW * loss
+
+
+def smoothed_over(losses) -> float | None:
+    """The smoothed loss after these steps' losses, in step order (None: none)."""
+    smoothed = None
+    for loss in losses:
+        smoothed = smooth(smoothed, loss)
+    return smoothed
+
+
+def compute_seconds(ms: float) -> float:
+    """A step's engine compute time in seconds (0 for a value no step has: negative or not finite)."""
+    return max(0.0, ms / 1000.0) if math.isfinite(ms) else 0.0
+
+
 def sane_interval(seconds: float, ms: float) -> float:
     """The wall-clock interval before a step whose engine compute took `ms`, or that compute time when the
     interval is a clock jump (negative, not finite, or past JUMP_FACTOR x the compute and JUMP_MIN_S)."""
-    compute = max(0.0, ms / 1000.0) if math.isfinite(ms) else 0.0
+    compute = compute_seconds(ms)
     if math.isfinite(seconds) and 0.0 <= seconds <= max(JUMP_FACTOR * compute, JUMP_MIN_S):
         return seconds
     return compute

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import load_experiment, parse_experiment
 from proxy.config.sources import parse_source
 from proxy.data import (
@@ -287,3 +288,78 @@ def test_the_format_1_key_is_the_old_versions(tmp_path):
         }
     )
     assert v1_key(exp, tmp_path) == "21b65c2959ab3733c1c73ffac5f1aa1c7a57c39a233bdd0d1b6b319b78bdc0c1"
+
+
+# --- named validation documents (`val`, `val_split`) ------------------------------
+
+
+def _write_saved(root: Path, splits: dict[str, list[str]]) -> None:
+    """A DatasetDict as `save_to_disk` writes it: dataset_dict.json and a directory of Arrow files per split."""
+    import pyarrow as pa  # noqa: PLC0415 - the [parquet] extra
+
+    root.mkdir()
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
+    for split, rows in splits.items():
+        (root / split).mkdir()
+        table = pa.table({"text": rows})
+        with pa.OSFile(str(root / split / "data.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        (root / split / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data.arrow"}]}))
+
+
+def test_every_text_kind_takes_its_validation_documents(tmp_path):
+    """Each text kind's `val` (hf_dataset: `val_split`) is read as the kind reads its own files, and is the arm's
+    whole validation split: every training document trains, nothing is split off by hash or tail."""
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is the [parquet] extra")
+    import pyarrow as pa  # noqa: PLC0415
+
+    train_docs = [f"training text number {i} " * (30 + i % 5) for i in range(40)]
+    val_docs = [f"held out text {i} " * 20 for i in range(6)]
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    for i, d in enumerate(train_docs):
+        (tmp_path / "train" / f"t{i:02d}.txt").write_text(d)
+    for i, d in enumerate(val_docs):
+        (tmp_path / "val" / f"v{i:02d}.txt").write_text(d)
+    (tmp_path / "train.txt").write_text("".join(train_docs))
+    (tmp_path / "val.txt").write_text("".join(val_docs))
+    for name, docs in (("train", train_docs), ("val", val_docs)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        pq.write_table(pa.table({"text": docs}), tmp_path / f"{name}.parquet")
+    _write_saved(tmp_path / "saved", {"train": train_docs, "validation": val_docs})
+    (tmp_path / "other.txt").write_text("other arm text\n" * 500)
+    whole = ["".join(train_docs)], ["".join(val_docs)]
+    kinds = {
+        "file": ({"file": "train.txt", "val": "val.txt"}, *whole),
+        "glob": ({"glob": "train/*.txt", "val": "val/*.txt"}, train_docs, val_docs),
+        "dir": ({"dir": "train", "val": "val"}, train_docs, val_docs),
+        "jsonl": ({"jsonl": "train.jsonl", "val": "val.jsonl"}, train_docs, val_docs),
+        "parquet": ({"parquet": "train.parquet", "val": "val.parquet"}, train_docs, val_docs),
+        "hf_dataset": ({"hf_dataset": "saved", "val_split": "validation"}, train_docs, val_docs),
+    }
+    for kind, (source, want_train, want_val) in kinds.items():
+        exp = small_experiment([source], [{"file": "other.txt"}], name=f"val-{kind}")
+        data = prepare_data(exp, tmp_path, tmp_path / f"cache-{kind}", progress=False, workers=1)
+        val = data.tokenizer.decode(read_shard(data.val_shards["a"])[0].tolist())
+        train = data.tokenizer.decode(train_tokens(data, "a").tolist())
+        assert val == "".join(d + EOT for d in want_val), kind
+        assert train == "".join(d + EOT for d in want_train), kind
+        stats = data.stats["a"]
+        assert stats["val_named"] and stats["val_tail_tokens"] == 0 and stats["val_docs"] == len(want_val), kind
+    # the named files are part of the data's identity: other validation text is other data
+    exp = small_experiment([kinds["file"][0]], [{"file": "other.txt"}], name="val-file")
+    before = data_key(exp, tmp_path)
+    (tmp_path / "val.txt").write_text("changed validation text " * 40)
+    assert data_key(exp, tmp_path) != before
+
+
+def test_named_validation_errors_are_one_line(tmp_path):
+    (tmp_path / "a.txt").write_text("text " * 100)
+    exp = small_experiment([{"file": "a.txt", "val": "absent.txt"}], [{"file": "a.txt"}]).model_dump(exclude_none=True)
+    (tmp_path / "exp.json").write_text(json.dumps(exp))
+    with pytest.raises(ExperimentError, match=r"arms\[0\]\.sources\[0\]\.val: no such file 'absent.txt'"):
+        load_experiment(tmp_path / "exp.json")
+    with pytest.raises(ValueError, match="val_split 'train' is the training split itself"):
+        SourceConfig(hf_dataset="saved", val_split="train")
+    with pytest.raises(ValueError, match="unknown key 'val'"):
+        SourceConfig(builtin="stdlib_code", val="x.txt")

@@ -150,6 +150,43 @@ def test_nanogpt_validation_tokens_are_the_val_file(engine, data_cache, data_dir
     assert np.array_equal(frozen, np.fromfile(data_dir / "val.bin", dtype="<u2"))
 
 
+def test_named_validation_of_parquet_and_a_dataset_split(engine, data_cache, data_dir, tmp_path):
+    """A Parquet source's `val` files and a DatasetDict's `val_split` are the arms' validation tokens, frozen in
+    the run: each arm's val shard decodes to exactly the named rows, each followed by the end-of-text token."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from proxy.data.tokenizer import Tokenizer
+
+    rows = pq.read_table(data_dir / "docs.parquet").column("text").to_pylist()
+    held = rows[:40]
+    pq.write_table(pa.table({"text": held}), tmp_path / "held.parquet")
+    shutil.copy(data_dir / "docs.parquet", tmp_path / "docs.parquet")
+    shutil.copy(data_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    saved = tmp_path / "saved"
+    (saved / "train").mkdir(parents=True)
+    (saved / "validation").mkdir()
+    (saved / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "validation"]}))
+    for split, table in (("train", pa.table({"text": rows[::-1]})), ("validation", pa.table({"text": held[::-1]}))):
+        with pa.OSFile(str(saved / split / "d.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        (saved / split / "state.json").write_text(json.dumps({"_data_files": [{"filename": "d.arrow"}]}))
+    arms = [
+        {"name": "pq", "sources": [{"parquet": "docs.parquet", "val": "held.parquet"}]},
+        {"name": "hf", "sources": [{"hf_dataset": "saved", "val_split": "validation"}]},
+    ]
+    exp = experiment(tmp_path, "NAMEDVAL", arms, max_steps=4, eval_every=4, sample_every=0)
+    run = tmp_path / "run"
+    proxy = Proxy(run_args(exp, run), data_cache).start()
+    assert proxy.wait() == 0, proxy.output()
+    tok = Tokenizer.from_json((tmp_path / "tokenizer.json").read_bytes(), VOCAB, "tokenizer.json")
+    for arm, docs in (("pq", held), ("hf", held[::-1])):
+        frozen = np.frombuffer((run / "data" / f"{arm}.val.tok").read_bytes()[32:], dtype="<u2")
+        want = [i for d in docs for i in tok.encode(d) + [tok.eot_id]]
+        assert frozen.tolist() == want, arm
+    assert [e["step"] for e in read_entries(run) if e["type"] == "eval"] == [4]
+
+
 def last_line_error(result, code: int) -> str:
     """The error: exit `code`, no traceback, the one line at the end of stderr (progress lines may come first:
     the error was found while the data were prepared)."""

@@ -163,6 +163,25 @@ def test_fine_tuning_resumes_bit_exactly_after_kill_9(imported, gpt2, gate, data
     assert (run / "checkpoints" / "step_000000.bin").exists()  # retention keeps the starting point
 
 
+def test_the_model_block_comes_from_config_json(gpt2, engine, data_cache, tmp_path):
+    """An experiment without a `model` block takes config.json's shape (ctx: its n_positions), one with part of
+    it the rest; the run freezes the whole block and imports step 0 into it."""
+    for name, model, want in (("NOMODEL", None, SHAPE), ("SHORTCTX", {"ctx": 32}, {**SHAPE, "ctx": 32})):
+        exp = experiment(tmp_path, gpt2, name, max_steps=3, ckpt_every=0, eval_every=3, sample_every=0)
+        obj = json.loads(exp.read_text())
+        del obj["model"]
+        if model is not None:
+            obj["model"] = model
+        exp.write_text(json.dumps(obj))
+        run = tmp_path / f"run-{name}"
+        proxy = Proxy(run_args(exp, run, "--init-from", gpt2), data_cache).start()
+        assert proxy.wait() == 0, proxy.output()
+        assert json.loads((run / "experiment.json").read_text())["model"] == want
+        assert f"(vocab {want['vocab']}, ctx {want['ctx']}, dim {want['dim']}," in proxy.stdout()
+        assert read_checkpoint(checkpoint_path(run / "checkpoints", 0)).trailer.shape.ctx == want["ctx"]
+        assert max(last_steps(run)) == 3
+
+
 def test_refusals_are_one_line(gpt2, engine, data_cache, tmp_path):
     cases = []
     cases.append(

@@ -208,7 +208,7 @@ def test_source_needs_one_kind(tmp_path):
     data["arms"][0]["sources"] = [{"parquett": "a.parquet"}, {"file": "a.txt", "suffix": ".py"}]
     msg = error_of(tmp_path, data)
     assert f"arms[0].sources[0]: unknown key 'parquett'; a source is one of {kinds}" in msg
-    assert "arms[0].sources[1]: unknown key 'suffix' (a file source takes file, max_chars)" in msg
+    assert "arms[0].sources[1]: unknown key 'suffix' (a file source takes file, max_chars, val)" in msg
 
 
 def test_relative_sources_resolve_against_experiment_dir(tmp_path):

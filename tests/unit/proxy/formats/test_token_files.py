@@ -194,7 +194,7 @@ def test_prepare_errors_name_the_arm_and_the_file(tmp_path, tokenizer_file):
     raw["added_tokens"] = []
     raw["model"]["vocab"].pop("<|endoftext|>")
     (tmp_path / "noeot.json").write_text(json.dumps(raw))
-    with pytest.raises(DataError, match=r"noeot.json: has no <\|endoftext\|> token"):
+    with pytest.raises(DataError, match=r"noeot.json: has none of the end-of-text tokens <\|endoftext\|>, </s>, "):
         prepare_data(
             experiment([{"tokens": "ok.bin"}], tokenizer="noeot.json"), tmp_path, tmp_path / "cache", progress=False
         )

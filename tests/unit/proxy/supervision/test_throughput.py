@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.supervision.throughput import ThroughputMeter
+from proxy.supervision.throughput import SMOOTHING_MEMORY, ThroughputMeter, smooth, smoothed_over
 
 
 def test_rates_count_the_wall_clock_and_the_engine_apart():
@@ -55,3 +55,33 @@ def test_a_clock_jump_is_not_an_interval():
     for s in range(1, 5):
         audit.observe(1000.0 + s + (300.0 if s > 2 else 0.0), 1000 * s, s, 4.0, ms=500.0)
     assert audit.rates(max_steps=4 + 3).eta_s == pytest.approx(3 * 303.0 / 3)
+
+
+def test_time_between_launches_is_not_running_time():
+    """Two launches of 10 steps, 1 s apart (0.5 s of compute each), with the run stopped 5 minutes between
+    them: counted as a new launch, the stop adds only the first step's compute, so the rate is the running
+    one; counted as an interval (what `proxy status` did), it drags the rate far down."""
+    running, counted = ThroughputMeter(), ThroughputMeter()
+    t = 1000.0
+    for s in range(1, 21):
+        t += 1.0 + (300.0 if s == 11 else 0.0)
+        running.observe(t, 1000 * s, s, 4.0, ms=500.0, new_launch=s == 11)
+        counted.observe(t, 1000 * s, s, 4.0, ms=500.0)
+    assert running.rates(max_steps=20).tokens_per_s == pytest.approx(19000 / 18.5)
+    assert counted.rates(max_steps=20).tokens_per_s < running.rates(max_steps=20).tokens_per_s / 10
+
+
+def test_the_smoothed_loss_rebuilt_from_the_log_is_the_one_fed_since_step_one():
+    """A meter restarted at step 600 with the smoothed loss of the last SMOOTHING_MEMORY logged losses carries
+    on bit for bit like one fed every step (the resume's rule); restarted from the raw loss, it would not."""
+    losses = [8.0 - 4.0 * s / 1000 + (0.3 if s % 7 == 0 else 0.0) for s in range(1, 1001)]
+    whole = ThroughputMeter()
+    for s, loss in enumerate(losses, 1):
+        whole.observe(float(s), s, s, loss)
+    resumed = ThroughputMeter()
+    resumed.restart(losses[599], smoothed_over(losses[600 - SMOOTHING_MEMORY : 600]))
+    for s, loss in enumerate(losses[600:], 601):
+        resumed.observe(float(s), s, s, loss)
+        if s == 601:
+            assert resumed.smoothed == smoothed_over(losses[:601]) != smooth(losses[599], loss)
+    assert resumed.smoothed == whole.smoothed == smoothed_over(losses)

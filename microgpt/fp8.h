@@ -121,9 +121,15 @@ MG_FP8_FN int mg_fp8_scale_exp(float amax, MgFp8Format f) {
     return k;
 }
 
-// x rounded through the format at scale 2^k and read back: decode(encode(x * 2^k)) * 2^-k.
-MG_FP8_FN float mg_fp8_round_trip(float x, MgFp8Format f, int k) {
-    return ldexpf(mg_fp8_decode(mg_fp8_encode(ldexpf(x, k), f), f), -k);
+// x rounded through the format at scale 2^k and read back: decode(encode(x *
+// 2^k)) * 2^-k, given scale = 2^k and inv_scale = 2^-k (mg_fp8_scale). Both
+// products are exact for |k| <= MG_FP8_SCALE_EXP_MAX: the first can only lose
+// bits below 2^-126, which round to zero in either format anyway, and the
+// second multiplies a code's value by a power of two that keeps it normal.
+MG_FP8_FN float mg_fp8_round_trip(float x, MgFp8Format f, float scale, float inv_scale) {
+    return mg_fp8_decode(mg_fp8_encode(x * scale, f), f) * inv_scale;
 }
+
+MG_FP8_FN float mg_fp8_scale(int k) { return ldexpf(1.0f, k); }
 
 #endif  // MICROGPT_FP8_H

@@ -94,7 +94,7 @@ USAGE_CASES = {
     "ckpt-every-seconds-nan": (flags(), ["--ckpt-every-seconds", "nan"]),
     "min-lr-negative": (flags(min_lr=-1e-5), []),
     "vocab-over-uint16": (flags(vocab=70000), []),
-    "precision-unknown": (flags(), ["--precision", "fp8"]),
+    "precision-unknown": (flags(), ["--precision", "fp16"]),
     "attention-unknown": (flags(), ["--attention", "fast"]),
     "fused-unknown": (flags(), ["--fused", "yes"]),
     "cuda-graph-unknown": (flags(), ["--cuda-graph", "1"]),

@@ -389,6 +389,7 @@ static const char *cpu_configure(void *impl, MgConfig *cfg) {
     e->threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
     e->eng->threads = e->threads;
     e->eng->precision = e->gs.fp8 ? "fp8" : "fp32";
+    if (!cfg->precision) cfg->precision = e->eng->precision;  // named in each checkpoint's metadata
     snprintf(e->eng->device, sizeof e->eng->device, "cpu (%d thread%s)", e->threads, e->threads == 1 ? "" : "s");
     return NULL;
 }

@@ -74,7 +74,15 @@ def test_fp8_resume_is_bit_exact(engine_bin, tmp_path, runs):
     ck = tmp_path / "ck"
     ck.mkdir()
     shutil.copy(ck_straight / f"step_{EVERY:06d}.bin", ck)
-    ready, got = train(engine_bin, shard, ck, tmp_path, "--resume", "latest", "--precision", "fp8", "--threads", 1)
+    res = run_once(
+        engine_bin,
+        standalone_args(SHAPE, shard, ck, EVERY, "--resume", "latest", "--precision", "fp8", "--threads", 1),
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0 and not res.stderr, res.stderr.decode()  # the same precision: nothing to say
+    events = parse_events(res.stdout)
+    ready = next(e for e in events if e.kind == "ready")
+    got = {e["step"]: (e["loss"], e["grad_norm"]) for e in events if e.kind == "step"}
     assert ready["step"] == EVERY and ready["precision"] == "fp8"
     assert got == {s: losses[s] for s in range(EVERY + 1, SHAPE.steps + 1)}
     assert (ck / f"step_{SHAPE.steps:06d}.bin").read_bytes() == final
@@ -88,7 +96,18 @@ def test_checkpoint_resumes_across_precisions(engine_bin, tmp_path, runs, saved,
     ck = tmp_path / "ck"
     ck.mkdir()
     shutil.copy(out[saved][2] / f"step_{EVERY:06d}.bin", ck)
-    ready, got = train(engine_bin, shard, ck, tmp_path, "--resume", "latest", "--precision", resumed)
+    res = run_once(
+        engine_bin, standalone_args(SHAPE, shard, ck, EVERY, "--resume", "latest", "--precision", resumed), cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr.decode()
+    path = ck / f"step_{EVERY:06d}.bin"
+    assert (
+        res.stderr.decode().strip()
+        == f"microgpt: warning: {path} was trained in {saved}; this run computes in {resumed}"
+    )
+    events = parse_events(res.stdout)
+    ready = next(e for e in events if e.kind == "ready")
+    got = {e["step"]: (e["loss"], e["grad_norm"]) for e in events if e.kind == "step"}
     assert ready["step"] == EVERY and ready["precision"] == resumed
     assert sorted(got) == list(range(EVERY + 1, SHAPE.steps + 1))
     assert got != {s: out[saved][0][s] for s in got}, "the resumed run computed as the saving run's precision"

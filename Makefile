@@ -27,7 +27,7 @@ BUILD := build
 # any of them rebuilds both engines.
 ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h microgpt/checkpoint_writer.h \
                   microgpt/signals.h microgpt/protocol.h microgpt/shard.h microgpt/engine.h microgpt/sampler.h \
-                  microgpt/train.h
+                  microgpt/train.h microgpt/fp8.h
 
 .PHONY: all engines cpu cuda cuda-cpu install lint test test-gpu clean
 

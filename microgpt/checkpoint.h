@@ -100,6 +100,7 @@ typedef struct {
     uint64_t tokens_seen;
     int has_trailer;
     MgTrailer trailer;
+    char precision[8];  // the precision its metadata names ("fp32", "bf16", "fp8"), or "" where it names none
 } MgState;
 
 // A checkpoint's file name (temp: the name it is written under before the rename).
@@ -179,9 +180,31 @@ static void mg_mkdirs(const char *dir) {
 }
 
 // The metadata JSON is deterministic: the same state gives the same bytes.
-// --meta was validated as JSON when parsed, so it is embedded verbatim.
-static size_t mg_meta_json(char *out, size_t cap, const char *engine, const char *meta) {
-    return (size_t)snprintf(out, cap, "{\"engine\":\"%s\",\"meta\":%s}", engine, meta ? meta : "null");
+// --meta was validated as JSON when parsed, so it is embedded verbatim. The
+// precision is the one the state was trained in (configure set it), which a
+// resume under another precision names (mg_main).
+#define MG_META_PRECISION "\",\"precision\":\""
+static size_t mg_meta_json(char *out, size_t cap, const char *engine, const char *precision, const char *meta) {
+    return (size_t)snprintf(out, cap, "{\"engine\":\"%s" MG_META_PRECISION "%s\",\"meta\":%s}", engine,
+                            precision ? precision : "fp32", meta ? meta : "null");
+}
+
+// The precision an engine's metadata names: the value after `"engine":"...","precision":"`, written
+// before the free-form meta, so a --meta that holds the word cannot be mistaken for it.
+static void mg_meta_precision(char *out, size_t cap, const char *meta, size_t meta_bytes) {
+    out[0] = 0;
+    const char *engine = "{\"engine\":\"";
+    size_t el = strlen(engine), pl = strlen(MG_META_PRECISION);
+    if (meta_bytes < el || memcmp(meta, engine, el)) return;
+    size_t i = el;
+    while (i < meta_bytes && i < 64 && meta[i] != '"') i++;
+    if (i + pl > meta_bytes || memcmp(meta + i, MG_META_PRECISION, pl)) return;
+    i += pl;
+    size_t k = 0;
+    while (i + k < meta_bytes && meta[i + k] != '"' && k + 1 < cap) k++;
+    if (i + k >= meta_bytes || meta[i + k] != '"') return;
+    memcpy(out, meta + i, k);
+    out[k] = 0;
 }
 
 // Atomic, durable write of a checkpoint into `dir`. On failure removes the temp
@@ -200,7 +223,7 @@ static int mg_write_checkpoint(const MgCkptDir *dir, const MgConfig *cfg, const 
                   mg_count_non_finite(st->v, st->n);
     if (*non_finite) { *what = "check"; return EDOM; }
     static char meta[8192];
-    size_t meta_bytes = mg_meta_json(meta, sizeof meta, engine, cfg->meta);
+    size_t meta_bytes = mg_meta_json(meta, sizeof meta, engine, cfg->precision, cfg->meta);
 
     MgTrailer tr;
     memset(&tr, 0, sizeof tr);
@@ -306,6 +329,8 @@ static int mg_read_checkpoint(const char *path, MgState *st, char *err, size_t e
         }
         st->has_trailer = 1;
         st->tokens_seen = st->trailer.tokens_seen;
+        mg_meta_precision(st->precision, sizeof st->precision, (const char *)raw + body + MG_TRAILER_FIXED,
+                          st->trailer.meta_bytes);
     }
     st->weights = (float *)mg_malloc(st->n * sizeof(float));
     st->m = (float *)mg_malloc(st->n * sizeof(float));

@@ -98,7 +98,7 @@ static const MgFlag MG_FLAGS[] = {
     {"grad-clip", MG_FLOAT, MG_OFF(grad_clip), 0, 0, "global-norm gradient clip, 0 = off (default 1.0)"},
     {"seed", MG_U64, MG_OFF(seed), 0, 0, "initialisation and standalone sampling seed (default 1337)"},
     {"threads", MG_INT, MG_OFF(threads), 0, 4096, "CPU threads, 0 = all cores (default 0)"},
-    {"precision", MG_STR, MG_OFF(precision), 0, 0, "fp32 or bf16 (CUDA engine; default fp32 on CPU)"},
+    {"precision", MG_STR, MG_OFF(precision), 0, 0, "fp32, bf16 (CUDA engine) or fp8 (CPU engine: the linear layers' GEMMs through FP8); default fp32 on CPU"},
     {"attention", MG_STR, MG_OFF(attention), 0, 0, MG_ATTENTION_PATHS ": the CUDA engine's attention (default naive; flash and cudnn are bf16; auto: the fastest that applies, unqualified)"},
     {"fused", MG_STR, MG_OFF(fused), 0, 0, "on or off: the CUDA engine's fused step kernels, no host sync inside a step (default off)"},
     {"cuda-graph", MG_STR, MG_OFF(cuda_graph), 0, 0, "on or off: the CUDA engine's training step as one CUDA graph; on implies --fused on (default off)"},
@@ -286,8 +286,9 @@ static void mg_validate(const MgConfig *cfg) {
     if (cfg->weight_decay < 0) mg_fail(MG_EXIT_USAGE, "--weight-decay must be >= 0");
     if (cfg->grad_clip < 0) mg_fail(MG_EXIT_USAGE, "--grad-clip must be >= 0");
     if (cfg->ckpt_every_seconds < 0) mg_fail(MG_EXIT_USAGE, "--ckpt-every-seconds must be >= 0");
-    if (cfg->precision && strcmp(cfg->precision, "fp32") && strcmp(cfg->precision, "bf16"))
-        mg_fail(MG_EXIT_USAGE, "--precision: '%s' is not fp32 or bf16", cfg->precision);
+    if (cfg->precision && strcmp(cfg->precision, "fp32") && strcmp(cfg->precision, "bf16") &&
+        strcmp(cfg->precision, "fp8"))
+        mg_fail(MG_EXIT_USAGE, "--precision: '%s' is not fp32, bf16 or fp8", cfg->precision);
     if (cfg->attention && strcmp(cfg->attention, "naive") && strcmp(cfg->attention, "flash") &&
         strcmp(cfg->attention, "cudnn") && strcmp(cfg->attention, "auto"))
         mg_fail(MG_EXIT_USAGE, "--attention: '%s' is not naive, flash, cudnn or auto", cfg->attention);

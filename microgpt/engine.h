@@ -103,7 +103,7 @@ typedef struct {
     // Filled in by configure (device, precision, threads), init (caps) and
     // mg_main (mem_bytes, init's answer):
     char device[256];          // human-readable device description
-    const char *precision;     // "fp32" or "bf16"
+    const char *precision;     // "fp32", "bf16" or "fp8"
     int threads;
     size_t mem_bytes;          // bytes allocated for model, optimizer, activations, KV cache
     char paths[256];           // optional: a JSON object naming the code paths this run takes

@@ -1,6 +1,8 @@
 // microgpt_cpu.c: the CPU reference engine (C11 + OpenMP).
 //
-// The model of docs/ARCHITECTURE.md, forward and backward, AdamW, all in fp32. It is the
+// The model of docs/ARCHITECTURE.md, forward and backward, AdamW, all in fp32
+// (with --precision fp8, the linear layers' GEMM operands rounded through FP8
+// first: docs/ENGINE.md, "FP8"). It is the
 // engine for machines without a GPU, the one CI runs, and the reference the
 // CUDA engine is tested against. This file only computes, and ends with its
 // engine table (engine.h); the driver (flags, frames, events, checkpoints,
@@ -15,9 +17,11 @@
 // multiply-adds the compiler picks for the CPU (sum_of, below): the same
 // source and compiler give the same bits on any x86-64 CPU with AVX2 and FMA.
 #include "engine.h"
+#include "fp8.h"
 #include "model.h"
 #include "train.h"
 
+#include <float.h>
 #include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -118,6 +122,12 @@ typedef struct {
     float *bpack;        // KC * NC, shared
     float **apack;       // per thread, MC * KC
     int threads;
+    // --precision fp8: matmul_forward and matmul_backward multiply these
+    // copies of their operands, each rounded through FP8 (fp8_round_trip).
+    int fp8;
+    float *fp8_x;        // [BT, 4C] the input (E4M3)
+    float *fp8_w;        // [4C, C] the weight (E4M3)
+    float *fp8_d;        // [BT, 4C] the output's gradient (E5M2)
 } GemmScratch;
 
 static void pack_a(const float *A, long as_m, long as_k, int i0, int mc, int k0, int kc, int M, float *ap) {
@@ -372,11 +382,14 @@ static float *cpu_alloc(Cpu *e, size_t count) {
 
 static const char *cpu_configure(void *impl, MgConfig *cfg) {
     Cpu *e = (Cpu *)impl;
-    if (cfg->precision && strcmp(cfg->precision, "fp32"))
-        return "the CPU engine computes in fp32 only (--precision bf16 is for the CUDA engine)";
+    // Names that are no precision at all are mg_validate's to refuse.
+    if (cfg->precision && strcmp(cfg->precision, "bf16") == 0)
+        return "the CPU engine computes in fp32 or fp8 (--precision bf16 is for the CUDA engine)";
+    e->gs.fp8 = cfg->precision && strcmp(cfg->precision, "fp8") == 0;
     e->threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
     e->eng->threads = e->threads;
-    e->eng->precision = "fp32";
+    e->eng->precision = e->gs.fp8 ? "fp8" : "fp32";
+    if (!cfg->precision) cfg->precision = e->eng->precision;  // named in each checkpoint's metadata
     snprintf(e->eng->device, sizeof e->eng->device, "cpu (%d thread%s)", e->threads, e->threads == 1 ? "" : "s");
     return NULL;
 }
@@ -430,7 +443,15 @@ static size_t cpu_init(void *impl, const MgConfig *cfg) {
     e->gs.bpack = cpu_alloc(e, (size_t)KC * NC);
     e->gs.apack = (float **)mg_malloc((size_t)e->threads * sizeof(float *));
     for (int t = 0; t < e->threads; t++) e->gs.apack[t] = cpu_alloc(e, (size_t)MC * KC);
-    e->eng->caps.kv_forward = 1;  // the KV cache above, at every shape
+    if (e->gs.fp8) {
+        e->gs.fp8_x = cpu_alloc(e, BT * 4 * C);
+        e->gs.fp8_w = cpu_alloc(e, 4 * C * C);
+        e->gs.fp8_d = cpu_alloc(e, BT * 4 * C);
+    }
+    // The KV cache above, at every shape; not in fp8, whose activation scales
+    // are per tensor: the new rows alone would get other scales than the
+    // whole window, so the cache could not give the recompute path's logits.
+    e->eng->caps.kv_forward = !e->gs.fp8;
     return e->bytes;
 }
 
@@ -647,12 +668,46 @@ static void gelu_backward(float *dx, const float *x, const float *dout, size_t n
     gelu_parallel(dx, x, dout, n, threads);
 }
 
+// --precision fp8: dst[n] = src[n] rounded through fmt at the tensor's own
+// current scale (fp8.h: a power of two from the largest finite |src|). The
+// amax is a maximum, exact in any order, so the result does not depend on
+// the thread count.
+static void fp8_round_trip(float *dst, const float *src, size_t n, MgFp8Format fmt, int threads) {
+    float amax = 0.0f;
+    #pragma omp parallel for reduction(max : amax) schedule(static) num_threads(threads)
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(src[i]);
+        if (a <= FLT_MAX && a > amax) amax = a;  // NaN and inf fail the first test
+    }
+    int k = mg_fp8_scale_exp(amax, fmt);
+    float scale = mg_fp8_scale(k), inv_scale = mg_fp8_scale(-k);
+    // mg_fp8_round_trip with the decode looked up: every code's value, once.
+    static float decoded[2][256];
+    static int have_table;
+    if (!have_table) {
+        for (int c = 0; c < 256; c++) {
+            decoded[MG_FP8_E4M3][c] = mg_fp8_decode((uint8_t)c, MG_FP8_E4M3);
+            decoded[MG_FP8_E5M2][c] = mg_fp8_decode((uint8_t)c, MG_FP8_E5M2);
+        }
+        have_table = 1;
+    }
+    const float *table = decoded[fmt];
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (size_t i = 0; i < n; i++) dst[i] = table[mg_fp8_encode(src[i] * scale, fmt)] * inv_scale;
+}
+
 // out[R, OC] = (residual or 0) + bias + x[R, IC] W[OC, IC]^T. Adding the
 // residual here fuses the block's skip connection into the matmul's output.
 // With gelu_pre, that goes to gelu_pre (kept for the backward) and out =
 // GELU(gelu_pre).
 static void matmul_forward(float *out, const float *x, const float *W, const float *bias, const float *residual, int R,
                            int IC, int OC, float *gelu_pre, GemmScratch *gs) {
+    if (gs->fp8) {  // E4M3 input and weight; bias, residual and GELU in fp32
+        fp8_round_trip(gs->fp8_x, x, (size_t)R * IC, MG_FP8_E4M3, gs->threads);
+        fp8_round_trip(gs->fp8_w, W, (size_t)OC * IC, MG_FP8_E4M3, gs->threads);
+        x = gs->fp8_x;
+        W = gs->fp8_w;
+    }
     float *target = gelu_pre ? gelu_pre : out;
     #pragma omp parallel for schedule(static) num_threads(gs->threads)
     for (int i = 0; i < R; i++) {
@@ -665,11 +720,22 @@ static void matmul_forward(float *out, const float *x, const float *W, const flo
 }
 
 // dx = dout W (times gelu'(gelu_pre) when given: the backward of the GELU
-// that produced x); dW += dout^T x; db += column sums of dout.
+// that produced x); dW += dout^T x; db += column sums of dout. In fp8 the
+// two products take dout through E5M2 and W and x through E4M3 (each at its
+// own scale, x's the same as in the forward); db sums the fp32 dout.
 static void matmul_backward(float *dx, float *dW, float *db, const float *dout, const float *x, const float *W, int R,
                             int IC, int OC, const float *gelu_pre, GemmScratch *gs) {
-    gemm(gs, R, IC, OC, dout, OC, 1, W, IC, 1, dx, IC, 0);
-    gemm(gs, OC, IC, R, dout, 1, OC, x, IC, 1, dW, IC, 1);
+    const float *dq = dout;
+    if (gs->fp8) {
+        fp8_round_trip(gs->fp8_d, dout, (size_t)R * OC, MG_FP8_E5M2, gs->threads);
+        fp8_round_trip(gs->fp8_w, W, (size_t)OC * IC, MG_FP8_E4M3, gs->threads);
+        fp8_round_trip(gs->fp8_x, x, (size_t)R * IC, MG_FP8_E4M3, gs->threads);
+        dq = gs->fp8_d;
+        W = gs->fp8_w;
+        x = gs->fp8_x;
+    }
+    gemm(gs, R, IC, OC, dq, OC, 1, W, IC, 1, dx, IC, 0);
+    gemm(gs, OC, IC, R, dq, 1, OC, x, IC, 1, dW, IC, 1);
     if (gelu_pre) gelu_backward(dx, gelu_pre, dx, (size_t)R * IC, gs->threads);
     if (!db) return;
     #pragma omp parallel num_threads(gs->threads)
@@ -844,8 +910,9 @@ static void model_backward(Cpu *e, int B) {
     Scratch *s = &e->s;
     GemmScratch *gs = &e->gs;
     // Head: dlnf = dlogits wte; dwte += dlogits^T lnf; then the final LayerNorm.
-    matmul_backward(s->dlnf, e->grads + e->lay.wte, NULL, a->logits, a->lnf, e->params + e->lay.wte, BT, C, e->V, NULL,
-                    gs);
+    // Straight GEMMs, not matmul_backward: the tied head stays fp32 in fp8.
+    gemm(gs, BT, C, e->V, a->logits, e->V, 1, e->params + e->lay.wte, C, 1, s->dlnf, C, 0);
+    gemm(gs, e->V, C, BT, a->logits, 1, e->V, a->lnf, C, 1, e->grads + e->lay.wte, C, 1);
     layernorm_backward(s->dres, e->grads + e->lay.lnfw, e->grads + e->lay.lnfb, s->dlnf, final_hidden(e, BT),
                        e->params + e->lay.lnfw, a->lnf_mean, a->lnf_rstd, BT, C, 0, nt);
     for (int l = e->L - 1; l >= 0; l--) {

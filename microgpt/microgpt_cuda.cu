@@ -788,6 +788,10 @@ static const char *gpu_configure(void *impl, MgConfig *cfg) {
     CUDA_CHECK(cudaGetDeviceProperties(&e->prop, 0));
     int has_bf16 = e->prop.major >= 8;
     if (!cfg->precision) cfg->precision = has_bf16 ? "bf16" : "fp32";
+    // The FP8 GEMMs are not wired into this engine; the CPU engine runs the
+    // FP8 recipe (docs/ENGINE.md, "FP8").
+    if (strcmp(cfg->precision, "fp8") == 0)
+        return "--precision fp8 is not built into the CUDA engine (use bf16; the CPU engine runs fp8)";
     e->bf16 = strcmp(cfg->precision, "bf16") == 0;
     if (e->bf16 && !has_bf16) {
         snprintf(msg, sizeof msg, "--precision bf16 needs compute capability 8.0 or newer; %s is %d.%d (use --precision fp32)",

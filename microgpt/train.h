@@ -403,9 +403,12 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     memset(&loaded, 0, sizeof loaded);
     mg_open_ckpt_dir(&d.ckdir, d.cfg.ckpt_dir);
     mg_remove_stale_temps(&d.ckdir);
-    if (d.cfg.resume && mg_find_resume(&d.cfg, &d.ckdir, &loaded, resumed_from, sizeof resumed_from))
+    if (d.cfg.resume && mg_find_resume(&d.cfg, &d.ckdir, &loaded, resumed_from, sizeof resumed_from)) {
         mg_reconcile(&d.cfg, &loaded, resumed_from);
-    else
+        // The file is fp32 whatever trained it (docs/ENGINE.md, "FP8"): a change of precision is said, not refused.
+        if (loaded.precision[0] && strcmp(loaded.precision, eng->precision))
+            mg_warn("%s was trained in %s; this run computes in %s", resumed_from, loaded.precision, eng->precision);
+    } else
         resumed_from[0] = 0;
     mg_validate(&d.cfg);
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -117,6 +117,9 @@ class TrainConfig(StrictModel):
     keep_last: int = Field(default=3, ge=0)
     milestone_every: int = Field(default=1000, ge=0)
     threads: int | None = Field(default=None, ge=1)
+    # auto: bf16 on a GPU that has it, fp32 on the CPU; fp8: the linear layers' GEMMs through FP8 (docs/ENGINE.md,
+    # "FP8"): the CPU engine always, the CUDA engine only where its check passes (proxy/qualification_fp8.py).
+    precision: Literal["auto", "fp8"] = "auto"
 
     @model_validator(mode="before")
     @classmethod

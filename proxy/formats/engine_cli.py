@@ -179,3 +179,10 @@ def path_flags(paths) -> list[str]:
 
 
 VERIFIED_FLAGS = path_flags(())  # what every fast path is compared with, and what a run uses where none qualifies
+
+
+# ------------------------------------------------------------------ precision
+
+# The engine flags of each `train.precision` (docs/ENGINE.md, "FP8"); `auto` adds none (the engine's default:
+# bf16 on a GPU that has it, fp32 on the CPU).
+PRECISION_FLAGS: dict[str, tuple[str, ...]] = {"auto": (), "fp8": ("--precision", "fp8")}

@@ -83,7 +83,7 @@ class RunContext:
     rejected: set[str] = field(default_factory=set)  # checkpoints the engine refused (exit 3)
     eval_loss: dict[int, float] = field(default_factory=dict)  # step -> validation loss
     best_copier: BestCopier = field(default_factory=BestCopier)  # best.bin, written off the event loop
-    engine_paths: list[str] = field(default_factory=list)  # the CUDA engine's path flags (qualification.py)
+    engine_paths: list[str] = field(default_factory=list)  # path (qualification.py), precision flags
 
     @property
     def phase(self) -> Phase:

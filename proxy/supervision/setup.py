@@ -29,6 +29,7 @@ from ..formats.loss_log import LossLogIndex, LossLogWriter
 from ..formats.samples import SamplesFile
 from ..formats.state import EngineStatus, load_state, read_state, write_state
 from ..qualification import VERIFIED_FLAGS, run_engine_paths
+from ..qualification_fp8 import precision_flags
 from ..rundir.foreign import foreign_checkpoints
 from ..rundir.frozen import freeze_experiment, started_training
 from ..rundir.history import check_history
@@ -148,7 +149,8 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         ctx = build_context(experiment, run, data, engine, request.options, console, signals, lock, identity)
         if unsaved:  # nothing refuses the launch any more: the run's identity is written before any engine
             save_identity(run, identity)
-        ctx.use_engine_paths(choose_engine_paths(experiment, run, engine, request, console))
+        paths = choose_engine_paths(experiment, run, engine, request, console)
+        ctx.use_engine_paths(paths + choose_precision(experiment, engine, console))
         check_interrupted()  # a stop signal a library swallowed during the setup still ends it here
         if on_started is not None:
             ctx.report.dashboard_started(on_started(run))
@@ -166,8 +168,21 @@ def choose_engine_paths(
         return []
     if request.engine_paths == "verified":
         return list(VERIFIED_FLAGS)
+    return run_engine_paths(
+        run,
+        engine.path,
+        experiment.engine_flags(),
+        check_shape(experiment),
+        request.cache_dir or default_cache_dir(),
+        console.say,
+        console.warn,
+    )
+
+
+def check_shape(experiment: Experiment) -> dict:
+    """The run's shape as the qualification's checks take it."""
     m, t = experiment.model, experiment.train
-    model = {
+    return {
         "vocab": m.vocab,
         "ctx": m.ctx,
         "dim": m.dim,
@@ -176,12 +191,17 @@ def choose_engine_paths(
         "batch": t.batch,
         "grad_accum": t.grad_accum,
     }
-    return run_engine_paths(
-        run,
+
+
+def choose_precision(experiment: Experiment, engine: EngineChoice, console: Console) -> list[str]:
+    """The engine's precision flags for `train.precision` (qualification_fp8.py): FP8 on the CUDA engine
+    only after its check on this GPU."""
+    return precision_flags(
+        experiment.train.precision,
+        engine.kind,
         engine.path,
         experiment.engine_flags(),
-        model,
-        request.cache_dir or default_cache_dir(),
+        check_shape(experiment),
         console.say,
         console.warn,
     )

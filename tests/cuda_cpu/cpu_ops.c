@@ -66,6 +66,9 @@ void cpu_matmul_backward(float *dx, float *dW, float *db, const float *dout, con
     matmul_backward(dx, dW, db, dout, x, W, R, IC, OC, gelu_pre, scratch());
 }
 void cpu_gelu_forward(float *out, const float *x, size_t n) { gelu_forward(out, x, n, 1); }
+void cpu_fp8_round_trip(float *dst, const float *src, size_t n, int fmt) {
+    fp8_round_trip(dst, src, n, (MgFp8Format)fmt, 1);
+}
 void cpu_gelu_backward(float *dx, const float *x, const float *dout, size_t n) { gelu_backward(dx, x, dout, n, 1); }
 void cpu_attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H) {
     AttentionScratch as = attention_scratch(T);

@@ -99,6 +99,7 @@ void cpu_matmul_forward(float *out, const float *x, const float *W, const float 
 void cpu_matmul_backward(float *dx, float *dW, float *db, const float *dout, const float *x, const float *W, int R,
                          int IC, int OC, const float *gelu_pre);
 void cpu_gelu_forward(float *out, const float *x, size_t n);
+void cpu_fp8_round_trip(float *dst, const float *src, size_t n, int fmt);  // fmt: MgFp8Format
 void cpu_gelu_backward(float *dx, const float *x, const float *dout, size_t n);
 void cpu_attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H);
 void cpu_attention_backward(float *dqkv, const float *dy, const float *qkv, const float *att, int B, int T, int C, int H);

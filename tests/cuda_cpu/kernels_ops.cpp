@@ -1,6 +1,6 @@
 // kernels_ops.cpp: the checks of every kernel outside attention: the
 // embeddings, LayerNorm, the column sums, bias and residual, GELU, the
-// classifier, the norm, AdamW and the convert. Sizes are never multiples of
+// classifier, the norm, AdamW, the convert and the FP8 amax and cast. Sizes are never multiples of
 // the block sizes or the row chunks; every templated kernel runs in fp32 and
 // bf16.
 #include "cuda_on_cpu.h"
@@ -10,6 +10,7 @@
 #include "../../microgpt/cuda/classifier.cuh"
 #include "../../microgpt/cuda/convert.cuh"
 #include "../../microgpt/cuda/embedding.cuh"
+#include "../../microgpt/cuda/fp8.cuh"
 #include "../../microgpt/cuda/gelu.cuh"
 #include "../../microgpt/cuda/global_norm.cuh"
 #include "../../microgpt/cuda/layernorm.cuh"
@@ -221,6 +222,52 @@ static void convert_case(Run &run) {
 }
 
 // ----------------------------------------------------------------------------
+// FP8: the amax, the scale exponent and the codes of n values (normals at
+// several magnitudes, the specials among them), against fp8.h bit for bit and
+// the CPU engine's fp8_round_trip (decode(code) / scale). n = 3 leaves most
+// amax blocks empty; zeros gives amax 0 and scale 1.
+
+static void fp8_case(Run &run, MgFp8Format fmt, size_t n, bool zeros) {
+    Rng rng(23);
+    std::vector<float> x(n, 0.0f);
+    if (!zeros) {
+        for (size_t i = 0; i < n; i++) x[i] = rng.normal() * ldexpf(1.0f, (int)(i % 29) - 14);
+        const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -3.0e-8f, 2.5e5f};
+        for (size_t i = 0; i < sizeof specials / sizeof specials[0] && i < n; i++) x[(i * 7919) % n] = specials[i];
+    }
+    float *d_x = upload<float>(run, x, "x");
+    float *partial = run.device<float>(FP8_AMAX_BLOCKS, "partial");
+    float *amax = run.device<float>(1, "amax");
+    int *scale_exp = run.device<int>(1, "scale_exp");
+    uint8_t *codes = run.device<uint8_t>(n, "codes");
+    fp8_amax_scale(amax, scale_exp, d_x, n, fmt, partial, nullptr);
+    fp8_cast(codes, d_x, scale_exp, n, fmt, nullptr);
+    run.output("amax", amax, sizeof *amax);
+    run.output("scale_exp", scale_exp, sizeof *scale_exp);
+    run.output("codes", codes, n);
+    float want_amax = 0.0f;
+    for (float v : x)
+        if (fabsf(v) <= 3.4028235e38f && fabsf(v) > want_amax) want_amax = fabsf(v);
+    int want_k = mg_fp8_scale_exp(want_amax, fmt);
+    if (*amax != want_amax || *scale_exp != want_k)
+        run.fail("amax %a, scale exponent %d; fp8.h: %a, %d", *amax, *scale_exp, want_amax, want_k);
+    if (zeros && want_k != 0) run.fail("an all-zero tensor got scale exponent %d", want_k);
+    std::vector<float> cpu(n);
+    cpu_fp8_round_trip(cpu.data(), x.data(), n, (int)fmt);
+    float scale = mg_fp8_scale(want_k), inv = mg_fp8_scale(-want_k);
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t want = mg_fp8_encode(x[i] * scale, fmt);
+        float back = mg_fp8_decode(codes[i], fmt) * inv;
+        bool same_cpu = isnan(back) ? isnan(cpu[i]) : back == cpu[i] && signbit(back) == signbit(cpu[i]);
+        if ((codes[i] != want || !same_cpu) && !wrong++) first = i;
+    }
+    if (wrong)
+        run.fail("%zu of %zu codes differ from fp8.h or the CPU engine (first: %a -> %#04x)", wrong, n, x[first],
+                 codes[first]);
+}
+
+// ----------------------------------------------------------------------------
 
 template <typename Tx> static void add_templated() {
     const char *t = type_name<Tx>();
@@ -243,6 +290,10 @@ static int registered = [] {
     add_case("global_norm/fp32/n100003", [](Run &r) { global_norm_case(r, 100003); });
     add_case("global_norm/fp32/n1000", [](Run &r) { global_norm_case(r, 1000); });
     add_case("convert/bf16/n70001", convert_case);
+    add_case("fp8/e4m3/n70001", [](Run &r) { fp8_case(r, MG_FP8_E4M3, 70001, false); });
+    add_case("fp8/e5m2/n70001", [](Run &r) { fp8_case(r, MG_FP8_E5M2, 70001, false); });
+    add_case("fp8/e4m3/n3", [](Run &r) { fp8_case(r, MG_FP8_E4M3, 3, false); });
+    add_case("fp8/e4m3/n1000_zeros", [](Run &r) { fp8_case(r, MG_FP8_E4M3, 1000, true); });
     return 0;
 }();
 

@@ -97,7 +97,7 @@ USAGE_CASES = {
     "decay-fraction-zero": (flags(decay_fraction=0.0), []),
     "decay-fraction-above-one": (flags(decay_fraction=1.5), []),
     "vocab-over-uint16": (flags(vocab=70000), []),
-    "precision-unknown": (flags(), ["--precision", "fp8"]),
+    "precision-unknown": (flags(), ["--precision", "fp16"]),
     "attention-unknown": (flags(), ["--attention", "fast"]),
     "fused-unknown": (flags(), ["--fused", "yes"]),
     "cuda-graph-unknown": (flags(), ["--cuda-graph", "1"]),

@@ -80,7 +80,8 @@ def test_numpy_reads_published_layout(run_engine, tmp_path):
     assert decay_fraction == np.float32(cfg.decay_fraction)
     assert data[t + 104 : t + 128] == b"\0" * 24
     meta_json = json.loads(data[t + 128 : t + 128 + meta_bytes].decode("utf-8"))
-    assert meta_json == {"engine": ENGINE.build, "meta": meta}
+    assert meta_json == {"engine": ENGINE.build, "precision": ready["precision"], "meta": meta}
+    assert ready["precision"] in ("fp32", "bf16")  # the engine's default: this run gives no --precision
 
     # --- the project's reader agrees with numpy
     c = read_checkpoint(path)

@@ -24,6 +24,8 @@ fast path makes), and the environment makes paths misbehave:
                      tokens   (kv) one sampled token different from the recompute path's
                      bytes    (snapshot) a checkpoint holding the state of the step after its own
   FAKE_LOG         a file that gets one line per invocation (its path flags)
+  FAKE_FP8         --precision fp8: `gap:X` every loss times 1 + X (default gap:0.001, within the FP8 bound),
+                   `missing` exit 2 with the CUDA engine's line for a build without FP8, `ignored` runs bf16
 """
 
 import math
@@ -75,6 +77,7 @@ class Fake:
         self.m = np.zeros(self.n, np.float32)
         self.v = np.zeros(self.n, np.float32)
         self.step, self.saved, self.pending = 0, -1, None
+        self.fp8_gap = 0.0
 
     def broken(self, how):
         return [p for p in self.active if self.breaks.get(p) == how]
@@ -84,6 +87,7 @@ class Fake:
         a = np.random.default_rng(int(tokens.astype(np.int64).sum())).normal(size=self.n).astype(np.float32)
         g = a + np.float32(0.5) * self.w
         loss = 4.0 + float(np.mean(a * self.w)) + (0.1 if self.broken("loss") else 0.0)
+        loss *= 1.0 + self.fp8_gap
         for k, _p in enumerate(p for p in self.active if p in ("cudnn", "flash", "fused", "graph")):
             g *= np.float32(1.0 + 1e-4 * (1 + k))  # a fast path's small, fixed difference
         if self.broken("scale"):
@@ -175,6 +179,16 @@ def main(argv):
                 )
                 + f" {attention} fused={fused} graph={graph}\n"
             )
+    precision = args.get("--precision", "bf16")
+    fp8 = os.environ.get("FAKE_FP8", "gap:0.001")
+    if precision == "fp8" and fp8 == "missing":
+        print(
+            "microgpt: error: --precision fp8 is not built into the CUDA engine (use bf16; the CPU engine runs fp8)",
+            file=sys.stderr,
+        )
+        return 2
+    if precision == "fp8" and fp8 == "ignored":
+        precision = "bf16"
     if attention != "naive" and attention not in available:
         print(
             f"microgpt: warning: --attention {attention}: not in this build; using the naive attention kernels",
@@ -212,13 +226,15 @@ def main(argv):
         elif how == "hang":
             time.sleep(3600)
     print(
-        '{{"event":"ready","step":0,"device":"Fake GPU (sm_90, 132 SMs, 79.6 GiB), attention {}","precision":"bf16",'
+        '{{"event":"ready","step":0,"device":"Fake GPU (sm_90, 132 SMs, 79.6 GiB), attention {}","precision":"{}",'
         '"paths":{{"attention":"{}","fused":{},"cuda_graph":{}}}}}'.format(
-            attention, attention, "true" if fused else "false", "true" if graph else "false"
+            attention, precision, attention, "true" if fused else "false", "true" if graph else "false"
         ),
         flush=True,
     )
     fake = Fake(args, active, breaks)
+    if precision == "fp8" and fp8.startswith("gap:"):
+        fake.fp8_gap = float(fp8.split(":")[1])
     stdin = sys.stdin.buffer
     while True:
         header = stdin.read(HEADER.size)

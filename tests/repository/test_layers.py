@@ -36,6 +36,7 @@ LAYERS = (
     "qualification_checks",
     "qualification_compare",
     "qualification",
+    "qualification_fp8",  # train.precision fp8 on the CUDA engine: its own check
     "supervision",
     "tracking",  # follows the run's records off the training path (commands/run.py starts it)
     "commands",

@@ -12,6 +12,8 @@
 "use strict";
 (function () {
   const RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
+  // a run's lines share its colour; its arms differ by dash pattern (validation chart)
+  const ARM_DASHES = [undefined, [6, 3], [2, 2], [8, 3, 2, 3], [12, 4], [3, 5], [1, 3], [10, 2, 2, 2, 2, 2]];
   const ARM_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
     "#ff9da7", "#9c755f", "#bab0ac"];
   const MAX_SHOWN = 8;
@@ -75,9 +77,15 @@
     if (m) return m + "m " + (s % 60) + "s";
     return s + "s";
   }
+  // ISO 8601 in the browser's time zone, with its offset: 2026-11-28T04:51:07+00:00
   function fmtTime(t) {
-    if (t == null) return "–";
-    return new Date(t * 1000).toLocaleString();
+    if (t == null || !isFinite(t)) return "–";
+    const d = new Date(t * 1000);
+    const p2 = (v) => String(v).padStart(2, "0");
+    const off = -d.getTimezoneOffset();
+    const zone = (off >= 0 ? "+" : "-") + p2(Math.floor(Math.abs(off) / 60)) + ":" + p2(Math.abs(off) % 60);
+    return `${d.getFullYear()}-${p2(d.getMonth() + 1)}-${p2(d.getDate())}T${p2(d.getHours())}:${p2(d.getMinutes())}` +
+      `:${p2(d.getSeconds())}${zone}`;
   }
   const X_LABEL = { step: "step", tokens: "tokens (cumulative)", time: "wall time (hours since the first entry)" };
   // whole-number tick steps for step and token axes: 1, 2, 5, 10, 20, 50, ...
@@ -262,12 +270,14 @@
 
   // ------------------------------------------------------------------ points
 
-  // Every bucket becomes one point (a single row) or two (its first and last step,
-  // carrying its min and max in alternating order, so the line covers the envelope).
+  // Every bucket becomes one point, at the middle of its steps (tokens, time): the mean of each column, with
+  // its min and max beside it (v, vmin, vmax). The charts draw the mean as a line and min..max as a band, so
+  // a one-step spike stays visible at every zoom level, and nothing alternates between min and max (which
+  // drew a zigzag) or repeats a value at both ends of a bucket (a staircase).
   function runPoints(r) {
     const base = r.zoom || r.overview;
-    const xs = [], steps = [], lossS = [], wtps = [], v = {};
-    for (const c of COLUMNS) v[c.name] = [];
+    const xs = [], steps = [], lossS = [], wtps = [], v = {}, vmin = {}, vmax = {};
+    for (const c of COLUMNS) { v[c.name] = []; vmin[c.name] = []; vmax[c.name] = []; }
     const arms = Object.keys(base ? base.mix : {});
     for (const t of r.tail) for (const a in t.mix) if (!arms.includes(a)) arms.push(a);
     const mix = {};
@@ -275,6 +285,7 @@
     const beta = S.smooth;
     let ema = 0, norm = 0;
     const t0 = r.t0 || 0;
+    const mid = (a, b) => (a == null || b == null ? null : (a + b) / 2);
     const xOf = (step, tok, time) =>
       S.xmode === "step" ? step : S.xmode === "tokens" ? tok : time == null ? null : (time - t0) / 3600;
     const smooth = (v, n) => {
@@ -284,11 +295,15 @@
       norm = b * norm + (1 - b);
       return ema / norm;
     };
-    // vals(name): the point's value of that column
-    const push = (x, step, vals, s, wtp, mixv) => {
+    // val(name, "min" | "max" | "mean"): the point's value of that column
+    const push = (x, step, val, s, wtp, mixv) => {
       if (x == null) return;
       xs.push(x); steps.push(step); lossS.push(s);
-      for (const c of COLUMNS) v[c.name].push(vals(c.name));
+      for (const c of COLUMNS) {
+        v[c.name].push(val(c.name, "mean"));
+        vmin[c.name].push(val(c.name, "min"));
+        vmax[c.name].push(val(c.name, "max"));
+      }
       wtps.push(wtp == null ? null : wtp);
       for (const a of arms) mix[a].push(mixv(a));
     };
@@ -297,16 +312,8 @@
         const n = base.rows ? base.rows[i] : 1;
         const s = smooth(base.v.loss.mean[i], n);
         const mv = (a) => (base.mix[a] ? base.mix[a][i] : null);
-        if (n > 1 && base.step1[i] !== base.step0[i]) {
-          const flip = i % 2 === 1;
-          push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            (c) => (flip ? base.v[c].max : base.v[c].min)[i], s, base.wtps[i], mv);
-          push(xOf(base.step1[i], base.tok1[i], base.time1[i]), base.step1[i],
-            (c) => (flip ? base.v[c].min : base.v[c].max)[i], s, base.wtps[i], mv);
-        } else {
-          push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            (c) => base.v[c].mean[i], s, base.wtps[i], mv);
-        }
+        push(xOf(mid(base.step0[i], base.step1[i]), mid(base.tok0[i], base.tok1[i]), mid(base.time0[i], base.time1[i])),
+          mid(base.step0[i], base.step1[i]), (c, k) => base.v[c][k][i], s, base.wtps[i], mv);
       }
     }
     const last = lastStepOf(base);
@@ -318,7 +325,7 @@
     // x must increase for the chart: drop anything out of order (clock steps back, replays)
     let ok = true;
     for (let i = 1; i < xs.length; i++) if (!(xs[i] > xs[i - 1])) { ok = false; break; }
-    const P = { x: xs, step: steps, v, lossS, wtps, mix, arms };
+    const P = { x: xs, step: steps, v, vmin, vmax, lossS, wtps, mix, arms };
     return ok ? P : monotone(P);
   }
 
@@ -327,11 +334,9 @@
     let last = -Infinity;
     for (let i = 0; i < P.x.length; i++) if (P.x[i] > last) { keep.push(i); last = P.x[i]; }
     const pick = (a) => keep.map((i) => a[i]);
-    const mix = {};
-    for (const a in P.mix) mix[a] = pick(P.mix[a]);
-    const v = {};
-    for (const c in P.v) v[c] = pick(P.v[c]);
-    return { x: pick(P.x), step: pick(P.step), v, lossS: pick(P.lossS), wtps: pick(P.wtps), mix, arms: P.arms };
+    const pickAll = (o) => { const out = {}; for (const k in o) out[k] = pick(o[k]); return out; };
+    return { x: pick(P.x), step: pick(P.step), v: pickAll(P.v), vmin: pickAll(P.vmin), vmax: pickAll(P.vmax),
+      lossS: pick(P.lossS), wtps: pick(P.wtps), mix: pickAll(P.mix), arms: P.arms };
   }
 
   // the value in `to` where `from` (ascending) reaches v, clamped at the ends; between two
@@ -403,17 +408,27 @@
     }
   }
 
-  // the loss chart also gets DOM markers: labelled, hoverable, and easy to test
+  // the loss chart also gets DOM markers: labelled, hoverable, and easy to test. A label that would overlap
+  // the one before it on its row goes down a row, so two pivots close together stay readable.
+  const LABEL_GAP_PX = 4;
   function domPivots(u, ps) {
     for (const m of u.over.querySelectorAll(".pivot-marker")) m.remove();
+    const rowEnds = []; // per label row: the right edge of its last label
     let n = 0;
     for (const p of ps) {
       const x = u.valToPos(p.x, "x");
       if (!(x >= 0 && x <= u.over.clientWidth)) continue;
-      const m = el("div", { class: "pivot-marker", "data-step": p.step, title: `phase ${p.phase} from step ${p.step} (${p.policy || "?"})` },
-        el("span", null, `phase ${p.phase}`));
+      const who = S.shown.length > 1 ? ` (${runName(p.run)})` : "";
+      const label = el("span", null, `phase ${p.phase}${who}`);
+      const m = el("div", { class: "pivot-marker", "data-step": p.step,
+        title: `phase ${p.phase} from step ${p.step} (${p.policy || "?"})${who}` }, label);
       m.style.left = x + "px";
       u.over.append(m);
+      const box = label.getBoundingClientRect();
+      let row = rowEnds.findIndex((end) => end + LABEL_GAP_PX <= x);
+      if (row < 0) { row = rowEnds.length; rowEnds.push(0); }
+      rowEnds[row] = x + 3 + box.width;
+      label.style.top = 2 + row * (Math.ceil(box.height) + 1) + "px";
       n++;
     }
     dash.pivots = n;
@@ -511,6 +526,25 @@
     return RUN_COLORS[S.shown.indexOf(idx) % RUN_COLORS.length];
   }
 
+  // a run's evaluations as a table [x, all, ...arms] in x order (the arms' names pushed onto `arms`)
+  function valTable(i, arms) {
+    const r = S.R[i];
+    for (const e of r.evals) for (const a in e.arms) if (!arms.includes(a)) arms.push(a);
+    const xs = [], ys = [[]], seen = new Set();
+    for (const a of arms) ys.push([]);
+    for (const e of r.evals) {
+      if (S.view && (e.step < S.view.from || e.step > S.view.to)) continue;
+      const x = stepToX(S.pts[i], e.step);
+      if (x == null || seen.has(x)) continue;
+      seen.add(x);
+      xs.push(x);
+      ys[0].push(e.loss);
+      arms.forEach((a, k) => ys[k + 1].push(e.arms[a] == null ? null : e.arms[a]));
+    }
+    const order = xs.map((_, k) => k).sort((a, b) => xs[a] - xs[b]);
+    return [order.map((k) => xs[k])].concat(ys.map((y) => order.map((k) => y[k])));
+  }
+
   function render() {
     dash.renders++;
     const shown = S.shown.filter((i) => S.R[i] && S.R[i].overview);
@@ -524,65 +558,74 @@
     for (const i of shown) S.pts[i] = runPoints(S.R[i]);
     const keyBase = [S.xmode, shown.join(",")].join("|");
 
-    // training loss: raw envelope + smoothed, per run
-    const lossTables = shown.map((i) => [S.pts[i].x, S.pts[i].v.loss, S.pts[i].lossS]);
-    const lossData = joinTables(lossTables.length ? lossTables : [[[], [], []]]);
-    setChart("chart-loss", keyBase + "|" + S.log, (h) => baseOpts(h, 300,
-      shown.flatMap((i) => [
-        lineSeries(runName(i) + " raw", alpha(runColor(i), 0.35), 1),
-        lineSeries(runName(i) + " smoothed", runColor(i), 2),
-      ]), S.log ? { scales: { x: { time: false }, y: { distr: 3, log: 10 } } } : null,
+    // training loss per run: the raw mean, its min..max band, the smoothed line and the validation loss
+    const lossTables = [], lossSeries = [], lossBands = [];
+    for (const i of shown) {
+      const P = S.pts[i], c = runColor(i);
+      lossTables.push([P.x, P.v.loss, P.vmin.loss, P.vmax.loss, P.lossS], valTable(i, []).slice(0, 2));
+      const k = lossSeries.length + 1; // uPlot's series index of this run's raw line (0 is x)
+      lossSeries.push(lineSeries(runName(i) + " raw", alpha(c, 0.45), 1, { _color: c }),
+        lineSeries(runName(i) + " min", alpha(c, 0.2), 1, { _color: c }),
+        lineSeries(runName(i) + " max", alpha(c, 0.2), 1, { _color: c }),
+        lineSeries(runName(i) + " smoothed", c, 2, { _color: c }),
+        lineSeries(runName(i) + " validation", c, 1.5, { _color: c, dash: [6, 3], points: { show: true, size: 5 } }));
+      lossBands.push({ series: [k + 2, k + 1], fill: alpha(c, 0.12) });
+    }
+    const lossData = joinTables(lossTables.length ? lossTables : [[[], [], [], [], []]]);
+    setChart("chart-loss", keyBase + "|" + S.log, (h) => baseOpts(h, 300, lossSeries,
+      Object.assign({ bands: lossBands }, S.log ? { scales: { x: { time: false }, y: { distr: 3, log: 10 } } } : null),
       "loss (nats/token)"), lossData);
     dash.points = shown.reduce((a, i) => a + S.pts[i].x.length, 0);
     const noSteps = dash.points ? null : NO_STEPS;
     for (const id of STEP_CHARTS()) emptyNote(id, noSteps);
 
-    // validation loss per arm (x from the run's own step->x mapping)
+    // validation loss per arm, coloured by run (arms by dash pattern); x from the run's own step->x mapping
     const valTables = [], valSeries = [];
     for (const i of shown) {
-      const r = S.R[i];
       const arms = [];
-      for (const e of r.evals) for (const a in e.arms) if (!arms.includes(a)) arms.push(a);
-      const xs = [], ys = [[]], seen = new Set();
-      for (const a of arms) ys.push([]);
-      for (const e of r.evals) {
-        if (S.view && (e.step < S.view.from || e.step > S.view.to)) continue;
-        const x = stepToX(S.pts[i], e.step);
-        if (x == null || seen.has(x)) continue;
-        seen.add(x);
-        xs.push(x);
-        ys[0].push(e.loss);
-        arms.forEach((a, k) => ys[k + 1].push(e.arms[a] == null ? null : e.arms[a]));
-      }
-      const order = xs.map((_, k) => k).sort((a, b) => xs[a] - xs[b]);
-      valTables.push([order.map((k) => xs[k])].concat(ys.map((y) => order.map((k) => y[k]))));
-      valSeries.push(lineSeries(runName(i) + " all", runColor(i), 2, { points: { show: true, size: 4 } }));
-      arms.forEach((a, k) => valSeries.push(lineSeries(runName(i) + "/" + a, ARM_COLORS[k % ARM_COLORS.length], 1.25,
-        { dash: shown.indexOf(i) ? [4, 3] : undefined, points: { show: true, size: 3 } })));
+      valTables.push(valTable(i, arms));
+      valSeries.push(lineSeries(runName(i) + " all", runColor(i), 2, { _color: runColor(i), points: { show: true, size: 4 } }));
+      arms.forEach((a, k) => valSeries.push(lineSeries(runName(i) + "/" + a, runColor(i), 1.25,
+        { _color: runColor(i), dash: ARM_DASHES[k % ARM_DASHES.length], points: { show: true, size: 3 } })));
     }
     setChart("chart-val", keyBase + "|" + valSeries.map((s) => s.label).join(","),
       (h) => baseOpts(h, 230, valSeries, null, "loss (nats/token)"),
       joinTables(valTables.length ? valTables : [[[]]]));
     emptyNote("chart-val", shown.some((i) => S.R[i].evals.length) ? null : noEvalsYet(shown));
 
-    // the columns with a chart of their own (learning rate, gradient norm, ...), then tokens/s
-    const simple = (id, field, height, fmt, yLabel) => {
-      const tables = shown.map((i) => [S.pts[i].x, S.pts[i].v[field]]);
+    // the columns with a chart of their own (learning rate, gradient norm, ...): the mean, and for an
+    // envelope column its min..max band; then tokens/s
+    const simple = (id, col, height, fmt) => {
+      const tables = [], series = [], bands = [];
+      for (const i of shown) {
+        const P = S.pts[i], c = runColor(i);
+        if (col.envelope) {
+          const k = series.length + 1;
+          tables.push([P.x, P.v[col.name], P.vmin[col.name], P.vmax[col.name]]);
+          series.push(lineSeries(runName(i), c, 1.25, { _color: c, value: (u, v) => fmt(v) }),
+            lineSeries(runName(i) + " min", alpha(c, 0.2), 1, { _color: c, value: (u, v) => fmt(v) }),
+            lineSeries(runName(i) + " max", alpha(c, 0.2), 1, { _color: c, value: (u, v) => fmt(v) }));
+          bands.push({ series: [k + 2, k + 1], fill: alpha(c, 0.12) });
+        } else {
+          tables.push([P.x, P.v[col.name]]);
+          series.push(lineSeries(runName(i), c, 1.25, { _color: c, value: (u, v) => fmt(v) }));
+        }
+      }
       setChart(id, keyBase, (h) => {
-        const o = baseOpts(h, height, shown.map((i) => lineSeries(runName(i), runColor(i), 1.25,
-          { value: (u, v) => fmt(v) })), null, yLabel);
+        const o = baseOpts(h, height, series, { bands }, col.label);
         o.axes[1].values = (u, sp) => sp.map(fmt);
         return o;
       }, joinTables(tables.length ? tables : [[[], []]]));
     };
-    for (const c of OWN_CHARTS()) simple(c.chart, c.name, 180, (v) => fmtNum(v, 3), c.label);
+    for (const c of OWN_CHARTS()) simple(c.chart, c, 180, (v) => fmtNum(v, 3));
     // tokens/s: the engine's step compute (solid) and the wall clock's, audits and waits included (dashed)
     const tpsTables = shown.map((i) => [S.pts[i].x, S.pts[i].v.tok_s, S.pts[i].wtps]);
     setChart("chart-tps", keyBase, (h) => {
       const fmt = (v) => fmtSI(v, 3);
       const o = baseOpts(h, 180, shown.flatMap((i) => [
-        lineSeries(runName(i) + " engine", runColor(i), 1.25, { value: (u, v) => fmt(v) }),
-        lineSeries(runName(i) + " wall clock", runColor(i), 1.25, { dash: [5, 3], value: (u, v) => fmt(v) }),
+        lineSeries(runName(i) + " engine", runColor(i), 1.25, { _color: runColor(i), value: (u, v) => fmt(v) }),
+        lineSeries(runName(i) + " wall clock", runColor(i), 1.25,
+          { _color: runColor(i), dash: [5, 3], value: (u, v) => fmt(v) }),
       ]), null, "tokens / s");
       o.axes[1].values = (u, sp) => sp.map(fmt);
       return o;
@@ -746,12 +789,12 @@
     ph.replaceChildren();
     if (Array.isArray(side.phases) && side.phases.length) {
       for (const p of side.phases) {
-        const caps = p && p.caps && typeof p.caps === "object"
-          ? Object.entries(p.caps).map(([a, c]) => `${a} ≤ ${c}`).join(", ") : "";
+        const bounds = (o, sign) => (o && typeof o === "object"
+          ? Object.entries(o).map(([a, c]) => `${a} ${sign} ${c}`).join(", ") : "");
         ph.append(el("tr", { "data-step": p.start_step }, el("td", null, p.phase), el("td", null, p.start_step),
-          el("td", null, p.policy || ""), el("td", null, caps)));
+          el("td", null, p.policy || ""), el("td", null, bounds(p.floors, "≥")), el("td", null, bounds(p.caps, "≤"))));
       }
-    } else ph.append(el("tr", null, el("td", { class: "empty", colspan: 4 }, "no phases.json yet")));
+    } else ph.append(el("tr", null, el("td", { class: "empty", colspan: 5 }, "no phases.json yet")));
 
     const ck = $("checkpoints").tBodies[0];
     ck.replaceChildren();
@@ -923,7 +966,8 @@
     const note = $(id).querySelector(":scope > .chart-empty");
     const empty = note ? note.textContent : null;
     if (!u) return note ? { labels: [], data: [], axes: [], empty } : null;
-    return { labels: u.series.map((s) => s.label), data: u.data.map((col) => Array.from(col)),
+    return { labels: u.series.map((s) => s.label), colors: u.series.map((s) => s._color || null),
+      data: u.data.map((col) => Array.from(col)),
       axes: u.axes.map((a) => a.label || null), empty };
   };
   window.__dashboardZoom = () => ({

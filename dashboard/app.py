@@ -231,6 +231,11 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     def experiment(run: str = PathParam(pattern=RUN_KEY)) -> Response:
         return _json(sidecar(run, "experiment"))
 
+    @app.get("/api/runs/{run}/overrides")
+    def overrides(run: str = PathParam(pattern=RUN_KEY)) -> Response:
+        """The `--set` overrides of the run's last launch (null when it had none or the record is not one)."""
+        return _json(sidecar(run, "overrides"))
+
     @app.get("/api/runs/{run}/checkpoints", response_model=list[CheckpointInfo])
     def checkpoints(run: str = PathParam(pattern=RUN_KEY)) -> list[dict]:
         value, _ = get_run(run).sidecar("checkpoints")

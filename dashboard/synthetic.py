@@ -24,7 +24,8 @@ from proxy.atomic import atomic_write_bytes, atomic_write_json
 from proxy.formats.checkpoint import checkpoint_path
 from proxy.formats.loss_log import encode_line
 from proxy.formats.state import AUDIT_KINDS, ArmStatus, AuditTime, EngineStatus, Goodput, RunState, write_state
-from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, relative_checkpoint
+from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, RunDir, relative_checkpoint
+from proxy.rundir.overrides_record import OverridesRecord, write_overrides
 
 ARMS = ("stdlib_code", "stdlib_docs", "web_text")
 
@@ -70,6 +71,10 @@ class SyntheticRun:
             "arms": [{"name": a, "cap": 1.0, "floor": 0.05} for a in self.arms],
         }
         atomic_write_json(self.root / EXPERIMENT, exp)
+
+    def write_overrides(self, texts: list[str]) -> None:
+        """RUN/.overrides.json as `proxy run --set ...` leaves it (the experiment is not changed here)."""
+        write_overrides(RunDir(self.root), OverridesRecord.of(texts))
 
     def weights(self, step: int) -> dict[str, float]:
         n = len(self.arms)
@@ -182,6 +187,8 @@ class SyntheticRun:
                     rss_bytes=123 << 20,
                     cpu_percent=95.0,
                     mem_bytes=45 << 20,
+                    version="synthetic",
+                    source="synthetic",
                 ),
                 experiment=self.name,
                 max_steps=max_steps,

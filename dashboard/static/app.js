@@ -216,10 +216,11 @@
   }
 
   async function loadRun(idx) {
-    const [ov, ev, st, ph, ex] = await Promise.all([
+    const [ov, ev, st, ph, ex, ovr] = await Promise.all([
       fetchSeries(idx, null), getJSON(`/api/runs/${idx}/evals`),
       getJSON(`/api/runs/${idx}/state`), getJSON(`/api/runs/${idx}/phases`),
       getJSON(`/api/runs/${idx}/experiment`), // the first draw says when the first eval is due
+      getJSON(`/api/runs/${idx}/overrides`),
     ]);
     const r = S.R[idx] || (S.R[idx] = { idx, tail: [], side: {}, evals: [] });
     r.overview = cols(ov);
@@ -232,6 +233,7 @@
     r.side.state = st.value;
     r.side.phases = ph.value;
     r.side.experiment = ex.value;
+    r.side.overrides = ovr.value;
     if (STATIC) { // no stream will send the other sidecars: read them once
       const [sm, ck] = await Promise.all([getJSON(`/api/runs/${idx}/samples`),
         getJSON(`/api/runs/${idx}/checkpoints`)]);
@@ -805,6 +807,9 @@
     }
     if (!list.length) ck.append(el("tr", null, el("td", { class: "empty", colspan: 4 }, "no checkpoints yet")));
 
+    $("config-note").textContent = r ? "(" + runName(S.focus) + ")" : "";
+    DashPanels.config($("config"), r ? runName(S.focus) : "", side);
+
     const sm = $("samples");
     const audits = Array.isArray(side.samples) ? side.samples.slice().reverse() : [];
     const key = JSON.stringify(audits.map((a) => [a.step, a.time]));
@@ -949,6 +954,7 @@
 
     COLUMNS = await getJSON("/api/columns");
     addColumnCharts();
+    for (const id of CHART_IDS()) DashPanels.addDownloads($(id).parentNode, id, () => S.charts[id] || null);
     S.runs = await getJSON("/api/runs");
     const q = new URLSearchParams(location.search).get("runs");
     let shown = q ? q.split(",").map(Number).filter((i) => Number.isInteger(i) && i >= 0 && i < S.runs.length)

@@ -52,6 +52,8 @@ class EngineStatus:
     path: str | None = None
     threads: int | None = None
     precision: str | None = None
+    version: str | None = None  # the ready event's: the engine's version
+    source: str | None = None  # the ready event's: `git describe` of the source the binary was built from
 
 
 AUDIT_KINDS = ("sample", "eval", "checkpoint")  # what the engine does between steps, besides training

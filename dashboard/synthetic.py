@@ -14,6 +14,7 @@ and `phases.json` are replaced atomically.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -58,6 +59,7 @@ class SyntheticRun:
         self.step = 0  # last step written
         self.phase = 0
         self.phases: list[dict] = []
+        self.engine_extra: dict = {}  # EngineStatus fields that replace the synthetic CPU engine's in .state.json
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / CHECKPOINTS).mkdir(exist_ok=True)
 
@@ -179,16 +181,19 @@ class SyntheticRun:
                 engine_tokens_per_s=self.tokens_per_step / (self.ms / 1000.0),
                 eta_s=remaining * self.ms / 1000.0,
                 last_checkpoint=relative_checkpoint(self.step),
-                engine=EngineStatus(
-                    kind="cpu",
-                    device="synthetic CPU",
-                    pid=os.getpid(),
-                    alive=status == "running",
-                    rss_bytes=123 << 20,
-                    cpu_percent=95.0,
-                    mem_bytes=45 << 20,
-                    version="synthetic",
-                    source="synthetic",
+                engine=dataclasses.replace(
+                    EngineStatus(
+                        kind="cpu",
+                        device="synthetic CPU",
+                        pid=os.getpid(),
+                        alive=status == "running",
+                        rss_bytes=123 << 20,
+                        cpu_percent=95.0,
+                        mem_bytes=45 << 20,
+                        version="synthetic",
+                        source="synthetic",
+                    ),
+                    **self.engine_extra,
                 ),
                 experiment=self.name,
                 max_steps=max_steps,

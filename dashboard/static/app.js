@@ -24,7 +24,7 @@
   const OWN_CHARTS = () => COLUMNS.filter((c) => c.chart);
   const STEP_CHARTS = () => ["chart-loss"].concat(OWN_CHARTS().map((c) => c.chart), ["chart-tps"]);
   const CHART_IDS = () => ["chart-loss", "chart-val", "chart-mix"].concat(OWN_CHARTS().map((c) => c.chart),
-    ["chart-tps"]);
+    ["chart-tps", "chart-mfu"]);
   const NO_STEPS = "no training steps logged yet";
   const $ = (id) => document.getElementById(id);
 
@@ -234,6 +234,7 @@
     r.side.phases = ph.value;
     r.side.experiment = ex.value;
     r.side.overrides = ovr.value;
+    await refreshMfu(r);
     if (STATIC) { // no stream will send the other sidecars: read them once
       const [sm, ck] = await Promise.all([getJSON(`/api/runs/${idx}/samples`),
         getJSON(`/api/runs/${idx}/checkpoints`)]);
@@ -243,6 +244,15 @@
     const ls = ov.last_step;
     if (ls != null && (dash.lastStep == null || ls > dash.lastStep)) dash.lastStep = ls;
     return r;
+  }
+
+  // what the run's MFU needs (/api/runs/N/mfu), refetched when its engine changes (a relaunch elsewhere)
+  async function refreshMfu(r) {
+    const st = r.side.state, eng = (st && st.engine) || {};
+    const key = JSON.stringify([eng.kind, eng.device, eng.precision, eng.n_params, !!r.side.experiment]);
+    if (r.mfuKey === key) return;
+    r.mfuKey = key;
+    try { r.mfu = await getJSON(`/api/runs/${r.idx}/mfu`); } catch (e) { note(e); }
   }
 
   // refetch a run's overview: its live tail grew long, it fell behind, or its log was replaced (hard)
@@ -633,6 +643,21 @@
       return o;
     }, joinTables(tpsTables.length ? tpsTables : [[[], [], []]]));
 
+    // MFU of each CUDA run: the engine's tokens/s times the FLOPs a token costs, over the GPU's peak
+    const mfuOf = (i) => { const m = S.R[i].mfu; return m && m.flops_per_token ? m : null; };
+    setChart("chart-mfu", keyBase, (h) => {
+      const o = baseOpts(h, 180, shown.map((i) => lineSeries(runName(i), runColor(i), 1.25,
+        { _color: runColor(i), value: (u, v) => (v == null ? "–" : v.toFixed(2) + "%") })), null, "MFU (%)");
+      o.axes[1].values = (u, sp) => sp.map((v) => v + "%");
+      return o;
+    }, joinTables(shown.map((i) => {
+      const m = mfuOf(i), P = S.pts[i];
+      return [P.x, P.v.tok_s.map((t) => (m && t != null ? (100 * t * m.flops_per_token) / m.peak_flops : null))];
+    })));
+    const noMfu = shown.filter((i) => !mfuOf(i));
+    emptyNote("chart-mfu", noMfu.length < shown.length ? null
+      : noMfu.map((i) => runName(i) + ": " + ((S.R[i].mfu && S.R[i].mfu.why) || "MFU unknown")).join("; "));
+
     // mixture weights of the focus run, stacked
     const f = S.pts[S.focus] ? S.focus : shown[0];
     const P = S.pts[f];
@@ -857,6 +882,7 @@
       const r = S.R[d.run];
       if (!r) return;
       r.side[d.kind] = d.value;
+      if (d.kind === "state" || d.kind === "experiment") refreshMfu(r).then(scheduleRender);
       scheduleRender();
     });
     es.addEventListener("reset", (ev) => {
@@ -955,6 +981,8 @@
     COLUMNS = await getJSON("/api/columns");
     addColumnCharts();
     for (const id of CHART_IDS()) DashPanels.addDownloads($(id).parentNode, id, () => S.charts[id] || null);
+    for (const id of DashSystem.ids) DashPanels.addDownloads($(id).parentNode, id, () => DashSystem.chart(id));
+    DashSystem.start(STATIC, fmtBytes, note);
     S.runs = await getJSON("/api/runs");
     const q = new URLSearchParams(location.search).get("runs");
     let shown = q ? q.split(",").map(Number).filter((i) => Number.isInteger(i) && i >= 0 && i < S.runs.length)

@@ -85,6 +85,7 @@ class EventHandlers:
             mem_bytes=ev.get("mem_bytes"),
             version=_text(ev.get("version")),
             source=_text(ev.get("source")),
+            n_params=ev.get("n_params") if type(ev.get("n_params")) is int else None,
         )
         st = report.engine
         if int(ev.get("step", -1)) != launch.resume.step:

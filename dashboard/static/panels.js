@@ -100,7 +100,7 @@ window.DashPanels = (function () {
   }
 
   // a chart as PNG: its canvas (lines and axes) on white, its title above and its series named below
-  function chartPNG(u, title, done) {
+  function chartPNG(u, title) {
     const src = u.ctx.canvas, ratio = src.width / (u.width || src.width);
     const head = Math.round(24 * ratio), foot = Math.round(18 * ratio) * Math.ceil((u.series.length - 1) / 4);
     const c = document.createElement("canvas");
@@ -121,7 +121,12 @@ window.DashPanels = (function () {
       ctx.fillStyle = "#1d2330";
       ctx.fillText(s.label, x + 14 * ratio, y);
     });
-    c.toBlob(done, "image/png");
+    // synchronously, inside the click: a download started later (toBlob's callback) may have lost the
+    // click's user activation, and the browser then blocks it as an automatic download
+    const bytes = atob(c.toDataURL("image/png").split(",")[1]);
+    const out = new Uint8Array(bytes.length);
+    for (let i = 0; i < bytes.length; i++) out[i] = bytes.charCodeAt(i);
+    return new Blob([out], { type: "image/png" });
   }
 
   /* CSV and PNG buttons in a chart panel's title; chartOf() gives the chart's uPlot (null before it drew) */
@@ -137,7 +142,7 @@ window.DashPanels = (function () {
     };
     h2.append(el("span", { class: "downloads" },
       button("CSV", "csv", (u) => save(new Blob([chartCSV(u)], { type: "text/csv" }), file + ".csv")),
-      button("PNG", "png", (u) => chartPNG(u, title, (blob) => blob && save(blob, file + ".png")))));
+      button("PNG", "png", (u) => save(chartPNG(u, title), file + ".png"))));
   }
 
   return { config, addDownloads, chartCSV };

@@ -59,7 +59,7 @@ window.DashSystem = (function () {
       `memory ${fmtBytes(last("mem_used_bytes"))} of ${fmtBytes(last("mem_total_bytes"))}`];
     head.push(info.gpu ? `GPU ${info.gpu}: ${fmtPct(last("gpu_util_percent"))} busy, ` +
       `${fmtBytes(last("gpu_mem_used_bytes"))} of ${fmtBytes(last("gpu_mem_total_bytes"))}`
-      : "no GPU" + (info.no_gpu ? ` (${info.no_gpu})` : ""));
+      : info.no_gpu ? `no GPU (${info.no_gpu})` : "GPU not sampled yet");
     $("system-note").textContent = head.join(" · ");
     draw("chart-cpu", ["CPU", "memory"], ["#1f77b4", "#2ca02c"],
       [cols.time, cols.cpu_percent, pct(cols.mem_used_bytes, cols.mem_total_bytes)]);

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import ARTIFACTS, make_run
+from conftest import ARTIFACTS, assert_not_blank, make_run
 
 READY = "() => window.__dashboard && window.__dashboard.ready"
 ISO_WITH_ZONE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d$")
@@ -63,6 +63,7 @@ def test_loss_chart_has_the_validation_loss_and_each_buckets_extremes(tmp_path, 
     assert gn["labels"][1:] == ["run-a", "run-a min", "run-a max"]
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#chart-loss").screenshot(path=str(ARTIFACTS / "dashboard-loss-chart.png"))
+    assert_not_blank(ARTIFACTS / "dashboard-loss-chart.png")
     assert not page.console_errors, page.console_errors
 
 
@@ -107,5 +108,6 @@ def test_overlaid_runs_are_coloured_by_run_and_their_pivot_labels_do_not_overlap
     assert ISO_WITH_ZONE.match(audit.split(" · ")[1]), audit
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-overlay.png"), full_page=True)
+    assert_not_blank(ARTIFACTS / "dashboard-overlay.png")
     assert not page.console_errors, page.console_errors
     assert a.step == 500 and b.step == 400

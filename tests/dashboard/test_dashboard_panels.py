@@ -9,7 +9,7 @@ import json
 
 from PIL import Image
 
-from conftest import ARTIFACTS, make_run
+from conftest import ARTIFACTS, assert_not_blank, make_run
 
 READY = "() => window.__dashboard && window.__dashboard.ready"
 CHARTS = ("chart-loss", "chart-val", "chart-mix", "chart-lr", "chart-gn", "chart-tps", "chart-mfu", "chart-cpu")
@@ -65,6 +65,7 @@ def test_configuration_panel_shows_the_effective_experiment_and_its_overrides(tm
     )
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#config").screenshot(path=str(ARTIFACTS / "dashboard-config.png"))
+    assert_not_blank(ARTIFACTS / "dashboard-config.png", min_colours=8)
     assert not page.console_errors, page.console_errors
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from conftest import ARTIFACTS, make_run
+from conftest import ARTIFACTS, assert_not_blank, make_run
 from dashboard.system import flops_per_token, mfu_info, peak_flops
 from proxy.gpu_identity import GpuIdentityError, read_gpu_usage
 
@@ -74,6 +74,7 @@ def test_system_panel_samples_this_machine_over_time(tmp_path, server_factory, p
     assert page.locator("#chart-mfu > .chart-empty").inner_text() == "run-a: MFU is for the CUDA engine (this run: cpu)"
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("section.system").screenshot(path=str(ARTIFACTS / "dashboard-system.png"))
+    assert_not_blank(ARTIFACTS / "dashboard-system.png")
     assert not page.console_errors, page.console_errors
 
 
@@ -105,6 +106,7 @@ def test_mfu_of_a_cuda_run(tmp_path, server_factory, page):
         assert m == pytest.approx(100 * t * per_token / 989.4e12, rel=1e-9)
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#chart-mfu").screenshot(path=str(ARTIFACTS / "dashboard-mfu.png"))
+    assert_not_blank(ARTIFACTS / "dashboard-mfu.png")
     assert not page.console_errors, page.console_errors
 
 

@@ -90,6 +90,14 @@ def test_dashboard_follows_a_real_training_run(tmp_path, server_factory, page):
         assert row.count() == 1 and row.locator("td").all_inner_texts() == ["train.lr", "0.002"]
         engine = page.locator("#config .config-engine").inner_text()
         assert "version " + version.split()[2] in engine and "train.lr=0.002" in engine
+        # MFU: the engine's own parameter count (its ready event), kept in .state.json
+        eng = srv.get("/api/runs/0/state").json()["value"]["engine"]
+        assert type(eng["n_params"]) is int and eng["n_params"] > 0
+        mfu = srv.get("/api/runs/0/mfu").json()
+        if eng["kind"] == "cuda" and "why" not in mfu:  # TINY-TRAIN: 2 layers, dim 64, ctx 64
+            assert mfu["flops_per_token"] == 6 * eng["n_params"] + 12 * 2 * 64 * 64
+        else:
+            assert mfu["why"]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard-real-proxy.png"), full_page=True)
         assert not page.console_errors, page.console_errors

@@ -6,6 +6,9 @@
  * written. A drag on a chart zooms: the server returns that step range at a finer
  * resolution. Everything inserted into the page from run files goes in as text.
  *
+ * The page's other scripts, loaded before this one: format.js (formats, the element builder), points.js (a
+ * run's chart points), panels.js (configuration panel, chart downloads), system.js (the system panel).
+ *
  * `?static=1` draws what the server has once and opens no event stream (nothing keeps the page
  * busy), for screenshots: headless Chromium's --virtual-time-budget then finishes (DASHBOARD.md).
  */
@@ -44,49 +47,8 @@
 
   // ------------------------------------------------------------------ formatting
 
-  function fmtSI(v, digits) {
-    if (v == null || !isFinite(v)) return "–";
-    const a = Math.abs(v);
-    const d = digits == null ? 3 : digits;
-    if (a >= 1e12) return +(v / 1e12).toPrecision(d) + "T";
-    if (a >= 1e9) return +(v / 1e9).toPrecision(d) + "G";
-    if (a >= 1e6) return +(v / 1e6).toPrecision(d) + "M";
-    if (a >= 1e4) return +(v / 1e3).toPrecision(d) + "k";
-    if (a >= 100 || a === 0) return String(Math.round(v));
-    return String(+v.toPrecision(d));
-  }
-  function fmtNum(v, d) {
-    if (v == null || !isFinite(v)) return "–";
-    const a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(d == null ? 2 : d - 1).replace(/\.?0+e/, "e");
-    return String(+v.toPrecision(d == null ? 4 : d));
-  }
-  function fmtBytes(b) {
-    if (b == null || !isFinite(b)) return "–";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
-    return (i ? b.toFixed(1) : b) + " " + u[i];
-  }
-  function fmtDur(s) {
-    if (s == null || !isFinite(s) || s < 0) return "–";
-    s = Math.round(s);
-    const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
-    if (d) return d + "d " + h + "h";
-    if (h) return h + "h " + m + "m";
-    if (m) return m + "m " + (s % 60) + "s";
-    return s + "s";
-  }
-  // ISO 8601 in the browser's time zone, with its offset: 2026-11-28T04:51:07+00:00
-  function fmtTime(t) {
-    if (t == null || !isFinite(t)) return "–";
-    const d = new Date(t * 1000);
-    const p2 = (v) => String(v).padStart(2, "0");
-    const off = -d.getTimezoneOffset();
-    const zone = (off >= 0 ? "+" : "-") + p2(Math.floor(Math.abs(off) / 60)) + ":" + p2(Math.abs(off) % 60);
-    return `${d.getFullYear()}-${p2(d.getMonth() + 1)}-${p2(d.getDate())}T${p2(d.getHours())}:${p2(d.getMinutes())}` +
-      `:${p2(d.getSeconds())}${zone}`;
-  }
+  const { fmtSI, fmtNum, fmtBytes, fmtDur, fmtTime, el, alpha } = window.DashFormat;
+
   const X_LABEL = { step: "step", tokens: "tokens (cumulative)", time: "wall time (hours since the first entry)" };
   // whole-number tick steps for step and token axes: 1, 2, 5, 10, 20, 50, ...
   const INT_INCRS = [];
@@ -95,22 +57,6 @@
     if (v == null) return "–";
     if (S.xmode === "time") return fmtNum(v, 4) + " h";
     return fmtSI(v, S.xmode === "step" ? 5 : 3);
-  }
-
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    if (attrs) for (const k in attrs) {
-      if (k === "class") e.className = attrs[k];
-      else if (k === "style") e.setAttribute("style", attrs[k]);
-      else e.setAttribute(k, attrs[k]);
-    }
-    for (const c of kids) if (c != null) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    return e;
-  }
-
-  function alpha(hex, a) {
-    const n = parseInt(hex.slice(1), 16);
-    return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
   }
 
   async function getJSON(url) {
@@ -155,10 +101,6 @@
     const v = {};
     for (const c of COLUMNS) v[c.name] = c.envelope ? p[c.name].mean[i] : p[c.name][i];
     return v;
-  }
-
-  function lastStepOf(c) {
-    return c && c.n ? c.step1[c.n - 1] : -1;
   }
 
   // live rows from an `entries` push, appended to the run's tail (last entry wins)
@@ -282,87 +224,11 @@
 
   // ------------------------------------------------------------------ points
 
-  // Every bucket becomes one point, at the middle of its steps (tokens, time): the mean of each column, with
-  // its min and max beside it (v, vmin, vmax). The charts draw the mean as a line and min..max as a band, so
-  // a one-step spike stays visible at every zoom level, and nothing alternates between min and max (which
-  // drew a zigzag) or repeats a value at both ends of a bucket (a staircase).
+  // a run's points under the page's current settings (points.js)
   function runPoints(r) {
-    const base = r.zoom || r.overview;
-    const xs = [], steps = [], lossS = [], wtps = [], v = {}, vmin = {}, vmax = {};
-    for (const c of COLUMNS) { v[c.name] = []; vmin[c.name] = []; vmax[c.name] = []; }
-    const arms = Object.keys(base ? base.mix : {});
-    for (const t of r.tail) for (const a in t.mix) if (!arms.includes(a)) arms.push(a);
-    const mix = {};
-    for (const a of arms) mix[a] = [];
-    const beta = S.smooth;
-    let ema = 0, norm = 0;
-    const t0 = r.t0 || 0;
-    const mid = (a, b) => (a == null || b == null ? null : (a + b) / 2);
-    const xOf = (step, tok, time) =>
-      S.xmode === "step" ? step : S.xmode === "tokens" ? tok : time == null ? null : (time - t0) / 3600;
-    const smooth = (v, n) => {
-      if (v == null) return norm > 0 ? ema / norm : null;
-      const b = Math.pow(beta, n);
-      ema = b * ema + (1 - b) * v;
-      norm = b * norm + (1 - b);
-      return ema / norm;
-    };
-    // val(name, "min" | "max" | "mean"): the point's value of that column
-    const push = (x, step, val, s, wtp, mixv) => {
-      if (x == null) return;
-      xs.push(x); steps.push(step); lossS.push(s);
-      for (const c of COLUMNS) {
-        v[c.name].push(val(c.name, "mean"));
-        vmin[c.name].push(val(c.name, "min"));
-        vmax[c.name].push(val(c.name, "max"));
-      }
-      wtps.push(wtp == null ? null : wtp);
-      for (const a of arms) mix[a].push(mixv(a));
-    };
-    if (base) {
-      for (let i = 0; i < base.n; i++) {
-        const n = base.rows ? base.rows[i] : 1;
-        const s = smooth(base.v.loss.mean[i], n);
-        const mv = (a) => (base.mix[a] ? base.mix[a][i] : null);
-        push(xOf(mid(base.step0[i], base.step1[i]), mid(base.tok0[i], base.tok1[i]), mid(base.time0[i], base.time1[i])),
-          mid(base.step0[i], base.step1[i]), (c, k) => base.v[c][k][i], s, base.wtps[i], mv);
-      }
-    }
-    const last = lastStepOf(base);
-    for (const t of r.tail) {
-      if (t.step <= last || (S.view && t.step > S.view.to)) continue;
-      push(xOf(t.step, t.tok, t.time), t.step, (c) => t.v[c], smooth(t.v.loss, 1), t.wtps,
-        (a) => (t.mix[a] == null ? null : t.mix[a]));
-    }
-    // x must increase for the chart: drop anything out of order (clock steps back, replays)
-    let ok = true;
-    for (let i = 1; i < xs.length; i++) if (!(xs[i] > xs[i - 1])) { ok = false; break; }
-    const P = { x: xs, step: steps, v, vmin, vmax, lossS, wtps, mix, arms };
-    return ok ? P : monotone(P);
+    return DashPoints.runPoints(r, { columns: COLUMNS, smooth: S.smooth, xmode: S.xmode, view: S.view });
   }
-
-  function monotone(P) {
-    const keep = [];
-    let last = -Infinity;
-    for (let i = 0; i < P.x.length; i++) if (P.x[i] > last) { keep.push(i); last = P.x[i]; }
-    const pick = (a) => keep.map((i) => a[i]);
-    const pickAll = (o) => { const out = {}; for (const k in o) out[k] = pick(o[k]); return out; };
-    return { x: pick(P.x), step: pick(P.step), v: pickAll(P.v), vmin: pickAll(P.vmin), vmax: pickAll(P.vmax),
-      lossS: pick(P.lossS), wtps: pick(P.wtps), mix: pickAll(P.mix), arms: P.arms };
-  }
-
-  // the value in `to` where `from` (ascending) reaches v, clamped at the ends; between two
-  // points: interpolated, or the lower point's
-  function lookup(from, to, v, interpolate) {
-    const last = from.length - 1;
-    if (v <= from[0]) return to[0];
-    if (v >= from[last]) return to[last];
-    let lo = 0, hi = last;
-    while (hi - lo > 1) { const m = (lo + hi) >> 1; if (from[m] <= v) lo = m; else hi = m; }
-    if (!interpolate) return to[lo];
-    const f = (v - from[lo]) / (from[hi] - from[lo] || 1);
-    return to[lo] + f * (to[hi] - to[lo]);
-  }
+  const { lookup, lastStepOf } = DashPoints;
 
   // x of a step in the current x mode, from a run's points (for evals and pivot markers)
   function stepToX(P, step) {

@@ -24,6 +24,7 @@ from .columns import columns_payload
 from .run_index import RunIndex
 from .runs import Registry
 from .stream import EventStreamResponse, Hub, StreamSlots, event_stream, parse_positions
+from .system import SystemSampler, mfu_info
 from .watch import Watcher
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -137,14 +138,17 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     slots = StreamSlots()
     watcher = Watcher(registry.runs, lambda idx, kinds: hub.notify_threadsafe(), poll_s=poll_s)
     static = _load_static()
+    sampler = SystemSampler()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         hub.attach(asyncio.get_running_loop())
         watcher.start()
+        sampler.start()
         try:
             yield
         finally:
+            sampler.stop()
             watcher.stop()
 
     app = FastAPI(title="microgpt dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -184,6 +188,11 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     def columns() -> list[dict[str, object]]:
         """The per-step value columns the series carry, and how the page charts them (dashboard/columns.py)."""
         return columns_payload()
+
+    @app.get("/api/system")
+    def system(since: float | None = Query(None, ge=0, le=1e11)) -> Response:
+        """This machine's CPU, memory and GPU samples newer than `since` (dashboard/system.py)."""
+        return _json(sampler.payload(since))
 
     @app.get("/api/runs", response_model=list[RunInfo])
     def list_runs() -> list[dict]:
@@ -230,6 +239,17 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     @app.get("/api/runs/{run}/experiment")
     def experiment(run: str = PathParam(pattern=RUN_KEY)) -> Response:
         return _json(sidecar(run, "experiment"))
+
+    @app.get("/api/runs/{run}/overrides")
+    def overrides(run: str = PathParam(pattern=RUN_KEY)) -> Response:
+        """The `--set` overrides of the run's last launch (null when it had none or the record is not one)."""
+        return _json(sidecar(run, "overrides"))
+
+    @app.get("/api/runs/{run}/mfu")
+    def mfu(run: str = PathParam(pattern=RUN_KEY)) -> Response:
+        """What the page needs for the run's MFU, or why it has none (dashboard/system.py, mfu_info)."""
+        r = get_run(run)
+        return _json(mfu_info(r.sidecar("state")[0], r.sidecar("experiment")[0]))
 
     @app.get("/api/runs/{run}/checkpoints", response_model=list[CheckpointInfo])
     def checkpoints(run: str = PathParam(pattern=RUN_KEY)) -> list[dict]:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from proxy.formats.loss_log import EvalFields, eval_fields
-from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
+from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, OVERRIDES, PHASES, SAMPLES, STATE
 
 from . import payload, sidecars
 from .log_follower import LogFollower, read_range
@@ -32,13 +32,14 @@ RAW_PER_BUCKET = 3
 RAW_MIN = 6000
 RAW_MAX = 12000
 
-SIDECAR_KINDS = ("state", "phases", "samples", "experiment", "checkpoints")
-_FILES = {"state": STATE, "phases": PHASES, "samples": SAMPLES, "experiment": EXPERIMENT}
+SIDECAR_KINDS = ("state", "phases", "samples", "experiment", "overrides", "checkpoints")
+_FILES = {"state": STATE, "phases": PHASES, "samples": SAMPLES, "experiment": EXPERIMENT, "overrides": OVERRIDES}
 _READERS = {
     "state": sidecars.read_state,
     "phases": sidecars.read_phases,
     "samples": sidecars.read_samples,
     "experiment": sidecars.read_experiment,
+    "overrides": sidecars.read_overrides,
 }
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 from proxy.formats import bounded_json
 from proxy.formats.checkpoint import checkpoint_step
 from proxy.formats.samples import MAX_TEXT
-from proxy.rundir.layout import BEST, CHECKPOINTS, EXPERIMENT, PHASES, READ_LIMITS, SAMPLES, STATE
+from proxy.rundir.layout import BEST, CHECKPOINTS, EXPERIMENT, OVERRIDES, PHASES, READ_LIMITS, SAMPLES, STATE
+from proxy.rundir.overrides_record import OverridesRecord
 
 from .run_files import read_small, scan_dir
 
-LIMITS = {name: READ_LIMITS[name] for name in (STATE, PHASES, SAMPLES, EXPERIMENT)}  # the proxy's own caps
+LIMITS = {name: READ_LIMITS[name] for name in (STATE, PHASES, SAMPLES, EXPERIMENT, OVERRIDES)}  # the proxy's own caps
 MAX_AUDITS = 20  # newest sample audits kept
 MAX_SAMPLES_PER_AUDIT = 16
 MAX_PHASES = 1000
@@ -80,6 +81,15 @@ def read_samples(root: Path) -> list[dict] | None:
 def read_experiment(root: Path) -> dict | None:
     obj = read_json(root, EXPERIMENT)
     return obj if isinstance(obj, dict) else None
+
+
+def read_overrides(root: Path) -> list[str] | None:
+    """The `--set` overrides of the run's last launch (.overrides.json, proxy/rundir/overrides_record.py)."""
+    obj = read_json(root, OVERRIDES)
+    try:
+        return OverridesRecord.model_validate(obj).overrides if obj is not None else None
+    except ValueError:  # pydantic's ValidationError is one
+        return None
 
 
 def list_checkpoints(root: Path) -> list[dict]:

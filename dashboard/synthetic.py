@@ -14,6 +14,7 @@ and `phases.json` are replaced atomically.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import random
@@ -24,7 +25,8 @@ from proxy.atomic import atomic_write_bytes, atomic_write_json
 from proxy.formats.checkpoint import checkpoint_path
 from proxy.formats.loss_log import encode_line
 from proxy.formats.state import AUDIT_KINDS, ArmStatus, AuditTime, EngineStatus, Goodput, RunState, write_state
-from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, relative_checkpoint
+from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE, RunDir, relative_checkpoint
+from proxy.rundir.overrides_record import OverridesRecord, write_overrides
 
 ARMS = ("stdlib_code", "stdlib_docs", "web_text")
 
@@ -57,6 +59,7 @@ class SyntheticRun:
         self.step = 0  # last step written
         self.phase = 0
         self.phases: list[dict] = []
+        self.engine_extra: dict = {}  # EngineStatus fields that replace the synthetic CPU engine's in .state.json
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / CHECKPOINTS).mkdir(exist_ok=True)
 
@@ -70,6 +73,10 @@ class SyntheticRun:
             "arms": [{"name": a, "cap": 1.0, "floor": 0.05} for a in self.arms],
         }
         atomic_write_json(self.root / EXPERIMENT, exp)
+
+    def write_overrides(self, texts: list[str]) -> None:
+        """RUN/.overrides.json as `proxy run --set ...` leaves it (the experiment is not changed here)."""
+        write_overrides(RunDir(self.root), OverridesRecord.of(texts))
 
     def weights(self, step: int) -> dict[str, float]:
         n = len(self.arms)
@@ -174,14 +181,19 @@ class SyntheticRun:
                 engine_tokens_per_s=self.tokens_per_step / (self.ms / 1000.0),
                 eta_s=remaining * self.ms / 1000.0,
                 last_checkpoint=relative_checkpoint(self.step),
-                engine=EngineStatus(
-                    kind="cpu",
-                    device="synthetic CPU",
-                    pid=os.getpid(),
-                    alive=status == "running",
-                    rss_bytes=123 << 20,
-                    cpu_percent=95.0,
-                    mem_bytes=45 << 20,
+                engine=dataclasses.replace(
+                    EngineStatus(
+                        kind="cpu",
+                        device="synthetic CPU",
+                        pid=os.getpid(),
+                        alive=status == "running",
+                        rss_bytes=123 << 20,
+                        cpu_percent=95.0,
+                        mem_bytes=45 << 20,
+                        version="synthetic",
+                        source="synthetic",
+                    ),
+                    **self.engine_extra,
                 ),
                 experiment=self.name,
                 max_steps=max_steps,

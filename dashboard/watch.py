@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, PHASES, SAMPLES, STATE
+from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, OVERRIDES, PHASES, SAMPLES, STATE
 
 from .run_index import RunIndex
 
 log = logging.getLogger("dashboard")
 
-SIDE_NAMES = {STATE, PHASES, SAMPLES, EXPERIMENT}
+SIDE_NAMES = {STATE, PHASES, SAMPLES, EXPERIMENT, OVERRIDES}
 
 try:
     from watchdog.events import FileSystemEventHandler

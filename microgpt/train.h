@@ -455,7 +455,9 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     printf(",\"threads\":%d,\"precision\":\"%s\",\"resumed_from\":", eng->threads, eng->precision);
     if (resumed_from[0]) mg_json_string(stdout, resumed_from);
     else fputs("null", stdout);
-    printf(",\"mem_bytes\":%zu,\"version\":\"%s\",", eng->mem_bytes, MG_VERSION);
+    printf(",\"mem_bytes\":%zu,\"version\":\"%s\",\"source\":", eng->mem_bytes, MG_VERSION);
+    mg_json_string(stdout, MG_SOURCE);  // the commit it was built from (`git describe`), for the dashboard
+    putchar(',');
     if (eng->paths[0]) printf("\"paths\":%s,", eng->paths);
     mg_print_config(c);
     puts("}");

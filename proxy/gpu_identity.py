@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -54,8 +56,27 @@ def _engine_device() -> tuple[str, str]:
     raise GpuIdentityError(f"CUDA_VISIBLE_DEVICES={visible[:80]!r} names no device")
 
 
-def read_gpu_identity() -> GpuIdentity:
-    """The engine's GPU and the driver, through NVML; GpuIdentityError when NVML cannot say."""
+@dataclass(frozen=True)
+class GpuUsage:
+    """The engine's GPU right now: utilisation (percent of the last sample period a kernel ran) and memory."""
+
+    gpu: str
+    util_percent: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+
+
+class _Utilization(ctypes.Structure):  # nvmlUtilization_t
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _Memory(ctypes.Structure):  # nvmlMemory_t
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+@contextmanager
+def _engine_gpu() -> Iterator[tuple[ctypes.CDLL, ctypes.c_void_p]]:
+    """NVML, initialised, and the handle of the engine's device; shut down after."""
     try:
         nvml = ctypes.CDLL(NVML_LIBRARY)
     except OSError as exc:
@@ -70,13 +91,34 @@ def read_gpu_identity() -> GpuIdentity:
             )
         else:
             _check(nvml.nvmlDeviceGetHandleByUUID(which.encode(), ctypes.byref(handle)), f"device {which}")
-        name = ctypes.create_string_buffer(_NAME_BYTES)
-        _check(nvml.nvmlDeviceGetName(handle, name, ctypes.c_uint(_NAME_BYTES)), "device name")
-        driver = ctypes.create_string_buffer(_VERSION_BYTES)
-        _check(nvml.nvmlSystemGetDriverVersion(driver, ctypes.c_uint(_VERSION_BYTES)), "driver version")
+        yield nvml, handle
     finally:
         nvml.nvmlShutdown()
-    return GpuIdentity(gpu=name.value.decode("utf-8", "replace"), driver=driver.value.decode("utf-8", "replace"))
+
+
+def _name(nvml: ctypes.CDLL, handle: ctypes.c_void_p) -> str:
+    name = ctypes.create_string_buffer(_NAME_BYTES)
+    _check(nvml.nvmlDeviceGetName(handle, name, ctypes.c_uint(_NAME_BYTES)), "device name")
+    return name.value.decode("utf-8", "replace")
+
+
+def read_gpu_identity() -> GpuIdentity:
+    """The engine's GPU and the driver, through NVML; GpuIdentityError when NVML cannot say."""
+    with _engine_gpu() as (nvml, handle):
+        gpu = _name(nvml, handle)
+        driver = ctypes.create_string_buffer(_VERSION_BYTES)
+        _check(nvml.nvmlSystemGetDriverVersion(driver, ctypes.c_uint(_VERSION_BYTES)), "driver version")
+    return GpuIdentity(gpu=gpu, driver=driver.value.decode("utf-8", "replace"))
+
+
+def read_gpu_usage() -> GpuUsage:
+    """The engine's GPU's utilisation and memory, through NVML; GpuIdentityError when NVML cannot say."""
+    with _engine_gpu() as (nvml, handle):
+        gpu = _name(nvml, handle)
+        util, mem = _Utilization(), _Memory()
+        _check(nvml.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(util)), "utilization")
+        _check(nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)), "memory info")
+    return GpuUsage(gpu=gpu, util_percent=float(util.gpu), mem_used_bytes=mem.used, mem_total_bytes=mem.total)
 
 
 def cudnn_version() -> str:

@@ -6,12 +6,18 @@
  * written. A drag on a chart zooms: the server returns that step range at a finer
  * resolution. Everything inserted into the page from run files goes in as text.
  *
+ * The page's other scripts, loaded before this one: format.js (formats, the element builder), points.js (a
+ * run's chart points), panels.js (configuration panel, chart downloads), tables.js (status cards and the
+ * focus run's tables), system.js (the system panel).
+ *
  * `?static=1` draws what the server has once and opens no event stream (nothing keeps the page
  * busy), for screenshots: headless Chromium's --virtual-time-budget then finishes (DASHBOARD.md).
  */
 "use strict";
 (function () {
   const RUN_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
+  // a run's lines share its colour; its arms differ by dash pattern (validation chart)
+  const ARM_DASHES = [undefined, [6, 3], [2, 2], [8, 3, 2, 3], [12, 4], [3, 5], [1, 3], [10, 2, 2, 2, 2, 2]];
   const ARM_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
     "#ff9da7", "#9c755f", "#bab0ac"];
   const MAX_SHOWN = 8;
@@ -22,7 +28,7 @@
   const OWN_CHARTS = () => COLUMNS.filter((c) => c.chart);
   const STEP_CHARTS = () => ["chart-loss"].concat(OWN_CHARTS().map((c) => c.chart), ["chart-tps"]);
   const CHART_IDS = () => ["chart-loss", "chart-val", "chart-mix"].concat(OWN_CHARTS().map((c) => c.chart),
-    ["chart-tps"]);
+    ["chart-tps", "chart-mfu"]);
   const NO_STEPS = "no training steps logged yet";
   const $ = (id) => document.getElementById(id);
 
@@ -42,43 +48,9 @@
 
   // ------------------------------------------------------------------ formatting
 
-  function fmtSI(v, digits) {
-    if (v == null || !isFinite(v)) return "–";
-    const a = Math.abs(v);
-    const d = digits == null ? 3 : digits;
-    if (a >= 1e12) return +(v / 1e12).toPrecision(d) + "T";
-    if (a >= 1e9) return +(v / 1e9).toPrecision(d) + "G";
-    if (a >= 1e6) return +(v / 1e6).toPrecision(d) + "M";
-    if (a >= 1e4) return +(v / 1e3).toPrecision(d) + "k";
-    if (a >= 100 || a === 0) return String(Math.round(v));
-    return String(+v.toPrecision(d));
-  }
-  function fmtNum(v, d) {
-    if (v == null || !isFinite(v)) return "–";
-    const a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(d == null ? 2 : d - 1).replace(/\.?0+e/, "e");
-    return String(+v.toPrecision(d == null ? 4 : d));
-  }
-  function fmtBytes(b) {
-    if (b == null || !isFinite(b)) return "–";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
-    return (i ? b.toFixed(1) : b) + " " + u[i];
-  }
-  function fmtDur(s) {
-    if (s == null || !isFinite(s) || s < 0) return "–";
-    s = Math.round(s);
-    const d = Math.floor(s / 86400), h = Math.floor((s % 86400) / 3600), m = Math.floor((s % 3600) / 60);
-    if (d) return d + "d " + h + "h";
-    if (h) return h + "h " + m + "m";
-    if (m) return m + "m " + (s % 60) + "s";
-    return s + "s";
-  }
-  function fmtTime(t) {
-    if (t == null) return "–";
-    return new Date(t * 1000).toLocaleString();
-  }
+  const { fmtSI, fmtNum, fmtBytes, fmtDur, fmtTime, el, alpha } = window.DashFormat;
+  const { renderStatus, renderTables } = window.DashTables({ S, runName, runColor }); // tables.js
+
   const X_LABEL = { step: "step", tokens: "tokens (cumulative)", time: "wall time (hours since the first entry)" };
   // whole-number tick steps for step and token axes: 1, 2, 5, 10, 20, 50, ...
   const INT_INCRS = [];
@@ -87,22 +59,6 @@
     if (v == null) return "–";
     if (S.xmode === "time") return fmtNum(v, 4) + " h";
     return fmtSI(v, S.xmode === "step" ? 5 : 3);
-  }
-
-  function el(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    if (attrs) for (const k in attrs) {
-      if (k === "class") e.className = attrs[k];
-      else if (k === "style") e.setAttribute("style", attrs[k]);
-      else e.setAttribute(k, attrs[k]);
-    }
-    for (const c of kids) if (c != null) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    return e;
-  }
-
-  function alpha(hex, a) {
-    const n = parseInt(hex.slice(1), 16);
-    return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
   }
 
   async function getJSON(url) {
@@ -147,10 +103,6 @@
     const v = {};
     for (const c of COLUMNS) v[c.name] = c.envelope ? p[c.name].mean[i] : p[c.name][i];
     return v;
-  }
-
-  function lastStepOf(c) {
-    return c && c.n ? c.step1[c.n - 1] : -1;
   }
 
   // live rows from an `entries` push, appended to the run's tail (last entry wins)
@@ -208,10 +160,11 @@
   }
 
   async function loadRun(idx) {
-    const [ov, ev, st, ph, ex] = await Promise.all([
+    const [ov, ev, st, ph, ex, ovr] = await Promise.all([
       fetchSeries(idx, null), getJSON(`/api/runs/${idx}/evals`),
       getJSON(`/api/runs/${idx}/state`), getJSON(`/api/runs/${idx}/phases`),
       getJSON(`/api/runs/${idx}/experiment`), // the first draw says when the first eval is due
+      getJSON(`/api/runs/${idx}/overrides`),
     ]);
     const r = S.R[idx] || (S.R[idx] = { idx, tail: [], side: {}, evals: [] });
     r.overview = cols(ov);
@@ -224,6 +177,8 @@
     r.side.state = st.value;
     r.side.phases = ph.value;
     r.side.experiment = ex.value;
+    r.side.overrides = ovr.value;
+    await refreshMfu(r);
     if (STATIC) { // no stream will send the other sidecars: read them once
       const [sm, ck] = await Promise.all([getJSON(`/api/runs/${idx}/samples`),
         getJSON(`/api/runs/${idx}/checkpoints`)]);
@@ -233,6 +188,15 @@
     const ls = ov.last_step;
     if (ls != null && (dash.lastStep == null || ls > dash.lastStep)) dash.lastStep = ls;
     return r;
+  }
+
+  // what the run's MFU needs (/api/runs/N/mfu), refetched when its engine changes (a relaunch elsewhere)
+  async function refreshMfu(r) {
+    const st = r.side.state, eng = (st && st.engine) || {};
+    const key = JSON.stringify([eng.kind, eng.device, eng.precision, eng.n_params, !!r.side.experiment]);
+    if (r.mfuKey === key) return;
+    r.mfuKey = key;
+    try { r.mfu = await getJSON(`/api/runs/${r.idx}/mfu`); } catch (e) { note(e); }
   }
 
   // refetch a run's overview: its live tail grew long, it fell behind, or its log was replaced (hard)
@@ -262,90 +226,11 @@
 
   // ------------------------------------------------------------------ points
 
-  // Every bucket becomes one point (a single row) or two (its first and last step,
-  // carrying its min and max in alternating order, so the line covers the envelope).
+  // a run's points under the page's current settings (points.js)
   function runPoints(r) {
-    const base = r.zoom || r.overview;
-    const xs = [], steps = [], lossS = [], wtps = [], v = {};
-    for (const c of COLUMNS) v[c.name] = [];
-    const arms = Object.keys(base ? base.mix : {});
-    for (const t of r.tail) for (const a in t.mix) if (!arms.includes(a)) arms.push(a);
-    const mix = {};
-    for (const a of arms) mix[a] = [];
-    const beta = S.smooth;
-    let ema = 0, norm = 0;
-    const t0 = r.t0 || 0;
-    const xOf = (step, tok, time) =>
-      S.xmode === "step" ? step : S.xmode === "tokens" ? tok : time == null ? null : (time - t0) / 3600;
-    const smooth = (v, n) => {
-      if (v == null) return norm > 0 ? ema / norm : null;
-      const b = Math.pow(beta, n);
-      ema = b * ema + (1 - b) * v;
-      norm = b * norm + (1 - b);
-      return ema / norm;
-    };
-    // vals(name): the point's value of that column
-    const push = (x, step, vals, s, wtp, mixv) => {
-      if (x == null) return;
-      xs.push(x); steps.push(step); lossS.push(s);
-      for (const c of COLUMNS) v[c.name].push(vals(c.name));
-      wtps.push(wtp == null ? null : wtp);
-      for (const a of arms) mix[a].push(mixv(a));
-    };
-    if (base) {
-      for (let i = 0; i < base.n; i++) {
-        const n = base.rows ? base.rows[i] : 1;
-        const s = smooth(base.v.loss.mean[i], n);
-        const mv = (a) => (base.mix[a] ? base.mix[a][i] : null);
-        if (n > 1 && base.step1[i] !== base.step0[i]) {
-          const flip = i % 2 === 1;
-          push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            (c) => (flip ? base.v[c].max : base.v[c].min)[i], s, base.wtps[i], mv);
-          push(xOf(base.step1[i], base.tok1[i], base.time1[i]), base.step1[i],
-            (c) => (flip ? base.v[c].min : base.v[c].max)[i], s, base.wtps[i], mv);
-        } else {
-          push(xOf(base.step0[i], base.tok0[i], base.time0[i]), base.step0[i],
-            (c) => base.v[c].mean[i], s, base.wtps[i], mv);
-        }
-      }
-    }
-    const last = lastStepOf(base);
-    for (const t of r.tail) {
-      if (t.step <= last || (S.view && t.step > S.view.to)) continue;
-      push(xOf(t.step, t.tok, t.time), t.step, (c) => t.v[c], smooth(t.v.loss, 1), t.wtps,
-        (a) => (t.mix[a] == null ? null : t.mix[a]));
-    }
-    // x must increase for the chart: drop anything out of order (clock steps back, replays)
-    let ok = true;
-    for (let i = 1; i < xs.length; i++) if (!(xs[i] > xs[i - 1])) { ok = false; break; }
-    const P = { x: xs, step: steps, v, lossS, wtps, mix, arms };
-    return ok ? P : monotone(P);
+    return DashPoints.runPoints(r, { columns: COLUMNS, smooth: S.smooth, xmode: S.xmode, view: S.view });
   }
-
-  function monotone(P) {
-    const keep = [];
-    let last = -Infinity;
-    for (let i = 0; i < P.x.length; i++) if (P.x[i] > last) { keep.push(i); last = P.x[i]; }
-    const pick = (a) => keep.map((i) => a[i]);
-    const mix = {};
-    for (const a in P.mix) mix[a] = pick(P.mix[a]);
-    const v = {};
-    for (const c in P.v) v[c] = pick(P.v[c]);
-    return { x: pick(P.x), step: pick(P.step), v, lossS: pick(P.lossS), wtps: pick(P.wtps), mix, arms: P.arms };
-  }
-
-  // the value in `to` where `from` (ascending) reaches v, clamped at the ends; between two
-  // points: interpolated, or the lower point's
-  function lookup(from, to, v, interpolate) {
-    const last = from.length - 1;
-    if (v <= from[0]) return to[0];
-    if (v >= from[last]) return to[last];
-    let lo = 0, hi = last;
-    while (hi - lo > 1) { const m = (lo + hi) >> 1; if (from[m] <= v) lo = m; else hi = m; }
-    if (!interpolate) return to[lo];
-    const f = (v - from[lo]) / (from[hi] - from[lo] || 1);
-    return to[lo] + f * (to[hi] - to[lo]);
-  }
+  const { lookup, lastStepOf } = DashPoints;
 
   // x of a step in the current x mode, from a run's points (for evals and pivot markers)
   function stepToX(P, step) {
@@ -403,17 +288,27 @@
     }
   }
 
-  // the loss chart also gets DOM markers: labelled, hoverable, and easy to test
+  // the loss chart also gets DOM markers: labelled, hoverable, and easy to test. A label that would overlap
+  // the one before it on its row goes down a row, so two pivots close together stay readable.
+  const LABEL_GAP_PX = 4;
   function domPivots(u, ps) {
     for (const m of u.over.querySelectorAll(".pivot-marker")) m.remove();
+    const rowEnds = []; // per label row: the right edge of its last label
     let n = 0;
     for (const p of ps) {
       const x = u.valToPos(p.x, "x");
       if (!(x >= 0 && x <= u.over.clientWidth)) continue;
-      const m = el("div", { class: "pivot-marker", "data-step": p.step, title: `phase ${p.phase} from step ${p.step} (${p.policy || "?"})` },
-        el("span", null, `phase ${p.phase}`));
+      const who = S.shown.length > 1 ? ` (${runName(p.run)})` : "";
+      const label = el("span", null, `phase ${p.phase}${who}`);
+      const m = el("div", { class: "pivot-marker", "data-step": p.step,
+        title: `phase ${p.phase} from step ${p.step} (${p.policy || "?"})${who}` }, label);
       m.style.left = x + "px";
       u.over.append(m);
+      const box = label.getBoundingClientRect();
+      let row = rowEnds.findIndex((end) => end + LABEL_GAP_PX <= x);
+      if (row < 0) { row = rowEnds.length; rowEnds.push(0); }
+      rowEnds[row] = x + 3 + box.width;
+      label.style.top = 2 + row * (Math.ceil(box.height) + 1) + "px";
       n++;
     }
     dash.pivots = n;
@@ -511,6 +406,25 @@
     return RUN_COLORS[S.shown.indexOf(idx) % RUN_COLORS.length];
   }
 
+  // a run's evaluations as a table [x, all, ...arms] in x order (the arms' names pushed onto `arms`)
+  function valTable(i, arms) {
+    const r = S.R[i];
+    for (const e of r.evals) for (const a in e.arms) if (!arms.includes(a)) arms.push(a);
+    const xs = [], ys = [[]], seen = new Set();
+    for (const a of arms) ys.push([]);
+    for (const e of r.evals) {
+      if (S.view && (e.step < S.view.from || e.step > S.view.to)) continue;
+      const x = stepToX(S.pts[i], e.step);
+      if (x == null || seen.has(x)) continue;
+      seen.add(x);
+      xs.push(x);
+      ys[0].push(e.loss);
+      arms.forEach((a, k) => ys[k + 1].push(e.arms[a] == null ? null : e.arms[a]));
+    }
+    const order = xs.map((_, k) => k).sort((a, b) => xs[a] - xs[b]);
+    return [order.map((k) => xs[k])].concat(ys.map((y) => order.map((k) => y[k])));
+  }
+
   function render() {
     dash.renders++;
     const shown = S.shown.filter((i) => S.R[i] && S.R[i].overview);
@@ -524,69 +438,93 @@
     for (const i of shown) S.pts[i] = runPoints(S.R[i]);
     const keyBase = [S.xmode, shown.join(",")].join("|");
 
-    // training loss: raw envelope + smoothed, per run
-    const lossTables = shown.map((i) => [S.pts[i].x, S.pts[i].v.loss, S.pts[i].lossS]);
-    const lossData = joinTables(lossTables.length ? lossTables : [[[], [], []]]);
-    setChart("chart-loss", keyBase + "|" + S.log, (h) => baseOpts(h, 300,
-      shown.flatMap((i) => [
-        lineSeries(runName(i) + " raw", alpha(runColor(i), 0.35), 1),
-        lineSeries(runName(i) + " smoothed", runColor(i), 2),
-      ]), S.log ? { scales: { x: { time: false }, y: { distr: 3, log: 10 } } } : null,
+    // training loss per run: the raw mean, its min..max band, the smoothed line and the validation loss
+    const lossTables = [], lossSeries = [], lossBands = [];
+    for (const i of shown) {
+      const P = S.pts[i], c = runColor(i);
+      lossTables.push([P.x, P.v.loss, P.vmin.loss, P.vmax.loss, P.lossS], valTable(i, []).slice(0, 2));
+      const k = lossSeries.length + 1; // uPlot's series index of this run's raw line (0 is x)
+      lossSeries.push(lineSeries(runName(i) + " raw", alpha(c, 0.45), 1, { _color: c }),
+        lineSeries(runName(i) + " min", alpha(c, 0.2), 1, { _color: c }),
+        lineSeries(runName(i) + " max", alpha(c, 0.2), 1, { _color: c }),
+        lineSeries(runName(i) + " smoothed", c, 2, { _color: c }),
+        lineSeries(runName(i) + " validation", c, 1.5, { _color: c, dash: [6, 3], points: { show: true, size: 5 } }));
+      lossBands.push({ series: [k + 2, k + 1], fill: alpha(c, 0.12) });
+    }
+    const lossData = joinTables(lossTables.length ? lossTables : [[[], [], [], [], []]]);
+    setChart("chart-loss", keyBase + "|" + S.log, (h) => baseOpts(h, 300, lossSeries,
+      Object.assign({ bands: lossBands }, S.log ? { scales: { x: { time: false }, y: { distr: 3, log: 10 } } } : null),
       "loss (nats/token)"), lossData);
     dash.points = shown.reduce((a, i) => a + S.pts[i].x.length, 0);
     const noSteps = dash.points ? null : NO_STEPS;
     for (const id of STEP_CHARTS()) emptyNote(id, noSteps);
 
-    // validation loss per arm (x from the run's own step->x mapping)
+    // validation loss per arm, coloured by run (arms by dash pattern); x from the run's own step->x mapping
     const valTables = [], valSeries = [];
     for (const i of shown) {
-      const r = S.R[i];
       const arms = [];
-      for (const e of r.evals) for (const a in e.arms) if (!arms.includes(a)) arms.push(a);
-      const xs = [], ys = [[]], seen = new Set();
-      for (const a of arms) ys.push([]);
-      for (const e of r.evals) {
-        if (S.view && (e.step < S.view.from || e.step > S.view.to)) continue;
-        const x = stepToX(S.pts[i], e.step);
-        if (x == null || seen.has(x)) continue;
-        seen.add(x);
-        xs.push(x);
-        ys[0].push(e.loss);
-        arms.forEach((a, k) => ys[k + 1].push(e.arms[a] == null ? null : e.arms[a]));
-      }
-      const order = xs.map((_, k) => k).sort((a, b) => xs[a] - xs[b]);
-      valTables.push([order.map((k) => xs[k])].concat(ys.map((y) => order.map((k) => y[k]))));
-      valSeries.push(lineSeries(runName(i) + " all", runColor(i), 2, { points: { show: true, size: 4 } }));
-      arms.forEach((a, k) => valSeries.push(lineSeries(runName(i) + "/" + a, ARM_COLORS[k % ARM_COLORS.length], 1.25,
-        { dash: shown.indexOf(i) ? [4, 3] : undefined, points: { show: true, size: 3 } })));
+      valTables.push(valTable(i, arms));
+      valSeries.push(lineSeries(runName(i) + " all", runColor(i), 2, { _color: runColor(i), points: { show: true, size: 4 } }));
+      arms.forEach((a, k) => valSeries.push(lineSeries(runName(i) + "/" + a, runColor(i), 1.25,
+        { _color: runColor(i), dash: ARM_DASHES[k % ARM_DASHES.length], points: { show: true, size: 3 } })));
     }
     setChart("chart-val", keyBase + "|" + valSeries.map((s) => s.label).join(","),
       (h) => baseOpts(h, 230, valSeries, null, "loss (nats/token)"),
       joinTables(valTables.length ? valTables : [[[]]]));
     emptyNote("chart-val", shown.some((i) => S.R[i].evals.length) ? null : noEvalsYet(shown));
 
-    // the columns with a chart of their own (learning rate, gradient norm, ...), then tokens/s
-    const simple = (id, field, height, fmt, yLabel) => {
-      const tables = shown.map((i) => [S.pts[i].x, S.pts[i].v[field]]);
+    // the columns with a chart of their own (learning rate, gradient norm, ...): the mean, and for an
+    // envelope column its min..max band; then tokens/s
+    const simple = (id, col, height, fmt) => {
+      const tables = [], series = [], bands = [];
+      for (const i of shown) {
+        const P = S.pts[i], c = runColor(i);
+        if (col.envelope) {
+          const k = series.length + 1;
+          tables.push([P.x, P.v[col.name], P.vmin[col.name], P.vmax[col.name]]);
+          series.push(lineSeries(runName(i), c, 1.25, { _color: c, value: (u, v) => fmt(v) }),
+            lineSeries(runName(i) + " min", alpha(c, 0.2), 1, { _color: c, value: (u, v) => fmt(v) }),
+            lineSeries(runName(i) + " max", alpha(c, 0.2), 1, { _color: c, value: (u, v) => fmt(v) }));
+          bands.push({ series: [k + 2, k + 1], fill: alpha(c, 0.12) });
+        } else {
+          tables.push([P.x, P.v[col.name]]);
+          series.push(lineSeries(runName(i), c, 1.25, { _color: c, value: (u, v) => fmt(v) }));
+        }
+      }
       setChart(id, keyBase, (h) => {
-        const o = baseOpts(h, height, shown.map((i) => lineSeries(runName(i), runColor(i), 1.25,
-          { value: (u, v) => fmt(v) })), null, yLabel);
+        const o = baseOpts(h, height, series, { bands }, col.label);
         o.axes[1].values = (u, sp) => sp.map(fmt);
         return o;
       }, joinTables(tables.length ? tables : [[[], []]]));
     };
-    for (const c of OWN_CHARTS()) simple(c.chart, c.name, 180, (v) => fmtNum(v, 3), c.label);
+    for (const c of OWN_CHARTS()) simple(c.chart, c, 180, (v) => fmtNum(v, 3));
     // tokens/s: the engine's step compute (solid) and the wall clock's, audits and waits included (dashed)
     const tpsTables = shown.map((i) => [S.pts[i].x, S.pts[i].v.tok_s, S.pts[i].wtps]);
     setChart("chart-tps", keyBase, (h) => {
       const fmt = (v) => fmtSI(v, 3);
       const o = baseOpts(h, 180, shown.flatMap((i) => [
-        lineSeries(runName(i) + " engine", runColor(i), 1.25, { value: (u, v) => fmt(v) }),
-        lineSeries(runName(i) + " wall clock", runColor(i), 1.25, { dash: [5, 3], value: (u, v) => fmt(v) }),
+        lineSeries(runName(i) + " engine", runColor(i), 1.25, { _color: runColor(i), value: (u, v) => fmt(v) }),
+        lineSeries(runName(i) + " wall clock", runColor(i), 1.25,
+          { _color: runColor(i), dash: [5, 3], value: (u, v) => fmt(v) }),
       ]), null, "tokens / s");
       o.axes[1].values = (u, sp) => sp.map(fmt);
       return o;
     }, joinTables(tpsTables.length ? tpsTables : [[[], [], []]]));
+
+    // MFU of each CUDA run: the engine's tokens/s times the FLOPs a token costs, over the GPU's peak
+    const mfuOf = (i) => { const m = S.R[i].mfu; return m && m.flops_per_token ? m : null; };
+    setChart("chart-mfu", keyBase, (h) => {
+      const o = baseOpts(h, 180, shown.map((i) => lineSeries(runName(i), runColor(i), 1.25,
+        { _color: runColor(i), value: (u, v) => (v == null ? "–" : v.toFixed(2) + "%") })), null, "MFU (%)");
+      o.axes[1].values = (u, sp) => sp.map((v) => v + "%");
+      return o;
+    }, joinTables(shown.map((i) => {
+      const m = mfuOf(i), P = S.pts[i];
+      return [P.x, P.v.tok_s.map((t) => (m && t != null ? (100 * t * m.flops_per_token) / m.peak_flops : null))];
+    })));
+    const noMfu = shown.filter((i) => !mfuOf(i));
+    emptyNote("chart-mfu", noMfu.length < shown.length ? null
+      : noMfu.map((i) => runName(i) + ": " + ((S.R[i].mfu && S.R[i].mfu.why) || "MFU unknown")).join("; "));
 
     // mixture weights of the focus run, stacked
     const f = S.pts[S.focus] ? S.focus : shown[0];
@@ -668,118 +606,6 @@
     render();
   }
 
-  // ------------------------------------------------------------------ panels
-
-  function statusOf(st) {
-    if (!st) return ["unknown", "no .state.json yet"];
-    const age = Date.now() / 1000 - (st.updated || 0);
-    const eng = st.engine || {};
-    if (st.status === "running") {
-      if (eng.alive && age < 120) return ["alive", "engine running"];
-      return ["stale", `no update for ${fmtDur(age)}`];
-    }
-    return [st.status || "unknown", st.message || ""];
-  }
-
-  function renderStatus() {
-    const box = $("status");
-    box.replaceChildren();
-    for (const idx of S.shown) {
-      const r = S.R[idx];
-      if (!r) continue;
-      const st = r.side.state;
-      const info = S.runs[idx] || {};
-      const [label, why] = statusOf(st);
-      const eng = (st && st.engine) || {};
-      // the newest of the two sources: .state.json (rewritten every few seconds) and the log itself
-      const logged = loggedStep(r);
-      const fromState = st && typeof st.step === "number" ? st.step : -1;
-      const step = Math.max(logged, fromState) >= 0 ? Math.max(logged, fromState) : null;
-      const maxSteps = (st && st.max_steps) || info.max_steps;
-      const rows = [
-        ["step", (step == null ? "–" : step.toLocaleString()) + (maxSteps ? " / " + maxSteps.toLocaleString() : "")],
-        ["last logged", lastLogged(r)],
-        ["ETA", st ? fmtDur(st.eta_s) : "–"],
-        ["phase", st ? `${st.phase} (${st.policy || "?"})` : "–"],
-        ["engine", [eng.kind, eng.device].filter(Boolean).join(" · ") || "–"],
-        ["memory", `engine ${fmtBytes(eng.mem_bytes)} · rss ${fmtBytes(eng.rss_bytes)}`],
-        ["tokens/s", st ? `${fmtSI(st.tokens_per_s)} wall clock · ${fmtSI(st.engine_tokens_per_s)} engine` : "–"],
-        ["overhead", overheadOf(st)],
-        ["checkpoint", st && st.last_checkpoint ? String(st.last_checkpoint).split("/").pop() : "–"],
-        ["updated", st && st.updated ? fmtDur(Date.now() / 1000 - st.updated) + " ago" : "–"],
-      ];
-      const dl = el("dl");
-      for (const [k, v] of rows) dl.append(el("dt", null, k), el("dd", null, v));
-      box.append(el("div", { class: "card", style: `--c:${runColor(idx)}`, "data-run": idx },
-        el("h3", null, info.name || String(idx), el("span", { class: "pill " + label, title: why }, label)), dl));
-    }
-  }
-
-  // the share of wall time that did not go to steps, and its split (.state.json's goodput)
-  function overheadOf(st) {
-    const g = st && st.goodput;
-    if (!g || typeof g.overhead !== "number" || !(g.wall_s > 0)) return "–";
-    const pct = (v) => (typeof v === "number" ? (100 * v).toFixed(1) + "%" : "–");
-    const parts = Object.entries(g.audits || {}).map(([k, a]) => `${k} ${pct(a && a.s / g.wall_s)}`);
-    parts.push(`other ${pct(g.other_s / g.wall_s)}`);
-    return `${pct(g.overhead)} (${parts.join(", ")})`;
-  }
-
-  // the run's last logged step (-1: none yet)
-  function loggedStep(r) {
-    return r.tail.length ? r.tail[r.tail.length - 1].step : lastStepOf(r.overview);
-  }
-
-  function lastLogged(r) {
-    const t = r.tail.length ? r.tail[r.tail.length - 1] : null;
-    const base = r.overview;
-    const step = t ? t.step : lastStepOf(base);
-    const loss = t ? t.v.loss : base && base.n ? base.v.loss.mean[base.n - 1] : null;
-    return step < 0 ? "–" : `step ${step.toLocaleString()} · loss ${fmtNum(loss, 4)}`;
-  }
-
-  function renderTables() {
-    renderStatus();
-    const r = S.R[S.focus];
-    const side = (r && r.side) || {};
-    const ph = $("phases").tBodies[0];
-    ph.replaceChildren();
-    if (Array.isArray(side.phases) && side.phases.length) {
-      for (const p of side.phases) {
-        const caps = p && p.caps && typeof p.caps === "object"
-          ? Object.entries(p.caps).map(([a, c]) => `${a} ≤ ${c}`).join(", ") : "";
-        ph.append(el("tr", { "data-step": p.start_step }, el("td", null, p.phase), el("td", null, p.start_step),
-          el("td", null, p.policy || ""), el("td", null, caps)));
-      }
-    } else ph.append(el("tr", null, el("td", { class: "empty", colspan: 4 }, "no phases.json yet")));
-
-    const ck = $("checkpoints").tBodies[0];
-    ck.replaceChildren();
-    const list = Array.isArray(side.checkpoints) ? side.checkpoints : [];
-    for (const c of list.slice(0, 500)) {
-      ck.append(el("tr", null, el("td", null, c.name), el("td", null, c.step == null ? "" : c.step),
-        el("td", null, fmtBytes(c.bytes)), el("td", null, fmtTime(c.mtime))));
-    }
-    if (!list.length) ck.append(el("tr", null, el("td", { class: "empty", colspan: 4 }, "no checkpoints yet")));
-
-    const sm = $("samples");
-    const audits = Array.isArray(side.samples) ? side.samples.slice().reverse() : [];
-    const key = JSON.stringify(audits.map((a) => [a.step, a.time]));
-    if (sm.dataset.key !== key) {
-      sm.dataset.key = key;
-      sm.replaceChildren();
-      for (const a of audits) {
-        const box = el("div", { class: "audit", "data-step": a.step },
-          el("h4", null, `step ${a.step == null ? "?" : a.step.toLocaleString()}` + (a.time ? " · " + fmtTime(a.time) : "")));
-        for (const s of a.samples || []) {
-          box.append(el("div", { class: "sample" }, el("span", { class: "prompt" }, s.prompt), s.completion));
-        }
-        sm.append(box);
-      }
-      if (!audits.length) sm.append(el("p", { class: "empty" }, "no sample audits yet"));
-    }
-  }
-
   // ------------------------------------------------------------------ live
 
   function connect() {
@@ -809,6 +635,7 @@
       const r = S.R[d.run];
       if (!r) return;
       r.side[d.kind] = d.value;
+      if (d.kind === "state" || d.kind === "experiment") refreshMfu(r).then(scheduleRender);
       scheduleRender();
     });
     es.addEventListener("reset", (ev) => {
@@ -906,6 +733,9 @@
 
     COLUMNS = await getJSON("/api/columns");
     addColumnCharts();
+    for (const id of CHART_IDS()) DashPanels.addDownloads($(id).parentNode, id, () => S.charts[id] || null);
+    for (const id of DashSystem.ids) DashPanels.addDownloads($(id).parentNode, id, () => DashSystem.chart(id));
+    DashSystem.start(STATIC, fmtBytes, note);
     S.runs = await getJSON("/api/runs");
     const q = new URLSearchParams(location.search).get("runs");
     let shown = q ? q.split(",").map(Number).filter((i) => Number.isInteger(i) && i >= 0 && i < S.runs.length)
@@ -923,7 +753,8 @@
     const note = $(id).querySelector(":scope > .chart-empty");
     const empty = note ? note.textContent : null;
     if (!u) return note ? { labels: [], data: [], axes: [], empty } : null;
-    return { labels: u.series.map((s) => s.label), data: u.data.map((col) => Array.from(col)),
+    return { labels: u.series.map((s) => s.label), colors: u.series.map((s) => s._color || null),
+      data: u.data.map((col) => Array.from(col)),
       axes: u.axes.map((a) => a.label || null), empty };
   };
   window.__dashboardZoom = () => ({

@@ -52,6 +52,9 @@ class EngineStatus:
     path: str | None = None
     threads: int | None = None
     precision: str | None = None
+    version: str | None = None  # the ready event's: the engine's version
+    source: str | None = None  # the ready event's: `git describe` of the source the binary was built from
+    n_params: int | None = None  # the ready event's: the model's parameter count
 
 
 AUDIT_KINDS = ("sample", "eval", "checkpoint")  # what the engine does between steps, besides training

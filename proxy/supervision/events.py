@@ -26,6 +26,13 @@ from .goodput import checkpoint_stall_ms
 from .launch import EngineLaunch
 from .live_status import say_checkpoint, say_progress, write_run_state
 
+MAX_ENGINE_TEXT = 200  # a version or source string of the ready event kept in .state.json
+
+
+def _text(v) -> str | None:
+    """A short string from the engine's ready event (None for anything else)."""
+    return v[:MAX_ENGINE_TEXT] if isinstance(v, str) else None
+
 
 def received_at(ev: Event) -> tuple[float, float]:
     """(monotonic, wall-clock) time the event was read from the engine: when the engine finished that work,
@@ -76,6 +83,9 @@ class EventHandlers:
             threads=ev.get("threads"),
             precision=ev.get("precision"),
             mem_bytes=ev.get("mem_bytes"),
+            version=_text(ev.get("version")),
+            source=_text(ev.get("source")),
+            n_params=ev.get("n_params") if type(ev.get("n_params")) is int else None,
         )
         st = report.engine
         if int(ev.get("step", -1)) != launch.resume.step:

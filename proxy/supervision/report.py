@@ -93,10 +93,20 @@ class RunReport:
     def engine_started(self, engine: EngineStatus) -> None:
         self.engine = engine
 
-    def engine_ready(self, kind: str | None, device, threads, precision, mem_bytes) -> None:
+    def engine_ready(
+        self, kind: str | None, device, threads, precision, mem_bytes, version=None, source=None, n_params=None
+    ) -> None:
         """What the engine's `ready` event says of it."""
         self.engine = replace(
-            self.engine, kind=kind, device=device, threads=threads, precision=precision, mem_bytes=mem_bytes
+            self.engine,
+            kind=kind,
+            device=device,
+            threads=threads,
+            precision=precision,
+            mem_bytes=mem_bytes,
+            version=version,
+            source=source,
+            n_params=n_params,
         )
 
     def engine_usage(self, alive: bool, rss_bytes: int | None, cpu_percent: float | None) -> None:

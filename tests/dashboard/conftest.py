@@ -171,6 +171,17 @@ def server_factory(tmp_path):
             s.proc.wait()
 
 
+def assert_not_blank(png: Path, min_colours: int = 20) -> None:
+    """A screenshot or a downloaded chart has something drawn on it: many colours, not all one."""
+    from PIL import Image
+
+    img = Image.open(png).convert("RGB")
+    colours = img.getcolors(maxcolors=1 << 22) or []
+    assert len(colours) >= min_colours, f"{png.name}: {len(colours)} colours"
+    top = max(n for n, _c in colours)
+    assert top < 0.995 * img.width * img.height, f"{png.name}: one colour almost everywhere"
+
+
 @pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():

@@ -51,6 +51,8 @@ def test_dashboard_follows_a_real_training_run(tmp_path, server_factory, page):
             "--engine",
             gate.engine_flag,
             "--no-dashboard",
+            "--set",
+            "train.lr=0.002",
         ],
         cwd=REPO,
         stdout=log,
@@ -77,6 +79,25 @@ def test_dashboard_follows_a_real_training_run(tmp_path, server_factory, page):
         info = srv.get("/api/runs/0").json()
         assert info["steps"] > 0 and info["experiment"] == "TINY-TRAIN"
         assert srv.get("/api/runs/0/state").json()["value"] is not None
+        # the configuration panel: the effective experiment with the override marked, and the engine's build
+        # and the commit it was built from, as its own --version says them
+        version = subprocess.run([str(ENGINE.path), "--version"], capture_output=True, text=True, timeout=30).stdout
+        source = version.split("source ")[1].split(";")[0].split(")")[0]
+        page.wait_for_function(
+            f"() => document.querySelector('#config .config-engine').textContent.includes({source!r})", timeout=10000
+        )
+        row = page.locator("#config-table tr.override")
+        assert row.count() == 1 and row.locator("td").all_inner_texts() == ["train.lr", "0.002"]
+        engine = page.locator("#config .config-engine").inner_text()
+        assert "version " + version.split()[2] in engine and "train.lr=0.002" in engine
+        # MFU: the engine's own parameter count (its ready event), kept in .state.json
+        eng = srv.get("/api/runs/0/state").json()["value"]["engine"]
+        assert type(eng["n_params"]) is int and eng["n_params"] > 0
+        mfu = srv.get("/api/runs/0/mfu").json()
+        if eng["kind"] == "cuda" and "why" not in mfu:  # TINY-TRAIN: 2 layers, dim 64, ctx 64
+            assert mfu["flops_per_token"] == 6 * eng["n_params"] + 12 * 2 * 64 * 64
+        else:
+            assert mfu["why"]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard-real-proxy.png"), full_page=True)
         assert not page.console_errors, page.console_errors

@@ -53,14 +53,14 @@ def predicted_tokens(starts: np.ndarray, ctx: int) -> int:
 
 def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
     """Each arm's validation rows, exactly as the run's evals take them (the run's frozen validation tokens)."""
-    _run, experiment = source.require_run("the validation data")
+    run, experiment = source.require_run("the validation data")
     rows, row_len = int(experiment.train.eval_rows), source.shape.ctx + 1
     parts = []
     for arm, name in enumerate(experiment.arm_names):
         val = data.val[name]
         if val.size < row_len:
             raise ProxyError(
-                f"the validation data of {source.run.root}: arm {name!r} holds {val.size} "
+                f"the validation data of {run.root}: arm {name!r} holds {val.size} "
                 f"tokens, fewer than one row of {row_len}",
                 EXIT_USAGE,
             )

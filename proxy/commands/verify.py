@@ -124,6 +124,7 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointV
             "reason": "no usable checkpoint: the next launch starts fresh",
             "skipped": skipped,
         }
+    name = _name(point.path)
     warning = (
         f"it is corrupt ({corrupt[name]}), but the next launch would use it: move it aside first"
         if name in corrupt

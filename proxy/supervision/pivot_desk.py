@@ -60,13 +60,13 @@ class PivotDesk:
             why = refuse
             if why is None and self.job is not None:
                 why = f"another pivot (request {self.job.request.get('id')}) is being applied"
-            if why is None:
-                try:
-                    caps, floors, policy = check_request(request, ctx.experiment)
-                except ExperimentError as exc:
-                    why = str(exc)
             if why is not None:
                 self._refuse(request, why)
+                continue
+            try:
+                caps, floors, policy = check_request(request, ctx.experiment)
+            except ExperimentError as exc:
+                self._refuse(request, str(exc))
                 continue
             self.job = PivotJob(request, caps, floors, policy)
             accepted = True

@@ -33,7 +33,6 @@ try:  # optional speed-up (6x on a 300-byte line); same accept/reject rules as b
     def _loads(line: bytes):
         return _orjson.loads(line)
 except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
 
     def _reject_constant(name: str):
         raise ValueError(f"non-finite constant {name}")
@@ -125,7 +124,7 @@ class LogFollower:
                 chunk.start = chunk.end = 0
             self.ident = ident
             if self.scan is not None:
-                return self._scan_overlong(f, st.st_size, max_bytes, chunk)
+                return self._scan_overlong(f, self.scan, st.st_size, max_bytes, chunk)
             if st.st_size <= self.offset:
                 return chunk
             f.seek(self.offset)
@@ -139,16 +138,16 @@ class LogFollower:
             chunk.end = self.offset
             return chunk
 
-    def _scan_overlong(self, f, size: int, max_bytes: int, chunk: Chunk) -> Chunk:
-        """One chunk more of the overlong line's scan; past its newline once found."""
-        f.seek(self.scan)
-        data = f.read(min(max_bytes, size - self.scan))
+    def _scan_overlong(self, f, scan: int, size: int, max_bytes: int, chunk: Chunk) -> Chunk:
+        """One chunk more of the overlong line's scan, from `scan`; past its newline once found."""
+        f.seek(scan)
+        data = f.read(min(max_bytes, size - scan))
         i = data.find(b"\n")
         if i < 0:
-            self.scan += len(data)
+            self.scan = scan + len(data)
             chunk.scanned = len(data)
         else:
-            self.offset = self.scan + i + 1
+            self.offset = scan + i + 1
             self.scan = None
             chunk.end = self.offset
         return chunk

@@ -194,10 +194,11 @@ class RunIndex:
             st = self.store
             lo = st.first_step()
             hi = st.max_step
-            first = lo if first is None else first
-            last = hi if last is None else last
-            if lo is None:
+            if lo is None:  # nothing stored yet
                 first = last = 0
+            else:
+                first = lo if first is None else first
+                last = hi if last is None else last
             raw_limit = min(RAW_MAX, max(RAW_PER_BUCKET * width, RAW_MIN))
             agg, raw = st.query(int(first), int(last), width, raw_limit)
             before = st.points_before(int(agg.step0[0])) if len(agg) else None

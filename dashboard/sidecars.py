@@ -63,7 +63,8 @@ def read_samples(root: Path) -> list[dict] | None:
     for audit in obj[-MAX_AUDITS:]:
         if not isinstance(audit, dict):
             continue
-        samples = audit.get("samples") if isinstance(audit.get("samples"), list) else []
+        given = audit.get("samples")
+        samples = given if isinstance(given, list) else []
         out.append(
             {
                 "step": audit.get("step") if isinstance(audit.get("step"), int) else None,

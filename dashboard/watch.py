@@ -18,6 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from watchdog.events import FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
 from proxy.rundir.layout import CHECKPOINTS, EXPERIMENT, LOSS_LOG, OVERRIDES, PHASES, SAMPLES, STATE
 
 from .run_index import RunIndex
@@ -25,13 +29,6 @@ from .run_index import RunIndex
 log = logging.getLogger("dashboard")
 
 SIDE_NAMES = {STATE, PHASES, SAMPLES, EXPERIMENT, OVERRIDES}
-
-try:
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
-except ImportError:  # pragma: no cover - watchdog is a dependency; polling still works without it
-    Observer = None
-    FileSystemEventHandler = object
 
 
 def classify(root: str, path: str) -> str | None:
@@ -56,11 +53,11 @@ class _Handler(FileSystemEventHandler):
     def on_any_event(self, event) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return
-        kinds = {
+        found = (
             classify(self.root, os.fsdecode(event.src_path)),
             classify(self.root, os.fsdecode(getattr(event, "dest_path", "") or "")),
-        }
-        kinds.discard(None)
+        )
+        kinds = {kind for kind in found if kind is not None}
         if kinds:
             self.watcher.wake(self.idx, kinds)
 
@@ -75,7 +72,7 @@ class Watcher:
         self._cv = threading.Condition()
         self._pending: dict[int, set[str]] = {}
         self._stop = False
-        self._observer = None
+        self._observer: BaseObserver | None = None
         self._scheduled: set[int] = set()
         self._thread = threading.Thread(target=self._loop, name="dashboard-watch", daemon=True)
 
@@ -85,14 +82,14 @@ class Watcher:
             self._cv.notify()
 
     def start(self) -> None:
-        if Observer is not None:
-            try:
-                self._observer = Observer()
-                self._observer.daemon = True
-                self._observer.start()
-            except Exception as exc:  # noqa: BLE001 - fall back to polling, say why
-                log.warning("dashboard: file events unavailable (%s); polling every %.1fs", exc, self.poll_s)
-                self._observer = None
+        try:
+            observer = Observer()
+            observer.daemon = True
+            observer.start()
+            self._observer = observer
+        except Exception as exc:  # noqa: BLE001 - no inotify (limits, a file system without it): poll, say why
+            log.warning("dashboard: file events unavailable (%s); polling every %.1fs", exc, self.poll_s)
+            self._observer = None
         self._schedule_missing()
         self._thread.start()
 

@@ -66,6 +66,5 @@ class StorageError(ProxyError):
         self.errno = exc.errno
         self.errno_name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.strerror = exc.strerror or os.strerror(exc.errno or 0)
-        super().__init__(
-            f"cannot {action} {path}: {self.strerror} ({self.errno_name}); {STORAGE_ERRNOS[exc.errno]}", EXIT_STORAGE
-        )
+        remedy = STORAGE_ERRNOS.get(exc.errno or 0, "check the disk")
+        super().__init__(f"cannot {action} {path}: {self.strerror} ({self.errno_name}); {remedy}", EXIT_STORAGE)

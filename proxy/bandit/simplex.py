@@ -18,7 +18,9 @@ def check_bounds(floors: np.ndarray, caps: np.ndarray) -> None:
     """ValueError unless {floor <= w <= cap, sum w = 1} is a non-empty set (config/bounds.py's rules)."""
     if floors.shape != caps.shape:
         raise ValueError(f"floors {floors.shape} and caps {caps.shape} differ in shape")
-    problems = check_caps_floors(dict(enumerate(caps.tolist())), dict(enumerate(floors.tolist())))
+    problems = check_caps_floors(
+        {str(i): c for i, c in enumerate(caps.tolist())}, {str(i): f for i, f in enumerate(floors.tolist())}
+    )
     if problems:
         raise ValueError("; ".join(problems))
 

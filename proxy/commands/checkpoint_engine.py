@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import EXIT_FAILURE, ProxyError
@@ -29,7 +30,7 @@ STOP_GRACE_S = 30.0  # how long the engine may take to exit after STOP before it
 class CheckpointEngine:
     """`with CheckpointEngine(choice, source) as engine: event = engine.ask(frame, "sample")`."""
 
-    def __init__(self, choice: EngineChoice, source: ModelSource, extra: list[str] = ()):
+    def __init__(self, choice: EngineChoice, source: ModelSource, extra: Sequence[str] = ()):
         self.choice = choice
         self.source = source
         self.extra = list(extra)
@@ -64,17 +65,25 @@ class CheckpointEngine:
 
     @property
     def log(self) -> Path:
+        if self.tmp is None:
+            raise RuntimeError("CheckpointEngine used outside its with block")
         return self.tmp / "engine.log"
+
+    @property
+    def engine(self) -> EngineProcess:
+        if self.process is None:
+            raise RuntimeError("CheckpointEngine used outside its with block")
+        return self.process
 
     def ask(self, frame: bytes, kind: str) -> Event:
         """Send one EVAL or SAMPLE frame and return its event."""
-        self.process.send(frame)
+        self.engine.send(frame)
         return self._next(kind)
 
     def _next(self, kind: str) -> Event:
         """The next event of `kind`; ProxyError with the engine's own reason if it fails or ends first."""
         while True:
-            what, payload = self.process.events.get()
+            what, payload = self.engine.events.get()
             if what == EVENT and payload.kind == kind:
                 return payload
             if what == EVENT and payload.kind == "error":
@@ -84,7 +93,7 @@ class CheckpointEngine:
 
     def _ended(self) -> str:
         """Why the engine stopped answering: its exit and the last line it wrote on stderr."""
-        code = self.process.wait(STOP_GRACE_S)
+        code = self.engine.wait(STOP_GRACE_S)
         try:
             lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln and not ln.startswith("===")]
         except OSError:

@@ -53,7 +53,7 @@ def predicted_tokens(starts: np.ndarray, ctx: int) -> int:
 
 def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
     """Each arm's validation rows, exactly as the run's evals take them (the run's frozen validation tokens)."""
-    _run, experiment = source.require_run("the validation data")
+    run, experiment = source.require_run("the validation data")
     longest = max(data.val[name].size for name in experiment.arm_names)
     rows, row_len = experiment.train.eval_row_count(source.shape.ctx, longest), source.shape.ctx + 1
     parts = []
@@ -61,7 +61,7 @@ def arm_parts(source: ModelSource, data: HeldData) -> list[Part]:
         val = data.val[name]
         if val.size < row_len:
             raise ProxyError(
-                f"the validation data of {source.run.root}: arm {name!r} holds {val.size} "
+                f"the validation data of {run.root}: arm {name!r} holds {val.size} "
                 f"tokens, fewer than one row of {row_len}",
                 EXIT_USAGE,
             )

@@ -32,7 +32,7 @@ from ..config.config_file import ExperimentError
 from ..config.experiment import Experiment
 from ..data.prepare import DataError, default_cache_dir, load_cached, v1_key
 from ..data.tokenizer import Tokenizer
-from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError
+from ..errors import EXIT_FAILURE, EXIT_USAGE, ProxyError, add_note
 from ..formats.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -108,7 +108,7 @@ def _chosen(run: RunDir, step: str | int) -> Path:
             skipped = f" ({'; '.join(point.skipped)})" if point.skipped else ""
             raise ProxyError(f"{run.checkpoints}: no valid checkpoint to use{skipped}", EXIT_FAILURE)
         return point.path
-    path = checkpoint_path(run.checkpoints, step)
+    path = checkpoint_path(run.checkpoints, int(step))
     if not path.is_file():
         raise ProxyError(f"{path}: no checkpoint at step {step} in {run.root}", EXIT_USAGE)
     return path
@@ -120,7 +120,7 @@ def read_model_checkpoint(path: Path) -> Checkpoint:
     try:
         return read_checkpoint(path)
     except CheckpointError as exc:
-        exc.add_note("corrupt checkpoint")
+        add_note(exc, "corrupt checkpoint")
         raise
 
 
@@ -128,8 +128,8 @@ def _verified(path: Path) -> tuple[Trailer | None, int, list[str]]:
     """(trailer, n_params, warnings) of a checkpoint that verifies, or of a bare ANDREA file (no trailer: it
     loads with a warning, as the engine loads it); ProxyError saying why for anything else."""
     reason = verify_checkpoint(path)
-    if reason is None:
-        trailer = read_trailer(path)
+    trailer = read_trailer(path) if reason is None else None
+    if trailer is not None:
         return trailer, trailer.shape.n_params, []
     ckpt = read_model_checkpoint(path)
     if ckpt.trailer is not None:  # it reads, but did not verify (a file that changed in between)
@@ -141,7 +141,7 @@ def _shape_of(
     path: Path, trailer: Trailer | None, n_params: int, experiment: Experiment | None, run: RunDir | None
 ) -> ModelShape:
     """The checkpoint's model shape; ProxyError when it is not the run's model (a foreign checkpoint)."""
-    if experiment is None:
+    if experiment is None or run is None:  # no run: only the file says its shape
         if trailer is None:
             raise ProxyError(
                 f"{path}: a bare ANDREA file holds no model shape; pass --run-dir DIR of its run", EXIT_USAGE
@@ -198,13 +198,13 @@ def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bo
             val = run_val_arrays(run, definition, experiment.arm_names) if need_val else {}
             return HeldData(tokenizer, raw, val)
     except RunDirError as exc:
-        exc.add_note(f"{what} of {run.root}")
+        add_note(exc, f"{what} of {run.root}")
         raise
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     try:  # relative source paths resolve against the run directory (as for `proxy run --run-dir`)
         key = v1_key(experiment, run.root)
     except (DataError, ExperimentError) as exc:
-        exc.add_note(f"the data of {run.root} (made before runs froze their data)")
+        add_note(exc, f"the data of {run.root} (made before runs froze their data)")
         raise
     data = load_cached(experiment, run.root, cache, key)
     if data is None:

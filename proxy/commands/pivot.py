@@ -33,7 +33,8 @@ from ..rundir.apply_pivot import PivotResult, apply_pivot
 from ..rundir.history import check_history
 from ..rundir.identity import load_identity, save_identity
 from ..rundir.layout import RunDir, relative_checkpoint
-from ..rundir.lock import Holder, PivotLock, RunLock, run_lock_holder, running_proxy
+from ..rundir.lock import PivotLock, RunLock, run_lock_holder, running_proxy
+from ..rundir.lock_holder import RunningProxy
 from ..rundir.phases import read_phases
 from ..rundir.pivot_request import read_response, withdraw_request, write_request
 from ..rundir.resume import choose_resume
@@ -61,27 +62,27 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
         owner = run_lock_holder(run)
         if owner is None:
             return _offline(run, experiment, caps, floors, policy, caps_path, at, out)
-        if not owner.is_proxy:  # `flock -x RUN sleep`, or a process the kernel does not name: never signalled
-            owner = running_proxy(run, "nothing changed")
+        # proven ours, else one line: `flock -x RUN sleep`, or a process the kernel does not name, is never signalled
+        proxy = running_proxy(run, "nothing changed")
         if at is not None:
             raise ProxyError(
-                f"--at applies to a stopped run only; {run.root} is running ({owner.describe()}); "
+                f"--at applies to a stopped run only; {run.root} is running ({proxy.describe()}); "
                 "a live pivot lands at the step the run has reached"
             )
-        return _live(run, owner, caps, floors, policy, caps_path, timeout, out)
+        return _live(run, proxy, caps, floors, policy, caps_path, timeout, out)
     finally:
         lock.release()
 
 
 def _live(
-    run: RunDir, owner: Holder, caps: dict, floors: dict, policy: str, caps_path: Path, timeout: float, out
+    run: RunDir, proxy: RunningProxy, caps: dict, floors: dict, policy: str, caps_path: Path, timeout: float, out
 ) -> int:
     """Ask the running proxy (the holder of the run's lock, as the kernel names it) to pivot at the step it
     has reached; wait for its answer."""
-    pid = owner.pid
+    pid = proxy.pid
     phases_before = len(read_phases(run))
     request_id = write_request(run, caps, floors, policy, str(caps_path))
-    if not send(owner.process, signal.SIGUSR2):
+    if not send(proxy.process, signal.SIGUSR2):
         withdraw_request(run)
         raise ProxyError(f"proxy pid {pid} for {run.root} is gone; nothing changed")
     print(f"asked proxy pid {pid} to pivot {run.root}: waiting for the checkpoint...", file=out, flush=True)

@@ -67,7 +67,8 @@ def status_report(run: RunDir) -> dict:
         experiment = {}
     if not isinstance(experiment, dict):
         experiment = {}
-    train = experiment.get("train") if isinstance(experiment.get("train"), dict) else {}
+    given = experiment.get("train")
+    train = given if isinstance(given, dict) else {}
     try:
         max_steps = int(train.get("max_steps") or state.get("max_steps") or 0)
     except (TypeError, ValueError):  # a hand-edited file: shown as unknown
@@ -195,10 +196,10 @@ def format_status(r: dict) -> str:
     if r.get("best") and r["best"].get("step") is not None:
         loss = r["best"].get("loss")
         lines.append(f"best:        step {r['best']['step']}" + (f", val loss {loss:.4f}" if loss is not None else ""))
-    about = [r["policy"]] if r.get("policy") else []
+    facts = [r["policy"]] if r.get("policy") else []
     if r.get("phase"):
-        about.append(f"pivot at step {r['phase_start_step']}")
-    about = f" ({', '.join(about)})" if about else ""
+        facts.append(f"pivot at step {r['phase_start_step']}")
+    about = f" ({', '.join(facts)})" if facts else ""
     lines.append(f"phase:       {r['phase']}{about}, segment {r['segment']}, engine restarts {r['restarts']}")
     if r.get("caps"):
         lines.append("caps:        " + ", ".join(f"{k} {r['floors'].get(k, 0):g}..{v:g}" for k, v in r["caps"].items()))

@@ -57,8 +57,8 @@ def check_file(path: Path, run: RunDir, experiment: Experiment) -> CheckpointVer
     if reason is not None and not path.exists():
         return CheckpointVerdict(name, GONE, None, "deleted while verifying (the live run's retention)")
     step = header_step(path)
-    if reason is None:
-        trailer = read_trailer(path)
+    trailer = read_trailer(path) if reason is None else None
+    if trailer is not None:
         foreign = foreign_reason(run, experiment, trailer, trailer.shape.n_params)
         if foreign is not None:
             return CheckpointVerdict(
@@ -68,6 +68,8 @@ def check_file(path: Path, run: RunDir, experiment: Experiment) -> CheckpointVer
         if wrong_name is not None:
             return CheckpointVerdict(name, CORRUPT, step, wrong_name)
         return CheckpointVerdict(name, VALID, step)
+    if reason is None:  # it verified, then lost its trailer: replaced in between
+        reason = f"{path}: changed while it was verified"
     try:
         ckpt = read_checkpoint(path)
     except CheckpointError as exc:
@@ -95,7 +97,8 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointV
     refused = {v.name: v.reason for v in verdicts if v.refused}
     corrupt = {v.name: v.reason for v in verdicts if v.verdict == CORRUPT and not v.refused}
     index = LossLogIndex.load(run.loss_log)
-    skipped, at_most = [], None
+    skipped: list[str] = []
+    at_most: int | None = None
     while True:
         try:
             point = choose_resume(
@@ -109,9 +112,9 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointV
                 "skipped": skipped,
             }
         skipped += [why.removeprefix(f"{run.checkpoints}/") for why in point.skipped]
-        name = _name(point.path) if point.path is not None else None
-        if name not in refused:
+        if point.path is None or _name(point.path) not in refused:
             break
+        name = _name(point.path)
         skipped.append(f"{point.path.name}: the engine refuses it ({refused[name]})")
         at_most = point.step - 1
     if point.path is None:
@@ -121,6 +124,7 @@ def resume_point(run: RunDir, experiment: Experiment, verdicts: list[CheckpointV
             "reason": "no usable checkpoint: the next launch starts fresh",
             "skipped": skipped,
         }
+    name = _name(point.path)
     warning = (
         f"it is corrupt ({corrupt[name]}), but the next launch would use it: move it aside first"
         if name in corrupt

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, model_validator
 
@@ -28,7 +28,7 @@ FILE, DIRECTORY, PATTERN = "file", "directory", "pattern"  # what a path field n
 # Built-in sources. random_tokens is the one whose documents are token ids, not text: it is made after the
 # tokenizer and trains no part of it.
 # The last four are realistic low-quality text for curation tests (proxy/data/lowquality.py).
-BUILTIN_SOURCES = (
+BuiltinName = Literal[
     "stdlib_code",
     "stdlib_docstrings",
     "pydoc_topics",
@@ -38,11 +38,13 @@ BUILTIN_SOURCES = (
     "boilerplate",
     "near_duplicates",
     "man_pages_de",
-)
+]
+BUILTIN_SOURCES: tuple[str, ...] = get_args(BuiltinName)
 TOKEN_BUILTINS = ("random_tokens",)
 STDLIB_BUILTINS = ("stdlib_code", "stdlib_docstrings")
 MAX_MODULES = 1000
-TOKEN_FORMATS = ("uint16", "llmc", "npy")  # formats/token_files.py
+TokenFormat = Literal["uint16", "llmc", "npy"]  # formats/token_files.py
+TOKEN_FORMATS: tuple[str, ...] = get_args(TokenFormat)
 
 
 class Source(StrictModel):
@@ -199,7 +201,7 @@ class TokensSource(Source):
     holds: ClassVar[str] = TOKENS
     tokens: PathText
     val: PathText | None = None
-    format: Literal[TOKEN_FORMATS] | None = None
+    format: TokenFormat | None = None
 
     def path_fields(self):
         return [("tokens", self.tokens, PATTERN)] + ([("val", self.val, PATTERN)] if self.val is not None else [])
@@ -209,7 +211,7 @@ class BuiltinSource(TextSource):
     """Real text present on any machine with Python, or the curation tests' sources (docs/EXPERIMENTS.md)."""
 
     kind: ClassVar[str] = "builtin"
-    builtin: Literal[BUILTIN_SOURCES]
+    builtin: BuiltinName
     modules: list[Word] | None = Field(default=None, max_length=MAX_MODULES)  # stdlib_*: only these
 
     @property

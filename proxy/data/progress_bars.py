@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
@@ -30,7 +30,7 @@ class ProgressBar:
     def __init__(self, progress: ProgressBars, label: str, total: float | None, unit: str):
         self.p = progress
         self.live = progress.enabled and progress.tty
-        options = dict(
+        options: dict[str, Any] = dict(
             total=total,
             desc=label,
             unit=unit or "it",

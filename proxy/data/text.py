@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from typing import AnyStr
 
 PIECE_CHARS = 1 << 20  # a long text is encoded in pieces of about this many characters (or bytes)
 SEARCH_CHARS = 1 << 16  # how far past the nominal cut a newline is looked for
@@ -47,8 +48,6 @@ BINARY_HEAD = 64 * 1024  # bytes looked at for control characters
 MAX_CONTROL = 0.10  # ... more than this share of them, and it is not text
 _CONTROL = bytes(b for b in range(32) if b not in b"\t\n\v\f\r\x1b") + b"\x7f"
 TOKENS_HINT = 'for token ids use a {"tokens": ...} source (docs/EXPERIMENTS.md)'
-
-Text = str | bytes
 
 
 def binary_reason(data: bytes, head: bool = True) -> str | None:
@@ -72,14 +71,14 @@ def _code(c: int | str) -> int:
     return c if isinstance(c, int) else ord(c)
 
 
-def safe_cut(text: Text, nominal: int) -> int:
+def safe_cut(text: AnyStr, nominal: int) -> int:
     """The first place at or after `nominal` (within SEARCH_CHARS) right before a newline, or a `\r\n`,
     that follows a printable non-space ASCII character; else `nominal` itself (moved past UTF-8
     continuation bytes when `text` is bytes). `len(text)` when `nominal` is at or past the end."""
     n = len(text)
     if nominal >= n:
         return n
-    newline = b"\n" if isinstance(text, bytes) else "\n"
+    newline: AnyStr = b"\n" if isinstance(text, bytes) else "\n"
     limit = min(n, nominal + SEARCH_CHARS)
     i = text.find(newline, max(nominal, 1), limit)
     while i != -1:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..config.experiment import ArmConfig, Experiment
@@ -18,7 +18,7 @@ from .source_files import SourceError, hash_file, source_bytes
 from .source_readers import limited_units
 from .split import SAMPLE_CAP, TRAIN, VAL, by_hash, sample_rate, tail_tokens, val_doc_max
 from .tokenizer import Tokenizer, train_tokenizer
-from .workers import UnitTask, Workers
+from .workers import UnitResult, UnitTask, Workers
 
 
 class Hashes(dict):
@@ -126,7 +126,9 @@ class TextArms:
                 except SourceError as exc:
                     raise DataError(f"arm {arm.name!r}: {exc}") from None
 
-    def run(self, workers: Workers, rate: float = 0.0, stop=lambda: False) -> Iterator[tuple[str, UnitTask, object]]:
+    def run(
+        self, workers: Workers, rate: float = 0.0, stop: Callable[[], bool] = lambda: False
+    ) -> Iterator[tuple[str, UnitTask, UnitResult]]:
         """(arm, task, result) of every unit, in order; a source's error is one line naming its arm."""
         order: deque[tuple[str, int, UnitTask]] = deque()  # handed out, no result yet (bounded by the workers' window)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TypedDict
 
 import numpy as np
 from tokenizers import Tokenizer as _HFTokenizer
@@ -32,8 +33,22 @@ COMMON_EOTS = (EOT, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
 ENCODE_CHARS = 4 * PIECE_CHARS  # the most text given to one encode_batch call (its Encodings are large)
 SAMPLE_BYTES = 64 << 20  # the most text a tokenizer is trained on (a deterministic sample of the pieces)
 GIVEN_LIMIT = READ_LIMITS[TOKENIZER]  # the largest tokenizer.json read (GPT-2's is 1.4 MB)
+
+
 # Everything that changes what training produces (part of the data cache key).
-TOKENIZER_SETTINGS = {
+class TokenizerSettings(TypedDict):
+    """How a tokenizer is trained; hashed into the data cache's key (prepare.py)."""
+
+    kind: str
+    special_tokens: list[str]
+    add_prefix_space: bool
+    use_regex: bool
+    min_frequency: int
+    sample_bytes: int
+    version: int
+
+
+TOKENIZER_SETTINGS: TokenizerSettings = {
     "kind": "byte_level_bpe",
     "special_tokens": [EOT],
     "add_prefix_space": False,

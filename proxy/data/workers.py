@@ -106,6 +106,8 @@ def run_task(task: UnitTask) -> UnitResult:
         result.skipped = notes.skipped
         return result
     tok = _tokenizer
+    if tok is None:  # a sampling pass (sample_rate > 0) is the only one made before a tokenizer exists
+        raise RuntimeError("an encoding task ran before the tokenizer was given to this process")
     items: list[tuple[str, int, bool]] = []  # (split, chars, last) of each piece, in the order encoded
 
     def texts() -> Iterator[str]:  # the pieces, read as the encoder asks for them (a batch at a time)
@@ -182,11 +184,11 @@ class Workers:
         exhausted = False
         while True:
             while not exhausted and len(pending) < window and not stop():
-                task = next(feed, None)
-                if task is None:
+                given = next(feed, None)
+                if given is None:
                     exhausted = True
                     break
-                pending.append(self.pool.submit(run_task, task))
+                pending.append(self.pool.submit(run_task, given))
             if not pending:
                 return
             try:

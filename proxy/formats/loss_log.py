@@ -83,7 +83,7 @@ def eval_loss(parts) -> float:
     return sum(loss * t for loss, t in parts) / total
 
 
-_KINDS = {"step": StepEntry, "eval": EvalEntry}
+_KINDS: dict[object, type[StepEntry] | type[EvalEntry]] = {"step": StepEntry, "eval": EvalEntry}
 
 
 def parse_line(line: bytes | str) -> StepEntry | EvalEntry | None:

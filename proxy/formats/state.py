@@ -106,20 +106,23 @@ class Goodput:
                 tokens=int(_number(obj["tokens"])),
                 audits=audits,
                 other_s=_number(obj["other_s"]),
-                overhead=_number(obj["overhead"], none=True),
-                tokens_per_s=_number(obj["tokens_per_s"], none=True),
+                overhead=_number_or_null(obj["overhead"]),
+                tokens_per_s=_number_or_null(obj["tokens_per_s"]),
             )
         except (KeyError, TypeError, ValueError):
             return None
 
 
-def _number(value, none: bool = False) -> float | None:
-    """A finite JSON number (or null where `none`); anything else is a ValueError."""
-    if value is None and none:
-        return None
+def _number(value) -> float:
+    """A finite JSON number; anything else is a ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"not a number: {value!r}")
     return float(value)
+
+
+def _number_or_null(value) -> float | None:
+    """A finite JSON number or null; anything else is a ValueError."""
+    return None if value is None else _number(value)
 
 
 @dataclass

@@ -201,8 +201,8 @@ PLOTTED: tuple[StepField, ...] = tuple(f for f in STEP_FIELDS if f.plot is not N
 ENGINE_KEYS: frozenset[str] = frozenset(f.engine_key for f in STEP_FIELDS if f.engine_key)  # "event" aside
 
 
-def engine_metrics(event: Mapping[str, Any]) -> dict[str, float]:
-    """The COPIED fields of an engine step event, as StepEntry keyword arguments."""
+def engine_metrics(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The COPIED fields of an engine step event (floats), as StepEntry keyword arguments."""
     return {
         f.name: float(event[f.engine_key] if f.missing is None else event.get(f.engine_key, f.missing))
         for f in STEP_FIELDS

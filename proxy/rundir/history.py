@@ -85,7 +85,7 @@ def _log(phases: list[Phase], index: LossLogIndex) -> list[str]:
 
 
 def _receipts(run: RunDir, phases: list[Phase]) -> list[str]:
-    problems = []
+    problems: list[str] = []
     if not run.archive.is_dir():
         return problems
     for directory in sorted(run.archive.glob(PIVOT_DIRS)):
@@ -125,7 +125,7 @@ def _checkpoints(run: RunDir, phases: list[Phase]) -> list[str]:
     problems = []
     for path in checkpoint_files(run.checkpoints):
         number, step = _checkpoint_phase(path), checkpoint_step(path)
-        if number is None:
+        if number is None or step is None:
             continue
         if not 0 <= number < len(phases):
             problems.append(

@@ -36,7 +36,7 @@ from ..errors import EXIT_FAILURE, ProxyError
 from ..processes import FileIdentity, flock_holder, send
 from ..safe_fs import NO_FOLLOW, UnsafeFileError, open_own
 from .layout import RunDir, RunDirError
-from .lock_holder import Holder, holder_of
+from .lock_holder import Holder, RunningProxy, holder_of
 
 # A lock file is ours: never a symlink, and opening it never blocks (a FIFO there is refused).
 LOCK_FLAGS = os.O_RDWR | os.O_CREAT | NO_FOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -138,7 +138,8 @@ class RunLock(KernelLock):
             raise RunInUse(f"run directory {self.run.root} is in use by {holder.describe()} ({how})") from None
         except OSError as exc:
             raise RunInUse(f"cannot lock run directory {self.run.root}: {exc.strerror}") from None
-        anchor(self.run.root, self.fd)  # the run's own files are replaced in the directory locked
+        if self.fd is not None:  # (acquired: always) the run's own files are replaced in the directory locked
+            anchor(self.run.root, self.fd)
         return self
 
     def release(self) -> None:
@@ -211,7 +212,7 @@ def run_lock_holder(run: RunDir) -> Holder | None:
         os.close(fd)
 
 
-def running_proxy(run: RunDir, nothing_done: str) -> Holder:
+def running_proxy(run: RunDir, nothing_done: str) -> RunningProxy:
     """The proxy of this run holding its lock, proven (lock_holder.py); ProxyError, one line ending in
     `nothing_done`, when no process holds it, the kernel names none, or the holder is no proxy of this run."""
     holder = run_lock_holder(run)
@@ -223,7 +224,7 @@ def running_proxy(run: RunDir, nothing_done: str) -> Holder:
         )
     if not holder.is_proxy:
         raise ProxyError(f"{run.root} is locked by {holder.describe()}; {nothing_done}")
-    return holder
+    return RunningProxy(holder.process)
 
 
 def signal_proxy(run: RunDir, signum: int) -> int:

@@ -65,6 +65,21 @@ class Holder:
         return f"pid {self.pid}, which is not a proxy of this run ({self.foreign})"
 
 
+@dataclass(frozen=True)
+class RunningProxy:
+    """A lock holder proven to be a proxy of the run (lock.py's running_proxy): the one process that
+    commands may signal."""
+
+    process: psutil.Process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def describe(self) -> str:
+        return f"proxy pid {self.pid}"
+
+
 def proxy_arguments(cmdline: list[str]) -> list[str] | None:
     """The proxy's own arguments in a process's command line (what follows `-m proxy`, or the `proxy`
     script after its interpreter); None when the command line is no Python running the proxy."""

@@ -11,6 +11,7 @@ stopped run and `proxy fork` all choose by this rule.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def uncovered(index: LossLogIndex, phases: list[Phase], through: int, after: int
         n, f = index.gap(phase.phase, max(lo - 1, after), hi)
         if n:
             count += n
-            first = f if first is None else min(first, f)
+            if f is not None:
+                first = f if first is None else min(first, f)
     return count, first
 
 
@@ -48,7 +50,7 @@ def newest_covered(
     vocab: int,
     since: Phase | None = None,
     at_most: int | None = None,
-    rejected: set[str] = frozenset(),
+    rejected: AbstractSet[str] = frozenset(),
 ) -> ResumePoint:
     """The newest checkpoint (at or before `at_most`) that verifies, whose steps the log covers, and that is
     sane (proxy/divergence.py: the loss logged for its step; `vocab` is the model's).
@@ -58,9 +60,11 @@ def newest_covered(
     checkpoints the engine refused. ResumePoint(None, 0, skipped) when none qualifies.
     """
     after = since.start_step if since is not None else 0
-    skipped = []
+    skipped: list[str] = []
     for path in list_checkpoints(checkpoint_dir):
         step = checkpoint_step(path)
+        if step is None:  # not a step_NNNNNN.bin name (list_checkpoints yields none such)
+            continue
         if at_most is not None and step > at_most:
             continue
         if str(path) in rejected:

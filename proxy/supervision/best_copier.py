@@ -52,7 +52,7 @@ class BestCopier:
 
     def collect(self, report: RunReport, warn: Callable[[str], None]) -> None:
         """A finished copy: record the new best in the report, or say why best.bin is unchanged."""
-        if self._thread is None or self._thread.is_alive():
+        if self._thread is None or self._thread.is_alive() or self.job is None:
             return
         self._thread.join()
         (step, loss), error, best = self.job, self._error, self._best

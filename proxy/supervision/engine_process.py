@@ -115,17 +115,22 @@ class EngineProcess:
         finally:
             os.close(log)
         self.pid = self.proc.pid
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        if self.proc.stdin is None or self.proc.stdout is None:  # both PIPE: never
+            raise EngineError(f"cannot start engine {argv[0]}: no pipes")
+        self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
+        for pipe in (self._stdin, self._stdout):
             try:
                 fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)
             except OSError:
                 pass
+        self._ps: psutil.Process | None = None
+        self.create_time: float | None = None
         try:
-            self._ps = psutil.Process(self.pid)
-            self._ps.cpu_percent(None)
-            self.create_time = self._ps.create_time()
+            ps = psutil.Process(self.pid)
+            ps.cpu_percent(None)
+            self._ps, self.create_time = ps, ps.create_time()
         except psutil.Error:
-            self._ps, self.create_time = None, None
+            pass
         self.write_error: str | None = None
         self.events_read = 0  # events the reader thread has queued (the watchdog: one not yet handled is no hang)
         self._reader = threading.Thread(target=self._read, name=f"engine-{self.pid}-reader", daemon=True)
@@ -136,7 +141,7 @@ class EngineProcess:
     # -- threads
     def _read(self) -> None:
         try:
-            for raw in self.proc.stdout:
+            for raw in self._stdout:
                 line = raw.strip()
                 if not line:
                     continue
@@ -150,7 +155,7 @@ class EngineProcess:
         self.events.put((EOF, None))
 
     def _write(self) -> None:
-        stdin = self.proc.stdin
+        stdin = self._stdin
         while True:
             item = self._frames.get()
             if item is None:
@@ -224,6 +229,6 @@ class EngineProcess:
         self._reader.join(timeout=5)
         self._writer.join(timeout=5)
         try:
-            self.proc.stdout.close()
+            self._stdout.close()
         except OSError:
             pass

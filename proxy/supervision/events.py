@@ -125,7 +125,7 @@ class EventHandlers:
         )
         entry = StepEntry(
             step=t,
-            **engine_metrics(ev),
+            **engine_metrics(ev.fields),
             tokens=tokens,
             time=now,
             arms=arms,

@@ -73,7 +73,7 @@ def start_launch(ctx: RunContext) -> EngineLaunch:
     tokens, loss, smoothed = 0, None, None
     if c > 0:
         entry = index.step(c)
-        trailer = read_trailer(resume.path) if entry is None else None
+        trailer = read_trailer(resume.path) if entry is None and resume.path is not None else None
         tokens = int((entry.tokens if entry is not None else trailer.tokens_seen if trailer else None) or 0)
         loss = entry.loss if entry is not None else None
         # the smoothed loss goes on from the logged steps, as `proxy status` computes it, not from step c's loss

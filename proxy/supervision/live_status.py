@@ -82,10 +82,12 @@ def _arm_status(ctx: RunContext) -> dict[str, ArmStatus]:
     bandit = ctx.bandit
     weights = list(bandit.weights()) if bandit is not None else [0.0] * len(ctx.arm_names)
     raw = bandit.state() if bandit is not None else {}
-    per_arm = raw.get("arms") if isinstance(raw, dict) and isinstance(raw.get("arms"), dict) else {}
+    arms = raw.get("arms") if isinstance(raw, dict) else None
+    per_arm = arms if isinstance(arms, dict) else {}
     out = {}
     for i, name in enumerate(ctx.arm_names):
-        info = per_arm.get(name) if isinstance(per_arm.get(name), dict) else {}
+        given = per_arm.get(name)
+        info = given if isinstance(given, dict) else {}
         out[name] = ArmStatus(
             pulls=int(info.get("pulls") or 0),
             ema=info.get("ema"),

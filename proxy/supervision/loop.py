@@ -66,7 +66,7 @@ class Supervisor:
         line for the user comes last."""
         ctx = self.ctx
         old = ctx.signals.install()
-        failure: ProxyError | None = None
+        failure: ProxyError | UnsafeFileError | None = None
         try:
             return self._loop()
         except RunDirReplaced as exc:  # nothing more is written by path: it leads elsewhere now
@@ -83,7 +83,7 @@ class Supervisor:
             if failure is not None:
                 ctx.warn(self._failure_line(failure, unwritten))
 
-    def _record_failure(self, exc: ProxyError) -> None:
+    def _record_failure(self, exc: ProxyError | UnsafeFileError) -> None:
         self.ctx.report.failed(
             one_line(exc),
             {"path": exc.path, "errno": exc.errno_name, "error": exc.strerror}
@@ -126,7 +126,7 @@ class Supervisor:
         except StorageError:
             pass
 
-    def _failure_line(self, exc: ProxyError, unwritten: list[str]) -> str:
+    def _failure_line(self, exc: ProxyError | UnsafeFileError, unwritten: list[str]) -> str:
         """The one line that ends a failed run; for a failed write, what became of the engine's checkpoint."""
         if not isinstance(exc, StorageError):
             return one_line(exc)
@@ -155,9 +155,9 @@ class Supervisor:
                 report.set_status("stopped")
                 ctx.say(f"stopped at step {last_step(self.launch)} (no engine running)")
                 return EXIT_OK
-            outcome = self._run_launch()
+            launch, outcome = self._run_launch()
             if self.desk.job is not None:
-                outcome = self.desk.finish(self.launch, outcome)
+                outcome = self.desk.finish(launch, outcome)
             if outcome in (Outcome.PIVOTED, Outcome.RESUME):  # a new launch: the new phase, or the same one again
                 continue
             if outcome == Outcome.FINISHED:
@@ -165,18 +165,17 @@ class Supervisor:
                 ctx.say(f"run {ctx.run.root} finished: step {ctx.max_steps}, last checkpoint {report.last_ckpt_path}")
                 return EXIT_OK
             if outcome == Outcome.STOPPED:
-                report.set_status("stopped", f"stopped at step {last_step(self.launch)}")
+                report.set_status("stopped", f"stopped at step {last_step(launch)}")
                 saved = (
                     f"checkpoint {report.last_ckpt_path}"
                     if report.last_ckpt_path
                     else "no checkpoint written (a relaunch starts from scratch)"
                 )
-                ctx.say(f"stopped at step {last_step(self.launch)}; {saved}; relaunch the same command to resume")
+                ctx.say(f"stopped at step {last_step(launch)}; {saved}; relaunch the same command to resume")
                 return EXIT_OK
-            launch = self.launch
             if outcome == Outcome.DIVERGED:
                 report.set_status("diverged", self._divergence_line())
-                raise ProxyError(report.message, EXIT_DIVERGED)
+                raise ProxyError(report.message or "the run diverged", EXIT_DIVERGED)
             if outcome == Outcome.FATAL:
                 report.set_status("crashloop")
                 raise ProxyError(
@@ -233,7 +232,7 @@ class Supervisor:
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # ------------------------------------------------------------ one engine launch
-    def _run_launch(self) -> Outcome:
+    def _run_launch(self) -> tuple[EngineLaunch, Outcome]:
         ctx = self.ctx
         ctx.lock.check()
         first = ctx.launch_number == 0
@@ -278,7 +277,7 @@ class Supervisor:
         retain(ctx, launch)
         if launch.last_error is None and code not in (0, None):
             launch.errored(self._engine_log_tail())
-        return self._classify(launch, code)
+        return launch, self._classify(launch, code)
 
     def _watch(self, launch: EngineLaunch) -> None:
         """The hang watchdog's look of this iteration (watchdog.py): the proxy's own pause is said and not

@@ -60,13 +60,13 @@ class PivotDesk:
             why = refuse
             if why is None and self.job is not None:
                 why = f"another pivot (request {self.job.request.get('id')}) is being applied"
-            if why is None:
-                try:
-                    caps, floors, policy = check_request(request, ctx.experiment)
-                except ExperimentError as exc:
-                    why = str(exc)
             if why is not None:
                 self._refuse(request, why)
+                continue
+            try:
+                caps, floors, policy = check_request(request, ctx.experiment)
+            except ExperimentError as exc:
+                self._refuse(request, str(exc))
                 continue
             self.job = PivotJob(request, caps, floors, policy)
             accepted = True
@@ -83,6 +83,8 @@ class PivotDesk:
     def start(self, launch: EngineLaunch) -> None:
         """Stop feeding; STOP makes the engine train what is in flight, checkpoint and exit."""
         ctx = self.ctx
+        if self.job is None:  # no pivot pending
+            return
         if launch.stop_sent or ctx.signals.stop:
             request = self.job.request
             self.job = None
@@ -121,6 +123,8 @@ class PivotDesk:
         launch's outcome as the loop sees it: PIVOTED (a new phase), RESUME, or the outcome given."""
         ctx = self.ctx
         job, self.job = self.job, None
+        if job is None:  # no pivot was pending
+            return outcome
         if outcome != Outcome.STOPPED:  # a clean exit checkpoints its last step, whatever asked for it
             why = {Outcome.FINISHED: "the run reached max_steps first"}.get(
                 outcome, f"the engine failed before its pivot checkpoint ({launch.last_error or outcome.value})"

@@ -54,14 +54,15 @@ class Note:
     rows: list[tuple[str, str]] = field(default_factory=list)  # a sample audit's (prompt, completion)
 
 
-def step_scalars(entry: StepEntry, smoothed: float, tokens_per_s: float | None) -> dict[str, float]:
+def step_scalars(entry: StepEntry, smoothed: float | None, tokens_per_s: float | None) -> dict[str, float]:
     out = {
         "train/loss": entry.loss,
-        "train/loss_smoothed": smoothed,
         "train/lr": entry.lr,
         "train/grad_norm": entry.grad_norm,
         "train/tokens": float(entry.tokens),
     }
+    if smoothed is not None:  # always, once a step was observed
+        out["train/loss_smoothed"] = smoothed
     if tokens_per_s is not None:
         out["train/tokens_per_s"] = tokens_per_s
     out.update({f"mixture/{arm}": w for arm, w in entry.mixture.items()})

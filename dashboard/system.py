@@ -27,7 +27,7 @@ MAX_SAMPLES = 1800  # an hour at SAMPLE_EVERY_S
 
 
 @dataclass(frozen=True)
-class Sample:
+class SystemSample:
     time: float
     cpu_percent: float  # of all cores
     mem_used_bytes: int
@@ -43,7 +43,7 @@ class SystemSampler:
     def __init__(self, every_s: float = SAMPLE_EVERY_S):
         self.every_s = every_s
         self.host = socket.gethostname()
-        self.samples: deque[Sample] = deque(maxlen=MAX_SAMPLES)
+        self.samples: deque[SystemSample] = deque(maxlen=MAX_SAMPLES)
         self.gpu: str | None = None
         self.no_gpu: str | None = None  # why there are no GPU numbers (one line), once NVML said so
         self._stop = threading.Event()
@@ -64,7 +64,7 @@ class SystemSampler:
             except Exception as exc:  # a sampler never takes the server down; the panel says the last error
                 self.no_gpu = self.no_gpu or f"sampling failed: {str(exc)[:200]}"
 
-    def sample(self) -> Sample:
+    def sample(self) -> SystemSample:
         mem = psutil.virtual_memory()
         util = used = total = None
         if self.no_gpu is None:
@@ -73,12 +73,14 @@ class SystemSampler:
                 self.gpu, util, used, total = gpu.gpu, gpu.util_percent, gpu.mem_used_bytes, gpu.mem_total_bytes
             except GpuIdentityError as exc:  # no driver, no device: CPU only from now on
                 self.no_gpu = str(exc)
-        return Sample(time.time(), psutil.cpu_percent(None), mem.total - mem.available, mem.total, util, used, total)
+        return SystemSample(
+            time.time(), psutil.cpu_percent(None), mem.total - mem.available, mem.total, util, used, total
+        )
 
     def payload(self, since: float | None) -> dict:
         """The samples newer than `since` as columns, and what the panel says of the machine."""
         rows = [s for s in list(self.samples) if since is None or s.time > since]
-        cols: dict = {k: [getattr(s, k) for s in rows] for k in asdict(Sample(0, 0, 0, 0, None, None, None))}
+        cols: dict = {k: [getattr(s, k) for s in rows] for k in asdict(SystemSample(0, 0, 0, 0, None, None, None))}
         return {
             "host": self.host,
             "cpus": psutil.cpu_count(),

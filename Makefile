@@ -4,6 +4,7 @@
 PYTHON ?= python3
 CC     ?= gcc
 NVCC   ?= $(shell command -v nvcc 2>/dev/null)
+MPICC  ?= $(shell command -v mpicc 2>/dev/null)
 
 # CPU_ARCH: the engine is built on the machine that runs it. What -march=native
 # picks besides the instruction set (the tuning: the vector width, which a*b+c
@@ -25,18 +26,31 @@ BUILD := build
 # any of them rebuilds both engines.
 ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h microgpt/checkpoint_writer.h \
                   microgpt/signals.h microgpt/protocol.h microgpt/shard.h microgpt/engine.h microgpt/sampler.h \
-                  microgpt/train.h
+                  microgpt/train.h microgpt/comm.h microgpt/comm_mpi.h
 
-.PHONY: all engines cpu cuda cuda-cpu install lint test test-gpu clean
+.PHONY: all engines cpu cpu-mpi cuda cuda-cpu install lint test test-gpu clean
 
 all: engines install
 
 engines: cpu cuda
 
-cpu: $(BUILD)/microgpt_cpu
+cpu: $(BUILD)/microgpt_cpu cpu-mpi
 
 $(BUILD)/microgpt_cpu: microgpt/microgpt_cpu.c $(ENGINE_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ microgpt/microgpt_cpu.c $(LDLIBS)
+
+# The same CPU engine with MPI collectives (microgpt/comm_mpi.h), for
+# data-parallel runs under mpirun or srun (docs/OPERATIONS.md): built when
+# mpicc is found, as the CUDA engine is when nvcc is.
+ifneq ($(MPICC),)
+cpu-mpi: $(BUILD)/microgpt_cpu_mpi
+
+$(BUILD)/microgpt_cpu_mpi: microgpt/microgpt_cpu.c $(ENGINE_HEADERS) | $(BUILD)
+	$(MPICC) $(CFLAGS) -DMG_MPI -o $@ microgpt/microgpt_cpu.c $(LDLIBS)
+else
+cpu-mpi:
+	@echo "make: mpicc not found, skipping the MPI CPU engine (apt install openmpi-bin libopenmpi-dev)"
+endif
 
 ifneq ($(NVCC),)
 include microgpt/cuda.mk

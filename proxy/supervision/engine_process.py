@@ -58,6 +58,12 @@ def gpu_visible() -> bool:
 class EngineChoice:
     path: Path
     kind: str  # "cpu", "cuda" or "custom" (an explicit path)
+    ranks: int = 1  # data-parallel ranks (proxy/ranks.py)
+    launcher: tuple[str, ...] = ()  # what starts the ranks (mpirun -np N, or --launcher); () for the engine alone
+
+    def argv(self, args: list[str]) -> list[str]:
+        """The launched command: the launcher's words, then the engine's."""
+        return [*self.launcher, str(self.path), *args]
 
 
 def engine_binary(choice: str, build_dir: Path = BUILD_DIR) -> Path:

@@ -12,6 +12,7 @@
 #define MICROGPT_COMM_MPI_H
 
 #include <mpi.h>
+#include <time.h>
 
 static int mg_mpi_rank, mg_mpi_size;
 
@@ -37,10 +38,26 @@ static void mg_mpi_init(int *argc, char ***argv, int *rank, int *size) {
 // Large buffers go in pieces: MPI counts are ints.
 #define MG_MPI_CHUNK (1u << 30)
 
+// A broadcast waited for by polling, sleeping between polls once it has
+// not come at once: the other ranks wait here for rank 0's next command
+// while rank 0 waits for frames, and MPI's blocking wait spins a core (on
+// a small machine, the core rank 0 needs).
+static void mg_mpi_wait(MPI_Request *req, const char *what) {
+    struct timespec nap = {0, 100 * 1000};  // 0.1 ms
+    for (long polls = 0;; polls++) {
+        int done = 0;
+        mg_mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+        if (done) return;
+        if (polls > 1000) nanosleep(&nap, NULL);
+    }
+}
+
 static void mg_mpi_broadcast(void *buf, size_t bytes) {
     for (size_t off = 0; off < bytes; off += MG_MPI_CHUNK) {
         size_t len = bytes - off < MG_MPI_CHUNK ? bytes - off : MG_MPI_CHUNK;
-        mg_mpi_check(MPI_Bcast((char *)buf + off, (int)len, MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast");
+        MPI_Request req;
+        mg_mpi_check(MPI_Ibcast((char *)buf + off, (int)len, MPI_BYTE, 0, MPI_COMM_WORLD, &req), "broadcast");
+        mg_mpi_wait(&req, "broadcast");
     }
 }
 

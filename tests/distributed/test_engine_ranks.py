@@ -35,7 +35,7 @@ def _steps(events) -> list[tuple[int, float, float]]:
     return [(e["step"], e["loss"], e["grad_norm"]) for e in events if e.kind == "step"]
 
 
-@pytest.mark.parametrize("ranks", [2, 4] if os.environ.get("MICROGPT_TEST_FOUR_RANKS") else [2])
+@pytest.mark.parametrize("ranks", [2, 4])
 def test_standalone_ranks_match_one_process(mpi_engine, tmp_path, ranks):
     shape = TWO_MICRO.but(grad_accum=4) if ranks == 4 else TWO_MICRO
     shard = make_shard(tmp_path / "shard.bin", shape.vocab)

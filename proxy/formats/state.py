@@ -52,6 +52,7 @@ class EngineStatus:
     path: str | None = None
     threads: int | None = None
     precision: str | None = None
+    ranks: int = 1  # data-parallel ranks (the engine's `ready` event says how many started)
 
 
 AUDIT_KINDS = ("sample", "eval", "checkpoint")  # what the engine does between steps, besides training

@@ -76,6 +76,7 @@ class EventHandlers:
             threads=ev.get("threads"),
             precision=ev.get("precision"),
             mem_bytes=ev.get("mem_bytes"),
+            ranks=int(ev.get("ranks") or 1),
         )
         st = report.engine
         if int(ev.get("step", -1)) != launch.resume.step:
@@ -86,7 +87,9 @@ class EventHandlers:
             )
         else:
             self.ctx.say(
-                f"engine ready: {st.kind} on {st.device}, step {launch.resume.step}, {ev.get('n_params')} parameters"
+                f"engine ready: {st.kind} on {st.device}"
+                + (f" x {st.ranks} ranks" if st.ranks > 1 else "")
+                + f", step {launch.resume.step}, {ev.get('n_params')} parameters"
             )
 
     def on_step(self, launch: EngineLaunch, ev: Event) -> None:

@@ -91,10 +91,16 @@ class RunReport:
     def engine_started(self, engine: EngineStatus) -> None:
         self.engine = engine
 
-    def engine_ready(self, kind: str | None, device, threads, precision, mem_bytes) -> None:
+    def engine_ready(self, kind: str | None, device, threads, precision, mem_bytes, ranks: int = 1) -> None:
         """What the engine's `ready` event says of it."""
         self.engine = replace(
-            self.engine, kind=kind, device=device, threads=threads, precision=precision, mem_bytes=mem_bytes
+            self.engine,
+            kind=kind,
+            device=device,
+            threads=threads,
+            precision=precision,
+            mem_bytes=mem_bytes,
+            ranks=ranks,
         )
 
     def engine_usage(self, alive: bool, rss_bytes: int | None, cpu_percent: float | None) -> None:

@@ -49,6 +49,8 @@ typedef struct {
     int rank, ranks;
     float *grad_parts;   // [micro-batches of this rank][n]: each one's gradient (ranks > 1)
     float *grad_sum;     // [n]: the step's gradient, folded (engines with set_grads)
+    int ckpt_to_agree;   // rank 0: a SIGUSR1 that came between steps, put to the ranks after the next one
+    int ckpt_agreed;     // rank 0: the ranks agreed on a checkpoint after the last step
 } MgDriver;
 
 // What rank 0 tells the other ranks before each step (broadcast).
@@ -283,14 +285,19 @@ static void mg_reduce_gradients(MgDriver *d, int micro) {
 // After each step, every rank: the stop and checkpoint flags of any rank
 // (a signal may reach one rank, or all of them) become rank 0's, which acts
 // on them; the other ranks drop theirs.
+// A SIGUSR1 sent to every rank (mpirun forwards it so) is one checkpoint:
+// rank 0 checkpoints only on the agreed flag, never on its own.
 static void mg_agree_on_signals(MgDriver *d) {
     if (d->ranks == 1) return;
-    int mine = (mg_stop_requested ? MG_AGREE_STOP : 0) | (mg_ckpt_requested ? MG_AGREE_CKPT : 0);
+    int ckpt = mg_ckpt_requested || d->ckpt_to_agree;
+    int mine = (mg_stop_requested ? MG_AGREE_STOP : 0) | (ckpt ? MG_AGREE_CKPT : 0);
     int all = d->comm->agree(mine);
+    mg_ckpt_requested = 0;
+    d->ckpt_to_agree = 0;
     if (d->rank == 0) {
         if (all & MG_AGREE_STOP) mg_stop_requested = 1;
-        if (all & MG_AGREE_CKPT) mg_ckpt_requested = 1;
-    } else mg_stop_requested = mg_ckpt_requested = 0;
+        d->ckpt_agreed = (all & MG_AGREE_CKPT) != 0;
+    } else mg_stop_requested = 0;
 }
 
 // One optimizer update from rows = batch * grad_accum rows of T+1 tokens:
@@ -362,8 +369,13 @@ static void mg_periodic_checkpoint(MgDriver *d) {
 
 // Acts on signal flags; called between steps and while idle.
 static void mg_handle_signals(MgDriver *d) {
-    if (mg_ckpt_requested) {
+    if (d->ranks > 1 && mg_ckpt_requested) {  // between steps: agreed on after the next one
         mg_ckpt_requested = 0;
+        d->ckpt_to_agree = 1;
+    }
+    if (mg_ckpt_requested || d->ckpt_agreed) {
+        mg_ckpt_requested = 0;
+        d->ckpt_agreed = 0;
         if (d->saved_step != d->step) mg_ckpt_begin(d, "sigusr1");
     }
     if (mg_stop_requested) mg_finish(d, "signal", "signal");

@@ -117,13 +117,20 @@ def test_frames_on_two_ranks_match_one_process(mpi_engine, tmp_path):
     assert (tmp_path / "two" / "step_000008.bin").read_bytes() == (tmp_path / "one" / "step_000008.bin").read_bytes()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["usr1", "term"])
-def test_a_signal_to_one_rank_is_agreed_at_the_next_step(mpi_engine, tmp_path, sig):
-    """The signal reaches rank 1 only (a preemption notice may reach any rank): after the next step rank 0
-    checkpoints (SIGUSR1, training goes on) or checkpoints and exits 0 (SIGTERM); exactly one checkpoint."""
+@pytest.mark.parametrize(
+    "sig,targets",
+    [(signal.SIGUSR1, (1,)), (signal.SIGUSR1, (0, 1)), (signal.SIGTERM, (1,))],
+    ids=["usr1", "usr1-all", "term"],
+)
+def test_a_signal_to_one_rank_is_agreed_at_the_next_step(mpi_engine, tmp_path, sig, targets):
+    """The signal reaches rank 1 only (a preemption notice may reach any rank), or every rank (as mpirun
+    forwards SIGUSR1), between two steps: after the next step rank 0 checkpoints (SIGUSR1, training goes on)
+    or checkpoints and exits 0 (SIGTERM); exactly one checkpoint."""
 
     def signal_rank_1(eng: Engine) -> None:
-        os.kill(_rank_pids(psutil.Process(eng.proc.pid))[1], sig)
+        pids = _rank_pids(psutil.Process(eng.proc.pid))
+        for rank in targets:
+            os.kill(pids[rank], sig)
         time.sleep(0.5)  # landed before step 4's frame arrives
 
     one = _proxy_mode(tmp_path, "one", [str(SINGLE)])

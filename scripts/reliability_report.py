@@ -52,7 +52,8 @@ WHAT = OrderedDict(
         (
             "kill -9 of one rank, or of the launcher, of a 2-rank run",
             "proxy run --ranks 2 under the real mpirun: SIGKILL of rank 1, then rank 0, then mpirun, each mid-launch; "
-            "every process of the job exits, each relaunch resumes from the newest valid checkpoint the log covers, "
+            "every process of the job exits, each relaunch resumes from a valid logged checkpoint no older than the "
+            "newest at the kill, "
             "and the finished run equals an uninterrupted 1-rank run (steps, evals, samples, checkpoint bytes)",
         ),
         (

@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     if args.steps <= args.skip:
         ap.error("--steps must exceed --skip")
     shape = SHAPES[args.shape]
+    load_at_start = os.getloadavg()
     rates: dict[str, list[float]] = {name: [] for name, _, _ in CONFIGS}
     losses: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,6 +113,7 @@ def main(argv=None) -> int:
         "scaling_efficiency_vs_one_thread": round(medians[CONFIGS[2][0]] / (2 * medians[CONFIGS[1][0]]), 3),
         "same_losses": same,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg(),
     }
     if not same:

@@ -53,8 +53,14 @@ WHAT = OrderedDict(
             "kill -9 of one rank, or of the launcher, of a 2-rank run",
             "proxy run --ranks 2 under the real mpirun: SIGKILL of rank 1, then rank 0, then mpirun, each mid-launch; "
             "every process of the job exits, each relaunch resumes from a valid logged checkpoint no older than the "
-            "newest at the kill, "
-            "and the finished run equals an uninterrupted 1-rank run (steps, evals, samples, checkpoint bytes)",
+            "newest at the kill, and the finished run equals an uninterrupted 1-rank run (steps, evals, samples, "
+            "checkpoint bytes)",
+        ),
+        (
+            "a rank that hangs (SIGSTOP) in a 2-rank run",
+            "rank 1 stopped mid-launch: rank 0 waits in a collective, the watchdog (--hang-timeout 4) kills the "
+            "launcher's group, the proxy SIGKILLs the rest of the launch's session (the stopped rank), resumes and "
+            "finishes equal to an uninterrupted 1-rank run",
         ),
         (
             "kill -9 of the engine inside checkpoint writes (22 MB)",

@@ -35,8 +35,13 @@ RANK_TRAIN = {"grad_accum": 2, "max_steps": 240, "eval_every": 80, "sample_every
 # A model wider than the fault suite's (a 2-rank step of some 20 ms on an idle 2-core box, not 1 ms): a launch
 # trains for seconds, so a kill aimed a few steps after a resume lands long before the launch ends.
 RANK_MODEL = {"vocab": 300, "ctx": 64, "dim": 128, "layers": 2, "heads": 4}
-VICTIMS = ("rank 1", "rank 0", "launcher")
+# (role, signal), in order. A rank stopped with SIGSTOP hangs the job (rank 0 waits in a collective): the
+# watchdog (--hang-timeout) kills the launcher, the proxy the rest of its session.
+KILLS = (("rank 1", signal.SIGKILL), ("rank 0", signal.SIGKILL), ("launcher", signal.SIGKILL))
+HANG = (("rank 1", signal.SIGSTOP),)
+HANG_TIMEOUT_S = 4
 RANK_KILL_CLASS = "kill -9 of one rank, or of the launcher, of a 2-rank run"
+RANK_HANG_CLASS = "a rank that hangs (SIGSTOP) in a 2-rank run"
 
 
 def mpi_engine_problem() -> str | None:
@@ -104,19 +109,20 @@ def check_resume(run: Path, seen: int, seg: int, resume: int, at_kill: set[str],
         out.bump("resumes later than the newest checkpoint at the kill (the dead job's rank 0 wrote on)")
 
 
-def rank_kill_storm(env: ProxyEnv, workdir: Path) -> Outcome:
-    """SIGKILL rank 1, then rank 0, then mpirun, each a seeded number of steps into a launch. After each, every
+def rank_kill_storm(env: ProxyEnv, workdir: Path, victims=KILLS, name: str = "rank-kill") -> Outcome:
+    """Each of `victims` (KILLS: SIGKILL rank 1, then rank 0, then mpirun; HANG: SIGSTOP rank 1) a seeded number
+    of steps into a launch. After each, every
     process of the job is gone, the next launch resumes as check_resume says, and the run finishes equal to
     the 1-rank reference (steps, evals, samples, checkpoint bytes)."""
-    name = "rank-kill"
-    out = Outcome(RANK_KILL_CLASS, name)
+    out = Outcome(RANK_HANG_CLASS if victims == HANG else RANK_KILL_CLASS, name)
     rng = rng_for(name)
     run = workdir / "run"
     watch = CkptWatch(run / "checkpoints")
     tail = LogTail(run / ".loss.json")
-    p = env.start(run, "--ranks", str(RANKS), "--max-failures", "50", engine="cpu")
+    hang = ("--hang-timeout", str(HANG_TIMEOUT_S)) if victims == HANG else ()
+    p = env.start(run, "--ranks", str(RANKS), "--max-failures", "50", *hang, engine="cpu")
     seen, at_kill = 0, set()
-    for victim in VICTIMS:
+    for victim, sig in victims:
         got = tail.wait_new_segment(seen, p)
         if got is None:
             out.fail(f"the proxy exited {p.wait()} without training a new segment: {tail_lines(p.stderr)}")
@@ -135,9 +141,9 @@ def rank_kill_storm(env: ProxyEnv, workdir: Path) -> Outcome:
         if victim not in job:
             out.fail(f"no {victim} among the launcher's processes: {sorted(job)}")
         out.begin_fault()
-        os.kill(job[victim].pid, signal.SIGKILL)
+        os.kill(job[victim].pid, sig)
         at_kill = {c.name for c in list_checkpoints(run / "checkpoints")}
-        gone, alive = psutil.wait_procs(list(job.values()), timeout=60)
+        gone, alive = psutil.wait_procs(list(job.values()), timeout=60 + HANG_TIMEOUT_S * 3)
         if alive:
             out.fail(f"after the kill of {victim}, {len(alive)} process(es) of the job still run: {alive}")
         watch.check(out, f"after the kill of {victim}")

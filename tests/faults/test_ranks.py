@@ -1,4 +1,4 @@
-"""kill -9 of a rank or of the launcher during a 2-rank `proxy run --ranks 2` (rank_scenarios.py)."""
+"""kill -9 of a rank or of the launcher, and a rank that hangs, during `proxy run --ranks 2` (rank_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -21,4 +21,10 @@ def rank_env(tmp_path_factory):
 def test_rank_and_launcher_kills(rank_env, tmp_path, record):
     out = record(rank_scenarios.rank_kill_storm(rank_env, tmp_path))
     out.check()
-    assert out.injected == len(rank_scenarios.VICTIMS)
+    assert out.injected == len(rank_scenarios.KILLS)
+
+
+def test_a_rank_that_hangs(rank_env, tmp_path, record):
+    out = record(rank_scenarios.rank_kill_storm(rank_env, tmp_path, rank_scenarios.HANG, "rank-hang"))
+    out.check()
+    assert out.injected == 1

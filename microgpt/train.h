@@ -582,7 +582,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
 
     eng->mem_bytes = eng->ops->init(eng->impl, c);
     if (d.ranks > 1) {  // rank 0's state (loaded or initialised) on every rank
-        uint64_t where[3] = {(uint64_t)resumed_from[0], loaded.step, loaded.tokens_seen};
+        uint64_t where[3] = {(uint64_t)resumed_from[0], (uint64_t)loaded.step, (uint64_t)loaded.tokens_seen};
         d.comm->broadcast(where, sizeof where);
         if (d.rank != 0) {
             if (where[0]) {

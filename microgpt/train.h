@@ -287,17 +287,22 @@ static void mg_reduce_gradients(MgDriver *d, int micro) {
 // on them; the other ranks drop theirs.
 // A SIGUSR1 sent to every rank (mpirun forwards it so) is one checkpoint:
 // rank 0 checkpoints only on the agreed flag, never on its own.
+// The flags are taken (read and cleared) with the signals blocked, before
+// the collective: a signal that lands during it counts at the next step.
 static void mg_agree_on_signals(MgDriver *d) {
     if (d->ranks == 1) return;
-    int ckpt = mg_ckpt_requested || d->ckpt_to_agree;
-    int mine = (mg_stop_requested ? MG_AGREE_STOP : 0) | (ckpt ? MG_AGREE_CKPT : 0);
-    int all = d->comm->agree(mine);
+    sigset_t block = mg_flag_signals(), old;
+    sigprocmask(SIG_BLOCK, &block, &old);
+    int stop = mg_stop_requested, ckpt = mg_ckpt_requested || d->ckpt_to_agree;
     mg_ckpt_requested = 0;
+    if (d->rank != 0) mg_stop_requested = 0;  // rank 0 keeps its own: it finishes
+    sigprocmask(SIG_SETMASK, &old, NULL);
     d->ckpt_to_agree = 0;
+    int all = d->comm->agree((stop ? MG_AGREE_STOP : 0) | (ckpt ? MG_AGREE_CKPT : 0));
     if (d->rank == 0) {
         if (all & MG_AGREE_STOP) mg_stop_requested = 1;
         d->ckpt_agreed = (all & MG_AGREE_CKPT) != 0;
-    } else mg_stop_requested = 0;
+    }
 }
 
 // One optimizer update from rows = batch * grad_accum rows of T+1 tokens:
@@ -370,8 +375,8 @@ static void mg_periodic_checkpoint(MgDriver *d) {
 // Acts on signal flags; called between steps and while idle.
 static void mg_handle_signals(MgDriver *d) {
     if (d->ranks > 1 && mg_ckpt_requested) {  // between steps: agreed on after the next one
+        d->ckpt_to_agree = 1;  // (set first: a SIGUSR1 landing between these two lines is the same request)
         mg_ckpt_requested = 0;
-        d->ckpt_to_agree = 1;
     }
     if (mg_ckpt_requested || d->ckpt_agreed) {
         mg_ckpt_requested = 0;

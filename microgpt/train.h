@@ -51,6 +51,7 @@ typedef struct {
     float *grad_sum;     // [n]: the step's gradient, folded (engines with set_grads)
     int ckpt_to_agree;   // rank 0: a SIGUSR1 that came between steps, put to the ranks after the next one
     int ckpt_agreed;     // rank 0: the ranks agreed on a checkpoint after the last step
+    int ckpt_agreed_step;  // rank 0: the step of the last agreed checkpoint (-2: none)
 } MgDriver;
 
 // What rank 0 tells the other ranks before each step (broadcast).
@@ -301,7 +302,13 @@ static void mg_agree_on_signals(MgDriver *d) {
     int all = d->comm->agree((stop ? MG_AGREE_STOP : 0) | (ckpt ? MG_AGREE_CKPT : 0));
     if (d->rank == 0) {
         if (all & MG_AGREE_STOP) mg_stop_requested = 1;
-        d->ckpt_agreed = (all & MG_AGREE_CKPT) != 0;
+        // One SIGUSR1 sent to every rank may reach one rank before a step
+        // boundary and another after it: a request agreed on the step right
+        // after an agreed checkpoint is that same request.
+        if ((all & MG_AGREE_CKPT) && d->step != d->ckpt_agreed_step + 1) {
+            d->ckpt_agreed = 1;
+            d->ckpt_agreed_step = d->step;
+        }
     }
 }
 
@@ -574,6 +581,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     d.row_loss_cap = d.frame.cap;
     d.row_loss = (float *)mg_malloc((size_t)d.row_loss_cap * sizeof(float));
     d.saved_step = d.durable_step = -1;
+    d.ckpt_agreed_step = -2;
     if (eng->ops->set_grads) {  // the fold's buffers (comm.h)
         int parts = d.ranks == 1 ? (c->grad_accum > 1) : c->grad_accum / d.ranks;
         d.grad_sum = (float *)mg_malloc(d.lay.n * sizeof(float));

@@ -6,6 +6,7 @@
 PYTHON ?= python3
 CC     ?= gcc
 NVCC   ?= $(shell command -v nvcc 2>/dev/null)
+MPICC  ?= $(shell command -v mpicc 2>/dev/null)
 
 # CPU_ARCH: the engine is built on the machine that runs it. What -march=native
 # picks besides the instruction set (the tuning: the vector width, which a*b+c
@@ -27,21 +28,35 @@ BUILD := build
 # any of them rebuilds both engines.
 ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/checkpoint.h microgpt/checkpoint_writer.h \
                   microgpt/signals.h microgpt/protocol.h microgpt/shard.h microgpt/engine.h microgpt/sampler.h \
-                  microgpt/train.h microgpt/fp8.h
+                  microgpt/train.h microgpt/fp8.h microgpt/comm.h microgpt/comm_mpi.h
 
-.PHONY: all engines cpu cuda cuda-cpu install lint test test-gpu clean
+.PHONY: all engines cpu cpu-mpi cuda cuda-cpu install lint test test-gpu clean
 
 all: engines install
 	@echo "make: $(ENGINES_LINE); installed the proxy into $(shell $(PYTHON) -c 'import sys; print(sys.prefix)')"
 
-ENGINES_LINE = built $(BUILT_ENGINES)$(if $(CUDA_SKIP),; skipped the CUDA engine ($(CUDA_SKIP)),)
+ENGINES_LINE = built $(BUILT_ENGINES)$(if $(MPI_SKIP),; skipped the MPI CPU engine ($(MPI_SKIP)))$(if $(CUDA_SKIP),; skipped the CUDA engine ($(CUDA_SKIP)),)
 engines: cpu cuda
 	@$(if $(filter engines,$(MAKECMDGOALS)),echo "make: $(ENGINES_LINE)",true)
 
-cpu: $(BUILD)/microgpt_cpu
+cpu: $(BUILD)/microgpt_cpu cpu-mpi
 
 $(BUILD)/microgpt_cpu: microgpt/microgpt_cpu.c $(ENGINE_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ microgpt/microgpt_cpu.c $(LDLIBS)
+
+# The same CPU engine with MPI collectives (microgpt/comm_mpi.h), for
+# data-parallel runs under mpirun or srun (docs/OPERATIONS.md): built when
+# mpicc is found, as the CUDA engine is when nvcc is.
+ifneq ($(MPICC),)
+cpu-mpi: $(BUILD)/microgpt_cpu_mpi
+
+$(BUILD)/microgpt_cpu_mpi: microgpt/microgpt_cpu.c $(ENGINE_HEADERS) | $(BUILD)
+	$(MPICC) $(CFLAGS) -DMG_MPI -o $@ microgpt/microgpt_cpu.c $(LDLIBS)
+else
+MPI_SKIP := no mpicc on PATH: apt install openmpi-bin libopenmpi-dev; proxy run --ranks needs it
+cpu-mpi:
+	@$(if $(filter cpu cpu-mpi,$(MAKECMDGOALS)),echo "make: skipped the MPI CPU engine ($(MPI_SKIP))",true)
+endif
 
 # CUDA_SKIP: why the CUDA engine is not built (empty when it is); `make` and `make engines` go on with the
 # CPU engine and name the reason in their summary line, an explicit `make cuda` fails with it.
@@ -52,7 +67,8 @@ CUDA_SKIP := no nvcc on PATH; the CPU engine is used
 cuda:
 	@$(if $(filter cuda,$(MAKECMDGOALS)),echo "make cuda: $(CUDA_SKIP)" >&2; exit 1,true)
 endif
-BUILT_ENGINES := $(BUILD)/microgpt_cpu$(if $(CUDA_SKIP),, and $(BUILD)/microgpt_cuda)
+comma := ,
+BUILT_ENGINES := $(BUILD)/microgpt_cpu$(if $(MPI_SKIP),,$(comma) $(BUILD)/microgpt_cpu_mpi)$(if $(CUDA_SKIP),, and $(BUILD)/microgpt_cuda)
 
 $(BUILD):
 	mkdir -p $(BUILD)

@@ -47,6 +47,12 @@ typedef struct {
     void (*update)(void *impl, int step, float lr, float grad_mult);
     // Copies the gradients (n floats) to host memory.
     void (*get_grads)(void *impl, float *out);
+    // Optional (NULL: the engine accumulates a step's micro-batches itself and
+    // trains on one rank only). Replaces the gradients with n host floats: the
+    // step's gradient folded in comm.h's order from each micro-batch's,
+    // which the driver reads with get_grads after zero_grads and one
+    // forward_backward.
+    void (*set_grads)(void *impl, const float *in);
     // Logits at the last position of each of rows rows of len tokens:
     // out is [rows, vocab]. Sampling's recompute path (sampler.h).
     void (*last_logits)(void *impl, const uint16_t *tokens, int rows, int len, float *out);

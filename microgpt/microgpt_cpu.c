@@ -481,6 +481,11 @@ static void cpu_get_grads(void *impl, float *out) {
     memcpy(out, e->grads, e->lay.n * sizeof(float));
 }
 
+static void cpu_set_grads(void *impl, const float *in) {
+    Cpu *e = (Cpu *)impl;
+    memcpy(e->grads, in, e->lay.n * sizeof(float));
+}
+
 // ----------------------------------------------------------------------------
 // Ops, each forward with its backward twin. Each has the name and argument
 // order of its CUDA twin in microgpt/cuda/ (docs/ENGINE.md, "Source
@@ -1116,6 +1121,7 @@ static const MgEngineOps cpu_ops = {
     .grad_norm = cpu_grad_norm,
     .update = cpu_update,
     .get_grads = cpu_get_grads,
+    .set_grads = cpu_set_grads,
     .last_logits = cpu_last_logits,
     .kv_forward = cpu_kv_forward,
     .train_step = NULL,

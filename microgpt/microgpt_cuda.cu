@@ -1044,6 +1044,7 @@ static const MgEngineOps gpu_ops = {
     .grad_norm = gpu_grad_norm,
     .update = gpu_update,
     .get_grads = gpu_get_grads,
+    .set_grads = NULL,
     .last_logits = gpu_last_logits,
     .kv_forward = gpu_kv_forward,
     .train_step = gpu_train_step,

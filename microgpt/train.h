@@ -8,6 +8,7 @@
 
 #include "checkpoint.h"
 #include "checkpoint_writer.h"
+#include "comm.h"
 #include "common.h"
 #include "config.h"
 #include "engine.h"
@@ -41,7 +42,32 @@ typedef struct {
     double ckpt_wait_ms;      // how long it waited for the write before it
     double ckpt_snapshot_ms;  // how long the snapshot took the step loop (get_state, or starting the engine's copy)
     double last_ckpt_ms;      // when the last checkpoint started (or the engine did): --ckpt-every-seconds
+    // Data-parallel (comm.h): this process is rank `rank` of `ranks`. Rank 0
+    // reads frames (or the shard), writes events and checkpoints; the others
+    // run mg_follower_loop.
+    const MgCommOps *comm;
+    int rank, ranks;
+    float *grad_parts;   // [micro-batches of this rank][n]: each one's gradient (ranks > 1)
+    float *grad_sum;     // [n]: the step's gradient, folded (engines with set_grads)
+    int ckpt_to_agree;   // rank 0: a SIGUSR1 that came between steps, put to the ranks after the next one
+    int ckpt_agreed;     // rank 0: the ranks agreed on a checkpoint after the last step
+    int ckpt_agreed_step;  // rank 0: the step of the last agreed checkpoint (-2: none)
 } MgDriver;
+
+// What rank 0 tells the other ranks before each step (broadcast).
+enum { MG_CMD_TRAIN = 1, MG_CMD_FINISH = 2 };
+// The flags the ranks agree on after each step (comm->agree).
+enum { MG_AGREE_STOP = 1, MG_AGREE_CKPT = 2 };
+
+// Rank 0 tells the others to leave (a finish broadcast), then everyone
+// leaves the job; the caller exits 0.
+static void mg_leave_job(MgDriver *d) {
+    if (d->ranks > 1 && d->rank == 0) {
+        int cmd = MG_CMD_FINISH;
+        d->comm->broadcast(&cmd, sizeof cmd);
+    }
+    d->comm->finish();
+}
 
 // ----------------------------------------------------------------------------
 // Checkpoints. The step loop only waits for a snapshot (and for the previous
@@ -129,6 +155,7 @@ static void mg_finish(MgDriver *d, const char *ckpt_reason, const char *exit_rea
     if (d->saved_step != d->step) mg_ckpt_begin(d, ckpt_reason);
     mg_ckpt_settle(d, 1);
     mg_emit_exit(d, exit_reason);
+    mg_leave_job(d);
     exit(0);
 }
 
@@ -162,6 +189,10 @@ static void mg_print_groups(const float *row_loss, const uint16_t *groups, int r
 }
 
 static void mg_write_grads_file(MgDriver *d, float loss) {
+    if (d->rank != 0) {  // every rank reaches this step; rank 0 writes
+        d->comm->finish();
+        exit(0);
+    }
     float *grads = (float *)mg_malloc(d->lay.n * sizeof(float));
     d->eng->ops->get_grads(d->eng->impl, grads);
     FILE *f = fopen(d->cfg.dump_grads, "wb");
@@ -175,6 +206,7 @@ static void mg_write_grads_file(MgDriver *d, float loss) {
     puts("}");
     mg_ckpt_settle(d, 1);  // a checkpoint of an earlier step (--dump-grads-step) finishes first
     mg_emit_exit(d, "grads");
+    d->comm->finish();
     exit(0);
 }
 
@@ -194,15 +226,13 @@ static void mg_fail_nonfinite(const MgDriver *d, float loss) {
 
 // ----------------------------------------------------------------------------
 // The data-parallel seams. A step's rows reach the engine, and its gradients
-// become the step's, through these two functions and nowhere else. This
-// process is the only rank: its share is every micro-batch of the step, and
-// its gradients are already the step's sum. With several ranks,
-// mg_rows_of_rank gives this rank its micro-batches (rank 0 scatters the
-// frame's, in order) and mg_reduce_gradients sums the gradients over ranks in
-// one fixed order and gathers the row losses to rank 0. The engine's whole
-// step (caps.train_step) runs on the device with no host wait inside, so
-// there the reduction has to be the engine's own, between its backward and
-// its norm.
+// become the step's, through these two functions and nowhere else. Rank 0
+// broadcasts the step's rows (every rank gets them all; rank r trains
+// micro-batches r*m .. r*m+m-1, m = grad_accum / ranks: contiguous), and
+// mg_reduce_gradients folds the micro-batch gradients in the order comm.h
+// defines and gathers the row losses to every rank. The engine's whole step
+// (caps.train_step) runs on the device with no host wait inside, so there
+// the reduction would have to be the engine's own: such a run has one rank.
 
 // This rank's share of a step: `micro` micro-batches of batch rows of T+1
 // tokens, their row losses written at row_loss (inside the step's).
@@ -213,13 +243,74 @@ typedef struct {
 } MgRankRows;
 
 static MgRankRows mg_rows_of_rank(MgDriver *d, const uint16_t *tokens) {
-    MgRankRows mine = {tokens, d->cfg.grad_accum, d->row_loss};
+    const MgConfig *c = &d->cfg;
+    if (d->ranks == 1) {
+        MgRankRows all = {tokens, c->grad_accum, d->row_loss};
+        return all;
+    }
+    size_t rows = (size_t)c->batch * c->grad_accum;
+    if (d->rank == 0) {
+        int cmd = MG_CMD_TRAIN;
+        d->comm->broadcast(&cmd, sizeof cmd);
+    }
+    d->comm->broadcast((void *)tokens, rows * (c->ctx + 1) * sizeof(uint16_t));
+    int m = c->grad_accum / d->ranks;
+    size_t first = (size_t)d->rank * m * c->batch;
+    MgRankRows mine = {tokens + first * (c->ctx + 1), m, d->row_loss + first};
     return mine;
 }
 
+// After micro-batch j of this rank's share: its gradient (computed from
+// zero) is kept for the fold. One rank folds as it goes (grad_sum); several
+// keep each one (grad_parts) for comm->reduce_ordered.
+static void mg_keep_micro_gradient(MgDriver *d, int j) {
+    if (d->ranks == 1) {
+        if (j == 0) d->eng->ops->get_grads(d->eng->impl, d->grad_sum);
+        else {
+            d->eng->ops->get_grads(d->eng->impl, d->grad_parts);
+            mg_fold_into(d->grad_sum, d->grad_parts, d->lay.n);
+        }
+    } else d->eng->ops->get_grads(d->eng->impl, d->grad_parts + (size_t)j * d->lay.n);
+}
+
 // After this rank's backward: every rank then holds the step's gradients,
-// and d->row_loss every row's loss. One rank: nothing to do.
-static void mg_reduce_gradients(MgDriver *d) { (void)d; }
+// and d->row_loss every row's loss.
+static void mg_reduce_gradients(MgDriver *d, int micro) {
+    if (d->ranks > 1) {
+        d->comm->reduce_ordered(d->grad_parts, micro, d->lay.n, d->grad_sum);
+        d->comm->gather_all(d->row_loss, (size_t)micro * d->cfg.batch * sizeof(float));
+    }
+    d->eng->ops->set_grads(d->eng->impl, d->grad_sum);
+}
+
+// After each step, every rank: the stop and checkpoint flags of any rank
+// (a signal may reach one rank, or all of them) become rank 0's, which acts
+// on them; the other ranks drop theirs.
+// A SIGUSR1 sent to every rank (mpirun forwards it so) is one checkpoint:
+// rank 0 checkpoints only on the agreed flag, never on its own.
+// The flags are taken (read and cleared) with the signals blocked, before
+// the collective: a signal that lands during it counts at the next step.
+static void mg_agree_on_signals(MgDriver *d) {
+    if (d->ranks == 1) return;
+    sigset_t block = mg_flag_signals(), old;
+    sigprocmask(SIG_BLOCK, &block, &old);
+    int stop = mg_stop_requested, ckpt = mg_ckpt_requested || d->ckpt_to_agree;
+    mg_ckpt_requested = 0;
+    if (d->rank != 0) mg_stop_requested = 0;  // rank 0 keeps its own: it finishes
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    d->ckpt_to_agree = 0;
+    int all = d->comm->agree((stop ? MG_AGREE_STOP : 0) | (ckpt ? MG_AGREE_CKPT : 0));
+    if (d->rank == 0) {
+        if (all & MG_AGREE_STOP) mg_stop_requested = 1;
+        // One SIGUSR1 sent to every rank may reach one rank before a step
+        // boundary and another after it: a request agreed on the step right
+        // after an agreed checkpoint is that same request.
+        if ((all & MG_AGREE_CKPT) && d->step != d->ckpt_agreed_step + 1) {
+            d->ckpt_agreed = 1;
+            d->ckpt_agreed_step = d->step;
+        }
+    }
+}
 
 // One optimizer update from rows = batch * grad_accum rows of T+1 tokens:
 // through the engine's train_step where it has one (the whole step on the
@@ -244,11 +335,17 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
         if (dump) mg_write_grads_file(d, loss);  // the update does not touch the gradients
         if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
     } else {
-        d->eng->ops->zero_grads(d->eng->impl);
-        for (int k = 0; k < mine.micro; k++)
+        // Each micro-batch's gradient from zero, folded in order (comm.h);
+        // an engine without set_grads accumulates them itself (one rank).
+        int fold = d->eng->ops->set_grads != NULL;
+        if (!fold) d->eng->ops->zero_grads(d->eng->impl);
+        for (int k = 0; k < mine.micro; k++) {
+            if (fold) d->eng->ops->zero_grads(d->eng->impl);
             d->eng->ops->forward_backward(d->eng->impl, mine.tokens + (size_t)k * B * (T + 1), B, grad_scale,
                                           mine.row_loss + (size_t)k * B);
-        mg_reduce_gradients(d);
+            if (fold) mg_keep_micro_gradient(d, k);
+        }
+        if (fold) mg_reduce_gradients(d, mine.micro);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);
@@ -270,6 +367,7 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
     mg_json_float(stdout, (float)norm);
     printf(",\"ms\":%.3f,\"tokens\":%d}\n", mg_now_ms() - t0, rows * T);
     fflush(stdout);
+    mg_agree_on_signals(d);
 }
 
 // Periodic checkpoint after a training step.
@@ -283,8 +381,13 @@ static void mg_periodic_checkpoint(MgDriver *d) {
 
 // Acts on signal flags; called between steps and while idle.
 static void mg_handle_signals(MgDriver *d) {
-    if (mg_ckpt_requested) {
+    if (d->ranks > 1 && mg_ckpt_requested) {  // between steps: agreed on after the next one
+        d->ckpt_to_agree = 1;  // (set first: a SIGUSR1 landing between these two lines is the same request)
         mg_ckpt_requested = 0;
+    }
+    if (mg_ckpt_requested || d->ckpt_agreed) {
+        mg_ckpt_requested = 0;
+        d->ckpt_agreed = 0;
         if (d->saved_step != d->step) mg_ckpt_begin(d, "sigusr1");
     }
     if (mg_stop_requested) mg_finish(d, "signal", "signal");
@@ -379,6 +482,40 @@ static void mg_standalone_loop(MgDriver *d, const MgShard *sh) {
     mg_finish(d, "done", "done");
 }
 
+// Ranks other than 0: each step's rows come from rank 0 (mg_rows_of_rank),
+// until rank 0 says the run is over. Rank 0 alone reads frames, evaluates,
+// samples and checkpoints: the weights and moments are the same everywhere.
+static void mg_follower_loop(MgDriver *d) {
+    for (;;) {
+        int cmd = 0;
+        d->comm->broadcast(&cmd, sizeof cmd);
+        if (cmd == MG_CMD_FINISH) break;
+        if (cmd != MG_CMD_TRAIN) mg_fail(MG_EXIT_PROTOCOL, "rank %d: unknown command %d from rank 0", d->rank, cmd);
+        mg_train_step(d, d->frame.tokens, d->frame.groups);
+    }
+    d->comm->finish();
+    exit(0);
+}
+
+// Every rank gets rank 0's configuration (a shape may come from rank 0's
+// checkpoint, which only rank 0 reads). The strings stay this rank's own
+// pointers: the same command line, so the same text.
+static void mg_share_config(MgDriver *d) {
+    if (d->ranks == 1) return;
+    MgConfig own = d->cfg;
+    d->comm->broadcast(&d->cfg, sizeof d->cfg);
+    d->cfg.data = own.data;
+    d->cfg.ckpt_dir = own.ckpt_dir;
+    d->cfg.resume = own.resume;
+    d->cfg.precision = own.precision;
+    d->cfg.attention = own.attention;
+    d->cfg.fused = own.fused;
+    d->cfg.cuda_graph = own.cuda_graph;
+    d->cfg.meta = own.meta;
+    d->cfg.dump_grads = own.dump_grads;
+    d->cfg.dump_logits = own.dump_logits;
+}
+
 // The driver's entry point, called by an engine's main() with its engine:
 // parse, load or initialise, `ready`, then the standalone or the proxy loop
 // (neither returns).
@@ -388,11 +525,15 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     MgDriver d;
     memset(&d, 0, sizeof d);
     d.eng = eng;
+    d.comm = MG_COMM;
+    d.comm->init(&argc, &argv, &d.rank, &d.ranks);
+    // Events come from rank 0 only: the launcher merges every rank's stdout.
+    if (d.rank != 0 && !freopen("/dev/null", "w", stdout)) mg_fail(MG_EXIT_IO, "rank %d: cannot silence stdout", d.rank);
     mg_parse_args(&d.cfg, argc, argv);
     const char *bad = eng->ops->configure(eng->impl, &d.cfg);
     if (bad) mg_fail(MG_EXIT_USAGE, "%s", bad);
     mg_install_signals();
-    if (d.cfg.dump_logits) {  // start empty: every SAMPLE frame appends to it
+    if (d.rank == 0 && d.cfg.dump_logits) {  // start empty: every SAMPLE frame appends to it
         FILE *f = fopen(d.cfg.dump_logits, "wb");
         if (!f || fclose(f)) mg_fail(MG_EXIT_IO, "cannot create %s: %s", d.cfg.dump_logits, strerror(errno));
     }
@@ -401,21 +542,38 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     char resumed_from[4096] = "";
     MgState loaded;
     memset(&loaded, 0, sizeof loaded);
-    mg_open_ckpt_dir(&d.ckdir, d.cfg.ckpt_dir);
-    mg_remove_stale_temps(&d.ckdir);
-    if (d.cfg.resume && mg_find_resume(&d.cfg, &d.ckdir, &loaded, resumed_from, sizeof resumed_from)) {
-        mg_reconcile(&d.cfg, &loaded, resumed_from);
-        // The file is fp32 whatever trained it (docs/ENGINE.md, "FP8"): a change of precision is said, not refused.
-        if (loaded.precision[0] && strcmp(loaded.precision, eng->precision))
-            mg_warn("%s was trained in %s; this run computes in %s", resumed_from, loaded.precision, eng->precision);
-    } else
-        resumed_from[0] = 0;
-    mg_validate(&d.cfg);
+    if (d.rank == 0) {  // only rank 0 touches the checkpoint directory
+        mg_open_ckpt_dir(&d.ckdir, d.cfg.ckpt_dir);
+        mg_remove_stale_temps(&d.ckdir);
+        if (d.cfg.resume && mg_find_resume(&d.cfg, &d.ckdir, &loaded, resumed_from, sizeof resumed_from)) {
+            mg_reconcile(&d.cfg, &loaded, resumed_from);
+            // The file is fp32 whatever trained it (docs/ENGINE.md, "FP8"): a change of precision is said, not refused.
+            if (loaded.precision[0] && strcmp(loaded.precision, eng->precision))
+                mg_warn("%s was trained in %s; this run computes in %s", resumed_from, loaded.precision, eng->precision);
+        } else
+            resumed_from[0] = 0;
+        mg_validate(&d.cfg);
+    }
+    mg_share_config(&d);
+    if (d.ranks > 1) {
+        // Checked on every rank alike (the same shared config); rank 0 says why.
+        const char *why = d.cfg.grad_accum % d.ranks ? "does not divide" : !eng->ops->set_grads ? "engine" : NULL;
+        if (why && d.rank != 0) {
+            d.comm->finish();
+            exit(MG_EXIT_USAGE);
+        }
+        if (why && !strcmp(why, "engine"))
+            mg_fail(MG_EXIT_USAGE, "the %s engine trains on one rank only (it has no set_grads), not %d", eng->name,
+                    d.ranks);
+        if (why)
+            mg_fail(MG_EXIT_USAGE, "%d ranks do not divide the step's %d micro-batches (--grad-accum): each rank "
+                    "trains an equal share", d.ranks, d.cfg.grad_accum);
+    }
 
     const MgConfig *c = &d.cfg;
     MgShard shard = {NULL, 0};
     int standalone = strcmp(c->data, "-") != 0;
-    if (standalone) shard = mg_load_shard(c->data, c->vocab, c->ctx + 1);
+    if (standalone && d.rank == 0) shard = mg_load_shard(c->data, c->vocab, c->ctx + 1);
 
     d.lay = mg_layout(c->vocab, c->ctx, c->dim, c->layers);
     d.st.n = d.lay.n;
@@ -426,11 +584,40 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     d.row_loss_cap = d.frame.cap;
     d.row_loss = (float *)mg_malloc((size_t)d.row_loss_cap * sizeof(float));
     d.saved_step = d.durable_step = -1;
-    mg_writer_start(&d.writer);
-    mg_fail_hook.fn = mg_ckpt_settle_before_fail;
-    mg_fail_hook.ctx = &d;
+    d.ckpt_agreed_step = -2;
+    if (eng->ops->set_grads) {  // the fold's buffers (comm.h)
+        int parts = d.ranks == 1 ? (c->grad_accum > 1) : c->grad_accum / d.ranks;
+        d.grad_sum = (float *)mg_malloc(d.lay.n * sizeof(float));
+        if (parts) d.grad_parts = (float *)mg_malloc((size_t)parts * d.lay.n * sizeof(float));
+    }
+    if (d.rank == 0) {
+        mg_writer_start(&d.writer);
+        mg_fail_hook.fn = mg_ckpt_settle_before_fail;
+        mg_fail_hook.ctx = &d;
+    }
 
     eng->mem_bytes = eng->ops->init(eng->impl, c);
+    if (d.ranks > 1) {  // rank 0's state (loaded or initialised) on every rank
+        uint64_t where[3] = {(uint64_t)resumed_from[0], (uint64_t)loaded.step, (uint64_t)loaded.tokens_seen};
+        d.comm->broadcast(where, sizeof where);
+        if (d.rank != 0) {
+            if (where[0]) {
+                loaded.weights = (float *)mg_malloc(d.lay.n * sizeof(float));
+                loaded.m = (float *)mg_malloc(d.lay.n * sizeof(float));
+                loaded.v = (float *)mg_malloc(d.lay.n * sizeof(float));
+                loaded.step = (int)where[1];
+                loaded.tokens_seen = where[2];
+                loaded.has_trailer = 1;
+                strcpy(resumed_from, "rank 0");
+            }
+        } else if (!where[0]) mg_init_params(d.st.weights, c);
+        float *w = where[0] ? loaded.weights : d.st.weights;
+        d.comm->broadcast(w, d.lay.n * sizeof(float));
+        if (where[0]) {
+            d.comm->broadcast(loaded.m, d.lay.n * sizeof(float));
+            d.comm->broadcast(loaded.v, d.lay.n * sizeof(float));
+        }
+    }
     if (resumed_from[0]) {
         eng->ops->set_state(eng->impl, loaded.weights, loaded.m, loaded.v);
         d.step = loaded.step;
@@ -438,7 +625,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
         d.saved_step = d.durable_step = loaded.step;
         mg_free_state(&loaded);
     } else {
-        mg_init_params(d.st.weights, c);
+        if (d.ranks == 1) mg_init_params(d.st.weights, c);  // (several: rank 0's, broadcast above)
         memset(d.st.m, 0, d.lay.n * sizeof(float));
         memset(d.st.v, 0, d.lay.n * sizeof(float));
         eng->ops->set_state(eng->impl, d.st.weights, d.st.m, d.st.v);
@@ -452,7 +639,8 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
 
     printf("{\"event\":\"ready\",\"step\":%d,\"n_params\":%zu,\"engine\":\"%s\",\"device\":", d.step, d.lay.n, eng->name);
     mg_json_string(stdout, eng->device);
-    printf(",\"threads\":%d,\"precision\":\"%s\",\"resumed_from\":", eng->threads, eng->precision);
+    printf(",\"threads\":%d,\"ranks\":%d,\"precision\":\"%s\",\"resumed_from\":", eng->threads, d.ranks,
+           eng->precision);
     if (resumed_from[0]) mg_json_string(stdout, resumed_from);
     else fputs("null", stdout);
     printf(",\"mem_bytes\":%zu,\"version\":\"%s\",\"source\":", eng->mem_bytes, MG_VERSION);
@@ -464,6 +652,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     fflush(stdout);
 
     d.last_ckpt_ms = mg_now_ms();  // --ckpt-every-seconds counts from here, resumed or not
+    if (d.rank != 0) mg_follower_loop(&d);
     if (standalone) mg_standalone_loop(&d, &shard);
     else mg_proxy_loop(&d);
     return 0;

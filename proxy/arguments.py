@@ -132,6 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="cpu|cuda|PATH",
         help="engine binary (default: cuda when a GPU is visible and built, else cpu)",
     )
+    run.add_argument(
+        "--ranks",
+        type=_int_in(1, 4096),
+        default=1,
+        metavar="N",
+        help="data-parallel: train on N ranks of the MPI CPU engine, launched by `mpirun -np N` (default 1: "
+        "the engine alone); N must divide train.grad_accum",
+    )
+    run.add_argument(
+        "--launcher",
+        metavar='"CMD ..."',
+        help='the command that starts the ranks instead of `mpirun -np N` (e.g. "srun --kill-on-bad-exit=1"); '
+        "it must start --ranks ranks",
+    )
     run.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     run.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
     run.add_argument(

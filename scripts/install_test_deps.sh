@@ -52,3 +52,13 @@ if ! command -v chromium >/dev/null 2>&1; then
         echo "install_test_deps: chromium missing and not root; browser tests will be skipped" >&2
     fi
 fi
+# Open MPI: mpirun for the data-parallel suite (tests/distributed), mpicc for build/microgpt_cpu_mpi.
+if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "install_test_deps: installing Debian's openmpi-bin and libopenmpi-dev"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    else
+        echo "install_test_deps: Open MPI missing and not root; the data-parallel tests will be skipped" >&2
+    fi
+fi

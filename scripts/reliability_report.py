@@ -10,7 +10,8 @@ The CUDA engine's section comes from docs/reliability-cuda.json (`--gpu-results`
 
 The scenarios live in tests/faults/*_scenarios.py (engine_scenarios.py, proxy_scenarios.py,
 run_dir_scenarios.py, storage_scenarios.py, process_scenarios.py, path_scenarios.py, divergence_scenarios.py,
-input_scenarios.py, data_scenarios.py, dashboard_scenarios.py, flood_scenarios.py, tracking_scenarios.py;
+input_scenarios.py, data_scenarios.py, dashboard_scenarios.py, flood_scenarios.py, tracking_scenarios.py,
+rank_scenarios.py;
 shared parts in scenarios.py and proxy_harness.py); the tests in tests/faults/ record every scenario's
 outcome (faults injected, survived, steps lost, data lost) to a JSON file, which this script turns into
 the table. Nothing in the table is typed by hand.
@@ -47,6 +48,19 @@ WHAT = OrderedDict(
             "SIGKILL at startup, after a step, after a ckpt event, inside writes; every step_*.bin verifies after "
             "every kill, no valid one vanishes, each relaunch resumes from the newest valid one, every replayed step "
             "and every checkpoint of the finished run are bit-identical to an uninterrupted run",
+        ),
+        (
+            "kill -9 of one rank, or of the launcher, of a 2-rank run",
+            "proxy run --ranks 2 under the real mpirun: SIGKILL of rank 1, then rank 0, then mpirun, each mid-launch; "
+            "every process of the job exits, each relaunch resumes from a valid logged checkpoint no older than the "
+            "newest at the kill, and the finished run equals an uninterrupted 1-rank run (steps, evals, samples, "
+            "checkpoint bytes)",
+        ),
+        (
+            "a rank that hangs (SIGSTOP) in a 2-rank run",
+            "rank 1 stopped mid-launch: rank 0 waits in a collective, the watchdog (--hang-timeout 4) kills the "
+            "launcher's group, the proxy SIGKILLs the rest of the launch's session (the stopped rank), resumes and "
+            "finishes equal to an uninterrupted 1-rank run",
         ),
         (
             "kill -9 of the engine inside checkpoint writes (22 MB)",

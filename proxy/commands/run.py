@@ -53,6 +53,8 @@ def main(args) -> int:
         options=options,
         engine_paths=args.engine_paths,
         overrides=args.overrides,
+        ranks=args.ranks,
+        launcher=args.launcher,
     )
     dashboard: list[subprocess.Popen] = []
     tracker: list[subprocess.Popen] = []

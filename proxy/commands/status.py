@@ -135,7 +135,7 @@ def status_report(run: RunDir) -> dict:
         "phases": [{"phase": p.phase, "start_step": p.start_step, "policy": p.policy} for p in phases],
         "segment": state.get("segment"),
         "restarts": state.get("restarts", 0),
-        "engine": {k: engine.get(k) for k in ("kind", "device", "pid", "alive", "rss_bytes", "cpu_percent")}
+        "engine": {k: engine.get(k) for k in ("kind", "device", "pid", "alive", "rss_bytes", "cpu_percent", "ranks")}
         if owner
         else None,
         "replay_mismatches": int(state.get("replay_mismatch_count") or 0),
@@ -154,6 +154,8 @@ def format_status(r: dict) -> str:
     eng = r.get("engine") or {}
     if eng.get("pid"):
         alive += f", engine pid {eng['pid']} {'alive' if eng.get('alive') else 'not running'}"
+        if (eng.get("ranks") or 1) > 1:
+            alive += f" ({eng['ranks']} ranks)"
         if eng.get("cpu_percent") is not None:
             alive += f", cpu {eng['cpu_percent']:.0f}%"
         if eng.get("rss_bytes"):

@@ -55,6 +55,7 @@ class EngineStatus:
     version: str | None = None  # the ready event's: the engine's version
     source: str | None = None  # the ready event's: `git describe` of the source the binary was built from
     n_params: int | None = None  # the ready event's: the model's parameter count
+    ranks: int = 1  # data-parallel ranks (the engine's `ready` event says how many started)
 
 
 AUDIT_KINDS = ("sample", "eval", "checkpoint")  # what the engine does between steps, besides training

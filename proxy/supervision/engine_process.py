@@ -27,11 +27,14 @@ import psutil
 from ..atomic import append_whole, open_append
 from ..errors import EXIT_USAGE, ProxyError
 from ..formats.frames import parse_event
-from ..processes import cpu_seconds, signal_group
+from ..processes import cpu_seconds, send, signal_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
 _F_SETPIPE_SZ = 1031
+# How long the rest of an ended engine's session (a launcher's ranks) may take to end before it is killed:
+# mpirun SIGKILLs its ranks about 2 s after one fails.
+SESSION_GRACE_S = 10.0
 
 
 class EngineError(ProxyError):
@@ -58,6 +61,12 @@ def gpu_visible() -> bool:
 class EngineChoice:
     path: Path
     kind: str  # "cpu", "cuda" or "custom" (an explicit path)
+    ranks: int = 1  # data-parallel ranks (proxy/ranks.py)
+    launcher: tuple[str, ...] = ()  # what starts the ranks (mpirun -np N, or --launcher); () for the engine alone
+
+    def argv(self, args: list[str]) -> list[str]:
+        """The launched command: the launcher's words, then the engine's."""
+        return [*self.launcher, str(self.path), *args]
 
 
 def engine_binary(choice: str, build_dir: Path = BUILD_DIR) -> Path:
@@ -92,6 +101,7 @@ class EngineProcess:
 
     def __init__(self, argv: list[str], log_path: Path, header: str = "", env: dict[str, str] | None = None):
         self.argv = argv
+        self._env = dict(env or {})  # what the proxy added to the engine's environment: its proof of ownership
         self.events: queue.Queue = queue.Queue()
         self._frames: queue.Queue = queue.Queue()
         log = open_append(log_path)  # the engine's stderr: a regular file, never a FIFO or a symlink
@@ -223,8 +233,39 @@ class EngineProcess:
             return None
         return cpu_seconds(self._ps)
 
+    def session_rest(self) -> list[psutil.Process]:
+        """The processes left in the engine's session after it ended, that carry the environment the proxy gave
+        it: a launcher's ranks (mpirun puts each in a process group of its own, which kill_group does not reach;
+        one may outlive mpirun by seconds, finishing a checkpoint write). The session is the one the proxy
+        created for the engine, and the environment proves descent from it; with none given, nothing is proven."""
+        if not self._env:
+            return []
+        rest = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != os.getpid() and os.getsid(proc.pid) == self.pid:
+                    environ = proc.environ()
+                    if all(environ.get(k) == v for k, v in self._env.items()):
+                        rest.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return rest
+
+    def reap_session(self, grace_s: float = SESSION_GRACE_S) -> None:
+        """After the engine ended: wait up to grace_s for the rest of its session to end, then SIGKILL it, so
+        that no process of this launch writes into the run while the next one starts."""
+        rest = self.session_rest()
+        if not rest:
+            return
+        _gone, alive = psutil.wait_procs(rest, timeout=grace_s)
+        for proc in alive:
+            send(proc, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=grace_s)
+
     def finish(self) -> None:
-        """After the process ended: let the threads finish and release the pipes."""
+        """After the process ended: the rest of its session gone, let the threads finish and release the pipes."""
+        if self.proc.poll() is not None:
+            self.reap_session()
         self._frames.put(None)
         self._reader.join(timeout=5)
         self._writer.join(timeout=5)

@@ -86,6 +86,7 @@ class EventHandlers:
             version=_text(ev.get("version")),
             source=_text(ev.get("source")),
             n_params=ev.get("n_params") if type(ev.get("n_params")) is int else None,
+            ranks=int(ev.get("ranks") or 1),
         )
         st = report.engine
         if int(ev.get("step", -1)) != launch.resume.step:
@@ -96,7 +97,9 @@ class EventHandlers:
             )
         else:
             self.ctx.say(
-                f"engine ready: {st.kind} on {st.device}, step {launch.resume.step}, {ev.get('n_params')} parameters"
+                f"engine ready: {st.kind} on {st.device}"
+                + (f" x {st.ranks} ranks" if st.ranks > 1 else "")
+                + f", step {launch.resume.step}, {ev.get('n_params')} parameters"
             )
 
     def on_step(self, launch: EngineLaunch, ev: Event) -> None:

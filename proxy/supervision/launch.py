@@ -62,6 +62,9 @@ class EngineLaunch:
     schedule: MixtureSchedule  # the mixture of each step, rebuilt from the log at launch
     replay_index: LossLogIndex  # the log as it was at launch: steps re-trained are compared with it
     replay_through: int  # the last step of the phase the log held at launch
+    # the engine runs under a launcher (mpirun, srun): never signalled but to kill it (mpirun SIGKILLs its ranks
+    # 2 s after a SIGTERM, mid-checkpoint); a stop is a STOP frame
+    through_launcher: bool = False
     outstanding: deque = field(default_factory=deque)
     requests: dict[int, Request] = field(default_factory=dict)  # request id -> what it asked
     next_request: int = 1
@@ -146,7 +149,13 @@ class EngineLaunch:
         """A stop request (Ctrl-C, SIGTERM, `proxy stop`): SIGTERM, so the engine finishes the step it is
         computing, not the frames queued behind it (a STOP frame would wait behind them), abandons an eval or
         a sample audit in flight, checkpoints and exits. What it drops is sent again after the resume, as
-        after a crash: a step's batch depends only on the seed, the step and the mixture."""
+        after a crash: a step's batch depends only on the seed, the step and the mixture. Under a launcher, a
+        STOP frame instead: the ranks train the frames queued before it (at most the lag), then checkpoint."""
+        if self.through_launcher:
+            if not self.stop_sent:
+                self.send_stop()
+            self.stop_signalled = True
+            return
         if not self.stop_sent:
             self.outstanding.append(Outstanding("stop", 0))
         self.stop_sent = self.stop_signalled = True

@@ -98,7 +98,7 @@ def start_launch(ctx: RunContext) -> EngineLaunch:
         meta=meta,
         settings=settings,
     )
-    argv = [str(choice.path), *args]
+    argv = choice.argv(args)
     where = f"from {resume.path.name} (step {c})" if resume.path else "from scratch"
     token = new_token()
     engine = EngineProcess(
@@ -112,11 +112,14 @@ def start_launch(ctx: RunContext) -> EngineLaunch:
             engine.kill_group()
         engine.finish()
         raise
+    ranks = f", {choice.ranks} ranks through {choice.launcher[0]}" if choice.launcher else ""
     ctx.say(
-        f"launch {ctx.launch_number}: engine pid {engine.pid} ({choice.kind}) starting {where}"
+        f"launch {ctx.launch_number}: engine pid {engine.pid} ({choice.kind}{ranks}) starting {where}"
         + (f"; steps {c + 1}..{replay_through} will be replayed and compared" if replay_through > c else "")
     )
-    ctx.report.engine_started(EngineStatus(kind=choice.kind, pid=engine.pid, alive=True, path=str(choice.path)))
+    ctx.report.engine_started(
+        EngineStatus(kind=choice.kind, pid=engine.pid, alive=True, path=str(choice.path), ranks=choice.ranks)
+    )
     return EngineLaunch(
         number=ctx.launch_number,
         engine=engine,
@@ -126,4 +129,5 @@ def start_launch(ctx: RunContext) -> EngineLaunch:
         schedule=schedule,
         replay_index=index,
         replay_through=replay_through,
+        through_launcher=bool(choice.launcher),
     )

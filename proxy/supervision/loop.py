@@ -310,7 +310,8 @@ class Supervisor:
                     "second stop request: the engine is still finishing its step or writing its checkpoint; "
                     "a third stop kills it (losing the steps since the last checkpoint)"
                 )
-                launch.engine.signal(signal.SIGTERM)
+                if not launch.through_launcher:  # a launcher's ranks finish their STOP frame
+                    launch.engine.signal(signal.SIGTERM)
             else:
                 ctx.warn("third stop request: killing the engine")
                 launch.kill()

@@ -94,7 +94,16 @@ class RunReport:
         self.engine = engine
 
     def engine_ready(
-        self, kind: str | None, device, threads, precision, mem_bytes, version=None, source=None, n_params=None
+        self,
+        kind: str | None,
+        device,
+        threads,
+        precision,
+        mem_bytes,
+        version=None,
+        source=None,
+        n_params=None,
+        ranks: int = 1,
     ) -> None:
         """What the engine's `ready` event says of it."""
         self.engine = replace(
@@ -107,6 +116,7 @@ class RunReport:
             version=version,
             source=source,
             n_params=n_params,
+            ranks=ranks,
         )
 
     def engine_usage(self, alive: bool, rss_bytes: int | None, cpu_percent: float | None) -> None:

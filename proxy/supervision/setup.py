@@ -46,6 +46,7 @@ from .engine_process import EngineChoice, choose_engine
 from .engine_record import reap_orphan
 from .init_from import import_model, model_block
 from .loop import Supervisor
+from .ranks import data_parallel, say_rank_change
 from .report import RunReport
 from .run_data import RunData, open_run_data
 from .signals import EARLY, SignalCounts, check_interrupted, install_interrupt
@@ -64,6 +65,8 @@ class RunRequest:
     options: SupervisorOptions = field(default_factory=SupervisorOptions)
     engine_paths: str = "qualified"  # the CUDA engine's fast paths: "qualified" (checked on this GPU) or "verified"
     overrides: list[str] = field(default_factory=list)  # `--set KEY=VALUE` (config/overrides.py)
+    ranks: int = 1  # data-parallel ranks (proxy/ranks.py)
+    launcher: str | None = None  # `--launcher CMD`: what starts the ranks instead of mpirun -np N
 
 
 def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
@@ -91,7 +94,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
         check_sources=not request.from_frozen,
         model_defaults=model_block(request.init_from) if request.init_from is not None else None,
     )
-    engine = choose_engine(request.engine)
+    engine = data_parallel(choose_engine(request.engine), request.ranks, request.launcher, experiment.train.grad_accum)
     run = RunDir(Path(request.run_dir) if request.run_dir else default_run_dir(experiment.name))
     run.create()
     lock = RunLock(run).acquire()  # RunInUse: exit 1
@@ -120,6 +123,7 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: 
                 f"experiment changed ({', '.join(frozen.changed)}); continuing with the new one "
                 "(--allow-experiment-change)" + (f"; {frozen.lr_note}" if frozen.lr_note else "")
             )
+        say_rank_change(read_state(run.state), engine.ranks, index.max_step(), console.say)
         identity, unsaved = load_identity(run, console.warn)
         reaped = reap_orphan(run, identity, lock, request.options.orphan_grace_s, console.warn)
         if reaped:
@@ -248,7 +252,7 @@ def build_context(
     phases = read_phases(run)
     writer = LossLogWriter(run.loss_log, options.fsync_every_s)
     samples = SamplesFile(run.samples, options.samples_kept)
-    report = RunReport(engine=EngineStatus(kind=engine.kind, path=str(engine.path)))
+    report = RunReport(engine=EngineStatus(kind=engine.kind, path=str(engine.path), ranks=engine.ranks))
     report.carry_forward(read_state(run.state) or {}, experiment.arm_names, phases[-1], console.warn)
     load_best(report, run.best, run.loss_log)
     spread = row_spread(sampler, experiment.target_arms, int(experiment.model.vocab))

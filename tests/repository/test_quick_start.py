@@ -59,13 +59,15 @@ def test_make_outside_a_venv_on_a_system_python_is_one_line(tmp_path):
 
 
 def test_make_engines_says_what_it_built_and_skipped(tmp_path):
-    """Without nvcc: the CPU engine built, the CUDA one skipped with its reason, in one line (no banner); an
-    explicit `make cuda` fails with that reason."""
+    """Without nvcc and mpicc: the CPU engine built, the MPI and CUDA ones skipped with their reasons, in one
+    line (no banner); an explicit `make cuda` fails with that reason."""
     root = copy_build(tmp_path)
-    result = make(root, "engines", "NVCC=")
+    result = make(root, "engines", "NVCC=", "MPICC=")
     assert result.returncode == 0, result
     assert result.stdout.splitlines()[-1] == (
-        "make: built build/microgpt_cpu; skipped the CUDA engine (no nvcc on PATH; the CPU engine is used)"
+        "make: built build/microgpt_cpu; skipped the MPI CPU engine (no mpicc on PATH: apt install openmpi-bin "
+        "libopenmpi-dev; proxy run --ranks needs it); skipped the CUDA engine (no nvcc on PATH; the CPU engine is "
+        "used)"
     )
     assert "***" not in result.stdout + result.stderr
     assert (root / "build" / "microgpt_cpu").is_file()

@@ -1,0 +1,96 @@
+"""Data-parallel launches: the rank count, the MPI engine binary, and the launcher command in front of it.
+
+Written once here and imported by the proxy (`proxy run --ranks N --launcher CMD`), the tests and the
+benchmark. The engine's side is microgpt/comm.h; docs/ARCHITECTURE.md, "Data-parallel runs".
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import EXIT_USAGE, ProxyError
+from .engine_process import EngineChoice
+
+MPIRUN = "mpirun"
+# What to install when a launch needs mpirun and there is none (Debian/Ubuntu).
+MPI_INSTALL_HINT = "apt install openmpi-bin libopenmpi-dev, then `make cpu` to build build/microgpt_cpu_mpi"
+
+
+class RanksError(ProxyError):
+    """A data-parallel launch that cannot start; the message is one line."""
+
+    code = EXIT_USAGE
+
+
+def mpi_binary(engine: Path) -> Path:
+    """The MPI build of an engine binary: build/microgpt_cpu -> build/microgpt_cpu_mpi."""
+    return engine.with_name(engine.name + "_mpi")
+
+
+def default_launcher(ranks: int) -> list[str]:
+    """`mpirun -np N` on this machine. --oversubscribe: more ranks than cores is allowed (a 2-core CI box);
+    --allow-run-as-root: Open MPI refuses root otherwise (containers). mpirun's default binding gives each
+    rank its own core(s), and the CPU engine uses the cores it is bound to."""
+    argv = [MPIRUN, "--oversubscribe", "-np", str(ranks)]
+    if os.geteuid() == 0:
+        argv.insert(1, "--allow-run-as-root")
+    return argv
+
+
+def check_divides(ranks: int, grad_accum: int) -> None:
+    """Each rank trains an equal, contiguous share of the step's micro-batches."""
+    if ranks < 1:
+        raise RanksError(f"--ranks {ranks}: at least 1")
+    if grad_accum % ranks:
+        raise RanksError(
+            f"--ranks {ranks} does not divide the step's {grad_accum} micro-batches (train.grad_accum): "
+            "each rank trains an equal share; choose a divisor of grad_accum"
+        )
+
+
+def launcher_argv(ranks: int, launcher: str | None) -> list[str]:
+    """The command in front of the engine's: `--launcher CMD` split as a shell would, or mpirun -np N. Its
+    program must be found (one line saying what to install, otherwise)."""
+    if launcher is not None:
+        argv = shlex.split(launcher)
+        if not argv:
+            raise RanksError("--launcher is empty")
+        if shutil.which(argv[0]) is None:
+            raise RanksError(f"--launcher: program {argv[0]!r} not found on PATH")
+        return argv
+    if shutil.which(MPIRUN) is None:
+        raise RanksError(f"--ranks {ranks} needs an MPI launcher and `{MPIRUN}` is not on PATH: {MPI_INSTALL_HINT}")
+    return default_launcher(ranks)
+
+
+def data_parallel(engine: EngineChoice, ranks: int, launcher: str | None, grad_accum: int) -> EngineChoice:
+    """The engine chosen, launched on `ranks` ranks: unchanged for 1 rank and no --launcher; otherwise the MPI
+    build of the CPU engine behind the launcher. Every refusal is one line (RanksError, exit 2)."""
+    if ranks == 1 and launcher is None:
+        return engine
+    check_divides(ranks, grad_accum)
+    if engine.kind != "cpu":
+        raise RanksError(
+            f"--ranks {ranks}: data-parallel training runs the MPI CPU engine (--engine cpu); the {engine.kind} "
+            "engine trains on one rank"
+        )
+    argv = launcher_argv(ranks, launcher)
+    binary = mpi_binary(engine.path)
+    if not binary.is_file():
+        raise RanksError(f"--ranks {ranks}: {binary} not built; {MPI_INSTALL_HINT}")
+    return replace(engine, path=binary, ranks=ranks, launcher=tuple(argv))
+
+
+def say_rank_change(state: dict | None, ranks: int, trained_to: int, say) -> None:
+    """A run resumed on another rank count than its last launch: allowed (a checkpoint does not depend on it,
+    and the losses do not either on the CPU engine), and said."""
+    before = int(((state or {}).get("engine") or {}).get("ranks") or 1)
+    if trained_to > 0 and before != ranks:
+        say(
+            f"rank count changed: the run trained on {before} rank(s) and resumes on {ranks} "
+            "(checkpoints and, on the CPU engine, losses do not depend on it)"
+        )

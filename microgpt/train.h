@@ -503,7 +503,12 @@ static void mg_follower_loop(MgDriver *d) {
 static void mg_share_config(MgDriver *d) {
     if (d->ranks == 1) return;
     MgConfig own = d->cfg;
+    // A pointer is an address in rank 0's process: every pointer field below is this rank's own again,
+    // and the schedule, which rank 0 may have taken from its checkpoint, travels as its code.
+    int32_t schedule = mg_schedule_code(d->cfg.lr_schedule);
     d->comm->broadcast(&d->cfg, sizeof d->cfg);
+    d->comm->broadcast(&schedule, sizeof schedule);
+    d->cfg.lr_schedule = MG_SCHEDULES[schedule];
     d->cfg.data = own.data;
     d->cfg.ckpt_dir = own.ckpt_dir;
     d->cfg.resume = own.resume;

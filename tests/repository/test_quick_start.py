@@ -25,7 +25,9 @@ def copy_build(tmp_path: Path) -> Path:
 
 
 def make(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PIP_BREAK_SYSTEM_PACKAGES", "MAKEFLAGS")}
+    # as a user's shell runs it, not as a make inside `make test` (MAKELEVEL would make its lines `make[1]: ...`)
+    outer = ("VIRTUAL_ENV", "PIP_BREAK_SYSTEM_PACKAGES", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
     return subprocess.run(["make", "-s", *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 

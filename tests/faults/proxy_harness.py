@@ -17,7 +17,7 @@ from harness.engine import TIMEOUT, Child, Hang
 from harness.reaction import react
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
 
-from .scenarios import ENGINE, REPO, Outcome, compare_files
+from .scenarios import ENGINE, REPO, Outcome, compare_files, tail_lines
 
 # ---------------------------------------------------------------------------
 # the proxy: a tiny experiment, its uninterrupted reference run, and helpers
@@ -374,3 +374,14 @@ def no_traceback(p: Child, out: Outcome, where: str) -> None:
         tb = text[text.rindex("Traceback (most recent call last)") :].splitlines()
         files = [ln.strip() for ln in tb if ln.strip().startswith("File ")]
         out.fail(f"{where}: the proxy printed a traceback: {tb[-1].strip()} (at {files[-1] if files else '?'})")
+
+
+def finish_last_launch(p: Child, out: Outcome) -> None:
+    """The scenario's last launch trains to the end: exit 0 within 300 s, no traceback."""
+    try:
+        rc = p.finish(300)
+    except Hang as exc:
+        out.fail(str(exc))
+    if rc != 0:
+        out.fail(f"the last launch exited {rc}: {tail_lines(p.stderr)}")
+    no_traceback(p, out, "last launch")

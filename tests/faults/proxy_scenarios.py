@@ -27,6 +27,7 @@ from .proxy_harness import (
     engine_alive,
     engine_record,
     expected_resume,
+    finish_last_launch,
     first_resume,
     kill_engine,
     no_traceback,
@@ -195,13 +196,7 @@ def proxy_kill_storm(
             elif unannounced_checkpoint(run):
                 out.bump("kills that left a checkpoint the proxy had not seen announced")
             watch.check(out, f"after kill {kills}")
-    try:
-        rc = p.finish(300)
-    except Hang as exc:
-        out.fail(str(exc))
-    if rc != 0:
-        out.fail(f"the last launch exited {rc}: {tail_lines(p.stderr)}")
-    no_traceback(p, out, "last launch")
+    finish_last_launch(p, out)
     watch.check(out, "at the end")
     out.note("proxy launches", len(procs))
     out.note("engine segments", seen)

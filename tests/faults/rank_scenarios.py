@@ -12,7 +12,6 @@ from pathlib import Path
 
 import psutil
 
-from harness.engine import Hang
 from proxy.formats.checkpoint import list_checkpoints
 from proxy.supervision.engine_process import engine_binary
 from proxy.supervision.ranks import mpi_binary
@@ -23,7 +22,7 @@ from .proxy_harness import (
     compare_with_reference,
     engine_record,
     expected_resume,
-    no_traceback,
+    finish_last_launch,
     write_fault_experiment,
 )
 from .scenarios import CkptWatch, Outcome, rng_for, tail_lines
@@ -152,13 +151,7 @@ def rank_kill_storm(env: ProxyEnv, workdir: Path, victims=KILLS, name: str = "ra
         out.fail(f"the proxy exited {p.wait()} without a last launch: {tail_lines(p.stderr)}")
     check_resume(run, seen, got[0], got[1], at_kill, out, p)
     out.end_fault()
-    try:
-        rc = p.finish(300)
-    except Hang as exc:
-        out.fail(str(exc))
-    if rc != 0:
-        out.fail(f"the last launch exited {rc}: {tail_lines(p.stderr)}")
-    no_traceback(p, out, "last launch")
+    finish_last_launch(p, out)
     watch.check(out, "at the end")
     out.note("engine segments", got[0])
     compare_with_reference(env, run, out)

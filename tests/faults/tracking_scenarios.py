@@ -10,11 +10,19 @@ import signal
 import time
 from pathlib import Path
 
-from harness.engine import Hang
 from harness.gate import KILL_SLACK, Gate
 from harness.tracking_readers import tensorboard_scalars
 
-from .proxy_harness import ProxyEnv, engine_alive, engine_record, kill_engine, no_traceback, read_log, wait_engine_gone
+from .proxy_harness import (
+    ProxyEnv,
+    engine_alive,
+    engine_record,
+    finish_last_launch,
+    kill_engine,
+    no_traceback,
+    read_log,
+    wait_engine_gone,
+)
 from .scenarios import ENGINE, Outcome, rng_for, tail_lines
 
 TRACKING = ("--set", "log.tensorboard=true")
@@ -82,13 +90,7 @@ def tracker_kill_storm(
         p = None
     gate.open()
     p = env.start(run, *TRACKING, engine=gate.engine_flag)
-    try:
-        rc = p.finish(300)
-    except Hang as exc:
-        out.fail(str(exc))
-    if rc != 0:
-        out.fail(f"the last launch exited {rc}: {tail_lines(p.stderr)}")
-    no_traceback(p, out, "last launch")
+    finish_last_launch(p, out)
     log = read_log(run / ".loss.json")
     scalars = tensorboard_scalars(run / "tensorboard")
     written = [s for s, _ in scalars.get("train/loss", [])]

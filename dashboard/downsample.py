@@ -9,9 +9,10 @@ zoom level. Means come from sum/count, so smoothing stays honest too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 X_FIELDS = ("step0", "step1", "tok0", "tok1", "time0", "time1")
 
@@ -46,7 +47,7 @@ def empty(cols: int) -> Agg:
     return Agg(zi, zi, z, z, z, z, zi, m, m, m, np.zeros((0, cols), dtype=np.int64))
 
 
-def from_rows(step: np.ndarray, tokens: np.ndarray, time: np.ndarray, values: np.ndarray) -> Agg:
+def from_rows(step: ArrayLike, tokens: ArrayLike, time: ArrayLike, values: ArrayLike) -> Agg:
     """Buckets of one row each; `values` is (n, cols) with NaN for a missing value."""
     values = np.asarray(values, dtype=np.float64)
     present = ~np.isnan(values)
@@ -81,12 +82,12 @@ def concat(parts: list[Agg], cols: int) -> Agg:
         return out
 
     return Agg(
-        *(np.concatenate([getattr(p, f) for p in parts]) for f in X_FIELDS),
-        np.concatenate([p.rows for p in parts]),
-        np.concatenate([pad(p.vmin, np.nan) for p in parts]),
-        np.concatenate([pad(p.vmax, np.nan) for p in parts]),
-        np.concatenate([pad(p.vsum, 0.0) for p in parts]),
-        np.concatenate([pad(p.vcnt, 0) for p in parts]),
+        **{f: np.concatenate([getattr(p, f) for p in parts]) for f in X_FIELDS},
+        rows=np.concatenate([p.rows for p in parts]),
+        vmin=np.concatenate([pad(p.vmin, np.nan) for p in parts]),
+        vmax=np.concatenate([pad(p.vmax, np.nan) for p in parts]),
+        vsum=np.concatenate([pad(p.vsum, 0.0) for p in parts]),
+        vcnt=np.concatenate([pad(p.vcnt, 0) for p in parts]),
     )
 
 
@@ -128,11 +129,4 @@ def clip_rows(agg: Agg, first: int, last: int) -> Agg:
     keep = (agg.step1 >= first) & (agg.step0 <= last)
     if keep.all():
         return agg
-    return Agg(
-        *(getattr(agg, f)[keep] for f in X_FIELDS),
-        agg.rows[keep],
-        agg.vmin[keep],
-        agg.vmax[keep],
-        agg.vsum[keep],
-        agg.vcnt[keep],
-    )
+    return Agg(**{f.name: getattr(agg, f.name)[keep] for f in fields(Agg)})

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from proxy.dashboard_address import exposure_warning, is_loopback
 from proxy.rundir.layout import RUNS_ROOT, RunDirError, most_recent_run
@@ -191,7 +192,7 @@ def spawn(
     cmd = [sys.executable, "-m", "dashboard", "--host", host, "--port", str(port)]
     for d in run_dirs:
         cmd += ["--run-dir", str(d)]
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    out: BinaryIO | int = open(log_path, "ab") if log_path else subprocess.DEVNULL
     # the child imports this very package, wherever the parent found it
     pkg_parent = str(Path(__file__).resolve().parents[1])
     env = dict(
@@ -206,17 +207,20 @@ def spawn(
     try:
         import selectors
 
+        if proc.stdout is None:  # stdout=PIPE: never
+            raise DashboardError("dashboard did not start (no pipe from it)")
+        fd = proc.stdout.fileno()
         sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         while not line.endswith(b"\n") and time.monotonic() < deadline:
             if sel.select(timeout=0.2):
-                b = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(1)
+                b = os.read(fd, 4096)  # what the pipe holds now (a buffered read could keep some from select)
                 if not b:
                     break
                 line += b
         sel.close()
     finally:
-        if out is not subprocess.DEVNULL:
+        if not isinstance(out, int):
             out.close()
     text = line.decode(errors="replace").strip()
     if not text.startswith("dashboard: http"):

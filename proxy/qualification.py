@@ -54,7 +54,7 @@ __all__ = ["COSINE_MIN", "LOSS_TOLERANCE", "VERIFIED_FLAGS", "tensor_cosines", "
 
 # What the engine's ready event `paths` says when it runs a training path (a path it cannot run here,
 # it replaces with the verified one after a warning: the check then calls it unavailable).
-READY_PATHS = {
+READY_PATHS: dict[FastPath, dict[str, str | bool]] = {
     FastPath.ATTENTION_CUDNN: {"attention": "cudnn"},
     FastPath.ATTENTION_FLASH: {"attention": "flash"},
     FastPath.FUSED: {"fused": True},

@@ -130,16 +130,27 @@ def compared_parts(shape: dict):
             yield name, a, b, True
 
 
+def _state(run: CheckRun) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, m, v) a check read back; ValueError for a run that did not (judge_training fails it)."""
+    if run.weights is None or run.m is None or run.v is None:
+        raise ValueError("the check wrote no final state to compare")
+    return run.weights, run.m, run.v
+
+
 def state_figures(shape: dict, optimizer: dict[str, float], run: CheckRun, base: CheckRun) -> tuple[Figures, list[str]]:
     """The figures of a training path's state against the verified path's, and what is out of tolerance."""
+    (weights, m_run, v_run), (base_weights, m_base, v_base) = _state(run), _state(base)
+    if base.initial is None:
+        raise ValueError("the verified check wrote no step-0 state")
+    initial = base.initial
     bound = max_update_difference(optimizer)
     worst = {"update": (0.0, ""), "m": (0.0, ""), "v": (0.0, "")}
     excess, excess_at = 0.0, ""
     for name, a, b, by_norm in compared_parts(shape):
-        w0 = base.initial[a:b].astype(np.float64)
-        du, dv = run.weights[a:b].astype(np.float64) - w0, base.weights[a:b].astype(np.float64) - w0
-        m, mr = run.m[a:b].astype(np.float64), base.m[a:b].astype(np.float64)
-        v, vr = run.v[a:b].astype(np.float64), base.v[a:b].astype(np.float64)
+        w0 = initial[a:b].astype(np.float64)
+        du, dv = weights[a:b].astype(np.float64) - w0, base_weights[a:b].astype(np.float64) - w0
+        m, mr = m_run[a:b].astype(np.float64), m_base[a:b].astype(np.float64)
+        v, vr = v_run[a:b].astype(np.float64), v_base[a:b].astype(np.float64)
         if not by_norm:
             e = _excess(du, dv, bound + UPDATE_SLACK * np.abs(w0))
             if e > excess:
@@ -197,14 +208,18 @@ def judge_training(shape: dict, optimizer: dict[str, float], runs: list[CheckRun
     if failed:
         return failed
     first = runs[0]
-    if first.weights.size != base.weights.size:
-        return Check(
-            verdict=Verdict.FAILED,
-            detail=f"a state of {first.weights.size} values, the verified path's {base.weights.size}",
-        )
+    try:
+        size, base_size = _state(first)[0].size, _state(base)[0].size
+    except ValueError as exc:
+        return Check(verdict=Verdict.FAILED, detail=str(exc))
+    if size != base_size:
+        return Check(verdict=Verdict.FAILED, detail=f"a state of {size} values, the verified path's {base_size}")
     diffs = [abs(a - b) for a, b in zip(first.losses, base.losses, strict=False)]
     loss_diff = max(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.inf  # a NaN never passes
-    figures, problems = state_figures(shape, optimizer, first, base)
+    try:
+        figures, problems = state_figures(shape, optimizer, first, base)
+    except ValueError as exc:
+        return Check(verdict=Verdict.FAILED, detail=str(exc))
     bitwise = all(
         r.losses == first.losses and r.digests.get(CHECK_STEPS) == first.digests.get(CHECK_STEPS) for r in runs[1:]
     )

@@ -150,7 +150,27 @@ def _decode_trailer(buf: bytes | memoryview, trailer_bytes: int, path: Path) -> 
     if not 0 <= code < len(SCHEDULES):
         raise CheckpointError(f"{path}: unknown learning-rate schedule {code} in its trailer")
     meta = bytes(buf[TRAILER_FIXED_BYTES : TRAILER_FIXED_BYTES + meta_bytes]).decode("utf-8", errors="replace")
-    return Trailer(ModelShape(*ints[:5]), *ints[5:], *floats, seed, tokens_seen, meta, SCHEDULES[code], decay_fraction)
+    batch, grad_accum, warmup, max_steps = ints[5:]
+    lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip = floats
+    return Trailer(
+        ModelShape(*ints[:5]),
+        batch=batch,
+        grad_accum=grad_accum,
+        warmup=warmup,
+        max_steps=max_steps,
+        lr=lr,
+        min_lr=min_lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        seed=seed,
+        tokens_seen=tokens_seen,
+        meta=meta,
+        lr_schedule=SCHEDULES[code],
+        decay_fraction=decay_fraction,
+    )
 
 
 def _parse(raw: bytes, path: Path, verify_crc: bool) -> tuple[int, int, Trailer | None]:

@@ -124,7 +124,7 @@ def check_seal(run: RunDir, allow_change: bool) -> None:
             f"(the frozen values are in {run.experiment_seal}), or pass --allow-experiment-change "
             "to continue with the edited one"
         )
-    if fields:
+    if fields and seal is not None:  # (fields come only from a seal)
         _archive(run, json_bytes(seal["experiment"]))
     _write_seal(run, raw)
 

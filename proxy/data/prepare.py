@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,7 +149,9 @@ def data_key(
     given = tokenizer_json if tokenizer_json is not None else read_given_tokenizer(experiment, experiment_dir)
     fps = fps if fps is not None else fingerprints(experiment, experiment_dir, hashes)
     arms = [[arm.name, fps[arm.name]] for arm in experiment.arms]
-    tokenizer = {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
+    tokenizer: Mapping[str, object] = (
+        {"given": hashlib.sha256(given).hexdigest()} if given is not None else TOKENIZER_SETTINGS
+    )
     if experiment.eot is not None:  # the separator written between documents (one found in the file: its bytes)
         tokenizer = {**tokenizer, "eot": experiment.eot}
     obj = {
@@ -213,11 +216,11 @@ def _build(
             Workers(n, tok) as workers,
         ):
             try:
-                for arm, task, result in arms.run(workers):
-                    if not opened or opened[-1].name != arm:
+                for arm_name, task, result in arms.run(workers):
+                    if not opened or opened[-1].name != arm_name:
                         if opened:
                             info[opened[-1].name] = opened[-1].finish()
-                        opened.append(ArmWriter(arm, tmp, vocab, arms.named_val(arm)))
+                        opened.append(ArmWriter(arm_name, tmp, vocab, arms.named_val(arm_name)))
                     opened[-1].add(result)
                     skipped += len(result.skipped)
                     first_skipped = first_skipped or (result.skipped[0] if result.skipped else None)

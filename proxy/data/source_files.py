@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..config.sources import (
     BuiltinSource,
@@ -80,7 +81,9 @@ def _token_files(src: TokensSource, base: Path) -> list[Path]:
     return _matches("tokens", src.tokens, base) + (_matches("tokens val", src.val, base) if src.val else [])
 
 
-_FILES: dict[type[Source], Callable[[Source, Path], list[Path]]] = {
+# Each entry takes its own key's kind (source_files looks it up by type(src)), which a dict's type cannot say:
+# hence Any for the source.
+_FILES: dict[type[Source], Callable[[Any, Path], list[Path]]] = {
     FileSource: lambda s, b: _one_file("file", s.file, b),
     GlobSource: lambda s, b: _matches("glob", s.glob, b),
     DirSource: _dir_files,

@@ -35,6 +35,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ..config.sources import (
     BuiltinSource,
@@ -173,7 +174,9 @@ def _plan_tokens(src, _files, _decide) -> Iterator[Unit]:
     raise SourceError(f"{src.describe()}: its documents are token ids (prepare.py reads them in place), not text")
 
 
-_PLANS: dict[type[Source], Callable[[Source, list[Path], Callable], Iterator[Unit]]] = {
+# Each entry takes its own key's kind (plan_units looks it up by type(src)), which a dict's type cannot say:
+# hence Any for the source.
+_PLANS: dict[type[Source], Callable[[Any, list[Path], Callable], Iterator[Unit]]] = {
     FileSource: lambda s, files, decide: _file_units(files, s, True, decide),
     GlobSource: lambda s, files, decide: _file_units(files, s, False, decide),
     DirSource: lambda s, files, decide: _file_units(files, s, False, decide),

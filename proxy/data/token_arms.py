@@ -15,9 +15,17 @@ from .source_files import SourceError, _matches
 from .split import tail_tokens
 
 
+def _tokens_source(arm: ArmConfig) -> TokensSource:
+    """The token-file source of a token-file arm (experiment.py: it is the arm's only source)."""
+    src = arm.sources[0]
+    if not isinstance(src, TokensSource):  # a caller's mistake: only is_token_file_arm's arms come here
+        raise DataError(f"arm {arm.name!r}: not a token-file arm ({src.describe()})")
+    return src
+
+
 def token_layout(arm: ArmConfig, base: Path) -> tuple[list[Path], list[Path]]:
     """(the training files, the validation files) of a token-file arm, absolute, in order."""
-    src = arm.sources[0]
+    src = _tokens_source(arm)
     try:
         train = [p.resolve() for p in _matches("tokens", src.tokens, base)]
         val = [p.resolve() for p in _matches("tokens val", src.val, base)] if src.val else []
@@ -37,7 +45,7 @@ def is_random_arm(arm: ArmConfig) -> bool:
 def build_token_arm(arm: ArmConfig, base: Path, vocab: int, tmp: Path, progress: ProgressBars) -> tuple[list, dict]:
     """Check a token-file arm's files (headers, sizes, every id < vocab); its validation tokens (the val
     files, or the training stream's tail by split.py's rule) copied into `<arm>.val.tok`."""
-    src: TokensSource = arm.sources[0]
+    src = _tokens_source(arm)
     train_files, val_files = token_layout(arm, base)
     try:
         train = [open_token_file(p, src.format) for p in train_files]

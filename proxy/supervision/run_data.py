@@ -75,7 +75,7 @@ def resolved_experiment(
     arms = []
     for arm in experiment.arms:
         frozen = definition.arms.get(arm.name) if definition is not None else None
-        sources = []
+        sources: list[Source] = []
         for i, src in enumerate(arm.sources):
             recorded = frozen.sources[i] if frozen is not None and i < len(frozen.sources) else None
             if (
@@ -237,6 +237,7 @@ def open_run_data(
     """The launch's data (module docstring). ProxyError (one line, exit 2) for a bad source, a refused data
     change, or damaged frozen data."""
     definition = checked_definition(run)
+    data: PreparedData | None  # below, None until found in the cache or prepared
     if not binding or definition is None:
         resolved = resolved_experiment(experiment, experiment_dir, definition if from_frozen else None)
         data = _legacy(run, resolved, cache_dir, warn) if binding else _prepare(resolved, cache_dir, None)

@@ -33,7 +33,7 @@ window.DashPanels = (function () {
 
   function engineRows(eng) {
     const build = [eng.kind, eng.version ? "version " + eng.version : null, eng.precision, eng.threads ?
-      eng.threads + " threads" : null].filter(Boolean).join(" · ");
+      eng.threads + " threads" : null, eng.ranks > 1 ? eng.ranks + " ranks" : null].filter(Boolean).join(" · ");
     return [
       ["engine build", build || "–"],
       ["source commit", eng.source || "–"],

@@ -46,7 +46,9 @@ def say_progress(
     if progress.last_loss is not None:
         smoothed = f" (smoothed {progress.smoothed:.4f})" if progress.smoothed is not None else ""
         parts.append(f"loss {progress.last_loss:.4f}{smoothed}")
-    parts.append(f"{fmt_rate(rates.tokens_per_s)} tok/s (engine {fmt_rate(rates.engine_tokens_per_s)})")
+    ranks = report.engine.ranks
+    on_ranks = f" on {ranks} ranks" if ranks > 1 else ""  # data-parallel: the job's tokens, all ranks together
+    parts.append(f"{fmt_rate(rates.tokens_per_s)} tok/s (engine {fmt_rate(rates.engine_tokens_per_s)}{on_ranks})")
     parts.append(f"ETA {fmt_duration(rates.eta_s)}")
     if len(progress.mixture or ()) > 1:  # one arm (a single dataset): always 1.00, nothing to say
         parts.append("mixture " + ", ".join(f"{arm} {w:.2f}" for arm, w in progress.mixture.items()))

@@ -32,6 +32,8 @@ def config_rows(page) -> dict[str, tuple[str, bool]]:
 
 def test_configuration_panel_shows_the_effective_experiment_and_its_overrides(tmp_path, server_factory, page):
     run = make_run(tmp_path / "run-a", steps=300)
+    run.engine_extra = {"ranks": 2}  # a data-parallel run: the engine build says on how many ranks
+    run.write_state()
     exp = json.loads((run.root / "experiment.json").read_text())
     exp["train"]["lr"] = 0.002  # the effective experiment, as `--set train.lr=0.002` froze it
     (run.root / "experiment.json").write_text(json.dumps(exp))
@@ -47,7 +49,7 @@ def test_configuration_panel_shows_the_effective_experiment_and_its_overrides(tm
     assert rows["train.batch"] == ("8", False) and rows["arms.1.name"] == ('"stdlib_docs"', False)
     assert rows["model.dim"] == ("64", False) and rows["name"] == ('"run-a"', False)
     engine = page.locator("#config .config-engine").inner_text()
-    assert "version synthetic" in engine and "source commit\nsynthetic" in engine
+    assert "version synthetic" in engine and "source commit\nsynthetic" in engine and "2 ranks" in engine
     assert "train.lr=0.002" in page.locator("#config .config-overrides").inner_text()
 
     # a relaunch with other overrides: the panel follows without a reload

@@ -64,6 +64,7 @@ def test_two_ranks_give_the_bits_of_one(one_rank, tmp_path, data_cache, mpi_engi
     done = run_cmd(run_args(_experiment(tmp_path), run_dir, "--ranks", "2"), data_cache)
     assert done.returncode == 0, done.stderr
     assert "x 2 ranks" in done.stdout and "2 ranks through mpirun" in done.stdout
+    assert any(" on 2 ranks) | ETA" in ln for ln in done.stdout.splitlines() if ln.startswith("step ")), done.stdout
     assert state(run_dir)["engine"]["ranks"] == 2
     assert _logged(run_dir) == _logged(one_rank)
     assert _final(run_dir) == _final(one_rank)

@@ -211,9 +211,9 @@ class EventHandlers:
         ctx.record_eval(step, mean)
         if step >= ctx.phase.start_step:  # the same floats the replay reads back (launcher._replay_eval)
             launch.schedule.observe_eval(step, entry.arms)
-        ctx.say(
-            f"eval step {step}: val loss {mean:.4f} (" + ", ".join(f"{n} {v:.3f}" for n, v in entry.arms.items()) + ")"
-        )
+        # per arm where there are several (one arm's loss is the mean itself)
+        per_arm = " (" + ", ".join(f"{n} {v:.3f}" for n, v in entry.arms.items()) + ")" if len(entry.arms) > 1 else ""
+        ctx.say(f"eval step {step}: val loss {mean:.4f}{per_arm}")
         maybe_best(ctx, step)
 
     def _sample_audit(self, ev: Event, step: int) -> None:

@@ -4,6 +4,7 @@ with the real engine on the documented defaults, and its progress lines name no 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
@@ -22,6 +23,8 @@ def test_a_minimal_experiment_trains(engine, data_cache, tmp_path):
     assert result.returncode == 0, result.stderr
     progress = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert progress and not any("mixture" in line for line in progress), progress
+    eval_lines = [line for line in result.stdout.splitlines() if line.startswith("eval step")]
+    assert len(eval_lines) == 1 and re.fullmatch(r"eval step 20: val loss \d+\.\d{4}", eval_lines[0]), eval_lines
 
     steps = last_steps(run_dir)
     assert sorted(steps) == list(range(1, 21)) and all(list(e["arms"]) == ["main"] for e in steps.values())

@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -144,13 +145,41 @@ def tmpfs(mountpoint: Path, size_bytes: int):
 
 def fill_disk(directory: Path) -> int:
     """Fill the file system holding `directory` to the last byte; returns the bytes written."""
+    with open(directory / "filler", "ab", buffering=0) as f:
+        return _fill(f)
+
+
+def _fill(f) -> int:
     written = 0
-    with open(directory / "filler", "wb", buffering=0) as f:
-        for block in (1 << 20, 4096, 512, 1):
-            data = b"\0" * block
-            while True:
-                try:
-                    written += f.write(data)
-                except OSError:
-                    break
+    for block in (1 << 20, 4096, 512, 1):
+        data = b"\0" * block
+        while True:
+            try:
+                written += f.write(data)
+            except OSError:
+                break
     return written
+
+
+@contextmanager
+def disk_kept_full(directory: Path):
+    """The file system holding `directory` filled to the last byte, and filled again every few
+    milliseconds while the block runs: space the run frees (retention deleting an old checkpoint, a
+    file replaced by a smaller one) is taken back at once, as by another writer on a shared disk, so the
+    run cannot train on through a full disk by a lucky order of its deletes and writes. Yields the bytes
+    written by the first fill."""
+    stop = threading.Event()
+    with open(directory / "filler", "ab", buffering=0) as f:
+        first = _fill(f)
+
+        def refill() -> None:
+            while not stop.wait(0.002):
+                _fill(f)
+
+        keeper = threading.Thread(target=refill, name="disk-kept-full", daemon=True)
+        keeper.start()
+        try:
+            yield first
+        finally:
+            stop.set()
+            keeper.join()

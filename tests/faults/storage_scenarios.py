@@ -18,6 +18,7 @@ from harness.engine import TIMEOUT, Child
 from .engine_scenarios import umount
 from .proxy_checks import (
     checkpoints_kept,
+    disk_kept_full,
     fill_disk,
     launch,
     launch_and_compare,
@@ -92,7 +93,8 @@ def proxy_disk_full_midrun(
     name: str = "proxy-disk-full-midrun",
     fault_class: str = "full disk while the proxy runs (tmpfs, ENOSPC)",
 ) -> Outcome | str:
-    """The run directory on a small tmpfs, filled to the last byte while the run trains: whichever write
+    """The run directory on a small tmpfs, filled to the last byte while the run trains and kept full (space
+    retention frees is taken back at once; a run could otherwise train on): whichever write
     fails first (a `.loss.json` append, `.state.json`, or the engine's checkpoint, after which the proxy's
     next write fails), the proxy ends with exit 5 and one line, no torn line, every line and valid
     checkpoint kept, `.state.json` stopped with ENOSPC (written over itself: no block is free); after
@@ -106,8 +108,9 @@ def proxy_disk_full_midrun(
         ckpts, log = _snapshot(run), (run / ".loss.json").read_bytes()
         p = start_training(env, run, out)
         out.begin_fault()
-        out.note("bytes written to fill the disk", fill_disk(mnt))
-        rc, _ = launch(lambda: (p.finish(TIMEOUT), p), out, "on the full disk")
+        with disk_kept_full(mnt) as written:
+            out.note("bytes written to fill the disk", written)
+            rc, _ = launch(lambda: (p.finish(TIMEOUT), p), out, "on the full disk")
         _check_storage_stop(p, rc, run, log, ckpts, "ENOSPC", out, "disk filled while training")
         out.steps_lost += max(0, read_log(run / ".loss.json").max_step - expected_resume(run))
         (mnt / "filler").unlink()

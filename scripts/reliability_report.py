@@ -459,7 +459,7 @@ to check that they do not depend on the engine's speed.
   by a check that they are zero, so a flipped bit there is not detected; they carry no data, and the
   bit-flip cases skip them.
 - A standalone engine (`--data FILE`) reads no frames, so the engine-level kill storm cannot be gated:
-  it runs 600 steps for its 40 kills, and counts every kill (the test asserts all 40 landed).
+  it runs 1200 steps for its 40 kills, and counts every kill (the test asserts all 40 landed).
 - The tmpfs and read-only cases need root (`mount -t tmpfs`, `mount --bind`); where they cannot mount,
   they are skipped and the RLIMIT_FSIZE cases (which need no privilege) still cover failed writes.
 - EIO cannot be caused on demand by any device here; it is injected into the log's `write(2)` in-process.

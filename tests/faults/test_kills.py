@@ -21,10 +21,10 @@ def test_engine_sigkill_at_random_moments(engine_bin, tmp_path, record):
     run's byte for byte."""
     out = record(
         engine_scenarios.engine_kill_storm(
-            # 600 steps: room for 40 kills however fast the engine runs between a kill's target
+            # 1200 steps: room for 40 kills however fast the engine runs between a kill's target
             # step and the kill itself (each kill lets the run progress a few steps)
             tmp_path,
-            TINY.but(steps=600),
+            TINY.but(steps=1200),
             ckpt_every=2,
             n_kills=40,
             modes={"startup": 1.0, "step": 5.0, "ckpt": 1.5, "write": 2.5},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FP8 against fp32 on the CPU engine at 1-2M parameters (docs/ENGINE.md, "FP8"; issue 41).
+"""FP8 against fp32 on the CPU engine at 1-2M parameters (docs/ENGINE.md, "FP8").
 
     python scripts/bench_fp8.py [--threads N] [--json docs/bench/fp8-cpu.json]
 

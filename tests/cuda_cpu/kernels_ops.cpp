@@ -297,7 +297,7 @@ static int registered = [] {
     return 0;
 }();
 
-// The fused step's and sampling's kernels (issue 28): compiled in this unit, as the op
+// The fused step's and sampling's kernels: compiled in this unit, as the op
 // headers they include define kernels that are not templates.
 #include "kernels_fused.cpp"
 #include "kernels_sampling.cpp"

@@ -1,4 +1,4 @@
-"""Numbers that agree (issue 39): the smoothed loss goes on across a relaunch as `proxy status` computes it,
+"""Numbers that agree: the smoothed loss goes on across a relaunch as `proxy status` computes it,
 `proxy status` counts tokens/s over running time only, and a stop is answered at once with the step being
 finished and roughly how long that takes. Real proxies, the real engine behind a frame gate, real signals."""
 

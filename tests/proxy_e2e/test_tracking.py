@@ -1,4 +1,4 @@
-"""Tracking and overrides end to end, with the real CPU engine (issue 39).
+"""Tracking and overrides end to end, with the real CPU engine.
 
 TINY with `--set train.max_steps=120 --set train.lr=0.002 --set log.tensorboard=true`: the frozen
 (effective) experiment holds both values and `proxy status` shows the overrides; TensorBoard's own

@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import mimetypes
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import Response
 from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import payload
 from .columns import columns_payload
@@ -72,11 +74,11 @@ class RunInfo(BaseModel):
 class Guard:
     """ASGI middleware: only GET/HEAD, Host header check (DNS rebinding), security headers."""
 
-    def __init__(self, app, allowed_hosts: set[str] | None):
+    def __init__(self, app: ASGIApp, allowed_hosts: set[str] | None) -> None:
         self.app = app
         self.allowed_hosts = allowed_hosts
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if scope["method"] not in ("GET", "HEAD"):
@@ -87,7 +89,7 @@ class Guard:
             if hostname.lower() not in self.allowed_hosts:
                 return await _plain(send, 403, b"forbidden host\n")
 
-        async def send_with_headers(message):
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = dict(message)
                 message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
@@ -96,7 +98,7 @@ class Guard:
         return await self.app(scope, receive, send_with_headers)
 
 
-async def _plain(send, status: int, body: bytes) -> None:
+async def _plain(send: Send, status: int, body: bytes) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -121,7 +123,7 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
     return files
 
 
-def _json(obj, status: int = 200) -> Response:
+def _json(obj: object, status: int = 200) -> Response:
     return Response(
         payload.dumps(obj), status_code=status, media_type="application/json", headers={"cache-control": "no-store"}
     )
@@ -141,7 +143,7 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     sampler = SystemSampler()
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hub.attach(asyncio.get_running_loop())
         watcher.start()
         sampler.start()
@@ -216,7 +218,7 @@ def create_app(run_dirs: list[Path], *, allowed_hosts: set[str] | None = None, p
     def evals(run: str = PathParam(pattern=RUN_KEY)) -> Response:
         return _json(get_run(run).evals_payload())
 
-    def sidecar(run: str, kind: str):
+    def sidecar(run: str, kind: str) -> dict[str, object]:
         value, version = get_run(run).sidecar(kind)
         return {"run": get_run(run).index, "version": version, "value": value, "time": time.time()}
 

@@ -74,7 +74,7 @@ def concat(parts: list[Agg], cols: int) -> Agg:
     if len(parts) == 1:
         return parts[0]
 
-    def pad(a: np.ndarray, fill) -> np.ndarray:
+    def pad(a: np.ndarray, fill: float) -> np.ndarray:
         if a.shape[1] == cols:
             return a
         out = np.full((a.shape[0], cols), fill, dtype=a.dtype)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 from proxy.formats.loss_log import EvalFields, StepFields
 
@@ -21,7 +23,7 @@ WALL_COL = "wall_tok_s"  # from the x fields (tokens and time), not a column of 
 WALL_WINDOW_S = 10.0  # a wall-clock rate spans at least this much wall time (docs/DASHBOARD.md)
 
 
-def round_sig(a, digits: int = 6) -> list:
+def round_sig(a: npt.ArrayLike, digits: int = 6) -> list:
     """List of floats rounded to `digits` significant digits; NaN/inf -> None."""
     a = np.asarray(a, dtype=np.float64)
     out = np.full(a.shape, np.nan)
@@ -41,16 +43,22 @@ def round_sig(a, digits: int = 6) -> list:
     return [None if x != x else x for x in out.tolist()]
 
 
-def round_dec(a, decimals: int) -> list:
+def round_dec(a: npt.ArrayLike, decimals: int) -> list:
     a = np.round(np.asarray(a, dtype=np.float64), decimals)
     return [None if not math.isfinite(x) else x for x in a.tolist()]
 
 
-def ints(a) -> list:
+def ints(a: npt.ArrayLike) -> list:
     return np.asarray(a, dtype=np.int64).tolist()
 
 
-def wall_tokens_per_s(tok_end, time_end, anchor_tok=(), anchor_time=(), window_s: float = WALL_WINDOW_S) -> np.ndarray:
+def wall_tokens_per_s(
+    tok_end: npt.ArrayLike,
+    time_end: npt.ArrayLike,
+    anchor_tok: npt.ArrayLike = (),
+    anchor_time: npt.ArrayLike = (),
+    window_s: float = WALL_WINDOW_S,
+) -> np.ndarray:
     """Wall-clock tokens/s at each point (a bucket's last step, points in step order): the tokens added since
     the latest earlier point at least `window_s` seconds before it, over the wall time between them.
 
@@ -89,7 +97,7 @@ class WallWindow:
 
     MAX_POINTS = 100_000  # bounds the memory of a stream of very fast steps
 
-    def __init__(self, tokens=(), times=()):
+    def __init__(self, tokens: Iterable[float] = (), times: Iterable[float] = ()) -> None:
         self.tokens = [float(x) for x in tokens]
         self.times = [float(x) for x in times]
 
@@ -208,11 +216,11 @@ def evals_payload(evals: list[EvalFields]) -> dict:
     }
 
 
-def dumps(obj) -> bytes:
+def dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode("utf-8")
 
 
-def sanitize(obj, depth: int = 0):
+def sanitize(obj: object, depth: int = 0) -> object:
     """A JSON-safe copy of parsed sidecar content (non-finite floats -> None)."""
     if depth > 40:
         return None

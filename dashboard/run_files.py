@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from proxy.safe_fs import NO_FOLLOW, READ_FLAGS, UnsafeFileError, open_fd
 
@@ -25,7 +26,7 @@ def _check_name(name: str) -> None:
         raise ValueError(f"not a plain relative name: {name!r}")
 
 
-def open_in_root(root: Path, name: str):
+def open_in_root(root: Path, name: str) -> BinaryIO | None:
     """`root/name` opened for binary reading, or None if absent, a symlink or not a regular file.
 
     `name` may have one directory level ("checkpoints/x"); that directory must not be a symlink.

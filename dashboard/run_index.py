@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from proxy.formats.loss_log import EvalFields, eval_fields
 from proxy.rundir.layout import EXPERIMENT, LOSS_LOG, OVERRIDES, PHASES, SAMPLES, STATE
@@ -232,12 +233,12 @@ class RunIndex:
         out.update(run=self.index, generation=gen, offset=off)
         return out
 
-    def sidecar(self, kind: str):
+    def sidecar(self, kind: str) -> tuple[Any, int]:
         """(value, version) of a sidecar, without waiting for the lock: the event loop asks for it."""
         return self._published[kind]
 
 
-def _max_steps(exp: dict):
+def _max_steps(exp: dict) -> int | None:
     for key in ("max_steps", "steps"):
         v = exp.get(key)
         if isinstance(v, int) and not isinstance(v, bool):

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -106,7 +107,7 @@ def serve(
     port: int = 8000,
     *,
     poll_s: float = 1.0,
-    announce=None,
+    announce: Callable[[str], object] | None = None,
     log_level: str = "warning",
 ) -> None:
     """Serve the dashboard over `run_dirs` until interrupted. Prints the URL first."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn
 
 from proxy.formats import bounded_json
 from proxy.formats.checkpoint import checkpoint_step
@@ -23,11 +24,11 @@ MAX_PHASES = 1000
 MAX_CHECKPOINTS = 2000
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(name)
 
 
-def read_json(root: Path, name: str):
+def read_json(root: Path, name: str) -> object:
     data = read_small(root, name, LIMITS[name])
     if data is None:
         return None
@@ -49,7 +50,7 @@ def read_phases(root: Path) -> list[dict] | None:
     return [p for p in obj if isinstance(p, dict)][-MAX_PHASES:]
 
 
-def _text(v) -> str:
+def _text(v: object) -> str:
     s = v if isinstance(v, str) else ("" if v is None else json.dumps(v)[:MAX_TEXT])
     return s if len(s) <= MAX_TEXT else s[:MAX_TEXT] + "…"
 

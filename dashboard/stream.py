@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from fastapi.responses import StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.formats.loss_log import eval_fields, step_fields
 
@@ -94,7 +95,7 @@ def sse(event: str, data: dict, id: str | None = None) -> bytes:
 _SIDECAR_EVENTS: dict[tuple[int, str], tuple[int, bytes]] = {}  # (id of the run, kind) -> (version, event)
 
 
-def sidecar_event(run: RunIndex, kind: str, value, version: int) -> bytes:
+def sidecar_event(run: RunIndex, kind: str, value: object, version: int) -> bytes:
     """The `sidecar` event of one version of a run's sidecar, encoded once and shared by every stream."""
     key = (id(run), kind)
     cached = _SIDECAR_EVENTS.get(key)
@@ -125,10 +126,10 @@ class ExposeAbort:
     """The outermost ASGI layer (server.serve): puts the server connection's abort into the scope, so that
     an event stream drops a client that stopped reading at once, with what the server holds for it."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         transport = getattr(getattr(send, "__self__", None), "transport", None)  # uvicorn's connection
         if scope["type"] == "http" and transport is not None and hasattr(transport, "abort"):
             scope[TRANSPORT_ABORT] = transport.abort
@@ -145,12 +146,20 @@ class EventStreamResponse(StreamingResponse):
     `write_timeout`: the connection is aborted (through the server's transport, which the dashboard's
     middleware put in the scope), so nothing the client left unread stays in memory."""
 
-    def __init__(self, content, slots: StreamSlots, write_timeout: float = WRITE_TIMEOUT_S, **kw):
-        super().__init__(content, **kw)
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        slots: StreamSlots,
+        write_timeout: float = WRITE_TIMEOUT_S,
+        *,
+        media_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
         self.slots = slots
         self.write_timeout = write_timeout
 
-    async def _send_bounded(self, send, message) -> None:
+    async def _send_bounded(self, send: Send, message: Message) -> None:
         body = message.get("body") if message.get("type") == "http.response.body" else None
         if not body or len(body) <= WRITE_PIECE:
             await self._send_timed(send, message)
@@ -162,13 +171,13 @@ class EventStreamResponse(StreamingResponse):
                 dict(message, body=bytes(view[i : i + WRITE_PIECE]), more_body=more or i + WRITE_PIECE < len(body)),
             )
 
-    async def _send_timed(self, send, message) -> None:
+    async def _send_timed(self, send: Send, message: Message) -> None:
         try:
             await asyncio.wait_for(send(message), self.write_timeout)
         except asyncio.TimeoutError:
             raise SlowClient() from None
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, lambda message: self._send_bounded(send, message))
         except SlowClient:
@@ -181,7 +190,9 @@ class EventStreamResponse(StreamingResponse):
             self.slots.give_back()
 
 
-def _entries(run: RunIndex, data: bytes, base: int, prev, window: payload.WallWindow | None):
+def _entries(
+    run: RunIndex, data: bytes, base: int, prev: tuple[int, float, float] | None, window: payload.WallWindow | None
+) -> tuple[dict, dict, int, tuple[int, float, float] | None, payload.WallWindow | None]:
     """The step and eval entries of `data` as payloads; (steps, evals, bytes used, prev, window)."""
     lines, used = parse_lines(data, base)
     steps, evals = [], []

@@ -19,6 +19,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from proxy.atomic import atomic_write_bytes, atomic_write_json
@@ -38,7 +39,7 @@ class SyntheticRun:
     def __init__(
         self,
         root: Path,
-        arms=ARMS,
+        arms: Iterable[str] = ARMS,
         seed: int = 0,
         tokens_per_step: int = 16384,
         t0: float | None = None,
@@ -46,7 +47,7 @@ class SyntheticRun:
         name: str | None = None,
         audit_every: int = 0,
         audit_ms: float = 0.0,
-    ):
+    ) -> None:
         self.root = Path(root)
         self.arms = tuple(arms)
         self.rng = random.Random(seed)
@@ -96,7 +97,7 @@ class SyntheticRun:
         """When step `step` was logged: its steps' compute and the audits before it."""
         return self.t0 + (step * self.ms + self.audits_before(step) * self.audit_ms) / 1000.0
 
-    def step_line(self, step: int, **extra) -> str:
+    def step_line(self, step: int, **extra: object) -> str:
         loss = self.loss(step)
         entry = {
             "type": "step",
@@ -252,7 +253,7 @@ class SyntheticRun:
         atomic_write_bytes(checkpoint_path(self.root / CHECKPOINTS, step), b"\0" * size)
 
 
-def build(root: Path, steps: int, eval_every: int = 500, pivots=(), seed: int = 0) -> SyntheticRun:
+def build(root: Path, steps: int, eval_every: int = 500, pivots: Iterable[int] = (), seed: int = 0) -> SyntheticRun:
     """A finished-looking run of `steps` steps, written in bulk."""
     run = SyntheticRun(root, seed=seed, t0=time.time() - steps * 0.25)
     run.write_experiment(max_steps=max(steps * 2, 1000))
@@ -274,7 +275,7 @@ def build(root: Path, steps: int, eval_every: int = 500, pivots=(), seed: int = 
     return run
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="write a synthetic microgpt run directory")
     p.add_argument("root", type=Path)
     p.add_argument("--steps", type=int, default=5000)

@@ -122,7 +122,7 @@ def flops_per_token(n_params: int, layers: int, dim: int, ctx: int) -> float:
     return 6.0 * n_params + 12.0 * layers * dim * ctx
 
 
-def _count(v) -> TypeGuard[int]:
+def _count(v: object) -> TypeGuard[int]:
     return type(v) is int and v > 0
 
 

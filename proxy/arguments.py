@@ -7,9 +7,13 @@ the proxy does (rundir/lock_holder.py: is a lock's holder a proxy of this run) w
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from .config.policies import POLICIES
 from .safe_fs import UnsafeFileError, read_regular
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -19,14 +23,14 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line (and exit 2), not usage plus a line."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def _checked(convert, what: str, ok, why: str):
+def _checked(convert: Callable[[str], T], what: str, ok: Callable[[T], bool], why: str) -> Callable[[str], T]:
     """An argparse type: `convert(text)` ("not <what>" if it fails), refused with "<why>" unless `ok(value)`."""
 
-    def parse(text: str):
+    def parse(text: str) -> T:
         try:
             value = convert(text)
         except ValueError:
@@ -43,7 +47,7 @@ _non_negative_float = _checked(float, "a number", lambda v: 0 <= v < float("inf"
 _port = _checked(int, "a port number", lambda v: 0 < v < 65536, "port out of range")
 
 
-def _int_in(low: int, high: int):
+def _int_in(low: int, high: int) -> Callable[[str], int]:
     return _checked(int, "an integer", lambda v: low <= v <= high, f"must be in [{low}, {high}]")
 
 

@@ -139,12 +139,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def json_bytes(obj, indent: int | None = 1) -> bytes:
+def json_bytes(obj: object, indent: int | None = 1) -> bytes:
     """How the proxy writes a JSON file: indented, newline-terminated, no NaN."""
     return (json.dumps(obj, indent=indent, allow_nan=False) + "\n").encode("utf-8")
 
 
-def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
+def atomic_write_json(path: str | os.PathLike, obj: object, indent: int | None = 1) -> None:
     """Replace `path` with `obj` as JSON (newline-terminated) atomically and durably."""
     atomic_write_bytes(path, json_bytes(obj, indent))
 

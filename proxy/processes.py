@@ -50,7 +50,7 @@ class RefusedSignal(Exception):
     """A signal this module will not send (a pid <= 1); the message is one line."""
 
 
-def _checked_pid(pid) -> int:
+def _checked_pid(pid: object) -> int:
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
         raise RefusedSignal(f"refusing to signal pid {pid!r}: only a process id > 1 is ever signalled")
     return pid

@@ -146,7 +146,7 @@ class _Checker:
         self.say(f"  {path.value}: {check.verdict.value}: {check.detail}")
         return check
 
-    def single(self, path: FastPath, judge) -> Check:
+    def single(self, path: FastPath, judge: Callable[[CheckRun, CheckRun], Check]) -> Check:
         check = judge(self.run((path,), path.value), self.base)
         self.say(f"  {path.value}: {check.verdict.value}: {check.detail}")
         return check

@@ -18,6 +18,7 @@ stale one. A step not applied shows in both.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def max_update_difference(optimizer: dict[str, float]) -> float:
 # ------------------------------------------------------------------ per tensor
 
 
-def tensors(shape: dict):
+def tensors(shape: dict) -> Iterator[tuple[str, int, int]]:
     """(name, start, end) of every parameter tensor in the flat order."""
     at = 0
     for name, dims in param_layout(int(shape["vocab"]), int(shape["ctx"]), int(shape["dim"]), int(shape["layers"])):
@@ -113,7 +114,7 @@ def _excess(x: np.ndarray, y: np.ndarray, tol: np.ndarray | float) -> float:
     return float(ratio.max()) if ratio.size else 0.0
 
 
-def compared_parts(shape: dict):
+def compared_parts(shape: dict) -> Iterator[tuple[str, int, int, bool]]:
     """(name, start, end, by_norm) of every part of the state compared: each parameter tensor, but each
     layer's QKV bias in its thirds. The key bias's gradient is zero in exact arithmetic (adding a constant
     to every key adds q.b_k to each of a query's scores, which softmax ignores), so what the paths compute

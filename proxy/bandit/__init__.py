@@ -12,8 +12,9 @@ observe() and observe_eval() calls in order.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from ..config.caps import phase_bounds
+from ..config.caps import PhaseBounds, phase_bounds
 from ..config.experiment import Experiment
 from ..config.policies import (
     EXP3Config,
@@ -74,9 +75,16 @@ def make_bandit(
     return cls(arm_names, caps, floors, **config.params())
 
 
+class PhaseStart(PhaseBounds, Protocol):
+    """A phase (rundir/phases.py's Phase, a layer above this one) as a bandit is made for it."""
+
+    @property
+    def start_step(self) -> int: ...
+
+
 def bandit_for_phase(
     experiment: Experiment,
-    phase,
+    phase: PhaseStart,
     row_spread: Mapping[str, float] | None = None,
     unigram_gap: Mapping[str, float] | None = None,
 ) -> tuple[Bandit, dict[str, float], dict[str, float]]:

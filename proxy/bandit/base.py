@@ -94,7 +94,7 @@ class Bandit:
     def state(self) -> dict:
         w, r = self.weights(), self._reward()
 
-        def num(x: float):
+        def num(x: float) -> float | None:
             return None if not math.isfinite(x) else float(x)
 
         return {

@@ -65,7 +65,7 @@ def allocate(speed: np.ndarray, floors: np.ndarray, caps: np.ndarray, explore: f
     return fill(w, np.maximum(speed, 0.0), caps, 1.0 - w.sum())
 
 
-def fitted_slope(points) -> float:
+def fitted_slope(points: Sequence[tuple[float, float]]) -> float:
     """The least-squares slope of value against step through (step, value) points (0: too few)."""
     if len(points) < MIN_POINTS:
         return 0.0

@@ -10,6 +10,7 @@ coordinates (strictly inside their bounds) then give tau exactly.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from ..config.bounds import check_caps_floors
 
@@ -25,7 +26,9 @@ def check_bounds(floors: np.ndarray, caps: np.ndarray) -> None:
         raise ValueError("; ".join(problems))
 
 
-def project_capped_simplex(v, floors, caps, iters: int = 200) -> np.ndarray:
+def project_capped_simplex(
+    v: npt.ArrayLike, floors: npt.ArrayLike, caps: npt.ArrayLike, iters: int = 200
+) -> np.ndarray:
     """The point of {floor <= w <= cap, sum w = 1} nearest to `v` (float64). Every w_i is within
     [floor_i, cap_i] exactly; the sum is 1 up to rounding (up to config/bounds.py's TOLERANCE where the bounds
     allow one point)."""

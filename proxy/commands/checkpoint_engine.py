@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 
 from ..errors import EXIT_FAILURE, ProxyError
 from ..formats import frames
@@ -101,7 +102,9 @@ class CheckpointEngine:
         why = f": {lines[-1]}" if lines else ""
         return f"the engine ({self.choice.path}) ended, {exit_description(code)}{why}"
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         """STOP after a clean finish; after an error or Ctrl-C, kill at once (nothing it holds is worth
         waiting for)."""
         if self.process is not None:

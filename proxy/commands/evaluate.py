@@ -17,10 +17,11 @@ spaced by the same rule.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, TextIO
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -145,7 +146,7 @@ def format_report(report: dict, key: str) -> str:
     return "\n".join(lines)
 
 
-def main(args, out=None) -> int:
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     source = resolve_source(args.run_dir, args.step, args.checkpoint)
     say_warnings(source)

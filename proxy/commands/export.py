@@ -15,9 +15,11 @@ created (targets.py). The run is only read.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from .. import temp_names
 from ..atomic import fsync_dir, json_bytes, write_synced
@@ -85,7 +87,7 @@ def write_directory(out: Path, files: dict[str, bytes]) -> None:
             temp_names.remove_entry(tmp)
 
 
-def main(args, out=None) -> int:
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     target = Path(args.out)
     check_new_dir(target, "--out")

@@ -33,14 +33,17 @@ be running); no file in it is created, changed or removed.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from .. import temp_names
 from ..atomic import copy_synced, fsync_dir, json_bytes, make_dirs, storage_guard, write_synced
 from ..config.caps import load_pivot_caps, phase_bounds
+from ..config.experiment import Experiment
 from ..errors import EXIT_OK, ProxyError, add_note
 from ..formats import bounded_json
 from ..formats.checkpoint import verify_checkpoint
@@ -81,7 +84,7 @@ def _check_target(to: Path, source: Path) -> None:
         raise TargetError(f"--to {to} is inside the run being forked ({source}); give a path outside it")
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     run = resolve_run(args.run_dir)
     try:
         return fork(run, args.at, Path(args.to), Path(args.caps) if args.caps else None)
@@ -90,7 +93,7 @@ def main(args) -> int:
         raise
 
 
-def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out=None) -> int:
+def fork(run: RunDir, at: int, to: Path, caps_path: Path | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     _check_target(to, run.root)
     experiment, phases = started_run(run, "no phases (the run was never started); nothing to fork")
@@ -229,7 +232,9 @@ def _copy_log(index: LossLogIndex, c: int, dst: Path) -> tuple[int, int]:
     return n_steps, n_evals
 
 
-def _fork_state(run: RunDir, experiment, index: LossLogIndex, phases: list[Phase], c: int, to: Path) -> RunState:
+def _fork_state(
+    run: RunDir, experiment: Experiment, index: LossLogIndex, phases: list[Phase], c: int, to: Path
+) -> RunState:
     entry = index.step(c) if c > 0 else None
     p = phases[-1]
     caps, floors = phase_bounds(experiment, p)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -187,7 +188,9 @@ class HeldData:
     val: dict[str, np.ndarray]
 
 
-def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bool = False, err=None) -> HeldData:
+def run_data(
+    source: ModelSource, cache_dir: str | None, what: str, need_val: bool = False, err: TextIO | None = None
+) -> HeldData:
     """The run's tokenizer (and with `need_val` each arm's validation tokens), from its frozen data definition;
     ProxyError (one line) when the run has none to give or they are damaged."""
     run, experiment = source.require_run(what)
@@ -223,6 +226,6 @@ def run_data(source: ModelSource, cache_dir: str | None, what: str, need_val: bo
     return HeldData(data.tokenizer, data.tokenizer_json, val)
 
 
-def say_warnings(source: ModelSource, err=None) -> None:
+def say_warnings(source: ModelSource, err: TextIO | None = None) -> None:
     for line in source.warnings:
         print(f"proxy: warning: {line}", file=err or sys.stderr, flush=True)

@@ -17,14 +17,17 @@ written, then, under RUN/.pivot.lock (one `proxy pivot` at a time):
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TextIO
 
 from ..bandit import bandit_for_phase
 from ..config.caps import load_pivot_caps
+from ..config.experiment import Experiment
 from ..errors import EXIT_OK, ProxyError, add_note
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import ArmStatus, RunState, load_state, write_state
@@ -43,7 +46,7 @@ from ..supervision.engine_record import reap_orphan
 from .which_run import resolve_run, started_run
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     run = resolve_run(args.run_dir)
     try:
         return pivot(run, Path(args.caps), at=args.at, timeout=args.timeout)
@@ -52,7 +55,9 @@ def main(args) -> int:
         raise
 
 
-def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 600.0, out=None) -> int:
+def pivot(
+    run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 600.0, out: TextIO | None = None
+) -> int:
     """`proxy pivot`: validate everything first, then pivot the live or the stopped run."""
     out = out or sys.stdout
     experiment, phases = started_run(run, "no phases yet (the run was never started); nothing to pivot")
@@ -75,7 +80,14 @@ def pivot(run: RunDir, caps_path: Path, at: int | None = None, timeout: float = 
 
 
 def _live(
-    run: RunDir, proxy: RunningProxy, caps: dict, floors: dict, policy: str, caps_path: Path, timeout: float, out
+    run: RunDir,
+    proxy: RunningProxy,
+    caps: dict,
+    floors: dict,
+    policy: str,
+    caps_path: Path,
+    timeout: float,
+    out: TextIO,
 ) -> int:
     """Ask the running proxy (the holder of the run's lock, as the kernel names it) to pivot at the step it
     has reached; wait for its answer."""
@@ -129,7 +141,14 @@ def _live(
 
 
 def _offline(
-    run: RunDir, experiment, caps: dict, floors: dict, policy: str, caps_path: Path, at: int | None, out
+    run: RunDir,
+    experiment: Experiment,
+    caps: dict,
+    floors: dict,
+    policy: str,
+    caps_path: Path,
+    at: int | None,
+    out: TextIO,
 ) -> int:
     """Pivot a stopped run: under its lock, at the newest valid checkpoint the log covers."""
     run_lock = RunLock(run).acquire()  # RunInUse when a proxy took it since we looked: the user tries again
@@ -182,7 +201,7 @@ def _offline(
             signal.signal(sig, handler)
 
 
-def _offline_state(run: RunDir, experiment, result: PivotResult, caps_path: Path) -> None:
+def _offline_state(run: RunDir, experiment: Experiment, result: PivotResult, caps_path: Path) -> None:
     """.state.json for the new phase (the old one is in the archive): shown by `proxy status`."""
     old = load_state(run.state) or RunState()
     p = result.phase

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import signal
@@ -13,14 +14,14 @@ from pathlib import Path
 from ..atomic import open_append
 from ..dashboard_address import exposure_warning
 from ..errors import EXIT_USAGE, ProxyError
-from ..rundir.layout import EXPERIMENT
+from ..rundir.layout import EXPERIMENT, RunDir
 from ..supervision.context import SupervisorOptions
 from ..supervision.setup import RunRequest, start_run
 from ..supervision.signals import default_stops
 from ..tracking.tracker_process import start_tracker, stop_tracker
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     if args.max_failures < 1:
         raise ProxyError("--max-failures must be at least 1", EXIT_USAGE)
     options = SupervisorOptions(
@@ -59,7 +60,7 @@ def main(args) -> int:
     dashboard: list[subprocess.Popen] = []
     tracker: list[subprocess.Popen] = []
 
-    def on_started(run) -> dict | None:
+    def on_started(run: RunDir) -> dict | None:
         started_tracker = start_tracker(run)
         if started_tracker is not None:
             tracker.append(started_tracker)

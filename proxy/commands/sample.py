@@ -10,11 +10,13 @@ The same checkpoint, prompt, settings and seed print the same text.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
+from typing import TextIO
 
 from ..config.experiment import SampleConfig
-from ..data.tokenizer import prompt_ids
+from ..data.tokenizer import Tokenizer, prompt_ids
 from ..errors import EXIT_OK, EXIT_USAGE, ProxyError
 from ..formats import frames
 from ..formats.parameters import ModelShape
@@ -32,7 +34,7 @@ class SampleSettings:
     count: int
 
 
-def settings_from(args, audits: SampleConfig) -> SampleSettings:
+def settings_from(args: argparse.Namespace, audits: SampleConfig) -> SampleSettings:
     """The command's options; what is not given is the run's sample-audit setting (count: 1, seed: 0)."""
     return SampleSettings(
         max_new=args.max_new if args.max_new is not None else int(audits.max_new),
@@ -51,7 +53,7 @@ def sample_request(request_id: int, prompt: list[int], settings: SampleSettings)
     )
 
 
-def encode_prompt(tokenizer, text: str, shape: ModelShape) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, text: str, shape: ModelShape) -> list[int]:
     """The prompt's token ids (its Unicode checked by cli.py); ProxyError for a prompt that has none or that
     the model cannot take."""
     ids = prompt_ids(tokenizer, text, shape.ctx)
@@ -65,7 +67,7 @@ def encode_prompt(tokenizer, text: str, shape: ModelShape) -> list[int]:
     return ids
 
 
-def main(args, out=None) -> int:
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     source = resolve_source(args.run_dir, args.step, args.checkpoint)
     say_warnings(source)

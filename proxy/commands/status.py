@@ -7,6 +7,7 @@ phase from `phases.json`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ def newest_durable_checkpoint(run: RunDir, state: dict, alive: bool) -> Path | N
     return ckpts[0] if ckpts else None
 
 
-def _dashboard(recorded) -> dict | None:
+def _dashboard(recorded: object) -> dict | None:
     """The running proxy's dashboard as `.state.json` records it, with the warning for an address other
     machines can reach (worked out again here: the snapshot is never trusted)."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("host"), str):
@@ -48,7 +49,7 @@ def _dashboard(recorded) -> dict | None:
     return {"url": url, "host": recorded["host"], "warning": exposure_warning(recorded["host"])}
 
 
-def _int(value, at_most: int | None) -> int:
+def _int(value: object, at_most: int | None) -> int:
     """A count `.state.json` holds (a snapshot anyone can edit): a non-negative int, at most `at_most` when
     that is known, else 0."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -225,7 +226,7 @@ def format_status(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     report = status_report(resolve_run(args.run_dir))
     # strict JSON: a NaN or an infinity read from the log is null
     print(json.dumps(finite_json(report), indent=1, allow_nan=False) if args.json else format_status(report))

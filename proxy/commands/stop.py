@@ -5,6 +5,7 @@ The proxy is the process holding the run directory's lock, as the kernel names i
 
 from __future__ import annotations
 
+import argparse
 import signal
 import time
 
@@ -16,7 +17,7 @@ from .which_run import resolve_run
 POLL_S = 0.2
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     run = resolve_run(args.run_dir)
     pid = signal_proxy(run, signal.SIGTERM)
     if args.no_wait:

@@ -12,10 +12,12 @@ retention deletes meanwhile is reported as gone, not as corrupt).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TextIO
 
 from ..config.experiment import Experiment
 from ..errors import EXIT_FAILURE, EXIT_OK, ProxyError
@@ -213,7 +215,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(args, out=None) -> int:
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     report = verify_run(resolve_run(args.run_dir))
     print(json.dumps(report, indent=1) if args.json else format_report(report), file=out, flush=True)

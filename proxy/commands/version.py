@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib import metadata
+from typing import TextIO
 
 from ..errors import EXIT_OK
 from ..supervision.engine_process import BUILD_DIR, engine_binary
@@ -37,7 +38,7 @@ def engine_version(kind: str) -> str:
     return f"{path}: {line}"
 
 
-def main(out=None) -> int:
+def main(out: TextIO | None = None) -> int:
     out = out or sys.stdout
     print(f"{PACKAGE} {package_version()} (proxy and dashboard, Python {sys.version.split()[0]})", file=out)
     for kind in ENGINE_KINDS:

@@ -9,7 +9,9 @@ config/bounds.py; every problem is reported on one line naming the file.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -19,19 +21,30 @@ from .experiment import Experiment, StrictModel
 from .policies import POLICIES
 
 
+class PhaseBounds(Protocol):
+    """What a phase of phases.json (rundir/phases.py's Phase, a layer above this one) says of the bounds."""
+
+    @property
+    def policy(self) -> str: ...
+    @property
+    def caps(self) -> Mapping[str, float]: ...
+    @property
+    def floors(self) -> Mapping[str, float]: ...
+
+
 class CapsFile(StrictModel):
     caps: dict[str, float] = Field(default_factory=dict)
     floors: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _ranges(self):
+    def _ranges(self) -> CapsFile:
         bad = range_problems(self.caps, self.floors)
         if bad:
             raise ValueError("; ".join(bad))
         return self
 
 
-def phase_bounds(experiment, phase) -> tuple[dict[str, float], dict[str, float]]:
+def phase_bounds(experiment: Experiment, phase: PhaseBounds | None) -> tuple[dict[str, float], dict[str, float]]:
     """The full caps and floors in force in `phase`: the experiment's, overridden by what the phase names
     (arms the experiment does not define are dropped). `phase` None: the experiment's own."""
     caps, floors = dict(experiment.caps), dict(experiment.floors)
@@ -91,7 +104,7 @@ def load_caps(
 
 
 def load_pivot_caps(
-    path: str | os.PathLike, experiment: Experiment, phase
+    path: str | os.PathLike, experiment: Experiment, phase: PhaseBounds | None
 ) -> tuple[dict[str, float], dict[str, float], str]:
     """A pivot's caps file over the bounds in force in `phase`: (caps, floors, policy) for every arm.
 

@@ -77,7 +77,7 @@ class ModelConfig(StrictModel):
     heads: int = Field(ge=1)
 
     @model_validator(mode="after")
-    def _heads_divide_dim(self):
+    def _heads_divide_dim(self) -> ModelConfig:
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
         return self
@@ -140,7 +140,7 @@ class TrainConfig(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _lr_order(self):
+    def _lr_order(self) -> TrainConfig:
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr {self.min_lr:g} is above lr {self.lr:g}")
         return self
@@ -183,7 +183,7 @@ class ArmConfig(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _cap_floor(self):
+    def _cap_floor(self) -> ArmConfig:
         problem = cap_below_floor(self.cap, self.floor)
         if problem:
             raise ValueError(problem)
@@ -244,7 +244,7 @@ class Experiment(StrictModel):
         return raw
 
     @model_validator(mode="after")
-    def _one_arm_from_data(self):
+    def _one_arm_from_data(self) -> Experiment:
         if self.data is not None:
             self.arms = [ArmConfig(name=DATA_ARM, sources=self.data)]
             self.data = None
@@ -270,7 +270,7 @@ class Experiment(StrictModel):
         return arms
 
     @model_validator(mode="after")
-    def _tokens_need_a_tokenizer(self):
+    def _tokens_need_a_tokenizer(self) -> Experiment:
         if self.tokenizer == "":
             raise ValueError("tokenizer must not be empty")
         if self.eot is not None and self.tokenizer is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
@@ -41,9 +42,15 @@ def depth(text: str) -> int:
     return max(0, max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0))
 
 
-def loads(data: str | bytes | bytearray, **kwargs) -> Any:
-    """json.loads(data, **kwargs), or TooDeep when it nests deeper than MAX_DEPTH."""
+def loads(
+    data: str | bytes | bytearray,
+    *,
+    parse_constant: Callable[[str], object] | None = None,
+    parse_float: Callable[[str], object] | None = None,
+) -> Any:  # parsed JSON: any of its value types, which each caller checks
+    """json.loads(data) with json.loads's `parse_constant` and `parse_float` hooks, or TooDeep when it nests
+    deeper than MAX_DEPTH."""
     text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, (bytes, bytearray)) else data
     if text.count("[") + text.count("{") > MAX_DEPTH and depth(text) > MAX_DEPTH:  # the count: a cheap bound
         raise TooDeep(text)
-    return json.loads(text, **kwargs)
+    return json.loads(text, parse_constant=parse_constant, parse_float=parse_float)

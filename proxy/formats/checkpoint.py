@@ -16,6 +16,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def max_file_bytes(n_params: int) -> int:
     return body_bytes(n_params) + TRAILER_FIXED_BYTES + MAX_META_BYTES + FOOTER_BYTES
 
 
-def _open(path: Path):
+def _open(path: Path) -> BinaryIO:
     """A checkpoint opened by safe_fs's rules: a regular file, no symlink out of its directory."""
     try:
         return open_regular(path, None, within=path.parent)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -59,25 +59,26 @@ def flag(setting: str) -> str:
     return "--" + setting.replace("_", "-")
 
 
-def _value(value) -> str:
+def _value(value: str | int | float) -> str:
     if isinstance(value, str):  # a name (--lr-schedule wsd)
         return value
     return repr(float(value)) if isinstance(value, float) else str(int(value))
 
 
-def setting_flags(**settings) -> list[str]:
+def setting_flags(**settings: str | int | float | None) -> list[str]:
     """`--flag value` for every setting given that is not None, in SETTINGS order."""
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise ValueError(f"not engine settings: {', '.join(unknown)}")
     out: list[str] = []
     for name in SETTINGS:
-        if settings.get(name) is not None:
-            out += [flag(name), _value(settings[name])]
+        value = settings.get(name)
+        if value is not None:
+            out += [flag(name), _value(value)]
     return out
 
 
-def meta_text(meta) -> str:
+def meta_text(meta: object) -> str:
     """The `--meta` JSON (embedded in every checkpoint): compact, keys sorted, so it is deterministic."""
     return json.dumps(meta, sort_keys=True, separators=(",", ":"))
 
@@ -89,9 +90,9 @@ def engine_args(
     resume: str | os.PathLike | None = None,
     ckpt_every: int | None = None,
     ckpt_every_seconds: float | None = None,
-    meta=None,
+    meta: Mapping[str, object] | None = None,
     settings: Sequence[str] = (),
-    extra=(),
+    extra: Iterable[object] = (),
 ) -> list[str]:
     """The arguments after the binary: data, checkpoint directory, resume, cadences, metadata, settings, extra."""
     args = ["--data", str(data), "--ckpt-dir", str(ckpt_dir)]
@@ -159,7 +160,7 @@ PATH_SWITCHES = {
 }
 
 
-def path_flags(paths) -> list[str]:
+def path_flags(paths: Iterable[FastPath | str]) -> list[str]:
     """The CUDA engine's path flags running `paths` (FastPath members) and the verified path for every
     other switch. Two paths on one switch, or a path without the paths it needs, is a programming error."""
     chosen = {FastPath(p) for p in paths}

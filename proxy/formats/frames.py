@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -100,10 +101,11 @@ class Event:
     fields: dict
     received: float | None = None
 
-    def __getitem__(self, key: str):
+    # A field's value is whatever the engine's JSON line holds there: each reader converts it (float(), int()).
+    def __getitem__(self, key: str) -> Any:
         return self.fields[key]
 
-    def get(self, key: str, default=None):
+    def get(self, key: str, default: object = None) -> Any:
         return self.fields.get(key, default)
 
 

@@ -145,9 +145,9 @@ def config_shape(config: dict) -> ModelShape:
     """The model shape of a GPT-2 config.json (ctx: its n_positions); ValueError naming what this engine does
     not compute (another architecture, activation, epsilon, MLP width, an untied head)."""
 
-    def need(key, kinds=(int,)):
+    def need(key: str) -> int:
         value = config.get(key)
-        if not isinstance(value, kinds) or isinstance(value, bool):
+        if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"config.json: {key} is {value!r}")
         return value
 

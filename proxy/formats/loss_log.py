@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -76,7 +77,7 @@ class EvalEntry:
         )
 
 
-def eval_loss(parts) -> float:
+def eval_loss(parts: Iterable[tuple[float, float]]) -> float:
     """An eval entry's `loss`: the (loss, tokens) of each arm, weighted by tokens, summed in the order given."""
     parts = list(parts)
     total = sum(t for _, t in parts)
@@ -163,7 +164,7 @@ def read_line(f: BinaryIO, offset: int) -> StepEntry | EvalEntry | None:
     return parse_line(read_raw_line(f, offset))
 
 
-def iter_lines(path: str | os.PathLike, start: int = 0):
+def iter_lines(path: str | os.PathLike, start: int = 0) -> Iterator[tuple[int, bytes]]:
     """(offset, line bytes) for every line from byte `start` (the last may be unterminated); a line
     longer than LOSS_LINE_LIMIT is skipped, as no entry is ever that long."""
     with open_log(path) as f:
@@ -216,24 +217,28 @@ class LossLogIndex:
                 index.evals[entry.step] = offset
         return index
 
-    def _read(self, offset: int):
+    def _read(self, offset: int) -> StepEntry | EvalEntry | None:
         with open_log(self.path) as f:
             return read_line(f, offset)
 
     def step(self, step: int) -> StepEntry | None:
         where = self.steps.get(step)
-        return self._read(where[0]) if where else None
+        entry = self._read(where[0]) if where else None
+        return entry if isinstance(entry, StepEntry) else None
 
     def eval(self, step: int) -> EvalEntry | None:
         offset = self.evals.get(step)
-        return self._read(offset) if offset is not None else None
+        entry = self._read(offset) if offset is not None else None
+        return entry if isinstance(entry, EvalEntry) else None
 
-    def iter_steps(self, first: int, last: int):
-        """Last entries of steps first..last in step order (a missing step yields None)."""
+    def iter_steps(self, first: int, last: int) -> Iterator[tuple[int, StepEntry | None]]:
+        """Last entries of steps first..last in step order (a missing step yields None, as does an offset
+        that no longer holds a step entry: the log changed since it was indexed)."""
         with open_log(self.path) as f:
             for s in range(first, last + 1):
                 where = self.steps.get(s)
-                yield s, read_line(f, where[0]) if where is not None else None
+                entry = read_line(f, where[0]) if where is not None else None
+                yield s, entry if isinstance(entry, StepEntry) else None
 
     def gap(self, phase: int, after: int, through: int) -> tuple[int, int | None]:
         """(how many steps in (after, through] have no last entry of `phase`, the first of them or None).
@@ -250,7 +255,7 @@ class LossLogIndex:
             first += 1
         return count, first
 
-    def first_diverged(self, phase: int, after: int, through: int, sane) -> int | None:
+    def first_diverged(self, phase: int, after: int, through: int, sane: Callable[[float], bool]) -> int | None:
         """The first step in (after, through] whose last entry is of `phase` and whose loss `sane(loss)`
         refuses, or None."""
         bad = [

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import overload
 
 from ..atomic import atomic_write_bytes, json_bytes, overwrite_in_place
 from ..errors import FULL_DISK, StorageError
@@ -24,7 +25,7 @@ from . import bounded_json
 STATUSES = ("running", "stopped", "finished", "crashloop", "diverged")
 
 
-def _known(cls, obj: dict) -> dict:
+def _known(cls: type, obj: dict) -> dict:
     """The entries of `obj` that are fields of the dataclass `cls`."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in obj.items() if k in names}
@@ -91,7 +92,7 @@ class Goodput:
     tokens_per_s: float | None = None
 
     @classmethod
-    def from_dict(cls, obj) -> Goodput | None:
+    def from_dict(cls, obj: object) -> Goodput | None:
         """The account as read back from `.state.json`, or None unless its figures are numbers (the
         snapshot is never trusted)."""
         if not isinstance(obj, dict) or not isinstance(obj.get("audits"), dict):
@@ -114,14 +115,14 @@ class Goodput:
             return None
 
 
-def _number(value) -> float:
+def _number(value: object) -> float:
     """A finite JSON number; anything else is a ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"not a number: {value!r}")
     return float(value)
 
 
-def _number_or_null(value) -> float | None:
+def _number_or_null(value: object) -> float | None:
     """A finite JSON number or null; anything else is a ValueError."""
     return None if value is None else _number(value)
 
@@ -185,7 +186,11 @@ class RunState:
         return cls(**values, extra={k: v for k, v in obj.items() if k not in values})
 
 
-def finite_json(obj):
+@overload  # a dict stays a dict
+def finite_json(obj: dict) -> dict: ...
+@overload
+def finite_json(obj: object) -> object: ...
+def finite_json(obj: object) -> object:
     """`obj` with every NaN and infinity as None (null): JSON has neither, so strict readers refuse them."""
     if isinstance(obj, float):
         return obj if obj == obj and abs(obj) != float("inf") else None

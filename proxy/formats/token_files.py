@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -106,7 +108,7 @@ def detect_format(head: bytes) -> str:
     return "uint16"
 
 
-def _llmc(path: str, f, size: int) -> TokenFile:
+def _llmc(path: str, f: BinaryIO, size: int) -> TokenFile:
     head = f.read(4 * LLMC_HEADER_INTS)
     magic = struct.unpack_from("<i", head)[0] if len(head) >= 4 else None
     if magic != LLMC_MAGIC:
@@ -130,7 +132,7 @@ def _llmc(path: str, f, size: int) -> TokenFile:
     return TokenFile(path, "llmc", dtype, 4 * LLMC_HEADER_INTS, count)
 
 
-def _npy(path: str, f, size: int) -> TokenFile:
+def _npy(path: str, f: BinaryIO, size: int) -> TokenFile:
     try:
         version = npy_format.read_magic(f)
         if version == (1, 0):
@@ -185,7 +187,9 @@ def open_token_file(path: str | os.PathLike, fmt: str | None = None) -> TokenFil
     return TokenFile(path, "uint16", "<u2", 0, size // 2)
 
 
-def first_out_of_range(segment: TokenSegment, vocab: int, progress=None) -> tuple[int, int] | None:
+def first_out_of_range(
+    segment: TokenSegment, vocab: int, progress: Callable[[int], object] | None = None
+) -> tuple[int, int] | None:
     """(position, id) of the first id >= `vocab` in the segment, or None; reads SCAN_TOKENS ids at a time.
     `progress(n_bytes)` after each block."""
     ids = segment.array()
@@ -200,7 +204,7 @@ def first_out_of_range(segment: TokenSegment, vocab: int, progress=None) -> tupl
     return None
 
 
-def copy_ids(segments: list[TokenSegment], write, block: int = SCAN_TOKENS) -> int:
+def copy_ids(segments: list[TokenSegment], write: Callable[[np.ndarray], object], block: int = SCAN_TOKENS) -> int:
     """Every id of `segments`, in order, as uint16 arrays passed to `write` a block at a time; the count."""
     total = 0
     for seg in segments:

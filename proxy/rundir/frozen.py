@@ -44,7 +44,7 @@ REPLACED_NAME = re.compile(r"^experiment_(\d+)(?:_(\d+))?\.json$")
 SHOWN_FIELDS = 6  # changed fields named in a message; the rest are counted
 
 
-def _diff(a, b, prefix: str = "") -> list[str]:
+def _diff(a: object, b: object, prefix: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for key in sorted(set(a) | set(b), key=str):
@@ -58,7 +58,7 @@ def _shown(fields: list[str]) -> str:
     return ", ".join(fields[:SHOWN_FIELDS]) + (f" and {more} more" if more > 0 else "")
 
 
-def _normalized(obj) -> dict:
+def _normalized(obj: object) -> object:
     """The frozen JSON as the schema reads it (defaults filled in), or as it is when it no longer validates."""
     try:
         return Experiment.model_validate(obj).model_dump(mode="json")
@@ -66,7 +66,7 @@ def _normalized(obj) -> dict:
         return obj
 
 
-def _parse(raw: bytes, path: Path):
+def _parse(raw: bytes, path: Path) -> object:
     try:
         return bounded_json.loads(raw)
     except (ValueError, RecursionError) as exc:

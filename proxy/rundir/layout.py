@@ -34,6 +34,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import temp_names
 from ..atomic import make_dirs
@@ -242,7 +243,7 @@ class RunDir:
         through no symlink out of the run directory."""
         return read_regular(path, READ_LIMITS[path.name], within=self.root)
 
-    def read_json(self, path: Path):
+    def read_json(self, path: Path) -> Any:  # parsed JSON, which each caller checks
         """One of this run's small JSON files, parsed: FileNotFoundError when absent; RunDirError (one line)
         when it is not a regular file within its cap (read_small), or not JSON."""
         try:

@@ -70,7 +70,7 @@ class RunDirReplaced(ProxyError):
 class KernelLock:
     """An exclusive, non-blocking flock on a directory (`directory=True`) or on a lock file."""
 
-    def __init__(self, path, directory: bool = False):
+    def __init__(self, path: str | os.PathLike, directory: bool = False) -> None:
         self.path = path
         self.directory = directory
         self.fd: int | None = None
@@ -110,7 +110,7 @@ class KernelLock:
     def __enter__(self) -> KernelLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

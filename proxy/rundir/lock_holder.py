@@ -23,6 +23,7 @@ signalled.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -100,7 +101,7 @@ def proxy_arguments(cmdline: list[str]) -> list[str] | None:
     return None
 
 
-def _parsed(arguments: list[str]):
+def _parsed(arguments: list[str]) -> argparse.Namespace | None:
     """The proxy's own reading of `arguments` (arguments.build_parser), or None when it refuses them."""
     from ..arguments import build_parser  # the parser loads the policies (pydantic); the proof needs it only here
 

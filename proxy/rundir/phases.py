@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from ..atomic import atomic_write_bytes, json_bytes
 from .layout import PHASES, READ_LIMITS, RunDir, RunDirError
+
+if TYPE_CHECKING:  # for annotations only: readers of phases.json need not load the schema (pydantic)
+    from ..config.experiment import Experiment
 
 
 @dataclass
@@ -77,7 +81,7 @@ def write_phases(run: RunDir, phases: list[Phase]) -> None:
     atomic_write_bytes(run.phases, encode_phases(run, phases))
 
 
-def first_phase(experiment) -> Phase:
+def first_phase(experiment: Experiment) -> Phase:
     """Phase 0 from the experiment's arms and bandit policy."""
     return Phase(
         phase=0,
@@ -101,7 +105,7 @@ def owned_steps(phases: list[Phase], through: int) -> list[tuple[Phase, int, int
     return out
 
 
-def ensure_phases(run: RunDir, experiment, provisional: bool = False) -> list[Phase]:
+def ensure_phases(run: RunDir, experiment: Experiment, provisional: bool = False) -> list[Phase]:
     """phases.json with phase 0 written at run creation (again, from this experiment, while `provisional`:
     no step trained yet); returns the list."""
     phases = read_phases(run)

@@ -66,7 +66,7 @@ def claim_request(run: RunDir) -> dict | None:
     return obj if isinstance(obj, dict) else {"id": None, "malformed": True}
 
 
-def answer_request(run: RunDir, request: dict | None, ok: bool, message: str, **fields) -> None:
+def answer_request(run: RunDir, request: dict | None, ok: bool, message: str, **fields: object) -> None:
     """The proxy's side: write the answer and drop the claimed request."""
     obj = {"id": (request or {}).get("id"), "ok": ok, "message": message, **fields}
     atomic_write_json(run.pivot_response, obj)

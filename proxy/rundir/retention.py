@@ -10,6 +10,7 @@ best.bin is a copy, written atomically; it is never a resume candidate
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ..atomic import atomic_copy, storage_guard
 from ..formats.checkpoint import checkpoint_files, checkpoint_step
 from ..safe_fs import NO_FOLLOW
 from .layout import RunDir
+from .phases import Phase
 
 DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NO_FOLLOW | getattr(os, "O_CLOEXEC", 0)
 
@@ -79,7 +81,7 @@ def apply_retention(run: RunDir, policy: RetentionPolicy, protected: set[int], d
     return deleted
 
 
-def protected_by_phases(phases) -> set[int]:
+def protected_by_phases(phases: Iterable[Phase]) -> set[int]:
     """Steps of the checkpoints phases.json names (pivot points)."""
     out = set()
     for phase in phases:

@@ -6,6 +6,8 @@ event comes once the file and its directory entry are fsynced), or older.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import add_note
 from ..formats.checkpoint import checkpoint_path, header_step
 from ..formats.loss_log import LossLogIndex
@@ -76,7 +78,7 @@ def maybe_best(ctx: RunContext, step: int) -> None:
     copier.start(step, loss, path, ctx.run.best)
 
 
-def load_best(report: RunReport, best, loss_log) -> None:
+def load_best(report: RunReport, best: Path, loss_log: Path) -> None:
     """The step and eval loss of an existing best.bin (its step is in its header, not its name)."""
     if not best.exists():
         return

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
 
 from ..bandit import Bandit, bandit_for_phase
 from ..config.experiment import Experiment, TrainConfig
@@ -45,7 +47,7 @@ class SupervisorOptions:
 class Console:
     """Progress on stdout; warnings on stderr, each line starting `proxy: `."""
 
-    def __init__(self, out=None, err=None):
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
 
@@ -136,7 +138,7 @@ class RunContext:
         runs."""
         self.engine_paths = list(flags)
 
-    def reject_checkpoint(self, path) -> None:
+    def reject_checkpoint(self, path: Path) -> None:
         """A checkpoint the engine refused (exit 3): the next launch resumes from an older one."""
         self.rejected.add(str(path))
 

@@ -29,7 +29,7 @@ from .live_status import say_checkpoint, say_progress, write_run_state
 MAX_ENGINE_TEXT = 200  # a version or source string of the ready event kept in .state.json
 
 
-def _text(v) -> str | None:
+def _text(v: object) -> str | None:
     """A short string from the engine's ready event (None for anything else)."""
     return v[:MAX_ENGINE_TEXT] if isinstance(v, str) else None
 

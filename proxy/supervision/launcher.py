@@ -16,6 +16,7 @@ from ..formats.engine_cli import engine_args
 from ..formats.loss_log import LossLogIndex
 from ..formats.state import EngineStatus
 from ..rundir.frozen import experiment_changed
+from ..rundir.layout import RunDirError
 from ..rundir.resume import choose_resume
 from .context import RunContext
 from .engine_process import EngineProcess
@@ -44,6 +45,8 @@ def _rebuild_bandit(ctx: RunContext, index: LossLogIndex, c: int) -> MixtureSche
     known = set(ctx.arm_names)
     _replay_eval(ctx, schedule, index, phase.start_step)
     for t, entry in index.iter_steps(phase.start_step + 1, c):
+        if entry is None:  # choose_resume found every step through c logged: the log changed since it was read
+            raise RunDirError(f"{ctx.run.loss_log}: the entry of step {t} is gone; cannot replay the bandit")
         arms = {a: v for a, v in entry.arms.items() if a in known}
         extra = set(entry.arms) - known
         if extra - ctx.report.dropped_arms:

@@ -70,7 +70,7 @@ def say_progress_on_clock(
         say_progress(console, report, launch, max_steps, on_clock=True)
 
 
-def say_checkpoint(ctx: RunContext, step: int, name: str, reason, write_ms: float, stall_ms: float) -> None:
+def say_checkpoint(ctx: RunContext, step: int, name: str, reason: object, write_ms: float, stall_ms: float) -> None:
     """`checkpoint step_000200.bin (step 200; periodic, write 33 ms, stall 0 ms) | overhead 6.6% (...)`:
     the overhead is the wall time since the engine was ready that did not go to steps (goodput.py)."""
     ctx.say(

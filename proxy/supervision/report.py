@@ -7,7 +7,7 @@ snapshot is never trusted, so anything malformed there is ignored.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..formats.state import EngineStatus
@@ -69,7 +69,7 @@ class RunReport:
             )
             self.drop_arms(unknown_caps)
 
-    def drop_arms(self, names) -> None:
+    def drop_arms(self, names: Iterable[str]) -> None:
         """Arm names met in the run directory that the experiment does not define (each is warned of once)."""
         self.dropped_arms |= set(names)
 
@@ -96,13 +96,13 @@ class RunReport:
     def engine_ready(
         self,
         kind: str | None,
-        device,
-        threads,
-        precision,
-        mem_bytes,
-        version=None,
-        source=None,
-        n_params=None,
+        device: str | None,
+        threads: int | None,
+        precision: str | None,
+        mem_bytes: int | None,
+        version: str | None = None,
+        source: str | None = None,
+        n_params: int | None = None,
         ranks: int = 1,
     ) -> None:
         """What the engine's `ready` event says of it."""

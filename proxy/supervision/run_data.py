@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,7 +194,7 @@ def _arms_for_freeze(experiment: Experiment, data: PreparedData, fps: dict[str, 
     }
 
 
-def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, warn) -> PreparedData:
+def _legacy(run: RunDir, experiment: Experiment, cache_dir: Path, warn: Callable[[str], object]) -> PreparedData:
     """A run that trained before runs froze their data: the cache entry (format 1) it was prepared with,
     which alone holds its tokenizer; ProxyError when it is gone."""
     try:
@@ -232,7 +233,7 @@ def open_run_data(
     allow_change: bool,
     from_frozen: bool,
     resume_step: int,
-    warn,
+    warn: Callable[[str], object],
 ) -> RunData:
     """The launch's data (module docstring). ProxyError (one line, exit 2) for a bad source, a refused data
     change, or damaged frozen data."""

@@ -15,8 +15,10 @@ with one line and exit 130.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TextIO
 
 from ..config.experiment import Experiment
 from ..config.overrides import load_effective
@@ -51,6 +53,10 @@ from .report import RunReport
 from .run_data import RunData, open_run_data
 from .signals import EARLY, SignalCounts, check_interrupted, install_interrupt
 
+# Called once the run directory is locked and its data ready (`proxy run` starts its dashboard there): what
+# it returns is the dashboard's {"url", "host"} for .state.json, or None.
+OnStarted = Callable[[RunDir], dict | None]
+
 
 @dataclass
 class RunRequest:
@@ -69,7 +75,9 @@ class RunRequest:
     launcher: str | None = None  # `--launcher CMD`: what starts the ranks instead of mpirun -np N
 
 
-def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
+def start_run(
+    request: RunRequest, on_started: OnStarted | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     """`proxy run`. SIGUSR1 and SIGUSR2 (`proxy checkpoint`, `proxy pivot`) may come as soon as the lock
     names this process: until the supervisor acts on them they are counted, never fatal (their default
     action would end the process). A pivot request left unclaimed is withdrawn by `proxy pivot` when it
@@ -83,7 +91,7 @@ def start_run(request: RunRequest, on_started=None, out=None, err=None) -> int:
         SignalCounts.restore(old)
 
 
-def _start_run(request: RunRequest, signals: SignalCounts, on_started, console: Console) -> int:
+def _start_run(request: RunRequest, signals: SignalCounts, on_started: OnStarted | None, console: Console) -> int:
     """`on_started(run_dir)` is called once the run directory is locked and the data are ready (the CLI
     starts the dashboard there; it returns the dashboard's {"url", "host"} for `.state.json`, or None). Raises
     ProxyError for anything the user must fix; returns the exit code otherwise."""

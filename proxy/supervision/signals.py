@@ -16,7 +16,9 @@ it again before training starts.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass
+from types import FrameType
 
 from ..errors import EXIT_INTERRUPTED, ProxyError
 from ..stop_signals import STOP_SIGNALS
@@ -37,7 +39,7 @@ def _interruption(signum: int) -> ProxyError:
     )
 
 
-def interrupt(signum, _frame) -> None:
+def interrupt(signum: int, _frame: FrameType | None) -> None:
     """The stop signals' handler until training starts: end the setup where it is, with one line."""
     _interrupted.append(signum)
     raise _interruption(signum)
@@ -66,7 +68,7 @@ class SignalCounts:
     checkpoint: int = 0  # SIGUSR1
     pivot: int = 0  # SIGUSR2
 
-    def _on_signal(self, signum, _frame) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGUSR1:
             self.checkpoint += 1
         elif signum == signal.SIGUSR2:
@@ -88,7 +90,7 @@ class SignalCounts:
         self.pivot -= 1
         return True
 
-    def install(self, signals=ALL) -> dict:
+    def install(self, signals: Iterable[int] = ALL) -> dict:
         """Count `signals` from now on; returns the handlers they replace (for restore)."""
         return {sig: signal.signal(sig, self._on_signal) for sig in signals}
 

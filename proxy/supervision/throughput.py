@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from typing import NamedTuple
 
 WINDOW_S = 300.0  # the throughput is measured over the steps of the last five minutes...
@@ -115,7 +116,7 @@ def smooth(smoothed: float | None, loss: float) -> float:
     return loss if smoothed is None else SMOOTHING_OLD * smoothed + SMOOTHING_NEW * loss
 
 
-def smoothed_over(losses) -> float | None:
+def smoothed_over(losses: Iterable[float]) -> float | None:
     """The smoothed loss after these steps' losses, in step order (None: none)."""
     smoothed = None
     for loss in losses:

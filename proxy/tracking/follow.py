@@ -12,17 +12,25 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config.experiment import Experiment
 from ..errors import one_line
 from ..rundir.layout import RunDir
 from .records import RunRecords
 
+if TYPE_CHECKING:  # each sink's module is imported only when the experiment asks for it (open_sinks)
+    from .tensorboard_sink import TensorBoardSink
+    from .wandb_sink import WandbSink
+
+    Sink = TensorBoardSink | WandbSink
+
 POLL_S = 2.0
 
 
-def open_sinks(run: RunDir, experiment: Experiment, warn) -> list:
-    sinks: list = []  # a TensorBoardSink, a WandbSink, each imported only when the experiment asks for it
+def open_sinks(run: RunDir, experiment: Experiment, warn: Callable[[str], object]) -> list[Sink]:
+    sinks: list[Sink] = []  # a TensorBoardSink, a WandbSink, each imported only when the experiment asks for it
     if experiment.log.tensorboard:
         try:
             from .tensorboard_sink import TensorBoardSink
@@ -41,7 +49,7 @@ def open_sinks(run: RunDir, experiment: Experiment, warn) -> list:
 
 
 class Tracker:
-    def __init__(self, run: RunDir, sinks: list, warn):
+    def __init__(self, run: RunDir, sinks: list[Sink], warn: Callable[[str], object]) -> None:
         self.records = RunRecords(run)
         self.sinks = sinks
         self.warn = warn
@@ -72,10 +80,10 @@ class Tracker:
             except Exception as exc:
                 self.warn(f"{sink.name}: {one_line(exc)} while closing")
 
-    def use(self, sinks: list) -> None:
+    def use(self, sinks: list[Sink]) -> None:
         self.sinks = sinks
 
-    def stop(self, *_args) -> None:
+    def stop(self, *_args: object) -> None:
         self.stopping = True
 
 

@@ -14,6 +14,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 from ..atomic import sync_fd
 from ..rundir.layout import TRACKER_MARKS
@@ -50,7 +51,7 @@ class TensorBoardSink:
         if self.marks.size == 0:
             self._add(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
-    def _add(self, event) -> None:
+    def _add(self, event: Any) -> None:  # a tensorboard Event protobuf: the package ships no type information
         self.writer.write(event.SerializeToString())
 
     def write(self, points: list[StepPoint | EvalPoint | Note]) -> None:

@@ -88,3 +88,22 @@ def test_starts_under_mpirun(tmp_path):
     )
     assert run.returncode != 0
     assert LOADER_FAILURE not in run.stderr and "no CUDA device" in run.stderr, run.stderr
+
+
+def test_make_names_why_it_skips_the_nccl_build():
+    """No NCCL where make looks (NCCL_INC/NCCL_LIB pointing nowhere): `make engines` goes on and its summary says
+    what to install. The engines are up to date after `make engines`, so nothing is compiled here."""
+    if shutil.which("nvcc") is None or shutil.which("mpicc") is None:
+        pytest.skip("nvcc and mpicc are needed for make to consider the data-parallel CUDA engine")
+    assert ENGINE.is_file(), f"{ENGINE} is missing: `make engines` comes before the tests"
+    out = subprocess.run(
+        ["make", "-s", "engines", "NCCL_INC=/nonexistent", "NCCL_LIB=/nonexistent"],
+        cwd=ENGINE.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    last = out.stdout.splitlines()[-1]
+    assert last.startswith("make: built ") and "microgpt_cuda_mpi" not in last, last
+    assert "skipped the data-parallel CUDA engine (no NCCL: " in last and "pip install nvidia-nccl-cu" in last, last

@@ -577,7 +577,8 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     mg_share_config(&d);
     if (d.ranks > 1) {
         // Checked on every rank alike (the same shared config); rank 0 says why.
-        const char *why = d.cfg.grad_accum % d.ranks ? "does not divide" : !eng->ops->set_grads && !eng->ops->reduce_grads ? "engine" : NULL;
+        int reduces = eng->ops->set_grads || eng->ops->reduce_grads;  // on the host, or the engine's own
+        const char *why = d.cfg.grad_accum % d.ranks ? "does not divide" : !reduces ? "engine" : NULL;
         if (why && d.rank != 0) {
             d.comm->finish();
             exit(MG_EXIT_USAGE);

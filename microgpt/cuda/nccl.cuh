@@ -48,7 +48,8 @@ static int nccl_local_rank(void) {
         if (!s || !*s) continue;
         char *end = NULL;
         long v = strtol(s, &end, 10);
-        if (*end || v < 0 || v > 1 << 20) mg_fail(MG_EXIT_USAGE, "%s=%s is not a local rank", NCCL_LOCAL_RANK_VARS[i], s);
+        if (*end || v < 0 || v > 1 << 20)
+            mg_fail(MG_EXIT_USAGE, "%s=%s is not a local rank", NCCL_LOCAL_RANK_VARS[i], s);
         return (int)v;
     }
     return 0;

@@ -35,7 +35,7 @@ ENGINE_HEADERS := microgpt/common.h microgpt/config.h microgpt/model.h microgpt/
 all: engines install
 	@echo "make: $(ENGINES_LINE); installed the proxy into $(shell $(PYTHON) -c 'import sys; print(sys.prefix)')"
 
-ENGINES_LINE = built $(BUILT_ENGINES)$(if $(MPI_SKIP),; skipped the MPI CPU engine ($(MPI_SKIP)))$(if $(CUDA_SKIP),; skipped the CUDA engine ($(CUDA_SKIP)),)
+ENGINES_LINE = built $(BUILT_ENGINES)$(if $(MPI_SKIP),; skipped the MPI CPU engine ($(MPI_SKIP)))$(if $(CUDA_SKIP),; skipped the CUDA engine ($(CUDA_SKIP)),$(if $(CUDA_MPI_SKIP),; skipped the data-parallel CUDA engine ($(CUDA_MPI_SKIP))))
 engines: cpu cuda
 	@$(if $(filter engines,$(MAKECMDGOALS)),echo "make: $(ENGINES_LINE)",true)
 
@@ -68,7 +68,7 @@ cuda:
 	@$(if $(filter cuda,$(MAKECMDGOALS)),echo "make cuda: $(CUDA_SKIP)" >&2; exit 1,true)
 endif
 comma := ,
-BUILT_ENGINES := $(BUILD)/microgpt_cpu$(if $(MPI_SKIP),,$(comma) $(BUILD)/microgpt_cpu_mpi)$(if $(CUDA_SKIP),, and $(BUILD)/microgpt_cuda)
+BUILT_ENGINES := $(BUILD)/microgpt_cpu$(if $(MPI_SKIP),,$(comma) $(BUILD)/microgpt_cpu_mpi)$(if $(CUDA_SKIP),, and $(BUILD)/microgpt_cuda$(if $(CUDA_MPI_SKIP),,$(comma) $(BUILD)/microgpt_cuda_mpi))
 
 $(BUILD):
 	mkdir -p $(BUILD)

@@ -112,11 +112,43 @@ else
 CUDNN_NOTE := without cuDNN ($(if $(filter 0,$(CUDNN)),CUDNN=0,not found: pip install nvidia-cudnn-cu$(CUDA_MAJOR) nvidia-cudnn-frontend); --attention cudnn unavailable)
 endif
 
+# ---------------------------------------------------------------------------
+# The data-parallel variant, build/microgpt_cuda_mpi (docs/CUDA.md, "The NCCL
+# build"): the same engine with MPI collectives (comm_mpi.h, -DMG_MPI) and the
+# gradients summed over NCCL (cuda/nccl.cuh, -DMG_NCCL). Built when mpicc
+# (Open MPI: its --showme flags) and NCCL are found: NCCL_INC and NCCL_LIB,
+# else the nvidia-nccl-cu$(CUDA_MAJOR) wheel (include/nccl.h, lib/libnccl.so.2:
+# it has no plain libnccl.so, so the binary links that file and finds it
+# through an rpath, as it does cuBLAS). Otherwise skipped (CUDA_MPI_SKIP).
+FIND_NCCL_WHEEL := import glob, os, nvidia; j = os.path.join; \
+  c = [b for r in nvidia.__path__ for b in (os.path.dirname(os.path.dirname(h)) \
+  for h in glob.glob(j(r, '*', 'include', 'nccl.h'))) if os.path.isfile(j(b, 'lib', 'libnccl.so.2'))]; \
+  print(c[0] if c else '')
+ifeq ($(NCCL_INC),)
+NCCL_WHEEL := $(shell $(PYTHON) -c "$(FIND_NCCL_WHEEL)" 2>/dev/null)
+NCCL_INC := $(if $(NCCL_WHEEL),$(NCCL_WHEEL)/include,)
+NCCL_LIB := $(if $(NCCL_WHEEL),$(NCCL_WHEEL)/lib,)
+endif
+NCCL_SO := $(if $(NCCL_LIB),$(wildcard $(NCCL_LIB)/libnccl.so.2),)
+
+# mpicc's own flags, in nvcc's words: -I, -D, -L and -l as they are; -Wl,a,b
+# to the host linker; anything else to the host compiler.
+mg_comma := ,
+MPI_COMPILE_RAW := $(if $(MPICC),$(shell $(MPICC) --showme:compile 2>/dev/null),)
+MPI_LINK_RAW := $(if $(MPICC),$(shell $(MPICC) --showme:link 2>/dev/null),)
+MPI_NVCC_COMPILE := $(foreach f,$(MPI_COMPILE_RAW),$(if $(filter -I% -D%,$(f)),$(f),-Xcompiler $(f)))
+MPI_NVCC_LINK := $(foreach f,$(MPI_LINK_RAW),$(if $(filter -L% -l%,$(f)),$(f),$(if $(filter -Wl$(mg_comma)%,$(f)),\
+                   -Xlinker $(patsubst -Wl$(mg_comma)%,%,$(f)),-Xcompiler $(f))))
+
+CUDA_MPI_SKIP := $(if $(MPICC),$(if $(MPI_LINK_RAW),$(if $(NCCL_SO),,no NCCL: $(PYTHON) -m pip install \
+  nvidia-nccl-cu$(CUDA_MAJOR) (or set NCCL_INC and NCCL_LIB)),$(MPICC) gives no --showme:link flags (Open MPI's \
+  mpicc is needed)),no mpicc on PATH: apt install openmpi-bin libopenmpi-dev)
+
 .PHONY: cuda cuda-info
 
 ifneq ($(and $(CUBLAS_INC),$(CUBLAS_SO)),)
 
-cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check
+cuda: $(BUILD)/microgpt_cuda $(BUILD)/flash_attention_check $(if $(CUDA_MPI_SKIP),cuda-mpi-skipped,$(BUILD)/microgpt_cuda_mpi)
 
 # The op headers, one per op (docs/ENGINE.md, "Source layout").
 CUDA_OP_HEADERS := $(wildcard microgpt/cuda/*.cuh)
@@ -125,6 +157,19 @@ $(BUILD)/microgpt_cuda: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HE
 	@echo "make: building the CUDA engine with cuBLASLt from $(CUBLAS_LIB), $(CUDNN_NOTE)"
 	$(NVCC) $(NVCCFLAGS) $(CUDNN_FLAGS) -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -o $@ microgpt/microgpt_cuda.cu $(CUDNN_LINK) \
 		-Xlinker $(CUBLAS_SO) -Xlinker -rpath -Xlinker $(CUBLAS_LIB) -lpthread
+
+# The data-parallel variant: the same source, compiled once more (the cuDNN
+# objects are shared).
+$(BUILD)/microgpt_cuda_mpi: microgpt/microgpt_cuda.cu $(CUDA_OP_HEADERS) $(ENGINE_HEADERS) $(CUDNN_OBJ) $(CUDNN_LOADER_OBJ) | $(BUILD)
+	@echo "make: building the data-parallel CUDA engine with MPI and NCCL from $(NCCL_LIB)"
+	$(NVCC) $(NVCCFLAGS) $(CUDNN_FLAGS) -DMG_MPI -DMG_NCCL -DMG_SOURCE='"$(MG_SOURCE)"' -I$(CUBLAS_INC) -I$(NCCL_INC) \
+		$(MPI_NVCC_COMPILE) -o $@ microgpt/microgpt_cuda.cu $(CUDNN_LINK) -Xlinker $(CUBLAS_SO) -Xlinker -rpath \
+		-Xlinker $(CUBLAS_LIB) -Xlinker $(NCCL_SO) -Xlinker -rpath -Xlinker $(NCCL_LIB) $(MPI_NVCC_LINK) -lpthread
+
+# `make engines` names the reason in its summary line; an explicit `make cuda` says it here.
+.PHONY: cuda-mpi-skipped
+cuda-mpi-skipped:
+	@$(if $(filter cuda,$(MAKECMDGOALS)),echo "make: skipped the data-parallel CUDA engine ($(CUDA_MPI_SKIP))",true)
 
 # cuDNN's attention graphs: host code only, in a translation unit of its own
 # (cudnn-frontend is a large header-only library; about a minute to compile).
@@ -162,3 +207,5 @@ cuda-info:
 	@echo "CUDNN_SO=$(CUDNN_SO)"
 	@echo "CUDNN_FRONTEND_INC=$(CUDNN_FRONTEND_INC)"
 	@echo "NVRTC_INC=$(NVRTC_INC) NVRTC_SO=$(NVRTC_SO)"
+	@echo "NCCL_INC=$(NCCL_INC)"
+	@echo "NCCL_SO=$(NCCL_SO)"

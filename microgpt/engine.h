@@ -16,8 +16,9 @@
 // The table never changes at run time: an option (the attention path, the
 // fused step, the CUDA graph, the KV cache, the asynchronous snapshot)
 // changes flags in the engine's state, and init says which of the optional
-// slots (train_step, snapshot with snapshot_wait, kv_forward) the driver may
-// call, in MgEngineCaps. An engine without one leaves its slot NULL.
+// slots (train_step, snapshot with snapshot_wait, kv_forward, reduce_grads)
+// the driver may call, in MgEngineCaps. An engine without one leaves its slot
+// NULL.
 
 typedef struct {
     // Checks engine-specific settings right after parsing (may fill in
@@ -48,7 +49,7 @@ typedef struct {
     // Copies the gradients (n floats) to host memory.
     void (*get_grads)(void *impl, float *out);
     // Optional (NULL: the engine accumulates a step's micro-batches itself and
-    // trains on one rank only). Replaces the gradients with n host floats: the
+    // trains on one rank only, unless it has reduce_grads). Replaces the gradients with n host floats: the
     // step's gradient folded in comm.h's order from each micro-batch's,
     // which the driver reads with get_grads after zero_grads and one
     // forward_backward.
@@ -91,6 +92,17 @@ typedef struct {
     // last one has finished.
     void (*snapshot)(void *impl, float **w, float **m, float **v);
     int (*snapshot_wait)(void *impl);  // 0, or -1 (one line on stderr said why): the write then fails
+    // Optional (caps.reduce_grads; else a data-parallel run reduces through
+    // set_grads on the host). The engine's own reduction across the ranks
+    // (the CUDA engine's NCCL build, cuda/nccl.cuh): after zero_grads and this
+    // rank's forward_backward of its cfg.grad_accum / ranks micro-batches,
+    // accumulated in place as one rank does, the driver calls it once; on
+    // return the gradients are the sum over every rank's (grad_scale divides
+    // by the global batch's tokens: the mean gradient of the whole step), the
+    // same on every rank. The engine may start summing parts of them during
+    // the last micro-batch's backward (it counts the micro-batches from
+    // zero_grads).
+    void (*reduce_grads)(void *impl);
 } MgEngineOps;
 
 // Which optional slots of the table this run uses: set by init (from the
@@ -100,6 +112,7 @@ typedef struct {
     int train_step;   // the whole optimizer step on the device, one wait (CUDA --fused)
     int snapshot;     // snapshot and snapshot_wait: the asynchronous checkpoint copy (CUDA, unless --sync-snapshot)
     int kv_forward;   // sampling with a KV cache
+    int reduce_grads; // the engine reduces the gradients across the ranks itself (CUDA with NCCL)
 } MgEngineCaps;
 
 typedef struct {
@@ -115,6 +128,7 @@ typedef struct {
     char paths[256];           // optional: a JSON object naming the code paths this run takes
                                // (the CUDA engine's attention, fused kernels, CUDA graph); "" = none
     MgEngineCaps caps;
+    int rank, ranks;           // this process's place in a data-parallel job (comm.h), set before configure
 } MgEngine;
 
 #endif  // MICROGPT_ENGINE_H

@@ -1127,6 +1127,7 @@ static const MgEngineOps cpu_ops = {
     .train_step = NULL,
     .snapshot = NULL,
     .snapshot_wait = NULL,
+    .reduce_grads = NULL,
 };
 
 int main(int argc, char **argv) {

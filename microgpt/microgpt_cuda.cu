@@ -64,6 +64,9 @@
 #include "cuda/adamw.cuh"
 #include "cuda/convert.cuh"
 #include "cuda/sampling.cuh"
+#ifdef MG_NCCL
+#include "cuda/nccl.cuh"        // data-parallel: the gradients summed across the ranks (build/microgpt_cuda_mpi)
+#endif
 
 // ----------------------------------------------------------------------------
 // The engine's state.
@@ -151,6 +154,20 @@ typedef struct {
     float *logits_out;                          // [B, V] fp32, sampling
     double *norm_partial, *norm_out;
     Profile prof;
+
+    // Data-parallel (the NCCL build, build/microgpt_cuda_mpi; caps.reduce_grads):
+    // this rank's micro-batches accumulate in place; during the backward of
+    // the last of them each range of the gradients (the head's LayerNorm,
+    // each layer, the embeddings: contiguous in the layout, model.h) is summed
+    // across the ranks on NCCL's stream as soon as its last write is
+    // enqueued; gpu_reduce_grads waits for those sums.
+    int dp;               // on: the NCCL build (even on one rank: the sum of one is the identity)
+    int micro_per_rank;   // --grad-accum / ranks
+    int micro_done;       // micro-batches since zero_grads
+    int reduce_now;       // inside the backward of the last of them
+#ifdef MG_NCCL
+    Nccl nccl;
+#endif
 
     // Pinned host staging, [K, ...] like their device twins (the classic path uses slice 0).
     int *h_inputs, *h_targets, *h_bucket_tok, *h_bucket_start, *h_positions, *h_cursor, *h_n_buckets;
@@ -289,6 +306,16 @@ static void layernorm_backward_step(Gpu *e, Tx *dx, float *dw, float *db, float 
         layernorm_backward<Tx>(dx, dw, db, dout, x, w, mean, rstd, e->BT, e->C, accumulate, e->partial, e->stream);
 }
 
+// Sums gradients [begin, end) across the ranks (data-parallel, the last
+// micro-batch's backward only), after the writes enqueued so far.
+static void reduce_range(Gpu *e, size_t begin, size_t end) {
+#ifdef MG_NCCL
+    if (e->reduce_now) nccl_reduce_range(&e->nccl, e->grads + begin, end - begin, e->stream);
+#else
+    (void)e; (void)begin; (void)end;
+#endif
+}
+
 template <typename Tx>
 static void model_backward(Gpu *e) {
     int C = e->C, BT = e->BT;
@@ -310,6 +337,7 @@ static void model_backward(Gpu *e) {
                         e->V, NULL, e->partial, mm);
     layernorm_backward_step<Tx>(e, dres, G + e->lay.lnfw, G + e->lay.lnfb, G + poff(e, e->L - 1, MG_FCPROJB), dln,
                                 final_hidden<Tx>(e), P + e->lay.lnfw, e->lnf_mean, e->lnf_rstd, 0);
+    reduce_range(e, e->lay.lnfw, e->lay.n);  // the final LayerNorm's: done
     for (int l = e->L - 1; l >= 0; l--) {
         const Tx *x = l == 0 ? (const Tx *)e->x0 : X<Tx>(e->res3, (size_t)(l - 1) * bt * C);
         const Tx *ln1 = X<Tx>(e->ln1, l * bt * C), *qkv = X<Tx>(e->qkv, l * bt * 3 * C), *atty = X<Tx>(e->atty, l * bt * C);
@@ -333,6 +361,7 @@ static void model_backward(Gpu *e) {
         layernorm_backward_step<Tx>(e, dres, G + poff(e, l, MG_LN1W), G + poff(e, l, MG_LN1B),
                                     l > 0 ? G + poff(e, l - 1, MG_FCPROJB) : NULL, dln, x, P + poff(e, l, MG_LN1W),
                                     e->ln1_mean + l * bt, e->ln1_rstd + l * bt, 1);
+        reduce_range(e, poff(e, l, 0), poff(e, l, 0) + e->lay.layer_size);  // layer l's: done
     }
     // Embeddings: token rows by bucket (no atomics), positions by column.
     if (e->wte_fused)
@@ -341,6 +370,7 @@ static void model_backward(Gpu *e) {
     else
         embedding_backward<Tx>(G + e->lay.wte, G + e->lay.wpe, dres, e->bucket_tok, e->bucket_start, e->positions,
                                e->n_buckets, BT, e->T, C, st);
+    reduce_range(e, e->lay.wte, e->lay.layer0);  // the embeddings' (wte, also written by the head, and wpe): done
 }
 
 // ----------------------------------------------------------------------------
@@ -435,8 +465,10 @@ static void gpu_forward_backward(void *impl, const uint16_t *rows_tokens, int ro
     if (rows > e->B) mg_fail(MG_EXIT_PROTOCOL, "internal: %d rows for a batch of %d", rows, e->B);
     stage_rows(e, rows_tokens, rows, e->T + 1, e->T, 1);
     stage_buckets(e);
+    e->reduce_now = e->dp && ++e->micro_done == e->micro_per_rank;
     if (e->bf16) run_step<bf16>(e, grad_scale, 1);
     else run_step<float>(e, grad_scale, 1);
+    e->reduce_now = 0;
     // Wait for the losses only: the backward keeps running while the driver
     // sums them (grad_norm is the next call that waits for the GPU).
     CUDA_CHECK(cudaEventSynchronize(e->loss_ready));
@@ -738,7 +770,20 @@ static void profile_end_step(Gpu *e) {
 static void gpu_zero_grads(void *impl) {
     Gpu *e = (Gpu *)impl;
     profile_begin_step(e);
+    e->micro_done = 0;
     CUDA_CHECK(cudaMemsetAsync(e->grads, 0, e->lay.n * sizeof(float), e->stream));
+}
+
+// The sums the last micro-batch's backward started (engine.h, reduce_grads;
+// caps.reduce_grads only in the NCCL build).
+static void gpu_reduce_grads(void *impl) {
+    Gpu *e = (Gpu *)impl;
+    if (!e->dp || e->micro_done != e->micro_per_rank)
+        mg_fail(MG_EXIT_PROTOCOL, "internal: gradients reduced after %d of %d micro-batches", e->micro_done,
+                e->micro_per_rank);
+#ifdef MG_NCCL
+    nccl_wait(&e->nccl, e->stream);
+#endif
 }
 
 static void gpu_get_grads(void *impl, float *out) {
@@ -784,8 +829,12 @@ static const char *gpu_configure(void *impl, MgConfig *cfg) {
                  : err != cudaSuccess ? cudaGetErrorString(err) : "");
         return msg;
     }
-    CUDA_CHECK(cudaSetDevice(0));
-    CUDA_CHECK(cudaGetDeviceProperties(&e->prop, 0));
+    int device = 0;
+#ifdef MG_NCCL
+    device = nccl_local_device(count);  // before cudaSetDevice, which makes the context
+#endif
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaGetDeviceProperties(&e->prop, device));
     int has_bf16 = e->prop.major >= 8;
     if (!cfg->precision) cfg->precision = has_bf16 ? "bf16" : "fp32";
     // The FP8 GEMMs are not wired into this engine; the CPU engine runs the
@@ -896,6 +945,14 @@ static void choose_fused(Gpu *e, const MgConfig *cfg) {
         mg_warn("%s needs a --dim that is a multiple of 8 (not %d); using the verified step", flag, e->C);
         fused = graph = 0;
     }
+#ifdef MG_NCCL
+    if (fused) {  // the step's gradients are summed across the ranks between its backward and its update
+        if (e->eng->rank == 0)
+            mg_warn("%s is off in the NCCL build (build/microgpt_cuda_mpi): the gradients are summed across the "
+                    "ranks between the backward and the update; using the verified step", flag);
+        fused = graph = 0;
+    }
+#endif
     e->fused = fused;
     e->use_graph = graph;
     if (!fused) return;
@@ -1022,16 +1079,24 @@ static size_t gpu_init(void *impl, const MgConfig *cfg) {
     free(zeros);
     free(row_loss);
     e->eng->caps.train_step = e->fused;  // the driver steps through gpu_train_step
-    snprintf(e->eng->paths, sizeof e->eng->paths, "{\"attention\":\"%s\",\"fused\":%s,\"cuda_graph\":%s}",
-             attention_name(e->attention), e->fused ? "true" : "false", e->use_graph ? "true" : "false");
+#ifdef MG_NCCL
+    // The communicator, once the warm-up (which must not reduce) is done.
+    nccl_init(&e->nccl, MG_COMM, e->eng->rank, e->eng->ranks);
+    e->dp = 1;
+    e->micro_per_rank = e->K / e->eng->ranks;
+#endif
+    e->eng->caps.reduce_grads = e->dp;
+    snprintf(e->eng->paths, sizeof e->eng->paths, "{\"attention\":\"%s\",\"fused\":%s,\"cuda_graph\":%s%s}",
+             attention_name(e->attention), e->fused ? "true" : "false", e->use_graph ? "true" : "false",
+             e->dp ? ",\"reduce\":\"nccl\"" : "");
     return e->bytes;
 }
 
 // ----------------------------------------------------------------------------
 // The engine table (engine.h) and main(), which runs the shared driver
 // (train.h) with it. Every slot is filled; init says in the caps which of the
-// optional ones (the fused step, the asynchronous snapshot, the KV cache)
-// this run takes.
+// optional ones (the fused step, the asynchronous snapshot, the KV cache,
+// the NCCL reduction of the build with -DMG_NCCL) this run takes.
 
 static const MgEngineOps gpu_ops = {
     .configure = gpu_configure,
@@ -1050,6 +1115,7 @@ static const MgEngineOps gpu_ops = {
     .train_step = gpu_train_step,
     .snapshot = gpu_snapshot,
     .snapshot_wait = gpu_snapshot_wait,
+    .reduce_grads = gpu_reduce_grads,
 };
 
 int main(int argc, char **argv) {

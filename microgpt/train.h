@@ -233,6 +233,9 @@ static void mg_fail_nonfinite(const MgDriver *d, float loss) {
 // defines and gathers the row losses to every rank. The engine's whole step
 // (caps.train_step) runs on the device with no host wait inside, so there
 // the reduction would have to be the engine's own: such a run has one rank.
+// An engine with caps.reduce_grads (the CUDA engine over NCCL) accumulates
+// its rank's micro-batches in place and sums them across the ranks itself
+// (mg_reduce_on_engine): not in this order (docs/ENGINE.md).
 
 // This rank's share of a step: `micro` micro-batches of batch rows of T+1
 // tokens, their row losses written at row_loss (inside the step's).
@@ -281,6 +284,14 @@ static void mg_reduce_gradients(MgDriver *d, int micro) {
         d->comm->gather_all(d->row_loss, (size_t)micro * d->cfg.batch * sizeof(float));
     }
     d->eng->ops->set_grads(d->eng->impl, d->grad_sum);
+}
+
+// The engine's own reduction (caps.reduce_grads): after this rank's backward,
+// its accumulated gradients become the sum over every rank's, on the device;
+// the row losses are gathered as above.
+static void mg_reduce_on_engine(MgDriver *d, int micro) {
+    d->eng->ops->reduce_grads(d->eng->impl);
+    if (d->ranks > 1) d->comm->gather_all(d->row_loss, (size_t)micro * d->cfg.batch * sizeof(float));
 }
 
 // After each step, every rank: the stop and checkpoint flags of any rank
@@ -336,8 +347,9 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
         if (!isfinite(loss) || !isfinite(norm)) mg_fail_nonfinite(d, loss);
     } else {
         // Each micro-batch's gradient from zero, folded in order (comm.h);
-        // an engine without set_grads accumulates them itself (one rank).
-        int fold = d->eng->ops->set_grads != NULL;
+        // an engine without set_grads, or with its own reduction, accumulates
+        // them itself.
+        int fold = d->eng->ops->set_grads != NULL && !d->eng->caps.reduce_grads;
         if (!fold) d->eng->ops->zero_grads(d->eng->impl);
         for (int k = 0; k < mine.micro; k++) {
             if (fold) d->eng->ops->zero_grads(d->eng->impl);
@@ -346,6 +358,7 @@ static void mg_train_step(MgDriver *d, const uint16_t *tokens, const uint16_t *g
             if (fold) mg_keep_micro_gradient(d, k);
         }
         if (fold) mg_reduce_gradients(d, mine.micro);
+        else if (d->eng->caps.reduce_grads) mg_reduce_on_engine(d, mine.micro);
         double loss_sum = 0;
         for (int r = 0; r < rows; r++) loss_sum += d->row_loss[r];
         loss = (float)(loss_sum / rows);
@@ -532,6 +545,8 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     d.eng = eng;
     d.comm = MG_COMM;
     d.comm->init(&argc, &argv, &d.rank, &d.ranks);
+    eng->rank = d.rank;
+    eng->ranks = d.ranks;
     // Events come from rank 0 only: the launcher merges every rank's stdout.
     if (d.rank != 0 && !freopen("/dev/null", "w", stdout)) mg_fail(MG_EXIT_IO, "rank %d: cannot silence stdout", d.rank);
     mg_parse_args(&d.cfg, argc, argv);
@@ -562,14 +577,15 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     mg_share_config(&d);
     if (d.ranks > 1) {
         // Checked on every rank alike (the same shared config); rank 0 says why.
-        const char *why = d.cfg.grad_accum % d.ranks ? "does not divide" : !eng->ops->set_grads ? "engine" : NULL;
+        int reduces = eng->ops->set_grads || eng->ops->reduce_grads;  // on the host, or the engine's own
+        const char *why = d.cfg.grad_accum % d.ranks ? "does not divide" : !reduces ? "engine" : NULL;
         if (why && d.rank != 0) {
             d.comm->finish();
             exit(MG_EXIT_USAGE);
         }
         if (why && !strcmp(why, "engine"))
-            mg_fail(MG_EXIT_USAGE, "the %s engine trains on one rank only (it has no set_grads), not %d", eng->name,
-                    d.ranks);
+            mg_fail(MG_EXIT_USAGE, "the %s engine trains on one rank only (it has no set_grads or reduce_grads), "
+                    "not %d", eng->name, d.ranks);
         if (why)
             mg_fail(MG_EXIT_USAGE, "%d ranks do not divide the step's %d micro-batches (--grad-accum): each rank "
                     "trains an equal share", d.ranks, d.cfg.grad_accum);

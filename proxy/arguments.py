@@ -141,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_in(1, 4096),
         default=1,
         metavar="N",
-        help="data-parallel: train on N ranks of the MPI CPU engine, launched by `mpirun -np N` (default 1: "
-        "the engine alone); N must divide train.grad_accum",
+        help="data-parallel: train on N ranks of the engine's MPI build (cpu: N processes; cuda: one GPU each, "
+        "gradients summed over NCCL), launched by `mpirun -np N` (default 1: the engine alone); N must divide "
+        "train.grad_accum",
     )
     run.add_argument(
         "--launcher",

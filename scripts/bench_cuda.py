@@ -26,6 +26,7 @@ which also renders the table in docs/PERFORMANCE.md from it).
     python scripts/bench_cuda.py --shape andrea-12m --no-torch --attention flash
     python scripts/bench_cuda.py --shape gpt2-124m --llmc /path/to/train_gpt2cu
     python scripts/bench_cuda.py --shape gpt2-124m --variants naive cudnn+graph --torch-modes default
+    python scripts/bench_cuda.py --shape gpt2-124m --ranks 8 --no-torch   # data-parallel scaling (NCCL)
 
 Shapes: ANDREA-12M (C=384, L=6, H=12, V=4608, T=1024) and GPT-2 124M
 (C=768, L=12, H=12, V=50304, T=1024). Needs an NVIDIA GPU for numbers; a
@@ -60,6 +61,7 @@ from proxy.formats.engine_cli import engine_args, setting_flags  # noqa: E402
 from proxy.formats.parameters import n_params  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
+import bench_cuda_ranks as dp  # noqa: E402  (--ranks N)
 from bench_engine import build_torch_model  # noqa: E402  (one peer model for both benchmarks)
 from cuda_bench_report import BenchReport, Run, Side  # noqa: E402  (the results file's format)
 from gpu_facts import cudnn_version, gpu_facts, gpu_peak, process_gpu_mib, source_commit  # noqa: E402
@@ -109,14 +111,20 @@ def bench_engine(
     precision: str,
     attention: str,
     step_path: str = "verified",
+    launcher: list[str] | None = None,
+    grad_accum: int = 1,
+    variant: str | None = None,
 ) -> Side:
+    """The engine alone, or behind `launcher` (mpirun: --ranks); a step is grad_accum micro-batches of batch rows."""
     T, V = shape["ctx"], shape["vocab"]
-    variant = engine_variant(attention, step_path)
+    variant = variant or engine_variant(attention, step_path)
+    rows = batch * grad_accum
     rng = np.random.default_rng(0)
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="bench_cuda_") as tmp:
-        settings = setting_flags(**shape, batch=batch, steps=100000, warmup=100)
+        settings = setting_flags(**shape, batch=batch, grad_accum=grad_accum, steps=100000, warmup=100)
         args = [
+            *(launcher or []),
             str(engine),
             *engine_args(
                 Path(tmp) / "ckpt",
@@ -148,8 +156,8 @@ def bench_engine(
                     return ev, time.monotonic()
 
         def frame(step: int) -> bytes:
-            rows = rng.integers(0, V, size=(batch, T + 1), dtype=np.uint16)
-            return frames.train_frame(step, rows, np.zeros(batch, np.uint16))
+            tokens = rng.integers(0, V, size=(rows, T + 1), dtype=np.uint16)
+            return frames.train_frame(step, tokens, np.zeros(rows, np.uint16))
 
         try:
             ready, _ = event("ready")
@@ -203,7 +211,7 @@ def bench_engine(
     return Side(
         "engine",
         variant,
-        tokens_per_s=batch * T / (med / 1e3),
+        tokens_per_s=rows * T / (med / 1e3),
         step_ms=med,
         gpu_mem_mib=mem_mib,
         extra={
@@ -436,9 +444,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--llmc", type=Path, default=None, help="a built llm.c train_gpt2cu to run beside (GPT-2 only)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="GPU peak for MFU (default: from the GPU name)")
     ap.add_argument("--json", type=Path, default=None, help="write every figure here (a BenchReport)")
+    ap.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="data-parallel scaling: each engine variant through build/microgpt_cuda_mpi on 1 rank and on N "
+        "(mpirun), N micro-batches of --batch rows per step both times (scripts/bench_cuda_ranks.py)",
+    )
     args = ap.parse_args(argv)
     if min(args.batch) < 1 or args.steps < 1 or args.warmup < 0 or args.ckpts < 0:
         ap.error("--batch and --steps must be >= 1, --warmup and --ckpts >= 0")
+    if args.ranks is not None and args.ranks < 2:
+        ap.error("--ranks must be >= 2 (it compares N ranks with one)")
     if args.max_autotune:
         args.torch_modes = [*args.torch_modes, "max-autotune"]
     if args.variants is not None:
@@ -463,6 +481,8 @@ def print_side(s: Side) -> None:
         + (f", engine buffers {s.extra['mem_bytes'] / 2**20:,.0f} MiB" if "mem_bytes" in s.extra else ""),
         flush=True,
     )
+    if dp.describe(s):
+        print(dp.describe(s))
     if s.extra.get("ckpt_ms") is not None:
         print(
             f"    checkpoint: {s.extra['ckpt_ms']:.0f} ms per write; training stalled {s.extra['ckpt_stall_ms']:.0f} ms"
@@ -473,8 +493,9 @@ def print_side(s: Side) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not args.no_engine and not args.engine.is_file():
-        print(f"bench_cuda: {args.engine} not found: build it with `make cuda` (or pass --no-engine)", file=sys.stderr)
+    engine = args.engine if args.ranks is None else dp.launch(args.engine, args.ranks)[1]
+    if not args.no_engine and not engine.is_file():
+        print(f"bench_cuda: {engine} not found: build it with `make cuda` (or pass --no-engine)", file=sys.stderr)
         return 2
     if args.llmc is not None and not args.llmc.is_file():
         print(f"bench_cuda: --llmc {args.llmc}: no such file", file=sys.stderr)
@@ -509,22 +530,44 @@ def main(argv: list[str] | None = None) -> int:
             )
             run = Run(shape=key, batch=batch, ctx=s["ctx"], n_params=n, flops_per_token=fpt, sides=[])
             report.runs.append(run)
-            jobs = []
+            jobs: list = []  # each gives its sides
             if not args.no_engine:
                 variants = args.variant_pairs
                 for attention, step_path in variants:
                     ckpts = args.ckpts if (attention, step_path) == variants[-1] else 0
-                    jobs.append(
-                        lambda a=attention, p=step_path, c=ckpts: bench_engine(
-                            args.engine, s, batch, args.steps, args.warmup, c, args.precision, a, p
+                    if args.ranks is not None:  # no checkpoint timing: the scaling is the figure
+                        jobs.append(
+                            lambda a=attention, p=step_path: dp.bench_scaling(
+                                lambda argv, binary, accum, name: bench_engine(
+                                    binary,
+                                    s,
+                                    batch,
+                                    args.steps,
+                                    args.warmup,
+                                    0,
+                                    args.precision,
+                                    a,
+                                    p,
+                                    argv,
+                                    accum,
+                                    name,
+                                ),
+                                args.engine,
+                                args.ranks,
+                                engine_variant(a, p),
+                            )
                         )
+                        continue
+                    jobs.append(
+                        lambda a=attention, p=step_path, c=ckpts: [
+                            bench_engine(args.engine, s, batch, args.steps, args.warmup, c, args.precision, a, p)
+                        ]
                     )
             if args.llmc is not None:
-                jobs.append(lambda: bench_llmc(args.llmc, key, s, batch, args.steps, args.warmup))
+                jobs.append(lambda: [bench_llmc(args.llmc, key, s, batch, args.steps, args.warmup)])
             for mode in [] if args.no_torch else args.torch_modes:
-                jobs.append(lambda m=mode: bench_torch(s, batch, args.steps, args.warmup, m))
-            for job in jobs:
-                side = job()
+                jobs.append(lambda m=mode: [bench_torch(s, batch, args.steps, args.warmup, m)])
+            for side in (side for job in jobs for side in job()):
                 if side.tokens_per_s and peak:
                     side.mfu = side.tokens_per_s * fpt / (peak * 1e12)
                 run.sides.append(side)

@@ -12,7 +12,7 @@
 # Plans (a fixed list of phases, each with its time budget in seconds; a trailing + takes whatever
 # is left of the session once the others are done):
 #   lease    wheels 15, build 130, test-fast 140, bench-124m 170, bench-12m 45, profile-124m 20+
-#   lease2   wheels 15, build 100, test 110, test-e2e 150, bench-b32 90, goodput 55
+#   lease2   wheels 15, build 100, test-nccl 20, test 90, test-e2e 150, bench-b32 90, goodput 55
 # Phases:
 #   prepare      HERE (no GPU, no device time; not part of a plan): puts into .gpu-carry/ (git-ignored)
 #                what the GPU machine lacks: llm.c (from ../shared/peers/llm.c), cudnn-frontend's headers
@@ -28,6 +28,8 @@
 #                object when its stamp matches this machine (else one line says why, and make compiles
 #                it here); with bench-b32 in the plan, llm.c's train_gpt2cu with cuDNN in the background
 #   test-fast    tests/gpu/test_fast_paths.py: every fast path against the verified one on this GPU
+#   test-nccl    tests/gpu/test_nccl.py's one-GPU tests: `mpirun -np 1` of build/microgpt_cuda_mpi (NCCL)
+#                against build/microgpt_cuda, bit for bit (skipped where the image has no mpirun)
 #   test         the rest of tests/gpu
 #   test-e2e     `make test-gpu`'s other suites (the Makefile's GPU_SUITES) against the CUDA engine
 #                (MICROGPT_TEST_ENGINE=cuda), in 4 pytest-xdist workers: the engine, frame gate,
@@ -74,10 +76,10 @@ dry=
 phases=()
 budgets=()
 declare -A limit=([prepare]=300 [wheels]=60 [build]=300 [check]=150 [cpu]=300 [sanitize]=240 [test-fast]=300
-                  [test]=420 [test-e2e]=480 [bench-124m]=300 [bench-12m]=120 [bench-b32]=180 [profile-124m]=150
+                  [test-nccl]=120 [test]=420 [test-e2e]=480 [bench-124m]=300 [bench-12m]=120 [bench-b32]=180 [profile-124m]=150
                   [profile]=300 [goodput]=300)
 declare -A plan=([lease]="wheels:15 build:130 test-fast:140 bench-124m:170 bench-12m:45 profile-124m:20+"
-                 [lease2]="wheels:15 build:100 test:110 test-e2e:150 bench-b32:90 goodput:55")
+                 [lease2]="wheels:15 build:100 test-nccl:20 test:90 test-e2e:150 bench-b32:90 goodput:55")
 while [[ $# -gt 0 ]]; do
     case $1 in
         --out) [[ $# -ge 2 ]] || { echo "gpu_session: --out needs a value" >&2; exit 2; }; out=$2; shift 2 ;;
@@ -335,8 +337,21 @@ phase_test_fast() {
     run_pytest tests/gpu/test_fast_paths.py
 }
 
-phase_test() {
-    run_pytest tests/gpu --ignore=tests/gpu/test_fast_paths.py
+# The NCCL build's one-GPU tests (the others in the file need two GPUs and skip on one), by node id.
+nccl_one_gpu() {
+    echo tests/gpu/test_nccl.py::test_one_rank_is_the_single_gpu_engine \
+        tests/gpu/test_nccl.py::test_one_rank_turns_the_fused_step_off_in_one_line
+}
+
+phase_test_nccl() {
+    # shellcheck disable=SC2046
+    run_pytest $(nccl_one_gpu)
+}
+
+phase_test() {  # the rest of tests/gpu: test-fast and test-nccl run theirs
+    local t deselect=()
+    for t in $(nccl_one_gpu); do deselect+=("--deselect=$t"); done
+    run_pytest tests/gpu --ignore=tests/gpu/test_fast_paths.py "${deselect[@]}"
 }
 
 phase_test_e2e() {  # the Makefile's GPU_SUITES but tests/gpu (the test and test-fast phases)
@@ -447,7 +462,7 @@ phase_goodput() {
 
 export -f carried_requirements carried_plugins pip_download_for phase_prepare phase_wheels cudnn_wheel_dir \
     place_cudnn_object llmc_make phase_build phase_check run_pytest phase_cpu engine_quick_args engine_quick_frames \
-    phase_sanitize phase_test_fast phase_test phase_test_e2e phase_profile phase_profile_124m wait_llmc source_commit bench \
+    phase_sanitize phase_test_fast nccl_one_gpu phase_test_nccl phase_test phase_test_e2e phase_profile phase_profile_124m wait_llmc source_commit bench \
     phase_bench_124m phase_bench_12m phase_bench_b32 phase_goodput
 
 # ---------------------------------------------------------------------------

@@ -38,6 +38,12 @@ if command -v nvcc >/dev/null 2>&1; then
         echo "install_test_deps: installing nvidia-cudnn-cu$cuda_major (cuDNN for the CUDA engine)"
         "$PYTHON" -m pip install --quiet "nvidia-cudnn-cu$cuda_major"
     fi
+    # NCCL for the data-parallel CUDA engine (build/microgpt_cuda_mpi, microgpt/cuda.mk): the wheel's
+    # include/nccl.h and lib/libnccl.so.2.
+    if ! "$PYTHON" -c "import glob, os, nvidia; assert any(glob.glob(os.path.join(p, '*', 'lib', 'libnccl.so.2')) for p in nvidia.__path__)" 2>/dev/null; then
+        echo "install_test_deps: installing nvidia-nccl-cu$cuda_major (NCCL for the data-parallel CUDA engine)"
+        "$PYTHON" -m pip install --quiet "nvidia-nccl-cu$cuda_major"
+    fi
     if ! "$PYTHON" -c "import importlib.metadata as m, os; assert os.path.isfile(m.distribution('nvidia-cudnn-frontend').locate_file('include/cudnn_frontend.h'))" 2>/dev/null; then
         echo "install_test_deps: installing nvidia-cudnn-frontend (its headers, for the CUDA engine)"
         "$PYTHON" -m pip install --quiet --no-deps nvidia-cudnn-frontend

@@ -18,6 +18,13 @@ from .engine_process import EngineChoice
 MPIRUN = "mpirun"
 # What to install when a launch needs mpirun and there is none (Debian/Ubuntu).
 MPI_INSTALL_HINT = "apt install openmpi-bin libopenmpi-dev, then `make cpu` to build build/microgpt_cpu_mpi"
+# How the data-parallel CUDA engine is built (microgpt/cuda.mk; docs/CUDA.md, "The NCCL build").
+NCCL_BUILD_HINT = (
+    "apt install openmpi-bin libopenmpi-dev and pip install nvidia-nccl-cu13 (cu12 for CUDA 12), then `make cuda` "
+    "to build build/microgpt_cuda_mpi"
+)
+# The engines with a data-parallel build: each one's hint for building it.
+BUILD_HINTS = {"cpu": MPI_INSTALL_HINT, "cuda": NCCL_BUILD_HINT}
 
 
 class RanksError(ProxyError):
@@ -27,7 +34,8 @@ class RanksError(ProxyError):
 
 
 def mpi_binary(engine: Path) -> Path:
-    """The MPI build of an engine binary: build/microgpt_cpu -> build/microgpt_cpu_mpi."""
+    """The MPI build of an engine binary: build/microgpt_cpu -> build/microgpt_cpu_mpi (and microgpt_cuda ->
+    microgpt_cuda_mpi, its NCCL build)."""
     return engine.with_name(engine.name + "_mpi")
 
 
@@ -68,20 +76,22 @@ def launcher_argv(ranks: int, launcher: str | None) -> list[str]:
 
 
 def data_parallel(engine: EngineChoice, ranks: int, launcher: str | None, grad_accum: int) -> EngineChoice:
-    """The engine chosen, launched on `ranks` ranks: unchanged for 1 rank and no --launcher; otherwise the MPI
-    build of the CPU engine behind the launcher. Every refusal is one line (RanksError, exit 2)."""
+    """The engine chosen, launched on `ranks` ranks: unchanged for 1 rank and no --launcher; otherwise its MPI
+    build (the CPU engine's, or the CUDA engine's with NCCL) behind the launcher. The CUDA engine runs one rank
+    per GPU, as many as asked: the proxy does not count GPUs. Every refusal is one line (RanksError, exit 2)."""
     if ranks == 1 and launcher is None:
         return engine
     check_divides(ranks, grad_accum)
-    if engine.kind != "cpu":
+    hint = BUILD_HINTS.get(engine.kind)
+    if hint is None:
         raise RanksError(
-            f"--ranks {ranks}: data-parallel training runs the MPI CPU engine (--engine cpu); the {engine.kind} "
-            "engine trains on one rank"
+            f"--ranks {ranks}: data-parallel training runs the MPI build of the cpu or cuda engine (--engine cpu "
+            f"or cuda); the {engine.kind} engine trains on one rank"
         )
     argv = launcher_argv(ranks, launcher)
     binary = mpi_binary(engine.path)
     if not binary.is_file():
-        raise RanksError(f"--ranks {ranks}: {binary} not built; {MPI_INSTALL_HINT}")
+        raise RanksError(f"--ranks {ranks}: {binary} not built; {hint}")
     return replace(engine, path=binary, ranks=ranks, launcher=tuple(argv))
 
 

@@ -63,6 +63,19 @@ WHAT = OrderedDict(
             "finishes equal to an uninterrupted 1-rank run",
         ),
         (
+            "a rank that dies non-zero (SIGSEGV, SIGABRT) in a 2-rank run",
+            "rank 1 gets SIGSEGV, then rank 0 SIGABRT, each mid-launch (signals the engine does not catch: the rank "
+            "dies at once, without a checkpoint); mpirun ends the job, every process of it exits, each relaunch "
+            "resumes from a valid logged checkpoint no older than the newest at the crash, and the finished run "
+            "equals an uninterrupted 1-rank run",
+        ),
+        (
+            "SIGTERM to the launcher (mpirun) of a 2-rank run",
+            "mpirun gets SIGTERM twice, each mid-launch: the ranks stop with a checkpoint at their last step before "
+            "mpirun ends them, mpirun exits non-zero, the proxy relaunches from the newest valid logged checkpoint "
+            "(no older than the newest at the signal), and the finished run equals an uninterrupted 1-rank run",
+        ),
+        (
             "kill -9 of the engine inside checkpoint writes (22 MB)",
             "SIGKILL at a random offset within the measured write time; the temp file is never taken and is removed "
             "by the next start; final checkpoint bit-identical",

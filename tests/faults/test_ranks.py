@@ -3,20 +3,7 @@ SIGABRT) and SIGTERM to the launcher, during `proxy run --ranks 2` (rank_scenari
 
 from __future__ import annotations
 
-import pytest
-
 from . import rank_scenarios
-
-PROBLEM = rank_scenarios.mpi_engine_problem()
-
-
-@pytest.fixture(scope="module")
-def rank_env(tmp_path_factory):
-    if PROBLEM is not None and PROBLEM.startswith("mpirun"):
-        pytest.skip(PROBLEM)
-    if PROBLEM is not None:
-        pytest.fail(PROBLEM, pytrace=False)
-    return rank_scenarios.prepare_rank_env(tmp_path_factory.mktemp("faults-ranks"))
 
 
 def test_rank_and_launcher_kills(rank_env, tmp_path, record):

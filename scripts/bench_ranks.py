@@ -60,8 +60,20 @@ SHOWN = {
     "1 rank x 1 thread": "1 process, `--threads 1`",
     "2 ranks x 1 thread": "2 ranks, `--threads 1` each (`mpirun -np 2 build/microgpt_cpu_mpi`)",
 }
-# what the table reads from a result; a file without them is refused (re-run the benchmark)
-RENDERED = ("rounds", "tokens_per_s", "median_tokens_per_s", "same_losses", "machine", "command", "commit")
+# what the table reads from a result; a file without them is refused (re-run the benchmark). A result of
+# before the command and commit were recorded shows its command rebuilt from its recorded arguments (the
+# script's only ones besides --out) and no commit.
+RENDERED = (
+    "shape",
+    "batch",
+    "steps",
+    "skip",
+    "rounds",
+    "tokens_per_s",
+    "median_tokens_per_s",
+    "same_losses",
+    "machine",
+)
 
 
 def run_one(ranks: int, threads: int, shape: dict, batch: int, steps: int, shard: Path, ckpt: Path) -> list[dict]:
@@ -111,15 +123,31 @@ def render_table(result: dict) -> str:
         lines.append(f"| {SHOWN[name]} | {medians[name]:,.0f} | {rounds} |")
     two, one_x2, one_x1 = (medians[name] for name in ("2 ranks x 1 thread", "1 rank x 2 threads", "1 rank x 1 thread"))
     load = [f"{result[k][0]:.1f}" for k in ("load_average_at_start", "load_average_at_end") if result.get(k)]
+    commit = f"commit `{result['commit']}`" if result.get("commit") else "commit not recorded"
     lines += [
         "",
         f"2 ranks over 1 process with 2 threads: {two / one_x2:.2f}; scaling efficiency, 2 ranks over twice 1 "
         f"process with 1 thread: {two / (2 * one_x1):.2f}. Same losses in every configuration: "
-        f"{'yes' if result['same_losses'] else 'no'}. Machine: {result['machine']}"
+        f"{'yes' if result['same_losses'] else 'no'}. Machine: {machine_of(result['machine'])}"
         + (f", load average {' at the start, '.join(load)} at the end" if len(load) == 2 else "")
-        + f"; commit `{result['commit']}`. Command: `{result['command']}`",
+        + f"; {commit}. Command: `{command_of(result)}`",
     ]
     return "\n".join(lines)
+
+
+def machine_of(machine) -> str:
+    """machine_line()'s text, or the {"cpu", "cores"} an older result recorded."""
+    if isinstance(machine, dict):
+        return f"{machine.get('cores', '?')} CPUs ({machine.get('cpu', '?')})"
+    return str(machine)
+
+
+def command_of(result: dict) -> str:
+    """The recorded command, or the one its recorded arguments rebuild."""
+    if result.get("command"):
+        return str(result["command"])
+    args = (f"--{k} {result[k]}" for k in ("shape", "batch", "steps", "skip", "rounds"))
+    return " ".join(["python scripts/bench_ranks.py", *args])
 
 
 def main(argv=None) -> int:

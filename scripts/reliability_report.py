@@ -91,6 +91,20 @@ WHAT = OrderedDict(
         ),
         ("kill -9 of the proxy and the engine together", "as above, both killed at once"),
         (
+            "kill -9 of the engine under the proxy (2 ranks)",
+            "proxy run --ranks 2, gated in front of mpirun: SIGKILL of mpirun at seeded moments, around checkpoints "
+            "too; each relaunch resumes from a valid logged checkpoint no older than the newest at the kill (the "
+            "ranks may checkpoint on their way out); the finished run equals an uninterrupted 1-rank run",
+        ),
+        (
+            "kill -9 of the proxy's process group (2 ranks)",
+            "as on 1 rank, on 2 ranks under mpirun (MICROGPT_TEST_RANKS=2), compared with a 1-rank run",
+        ),
+        (
+            "kill -9 of the proxy and the engine together (2 ranks)",
+            "the proxy and mpirun killed at once, on 2 ranks (MICROGPT_TEST_RANKS=2), compared with a 1-rank run",
+        ),
+        (
             "checkpoint retention with keep_last 0 (keep all)",
             "docs/EXPERIMENTS.md: keep_last 0 keeps every checkpoint; a deleted one counts as data lost",
         ),

@@ -206,6 +206,9 @@ def proxy_kill_storm(
             watch.check(out, f"after kill {kills}")
     finish_last_launch(p, out)
     watch.check(out, "at the end")
+    trained_on = json.loads((run / ".state.json").read_text()).get("engine", {}).get("ranks")
+    if trained_on != ranks:
+        out.fail(f".state.json says the last launch trained on {trained_on} rank(s), not {ranks}")
     out.note("proxy launches", len(procs))
     out.note("engine segments", seen)
     compare_with_reference(env, run, out)

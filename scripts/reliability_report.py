@@ -63,6 +63,19 @@ WHAT = OrderedDict(
             "finishes equal to an uninterrupted 1-rank run",
         ),
         (
+            "a rank that dies non-zero (SIGSEGV, SIGABRT) in a 2-rank run",
+            "rank 1 gets SIGSEGV, then rank 0 SIGABRT, each mid-launch (signals the engine does not catch: the rank "
+            "dies at once, without a checkpoint); mpirun ends the job, every process of it exits, each relaunch "
+            "resumes from a valid logged checkpoint no older than the newest at the crash, and the finished run "
+            "equals an uninterrupted 1-rank run",
+        ),
+        (
+            "SIGTERM to the launcher (mpirun) of a 2-rank run",
+            "mpirun gets SIGTERM twice, each mid-launch: the ranks stop with a checkpoint at their last step before "
+            "mpirun ends them, mpirun exits non-zero, the proxy relaunches from the newest valid logged checkpoint "
+            "(no older than the newest at the signal), and the finished run equals an uninterrupted 1-rank run",
+        ),
+        (
             "kill -9 of the engine inside checkpoint writes (22 MB)",
             "SIGKILL at a random offset within the measured write time; the temp file is never taken and is removed "
             "by the next start; final checkpoint bit-identical",
@@ -77,6 +90,20 @@ WHAT = OrderedDict(
             "the proxy restarts the engine from the newest valid checkpoint; the finished run is identical",
         ),
         ("kill -9 of the proxy and the engine together", "as above, both killed at once"),
+        (
+            "kill -9 of the engine under the proxy (2 ranks)",
+            "proxy run --ranks 2, gated in front of mpirun: SIGKILL of mpirun at seeded moments, around checkpoints "
+            "too; each relaunch resumes from a valid logged checkpoint no older than the newest at the kill (the "
+            "ranks may checkpoint on their way out); the finished run equals an uninterrupted 1-rank run",
+        ),
+        (
+            "kill -9 of the proxy's process group (2 ranks)",
+            "as on 1 rank, on 2 ranks under mpirun (MICROGPT_TEST_RANKS=2), compared with a 1-rank run",
+        ),
+        (
+            "kill -9 of the proxy and the engine together (2 ranks)",
+            "the proxy and mpirun killed at once, on 2 ranks (MICROGPT_TEST_RANKS=2), compared with a 1-rank run",
+        ),
         (
             "checkpoint retention with keep_last 0 (keep all)",
             "docs/EXPERIMENTS.md: keep_last 0 keeps every checkpoint; a deleted one counts as data lost",

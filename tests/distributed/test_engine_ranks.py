@@ -155,3 +155,29 @@ def test_a_signal_to_one_rank_is_agreed_at_the_next_step(mpi_engine, tmp_path, s
     assert [(e["step"], e["reason"]) for e in eng.of("ckpt")] == [(4, "signal")]
     assert [e["reason"] for e in eng.of("exit")] == ["signal"]
     assert eng.losses() == {s: one.losses()[s] for s in range(1, 5)}
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_two_sigusr1_before_one_step_boundary_are_one_checkpoint(mpi_engine, tmp_path, ranks):
+    """Two SIGUSR1 to every process within one step's window (after step 3, before step 4's frame): one
+    checkpoint on a single process as on 2 ranks. The flag is one bit on both: a request for the state on
+    disk, which one checkpoint of it serves. One process is idle and checkpoints step 3 at the first signal
+    (the second finds step 3 saved); the ranks agree after the next step and rank 0 checkpoints step 4.
+    Training goes on to the bits of an unsignalled run."""
+
+    def signal_twice(eng: Engine) -> None:
+        pids = [eng.proc.pid] if ranks == 1 else list(_rank_pids(psutil.Process(eng.proc.pid)).values())
+        for _ in range(2):
+            for pid in pids:
+                os.kill(pid, signal.SIGUSR1)
+            time.sleep(0.2)
+        time.sleep(0.3)  # both landed before step 4's frame arrives
+
+    quiet = _proxy_mode(tmp_path, "quiet", [str(SINGLE)])
+    argv = [str(SINGLE)] if ranks == 1 else under_mpirun(2, [])
+    signalled = _proxy_mode(tmp_path, "signalled", argv, signal_twice)
+    checkpointed = 3 if ranks == 1 else 4
+    assert [(e["step"], e["reason"]) for e in signalled.of("ckpt")] == [(checkpointed, "sigusr1"), (8, "stop")]
+    assert signalled.losses() == quiet.losses()
+    final = "step_000008.bin"
+    assert (tmp_path / "signalled" / final).read_bytes() == (tmp_path / "quiet" / final).read_bytes()

@@ -10,6 +10,9 @@
   of it (the reference every proxy-level scenario is compared with).
 - `stopped_run`: a copy-on-use template of that experiment stopped halfway by
   SIGTERM, for the scenarios that damage a run directory and relaunch.
+- `rank_env`: the data-parallel fault experiment (two micro-batches per step) and
+  its uninterrupted run on 1 rank (rank_scenarios.py), the reference of every
+  scenario on 2 ranks (rank kills, the kill storm on MICROGPT_TEST_RANKS ranks).
 - The kill count: at the end of the session, one line per kill storm and the
   total of `kill -9` faults injected and survived, on the engine under test
   (MICROGPT_TEST_ENGINE; `make test-gpu` shows it for the CUDA engine),
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from . import proxy_harness, proxy_scenarios, scenarios
+from . import proxy_harness, proxy_scenarios, rank_scenarios, scenarios
 
 _OUTCOMES: list[dict] = []
 _TEST_RESULTS: dict[str, str] = {}
@@ -145,3 +148,15 @@ def proxy_env(engine_bin, tmp_path_factory) -> proxy_harness.ProxyEnv:
 def stopped_run(proxy_env, tmp_path_factory) -> Path:
     """A run of the fault experiment stopped at step >= 20 by SIGTERM (copy it before damaging it)."""
     return proxy_scenarios.make_partial_run(proxy_env, tmp_path_factory.mktemp("faults-stopped") / "run")
+
+
+@pytest.fixture(scope="session")
+def rank_env(tmp_path_factory) -> proxy_harness.ProxyEnv:
+    """Skipped without mpirun (as tests/distributed is); a failure when mpirun is there and the MPI engine
+    is not built."""
+    problem = rank_scenarios.mpi_engine_problem()
+    if problem is not None and problem.startswith("mpirun"):
+        pytest.skip(problem)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    return rank_scenarios.prepare_rank_env(tmp_path_factory.mktemp("faults-ranks"))

@@ -90,6 +90,7 @@ def proxy_kill_storm(
     write_s: float | None = None,
     name: str | None = None,
     fault_class: str | None = None,
+    ranks: int = 1,
 ) -> Outcome:
     """SIGKILL the proxy (its process group), the engine, or both, at seeded random moments (40% of
     them right after a checkpointing step, in or around the write); relaunch the same command when the
@@ -103,16 +104,21 @@ def proxy_kill_storm(
 
     With `write_s` (an engine whose checkpoint writes take about that long, e.g. slow_write_engine),
     every kill lands at a random moment within write_s after a checkpointing step was logged: inside
-    the background write, while the engine trains on and before its ckpt event."""
+    the background write, while the engine trains on and before its ckpt event.
+
+    On `ranks` > 1 the run trains on the MPI CPU engine under mpirun, gated in front of mpirun, and "the
+    engine" is the launcher (.engine.json's pid). The ranks of a killed mpirun may still write a checkpoint
+    on their way out (rank 0 sees its stdin end), so a relaunch may resume later than the newest valid logged
+    checkpoint on disk just after the kill, never earlier, and only from a valid logged one."""
     name = name or f"proxy-kill-{kind}"
     out = Outcome(fault_class or PROXY_KILL_KINDS[kind], name)
     rng = rng_for(name)
     run = workdir / "run"
     watch = CkptWatch(run / "checkpoints")
     tail = LogTail(run / ".loss.json")
-    gate = Gate(workdir / "gate", engine or ENGINE.path)
+    gate = Gate(workdir / "gate", engine or ENGINE.path, ranks)
     gate.hold_after(0)
-    extra = ("--max-failures", "50")  # kills of the engine are not a crash loop here
+    extra = ("--max-failures", "50", *gate.rank_flags)  # kills of the engine are not a crash loop here
     p = env.start(run, *extra, engine=gate.engine_flag)
     procs = [p]
     seen, expected, lost_from, kills, launches = 0, 0, 0, 0, 0
@@ -151,7 +157,9 @@ def proxy_kill_storm(
         if kind == "engine" and kills:
             expected = expected_resume(run, max_segment=seen, among=on_disk)
             lost_from = read_log(run / ".loss.json", max_segment=seen).max_step
-        if resume != expected:
+        if ranks > 1 and resume > expected and expected_resume(run, seen, among={f"step_{resume:06d}.bin"}) == resume:
+            out.bump("resumes later than the newest checkpoint at the kill (the killed job's rank 0 wrote on)")
+        elif resume != expected:
             out.fail(
                 f"segment {seg} resumed from step {resume}; the newest valid checkpoint covered by "
                 f".loss.json is step {expected}"
@@ -198,6 +206,9 @@ def proxy_kill_storm(
             watch.check(out, f"after kill {kills}")
     finish_last_launch(p, out)
     watch.check(out, "at the end")
+    trained_on = json.loads((run / ".state.json").read_text()).get("engine", {}).get("ranks")
+    if trained_on != ranks:
+        out.fail(f".state.json says the last launch trained on {trained_on} rank(s), not {ranks}")
     out.note("proxy launches", len(procs))
     out.note("engine segments", seen)
     compare_with_reference(env, run, out)

@@ -1,5 +1,7 @@
 """Data-parallel runs under faults: `proxy run --ranks 2` (the real mpirun, the real MPI CPU engine) while
-one rank, then the other, then the launcher itself is killed with SIGKILL. mpirun ends the whole job when a
+one rank, then the other, then the launcher itself is killed with SIGKILL; a rank hangs (SIGSTOP); a rank dies
+of a signal the engine does not catch (SIGSEGV, SIGABRT: it exits non-zero without a word); the launcher gets
+SIGTERM (mpirun forwards it to the ranks and kills them some 2 s later). mpirun ends the whole job when a
 rank dies, the proxy restarts it from the newest sane checkpoint, and the finished run equals an
 uninterrupted 1-rank run of the same experiment (docs/OPERATIONS.md, "Data-parallel runs")."""
 
@@ -38,9 +40,17 @@ RANK_MODEL = {"vocab": 300, "ctx": 64, "dim": 128, "layers": 2, "heads": 4}
 # watchdog (--hang-timeout) kills the launcher, the proxy the rest of its session.
 KILLS = (("rank 1", signal.SIGKILL), ("rank 0", signal.SIGKILL), ("launcher", signal.SIGKILL))
 HANG = (("rank 1", signal.SIGSTOP),)
+# A rank that crashes: the engine handles SIGTERM, SIGINT and SIGUSR1 only, so SIGSEGV and SIGABRT end the
+# rank at once, as a fault of its own would (no checkpoint, no exit event; mpirun reports it and ends the job).
+CRASHES = (("rank 1", signal.SIGSEGV), ("rank 0", signal.SIGABRT))
+# SIGTERM to mpirun (a `kill` of the launcher, a scheduler ending it): it forwards the signal to every rank,
+# whose handlers stop them at the next step boundary with one checkpoint, and SIGKILLs what is left ~2 s later.
+LAUNCHER_TERMS = (("launcher", signal.SIGTERM), ("launcher", signal.SIGTERM))
 HANG_TIMEOUT_S = 4
 RANK_KILL_CLASS = "kill -9 of one rank, or of the launcher, of a 2-rank run"
 RANK_HANG_CLASS = "a rank that hangs (SIGSTOP) in a 2-rank run"
+RANK_CRASH_CLASS = "a rank that dies non-zero (SIGSEGV, SIGABRT) in a 2-rank run"
+LAUNCHER_TERM_CLASS = "SIGTERM to the launcher (mpirun) of a 2-rank run"
 
 
 def mpi_engine_problem() -> str | None:
@@ -108,12 +118,24 @@ def check_resume(run: Path, seen: int, seg: int, resume: int, at_kill: set[str],
         out.bump("resumes later than the newest checkpoint at the kill (the dead job's rank 0 wrote on)")
 
 
-def rank_kill_storm(env: ProxyEnv, workdir: Path, victims=KILLS, name: str = "rank-kill") -> Outcome:
-    """Each of `victims` (KILLS: SIGKILL rank 1, then rank 0, then mpirun; HANG: SIGSTOP rank 1) a seeded number
-    of steps into a launch. After each, every
+def count_lost(tail: LogTail, seen: int, resume: int, out: Outcome) -> None:
+    """The steps the killed launch (segment `seen`) trained past the checkpoint the next one resumed from; a
+    launch that wrote a checkpoint at its last step on the way out (the ranks' stop on a forwarded SIGTERM)
+    lost none."""
+    lost = max(0, tail.by_segment.get(seen, 0) - resume)
+    out.steps_lost += lost
+    if not lost:
+        out.bump("launches that ended in a checkpoint at their last step (nothing to redo)")
+
+
+def rank_kill_storm(
+    env: ProxyEnv, workdir: Path, victims=KILLS, name: str = "rank-kill", fault_class: str = RANK_KILL_CLASS
+) -> Outcome:
+    """Each of `victims` (KILLS: SIGKILL rank 1, then rank 0, then mpirun; HANG: SIGSTOP rank 1; CRASHES;
+    LAUNCHER_TERMS) a seeded number of steps into a launch. After each, every
     process of the job is gone, the next launch resumes as check_resume says, and the run finishes equal to
     the 1-rank reference (steps, evals, samples, checkpoint bytes)."""
-    out = Outcome(RANK_HANG_CLASS if victims == HANG else RANK_KILL_CLASS, name)
+    out = Outcome(fault_class, name)
     rng = rng_for(name)
     run = workdir / "run"
     watch = CkptWatch(run / "checkpoints")
@@ -128,6 +150,7 @@ def rank_kill_storm(env: ProxyEnv, workdir: Path, victims=KILLS, name: str = "ra
         seg, resume = got
         if seen:
             check_resume(run, seen, seg, resume, at_kill, out, p)
+            count_lost(tail, seen, resume, out)
         out.end_fault()
         seen = seg
         target = resume + rng.randint(3, 12)
@@ -150,6 +173,7 @@ def rank_kill_storm(env: ProxyEnv, workdir: Path, victims=KILLS, name: str = "ra
     if got is None:
         out.fail(f"the proxy exited {p.wait()} without a last launch: {tail_lines(p.stderr)}")
     check_resume(run, seen, got[0], got[1], at_kill, out, p)
+    count_lost(tail, seen, got[1], out)
     out.end_fault()
     finish_last_launch(p, out)
     watch.check(out, "at the end")

@@ -1,7 +1,9 @@
 """kill -9 of the engine, of the proxy, of both, at seeded random moments, including inside
 checkpoint writes (which run in the background while the engine trains on): no valid checkpoint is
 ever lost, every resume starts from the newest valid one, and the finished run is bit-identical to
-an uninterrupted one."""
+an uninterrupted one. The proxy-level storms train on the rank count under test (MICROGPT_TEST_RANKS:
+on more than 1, the MPI CPU engine under mpirun, "the engine" killed being the launcher), each compared with
+an uninterrupted run on 1 rank; the engine storm also runs on 2 ranks whatever it says."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import shutil
 import pytest
 
 from harness.fsync_shim import build_fsync_shim
+from harness.ranks import ranks_under_test, require_ranks
 
-from . import engine_scenarios, proxy_scenarios
+from . import engine_scenarios, proxy_scenarios, scenarios
 from .scenarios import LARGE, TINY
 
 
@@ -58,12 +61,26 @@ def test_engine_sigkill_inside_checkpoint_writes(engine_bin, tmp_path, record):
     shutil.rmtree(tmp_path / "ck")  # ~300 MB of checkpoints; kept only when the test fails
 
 
-@pytest.mark.parametrize("kind,n_kills", [("proxy", 4), ("engine", 8), ("both", 4)])
-def test_proxy_level_kills(proxy_env, tmp_path, record, kind, n_kills):
+RANKS = ranks_under_test()
+PROXY_STORMS = [("proxy", 4, RANKS), ("engine", 8, RANKS), ("both", 4, RANKS)]
+# on 2 ranks in every run of the suite: SIGKILLs of mpirun at random moments, around checkpoints too
+PROXY_STORMS += [] if RANKS == 2 else [("engine", 4, 2)]
+
+
+@pytest.mark.parametrize("kind,n_kills,ranks", PROXY_STORMS)
+def test_proxy_level_kills(request, engine_bin, tmp_path, record, kind, n_kills, ranks):
     """SIGKILL the proxy's process group / the engine / both during a TINY-sized proxy run and relaunch
-    the same command: identical per-step losses, mixtures, evals, samples and final weights."""
-    out = record(proxy_scenarios.proxy_kill_storm(proxy_env, tmp_path, kind, n_kills))
+    the same command: identical per-step losses, mixtures, evals, samples and final weights. On 2 ranks the
+    experiment is rank_env's (two micro-batches per step), its reference a 1-rank run."""
+    require_ranks(ranks, scenarios.ENGINE.kind)
+    env = request.getfixturevalue("proxy_env" if ranks == 1 else "rank_env")
+    name = f"proxy-kill-{kind}" + ("" if ranks == 1 else f"-{ranks}-ranks")
+    fault_class = proxy_scenarios.PROXY_KILL_KINDS[kind] + ("" if ranks == 1 else f" ({ranks} ranks)")
+    out = record(
+        proxy_scenarios.proxy_kill_storm(env, tmp_path, kind, n_kills, name=name, fault_class=fault_class, ranks=ranks)
+    )
     out.check()
+    assert out.injected == n_kills, f"only {out.injected} of {n_kills} kills landed before the run ended: {out.notes}"
 
 
 WRITE_DELAY_MS = 40  # per fsync: a checkpoint's background write takes at least 80 ms

@@ -1,21 +1,9 @@
-"""kill -9 of a rank or of the launcher, and a rank that hangs, during `proxy run --ranks 2` (rank_scenarios.py)."""
+"""kill -9 of a rank or of the launcher, a rank that hangs, a rank that crashes (exits non-zero on SIGSEGV or
+SIGABRT) and SIGTERM to the launcher, during `proxy run --ranks 2` (rank_scenarios.py)."""
 
 from __future__ import annotations
 
-import pytest
-
 from . import rank_scenarios
-
-PROBLEM = rank_scenarios.mpi_engine_problem()
-
-
-@pytest.fixture(scope="module")
-def rank_env(tmp_path_factory):
-    if PROBLEM is not None and PROBLEM.startswith("mpirun"):
-        pytest.skip(PROBLEM)
-    if PROBLEM is not None:
-        pytest.fail(PROBLEM, pytrace=False)
-    return rank_scenarios.prepare_rank_env(tmp_path_factory.mktemp("faults-ranks"))
 
 
 def test_rank_and_launcher_kills(rank_env, tmp_path, record):
@@ -25,6 +13,30 @@ def test_rank_and_launcher_kills(rank_env, tmp_path, record):
 
 
 def test_a_rank_that_hangs(rank_env, tmp_path, record):
-    out = record(rank_scenarios.rank_kill_storm(rank_env, tmp_path, rank_scenarios.HANG, "rank-hang"))
+    out = record(
+        rank_scenarios.rank_kill_storm(
+            rank_env, tmp_path, rank_scenarios.HANG, "rank-hang", rank_scenarios.RANK_HANG_CLASS
+        )
+    )
     out.check()
     assert out.injected == 1
+
+
+def test_a_rank_that_crashes(rank_env, tmp_path, record):
+    out = record(
+        rank_scenarios.rank_kill_storm(
+            rank_env, tmp_path, rank_scenarios.CRASHES, "rank-crash", rank_scenarios.RANK_CRASH_CLASS
+        )
+    )
+    out.check()
+    assert out.injected == len(rank_scenarios.CRASHES)
+
+
+def test_sigterm_to_the_launcher(rank_env, tmp_path, record):
+    out = record(
+        rank_scenarios.rank_kill_storm(
+            rank_env, tmp_path, rank_scenarios.LAUNCHER_TERMS, "launcher-term", rank_scenarios.LAUNCHER_TERM_CLASS
+        )
+    )
+    out.check()
+    assert out.injected == len(rank_scenarios.LAUNCHER_TERMS)

@@ -12,6 +12,12 @@ stdin comes through the relay.
     ... start the proxy with --engine gate.engine_flag, wait for step 30, SIGSTOP the engine ...
     gate.open()                    # everything passes
 
+On N ranks (`Gate(directory, engine, ranks=N)`, N > 1) the relay sits in front of mpirun instead: the
+proxy runs the MPI CPU engine (`--engine cpu --ranks N`) behind `--launcher` naming the gate's wrapper, which
+execs mpirun with the proxy's default launcher words, and mpirun forwards the gated stdin to rank 0. The
+launcher's pid is then the one the gate records and .engine.json names (`run_args(..., *gate.rank_flags,
+engine=gate.engine_flag)` builds either launch).
+
 `hold_after(0)` holds every launch at its first step; `wait_launch(n)` then says where the n-th
 launch resumes (its first TRAIN step), before it trains. `wait_frame(kind)` waits until a frame of
 that kind (a CHECKPOINT the proxy was asked for) reached the gate: raising the limit then lets it
@@ -21,6 +27,7 @@ everything: the gate only holds an engine the proxy wants to keep training.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +37,7 @@ from pathlib import Path
 from proxy.atomic import atomic_write_text
 from proxy.formats import frames
 
+from .ranks import launcher_words, mpirun_path
 from .reaction import react
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -60,10 +68,12 @@ class Received:
 
 
 class Gate:
-    def __init__(self, directory: Path, engine: Path):
+    def __init__(self, directory: Path, engine: Path, ranks: int = 1):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.engine = Path(engine)
+        self.ranks = ranks
+        # on N ranks the gate execs the launcher, which starts the MPI engine the proxy names after it
+        self.engine = Path(engine) if ranks == 1 else mpirun_path()
         self.limit_path = self.directory / "limit"
         self.record_path = self.directory / "frames"
         self.wrapper = self.directory / "gated-engine"
@@ -84,8 +94,16 @@ class Gate:
 
     @property
     def engine_flag(self) -> str:
-        """The `proxy run --engine` value."""
-        return str(self.wrapper)
+        """The `proxy run --engine` value: the wrapper, or on N ranks the CPU engine (its MPI build)."""
+        return str(self.wrapper) if self.ranks == 1 else "cpu"
+
+    @property
+    def rank_flags(self) -> list[str]:
+        """The `proxy run` flags of a launch on N ranks through the gate (none on 1 rank)."""
+        if self.ranks == 1:
+            return []
+        launcher = shlex.join([str(self.wrapper), *launcher_words(self.ranks)])
+        return ["--ranks", str(self.ranks), "--launcher", launcher]
 
     def hold_after(self, step: int) -> None:
         """From now on TRAIN frames for steps above `step` wait (the engine trains up to `step`)."""

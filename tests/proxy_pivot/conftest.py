@@ -1,5 +1,6 @@
 """Shared helpers for the pivot and fork suite: real proxies, the engine under test, the frame gate
-(tests/proxy_e2e's)."""
+(tests/proxy_e2e's), on the rank count under test (MICROGPT_TEST_RANKS, harness/ranks.py: the runs a test
+checks train on that many ranks, the references they are compared with on 1)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
+from harness.engines import EngineUnderTest
+from harness.gate import Gate
+from harness.ranks import ranks_under_test, require_ranks
 from proxy_e2e.conftest import (  # noqa: F401
     TINY,
     Proxy,
@@ -14,7 +20,6 @@ from proxy_e2e.conftest import (  # noqa: F401
     assert_same_checkpoint,
     data_cache,
     engine,
-    gate,
     last_steps,
     make_experiment,
     max_logged_step,
@@ -25,6 +30,21 @@ from proxy_e2e.conftest import (  # noqa: F401
     state,
     wait_for,
 )
+
+RANKS = ranks_under_test()
+
+
+def ranked_gate(engine: EngineUnderTest, directory: Path, ranks: int) -> Gate:
+    """A frame gate in front of the engine under test on `ranks` ranks (in front of mpirun for more than 1)."""
+    require_ranks(ranks, engine.kind)
+    return Gate(directory, engine.path, ranks)
+
+
+@pytest.fixture
+def gate(engine, tmp_path) -> Gate:
+    """The suite's gate: on the rank count under test (tests/proxy_e2e's is on 1)."""
+    return ranked_gate(engine, tmp_path / "gate", RANKS)
+
 
 ARMS = ["code", "docstrings", "topics"]
 # the pivot's caps file: another policy, a cap that binds, a floor that binds (topics keeps its 0.1)

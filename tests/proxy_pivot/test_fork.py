@@ -1,9 +1,15 @@
-"""`proxy fork`: both branches run, their histories share the prefix, the original is untouched."""
+"""`proxy fork`: both branches run, their histories share the prefix, the original is untouched. The original
+trains on 1 rank; the branches run forward on the rank count under test (MICROGPT_TEST_RANKS) and, whatever it
+is, once more on 2 ranks, so the plain branch's steps and final checkpoint on 2 ranks are compared bit for bit
+with the 1-rank original's."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from harness.ranks import rank_flags, require_ranks, with_two_ranks
 from proxy.formats.checkpoint import checkpoint_step, list_checkpoints
 
 from .conftest import (
@@ -28,8 +34,11 @@ MAX_STEPS = 120
 TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=20, keep_last=1000, milestone_every=0)
 
 
-def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, data_cache, tmp_path):
-    exp = make_experiment(tmp_path, "FORKED", **TRAIN)
+@pytest.mark.parametrize("ranks", with_two_ranks())
+def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, data_cache, tmp_path, ranks):
+    require_ranks(ranks, engine.kind)
+    # one micro-batch per rank of the branches (1 rank trains the same experiment to the same bits)
+    exp = make_experiment(tmp_path, "FORKED", **TRAIN, grad_accum=ranks)
     rows = rows_per_batch(exp)
     src = tmp_path / "src"
     proxy = Proxy(run_args(exp, src), data_cache).start()
@@ -105,9 +114,9 @@ def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, dat
     status = json.loads(run_cmd(["status", "--run-dir", str(other), "--json"], data_cache).stdout)
     assert status["step"] == 60 and status["phase"] == 1 and status["alive"] is False
 
-    # both branches run forward (`proxy run --run-dir DIR`: the experiment frozen there)
+    # both branches run forward (`proxy run --run-dir DIR`: the experiment frozen there), on `ranks` ranks
     for fork_dir in (same, other):
-        p = Proxy(run_args(None, fork_dir), data_cache).start()
+        p = Proxy(run_args(None, fork_dir, *rank_flags(ranks)), data_cache).start()
         assert p.wait() == 0, p.output()
         assert "Traceback" not in p.stderr()
         steps = last_steps(fork_dir)
@@ -119,6 +128,7 @@ def test_fork_branches_share_the_prefix_and_leave_the_original_alone(engine, dat
         )
         st = state(fork_dir)
         assert st["status"] == "finished" and st["replay_mismatch_count"] == 0
+        assert st["engine"]["ranks"] == ranks
 
     # the plain fork continues exactly as the original did; the pivoted one under its caps
     same_steps, other_steps = last_steps(same), last_steps(other)

@@ -5,7 +5,9 @@ later and relaunches it, then builds a reference that reaches the same step,
 stops, pivots offline at exactly the step the live pivot landed on and
 continues: the two runs must agree bit for bit (per-step entries and final
 weights, Adam m and v), which proves both that replay respects phases and
-that a live pivot means the same as an offline one.
+that a live pivot means the same as an offline one. The live run trains on the rank count under test
+(MICROGPT_TEST_RANKS) and, whatever it is, once more on 2 ranks; the reference always on 1, so the 2-rank
+run is also compared bit for bit with a 1-rank one.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import signal
 import threading
 import time
 
+import pytest
+
 from harness.gate import KILL_SLACK
+from harness.ranks import with_two_ranks
 
 from .conftest import (
     ARMS,
     COMPARED,
+    RANKS,
     Proxy,
     assert_same_checkpoint,
     check_new_phase_steps,
@@ -31,6 +37,7 @@ from .conftest import (
     max_logged_step,
     one_line_error,
     phases,
+    ranked_gate,
     read_entries,
     rows_per_batch,
     run_args,
@@ -42,7 +49,10 @@ from .conftest import (
 )
 
 MAX_STEPS = 200
-TRAIN = dict(max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=25, keep_last=2, milestone_every=0)
+# grad_accum: one micro-batch per rank (1 rank trains the same experiment to the same bits)
+TRAIN = dict(
+    max_steps=MAX_STEPS, ckpt_every=20, eval_every=40, sample_every=25, keep_last=2, milestone_every=0, grad_accum=RANKS
+)
 
 
 class Poller:
@@ -69,15 +79,18 @@ class Poller:
         return self.versions
 
 
-def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_cache, tmp_path):
+@pytest.mark.parametrize("ranks", with_two_ranks())
+def test_live_pivot_kill_relaunch_matches_offline_reference(engine, data_cache, tmp_path, ranks):
     rng = random.Random(20251122)
     request_at = rng.randrange(30, 60)  # after the first sample audit (step 25)
     kill_after = rng.randrange(5, 30)
     caps = write_caps(tmp_path)
-    exp = make_experiment(tmp_path / "live", "PIVOT", **TRAIN)
+    train = {**TRAIN, "grad_accum": ranks}
+    exp = make_experiment(tmp_path / "live", "PIVOT", **train)
     rows = rows_per_batch(exp)
     live = tmp_path / "live" / "run"
-    args = run_args(exp, live, engine=gate.engine_flag)
+    gate = ranked_gate(engine, tmp_path / "gate", ranks)
+    args = run_args(exp, live, *gate.rank_flags, engine=gate.engine_flag)
     # the gate holds the engine at the step the pivot is requested at (the pivot's STOP passes it),
     # and the new phase's engine at its first step until the test sets where it is killed
     gate.hold_after(request_at)
@@ -135,6 +148,7 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     check_new_phase_steps(steps, k, MAX_STEPS, rows)
     st = state(live)
     assert st["status"] == "finished" and st["phase"] == 1 and st["policy"] == "exp3"
+    assert st["engine"]["ranks"] == ranks
     assert st["replay_mismatch_count"] == 0, st["replay_mismatches"]
     if killed:
         assert max(e["segment"] for e in read_entries(live)) >= 3
@@ -145,11 +159,12 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     text = run_cmd(["status", "--run-dir", str(live)], data_cache).stdout
     assert f"phase:       1 (exp3, pivot at step {k})" in text, text
 
-    # the reference: reach step k, stop, pivot offline at k (--at), continue
-    ref_exp = make_experiment(tmp_path / "ref", "PIVOT", **{**TRAIN, "ckpt_every": k, "keep_last": 1000})
+    # the reference, on 1 rank: reach step k, stop, pivot offline at k (--at), continue
+    ref_exp = make_experiment(tmp_path / "ref", "PIVOT", **{**train, "ckpt_every": k, "keep_last": 1000})
     ref = tmp_path / "ref" / "run"
-    ref_args = run_args(ref_exp, ref, engine=gate.engine_flag)
-    gate.hold_after(k + 1)  # stopped past step k, nowhere near the end
+    ref_gate = ranked_gate(engine, tmp_path / "gate-ref", 1)
+    ref_args = run_args(ref_exp, ref, engine=ref_gate.engine_flag)
+    ref_gate.hold_after(k + 1)  # stopped past step k, nowhere near the end
     proxy = Proxy(ref_args, data_cache).start()
     wait_for(lambda: max_logged_step(ref) >= k + 1, 240, f"reference step {k + 1}", proxy, poll=0.005)
     stop = run_cmd(["stop", "--run-dir", str(ref)], data_cache)
@@ -163,7 +178,7 @@ def test_live_pivot_kill_relaunch_matches_offline_reference(engine, gate, data_c
     assert f"steps {k + 1}..{stopped_at} in .loss.json belong to phase 0" in offline.stdout
     assert not (ref / "checkpoints" / f"step_{stopped_at:06d}.bin").exists()  # set aside in the archive
     assert (ref / "archive" / f"pivot_{k}" / "checkpoints" / f"step_{stopped_at:06d}.bin").exists()
-    gate.open()
+    ref_gate.open()
     proxy = Proxy(ref_args, data_cache).start()
     assert proxy.wait() == 0, proxy.output()
 
@@ -180,7 +195,7 @@ def test_offline_pivot_and_bad_caps_files(engine, gate, data_cache, tmp_path):
     exp = make_experiment(tmp_path, "OFFLINE", **{**TRAIN, "max_steps": 90})
     rows = rows_per_batch(exp)
     run_dir = tmp_path / "run"
-    args = run_args(exp, run_dir, engine=gate.engine_flag)
+    args = run_args(exp, run_dir, *gate.rank_flags, engine=gate.engine_flag)
     gate.hold_after(30)  # stopped near step 30, far from the end
     proxy = Proxy(args, data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 30, 240, "step 30", proxy, poll=0.005)
@@ -248,7 +263,9 @@ def test_concurrent_pivots_and_restarts_are_refused(engine, gate, data_cache, tm
     # held at step 10 until the first pivot's STOP passes the gate; the new phase's engine then waits
     # at its first step until the test lets it train the three steps it waits for
     gate.hold_after(10)
-    proxy = Proxy(run_args(exp, run_dir, "--restart-backoff", "8", engine=gate.engine_flag), data_cache).start()
+    proxy = Proxy(
+        run_args(exp, run_dir, "--restart-backoff", "8", *gate.rank_flags, engine=gate.engine_flag), data_cache
+    ).start()
     caps = write_caps(tmp_path)
     wait_for(lambda: max_logged_step(run_dir) >= 10, 240, "step 10", proxy, poll=0.005)
 
@@ -313,7 +330,7 @@ def test_a_pivot_says_it_archived_only_what_existed(engine, gate, data_cache, tm
     exp = make_experiment(tmp_path, "NOAUDIT", **{**TRAIN, "max_steps": 90, "sample_every": 0})
     run_dir = tmp_path / "run"
     gate.hold_after(20)
-    proxy = Proxy(run_args(exp, run_dir, engine=gate.engine_flag), data_cache).start()
+    proxy = Proxy(run_args(exp, run_dir, *gate.rank_flags, engine=gate.engine_flag), data_cache).start()
     wait_for(lambda: max_logged_step(run_dir) >= 20, 240, "step 20", proxy, poll=0.005)
     assert run_cmd(["stop", "--run-dir", str(run_dir)], data_cache).returncode == 0
     assert proxy.wait() == 0, proxy.output()

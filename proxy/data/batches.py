@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..config.bounds import TOLERANCE
@@ -150,7 +151,7 @@ class BatchSampler:
             np.random.Philox(key=[self.seed & 0xFFFFFFFFFFFFFFFF, int(step) & 0xFFFFFFFFFFFFFFFF])
         )
 
-    def assign_arms(self, weights, rows: int, gen: np.random.Generator) -> np.ndarray:
+    def assign_arms(self, weights: npt.ArrayLike, rows: int, gen: np.random.Generator) -> np.ndarray:
         """Systematic sampling of `rows` arm indices from `weights` (row_counts), shuffled."""
         w = np.asarray(weights, dtype=np.float64).reshape(-1)
         if w.size != self.k:
@@ -158,7 +159,7 @@ class BatchSampler:
         counts = row_counts(w, rows, gen.random())
         return gen.permutation(np.repeat(np.arange(self.k), counts))
 
-    def train_batch(self, step: int, weights, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    def train_batch(self, step: int, weights: npt.ArrayLike, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens uint16 [rows, row_len], groups uint16 [rows]) for `step`."""
         gen = self.generator(step)
         arms = self.assign_arms(weights, rows, gen)

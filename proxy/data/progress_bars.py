@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import sys
 import time
+from types import TracebackType
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -80,7 +81,9 @@ class ProgressBar:
     def __enter__(self) -> ProgressBar:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.done()
         elif not self.closed:

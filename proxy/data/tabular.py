@@ -17,7 +17,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+# pyarrow ships no type information: its module and objects are Any here.
+from ..config.sources import HFDatasetSource, ParquetSource
 from ..formats import bounded_json
 from ..safe_fs import NO_SUCH_FILE, UnsafeFileError, read_regular, regular_file_problem
 
@@ -36,7 +39,7 @@ class TabularError(ValueError):
     """A Parquet or Arrow source that cannot be read; the message is one line."""
 
 
-def pyarrow(where: str):
+def pyarrow(where: str) -> Any:
     """The pyarrow module, or TabularError with the install hint."""
     try:
         import pyarrow as pa  # noqa: PLC0415 - optional dependency
@@ -47,7 +50,7 @@ def pyarrow(where: str):
     return pa
 
 
-def _read_json(path: Path):
+def _read_json(path: Path) -> Any:
     try:
         return bounded_json.loads(read_regular(path, DATASET_JSON_LIMIT))
     except FileNotFoundError:
@@ -58,7 +61,7 @@ def _read_json(path: Path):
         raise TabularError(f"{path}: unreadable ({exc})") from None
 
 
-def dataset_files(src, base: Path) -> list[Path]:
+def dataset_files(src: HFDatasetSource, base: Path) -> list[Path]:
     """The Arrow files of a `save_to_disk` directory (the split's, for a DatasetDict), in their order."""
     root = base / src.hf_dataset
     where = f"hf_dataset source {src.hf_dataset!r}"
@@ -94,7 +97,7 @@ def dataset_files(src, base: Path) -> list[Path]:
     return files
 
 
-def _string_column(schema, column: str, path) -> None:
+def _string_column(schema: Any, column: str, path: Path | str) -> None:
     """TabularError unless `column` is in `schema` and holds strings."""
     pa = pyarrow(f"{path}")
     if column not in schema.names:
@@ -107,7 +110,7 @@ def _string_column(schema, column: str, path) -> None:
         raise TabularError(f"{path}: column {column!r} holds {kind}, not text")
 
 
-def _open_arrow(pa, path: Path):
+def _open_arrow(pa: Any, path: Path) -> Any:
     """An Arrow IPC stream (what save_to_disk writes) or file, memory-mapped."""
     try:
         source = pa.memory_map(str(path))
@@ -124,13 +127,13 @@ def _open_arrow(pa, path: Path):
         class Batches:  # the file format's batches, read like a stream
             schema = reader.schema
 
-            def __iter__(self):
+            def __iter__(self) -> Iterator[Any]:
                 return (reader.get_batch(i) for i in range(reader.num_record_batches))
 
         return Batches()
 
 
-def plan(src, files: list[Path], unit_bytes: int) -> Iterator[tuple[str, tuple, int]]:
+def plan(src: ParquetSource | HFDatasetSource, files: list[Path], unit_bytes: int) -> Iterator[tuple[str, tuple, int]]:
     """(reader, items, nbytes) of each work unit, in order: Parquet row groups, runs of Arrow batches.
     nbytes adds up to each file's size (progress)."""
     pa = pyarrow(src.describe())
@@ -176,7 +179,7 @@ def _shares(reader: str, items: list[tuple], sizes: list[int], file_size: int) -
         yield reader, (item,), share
 
 
-def _parquet_chunks(pa, path: str, first: int, stop: int, column: str) -> Iterator:
+def _parquet_chunks(pa: Any, path: str, first: int, stop: int, column: str) -> Iterator:
     """The column's values in the row groups [first, stop), BATCH_ROWS rows decoded at a time."""
     try:
         for batch in pa.parquet.ParquetFile(path).iter_batches(
@@ -187,7 +190,7 @@ def _parquet_chunks(pa, path: str, first: int, stop: int, column: str) -> Iterat
         raise TabularError(f"{path}: row group {first}: {str(exc).splitlines()[0][:120]}") from None
 
 
-def _arrow_chunks(pa, path: str, first: int, stop: int, column: str) -> Iterator:
+def _arrow_chunks(pa: Any, path: str, first: int, stop: int, column: str) -> Iterator:
     """The column of the Arrow file's record batches [first, stop) (memory-mapped: nothing is copied)."""
     at = 0
     try:

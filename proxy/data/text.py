@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from typing import AnyStr
+from typing import AnyStr, BinaryIO
 
 PIECE_CHARS = 1 << 20  # a long text is encoded in pieces of about this many characters (or bytes)
 SEARCH_CHARS = 1 << 16  # how far past the nominal cut a newline is looked for
@@ -120,7 +120,7 @@ def decode_strict(data: bytes, where: str, offset: int = 0) -> str:
         raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {offset + e.start}); {TOKENS_HINT}") from None
 
 
-def file_is_text(f, size: int, block: int = 1 << 22) -> str | None:
+def file_is_text(f: BinaryIO, size: int, block: int = 1 << 22) -> str | None:
     """Why the open binary file `f` (read from where it is) is not text, or None: binary_reason on its head,
     then NUL bytes and UTF-8 validity block by block (bounded memory, whatever its size)."""
     decoder = codecs.getincrementaldecoder("utf-8")()

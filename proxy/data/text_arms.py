@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ..config.experiment import ArmConfig, Experiment
-from ..config.sources import BuiltinSource
+from ..config.sources import BuiltinSource, Source
 from ..formats.shard import ShardWriter
 from . import source_readers
 from .builtin_sources import repeated_names
@@ -40,7 +41,7 @@ def named_val(arm: ArmConfig) -> bool:
     return any(src.val_part() is not None for src in arm.sources)
 
 
-def _always(split: str):
+def _always(split: str) -> Callable[[Path, int], str]:
     """The train/val decision of a source part whose documents all go one way."""
     return lambda _path, _size: split
 
@@ -54,11 +55,11 @@ class ArmWriter:
         self.named_val = named_val
         self.train = ShardWriter(tmp / f"{name}.train.tok", vocab)
         self.val = ShardWriter(tmp / f"{name}.val.tok", vocab)
-        self.stats = {"kind": "text", "docs": 0, "val_docs": 0, "chars": 0}
+        self.stats: dict[str, Any] = {"kind": "text", "docs": 0, "val_docs": 0, "chars": 0}  # the arm's JSON record
         if named_val:
             self.stats["val_named"] = True
 
-    def add(self, result) -> None:
+    def add(self, result: UnitResult) -> None:
         self.train.append(result.train)
         self.val.append(result.val)
         self.stats["docs"] += result.docs
@@ -78,7 +79,7 @@ class ArmWriter:
         self.val.close()
 
 
-def source_size(src, base: Path) -> int:
+def source_size(src: Source, base: Path) -> int:
     """A text source's bytes, for the validation split's bound and the progress bar."""
     if isinstance(src, BuiltinSource) and src.builtin == "repeated_names":
         return sum(len(d) for d in repeated_names())
@@ -110,7 +111,7 @@ class TextArms:
         for arm in self.arms:
             largest = val_doc_max(self.bytes[arm.name])
 
-            def decide(path: Path, size: int, largest=largest) -> str:
+            def decide(path: Path, size: int, largest: int = largest) -> str:
                 return by_hash(size, bytes.fromhex(self.hashes(path)), largest)
 
             named = named_val(arm)
@@ -132,7 +133,7 @@ class TextArms:
         """(arm, task, result) of every unit, in order; a source's error is one line naming its arm."""
         order: deque[tuple[str, int, UnitTask]] = deque()  # handed out, no result yet (bounded by the workers' window)
 
-        def tasks():
+        def tasks() -> Iterator[UnitTask]:
             for arm, i, task in self.tasks(rate):
                 order.append((arm, i, task))
                 yield task

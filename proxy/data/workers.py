@@ -199,7 +199,7 @@ class Workers:
                 ) from None
             yield result
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         global _tokenizer
         _tokenizer = None
         if self.pool is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def data_parallel(engine: EngineChoice, ranks: int, launcher: str | None, grad_a
     return replace(engine, path=binary, ranks=ranks, launcher=tuple(argv))
 
 
-def say_rank_change(state: dict | None, ranks: int, trained_to: int, say) -> None:
+def say_rank_change(state: dict | None, ranks: int, trained_to: int, say: Callable[[str], object]) -> None:
     """A run resumed on another rank count than its last launch: allowed (a checkpoint does not depend on it,
     and the losses do not either on the CPU engine), and said."""
     before = int(((state or {}).get("engine") or {}).get("ranks") or 1)

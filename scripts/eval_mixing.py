@@ -10,11 +10,12 @@
     python scripts/eval_mixing.py --mix good --summary /tmp/s.json --compare docs/bench/mixing-cpu.json
 
 The suite is scripts/mixing/suite.py: a few mixes built on the machine from
-real text, each with a stated purpose. Every (mix, policy, seed) is a real
-`proxy run` of the mix's experiment with only its name, seed and bandit policy
-changed (scripts/mixing/runs.py), in RUNS_DIR/<name>, so `proxy dashboard
---run-dir RUNS_DIR` overlays them; an interrupted evaluation resumes where it
-stopped. Then, per mix and policy (scripts/mixing/summary.py): the mean
+real text, each with a stated purpose; first the corpora its experiments
+name are built (scripts/mixing/corpora.py; unchanged ones are left alone).
+Every (mix, policy, seed) is a real `proxy run` of the mix's experiment with
+only its name, seed and bandit policy changed (scripts/mixing/runs.py), in
+RUNS_DIR/<name>, so `proxy dashboard --run-dir RUNS_DIR` overlays them; an
+interrupted evaluation resumes where it stopped. Then, per mix and policy (scripts/mixing/summary.py): the mean
 validation loss over the target arms against steps, the first step at which
 it reaches uniform's final value, each arm's final validation loss, the
 mixture over time and how far it moved, with the goals checked. It writes one
@@ -47,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine_info import cpu_model  # noqa: E402
+from mixing.corpora import CorpusError, build, needed_by  # noqa: E402
 from mixing.report import ReportError, plot_summary, results_markdown, write_results  # noqa: E402
 from mixing.runs import LaunchOptions, LoadSampler, finished, launch, plan_runs  # noqa: E402
 from mixing.suite import BY_NAME, SUITE, Mix  # noqa: E402
@@ -237,6 +239,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eval_mixing: {args.compare}: not a mixing summary ({e})", file=sys.stderr)
             return EXIT_USAGE
     mixes = chosen_mixes(args)
+    try:
+        for m in mixes:  # before the experiments are read: they name the corpora
+            for corpus in needed_by(m.experiment):
+                if build(corpus):
+                    print(f"eval_mixing: corpus {corpus.file} written (scripts/mixing/corpora.py)")
+    except (CorpusError, ExperimentError) as e:
+        print(f"eval_mixing: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         experiments = {m.name: load_experiment(m.experiment) for m in mixes}
         specs = {m.name: plan_runs(m.experiment, args.policies, args.seeds, args.runs_dir) for m in mixes}

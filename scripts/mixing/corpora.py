@@ -22,7 +22,7 @@ committed results were trained on (docs/DATA-MIXING.md, "The corpora", says
 why; tests/unit/scripts/mixing/test_corpora.py checks it for every corpus).
 
 Exit status: 0 when every corpus asked for is on disk, 1 when one cannot be
-made (its material is missing: one line naming it), 2 for bad arguments.
+made (its material is missing) or written (one line naming it), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ PARQUET_COMPRESSION = "gzip"  # the German pages' bytes on disk about as their g
 
 
 class CorpusError(RuntimeError):
-    """A corpus that cannot be made (its material is not on the machine); one line."""
+    """A corpus that cannot be made (its material is not on the machine) or written; one line."""
 
 
 # ---------------------------------------------------------------- the material
@@ -155,8 +155,11 @@ def build(corpus: Corpus, directory: Path = CORPORA_DIR) -> bool:
             return False
     except OSError:
         pass  # unreadable: made again
-    make_dirs(directory)
-    atomic_write_bytes(path, data)
+    try:
+        make_dirs(directory)
+        atomic_write_bytes(path, data)
+    except OSError as e:
+        raise CorpusError(f"{corpus.name}: cannot write {path} ({e.strerror or e})") from None
     return True
 
 

@@ -44,6 +44,10 @@ def test_building_again_writes_nothing_and_a_damaged_file_is_made_again(tmp_path
     path.symlink_to(tmp_path / "elsewhere")  # a link is replaced, never written through
     assert corpora.build(corpus, tmp_path) and not path.is_symlink() and path.read_bytes() == first
     assert not (tmp_path / "elsewhere").exists()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with pytest.raises(corpora.CorpusError, match="near_duplicates: cannot write .*a-file/near_duplicates.jsonl"):
+        corpora.build(corpus, blocked)
 
 
 def test_the_suite_names_every_corpus_and_nothing_else():

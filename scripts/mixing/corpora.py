@@ -48,7 +48,8 @@ from proxy.safe_fs import open_regular
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 CORPORA_DIR = EXPERIMENTS / "mixing-corpora"  # the experiments name their files relative to their own directory
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-PARQUET_COMPRESSION = "gzip"  # the German pages' bytes on disk about as their gzip files' (the docstring)
+# gzip: the German pages' file stays about as large as their gzip files were (docs/DATA-MIXING.md, "The corpora")
+PARQUET_COMPRESSION = "gzip"
 
 
 class CorpusError(RuntimeError):

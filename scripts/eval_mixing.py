@@ -7,14 +7,15 @@
     python scripts/eval_mixing.py --experiment my.json --seeds 1 2 3   # one experiment of your own
     python scripts/eval_mixing.py --report-only                # summarise the runs already in --runs-dir
     python scripts/eval_mixing.py --from-summary --doc docs/DATA-MIXING.md   # tables and plots from the summary
-    python scripts/eval_mixing.py --mix good --summary /tmp/s.json --compare docs/bench/mixing-cpu.json
+    python scripts/eval_mixing.py --mix shuffled --runs-dir /tmp/r --compare docs/bench/mixing-cpu.json
 
 The suite is scripts/mixing/suite.py: a few mixes built on the machine from
-real text, each with a stated purpose. Every (mix, policy, seed) is a real
-`proxy run` of the mix's experiment with only its name, seed and bandit policy
-changed (scripts/mixing/runs.py), in RUNS_DIR/<name>, so `proxy dashboard
---run-dir RUNS_DIR` overlays them; an interrupted evaluation resumes where it
-stopped. Then, per mix and policy (scripts/mixing/summary.py): the mean
+real text, each with a stated purpose; first the corpora its experiments
+name are built (scripts/mixing/corpora.py; unchanged ones are left alone).
+Every (mix, policy, seed) is a real `proxy run` of the mix's experiment with
+only its name, seed and bandit policy changed (scripts/mixing/runs.py), in
+RUNS_DIR/<name>, so `proxy dashboard --run-dir RUNS_DIR` overlays them; an
+interrupted evaluation resumes where it stopped. Then, per mix and policy (scripts/mixing/summary.py): the mean
 validation loss over the target arms against steps, the first step at which
 it reaches uniform's final value, each arm's final validation loss, the
 mixture over time and how far it moved, with the goals checked. It writes one
@@ -25,8 +26,11 @@ committed plots) and, with --doc, the results tables into the doc
 between its markers (scripts/mixing/report.py). --from-summary redraws the
 plots and tables from a summary already written, touching nothing else.
 --compare checks that every mix this summary holds has the same results (all
-but the `how` block: wall times, load) in another summary: the bit-for-bit
-reproduction of a committed evaluation.
+but the `how` block: wall times, load) in another summary, field by field
+(scripts/mixing/compare.py): one line per mix, `identical` or the first field
+that differs; the bit-for-bit reproduction of a committed evaluation. With
+--compare the summary goes to RUNS_DIR/summary.json unless --summary names it
+(never over the summary compared with).
 
 Exit status: 0 when the evaluation ran and was summarised (whether or not a
 policy met its goals), 1 when a run failed or --compare found a difference,
@@ -47,6 +51,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine_info import cpu_model  # noqa: E402
+from mixing.compare import CompareError, compare_mixes, read_mixes  # noqa: E402
+from mixing.corpora import CorpusError, build, needed_by  # noqa: E402
 from mixing.report import ReportError, plot_summary, results_markdown, write_results  # noqa: E402
 from mixing.runs import LaunchOptions, LoadSampler, finished, launch, plan_runs  # noqa: E402
 from mixing.suite import BY_NAME, SUITE, Mix  # noqa: E402
@@ -92,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="SEED")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained at once (default 2)")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "mixing-eval")
-    ap.add_argument("--summary", type=Path, default=COMMITTED_SUMMARY)
+    ap.add_argument(
+        "--summary",
+        type=Path,
+        default=None,
+        help="where the summary goes (default: docs/bench/mixing-cpu.json; with --compare, RUNS_DIR/summary.json)",
+    )
     ap.add_argument(
         "--plots",
         type=Path,
@@ -175,25 +186,6 @@ def machine() -> dict:
     }
 
 
-def results(summary: dict) -> dict:
-    """A summary without its `how` block: what must reproduce bit for bit."""
-    return {k: v for k, v in summary.items() if k != "how"}
-
-
-def compare(summary: dict, path: Path) -> list[str]:
-    """The mixes of `summary` whose results differ from those in the summary at `path` (or are missing)."""
-    other = json.loads(path.read_text())
-    theirs = other.get("mixes", {})
-    differ = []
-    for name, mix in summary["mixes"].items():
-        if name not in theirs:
-            differ.append(f"{name}: not in {path}")
-        elif mix != theirs[name]:
-            keys = sorted(k for k in set(mix) | set(theirs[name]) if mix.get(k) != theirs[name].get(k))
-            differ.append(f"{name}: {', '.join(keys)} differ")
-    return differ
-
-
 def report(summary: dict, args) -> int:
     """The plots and, with --doc, the tables of `summary`."""
     # an evaluation of its own (another --summary) never overwrites the committed plots
@@ -228,15 +220,29 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"eval_mixing: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    if args.summary is None:  # a comparison never writes over the committed summary it may compare with
+        args.summary = COMMITTED_SUMMARY if args.compare is None else args.runs_dir / "summary.json"
     if args.from_summary:
         return from_summary(args)
+    theirs = None
     if args.compare is not None:
+        if args.compare.resolve() == args.summary.resolve():
+            print(f"eval_mixing: --summary and --compare both name {args.compare}", file=sys.stderr)
+            return EXIT_USAGE
         try:
-            json.loads(args.compare.read_text())["mixes"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"eval_mixing: {args.compare}: not a mixing summary ({e})", file=sys.stderr)
+            theirs = read_mixes(args.compare)
+        except CompareError as e:
+            print(f"eval_mixing: {e}", file=sys.stderr)
             return EXIT_USAGE
     mixes = chosen_mixes(args)
+    try:
+        for m in mixes:  # before the experiments are read: they name the corpora
+            for corpus in needed_by(m.experiment):
+                if build(corpus):
+                    print(f"eval_mixing: corpus {corpus.file} written (scripts/mixing/corpora.py)")
+    except (CorpusError, ExperimentError) as e:
+        print(f"eval_mixing: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         experiments = {m.name: load_experiment(m.experiment) for m in mixes}
         specs = {m.name: plan_runs(m.experiment, args.policies, args.seeds, args.runs_dir) for m in mixes}
@@ -319,11 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     print(results_markdown(summary))
     print(f"eval_mixing: summary {args.summary}" + (f"; {wall / 60:.1f} min" if not args.report_only else ""))
     status = report(summary, args)
-    if args.compare is not None:
-        differ = compare(summary, args.compare)
-        for line in differ:
-            print(f"eval_mixing: compared with {args.compare}: {line}", file=sys.stderr)
+    if theirs is not None:
+        found = compare_mixes(summary["mixes"], theirs)
+        for name, difference in found:
+            print(f"eval_mixing: compare {name}: {difference or 'identical'}")
+        differ = [name for name, difference in found if difference]
         if differ:
+            print(f"eval_mixing: {len(differ)} of {len(found)} mixes differ from {args.compare}", file=sys.stderr)
             return EXIT_FAILED
         print(f"eval_mixing: every mix's results equal those in {args.compare}")
     return status

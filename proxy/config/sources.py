@@ -27,18 +27,7 @@ FILE, DIRECTORY, PATTERN = "file", "directory", "pattern"  # what a path field n
 
 # Built-in sources. random_tokens is the one whose documents are token ids, not text: it is made after the
 # tokenizer and trains no part of it.
-# The last four are realistic low-quality text for curation tests (proxy/data/lowquality.py).
-BuiltinName = Literal[
-    "stdlib_code",
-    "stdlib_docstrings",
-    "pydoc_topics",
-    "random_tokens",
-    "repeated_names",
-    "shuffled_words",
-    "boilerplate",
-    "near_duplicates",
-    "man_pages_de",
-]
+BuiltinName = Literal["stdlib_code", "stdlib_docstrings", "pydoc_topics", "random_tokens", "repeated_names"]
 BUILTIN_SOURCES: tuple[str, ...] = get_args(BuiltinName)
 TOKEN_BUILTINS = ("random_tokens",)
 STDLIB_BUILTINS = ("stdlib_code", "stdlib_docstrings")

@@ -1,6 +1,6 @@
 """The built-in sources' material (docs/EXPERIMENTS.md, "Sources"): the standard library's files and docstrings,
-the language reference topics, and the documents made in memory (repeated_names, random_tokens, and the
-low-quality ones made from docstrings, lowquality.py). source_readers.py plans and reads them like any source.
+the language reference topics, and the documents made in memory (repeated_names, random_tokens).
+source_readers.py plans and reads them like any source.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from ..config.sources import BuiltinSource
-from ..safe_fs import open_regular
-from . import lowquality
 from .work_units import SourceError
 
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "pydoc_data"}
@@ -25,9 +23,6 @@ _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_te
 # repeated_names: modules implemented in C in CPython (their members are defined in no .py file).
 REPEATED_MODULES = ("builtins", "sys", "math", "cmath", "itertools", "time", "gc")
 REPEATS = 40
-
-# Low-quality sources made from the docstrings of every module (`modules` does not apply to them).
-FROM_DOCSTRINGS = {"shuffled_words": lowquality.shuffled_words, "near_duplicates": lowquality.near_duplicates}
 
 # random_tokens: documents of DOC_TOKENS ids; the train and val splits are separate streams.
 RANDOM_DOC_TOKENS = 1024
@@ -72,17 +67,7 @@ def pydoc_topics_file() -> Path:
 def builtin_files(src: BuiltinSource, _base: Path) -> list[Path]:
     if src.builtin in ("repeated_names", "random_tokens"):
         return []  # made in memory: the Python version in the fingerprint fixes them
-    if src.builtin == "boilerplate":
-        files = lowquality.license_files()
-        if not files:
-            raise SourceError(f"builtin boilerplate: no license texts under {lowquality.LICENSES_DIR}")
-        return files
-    if src.builtin == "man_pages_de":
-        files = lowquality.man_de_files()
-        if not files:
-            raise SourceError(f"builtin man_pages_de: no manual pages under {lowquality.MAN_DE_DIR}")
-        return files
-    if src.builtin in ("stdlib_code", "stdlib_docstrings", *FROM_DOCSTRINGS):
+    if src.builtin in ("stdlib_code", "stdlib_docstrings"):
         files = stdlib_files(src.modules)
         if not files:
             which = f" matching modules {src.modules}" if src.modules else ""
@@ -92,19 +77,6 @@ def builtin_files(src: BuiltinSource, _base: Path) -> list[Path]:
         return [pydoc_topics_file()]
     except ImportError as e:
         raise SourceError(f"builtin pydoc_topics: pydoc_data.topics is not available ({e})") from None
-
-
-def machine_text(p: Path) -> str | None:
-    """A file of the machine's own text (the low-quality built-ins' material) as text, or None when it is
-    binary (holds a NUL) or not UTF-8: such a file is skipped, as a glob skips it."""
-    with open_regular(p, None) as f:
-        data = f.read()
-    if b"\0" in data:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
 
 
 def module_docstrings(text: str, module: str) -> str:

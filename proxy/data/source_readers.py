@@ -21,9 +21,8 @@ documents are the same however many workers read them.
   per row (proxy/data/tabular.py; pyarrow).
 - {"tokens": pattern, "val": pattern}: token ids, not documents (prepare.py reads them in place).
 - {"builtin": ...}: the standard library's code, its docstrings, the language reference topics, and the
-  curation tests' repeated_names and random_tokens, and their realistic low-quality text made from real
-  text on the machine (lowquality.py): shuffled_words, boilerplate, near_duplicates, man_pages_de. Their
-  material and the documents made in memory: builtin_sources.py.
+  curation tests' repeated_names and random_tokens. Their material and the documents made in memory:
+  builtin_sources.py.
 
 Every text kind also takes `max_chars`: documents are kept in order until
 that many characters (the last one cut to fit). Empty documents are dropped.
@@ -51,16 +50,8 @@ from ..config.sources import (
 )
 from ..formats import bounded_json
 from ..safe_fs import UnsafeFileError, open_regular
-from . import lowquality, tabular
-from .builtin_sources import (
-    FROM_DOCSTRINGS,
-    machine_text,
-    module_docstrings,
-    module_name,
-    pydoc_topics,
-    repeated_names,
-    stdlib_root,
-)
+from . import tabular
+from .builtin_sources import module_docstrings, module_name, pydoc_topics, repeated_names, stdlib_root
 from .source_files import source_files
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 from .work_units import Doc, FilePart, SourceError, Unit, UnitNotes  # noqa: F401  (re-exported: data/__init__.py)
@@ -154,18 +145,6 @@ def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
         )
     elif src.builtin == "pydoc_topics":
         yield from _literal_units(pydoc_topics(), src)
-    elif src.builtin in FROM_DOCSTRINGS:  # made from all docstrings at once: planned here, in memory
-        root = stdlib_root()
-        docstrings = [
-            module_docstrings(text, module_name(p.relative_to(root).as_posix()))
-            for p in files
-            if (text := machine_text(p)) is not None
-        ]
-        yield from _literal_units(FROM_DOCSTRINGS[src.builtin]([d for d in docstrings if d]), src)
-    elif src.builtin == "boilerplate":
-        yield from _literal_units(lowquality.boilerplate(files, lambda p: machine_text(p) or ""), src)
-    elif src.builtin == "man_pages_de":
-        yield from _literal_units([t for p in files if (t := lowquality.man_page_text(p)) is not None], src)
     else:  # repeated_names (random_tokens is no text: plan_units)
         yield from _literal_units(repeated_names(), src)
 

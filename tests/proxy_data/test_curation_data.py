@@ -1,10 +1,9 @@
-"""Curation test data and the schema around it: target arms, random_tokens, repeated_names, the realistic
-low-quality sources, the policies, the suite's mixes."""
+"""Curation test data and the schema around it: target arms, random_tokens, repeated_names, the policies, the
+suite's mixes (their low-quality corpora are the suite's own files: tests/unit/scripts/mixing/)."""
 
 from __future__ import annotations
 
 import copy
-import gzip
 import json
 from pathlib import Path
 
@@ -14,9 +13,9 @@ import pytest
 from proxy.config.config_file import ExperimentError
 from proxy.config.experiment import load_experiment
 from proxy.config.sources import parse_source
-from proxy.data import lowquality, prepare_data
+from proxy.data import prepare_data
 from proxy.data.builtin_sources import RANDOM_DOC_TOKENS, RANDOM_DOCS, REPEATS, random_token_documents
-from proxy.data.source_files import SourceError, source_fingerprint
+from proxy.data.source_files import SourceError
 from proxy.data.source_readers import load_documents
 from proxy.formats.shard import read_shard
 
@@ -101,18 +100,32 @@ def test_mixing_suite_experiments():
     sys.path.insert(0, str(ROOT / "scripts"))
     from mixing.suite import SUITE  # noqa: PLC0415
 
-    exps = {m.name: load_experiment(m.experiment) for m in SUITE}
+    exps = {m.name: load_experiment(m.experiment, check_sources=False) for m in SUITE}  # corpora may be unbuilt
     assert list(exps) == ["good", "sizes", "shuffled", "lowquality", "worthless"]
     first = exps["good"]
     for exp in exps.values():
         assert exp.model == first.model and exp.train.model_copy(update={"seed": 1}) == first.train
         assert exp.train.threads == 1 and exp.bandit.policy == "target"
-    kinds = {name: {a.name: (a.sources[0].builtin, a.target) for a in exp.arms} for name, exp in exps.items()}
+    kinds = {name: {a.name: (a.sources[0].describe(), a.target) for a in exp.arms} for name, exp in exps.items()}
     assert all(t for _kind, t in kinds["good"].values()) and all(t for _kind, t in kinds["sizes"].values())
-    assert kinds["shuffled"]["shuffled_words"] == ("shuffled_words", False)
-    assert {k for k, t in kinds["lowquality"].values() if not t} == {"boilerplate", "near_duplicates", "man_pages_de"}
-    assert kinds["worthless"]["junk"] == ("random_tokens", False)
-    assert kinds["worthless"]["duplicates"] == ("repeated_names", False)
+    assert kinds["shuffled"]["shuffled_words"] == ("jsonl 'mixing-corpora/shuffled_words.jsonl'", False)
+    assert {k: kind for k, (kind, t) in kinds["lowquality"].items() if not t} == {
+        "boilerplate": "jsonl 'mixing-corpora/boilerplate.jsonl'",
+        "near_duplicates": "jsonl 'mixing-corpora/near_duplicates.jsonl'",
+        "german": "parquet 'mixing-corpora/man_pages_de.parquet'",
+    }
+    assert kinds["worthless"]["junk"] == ("builtin 'random_tokens'", False)
+    assert kinds["worthless"]["duplicates"] == ("builtin 'repeated_names'", False)
+
+
+@pytest.mark.parametrize("gone", ["shuffled_words", "boilerplate", "near_duplicates", "man_pages_de"])
+def test_the_mixing_suite_s_corpora_are_no_builtin(tmp_path, gone):
+    """They are the suite's evaluation data (scripts/mixing/corpora.py), not the product's: an experiment
+    naming one as a builtin is one line that names it and the builtins there are."""
+    data = copy.deepcopy(BASE)
+    data["arms"][0]["sources"] = [{"builtin": gone}]
+    msg = error_of(tmp_path, data)
+    assert "arms[0].sources[0].builtin: input should be 'stdlib_code'" in msg and f'got "{gone}"' in msg
 
 
 # --- sources ------------------------------------------------------------------
@@ -164,60 +177,3 @@ def test_prepare_with_curation_arms(tmp_path):
     )
     assert other.key != data.key
     assert other.tokenizer_json == data.tokenizer_json
-
-
-# --- realistic low-quality sources (proxy/data/lowquality.py) -------------------
-
-
-def test_shuffled_words_keep_each_document_s_words():
-    docs = load_documents(parse_source({"builtin": "stdlib_docstrings"}), ".")
-    shuffled = load_documents(parse_source({"builtin": "shuffled_words"}), ".")
-    assert len(shuffled) == len(docs)
-    assert all(sorted(a.split()) == sorted(b.split()) for a, b in zip(docs, shuffled, strict=False))
-    assert sum(a.split() != b.split() for a, b in zip(docs, shuffled, strict=False)) > 0.9 * len(docs)
-    assert load_documents(parse_source({"builtin": "shuffled_words"}), ".") == shuffled
-
-
-def test_near_duplicates_are_copies_with_small_edits():
-    docs = load_documents(parse_source({"builtin": "near_duplicates"}), ".")
-    assert len(docs) == lowquality.NEAR_DUP_SOURCES * lowquality.NEAR_DUP_COPIES
-    assert len(set(docs)) > 0.9 * len(docs)  # copies differ from each other ...
-    words = [set(d.split()) for d in docs]
-    close = [max(len(w & v) / len(w | v) for j, v in enumerate(words) if j != i) for i, w in enumerate(words[:50])]
-    assert min(close) > 0.7  # ... by a few words
-    assert load_documents(parse_source({"builtin": "near_duplicates"}), ".") == docs
-
-
-def test_boilerplate_repeats_a_small_pool_of_license_paragraphs(tmp_path, monkeypatch):
-    docs = load_documents(parse_source({"builtin": "boilerplate"}), ".")
-    assert len(docs) == lowquality.BOILERPLATE_DOCS
-    pool = {p for d in docs for p in d.split("\n\n")}
-    assert len(pool) <= lowquality.BOILERPLATE_POOL and max(map(len, pool)) <= lowquality.BOILERPLATE_MAX_CHARS
-    assert load_documents(parse_source({"builtin": "boilerplate"}), ".") == docs
-    # made from the files on the machine: their bytes are in the cache key; none is one clear error
-    licenses = tmp_path / "licenses"
-    licenses.mkdir()
-    (licenses / "A").write_text("Permission is granted.\n\nNo warranty.\n")
-    monkeypatch.setattr(lowquality, "LICENSES_DIR", licenses)
-    src = parse_source({"builtin": "boilerplate"})
-    before = source_fingerprint(src, ".")
-    assert {p for d in load_documents(src, ".") for p in d.split("\n\n")} == {"Permission is granted.", "No warranty."}
-    (licenses / "A").write_text("Permission is granted.\n")
-    assert source_fingerprint(src, ".") != before
-    monkeypatch.setattr(lowquality, "LICENSES_DIR", tmp_path / "none")
-    with pytest.raises(SourceError, match="no license texts under"):
-        load_documents(src, ".")
-
-
-def test_german_man_pages(tmp_path, monkeypatch):
-    pages = tmp_path / "de" / "man1"
-    pages.mkdir(parents=True)
-    (pages / "ls.1.gz").write_bytes(gzip.compress(b".TH LS 1\n.SH BEZEICHNUNG\nls \\- Verzeichnisinhalte auflisten\n"))
-    (pages / "bad.1.gz").write_bytes(gzip.compress(b"\xff\xfe not utf-8"))
-    (pages / "broken.1.gz").write_bytes(b"not gzip")
-    monkeypatch.setattr(lowquality, "MAN_DE_DIR", tmp_path / "de")
-    docs = load_documents(parse_source({"builtin": "man_pages_de"}), ".")
-    assert docs == [".TH LS 1\n.SH BEZEICHNUNG\nls \\- Verzeichnisinhalte auflisten\n"]  # the others skipped
-    monkeypatch.setattr(lowquality, "MAN_DE_DIR", tmp_path / "none")
-    with pytest.raises(SourceError, match="no manual pages under"):
-        load_documents(parse_source({"builtin": "man_pages_de"}), ".")

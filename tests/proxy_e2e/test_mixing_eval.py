@@ -188,7 +188,7 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
     for name in ("EVAL-uniform-s3", "EVAL-target-s3"):
         assert "nothing to do" in (runs / "logs" / f"{name}.log").read_text()
 
-    # --compare: the same results pass; a changed number is found, named, and exits 1
+    # --compare: the same results pass; a changed number is found, named (its field), and exits 1
     same = run_script(
         [
             *common,
@@ -204,6 +204,7 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
         env,
     )
     assert same.returncode == 0 and "equal those in" in same.stdout, same.stdout + same.stderr
+    assert "eval_mixing: compare EVAL: identical\n" in same.stdout
     changed = json.loads(summary.read_text())
     changed["mixes"]["EVAL"]["policies"]["target"]["max_move"] += 1e-5
     (tmp_path / "changed.json").write_text(json.dumps(changed))
@@ -221,7 +222,8 @@ def test_eval_mixing_end_to_end(engine, data_cache, tmp_path):
         data_cache,
         env,
     )
-    assert differ.returncode == 1 and "EVAL: policies differ" in differ.stderr, differ.stderr
+    assert differ.returncode == 1 and "1 of 1 mixes differ from" in differ.stderr, differ.stdout + differ.stderr
+    assert "eval_mixing: compare EVAL: policies.target.max_move: " in differ.stdout and differ.stderr.count("\n") == 1
 
     # the plots and the doc's tables from the summary alone; bad input is one line and exit 2
     doc.write_text(f"{BEGIN}\n{END}\n")
@@ -300,6 +302,7 @@ def test_eval_mixing_stops_its_runs_on_sigterm(engine, data_cache, tmp_path):
         (["--mix", "good", "nope"], "unknown mix nope"),
         (["--mix", "good", "--experiment", "x.json"], "--mix and --experiment exclude each other"),
         (["--doc-block", "a b"], "--doc-block must be letters, digits"),
+        (["--summary", "s.json", "--compare", "s.json"], "--summary and --compare both name s.json"),
     ],
 )
 def test_eval_mixing_bad_arguments(data_cache, args, message):

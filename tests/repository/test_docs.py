@@ -23,6 +23,7 @@ OUTPUTS = {
     "docs/bench/cuda-h100.json": "scripts/cuda_bench_report.py merge (docs/CUDA.md, Benchmark)",
     "docs/reliability-cuda.json": "copied from the kill storms' results on a GPU (docs/CUDA.md)",
     "docs/bench/data-cpu.json": "scripts/bench_data.py --json (docs/PERFORMANCE.md, Data preparation)",
+    "experiments/mixing-corpora/": "scripts/mixing/corpora.py, ignored by git (docs/DATA-MIXING.md, The corpora)",
 }
 
 # A user's own files in the examples of a doc (an error message, a command line), not repository files.

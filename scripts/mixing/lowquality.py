@@ -1,9 +1,10 @@
-"""Realistic low-quality text for curation tests, made deterministically from real text on the machine.
+"""The mixing suite's realistic low-quality documents, made deterministically from real text on the machine.
 
-Each is a built-in source (docs/EXPERIMENTS.md, "Sources") whose loss falls at
-first and then stops teaching anything a target arm needs, the kinds of junk a
-real corpus holds (the random_tokens and repeated_names sources are the
-trivially worthless kinds):
+Each is one of the suite's corpora (scripts/mixing/corpora.py writes them as
+files the proxy reads like any data): text whose loss falls at first and then
+stops teaching anything a target arm needs, the kinds of junk a real corpus
+holds (the builtin random_tokens and repeated_names sources are the trivially
+worthless kinds):
 
 - shuffled_words: the standard library's docstrings, each document's words in
   a fixed shuffled order (real words, no sentences);

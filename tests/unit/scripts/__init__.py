@@ -1,0 +1,1 @@
+"""Unit tests of scripts/ (the benchmark and evaluation scripts), by their path."""

@@ -1,0 +1,1 @@
+"""Unit tests of scripts/mixing/ (the mixing evaluation behind scripts/eval_mixing.py)."""

@@ -81,7 +81,7 @@ class Source(StrictModel):
         return None
 
     @model_validator(mode="after")
-    def _paths_not_empty(self):
+    def _paths_not_empty(self) -> Source:
         for name, value, _what in self.path_fields():
             if value == "":
                 raise ValueError(f"{name} must not be empty")
@@ -101,7 +101,7 @@ class NamedVal(TextSource):
     val: PathText | None = None
     val_is: ClassVar[str] = FILE  # what `val` names
 
-    def path_fields(self):
+    def path_fields(self) -> list[tuple[str, str, str]]:
         return [(self.kind, self.target, self.val_is)] + ([("val", self.val, self.val_is)] if self.val else [])
 
     def val_part(self) -> Source | None:
@@ -165,7 +165,7 @@ class HFDatasetSource(TextSource):
     column: Word = "text"
     val_split: Word | None = None  # the DatasetDict's split of the validation documents ("validation")
 
-    def path_fields(self):
+    def path_fields(self) -> list[tuple[str, str, str]]:
         return [("hf_dataset", self.hf_dataset, DIRECTORY)]
 
     def val_part(self) -> Source | None:
@@ -174,7 +174,7 @@ class HFDatasetSource(TextSource):
         return self.model_copy(update={"split": self.val_split, "val_split": None, "max_chars": None})
 
     @model_validator(mode="after")
-    def _val_is_another_split(self):
+    def _val_is_another_split(self) -> HFDatasetSource:
         if self.val_split is not None and self.val_split == (self.split or "train"):
             raise ValueError(f"val_split {self.val_split!r} is the training split itself")
         return self
@@ -192,7 +192,7 @@ class TokensSource(Source):
     val: PathText | None = None
     format: TokenFormat | None = None
 
-    def path_fields(self):
+    def path_fields(self) -> list[tuple[str, str, str]]:
         return [("tokens", self.tokens, PATTERN)] + ([("val", self.val, PATTERN)] if self.val is not None else [])
 
 
@@ -208,7 +208,7 @@ class BuiltinSource(TextSource):
         return self.builtin not in TOKEN_BUILTINS
 
     @model_validator(mode="after")
-    def _options_apply(self):
+    def _options_apply(self) -> BuiltinSource:
         if self.modules is not None and self.builtin not in STDLIB_BUILTINS:
             raise ValueError(f"modules applies only to builtin {' and '.join(STDLIB_BUILTINS)}")
         if self.modules is not None and (not self.modules or not all(self.modules)):

@@ -87,7 +87,7 @@ def module_docstrings(text: str, module: str) -> str:
         return ""
     parts = []
 
-    def visit(node, qual: str) -> None:
+    def visit(node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef, qual: str) -> None:
         doc = ast.get_docstring(node, clean=True)
         if doc:
             parts.append(f"{qual}\n{doc}")

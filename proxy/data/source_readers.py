@@ -34,7 +34,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..config.sources import (
     BuiltinSource,
@@ -55,6 +55,9 @@ from .builtin_sources import module_docstrings, module_name, pydoc_topics, repea
 from .source_files import source_files
 from .text import SEARCH_CHARS, TOKENS_HINT, binary_reason, decode_strict, file_is_text, safe_cut
 from .work_units import Doc, FilePart, SourceError, Unit, UnitNotes  # noqa: F401  (re-exported: data/__init__.py)
+
+# The train/val decision of a document spread over several units: decide(path, size) -> TRAIN or VAL.
+Decide = Callable[[Path, int], str]
 
 UNIT_BYTES = 4 << 20  # about this much of a source per work unit
 
@@ -127,7 +130,7 @@ def _literal_units(texts: list[str], src: Source) -> Iterator[Unit]:
         yield Unit("literal", tuple(batch), size, src.describe())
 
 
-def _plan_tabular(src, files, _decide) -> Iterator[Unit]:
+def _plan_tabular(src: ParquetSource | HFDatasetSource, files: list[Path], _decide: Decide) -> Iterator[Unit]:
     try:
         for reader, items, nbytes in tabular.plan(src, files, UNIT_BYTES):
             yield Unit(reader, items, nbytes, src.describe(), True, src.column)
@@ -135,7 +138,7 @@ def _plan_tabular(src, files, _decide) -> Iterator[Unit]:
         raise SourceError(str(exc)) from None
 
 
-def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
+def _plan_builtin(src: BuiltinSource, files: list[Path], decide: Decide) -> Iterator[Unit]:
     if src.builtin == "stdlib_code":
         yield from _file_units(files, src, False, decide)
     elif src.builtin == "stdlib_docstrings":
@@ -149,13 +152,13 @@ def _plan_builtin(src: BuiltinSource, files, decide) -> Iterator[Unit]:
         yield from _literal_units(repeated_names(), src)
 
 
-def _plan_tokens(src, _files, _decide) -> Iterator[Unit]:
+def _plan_tokens(src: TokensSource, _files: list[Path], _decide: Decide) -> Iterator[Unit]:
     raise SourceError(f"{src.describe()}: its documents are token ids (prepare.py reads them in place), not text")
 
 
 # Each entry takes its own key's kind (plan_units looks it up by type(src)), which a dict's type cannot say:
 # hence Any for the source.
-_PLANS: dict[type[Source], Callable[[Any, list[Path], Callable], Iterator[Unit]]] = {
+_PLANS: dict[type[Source], Callable[[Any, list[Path], Decide], Iterator[Unit]]] = {
     FileSource: lambda s, files, decide: _file_units(files, s, True, decide),
     GlobSource: lambda s, files, decide: _file_units(files, s, False, decide),
     DirSource: lambda s, files, decide: _file_units(files, s, False, decide),
@@ -179,7 +182,7 @@ def plan_units(src: Source, base_dir: Path | str, decide: Callable[[Path, int], 
 # Reading a unit (in a worker, or here).
 
 
-def _cut_in_file(f, nominal: int, size: int) -> int:
+def _cut_in_file(f: BinaryIO, nominal: int, size: int) -> int:
     """Where a part starting or ending at `nominal` really cuts its file (text.safe_cut on the bytes there)."""
     if nominal <= 0 or nominal >= size:
         return max(0, min(nominal, size))

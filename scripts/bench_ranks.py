@@ -41,7 +41,7 @@ from proxy.supervision.engine_process import engine_binary  # noqa: E402
 from proxy.supervision.ranks import default_launcher, mpi_binary  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
-from cuda_bench_report import Markers, ReportError, render_into_doc  # noqa: E402
+from cuda_bench_report import Markers, ReportError, read_json, render_into_doc  # noqa: E402
 from machine_info import git_commit, machine_line  # noqa: E402
 
 MARKERS = Markers("bench_ranks table", "scripts/bench_ranks.py")
@@ -96,12 +96,7 @@ def rate(steps: list[dict], skip: int) -> float:
 
 def load_result(path: Path) -> dict:
     """A result file of this script with every field the table shows; ReportError (one line) otherwise."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ReportError(f"{path}: not JSON ({exc})") from None
+    doc = read_json(path)
     if not isinstance(doc, dict):
         raise ReportError(f"{path}: expected one benchmark result (a JSON object)")
     missing = [k for k in RENDERED if k not in doc]

@@ -62,14 +62,19 @@ class ReportError(ValueError):
     """A results file or document that cannot be used; the message is one line."""
 
 
-def read_results_list(path: Path) -> list:
-    """A results file that holds a JSON list (the goodput benchmarks'); ReportError otherwise."""
+def read_json(path: Path) -> object:
+    """A results file's JSON; ReportError (one line) when it cannot be read or parsed."""
     try:
-        doc = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as exc:
         raise ReportError(f"cannot read {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise ReportError(f"{path}: not JSON ({exc})") from None
+
+
+def read_results_list(path: Path) -> list:
+    """A results file that holds a JSON list (the goodput benchmarks'); ReportError otherwise."""
+    doc = read_json(path)
     if not isinstance(doc, list):
         raise ReportError(f"{path}: expected a list of runs")
     return doc

@@ -3,40 +3,21 @@ SIGABRT) and SIGTERM to the launcher, during `proxy run --ranks 2` (rank_scenari
 
 from __future__ import annotations
 
-from . import rank_scenarios
+import pytest
+
+from . import rank_scenarios as rs
+
+# (scenario name, the (role, signal) victims in order, the fault class it records)
+CASES = [
+    ("rank-kill", rs.KILLS, rs.RANK_KILL_CLASS),
+    ("rank-hang", rs.HANG, rs.RANK_HANG_CLASS),
+    ("rank-crash", rs.CRASHES, rs.RANK_CRASH_CLASS),
+    ("launcher-term", rs.LAUNCHER_TERMS, rs.LAUNCHER_TERM_CLASS),
+]
 
 
-def test_rank_and_launcher_kills(rank_env, tmp_path, record):
-    out = record(rank_scenarios.rank_kill_storm(rank_env, tmp_path))
+@pytest.mark.parametrize(("name", "victims", "fault_class"), CASES, ids=[c[0] for c in CASES])
+def test_rank_faults(rank_env, tmp_path, record, name, victims, fault_class):
+    out = record(rs.rank_kill_storm(rank_env, tmp_path, victims, name, fault_class))
     out.check()
-    assert out.injected == len(rank_scenarios.KILLS)
-
-
-def test_a_rank_that_hangs(rank_env, tmp_path, record):
-    out = record(
-        rank_scenarios.rank_kill_storm(
-            rank_env, tmp_path, rank_scenarios.HANG, "rank-hang", rank_scenarios.RANK_HANG_CLASS
-        )
-    )
-    out.check()
-    assert out.injected == 1
-
-
-def test_a_rank_that_crashes(rank_env, tmp_path, record):
-    out = record(
-        rank_scenarios.rank_kill_storm(
-            rank_env, tmp_path, rank_scenarios.CRASHES, "rank-crash", rank_scenarios.RANK_CRASH_CLASS
-        )
-    )
-    out.check()
-    assert out.injected == len(rank_scenarios.CRASHES)
-
-
-def test_sigterm_to_the_launcher(rank_env, tmp_path, record):
-    out = record(
-        rank_scenarios.rank_kill_storm(
-            rank_env, tmp_path, rank_scenarios.LAUNCHER_TERMS, "launcher-term", rank_scenarios.LAUNCHER_TERM_CLASS
-        )
-    )
-    out.check()
-    assert out.injected == len(rank_scenarios.LAUNCHER_TERMS)
+    assert out.injected == len(victims)

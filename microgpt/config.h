@@ -301,12 +301,21 @@ static void mg_validate(const MgConfig *cfg) {
     if (n > 2147483647.0) mg_fail(MG_EXIT_USAGE, "model too large: %.0f parameters do not fit the int32 n_params field", n);
 }
 
+// --help and --version answer and exit 0 before anything else, the job too:
+// under mpirun a rank that joined the job (MPI_Init) and exits without
+// leaving it fails the launch.
+static void mg_answer_info_flags(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { mg_usage(argv[0], stdout); exit(0); }
+        if (strcmp(argv[i], "--version") == 0) { mg_print_version(stdout); exit(0); }
+    }
+}
+
+// The flags of a run (after mg_answer_info_flags).
 static void mg_parse_args(MgConfig *cfg, int argc, char **argv) {
     mg_defaults(cfg);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) { mg_usage(argv[0], stdout); exit(0); }
-        if (strcmp(arg, "--version") == 0) { mg_print_version(stdout); exit(0); }
         if (strncmp(arg, "--", 2) != 0) mg_fail(MG_EXIT_USAGE, "unexpected argument '%s' (flags start with --; see --help)", arg);
         char name[64];
         const char *eq = strchr(arg + 2, '=');

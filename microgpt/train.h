@@ -543,6 +543,7 @@ static int mg_main(int argc, char **argv, MgEngine *eng) {
     MgDriver d;
     memset(&d, 0, sizeof d);
     d.eng = eng;
+    mg_answer_info_flags(argc, argv);
     d.comm = MG_COMM;
     d.comm->init(&argc, &argv, &d.rank, &d.ranks);
     eng->rank = d.rank;

@@ -181,3 +181,14 @@ def test_two_sigusr1_before_one_step_boundary_are_one_checkpoint(mpi_engine, tmp
     assert signalled.losses() == quiet.losses()
     final = "step_000008.bin"
     assert (tmp_path / "signalled" / final).read_bytes() == (tmp_path / "quiet" / final).read_bytes()
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_info_flags_under_mpirun_exit_zero(mpi_engine, tmp_path, flag):
+    # Answered before the rank joins the job: a rank that joined and left without MPI_Finalize fails the launch.
+    done = subprocess.run(
+        under_mpirun(2, [flag]), cwd=tmp_path, capture_output=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    first = "microgpt engine " if flag == "--version" else "usage: "
+    assert done.stdout.decode().splitlines()[0].startswith(first)

@@ -55,7 +55,7 @@
 # --dry-run (no GPU needed): runs prepare, then each phase of the plan as far as it goes without a
 # GPU, in an environment holding only the GPU image's Python packages plus the carried wheels
 # (scripts/gpu_image.py): wheels installs them; build checks the carried object's stamp, places it and builds
-# the engine with it for sm_90 (make reuses what is built), and checks that llm.c's Makefile gets past
+# the engine with it for the Makefile's architectures (make reuses what is built), and checks that llm.c's Makefile gets past
 # its cuDNN check (make -n); the test phases collect their tests (pytest --collect-only); the bench
 # phases run scripts/bench_cuda.py with --no-engine --no-torch; profile and goodput check their
 # scripts start. Exit 0 only when all of it passed.
@@ -242,7 +242,9 @@ llmc_make() {
 }
 
 phase_build() {
-    local cc=90 arch rc=0
+    # A dry run builds for the Makefile's own architectures (no GPU to ask), so the build/ it shares with
+    # `make engines` holds what make would have built there.
+    local cc="" arch rc=0
     if [[ -z $DRY ]]; then
         nvidia-smi || true
         cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')

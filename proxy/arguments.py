@@ -139,11 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--ranks",
         type=_int_in(1, 4096),
-        default=1,
+        default=None,
         metavar="N",
         help="data-parallel: train on N ranks of the engine's MPI build (cpu: N processes; cuda: one GPU each, "
-        "gradients summed over NCCL), launched by `mpirun -np N` (default 1: the engine alone); N must divide "
-        "train.grad_accum",
+        "gradients summed over NCCL), launched by `mpirun -np N`; N must divide train.grad_accum (default: the "
+        "engine alone, or for cuda one rank per visible GPU when its NCCL build is there)",
     )
     run.add_argument(
         "--launcher",

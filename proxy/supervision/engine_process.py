@@ -57,6 +57,30 @@ def gpu_visible() -> bool:
     return out.returncode == 0 and "GPU" in out.stdout
 
 
+def visible_gpu_count() -> int:
+    """The NVIDIA GPUs this process may use: those `nvidia-smi -L` lists, no more than CUDA_VISIBLE_DEVICES
+    names where it is set (an empty value or -1 hides them all); 0 without nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    listed = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is None:
+        return listed
+    entries = [e.strip() for e in named.split(",")]
+    # CUDA stops at the first invalid entry (-1 hides every GPU from there on).
+    valid = 0
+    for e in entries:
+        if not e or e.startswith("-"):
+            break
+        valid += 1
+    return min(listed, valid)
+
+
 @dataclass(frozen=True)
 class EngineChoice:
     path: Path

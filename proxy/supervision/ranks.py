@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import EXIT_USAGE, ProxyError
-from .engine_process import EngineChoice
+from .engine_process import EngineChoice, visible_gpu_count
 
 MPIRUN = "mpirun"
 # What to install when a launch needs mpirun and there is none (Debian/Ubuntu).
@@ -79,7 +79,8 @@ def launcher_argv(ranks: int, launcher: str | None) -> list[str]:
 def data_parallel(engine: EngineChoice, ranks: int, launcher: str | None, grad_accum: int) -> EngineChoice:
     """The engine chosen, launched on `ranks` ranks: unchanged for 1 rank and no --launcher; otherwise its MPI
     build (the CPU engine's, or the CUDA engine's with NCCL) behind the launcher. The CUDA engine runs one rank
-    per GPU, as many as asked: the proxy does not count GPUs. Every refusal is one line (RanksError, exit 2)."""
+    per GPU, as many as asked (default_ranks counts the GPUs when --ranks is not given). Every refusal is one
+    line (RanksError, exit 2)."""
     if ranks == 1 and launcher is None:
         return engine
     check_divides(ranks, grad_accum)
@@ -94,6 +95,36 @@ def data_parallel(engine: EngineChoice, ranks: int, launcher: str | None, grad_a
     if not binary.is_file():
         raise RanksError(f"--ranks {ranks}: {binary} not built; {hint}")
     return replace(engine, path=binary, ranks=ranks, launcher=tuple(argv))
+
+
+def default_ranks(engine: EngineChoice, grad_accum: int, say: Callable[[str], object], gpus: int | None = None) -> int:
+    """The rank count when --ranks is not given: 1, except for the CUDA engine on a machine with several
+    visible GPUs, which trains on one rank per GPU (the most GPUs whose count divides grad_accum) when its NCCL
+    build and mpirun are there. With several GPUs, one line says what was chosen, or why only one GPU trains.
+    `gpus`: the visible GPUs (counted when None)."""
+    if engine.kind != "cuda":
+        return 1
+    if gpus is None:
+        gpus = visible_gpu_count()
+    if gpus <= 1:
+        return 1
+    n = max(d for d in range(1, gpus + 1) if grad_accum % d == 0)
+    binary = mpi_binary(engine.path)
+    why_one = (
+        f"train.grad_accum {grad_accum} has no divisor from 2 to {gpus}"
+        if n == 1
+        else f"{binary} is not built ({NCCL_BUILD_HINT})"
+        if not binary.is_file()
+        else f"`{MPIRUN}` is not on PATH ({MPI_INSTALL_HINT})"
+        if shutil.which(MPIRUN) is None
+        else None
+    )
+    if why_one is not None:
+        say(f"{gpus} GPUs visible, training on one: {why_one}; --ranks N chooses")
+        return 1
+    fewer = f"; {n} divides train.grad_accum {grad_accum}" if n < gpus else ""
+    say(f"training on {n} ranks, one GPU each ({gpus} visible{fewer}); --ranks N chooses")
+    return n
 
 
 def say_rank_change(state: dict | None, ranks: int, trained_to: int, say: Callable[[str], object]) -> None:

@@ -99,6 +99,8 @@ class ProxyEnv:
             engine or ENGINE.flag,
             "--restart-backoff",
             "0.05",
+            # the rank count said, never what the machine has (the CUDA engine's default is one per GPU)
+            *([] if "--ranks" in map(str, extra) else ["--ranks", "1"]),
             *map(str, extra),
         ]
 

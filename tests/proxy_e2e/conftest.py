@@ -57,10 +57,12 @@ def gate(engine, tmp_path) -> Gate:
 def run_args(
     experiment: Path | None, run_dir: Path, *extra, engine: str | None = None, dashboard: bool = False
 ) -> list[str]:
-    """`proxy run` arguments naming the engine: the engine under test, or `engine` (a gate's flag)."""
+    """`proxy run` arguments naming the engine: the engine under test, or `engine` (a gate's flag), and the rank
+    count: `--ranks 1` unless `extra` gives one (without it the CUDA engine takes one rank per visible GPU)."""
     args = ["run"] + ([str(experiment)] if experiment is not None else [])
     args += ["--run-dir", str(run_dir), "--engine", engine or ENGINE.flag]
-    return args + ([] if dashboard else ["--no-dashboard"]) + [str(a) for a in extra]
+    ranks = [] if "--ranks" in map(str, extra) else ["--ranks", "1"]
+    return args + ([] if dashboard else ["--no-dashboard"]) + ranks + [str(a) for a in extra]
 
 
 def require_engine_flag(args: list[str]) -> None:

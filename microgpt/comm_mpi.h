@@ -72,9 +72,19 @@ static void mg_mpi_reduce_ordered(float *mine, int m, size_t n, float *out) {
     size_t slice = (n + (size_t)P - 1) / (size_t)P;   // the last slice is padded
     size_t block = (size_t)m * slice;                  // what one rank sends another
     if (block > MG_MPI_CHUNK / sizeof(float)) mg_fail(MG_EXIT_IO, "gradient slices too large for one all-to-all");
-    float *send = (float *)mg_calloc((size_t)P * block, sizeof(float));
-    float *recv = (float *)mg_malloc((size_t)P * block * sizeof(float));
-    float *folded = (float *)mg_malloc((size_t)P * slice * sizeof(float));
+    // The buffers live for the run: every step has the same m and n. calloc: the
+    // last slice's padding is never written, so it stays zero.
+    static float *send, *recv, *folded;
+    static size_t held_block;
+    if (held_block != block) {
+        free(send);
+        free(recv);
+        free(folded);
+        send = (float *)mg_calloc((size_t)P * block, sizeof(float));
+        recv = (float *)mg_malloc((size_t)P * block * sizeof(float));
+        folded = (float *)mg_calloc((size_t)P * slice, sizeof(float));
+        held_block = block;
+    }
     // send[dest][j][.] = slice dest of micro-batch j
     for (int dest = 0; dest < P; dest++)
         for (int j = 0; j < m; j++) {
@@ -89,9 +99,6 @@ static void mg_mpi_reduce_ordered(float *mine, int m, size_t n, float *out) {
     mg_mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, folded, (int)slice, MPI_FLOAT, MPI_COMM_WORLD),
                  "all-gather");
     memcpy(out, folded, n * sizeof(float));
-    free(send);
-    free(recv);
-    free(folded);
 }
 
 static int mg_mpi_agree(int flags) {

@@ -43,31 +43,27 @@ class EngineError(ProxyError):
     code = EXIT_USAGE
 
 
-def gpu_visible() -> bool:
-    """An NVIDIA GPU is visible: /dev/nvidia0 exists or `nvidia-smi -L` lists one."""
-    if os.path.exists("/dev/nvidia0"):
-        return True
+def _listed_gpus() -> int:
+    """The GPUs `nvidia-smi -L` lists (one `GPU i: ...` line each); 0 without it or when it fails."""
     smi = shutil.which("nvidia-smi")
     if not smi:
-        return False
+        return 0
     try:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+
+
+def gpu_visible() -> bool:
+    """An NVIDIA GPU is visible: /dev/nvidia0 exists or `nvidia-smi -L` lists one."""
+    return os.path.exists("/dev/nvidia0") or _listed_gpus() > 0
 
 
 def visible_gpu_count() -> int:
     """The NVIDIA GPUs this process may use: those `nvidia-smi -L` lists, no more than CUDA_VISIBLE_DEVICES
     names where it is set (an empty value or -1 hides them all); 0 without nvidia-smi."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    listed = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+    listed = _listed_gpus()
     named = os.environ.get("CUDA_VISIBLE_DEVICES")
     if named is None:
         return listed

@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="data-parallel: train on N ranks of the engine's MPI build (cpu: N processes; cuda: one GPU each, "
         "gradients summed over NCCL), launched by `mpirun -np N`; N must divide train.grad_accum (default: the "
-        "engine alone, or for cuda one rank per visible GPU when its NCCL build is there)",
+        "engine alone)",
     )
     run.add_argument(
         "--launcher",

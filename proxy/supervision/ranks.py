@@ -79,8 +79,7 @@ def launcher_argv(ranks: int, launcher: str | None) -> list[str]:
 def data_parallel(engine: EngineChoice, ranks: int, launcher: str | None, grad_accum: int) -> EngineChoice:
     """The engine chosen, launched on `ranks` ranks: unchanged for 1 rank and no --launcher; otherwise its MPI
     build (the CPU engine's, or the CUDA engine's with NCCL) behind the launcher. The CUDA engine runs one rank
-    per GPU, as many as asked (default_ranks counts the GPUs when --ranks is not given). Every refusal is one
-    line (RanksError, exit 2)."""
+    per GPU, as many as asked. Every refusal is one line (RanksError, exit 2)."""
     if ranks == 1 and launcher is None:
         return engine
     check_divides(ranks, grad_accum)
@@ -97,20 +96,22 @@ def data_parallel(engine: EngineChoice, ranks: int, launcher: str | None, grad_a
     return replace(engine, path=binary, ranks=ranks, launcher=tuple(argv))
 
 
-def default_ranks(engine: EngineChoice, grad_accum: int, say: Callable[[str], object], gpus: int | None = None) -> int:
-    """The rank count when --ranks is not given: 1, except for the CUDA engine on a machine with several
-    visible GPUs, which trains on one rank per GPU (the most GPUs whose count divides grad_accum) when its NCCL
-    build and mpirun are there. With several GPUs, one line says what was chosen, or why only one GPU trains.
-    `gpus`: the visible GPUs (counted when None)."""
+def say_unused_gpus(
+    engine: EngineChoice, grad_accum: int, say: Callable[[str], object], gpus: int | None = None
+) -> None:
+    """--ranks not given: the engine trains alone. The CUDA engine with several visible GPUs says in one line
+    which --ranks would train on them (the most GPUs whose count divides grad_accum), or why none can. It is not
+    chosen for the user: the NCCL build has not run on a GPU yet (docs/CUDA.md, "The NCCL build"), and a path
+    that never ran on a GPU is no one's default. `gpus`: the visible GPUs (counted when None)."""
     if engine.kind != "cuda":
-        return 1
+        return
     if gpus is None:
         gpus = visible_gpu_count()
     if gpus <= 1:
-        return 1
+        return
     n = max(d for d in range(1, gpus + 1) if grad_accum % d == 0)
     binary = mpi_binary(engine.path)
-    why_one = (
+    why_not = (
         f"train.grad_accum {grad_accum} has no divisor from 2 to {gpus}"
         if n == 1
         else f"{binary} is not built ({NCCL_BUILD_HINT})"
@@ -119,19 +120,25 @@ def default_ranks(engine: EngineChoice, grad_accum: int, say: Callable[[str], ob
         if shutil.which(MPIRUN) is None
         else None
     )
-    if why_one is not None:
-        say(f"{gpus} GPUs visible, training on one: {why_one}; --ranks N chooses")
-        return 1
-    fewer = f"; {n} divides train.grad_accum {grad_accum}" if n < gpus else ""
-    say(f"training on {n} ranks, one GPU each ({gpus} visible{fewer}); --ranks N chooses")
-    return n
+    if why_not is not None:
+        say(f"{gpus} GPUs visible, training on one: data-parallel needs more ({why_not})")
+    else:
+        say(f"{gpus} GPUs visible, training on one: --ranks {n} trains on {n}, one GPU each")
+
+
+def recorded_ranks(state: dict | None) -> int | None:
+    """The rank count `.state.json` says the run's last launch had: 1 where it names none (a run from before
+    data-parallel training), None where the value is not a positive whole number (the file is never trusted)."""
+    engine = (state or {}).get("engine", {})
+    ranks = engine.get("ranks", 1) if isinstance(engine, dict) else None
+    return ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1 else None
 
 
 def say_rank_change(state: dict | None, ranks: int, trained_to: int, say: Callable[[str], object]) -> None:
     """A run resumed on another rank count than its last launch: allowed (a checkpoint does not depend on it,
-    and the losses do not either on the CPU engine), and said."""
-    before = int(((state or {}).get("engine") or {}).get("ranks") or 1)
-    if trained_to > 0 and before != ranks:
+    and the losses do not either on the CPU engine), and said; nothing is said when the record is unusable."""
+    before = recorded_ranks(state)
+    if trained_to > 0 and before is not None and before != ranks:
         say(
             f"rank count changed: the run trained on {before} rank(s) and resumes on {ranks} "
             "(checkpoints and, on the CPU engine, losses do not depend on it)"

@@ -48,7 +48,7 @@ from .engine_process import EngineChoice, choose_engine
 from .engine_record import reap_orphan
 from .init_from import import_model, model_block
 from .loop import Supervisor
-from .ranks import data_parallel, default_ranks, say_rank_change
+from .ranks import data_parallel, say_rank_change, say_unused_gpus
 from .report import RunReport
 from .run_data import RunData, open_run_data
 from .signals import EARLY, SignalCounts, check_interrupted, install_interrupt
@@ -71,7 +71,7 @@ class RunRequest:
     options: SupervisorOptions = field(default_factory=SupervisorOptions)
     engine_paths: str = "qualified"  # the CUDA engine's fast paths: "qualified" (checked on this GPU) or "verified"
     overrides: list[str] = field(default_factory=list)  # `--set KEY=VALUE` (config/overrides.py)
-    ranks: int | None = None  # data-parallel ranks (ranks.py); None: --ranks not given (default_ranks)
+    ranks: int | None = None  # data-parallel ranks (ranks.py); None: --ranks not given (the engine alone)
     launcher: str | None = None  # `--launcher CMD`: what starts the ranks instead of mpirun -np N
 
 
@@ -105,8 +105,10 @@ def _start_run(request: RunRequest, signals: SignalCounts, on_started: OnStarted
     chosen = choose_engine(request.engine)
     grad_accum = experiment.train.grad_accum
     ranks = request.ranks
-    if ranks is None:  # one rank, or one per GPU (ranks.py)
-        ranks = 1 if request.launcher is not None else default_ranks(chosen, grad_accum, console.say)
+    if ranks is None:  # the engine alone; several GPUs unused are said (ranks.py)
+        ranks = 1
+        if request.launcher is None:
+            say_unused_gpus(chosen, grad_accum, console.say)
     engine = data_parallel(chosen, ranks, request.launcher, grad_accum)
     run = RunDir(Path(request.run_dir) if request.run_dir else default_run_dir(experiment.name))
     run.create()

@@ -1,8 +1,9 @@
-"""The rank count when `proxy run` is given no --ranks (proxy/supervision/ranks.py:default_ranks): the engine
-alone, except the CUDA engine on a machine with several visible GPUs, which trains on one rank per GPU when its
-NCCL build and mpirun are there, and says so in one line (or why only one GPU trains). GPUs are counted by
-visible_gpu_count from `nvidia-smi -L` and CUDA_VISIBLE_DEVICES: here a stand-in nvidia-smi on PATH lists
-them. Nothing is launched."""
+"""`proxy run` given no --ranks trains the engine alone (proxy/supervision/ranks.py:say_unused_gpus): the CUDA
+engine on a machine with several visible GPUs says in one line which --ranks would train on them, or why none
+can, but does not choose its NCCL build for the user (that build has not run on a GPU). GPUs are counted by
+visible_gpu_count from `nvidia-smi -L` and CUDA_VISIBLE_DEVICES: here a stand-in nvidia-smi on PATH lists them.
+And the rank count a resume compares with comes from `.state.json`, which is never trusted. Nothing is
+launched."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from proxy.supervision.engine_process import EngineChoice, visible_gpu_count
-from proxy.supervision.ranks import NCCL_BUILD_HINT, default_ranks
+from proxy.supervision.ranks import NCCL_BUILD_HINT, recorded_ranks, say_rank_change, say_unused_gpus
 
 
 def _engine(tmp_path: Path, kind: str = "cuda", nccl_build: bool = True) -> EngineChoice:
@@ -24,9 +25,10 @@ def _engine(tmp_path: Path, kind: str = "cuda", nccl_build: bool = True) -> Engi
     return EngineChoice(tmp_path / f"microgpt_{kind}", kind)
 
 
-def _choose(engine: EngineChoice, grad_accum: int, gpus: int) -> tuple[int, list[str]]:
+def _said(engine: EngineChoice, grad_accum: int, gpus: int) -> list[str]:
     said: list[str] = []
-    return default_ranks(engine, grad_accum, said.append, gpus=gpus), said
+    say_unused_gpus(engine, grad_accum, said.append, gpus=gpus)
+    return said
 
 
 @pytest.fixture
@@ -35,44 +37,62 @@ def with_mpirun():
         pytest.skip("no mpirun")
 
 
-def test_the_cpu_engine_and_one_gpu_train_alone_and_say_nothing(tmp_path):
-    assert _choose(_engine(tmp_path, "cpu"), 8, 8) == (1, [])
-    assert _choose(_engine(tmp_path), 8, 1) == (1, [])
-    assert _choose(_engine(tmp_path), 8, 0) == (1, [])
+def test_the_cpu_engine_and_one_gpu_say_nothing(tmp_path):
+    assert _said(_engine(tmp_path, "cpu"), 8, 8) == []
+    assert _said(_engine(tmp_path), 8, 1) == []
+    assert _said(_engine(tmp_path), 8, 0) == []
 
 
-def test_several_gpus_train_one_rank_each(tmp_path, with_mpirun):
-    assert _choose(_engine(tmp_path), 8, 8) == (8, ["training on 8 ranks, one GPU each (8 visible); --ranks N chooses"])
+def test_several_gpus_name_the_ranks_that_would_use_them(tmp_path, with_mpirun):
+    assert _said(_engine(tmp_path), 8, 8) == ["8 GPUs visible, training on one: --ranks 8 trains on 8, one GPU each"]
 
 
 def test_the_most_gpus_that_divide_the_micro_batches(tmp_path, with_mpirun):
-    assert _choose(_engine(tmp_path), 6, 4) == (
-        3,
-        ["training on 3 ranks, one GPU each (4 visible; 3 divides train.grad_accum 6); --ranks N chooses"],
-    )
+    assert _said(_engine(tmp_path), 6, 4) == ["4 GPUs visible, training on one: --ranks 3 trains on 3, one GPU each"]
 
 
-def test_no_divisor_trains_on_one_and_says_why(tmp_path, with_mpirun):
-    assert _choose(_engine(tmp_path), 5, 4) == (
-        1,
-        ["4 GPUs visible, training on one: train.grad_accum 5 has no divisor from 2 to 4; --ranks N chooses"],
-    )
-
-
-def test_no_nccl_build_trains_on_one_and_says_how_to_build_it(tmp_path):
-    engine = _engine(tmp_path, nccl_build=False)
-    ranks, said = _choose(engine, 8, 2)
-    assert ranks == 1
-    assert said == [
-        f"2 GPUs visible, training on one: {tmp_path / 'microgpt_cuda_mpi'} is not built ({NCCL_BUILD_HINT}); "
-        "--ranks N chooses"
+def test_no_divisor_says_why(tmp_path, with_mpirun):
+    assert _said(_engine(tmp_path), 5, 4) == [
+        "4 GPUs visible, training on one: data-parallel needs more (train.grad_accum 5 has no divisor from 2 to 4)"
     ]
 
 
-def test_no_mpirun_trains_on_one(tmp_path, monkeypatch):
+def test_no_nccl_build_says_how_to_build_it(tmp_path):
+    assert _said(_engine(tmp_path, nccl_build=False), 8, 2) == [
+        f"2 GPUs visible, training on one: data-parallel needs more ({tmp_path / 'microgpt_cuda_mpi'} is not "
+        f"built ({NCCL_BUILD_HINT}))"
+    ]
+
+
+def test_no_mpirun_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    ranks, said = _choose(_engine(tmp_path), 8, 2)
-    assert ranks == 1 and len(said) == 1 and "`mpirun` is not on PATH" in said[0]
+    said = _said(_engine(tmp_path), 8, 2)
+    assert len(said) == 1 and "`mpirun` is not on PATH" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("state", "ranks"),
+    [
+        (None, 1),
+        ({}, 1),
+        ({"engine": {}}, 1),
+        ({"engine": {"ranks": 4}}, 4),
+        ({"engine": {"ranks": "4"}}, None),
+        ({"engine": {"ranks": "abc"}}, None),
+        ({"engine": {"ranks": [1]}}, None),
+        ({"engine": {"ranks": True}}, None),
+        ({"engine": {"ranks": 0}}, None),
+        ({"engine": {"ranks": 2.0}}, None),
+        ({"engine": "x"}, None),
+    ],
+)
+def test_the_recorded_rank_count_is_never_trusted(state, ranks):
+    assert recorded_ranks(state) == ranks
+    said: list[str] = []
+    say_rank_change(state, 2, 10, said.append)  # never raises, whatever the file says
+    assert said == ([] if ranks in (None, 2) else [said[0]])
+    if said:
+        assert said[0].startswith(f"rank count changed: the run trained on {ranks} rank(s) and resumes on 2")
 
 
 def _fake_smi(tmp_path: Path, gpus: int, monkeypatch) -> None:

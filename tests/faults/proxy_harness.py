@@ -99,7 +99,7 @@ class ProxyEnv:
             engine or ENGINE.flag,
             "--restart-backoff",
             "0.05",
-            # the rank count said, never what the machine has (the CUDA engine's default is one per GPU)
+            # the rank count said, as the engine is: what the test runs, never what the machine has
             *([] if "--ranks" in map(str, extra) else ["--ranks", "1"]),
             *map(str, extra),
         ]

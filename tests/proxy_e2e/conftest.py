@@ -58,7 +58,7 @@ def run_args(
     experiment: Path | None, run_dir: Path, *extra, engine: str | None = None, dashboard: bool = False
 ) -> list[str]:
     """`proxy run` arguments naming the engine: the engine under test, or `engine` (a gate's flag), and the rank
-    count: `--ranks 1` unless `extra` gives one (without it the CUDA engine takes one rank per visible GPU)."""
+    count: `--ranks 1` unless `extra` gives one (what the test runs, never what the machine has)."""
     args = ["run"] + ([str(experiment)] if experiment is not None else [])
     args += ["--run-dir", str(run_dir), "--engine", engine or ENGINE.flag]
     ranks = [] if "--ranks" in map(str, extra) else ["--ranks", "1"]
